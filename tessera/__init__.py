@@ -1,0 +1,27 @@
+"""Tessera: tensor math in Python, compiled through Graph, Schedule, Tile and Target IR to GPU kernels.
+
+    import tessera as tsr
+    from tessera import Tensor
+
+    @tsr.function
+    def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+Importing tessera is cheap: xDSL (the IR machinery) loads on the first compile.
+"""
+from .dtypes import bf16, bool_, fp8_e4m3, fp8_e5m2, fp16, fp32, int32
+from .errors import DTypeError, ShapeError, TesseraError
+from .frontend.function import Function, Kernel, function, kernel
+from .frontend.ops import (
+    abs, add, amax, amin, arange, cast, cos, div, eq, erf, exp, exp2, ge, gelu, gt, layer_norm, le, log, log2,
+    logical_and, logical_not, logical_or, lt, matmul, maximum, mean, minimum, mul, ne, neg, permute, pow, relu,
+    reshape, rms_norm, rsqrt, sigmoid, silu, sin, softmax, sqrt, sub, sum, tanh, transpose, unsqueeze, where,
+)
+from .frontend.tensor import SymInt, Tensor, TensorSpec
+
+float32, float16, bfloat16, half = fp32, fp16, bf16, fp16
+max, min = amax, amin
+to = cast
+
+__version__ = "0.1.0"

@@ -1,0 +1,159 @@
+"""`@tessera.function` and `@tessera.kernel`: the user's entry points.
+
+A `Function` compiles lazily, once per call signature (shapes, dtypes,
+constant arguments, target), and keeps the result in an in-memory cache, so
+the steady-state call path is a dict lookup plus the launch: no tracing and no
+xDSL work.
+"""
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from .. import dtypes
+from ..errors import TesseraError
+from .tensor import TensorSpec
+from .trace import ArgSpec, bind_dims, trace
+
+
+def _is_array(x) -> bool:
+    return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (int, float, bool))
+
+
+def _to_numpy(x) -> np.ndarray:
+    if type(x).__module__.startswith("torch"):
+        if x.is_cuda:
+            raise TesseraError("CUDA tensors need the GPU runtime, which this build has not enabled yet")
+        return x.detach().numpy()
+    return np.asarray(x)
+
+
+class Function:
+    """A traced tensor function. Calling it with NumPy arrays runs it on the CPU tile interpreter."""
+
+    #: destination-passing style (outputs are arguments) for @kernel
+    writes_outputs = False
+
+    def __init__(self, fn: Callable, space: dict | None = None):
+        functools.update_wrapper(self, fn)
+        self.fn = fn
+        self.name = fn.__name__
+        self.signature = inspect.signature(fn)
+        self.annotations = {n: p.annotation for n, p in self.signature.parameters.items()
+                            if isinstance(p.annotation, TensorSpec)}
+        self.space = space
+        self._cache: dict[tuple, Any] = {}
+
+    # --- specialisation ------------------------------------------------------------
+    def _split_args(self, args: Sequence) -> tuple[list, dict[str, Any]]:
+        params = list(self.signature.parameters)
+        if len(args) != len(params):
+            raise TesseraError(f"{self.name} takes {len(params)} arguments ({', '.join(params)}), got {len(args)}")
+        tensors, constants = [], {}
+        for name, x in zip(params, args):
+            if _is_array(x):
+                tensors.append((name, x))
+            elif isinstance(x, (int, float, bool)):
+                constants[name] = x
+            else:
+                raise TesseraError(f"{self.name}: argument {name!r} must be an array or a Python number, "
+                                   f"got {type(x).__name__}")
+        return tensors, constants
+
+    def arg_specs(self, tensors: Sequence[tuple[str, Any]]) -> tuple[dict[str, int], list[ArgSpec]]:
+        return bind_dims(self.name, [(n, self.annotations.get(n), tuple(int(s) for s in x.shape),
+                                      dtypes.lookup(x.dtype)) for n, x in tensors])
+
+    def arg_specs_for(self, dims: dict[str, int], dtype=None) -> list[ArgSpec]:
+        """Arg specs from symbolic dim values (the CLI's `--shape B=2,S=128`)."""
+        default = dtypes.lookup(dtype) if dtype is not None else dtypes.fp32
+        specs = []
+        for name in self.signature.parameters:
+            spec = self.annotations.get(name)
+            if spec is None:
+                raise TesseraError(f"{self.name}: argument {name!r} has no Tensor[...] annotation, so its shape "
+                                   f"cannot be derived from --shape")
+            missing = [d for d in spec.dims if isinstance(d, str) and d not in dims]
+            if missing:
+                raise TesseraError(f"{self.name}: no value for dim(s) {', '.join(missing)} of argument {name!r}; "
+                                   f"pass them with --shape {','.join(f'{m}=...' for m in missing)}")
+            shape = tuple(dims[d] if isinstance(d, str) else d for d in spec.dims)
+            specs.append(ArgSpec(name, shape, spec.dtype or default, spec.dims))
+        return specs
+
+    def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None):
+        """Graph IR module for these argument specs."""
+        bindings, checked = bind_dims(self.name, [(a.name, self.annotations.get(a.name), a.shape, a.dtype)
+                                                  for a in args])
+        outputs = [a.name for a in args] if self.writes_outputs else ()
+        module, _ = trace(self.fn, self.name, checked, bindings, constants or {}, outputs)
+        return module
+
+    def compile(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None, **options):
+        """Run the whole pipeline for these specs; see `tessera.compiler.compile_module`."""
+        from ..compiler import compile_module
+
+        return compile_module(self.trace(args, constants), **options)
+
+    # --- calling -------------------------------------------------------------------------
+    def _compiled_for(self, tensors, constants, options: dict):
+        key = (tuple((tuple(x.shape), str(x.dtype)) for _, x in tensors),
+               tuple(sorted(constants.items())), tuple(sorted(options.items())))
+        compiled = self._cache.get(key)
+        if compiled is None:
+            _, specs = self.arg_specs(tensors)
+            compiled = self.compile(specs, constants, **options)
+            self._cache[key] = compiled
+        return compiled
+
+    def __call__(self, *args, **options):
+        tensors, constants = self._split_args(args)
+        compiled = self._compiled_for(tensors, constants, options)
+        outs = compiled.run(*[_to_numpy(x) for _, x in tensors])
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+
+class Kernel(Function):
+    """Destination-passing style: outputs are arguments, written with `C[:] = ...`."""
+
+    writes_outputs = True
+
+    def __call__(self, *args, **options):
+        tensors, constants = self._split_args(args)
+        compiled = self._compiled_for(tensors, constants, options)
+        arrays = {n: x for n, x in tensors}
+        outs = compiled.run(*[_to_numpy(x) for _, x in tensors])
+        for name, value in zip(compiled.result_names, outs):
+            target = arrays[name]
+            if not isinstance(target, np.ndarray):
+                raise TesseraError(f"{self.name}: output {name!r} must be a writable NumPy array on the CPU")
+            target[...] = value
+        return None
+
+
+def function(fn: Callable | None = None, **kw):
+    """Decorator: `@tessera.function` (also `@tessera.function(...)`)."""
+    if fn is None:
+        return lambda f: Function(f, **kw)
+    return Function(fn, **kw)
+
+
+class _KernelDecorator:
+    """`@tessera.kernel`, and `@tessera.kernel.autotune(space=..., key=..., cache=...)`."""
+
+    def __call__(self, fn: Callable) -> Kernel:
+        return Kernel(fn)
+
+    def autotune(self, space: dict, key: Sequence[str] = (), cache: str | None = None):
+        """Declares the schedule search space; Schedule IR records it for the autotuner."""
+        def wrap(fn: Callable) -> Kernel:
+            k = Kernel(fn, space=dict(space))
+            k.autotune_key, k.autotune_cache = tuple(key), cache
+            return k
+        return wrap
+
+
+kernel = _KernelDecorator()

@@ -1,0 +1,378 @@
+"""The ops users call (`tsr.matmul`, `tsr.softmax`, `tsr.where`, ...).
+
+Each op infers its result's dims and dtype, reports mistakes in the user's
+terms (argument names, symbolic dims), and appends one Graph IR op to the
+current trace. Composite ops (gelu, silu, sigmoid, relu) are written here in
+terms of primitive ones, so every later level only sees the primitives.
+"""
+from __future__ import annotations
+
+import math
+from typing import Sequence
+
+import builtins
+
+from .. import dtypes
+from ..dtypes import DType
+from ..errors import DTypeError, ShapeError, TesseraError
+from .tensor import SymInt, Tensor
+from .trace import current_trace
+
+
+def _graph():
+    from ..ir import graph
+    return graph
+
+
+def _label(x: Tensor) -> str:
+    return getattr(x, "label", None) or "a tensor"
+
+
+def _make(value, dims, dt: DType, label: str | None = None) -> Tensor:
+    t = Tensor(current_trace(), value, dims, dt)
+    t.label = label
+    return t
+
+
+def _show(x: Tensor) -> str:
+    trace = current_trace()
+    return "[" + ", ".join(f"{d}={trace.size(d)}" if isinstance(d, str) else str(d) for d in x.dims) + "]"
+
+
+def _dim_str(d, trace) -> str:
+    return f"{d}={trace.size(d)}" if isinstance(d, str) else str(d)
+
+
+def _axis(x: Tensor, dim: int, what: str) -> int:
+    if not isinstance(dim, int) or not -x.ndim <= dim < x.ndim:
+        raise ShapeError(f"{what}: dim {dim} is out of range for {_label(x)} of rank {x.ndim} {_show(x)}")
+    return dim % x.ndim
+
+
+# --- scalars and elementwise ------------------------------------------------------
+
+def _scalar_dtype(value, like: DType | None) -> DType:
+    if isinstance(value, bool):
+        return dtypes.bool_
+    if isinstance(value, int):
+        return like if like is not None and like != dtypes.bool_ else dtypes.int32
+    return like if like is not None and like.is_float else dtypes.fp32
+
+
+def constant(value, dt: DType) -> Tensor:
+    g = _graph()
+    op = current_trace().add(g.ConstantOp(float(value), g.TensorType.of((), dt)))
+    return _make(op.res, (), dt, label=repr(value))
+
+
+def _operands(xs: Sequence) -> list[Tensor]:
+    """Tensors stay; Python numbers become constants of the tensors' dtype (weak typing, as in PyTorch)."""
+    like = None
+    for x in xs:
+        if isinstance(x, Tensor):
+            like = x.dtype if like is None else dtypes.promote(like, x.dtype)
+    out = []
+    for x in xs:
+        if isinstance(x, Tensor):
+            out.append(x)
+        elif isinstance(x, (bool, int, float)):
+            out.append(constant(x, _scalar_dtype(x, like)))
+        else:
+            raise TypeError(f"tessera ops take Tensors and Python numbers, got {type(x).__name__}")
+    return out
+
+
+def _broadcast(xs: Sequence[Tensor], what: str) -> tuple:
+    g = _graph()
+    trace = current_trace()
+    try:
+        return g.broadcast_shapes([x.dims for x in xs], trace.bindings, what)
+    except Exception as e:  # VerifyException from the shared broadcasting rule
+        names = ", ".join(f"{_label(x)} {_show(x)}" for x in xs)
+        raise ShapeError(f"{what}: shapes do not broadcast: {names}") from e
+
+
+def elementwise(kind: str, *xs) -> Tensor:
+    g = _graph()
+    operands = _operands(xs)
+    entry = g.ELEMENTWISE[kind]
+    if kind == "where" and operands[0].dtype != dtypes.bool_:
+        raise DTypeError(f"where: the condition must be bool, got {operands[0].dtype}")
+    dims = _broadcast(operands, kind)
+    dt = g.elementwise_result_dtype(entry, [x.dtype for x in operands])
+    op = current_trace().add(g.ELEMENTWISE_OPS[kind]([x.value for x in operands], g.TensorType.of(dims, dt)))
+    return _make(op.res, dims, dt)
+
+
+def _unary(kind):
+    def op(x):
+        return elementwise(kind, x)
+    op.__name__ = kind
+    op.__doc__ = f"Elementwise {kind}."
+    return op
+
+
+def _binary(kind):
+    def op(a, b):
+        return elementwise(kind, a, b)
+    op.__name__ = kind
+    op.__doc__ = f"Elementwise {kind}, with NumPy broadcasting."
+    return op
+
+
+neg, abs, exp, exp2, log, log2, tanh, sqrt, rsqrt, sin, cos, erf, logical_not = (
+    _unary(k) for k in ("neg", "abs", "exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "sin", "cos",
+                        "erf", "logical_not"))
+add, sub, mul, div, maximum, minimum, pow, lt, le, gt, ge, eq, ne, logical_and, logical_or = (
+    _binary(k) for k in ("add", "sub", "mul", "div", "maximum", "minimum", "pow", "lt", "le", "gt", "ge",
+                         "eq", "ne", "logical_and", "logical_or"))
+multiply, subtract, divide, true_divide = mul, sub, div, div
+less, less_equal, greater, greater_equal, equal, not_equal = lt, le, gt, ge, eq, ne
+
+
+def where(cond, a, b) -> Tensor:
+    """`a` where `cond` else `b`, with broadcasting (e.g. a causal mask)."""
+    return elementwise("where", cond, a, b)
+
+
+def sigmoid(x) -> Tensor:
+    return 1.0 / (1.0 + exp(-x))
+
+
+def relu(x) -> Tensor:
+    return maximum(x, 0.0)
+
+
+def silu(x) -> Tensor:
+    return x * sigmoid(x)
+
+
+def gelu(x, approximate: str = "none") -> Tensor:
+    """GELU as in torch.nn.functional.gelu: exact (erf) or `approximate="tanh"`."""
+    if approximate == "tanh":
+        return 0.5 * x * (1.0 + tanh(math.sqrt(2.0 / math.pi) * (x + 0.044715 * x * x * x)))
+    if approximate != "none":
+        raise ValueError(f"gelu: approximate must be 'none' or 'tanh', got {approximate!r}")
+    return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
+
+
+def cast(x: Tensor, dt) -> Tensor:
+    g = _graph()
+    dt = dtypes.lookup(dt)
+    if dt == x.dtype:
+        return x
+    op = current_trace().add(g.CastOp(x.value, g.TensorType.of(x.dims, dt)))
+    return _make(op.res, x.dims, dt, _label(x))
+
+
+# --- views ---------------------------------------------------------------------
+
+def permute(x: Tensor, *perm) -> Tensor:
+    g = _graph()
+    if len(perm) == 1 and isinstance(perm[0], (tuple, list)):
+        perm = tuple(perm[0])
+    perm = tuple(_axis(x, p, "permute") for p in perm)
+    if sorted(perm) != list(range(x.ndim)):
+        raise ShapeError(f"permute: {list(perm)} is not a permutation of the {x.ndim} dims of {_label(x)}")
+    dims = tuple(x.dims[p] for p in perm)
+    op = current_trace().add(g.TransposeOp(x.value, perm, g.TensorType.of(dims, x.dtype)))
+    return _make(op.res, dims, x.dtype, _label(x))
+
+
+def transpose(x: Tensor, d0: int, d1: int) -> Tensor:
+    perm = list(range(x.ndim))
+    a, b = _axis(x, d0, "transpose"), _axis(x, d1, "transpose")
+    perm[a], perm[b] = perm[b], perm[a]
+    return permute(x, *perm)
+
+
+def reshape(x: Tensor, *shape) -> Tensor:
+    g = _graph()
+    trace = current_trace()
+    if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
+        shape = tuple(shape[0])
+    total = math.prod(trace.size(d) for d in x.dims)
+    known = math.prod(int(s) for s in shape if int(s) != -1)
+    if builtins.sum(1 for s in shape if int(s) == -1) > 1:
+        raise ShapeError("reshape: only one dim can be -1")
+    sizes = [total // known if int(s) == -1 and known else int(s) for s in shape]
+    if math.prod(sizes) != total:
+        raise ShapeError(f"reshape: cannot view {_label(x)} {_show(x)} ({total} elements) as {sizes}")
+    dims = []
+    for i, (s, size) in enumerate(zip(shape, sizes)):
+        if isinstance(s, SymInt) and s.name:
+            dims.append(s.name)
+        elif i < x.ndim and trace.size(x.dims[i]) == size and isinstance(x.dims[i], str):
+            dims.append(x.dims[i])
+        else:
+            dims.append(size)
+    op = trace.add(g.ReshapeOp(x.value, g.TensorType.of(dims, x.dtype)))
+    return _make(op.res, tuple(dims), x.dtype, _label(x))
+
+
+def unsqueeze(x: Tensor, dim: int) -> Tensor:
+    dim = dim % (x.ndim + 1)
+    return _reshape_dims(x, x.dims[:dim] + (1,) + x.dims[dim:])
+
+
+def _reshape_dims(x: Tensor, dims) -> Tensor:
+    g = _graph()
+    op = current_trace().add(g.ReshapeOp(x.value, g.TensorType.of(dims, x.dtype)))
+    return _make(op.res, tuple(dims), x.dtype, _label(x))
+
+
+def getitem(x: Tensor, index) -> Tensor:
+    """NumPy-style indexing with `None` (new axis), `:` and `...`."""
+    items = index if isinstance(index, tuple) else (index,)
+    if builtins.sum(1 for i in items if i is Ellipsis) > 1:
+        raise ShapeError("indexing: at most one '...'")
+    consumed = builtins.sum(1 for i in items if i is not None and i is not Ellipsis)
+    if consumed > x.ndim:
+        raise ShapeError(f"indexing: too many indices for {_label(x)} of rank {x.ndim}")
+    dims: list = []
+    src = 0
+    for item in items:
+        if item is None:
+            dims.append(1)
+        elif item is Ellipsis:
+            n = x.ndim - consumed
+            dims.extend(x.dims[src:src + n])
+            src += n
+        elif isinstance(item, slice) and item == slice(None):
+            dims.append(x.dims[src])
+            src += 1
+        else:
+            raise TesseraError(f"indexing: only None, ':' and '...' are supported, got {item!r}")
+    dims.extend(x.dims[src:])
+    return x if tuple(dims) == x.dims else _reshape_dims(x, dims)
+
+
+def setitem(x: Tensor, index, value) -> None:
+    """`C[:] = expr` in a @kernel: the destination-passing output store."""
+    trace = current_trace()
+    if index not in (slice(None), Ellipsis) and index != (slice(None),) * x.ndim:
+        raise TesseraError("kernel outputs are written whole: use C[:] = ... or C[...] = ...")
+    name = getattr(x, "label", None)
+    if not any(a.type == x.value.type and a is x.value for a in trace.block.args):
+        raise TesseraError("only kernel arguments can be assigned to (destination-passing outputs)")
+    value = _operands([value])[0] if not isinstance(value, Tensor) else value
+    if value.ndim != x.ndim or _broadcast([value, x], "store") != tuple(x.dims):
+        raise ShapeError(f"store to {name!r}: value {_show(value)} does not match {_show(x)}")
+    trace.stored[name] = cast(value, x.dtype)
+
+
+# --- matmul and reductions ------------------------------------------------------------
+
+def matmul(a: Tensor, b: Tensor) -> Tensor:
+    """Batched matrix product with broadcast batch dims, like torch.matmul for rank >= 2."""
+    g = _graph()
+    trace = current_trace()
+    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
+        raise TypeError("matmul takes two Tensors")
+    if a.ndim < 2 or b.ndim < 2:
+        raise ShapeError(f"matmul needs rank >= 2 operands: {_label(a)} {_show(a)}, {_label(b)} {_show(b)}")
+    ka, kb = a.dims[-1], b.dims[-2]
+    if not g.same_dim(ka, kb, trace.bindings):
+        raise ShapeError(f"matmul: contracting dims differ: {_label(a)} has {_dim_str(ka, trace)}, "
+                         f"{_label(b)} has {_dim_str(kb, trace)}")
+    if a.dtype != b.dtype:
+        raise DTypeError(f"matmul: operand dtypes differ: {_label(a)} is {a.dtype}, {_label(b)} is {b.dtype}; "
+                         f"cast one with .to()")
+    if not a.dtype.is_float:
+        raise DTypeError(f"matmul: operands must be floating point, got {a.dtype}")
+    try:
+        batch = g.broadcast_shapes([a.dims[:-2], b.dims[:-2]], trace.bindings, "matmul batch dims")
+    except Exception as e:
+        raise ShapeError(f"matmul: batch dims of {_label(a)} {_show(a)} and {_label(b)} {_show(b)} "
+                         f"do not broadcast") from e
+    dims = (*batch, a.dims[-2], b.dims[-1])
+    op = trace.add(g.MatmulOp(a.value, b.value, g.TensorType.of(dims, a.dtype)))
+    return _make(op.res, dims, a.dtype, "matmul result")
+
+
+def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
+    g = _graph()
+    axes = range(x.ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
+    axes = sorted({_axis(x, d, kind) for d in axes}, reverse=True)
+    if kind == "mean" and not x.dtype.is_float:
+        raise DTypeError(f"mean of {x.dtype} {_label(x)}: cast to a float type first")
+    out_dt = dtypes.int32 if x.dtype == dtypes.bool_ else x.dtype
+    for axis in axes:
+        dims = x.dims[:axis] + ((1,) if keepdim else ()) + x.dims[axis + 1:]
+        op = current_trace().add(g.ReduceOp(x.value, kind, axis, keepdim, g.TensorType.of(dims, out_dt)))
+        x = _make(op.res, dims, out_dt, f"{kind} of {_label(x)}")
+    return x
+
+
+def sum(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    return _reduce(x, "sum", dim, keepdim)
+
+
+def mean(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    return _reduce(x, "mean", dim, keepdim)
+
+
+def amax(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    return _reduce(x, "max", dim, keepdim)
+
+
+def amin(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
+    return _reduce(x, "min", dim, keepdim)
+
+
+def softmax(x: Tensor, dim: int = -1) -> Tensor:
+    g = _graph()
+    if not x.dtype.is_float:
+        raise DTypeError(f"softmax of {x.dtype} {_label(x)}: cast to a float type first")
+    axis = _axis(x, dim, "softmax")
+    op = current_trace().add(g.SoftmaxOp(x.value, axis, g.TensorType.of(x.dims, x.dtype)))
+    return _make(op.res, x.dims, x.dtype, "softmax result")
+
+
+def _normalized_last(x: Tensor, normalized_shape, what: str) -> None:
+    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    size = current_trace().size(x.dims[-1])
+    if len(shape) != 1 or int(shape[0]) != size:
+        raise ShapeError(f"{what}: normalized_shape {list(shape)} must be the last dim of {_label(x)} "
+                         f"{_show(x)} (normalizing over several dims is not supported)")
+
+
+def _param(p, x: Tensor, what: str):
+    if p is None:
+        return None
+    if not isinstance(p, Tensor) or p.ndim != 1:
+        raise ShapeError(f"{what}: weight and bias must be rank-1 tensors over the last dim")
+    if current_trace().size(p.dims[0]) != current_trace().size(x.dims[-1]):
+        raise ShapeError(f"{what}: {_label(p)} {_show(p)} does not match the last dim of {_label(x)} {_show(x)}")
+    return p.value
+
+
+def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: Tensor | None = None,
+               eps: float = 1e-5) -> Tensor:
+    """torch.nn.functional.layer_norm over the last dim."""
+    g = _graph()
+    _normalized_last(x, normalized_shape, "layer_norm")
+    op = current_trace().add(g.LayerNormOp(x.value, _param(weight, x, "layer_norm"), _param(bias, x, "layer_norm"),
+                                           eps, g.TensorType.of(x.dims, x.dtype)))
+    return _make(op.res, x.dims, x.dtype, "layer_norm result")
+
+
+def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
+    """torch.nn.functional.rms_norm over the last dim; eps=None means the dtype's machine epsilon."""
+    import numpy as np
+
+    g = _graph()
+    _normalized_last(x, normalized_shape, "rms_norm")
+    if eps is None:
+        eps = float(np.finfo(x.dtype.np).eps)
+    op = current_trace().add(g.RmsNormOp(x.value, _param(weight, x, "rms_norm"), eps,
+                                         g.TensorType.of(x.dims, x.dtype)))
+    return _make(op.res, x.dims, x.dtype, "rms_norm result")
+
+
+def arange(n) -> Tensor:
+    """`[0, ..., n-1]` as int32; `n` is usually a symbolic dim such as `q.shape[-2]`."""
+    g = _graph()
+    dim = n.name if isinstance(n, SymInt) and n.name else int(n)
+    op = current_trace().add(g.ArangeOp(g.TensorType.of((dim,), dtypes.int32)))
+    return _make(op.res, (dim,), dtypes.int32, "arange")

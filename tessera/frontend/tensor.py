@@ -1,0 +1,192 @@
+"""`Tensor["B", "S", fp16]` annotations and the traced tensor values users compute with.
+
+Tracing runs the user's Python function once with `Tensor` values that record
+Graph IR ops. Dims are `SymInt`s: real ints (so `math.sqrt(q.shape[-1])` works
+in plain Python) that remember their symbolic name (so `tsr.arange(S)` and
+error messages can use it).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Sequence
+
+from .. import dtypes
+from ..dtypes import DType
+from ..errors import DTypeError, ShapeError
+
+
+class SymInt(int):
+    """An int that remembers the symbolic dim it came from."""
+
+    name: str | None
+
+    def __new__(cls, value: int, name: str | None = None):
+        obj = super().__new__(cls, value)
+        obj.name = name
+        return obj
+
+    def __repr__(self) -> str:
+        return f"{self.name}={int(self)}" if self.name else str(int(self))
+
+
+@dataclass(frozen=True)
+class TensorSpec:
+    """What an annotation says: dims (names or ints) and optionally a dtype."""
+
+    dims: tuple[str | int, ...]
+    dtype: DType | None = None
+
+    def __repr__(self) -> str:
+        parts = [repr(d) for d in self.dims] + ([self.dtype.name] if self.dtype else [])
+        return f"Tensor[{', '.join(parts)}]"
+
+
+class Tensor:
+    """A traced tensor. `Tensor[...]` in an annotation makes a `TensorSpec`."""
+
+    def __class_getitem__(cls, item) -> TensorSpec:
+        items = item if isinstance(item, tuple) else (item,)
+        dims: list[str | int] = []
+        dt = None
+        for x in items:
+            if isinstance(x, (DType,)):
+                dt = x
+            elif isinstance(x, str) and x in dtypes.BY_NAME and not x[:1].isupper():
+                dt = dtypes.BY_NAME[x]
+            elif isinstance(x, (str, int)):
+                if isinstance(x, str) and not x.isidentifier():
+                    raise ShapeError(f"dim name {x!r} in Tensor[...] must be an identifier")
+                dims.append(x)
+            else:
+                raise TypeError(f"Tensor[...] takes dim names, ints and a dtype, got {x!r}")
+        return TensorSpec(tuple(dims), dt)
+
+    def __init__(self, trace, value, dims: Sequence[str | int], dt: DType):
+        self._trace = trace
+        self.value = value
+        self.dims = tuple(dims)
+        self.dtype = dt
+
+    # --- shape ---------------------------------------------------------------
+    @property
+    def shape(self) -> tuple[SymInt, ...]:
+        return tuple(SymInt(self._trace.size(d), d if isinstance(d, str) else None) for d in self.dims)
+
+    @property
+    def ndim(self) -> int:
+        return len(self.dims)
+
+    def size(self, dim: int | None = None):
+        return self.shape if dim is None else self.shape[dim]
+
+    def dim(self) -> int:
+        return self.ndim
+
+    def __len__(self) -> int:
+        return int(self.shape[0])
+
+    def __repr__(self) -> str:
+        return f"Tensor[{', '.join(map(str, self.dims))}, {self.dtype}]"
+
+    def __bool__(self):
+        raise TypeError("a traced Tensor has no truth value: use tsr.where(cond, a, b) instead of if/and/or")
+
+    # --- methods forwarding to ops ------------------------------------------------
+    def transpose(self, d0: int, d1: int) -> "Tensor":
+        return _ops().transpose(self, d0, d1)
+
+    def permute(self, *perm) -> "Tensor":
+        return _ops().permute(self, *perm)
+
+    @property
+    def T(self) -> "Tensor":
+        return _ops().permute(self, *reversed(range(self.ndim)))
+
+    def reshape(self, *shape) -> "Tensor":
+        return _ops().reshape(self, *shape)
+
+    view = reshape
+
+    def unsqueeze(self, dim: int) -> "Tensor":
+        return _ops().unsqueeze(self, dim)
+
+    def to(self, dt) -> "Tensor":
+        return _ops().cast(self, dt)
+
+    cast = astype = to
+
+    def float(self) -> "Tensor":
+        return _ops().cast(self, dtypes.fp32)
+
+    def half(self) -> "Tensor":
+        return _ops().cast(self, dtypes.fp16)
+
+    def sum(self, dim=None, keepdim: bool = False) -> "Tensor":
+        return _ops().sum(self, dim, keepdim)
+
+    def mean(self, dim=None, keepdim: bool = False) -> "Tensor":
+        return _ops().mean(self, dim, keepdim)
+
+    def max(self, dim=None, keepdim: bool = False) -> "Tensor":
+        return _ops().amax(self, dim, keepdim)
+
+    def min(self, dim=None, keepdim: bool = False) -> "Tensor":
+        return _ops().amin(self, dim, keepdim)
+
+    def softmax(self, dim: int = -1) -> "Tensor":
+        return _ops().softmax(self, dim)
+
+    def exp(self) -> "Tensor":
+        return _ops().exp(self)
+
+    def tanh(self) -> "Tensor":
+        return _ops().tanh(self)
+
+    def sqrt(self) -> "Tensor":
+        return _ops().sqrt(self)
+
+    def abs(self) -> "Tensor":
+        return _ops().abs(self)
+
+    def __getitem__(self, index) -> "Tensor":
+        return _ops().getitem(self, index)
+
+    def __setitem__(self, index, value) -> None:
+        _ops().setitem(self, index, value)
+
+    # --- operators -------------------------------------------------------------------
+    def __add__(self, o): return _ops().add(self, o)
+    def __radd__(self, o): return _ops().add(o, self)
+    def __sub__(self, o): return _ops().sub(self, o)
+    def __rsub__(self, o): return _ops().sub(o, self)
+    def __mul__(self, o): return _ops().mul(self, o)
+    def __rmul__(self, o): return _ops().mul(o, self)
+    def __truediv__(self, o): return _ops().div(self, o)
+    def __rtruediv__(self, o): return _ops().div(o, self)
+    def __pow__(self, o): return _ops().pow(self, o)
+    def __rpow__(self, o): return _ops().pow(o, self)
+    def __matmul__(self, o): return _ops().matmul(self, o)
+    def __rmatmul__(self, o): return _ops().matmul(o, self)
+    def __neg__(self): return _ops().neg(self)
+    def __pos__(self): return self
+    def __abs__(self): return _ops().abs(self)
+    def __lt__(self, o): return _ops().lt(self, o)
+    def __le__(self, o): return _ops().le(self, o)
+    def __gt__(self, o): return _ops().gt(self, o)
+    def __ge__(self, o): return _ops().ge(self, o)
+    def __eq__(self, o): return _ops().eq(self, o)  # type: ignore[override]
+    def __ne__(self, o): return _ops().ne(self, o)  # type: ignore[override]
+    def __and__(self, o): return _ops().logical_and(self, o)
+    def __or__(self, o): return _ops().logical_or(self, o)
+    def __invert__(self): return _ops().logical_not(self)
+    __hash__ = object.__hash__
+
+
+def _ops():
+    from . import ops
+    return ops
+
+
+def check_dtype(name: str, want: DType | None, got: DType) -> None:
+    if want is not None and want != got:
+        raise DTypeError(f"argument {name!r} is annotated {want.name} but got {got.name}")

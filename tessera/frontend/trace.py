@@ -1,0 +1,147 @@
+"""Tracing a Python function into Graph IR.
+
+`trace(fn, args)` binds every symbolic dim of the annotations to the concrete
+size it has in the call (reporting disagreements with the user's names), runs
+`fn` once on `Tensor` values, and returns a `builtin.module` holding one
+`func.func` in the graph dialect.
+"""
+from __future__ import annotations
+
+import contextvars
+import inspect
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+from ..dtypes import DType
+from ..errors import ShapeError, TesseraError
+from .tensor import Tensor, TensorSpec, check_dtype
+
+_CURRENT: contextvars.ContextVar["Trace | None"] = contextvars.ContextVar("tessera_trace", default=None)
+
+
+@dataclass(frozen=True)
+class ArgSpec:
+    """One tensor argument of a call: its name, concrete shape, dtype and symbolic dims."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: DType
+    dims: tuple[str | int, ...]
+
+
+def current_trace() -> "Trace":
+    trace = _CURRENT.get()
+    if trace is None:
+        raise TesseraError("tessera ops can only be used inside a @tessera.function or @tessera.kernel")
+    return trace
+
+
+class Trace:
+    """The function being built: its block, its dim bindings, and its outputs."""
+
+    def __init__(self, fn_name: str, bindings: dict[str, int]):
+        from xdsl.ir import Block
+
+        self.fn_name = fn_name
+        self.bindings = dict(bindings)
+        self.block = Block()
+        self.stored: dict[str, Tensor] = {}
+        self._anon = 0
+
+    def size(self, d: str | int) -> int:
+        return d if isinstance(d, int) else self.bindings[d]
+
+    def add(self, op):
+        self.block.add_op(op)
+        return op
+
+    def fresh_dim(self, value: int, hint: str) -> str:
+        """A new symbolic name for a size that has none (e.g. after a reshape to literal ints)."""
+        self._anon += 1
+        name = f"{hint}{self._anon}"
+        self.bindings[name] = value
+        return name
+
+
+def bind_dims(fn_name: str, specs: Sequence[tuple[str, TensorSpec | None, tuple[int, ...], DType]]
+              ) -> tuple[dict[str, int], list[ArgSpec]]:
+    """Unify annotated dim names with the call's shapes; name the dims of unannotated args."""
+    bindings: dict[str, int] = {}
+    first_seen: dict[str, str] = {}
+    args = []
+    for arg, spec, shape, dt in specs:
+        if spec is None:
+            dims = tuple(f"{arg}_{i}" for i in range(len(shape)))
+        else:
+            check_dtype(arg, spec.dtype, dt)
+            if len(spec.dims) != len(shape):
+                raise ShapeError(f"{fn_name}: argument {arg!r} is annotated {spec} (rank {len(spec.dims)}) "
+                                 f"but has shape {list(shape)} (rank {len(shape)})")
+            dims = spec.dims
+        for d, size in zip(dims, shape):
+            if isinstance(d, int):
+                if d != size:
+                    raise ShapeError(f"{fn_name}: argument {arg!r} must have size {d} where it has {size} "
+                                     f"(annotation {spec})")
+                continue
+            if d in bindings and bindings[d] != size:
+                raise ShapeError(f"{fn_name}: argument {arg!r} has {d}={size} but argument "
+                                 f"{first_seen[d]!r} has {d}={bindings[d]}")
+            bindings.setdefault(d, size)
+            first_seen.setdefault(d, arg)
+        args.append(ArgSpec(arg, tuple(shape), dt, tuple(dims)))
+    return bindings, args
+
+
+def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[str, int],
+          constants: dict[str, Any], outputs: Sequence[str] = ()):
+    """Run `fn` on traced tensors; return the graph module and the output arg names it stored to."""
+    from xdsl.dialects import func
+    from xdsl.dialects.builtin import ModuleOp
+    from xdsl.ir import Region
+
+    from ..ir import graph
+
+    t = Trace(fn_name, bindings)
+    params: dict[str, Any] = dict(constants)
+    for a in args:
+        value = t.block.insert_arg(graph.TensorType.of(a.dims, a.dtype), len(t.block.args))
+        params[a.name] = Tensor(t, value, a.dims, a.dtype)
+        params[a.name].label = a.name
+    token = _CURRENT.set(t)
+    try:
+        ordered = [params[name] for name in inspect.signature(fn).parameters]
+        result = fn(*ordered)
+    finally:
+        _CURRENT.reset(token)
+    results = _collect_results(fn_name, result, t, outputs)
+    for r in results:
+        if not isinstance(r, Tensor):
+            raise TesseraError(f"{fn_name} must return tensors computed from its arguments, got {type(r).__name__}")
+    t.block.add_op(func.ReturnOp(*[r.value for r in results]))
+    ftype = ([a.type for a in t.block.args], [r.value.type for r in results])
+    f = func.FuncOp(fn_name, ftype, Region(t.block))
+    f.attributes["tessera.dims"] = graph.dims_attr(t.bindings)
+    f.attributes["tessera.arg_names"] = _str_array([a.name for a in args])
+    f.attributes["tessera.result_names"] = _str_array(
+        list(t.stored) if outputs else [f"out{i}" for i in range(len(results))])
+    return ModuleOp([f]), list(t.stored)
+
+
+def _collect_results(fn_name, result, t: Trace, outputs) -> list:
+    if outputs:
+        if result is not None:
+            raise TesseraError(f"@kernel {fn_name} writes its outputs (e.g. C[:] = ...); it must not return a value")
+        if not t.stored:
+            raise TesseraError(f"@kernel {fn_name} stores to none of its arguments; write outputs with C[:] = ...")
+        return list(t.stored.values())
+    if result is None:
+        raise TesseraError(f"{fn_name} returned None; a @tessera.function returns its result tensors")
+    return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _str_array(names: Sequence[str]):
+    from xdsl.dialects.builtin import ArrayAttr, StringAttr
+
+    return ArrayAttr([StringAttr(n) for n in names])
+

@@ -1,0 +1,523 @@
+"""Graph IR: whole-tensor ops with symbolic dims, as the xDSL dialect `graph`.
+
+A traced function becomes a `func.func` whose block arguments and results are
+`!graph.tensor<[B, H, S, D], f16>` values. Dims are symbolic names (bound to
+concrete values by the function's `tessera.dims` attribute) or integers.
+
+Elementwise ops are generated from one table (`ELEMENTWISE`), so adding a
+unary or binary op is adding a row: the table gives the op's arity, its dtype
+rule and its NumPy reference, and the same row drives the tracer, the
+reference interpreter and the tile-level lowering.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable, Sequence
+
+import numpy as np
+from xdsl.dialects import func
+from xdsl.dialects.builtin import (
+    ArrayAttr,
+    BFloat16Type,
+    DictionaryAttr,
+    Float8E4M3FNType,
+    Float8E5M2Type,
+    Float16Type,
+    Float32Type,
+    FloatAttr,
+    IntAttr,
+    IntegerAttr,
+    IntegerType,
+    StringAttr,
+    f64,
+    i1,
+    i32,
+)
+from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue, TypeAttribute
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_attr_definition,
+    irdl_op_definition,
+    operand_def,
+    opt_prop_def,
+    prop_def,
+    result_def,
+    var_operand_def,
+)
+from xdsl.utils.exceptions import VerifyException
+
+from .. import dtypes
+from ..dtypes import DType
+
+Dim = str | int
+
+_ELEMENT_TYPES: dict[str, Attribute] = {
+    "f32": Float32Type(),
+    "f16": Float16Type(),
+    "bf16": BFloat16Type(),
+    "f8E4M3FN": Float8E4M3FNType(),
+    "f8E5M2": Float8E5M2Type(),
+    "i32": i32,
+    "i1": i1,
+}
+
+
+def element_type(dt: DType) -> Attribute:
+    """The builtin MLIR element type of a Tessera dtype."""
+    return _ELEMENT_TYPES[dt.mlir]
+
+
+def dtype_of_element(t: Attribute) -> DType:
+    for name, attr in _ELEMENT_TYPES.items():
+        if attr == t:
+            return dtypes.BY_MLIR[name]
+    raise VerifyException(f"unsupported element type {t}")
+
+
+@irdl_attr_definition
+class TensorType(ParametrizedAttribute, TypeAttribute):
+    """`!graph.tensor<[B, H, S, D], f16>`: a tensor with symbolic or literal dims."""
+
+    name = "graph.tensor"
+    dims: ArrayAttr
+    element: Attribute
+
+    @staticmethod
+    def of(dims: Sequence[Dim], dt: DType) -> "TensorType":
+        return TensorType(
+            ArrayAttr([StringAttr(d) if isinstance(d, str) else IntAttr(int(d)) for d in dims]),
+            element_type(dt),
+        )
+
+    @property
+    def shape(self) -> tuple[Dim, ...]:
+        return tuple(d.data for d in self.dims.data)
+
+    @property
+    def dtype(self) -> DType:
+        return dtype_of_element(self.element)
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims.data)
+
+    @classmethod
+    def parse_parameters(cls, parser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+
+        def parse_dim() -> Attribute:
+            value = parser.parse_optional_integer()
+            if value is not None:
+                return IntAttr(value)
+            return StringAttr(parser.parse_identifier())
+
+        dims = parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parse_dim)
+        parser.parse_punctuation(",")
+        element = parser.parse_type()
+        parser.parse_punctuation(">")
+        return [ArrayAttr(dims), element]
+
+    def print_parameters(self, printer) -> None:
+        printer.print_string("<[" + ", ".join(str(d) for d in self.shape) + "], ")
+        printer.print_attribute(self.element)
+        printer.print_string(">")
+
+
+def tensor_type(value: SSAValue) -> TensorType:
+    if not isinstance(value.type, TensorType):
+        raise VerifyException(f"expected a !graph.tensor, got {value.type}")
+    return value.type
+
+
+# --- dims --------------------------------------------------------------------
+
+def dim_bindings(op) -> dict[str, int]:
+    """The concrete values of symbolic dims, from the enclosing function's `tessera.dims`."""
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, func.FuncOp):
+        parent = parent.parent_op()
+    if parent is None or "tessera.dims" not in parent.attributes:
+        return {}
+    return {k: v.value.data for k, v in parent.attributes["tessera.dims"].data.items()}
+
+
+def dims_attr(bindings: dict[str, int]) -> DictionaryAttr:
+    return DictionaryAttr({k: IntegerAttr(v, 64) for k, v in bindings.items()})
+
+
+def dim_value(d: Dim, bindings: dict[str, int]) -> int | None:
+    return d if isinstance(d, int) else bindings.get(d)
+
+
+def same_dim(a: Dim, b: Dim, bindings: dict[str, int]) -> bool:
+    if a == b:
+        return True
+    va, vb = dim_value(a, bindings), dim_value(b, bindings)
+    return va is not None and va == vb
+
+
+def broadcast_shapes(shapes: Sequence[Sequence[Dim]], bindings: dict[str, int],
+                     what: str = "operands") -> tuple[Dim, ...]:
+    """NumPy broadcasting over symbolic dims. A dim broadcasts when it is 1."""
+    rank = max(len(s) for s in shapes)
+    out: list[Dim] = []
+    for i in range(rank):
+        column = [s[len(s) - rank + i] for s in shapes if len(s) - rank + i >= 0]
+        chosen: Dim = 1
+        for d in column:
+            if dim_value(d, bindings) == 1 and d == 1:
+                continue
+            if chosen == 1:
+                chosen = d
+            elif not same_dim(chosen, d, bindings):
+                if dim_value(d, bindings) == 1:
+                    continue
+                if dim_value(chosen, bindings) == 1:
+                    chosen = d
+                    continue
+                shown = " vs ".join(_show(s, bindings) for s in shapes)
+                raise VerifyException(
+                    f"{what} do not broadcast: dim {chosen}{_eq(chosen, bindings)} "
+                    f"vs {d}{_eq(d, bindings)} ({shown})")
+        out.append(chosen)
+    return tuple(out)
+
+
+def _eq(d: Dim, bindings) -> str:
+    v = dim_value(d, bindings)
+    return f"={v}" if isinstance(d, str) and v is not None else ""
+
+
+def _show(shape: Sequence[Dim], bindings) -> str:
+    return "[" + ", ".join(f"{d}{_eq(d, bindings)}" for d in shape) + "]"
+
+
+# --- the elementwise table -----------------------------------------------------
+
+@dataclass(frozen=True)
+class Elementwise:
+    """One elementwise op: `result` is "same" (the promoted operand dtype), "bool", or "float"."""
+
+    name: str
+    arity: int
+    ref: Callable
+    result: str = "same"
+
+
+def _erf(x):
+    return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+
+
+def _rsqrt(x):
+    return 1.0 / np.sqrt(x)
+
+
+ELEMENTWISE: dict[str, Elementwise] = {e.name: e for e in [
+    Elementwise("neg", 1, np.negative),
+    Elementwise("abs", 1, np.abs),
+    Elementwise("exp", 1, np.exp, "float"),
+    Elementwise("exp2", 1, np.exp2, "float"),
+    Elementwise("log", 1, np.log, "float"),
+    Elementwise("log2", 1, np.log2, "float"),
+    Elementwise("tanh", 1, np.tanh, "float"),
+    Elementwise("sqrt", 1, np.sqrt, "float"),
+    Elementwise("rsqrt", 1, _rsqrt, "float"),
+    Elementwise("sin", 1, np.sin, "float"),
+    Elementwise("cos", 1, np.cos, "float"),
+    Elementwise("erf", 1, _erf, "float"),
+    Elementwise("logical_not", 1, np.logical_not, "bool"),
+    Elementwise("add", 2, np.add),
+    Elementwise("sub", 2, np.subtract),
+    Elementwise("mul", 2, np.multiply),
+    Elementwise("div", 2, np.divide, "float"),
+    Elementwise("maximum", 2, np.maximum),
+    Elementwise("minimum", 2, np.minimum),
+    Elementwise("pow", 2, np.power, "float"),
+    Elementwise("lt", 2, np.less, "bool"),
+    Elementwise("le", 2, np.less_equal, "bool"),
+    Elementwise("gt", 2, np.greater, "bool"),
+    Elementwise("ge", 2, np.greater_equal, "bool"),
+    Elementwise("eq", 2, np.equal, "bool"),
+    Elementwise("ne", 2, np.not_equal, "bool"),
+    Elementwise("logical_and", 2, np.logical_and, "bool"),
+    Elementwise("logical_or", 2, np.logical_or, "bool"),
+    Elementwise("where", 3, np.where),
+]}
+
+
+def elementwise_result_dtype(e: Elementwise, operand_dtypes: Sequence[DType]) -> DType:
+    if e.result == "bool":
+        return dtypes.bool_
+    values = operand_dtypes[1:] if e.name == "where" else operand_dtypes
+    out = values[0]
+    for d in values[1:]:
+        out = dtypes.promote(out, d)
+    if e.result == "float" and not out.is_float:
+        return dtypes.fp32
+    return out
+
+
+class ElementwiseOp(IRDLOperation):
+    """Base of the generated elementwise ops; `ELEMENTWISE[op.kind]` describes it."""
+
+    inputs = var_operand_def(TensorType)
+    res = result_def(TensorType)
+
+    def __init__(self, inputs: Sequence[SSAValue], result_type: TensorType):
+        super().__init__(operands=[list(inputs)], result_types=[result_type])
+
+    @property
+    def kind(self) -> str:
+        return self.name.removeprefix("graph.")
+
+    def verify_(self) -> None:
+        entry = ELEMENTWISE[self.kind]
+        if len(self.inputs) != entry.arity:
+            raise VerifyException(f"{self.name} takes {entry.arity} operands, got {len(self.inputs)}")
+        bindings = dim_bindings(self)
+        shapes = [tensor_type(v).shape for v in self.inputs]
+        expected = broadcast_shapes(shapes, bindings, what=f"{self.name} operands")
+        out = tensor_type(self.res)
+        if len(out.shape) != len(expected) or not all(
+                same_dim(a, b, bindings) for a, b in zip(out.shape, expected)):
+            raise VerifyException(f"{self.name}: result shape {list(out.shape)} is not the broadcast "
+                                  f"shape {list(expected)}")
+        want = elementwise_result_dtype(entry, [tensor_type(v).dtype for v in self.inputs])
+        if out.dtype != want:
+            raise VerifyException(f"{self.name}: result dtype {out.dtype} should be {want}")
+        if self.kind == "where" and tensor_type(self.inputs[0]).dtype != dtypes.bool_:
+            raise VerifyException("where: the condition must be bool")
+
+
+def _make_elementwise(entry: Elementwise) -> type[ElementwiseOp]:
+    cls = type(f"{entry.name.title().replace('_', '')}Op", (ElementwiseOp,),
+               {"name": f"graph.{entry.name}", "__doc__": f"Elementwise {entry.name}."})
+    return irdl_op_definition(cls)
+
+
+ELEMENTWISE_OPS: dict[str, type[ElementwiseOp]] = {n: _make_elementwise(e) for n, e in ELEMENTWISE.items()}
+
+
+# --- structural ops --------------------------------------------------------------
+
+def _ints(values: Sequence[int]) -> ArrayAttr:
+    return ArrayAttr([IntAttr(int(v)) for v in values])
+
+
+@irdl_op_definition
+class MatmulOp(IRDLOperation):
+    """Batched matrix product `[..., M, K] x [..., K, N] -> [..., M, N]` with broadcast batch dims."""
+
+    name = "graph.matmul"
+    lhs = operand_def(TensorType)
+    rhs = operand_def(TensorType)
+    res = result_def(TensorType)
+
+    def __init__(self, lhs: SSAValue, rhs: SSAValue, result_type: TensorType):
+        super().__init__(operands=[lhs, rhs], result_types=[result_type])
+
+    def verify_(self) -> None:
+        a, b = tensor_type(self.lhs), tensor_type(self.rhs)
+        bindings = dim_bindings(self)
+        if a.rank < 2 or b.rank < 2:
+            raise VerifyException(f"matmul needs operands of rank >= 2, got ranks {a.rank} and {b.rank}")
+        if not same_dim(a.shape[-1], b.shape[-2], bindings):
+            raise VerifyException(f"matmul: contracting dims differ: lhs has {a.shape[-1]}{_eq(a.shape[-1], bindings)}, "
+                                  f"rhs has {b.shape[-2]}{_eq(b.shape[-2], bindings)}")
+        batch = broadcast_shapes([a.shape[:-2], b.shape[:-2]], bindings, "matmul batch dims")
+        want = (*batch, a.shape[-2], b.shape[-1])
+        if len(want) != tensor_type(self.res).rank:
+            raise VerifyException(f"matmul: result rank should be {len(want)}")
+
+
+@irdl_op_definition
+class TransposeOp(IRDLOperation):
+    """Permutes dims: result dim i is operand dim `perm[i]`."""
+
+    name = "graph.transpose"
+    input = operand_def(TensorType)
+    perm = prop_def(ArrayAttr)
+    res = result_def(TensorType)
+
+    def __init__(self, x: SSAValue, perm: Sequence[int], result_type: TensorType):
+        super().__init__(operands=[x], result_types=[result_type], properties={"perm": _ints(perm)})
+
+    @property
+    def permutation(self) -> tuple[int, ...]:
+        return tuple(p.data for p in self.perm.data)
+
+    def verify_(self) -> None:
+        src = tensor_type(self.input)
+        if sorted(self.permutation) != list(range(src.rank)):
+            raise VerifyException(f"transpose: {list(self.permutation)} is not a permutation of {src.rank} dims")
+        if tuple(src.shape[p] for p in self.permutation) != tensor_type(self.res).shape:
+            raise VerifyException("transpose: result shape does not match the permutation")
+
+
+@irdl_op_definition
+class ReshapeOp(IRDLOperation):
+    """Reinterprets a contiguous tensor with a new shape of the same element count."""
+
+    name = "graph.reshape"
+    input = operand_def(TensorType)
+    res = result_def(TensorType)
+
+    def __init__(self, x: SSAValue, result_type: TensorType):
+        super().__init__(operands=[x], result_types=[result_type])
+
+    def verify_(self) -> None:
+        bindings = dim_bindings(self)
+        sizes = [[dim_value(d, bindings) for d in tensor_type(v).shape] for v in (self.input, self.res)]
+        if all(None not in s for s in sizes) and math.prod(sizes[0]) != math.prod(sizes[1]):
+            raise VerifyException(f"reshape: {sizes[0]} and {sizes[1]} have different element counts")
+
+
+REDUCTIONS = ("sum", "max", "min", "mean")
+
+
+@irdl_op_definition
+class ReduceOp(IRDLOperation):
+    """Reduces one axis (`kind` in sum/max/min/mean); `keepdim` keeps it with size 1."""
+
+    name = "graph.reduce"
+    input = operand_def(TensorType)
+    kind = prop_def(StringAttr)
+    axis = prop_def(IntAttr)
+    keepdim = prop_def(IntAttr)
+    res = result_def(TensorType)
+
+    def __init__(self, x: SSAValue, kind: str, axis: int, keepdim: bool, result_type: TensorType):
+        super().__init__(operands=[x], result_types=[result_type], properties={
+            "kind": StringAttr(kind), "axis": IntAttr(axis), "keepdim": IntAttr(int(keepdim))})
+
+    def verify_(self) -> None:
+        if self.kind.data not in REDUCTIONS:
+            raise VerifyException(f"reduce: unknown kind {self.kind.data!r}; expected one of {REDUCTIONS}")
+        if not 0 <= self.axis.data < tensor_type(self.input).rank:
+            raise VerifyException(f"reduce: axis {self.axis.data} out of range")
+
+
+@irdl_op_definition
+class SoftmaxOp(IRDLOperation):
+    name = "graph.softmax"
+    input = operand_def(TensorType)
+    axis = prop_def(IntAttr)
+    res = result_def(TensorType)
+
+    def __init__(self, x: SSAValue, axis: int, result_type: TensorType):
+        super().__init__(operands=[x], result_types=[result_type], properties={"axis": IntAttr(axis)})
+
+    def verify_(self) -> None:
+        if not 0 <= self.axis.data < tensor_type(self.input).rank:
+            raise VerifyException(f"softmax: axis {self.axis.data} out of range")
+
+
+class _NormOp(IRDLOperation):
+    """Normalization over the last dim; optional affine operands follow `x`."""
+
+    inputs = var_operand_def(TensorType)
+    eps = prop_def(FloatAttr)
+    has_weight = prop_def(IntAttr)
+    has_bias = opt_prop_def(IntAttr)
+    res = result_def(TensorType)
+
+    @property
+    def x(self) -> SSAValue:
+        return self.inputs[0]
+
+    @property
+    def weight(self) -> SSAValue | None:
+        return self.inputs[1] if self.has_weight.data else None
+
+    @property
+    def bias(self) -> SSAValue | None:
+        if self.has_bias is None or not self.has_bias.data:
+            return None
+        return self.inputs[1 + self.has_weight.data]
+
+    def verify_(self) -> None:
+        want = 1 + self.has_weight.data + (self.has_bias.data if self.has_bias else 0)
+        if len(self.inputs) != want:
+            raise VerifyException(f"{self.name}: expected {want} operands, got {len(self.inputs)}")
+        bindings = dim_bindings(self)
+        last = tensor_type(self.x).shape[-1]
+        for param in (self.weight, self.bias):
+            if param is not None:
+                shape = tensor_type(param).shape
+                if len(shape) != 1 or not same_dim(shape[0], last, bindings):
+                    raise VerifyException(f"{self.name}: weight/bias must have shape [{last}], got {list(shape)}")
+
+
+@irdl_op_definition
+class LayerNormOp(_NormOp):
+    name = "graph.layer_norm"
+
+    def __init__(self, x, weight, bias, eps: float, result_type: TensorType):
+        inputs = [v for v in (x, weight, bias) if v is not None]
+        super().__init__(operands=[inputs], result_types=[result_type], properties={
+            "eps": FloatAttr(eps, f64), "has_weight": IntAttr(int(weight is not None)),
+            "has_bias": IntAttr(int(bias is not None))})
+
+
+@irdl_op_definition
+class RmsNormOp(_NormOp):
+    name = "graph.rms_norm"
+
+    def __init__(self, x, weight, eps: float, result_type: TensorType):
+        inputs = [v for v in (x, weight) if v is not None]
+        super().__init__(operands=[inputs], result_types=[result_type], properties={
+            "eps": FloatAttr(eps, f64), "has_weight": IntAttr(int(weight is not None))})
+
+
+@irdl_op_definition
+class ArangeOp(IRDLOperation):
+    """`[0, 1, ..., n-1]` as int32 over one (usually symbolic) dim."""
+
+    name = "graph.arange"
+    res = result_def(TensorType)
+
+    def __init__(self, result_type: TensorType):
+        super().__init__(result_types=[result_type])
+
+    def verify_(self) -> None:
+        t = tensor_type(self.res)
+        if t.rank != 1 or t.dtype != dtypes.int32:
+            raise VerifyException("arange must produce a rank-1 int32 tensor")
+
+
+@irdl_op_definition
+class ConstantOp(IRDLOperation):
+    """A scalar (rank-0) constant; Python numbers in user code become these."""
+
+    name = "graph.constant"
+    value = prop_def(FloatAttr)
+    res = result_def(TensorType)
+
+    def __init__(self, value: float, result_type: TensorType):
+        super().__init__(result_types=[result_type], properties={"value": FloatAttr(float(value), f64)})
+
+    def verify_(self) -> None:
+        if tensor_type(self.res).rank != 0:
+            raise VerifyException("constant must be rank 0")
+
+
+@irdl_op_definition
+class CastOp(IRDLOperation):
+    name = "graph.cast"
+    input = operand_def(TensorType)
+    res = result_def(TensorType)
+
+    def __init__(self, x: SSAValue, result_type: TensorType):
+        super().__init__(operands=[x], result_types=[result_type])
+
+    def verify_(self) -> None:
+        if tensor_type(self.input).shape != tensor_type(self.res).shape:
+            raise VerifyException("cast must keep the shape")
+
+
+VIEW_OPS = (TransposeOp, ReshapeOp)
+STRUCTURAL_OPS = [MatmulOp, TransposeOp, ReshapeOp, ReduceOp, SoftmaxOp, LayerNormOp, RmsNormOp,
+                  ArangeOp, ConstantOp, CastOp]
+
+Graph = Dialect("graph", [*ELEMENTWISE_OPS.values(), *STRUCTURAL_OPS], [TensorType])
