@@ -1,0 +1,112 @@
+"""Schedule IR: the fusion plan, as the xDSL dialect `schedule`.
+
+Each `schedule.kernel` is one GPU kernel. Its region holds the Graph IR ops of
+its fusion group (block arguments are the group's inputs, `schedule.yield`
+its outputs); its properties say which kernel template implements it (`kind`),
+the tiling parameters in force (`params`) and the space the autotuner may
+search (`space`).
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
+from xdsl.ir import Attribute, Block, Dialect, Region, SSAValue
+from xdsl.irdl import (
+    IRDLOperation,
+    irdl_op_definition,
+    prop_def,
+    region_def,
+    traits_def,
+    var_operand_def,
+    var_result_def,
+)
+from xdsl.traits import IsTerminator
+from xdsl.utils.exceptions import VerifyException
+
+#: Kernel templates, each with its default tiling and the space the autotuner searches.
+KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
+    "flash_attention": (
+        {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2},
+        {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3]},
+    ),
+    "gemm": (
+        {"block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3},
+        {"block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64],
+         "num_warps": [4, 8], "num_stages": [2, 3, 4]},
+    ),
+    "row_reduction": (
+        {"block_m": 4, "block_n": 1024, "num_warps": 4, "num_stages": 1},
+        {"block_m": [1, 2, 4, 8], "block_n": [256, 512, 1024, 2048, 4096], "num_warps": [4, 8, 16],
+         "num_stages": [1]},
+    ),
+    "elementwise": (
+        {"block_m": 16, "block_n": 128, "num_warps": 4, "num_stages": 1},
+        {"block_m": [4, 8, 16, 32], "block_n": [64, 128, 256], "num_warps": [4, 8], "num_stages": [1]},
+    ),
+}
+
+
+def int_dict(d: dict[str, int]) -> DictionaryAttr:
+    return DictionaryAttr({k: IntAttr(v) for k, v in d.items()})
+
+
+def space_dict(d: dict[str, Sequence[int]]) -> DictionaryAttr:
+    return DictionaryAttr({k: ArrayAttr([IntAttr(v) for v in vs]) for k, vs in d.items()})
+
+
+@irdl_op_definition
+class YieldOp(IRDLOperation):
+    name = "schedule.yield"
+    values = var_operand_def()
+    traits = traits_def(IsTerminator())
+
+    def __init__(self, values: Sequence[SSAValue]):
+        super().__init__(operands=[list(values)])
+
+
+@irdl_op_definition
+class KernelOp(IRDLOperation):
+    """One fused kernel: graph ops in, template choice and tiling parameters on top."""
+
+    name = "schedule.kernel"
+    inputs = var_operand_def()
+    outputs = var_result_def()
+    sym_name = prop_def(StringAttr)
+    kind = prop_def(StringAttr)
+    params = prop_def(DictionaryAttr)
+    space = prop_def(DictionaryAttr)
+    body = region_def("single_block")
+
+    def __init__(self, name: str, kind: str, inputs: Sequence[SSAValue], output_types: Sequence[Attribute],
+                 body: Block, params: dict[str, int], space: dict[str, Sequence[int]]):
+        super().__init__(operands=[list(inputs)], result_types=[list(output_types)], regions=[Region(body)],
+                         properties={"sym_name": StringAttr(name), "kind": StringAttr(kind),
+                                     "params": int_dict(params), "space": space_dict(space)})
+
+    @property
+    def param_values(self) -> dict[str, int]:
+        return {k: v.data for k, v in self.params.data.items()}
+
+    def verify_(self) -> None:
+        if self.kind.data not in KINDS:
+            raise VerifyException(f"schedule.kernel {self.sym_name.data}: unknown kind {self.kind.data!r}; "
+                                  f"expected one of {sorted(KINDS)}")
+        block = self.body.block
+        if [a.type for a in block.args] != [v.type for v in self.inputs]:
+            raise VerifyException(f"schedule.kernel {self.sym_name.data}: block arguments do not match its inputs")
+        last = block.last_op
+        if not isinstance(last, YieldOp):
+            raise VerifyException(f"schedule.kernel {self.sym_name.data} must end with schedule.yield")
+        if [v.type for v in last.values] != [r.type for r in self.outputs]:
+            raise VerifyException(f"schedule.kernel {self.sym_name.data}: yielded types do not match its results")
+        for key, value in self.params.data.items():
+            allowed = self.space.data.get(key)
+            if not isinstance(value, IntAttr) or value.data <= 0:
+                raise VerifyException(f"schedule.kernel {self.sym_name.data}: param {key} must be a positive int")
+            if allowed is not None and key.startswith("block") and value.data & (value.data - 1):
+                raise VerifyException(f"schedule.kernel {self.sym_name.data}: {key}={value.data} "
+                                      f"is not a power of two")
+
+
+Schedule = Dialect("schedule", [KernelOp, YieldOp], [])

@@ -1,0 +1,266 @@
+"""Graph IR -> Schedule IR: decide which ops share a kernel.
+
+Rules, in the order they claim ops:
+1. attention: matmul -> score modification (any elementwise ops, masks,
+   biases, soft-capping) -> softmax over the last axis -> matmul becomes one
+   `flash_attention` kernel (online softmax; no S x S tensor in memory);
+2. every other matmul becomes a `gemm` kernel with its elementwise epilogue;
+3. softmax / layer_norm / rms_norm / reduce become one `row_reduction` kernel
+   each, with their elementwise prologue and epilogue;
+4. the remaining elementwise ops form `elementwise` kernels.
+
+Cheap ops (constants, arange, transposes, reshapes) are never kernels of their
+own: each kernel that needs them gets its own copy, so transposes become
+index maps of the loads rather than copies in memory.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Block, Operation, Region, SSAValue
+
+from ..ir import graph as g
+from ..ir import schedule as s
+
+CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
+ELEMENTWISE = (g.ElementwiseOp, g.CastOp)
+ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)
+
+
+@dataclass
+class Group:
+    kind: str
+    ops: set = field(default_factory=set)
+    output: SSAValue | None = None
+
+
+class _Planner:
+    def __init__(self, f: func.FuncOp):
+        self.f = f
+        self.order = {op: i for i, op in enumerate(f.body.block.ops)}
+        self.group_of: dict[Operation, Group] = {}
+        self.groups: list[Group] = []
+
+    # --- helpers ----------------------------------------------------------
+    def producer(self, v: SSAValue) -> Operation | None:
+        return v.owner if isinstance(v.owner, Operation) else None
+
+    def users(self, v: SSAValue) -> list[Operation]:
+        return [u.operation for u in v.uses]
+
+    def free(self, op) -> bool:
+        return op is not None and op not in self.group_of and not isinstance(op, (CHEAP + (func.ReturnOp,)))
+
+    def strip_cheap(self, v: SSAValue) -> SSAValue:
+        """Looks through views and casts-free cheap ops to the value they read."""
+        op = self.producer(v)
+        while isinstance(op, (g.TransposeOp, g.ReshapeOp)):
+            v = op.input
+            op = self.producer(v)
+        return v
+
+    def claim(self, group: Group, ops) -> None:
+        for op in ops:
+            group.ops.add(op)
+            self.group_of[op] = group
+
+    def new_group(self, kind: str, ops, output: SSAValue) -> Group:
+        group = Group(kind, output=output)
+        self.claim(group, ops)
+        self.groups.append(group)
+        return group
+
+    def pull_producers(self, group: Group, values) -> None:
+        """Absorbs elementwise producers whose every user is already in the group."""
+        work = list(values)
+        while work:
+            op = self.producer(self.strip_cheap(work.pop()))
+            if not self.free(op) or not isinstance(op, ELEMENTWISE):
+                continue
+            if all(u in group.ops for u in self.users(op.results[0])):
+                self.claim(group, [op])
+                work.extend(op.operands)
+
+    def inputs_of(self, group: Group) -> set[SSAValue]:
+        """Values the group reads that other groups produce (arguments and cheap ops excluded)."""
+        out = set()
+        for op in group.ops:
+            for v in op.operands:
+                p = self.producer(self.strip_cheap(v))
+                if p is not None and p not in group.ops and p in self.group_of:
+                    out.add(self.strip_cheap(v))
+        return out
+
+    def merge_epilogues(self) -> None:
+        """Folds an elementwise group into the kernel producing its only computed input.
+
+        This is how `gelu(x @ w + b)` or `softmax(s).to(fp16)` become one kernel: the
+        consumer group reads nothing but that kernel's output (plus arguments and
+        cheap ops) and has the same shape, so its ops can run on the output tile.
+        """
+        for consumer in [grp for grp in self.groups if grp.kind == "elementwise" and grp.ops]:
+            inputs = self.inputs_of(consumer)
+            if len(inputs) != 1:
+                continue
+            (value,) = inputs
+            producer = self.group_of[self.producer(value)]
+            if producer.kind == "elementwise" or producer.output is not value:
+                continue
+            if any(u not in consumer.ops for u in self.users(value)):
+                continue
+            if g.tensor_type(consumer.output).shape != g.tensor_type(value).shape:
+                continue
+            self.claim(producer, consumer.ops)
+            producer.output = consumer.output
+            self.groups.remove(consumer)
+
+    # --- rules ---------------------------------------------------------------
+    def attention(self, m2: g.MatmulOp) -> None:
+        probs = m2.lhs
+        casts = []
+        op = self.producer(probs)
+        while isinstance(op, g.CastOp):
+            casts.append(op)
+            op = self.producer(op.input)
+        if not isinstance(op, g.SoftmaxOp) or op.axis.data != g.tensor_type(op.input).rank - 1:
+            return
+        sm = op
+        if any(len(self.users(c.results[0])) != 1 for c in [sm, *casts]):
+            return
+        region, m1 = self._score_region(sm.input)
+        if m1 is None or not self.free(m1) or not self.free(sm):
+            return
+        group = self.new_group("flash_attention", [m1, *region, sm, *casts, m2], m2.res)
+        self.pull_producers(group, [v for o in region for v in o.operands])
+
+    def _score_region(self, v: SSAValue):
+        """Elementwise ops between the first matmul and the softmax, and that matmul."""
+        region, m1, work, seen = [], None, [v], set()
+        while work:
+            op = self.producer(self.strip_cheap(work.pop()))
+            if op is None or op in seen:
+                continue
+            seen.add(op)
+            if isinstance(op, g.MatmulOp):
+                if m1 is not None and m1 is not op:
+                    return [], None
+                m1 = op
+                continue
+            if isinstance(op, ELEMENTWISE) and self.free(op) and self._depends_on_matmul(op):
+                region.append(op)
+                work.extend(op.operands)
+        if m1 is None or len(self.users(m1.res)) != 1:
+            return [], None
+        members = set(region) | {m1}
+        for op in region:
+            if any(u not in members and not isinstance(u, g.SoftmaxOp) for u in self.users(op.results[0])):
+                return [], None
+        return region, m1
+
+    def _depends_on_matmul(self, op) -> bool:
+        work, seen = list(op.operands), set()
+        while work:
+            p = self.producer(work.pop())
+            if p is None or p in seen:
+                continue
+            seen.add(p)
+            if isinstance(p, g.MatmulOp):
+                return True
+            if isinstance(p, ELEMENTWISE + CHEAP):
+                work.extend(p.operands)
+        return False
+
+    def plan(self) -> list[Group]:
+        ops = list(self.f.body.block.ops)
+        for op in reversed(ops):
+            if isinstance(op, g.MatmulOp) and self.free(op):
+                self.attention(op)
+        for op in ops:
+            if isinstance(op, g.MatmulOp) and self.free(op):
+                self.new_group("gemm", [op], op.res)
+        for op in ops:
+            if isinstance(op, ROW_REDUCTIONS) and self.free(op):
+                group = self.new_group("row_reduction", [op], op.res)
+                self.pull_producers(group, op.operands)
+        for op in reversed(ops):
+            if isinstance(op, ELEMENTWISE) and self.free(op):
+                group = self.new_group("elementwise", [op], op.results[0])
+                self.pull_producers(group, op.operands)
+        self.merge_epilogues()
+        self._copies_for_unproduced_results()
+        last = len(self.order)
+        return sorted(self.groups, key=lambda grp: self.order.get(self.producer(grp.output), last))
+
+    def _copies_for_unproduced_results(self) -> None:
+        """A result that is an argument or a view of one still needs a kernel to write it."""
+        ret = self.f.body.block.last_op
+        for v in ret.operands:
+            if self.producer(v) in self.group_of:
+                continue
+            group = Group("elementwise", output=v)
+            self.groups.append(group)
+
+
+def _clone_cheap_chain(v: SSAValue, mapping: dict, block: Block, inputs: list, planner: _Planner, group) -> SSAValue:
+    """The group-local value for `v`: a block argument for group inputs, clones for cheap ops."""
+    if v in mapping:
+        return mapping[v]
+    op = planner.producer(v)
+    if op is not None and (op in group.ops or isinstance(op, CHEAP)):
+        for operand in op.operands:
+            _clone_cheap_chain(operand, mapping, block, inputs, planner, group)
+        clone = op.clone(value_mapper=mapping)
+        block.add_op(clone)
+        for old, new in zip(op.results, clone.results):
+            mapping[old] = new
+        return mapping[v]
+    arg = block.insert_arg(v.type, len(block.args))
+    inputs.append(v)
+    mapping[v] = arg
+    return arg
+
+
+def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
+    block = Block()
+    mapping: dict = {}
+    inputs: list[SSAValue] = []
+    if group.ops:
+        for op in sorted(group.ops, key=planner.order.__getitem__):
+            _clone_cheap_chain(op.results[0], mapping, block, inputs, planner, group)
+    out = _clone_cheap_chain(group.output, mapping, block, inputs, planner, group)
+    if out in block.args:  # a bare copy: give the kernel one op that produces its output
+        copy = g.CastOp(out, out.type)
+        block.add_op(copy)
+        out = copy.res
+    block.add_op(s.YieldOp([out]))
+    params, space = s.KINDS[group.kind]
+    if space_override:
+        space = {k: list(v) for k, v in space_override.items() if k in params}
+        params = {k: (space[k][0] if k in space else v) for k, v in params.items()}
+    return block, inputs, params, space
+
+
+def fuse(module: ModuleOp, space: dict | None = None) -> ModuleOp:
+    """The Schedule IR module for a Graph IR module (the input is left unchanged)."""
+    out_funcs = []
+    for f in module.ops:
+        planner = _Planner(f)
+        groups = planner.plan()
+        body = Block(arg_types=[a.type for a in f.body.block.args])
+        outer = dict(zip(f.body.block.args, body.args))
+        for i, group in enumerate(groups):
+            block, inputs, params, group_space = _kernel_body(group, planner, space)
+            name = f"{f.sym_name.data}_{group.kind}_{i}"
+            kernel = s.KernelOp(name, group.kind, [outer[v] for v in inputs], [group.output.type], block,
+                                params, group_space)
+            body.add_op(kernel)
+            outer[group.output] = kernel.outputs[0]
+        body.add_op(func.ReturnOp(*[outer[v] for v in f.body.block.last_op.operands]))
+        new = func.FuncOp(f.sym_name.data, f.function_type, Region(body))
+        for key, value in f.attributes.items():
+            if key.startswith("tessera."):
+                new.attributes[key] = value
+        out_funcs.append(new)
+    return ModuleOp(out_funcs)
