@@ -11,15 +11,15 @@ import io
 def context():
     """An xDSL context that knows every dialect Tessera prints, at every level."""
     from xdsl.context import Context
-    from xdsl.dialects import arith, builtin, func, math, memref, scf
+    from xdsl.dialects import builtin, func, math, memref, scf
 
     from .graph import Graph
     from .schedule import Schedule
     from .target import TesseraTarget
-    from .tile import Tile
+    from .tile import ArithOnTiles, Tile
 
     ctx = Context()
-    for dialect in (builtin.Builtin, func.Func, arith.Arith, math.Math, scf.Scf, memref.MemRef,
+    for dialect in (builtin.Builtin, func.Func, ArithOnTiles, math.Math, scf.Scf, memref.MemRef,
                     Graph, Schedule, Tile, TesseraTarget):
         ctx.load_dialect(dialect)
     return ctx

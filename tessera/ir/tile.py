@@ -1,0 +1,779 @@
+"""The `tile` dialect: Tessera's block-level program IR (see docs/IR.md, "Tile IR").
+
+A `tile.kernel` is the program one thread block runs for one program id of its
+grid; its values are register tiles (builtin `tensor`), scalars, global tensors
+(builtin `memref`) and shared-memory buffers (`memref<..., 3>`).  Elementwise
+math stays in `arith`/`math` and loops in `scf`, so only what those dialects
+cannot say lives here: moving tiles between memories, tensor-core products,
+reductions/broadcasts, program ids and the host-side launch.
+
+Conventions fixed by this module (the lowering and the interpreter rely on them):
+- integer properties (`axis`, `pending`, `num_warps`, `num_stages`) are
+  `IntegerAttr` of type i64;
+- integer lists (`tile_dims`, `dims`, `grid`) are `DenseArrayBase` of i64,
+  printed `array<i64: 0, 1>`; `tile.launch`'s `grid` always has 3 entries;
+- `padding` is an f64 `FloatAttr` whatever the element type (it is converted on
+  load, so -inf pads a max-reduction and 0 pads a sum);
+- `transpose_b` is an optional `UnitAttr`: present means B is N x K.
+
+Every op has a custom assembly format; `print_module` and `parse_tile_module`
+round-trip it exactly.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from io import StringIO
+from typing import ClassVar
+
+from xdsl.context import Context
+from xdsl.dialects import arith, builtin, func, math, memref, scf
+from xdsl.dialects.builtin import (
+    DenseArrayBase,
+    DictionaryAttr,
+    f64,
+    FloatAttr,
+    FunctionType,
+    i1,
+    i32,
+    i64,
+    IndexType,
+    IntegerAttr,
+    MemRefType,
+    ModuleOp,
+    StringAttr,
+    SymbolRefAttr,
+    TensorType,
+    UnitAttr,
+)
+from xdsl.ir import Attribute, Block, Dialect, Operation, Region, SSAValue
+from xdsl.irdl import (
+    AnyAttr,
+    IRDLOperation,
+    ParsePropInAttrDict,
+    VarConstraint,
+    base,
+    irdl_op_definition,
+    operand_def,
+    opt_prop_def,
+    prop_def,
+    region_def,
+    result_def,
+    traits_def,
+    var_operand_def,
+)
+from xdsl.parser import Parser
+from xdsl.printer import Printer
+from xdsl.traits import (
+    HasParent,
+    IsolatedFromAbove,
+    IsTerminator,
+    Pure,
+    SymbolOpInterface,
+    SymbolTable,
+)
+from xdsl.utils.exceptions import VerifyException
+
+SHARED_SPACE = IntegerAttr(3, i64)
+"""`memref` memory space of shared-memory buffers (as in NVVM: 3 = shared)."""
+
+REDUCE_KINDS = ("sum", "max", "min")
+
+Value = SSAValue | Operation
+
+
+# ---------------------------------------------------------------- attribute helpers
+
+
+def _i64(value: int | IntegerAttr) -> IntegerAttr:
+    return value if isinstance(value, IntegerAttr) else IntegerAttr(value, i64)
+
+
+def _i64_array(values: Sequence[int]) -> DenseArrayBase:
+    return DenseArrayBase.from_list(i64, tuple(values))
+
+
+def int_values(attr: DenseArrayBase) -> tuple[int, ...]:
+    """The ints of an i64 array property (`tile_dims`, `dims`, `grid`)."""
+    return tuple(attr.get_values())
+
+
+def shared_memref(shape: Sequence[int], element_type: Attribute) -> MemRefType:
+    """The type of a shared-memory buffer: a static memref in memory space 3."""
+    return MemRefType(element_type, shape, memory_space=SHARED_SPACE)
+
+
+def is_shared(t: Attribute) -> bool:
+    return isinstance(t, MemRefType) and t.memory_space == SHARED_SPACE
+
+
+def _fmt(shape: Sequence[int]) -> str:
+    return "x".join(map(str, shape)) if shape else "scalar"
+
+
+def static_shape(t: Attribute) -> tuple[int, ...]:
+    """Static shape of a tensor/memref type; () for a scalar."""
+    return t.get_shape() if isinstance(t, TensorType | MemRefType) else ()
+
+
+def _element_type(t: Attribute) -> Attribute:
+    return t.get_element_type() if isinstance(t, TensorType | MemRefType) else t
+
+
+def _require(cond: bool, op: Operation, message: str) -> None:
+    if not cond:
+        raise VerifyException(f"'{op.name}': {message}")
+
+
+def _require_static(op: Operation, what: str, t: Attribute) -> None:
+    _require(all(d >= 0 for d in static_shape(t)), op, f"{what} must have a static shape, got {t}")
+
+
+def _require_tile_dims(op: Operation, tile_dims: Sequence[int], rank: int, tile_rank: int,
+                       tile_what: str) -> None:
+    """Shared by load/store/copy_async: tile_dims names distinct memref dims, one per tile dim."""
+    _require(len(tile_dims) == tile_rank, op,
+             f"tile_dims {list(tile_dims)} has {len(tile_dims)} entries but {tile_what} has rank {tile_rank}")
+    _require(len(set(tile_dims)) == len(tile_dims), op, f"tile_dims {list(tile_dims)} are not distinct")
+    bad = [d for d in tile_dims if not 0 <= d < rank]
+    _require(not bad, op, f"tile_dims {list(tile_dims)}: {bad} out of range for a rank-{rank} memref")
+
+
+def _require_offsets(op: Operation, offsets: Sequence[SSAValue], memref_type: MemRefType) -> None:
+    rank = memref_type.get_num_dims()
+    _require(len(offsets) == rank, op,
+             f"{len(offsets)} offsets given for rank-{rank} memref {memref_type}; need one per dim")
+
+
+def _require_same_element(op: Operation, a_what: str, a: Attribute, b_what: str, b: Attribute) -> None:
+    ea, eb = _element_type(a), _element_type(b)
+    _require(ea == eb, op, f"{a_what} element type {ea} differs from {b_what} element type {eb}")
+
+
+# ---------------------------------------------------------------- kernel structure
+
+
+@irdl_op_definition
+class KernelOp(IRDLOperation):
+    """A block program; its entry block's arguments are the kernel parameters."""
+
+    name = "tile.kernel"
+
+    body = region_def("single_block")
+    sym_name = prop_def(StringAttr)
+    function_type = prop_def(FunctionType)
+    num_warps = prop_def(IntegerAttr)
+    num_stages = prop_def(IntegerAttr)
+
+    traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
+
+    _PROPS: ClassVar = ("num_warps", "num_stages")
+
+    def __init__(self, name: str, function_type: FunctionType, body: Region, num_warps: int | IntegerAttr,
+                 num_stages: int | IntegerAttr, attributes: dict[str, Attribute] | None = None):
+        super().__init__(
+            properties={"sym_name": StringAttr(name), "function_type": function_type,
+                        "num_warps": _i64(num_warps), "num_stages": _i64(num_stages)},
+            regions=[body], attributes=attributes)
+
+    @classmethod
+    def build_kernel(cls, name: str, arg_types: Sequence[Attribute], num_warps: int = 4,
+                     num_stages: int = 2) -> KernelOp:
+        """A kernel with an empty entry block whose arguments have `arg_types`; fill
+        `op.body.block` and end it with `ReturnOp()`."""
+        return cls(name, FunctionType.from_lists(arg_types, []), Region(Block(arg_types=arg_types)),
+                   num_warps, num_stages)
+
+    def verify_(self) -> None:
+        inputs = self.function_type.inputs.data
+        _require(not self.function_type.outputs.data, self,
+                 f"kernel @{self.sym_name.data} must not return values (outputs are written to memrefs)")
+        _require(tuple(self.body.block.arg_types) == inputs, self,
+                 f"kernel @{self.sym_name.data}: block arguments {list(map(str, self.body.block.arg_types))} "
+                 f"differ from function_type inputs {list(map(str, inputs))}")
+        _require(self.num_warps.value.data > 0, self, f"num_warps must be positive, got {self.num_warps.value.data}")
+        _require(self.num_stages.value.data > 0, self,
+                 f"num_stages must be positive, got {self.num_stages.value.data}")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_symbol_name(self.sym_name.data)
+        with printer.in_parens():
+            printer.print_list(self.body.block.args, printer.print_block_argument)
+        printer.print_op_attributes({"num_warps": self.num_warps, "num_stages": self.num_stages}
+                                    | dict(self.attributes), print_keyword=True)
+        printer.print_string(" ")
+        printer.print_region(self.body, print_entry_block_args=False)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> KernelOp:
+        name = parser.parse_symbol_name().data
+        args = parser.parse_comma_separated_list(Parser.Delimiter.PAREN, parser.parse_argument)
+        attrs = dict((parser.parse_optional_attr_dict_with_keyword() or DictionaryAttr({})).data)
+        missing = [p for p in cls._PROPS if p not in attrs]
+        if missing:
+            parser.raise_error(f"tile.kernel @{name} needs {', '.join(missing)} in its attributes")
+        num_warps, num_stages = (attrs.pop(p) for p in cls._PROPS)
+        body = parser.parse_region(args)
+        return cls(name, FunctionType.from_lists([a.type for a in args], []), body, num_warps, num_stages, attrs)
+
+
+@irdl_op_definition
+class ReturnOp(IRDLOperation):
+    """Ends a kernel."""
+
+    name = "tile.return"
+    traits = traits_def(IsTerminator(), HasParent(KernelOp))
+    assembly_format = "attr-dict"
+
+    def __init__(self):
+        super().__init__()
+
+
+@irdl_op_definition
+class ProgramIdOp(IRDLOperation):
+    """This program's coordinate along grid axis 0, 1 or 2."""
+
+    name = "tile.program_id"
+    axis = prop_def(IntegerAttr)
+    result = result_def(IndexType)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "attr-dict"
+
+    def __init__(self, axis: int):
+        super().__init__(properties={"axis": _i64(axis)}, result_types=[IndexType()])
+
+    def verify_(self) -> None:
+        axis = self.axis.value.data
+        _require(axis in (0, 1, 2), self, f"axis must be 0, 1 or 2, got {axis}")
+
+
+# ---------------------------------------------------------------- global memory
+
+
+@irdl_op_definition
+class LoadOp(IRDLOperation):
+    """Reads a register tile from a global memref; out-of-bounds elements read `padding`."""
+
+    name = "tile.load"
+    src = operand_def(MemRefType)
+    offsets = var_operand_def(IndexType)
+    tile_dims = prop_def(DenseArrayBase)
+    padding = prop_def(FloatAttr, default_value=FloatAttr(0.0, f64))
+    result = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$src `[` $offsets `]` attr-dict `:` type($src) `->` type($result)"
+
+    def __init__(self, src: Value, offsets: Sequence[Value], tile_dims: Sequence[int],
+                 result_shape: Sequence[int], padding: float = 0.0):
+        element = SSAValue.get(src).type.get_element_type()
+        super().__init__(
+            operands=[src, offsets],
+            properties={"tile_dims": _i64_array(tile_dims), "padding": FloatAttr(padding, f64)},
+            result_types=[TensorType(element, result_shape)])
+
+    def verify_(self) -> None:
+        src_t, res_t = self.src.type, self.result.type
+        _require_static(self, "source memref", src_t)
+        _require_static(self, "result tile", res_t)
+        _require(not is_shared(src_t), self, "source must be a global memref; use tile.load_shared for shared memory")
+        _require_offsets(self, self.offsets, src_t)
+        _require_tile_dims(self, int_values(self.tile_dims), src_t.get_num_dims(), res_t.get_num_dims(),
+                           f"result tile {res_t}")
+        _require_same_element(self, "source", src_t, "result", res_t)
+
+
+@irdl_op_definition
+class StoreOp(IRDLOperation):
+    """Writes the in-bounds part of a register tile to a global memref."""
+
+    name = "tile.store"
+    value = operand_def(TensorType)
+    dst = operand_def(MemRefType)
+    offsets = var_operand_def(IndexType)
+    tile_dims = prop_def(DenseArrayBase)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$value `,` $dst `[` $offsets `]` attr-dict `:` type($value) `,` type($dst)"
+
+    def __init__(self, value: Value, dst: Value, offsets: Sequence[Value], tile_dims: Sequence[int]):
+        super().__init__(operands=[value, dst, offsets], properties={"tile_dims": _i64_array(tile_dims)})
+
+    def verify_(self) -> None:
+        val_t, dst_t = self.value.type, self.dst.type
+        _require_static(self, "destination memref", dst_t)
+        _require_static(self, "stored tile", val_t)
+        _require(not is_shared(dst_t), self, "destination must be a global memref, not shared memory")
+        _require_offsets(self, self.offsets, dst_t)
+        _require_tile_dims(self, int_values(self.tile_dims), dst_t.get_num_dims(), val_t.get_num_dims(),
+                           f"stored tile {val_t}")
+        _require_same_element(self, "stored tile", val_t, "destination", dst_t)
+
+
+@irdl_op_definition
+class AllocGlobalOp(IRDLOperation):
+    """Host side: a global intermediate buffer (its contents start undefined)."""
+
+    name = "tile.alloc_global"
+    result = result_def(MemRefType)
+    assembly_format = "attr-dict `:` type($result)"
+
+    def __init__(self, shape: Sequence[int], element_type: Attribute):
+        super().__init__(result_types=[MemRefType(element_type, shape)])
+
+    def verify_(self) -> None:
+        _require_static(self, "result", self.result.type)
+        _require(not is_shared(self.result.type), self, "global buffers cannot live in shared memory (space 3)")
+
+
+# ---------------------------------------------------------------- shared memory and async copies
+
+
+@irdl_op_definition
+class AllocSharedOp(IRDLOperation):
+    """A shared-memory buffer; its leading dim indexes pipeline stages."""
+
+    name = "tile.alloc_shared"
+    result = result_def(MemRefType)
+    assembly_format = "attr-dict `:` type($result)"
+
+    def __init__(self, shape: Sequence[int], element_type: Attribute):
+        super().__init__(result_types=[shared_memref(shape, element_type)])
+
+    def verify_(self) -> None:
+        t = self.result.type
+        _require(is_shared(t), self, f"result {t} must be in shared memory space 3")
+        _require_static(self, "result", t)
+        _require(t.get_num_dims() >= 2, self, f"result {t} needs a stage dim plus at least one tile dim")
+
+
+@irdl_op_definition
+class CopyAsyncOp(IRDLOperation):
+    """Starts copying a tile of global `src` into stage `stage` of shared `dst`."""
+
+    name = "tile.copy_async"
+    src = operand_def(MemRefType)
+    dst = operand_def(MemRefType)
+    stage = operand_def(IndexType)
+    offsets = var_operand_def(IndexType)
+    tile_dims = prop_def(DenseArrayBase)
+    padding = prop_def(FloatAttr, default_value=FloatAttr(0.0, f64))
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = ("$src `[` $offsets `]` `,` $dst `[` $stage `]` attr-dict "
+                       "`:` type($src) `,` type($dst)")
+
+    def __init__(self, src: Value, dst: Value, stage: Value, offsets: Sequence[Value],
+                 tile_dims: Sequence[int], padding: float = 0.0):
+        super().__init__(
+            operands=[src, dst, stage, offsets],
+            properties={"tile_dims": _i64_array(tile_dims), "padding": FloatAttr(padding, f64)})
+
+    def verify_(self) -> None:
+        src_t, dst_t = self.src.type, self.dst.type
+        _require_static(self, "source memref", src_t)
+        _require(not is_shared(src_t), self, "source must be a global memref")
+        _require(is_shared(dst_t), self, f"destination {dst_t} must be in shared memory space 3")
+        _require_offsets(self, self.offsets, src_t)
+        tile_shape = dst_t.get_shape()[1:]
+        _require_tile_dims(self, int_values(self.tile_dims), src_t.get_num_dims(), len(tile_shape),
+                           f"one stage of {dst_t} ({_fmt(tile_shape)})")
+        _require_same_element(self, "source", src_t, "destination", dst_t)
+
+
+@irdl_op_definition
+class AsyncCommitOp(IRDLOperation):
+    """Closes the current group of async copies."""
+
+    name = "tile.async_commit"
+    assembly_format = "attr-dict"
+
+    def __init__(self):
+        super().__init__()
+
+
+@irdl_op_definition
+class AsyncWaitOp(IRDLOperation):
+    """Waits until at most `pending` committed groups of async copies are in flight."""
+
+    name = "tile.async_wait"
+    pending = prop_def(IntegerAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "attr-dict"
+
+    def __init__(self, pending: int = 0):
+        super().__init__(properties={"pending": _i64(pending)})
+
+    def verify_(self) -> None:
+        _require(self.pending.value.data >= 0, self, f"pending must be >= 0, got {self.pending.value.data}")
+
+
+@irdl_op_definition
+class BarrierOp(IRDLOperation):
+    """Block-wide barrier (makes finished shared-memory writes visible to all threads)."""
+
+    name = "tile.barrier"
+    assembly_format = "attr-dict"
+
+    def __init__(self):
+        super().__init__()
+
+
+@irdl_op_definition
+class LoadSharedOp(IRDLOperation):
+    """Reads stage `stage` of a shared buffer into a register tile."""
+
+    name = "tile.load_shared"
+    src = operand_def(MemRefType)
+    stage = operand_def(IndexType)
+    result = result_def(TensorType)
+    assembly_format = "$src `[` $stage `]` attr-dict `:` type($src) `->` type($result)"
+
+    def __init__(self, src: Value, stage: Value):
+        src_t = SSAValue.get(src).type
+        super().__init__(operands=[src, stage],
+                         result_types=[TensorType(src_t.get_element_type(), src_t.get_shape()[1:])])
+
+    def verify_(self) -> None:
+        src_t, res_t = self.src.type, self.result.type
+        _require(is_shared(src_t), self, f"source {src_t} must be in shared memory space 3")
+        stage_shape = src_t.get_shape()[1:]
+        _require(res_t.get_shape() == stage_shape, self,
+                 f"result shape {_fmt(res_t.get_shape())} differs from one stage of {src_t} ({_fmt(stage_shape)})")
+        _require_same_element(self, "source", src_t, "result", res_t)
+
+
+# ---------------------------------------------------------------- register-tile compute
+
+
+@irdl_op_definition
+class MmaOp(IRDLOperation):
+    """`acc + a @ b` on tensor cores (`b` is N x K when `transpose_b` is set)."""
+
+    name = "tile.mma"
+    T: ClassVar = VarConstraint("T", base(TensorType))
+    a = operand_def(TensorType)
+    b = operand_def(TensorType)
+    acc = operand_def(T)
+    transpose_b = opt_prop_def(UnitAttr)
+    result = result_def(T)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$a `,` $b `,` $acc attr-dict `:` type($a) `,` type($b) `,` type($acc)"
+
+    def __init__(self, a: Value, b: Value, acc: Value, transpose_b: bool = False):
+        acc_t = SSAValue.get(acc).type
+        super().__init__(operands=[a, b, acc], properties={"transpose_b": UnitAttr() if transpose_b else None},
+                         result_types=[acc_t])
+
+    def verify_(self) -> None:
+        a, b, acc = (v.type.get_shape() for v in (self.a, self.b, self.acc))
+        _require(len(a) == len(b) == len(acc) == 2, self,
+                 f"a, b and acc must be 2-D tiles, got {_fmt(a)}, {_fmt(b)} and {_fmt(acc)}")
+        (m, k), (m_acc, n_acc) = a, acc
+        kb, n = (b[1], b[0]) if self.transpose_b else b
+        b_layout = "NxK" if self.transpose_b else "KxN"
+        _require(k == kb, self, f"a is {_fmt(a)} (MxK, K={k}) but b is {_fmt(b)} ({b_layout}, K={kb})")
+        _require((m_acc, n_acc) == (m, n), self, f"acc is {_fmt(acc)} but a @ b is {m}x{n} (MxN)")
+
+
+@irdl_op_definition
+class ReduceOp(IRDLOperation):
+    """Sum/max/min of a tile along one axis; the result drops that axis."""
+
+    name = "tile.reduce"
+    x = operand_def(TensorType)
+    kind = prop_def(StringAttr)
+    axis = prop_def(IntegerAttr)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$x attr-dict `:` type($x) `->` type($result)"
+
+    def __init__(self, x: Value, kind: str, axis: int):
+        x_t = SSAValue.get(x).type
+        shape = x_t.get_shape()
+        super().__init__(operands=[x], properties={"kind": StringAttr(kind), "axis": _i64(axis)},
+                         result_types=[TensorType(x_t.get_element_type(), shape[:axis] + shape[axis + 1:])])
+
+    def verify_(self) -> None:
+        shape, axis, kind = self.x.type.get_shape(), self.axis.value.data, self.kind.data
+        _require(kind in REDUCE_KINDS, self, f"kind must be one of {', '.join(REDUCE_KINDS)}, got {kind!r}")
+        _require(0 <= axis < len(shape), self, f"axis {axis} out of range for a {_fmt(shape)} tile")
+        expect = shape[:axis] + shape[axis + 1:]
+        _require(self.result.type.get_shape() == expect, self,
+                 f"reducing {_fmt(shape)} over axis {axis} gives {_fmt(expect)}, "
+                 f"result is {_fmt(self.result.type.get_shape())}")
+        _require_same_element(self, "input", self.x.type, "result", self.result.type)
+
+
+@irdl_op_definition
+class BroadcastOp(IRDLOperation):
+    """Like `broadcast_in_dim`: input dim i becomes output dim `dims[i]` (size equal or 1)."""
+
+    name = "tile.broadcast"
+    x = operand_def(AnyAttr())
+    dims = prop_def(DenseArrayBase)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$x attr-dict `:` type($x) `->` type($result)"
+
+    def __init__(self, x: Value, dims: Sequence[int], shape: Sequence[int]):
+        element = _element_type(SSAValue.get(x).type)
+        super().__init__(operands=[x], properties={"dims": _i64_array(dims)},
+                         result_types=[TensorType(element, shape)])
+
+    def verify_(self) -> None:
+        in_shape, out_shape, dims = static_shape(self.x.type), self.result.type.get_shape(), int_values(self.dims)
+        _require(len(dims) == len(in_shape), self,
+                 f"dims {list(dims)} has {len(dims)} entries for a rank-{len(in_shape)} input ({_fmt(in_shape)})")
+        _require(all(0 <= d < len(out_shape) for d in dims), self,
+                 f"dims {list(dims)} out of range for rank-{len(out_shape)} result {_fmt(out_shape)}")
+        _require(all(a < b for a, b in zip(dims, dims[1:])), self, f"dims {list(dims)} must be strictly increasing")
+        bad = [(i, s, d) for i, (s, d) in enumerate(zip(in_shape, dims)) if s not in (1, out_shape[d])]
+        _require(not bad, self, "; ".join(f"input dim {i} (size {s}) cannot broadcast to result dim {d} "
+                                          f"(size {out_shape[d]})" for i, s, d in bad))
+        _require_same_element(self, "input", self.x.type, "result", self.result.type)
+
+
+@irdl_op_definition
+class ArangeOp(IRDLOperation):
+    """`start + [0, 1, ..., N-1]` as a `tensor<Nxi32>`."""
+
+    name = "tile.arange"
+    start = operand_def(IndexType)
+    result = result_def(TensorType)
+    traits = traits_def(Pure())
+    assembly_format = "$start attr-dict `:` type($result)"
+
+    def __init__(self, start: Value, length: int):
+        super().__init__(operands=[start], result_types=[TensorType(i32, [length])])
+
+    def verify_(self) -> None:
+        t = self.result.type
+        _require(t.get_num_dims() == 1 and t.get_element_type() == i32, self,
+                 f"result must be a 1-D i32 tile, got {t}")
+
+
+# ---------------------------------------------------------------- host side
+
+
+@irdl_op_definition
+class LaunchOp(IRDLOperation):
+    """Host side: runs kernel `@kernel` once per program id of the 3-D `grid`."""
+
+    name = "tile.launch"
+    kernel = prop_def(SymbolRefAttr)
+    grid = prop_def(DenseArrayBase)
+    args = var_operand_def()
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$kernel `(` $args `)` attr-dict `:` type($args)"
+
+    def __init__(self, kernel: str, grid: Sequence[int], args: Sequence[Value]):
+        super().__init__(operands=[args],
+                         properties={"kernel": SymbolRefAttr(kernel), "grid": _i64_array(grid)})
+
+    def verify_(self) -> None:
+        grid = int_values(self.grid)
+        _require(len(grid) == 3 and all(g > 0 for g in grid), self,
+                 f"grid must be 3 positive sizes, got {list(grid)}")
+        kernel = SymbolTable.lookup_symbol(self, self.kernel)
+        name = self.kernel.string_value()
+        _require(isinstance(kernel, KernelOp), self, f"@{name} is not a tile.kernel in this module")
+        params = kernel.function_type.inputs.data
+        got = tuple(a.type for a in self.args)
+        _require(got == params, self, f"@{name} takes ({', '.join(map(str, params))}) "
+                                      f"but is launched with ({', '.join(map(str, got))})")
+
+
+# ---------------------------------------------------------------- arith on tiles
+#
+# xDSL 0.74 types arith.cmpi/cmpf as returning a scalar i1, arith.select as taking a
+# scalar i1 condition, and arith.sitofp/fptosi as scalar-only, although MLIR applies
+# all of them elementwise to tensors.  These classes are the same ops (same names and
+# text) with MLIR's tensor typing; `tile_context` registers them in place of xDSL's.
+# Build tile comparisons, masks and int<->float tile casts with these classes.
+
+
+def _mask_type(t: Attribute) -> Attribute:
+    """i1 shaped like `t` (a tensor of i1 for a tensor, i1 for a scalar)."""
+    return TensorType(i1, t.get_shape()) if isinstance(t, TensorType) else i1
+
+
+def _retyped(t: Attribute, element: Attribute) -> Attribute:
+    return TensorType(element, t.get_shape()) if isinstance(t, TensorType) else element
+
+
+class _TileComparison(arith.ComparisonOperation):
+    """cmpi/cmpf with an i1 result shaped like the operands."""
+
+    PREDICATES: ClassVar[list[str]]
+
+    predicate = prop_def(IntegerAttr)
+    result = result_def(AnyAttr())
+
+    def _init(self, lhs: Value, rhs: Value, predicate: int | str, properties: dict[str, Attribute]):
+        lhs, rhs = SSAValue.get(lhs), SSAValue.get(rhs)
+        self._validate_operand_types(lhs, rhs)
+        if isinstance(predicate, str):
+            _require(predicate in self.PREDICATES, self, f"unknown predicate {predicate!r}")
+            predicate = self.PREDICATES.index(predicate)
+        IRDLOperation.__init__(self, operands=[lhs, rhs], result_types=[_mask_type(lhs.type)],
+                               properties={"predicate": IntegerAttr(predicate, i64)} | properties)
+
+    def verify_(self) -> None:
+        expect = _mask_type(self.lhs.type)
+        _require(self.result.type == expect, self, f"result type {self.result.type} must be {expect}")
+
+
+@irdl_op_definition
+class CmpiOp(_TileComparison):
+    """arith.cmpi on scalars or tiles."""
+
+    name = "arith.cmpi"
+    PREDICATES: ClassVar = arith.CMPI_COMPARISON_OPERATIONS
+    lhs = operand_def(arith.signlessIntegerLike)
+    rhs = operand_def(arith.signlessIntegerLike)
+    traits = traits_def(Pure())
+
+    def __init__(self, lhs: Value, rhs: Value, predicate: int | str):
+        self._init(lhs, rhs, predicate, {})
+
+    parse = classmethod(arith.CmpiOp.parse.__func__)
+    print = arith.CmpiOp.print
+
+
+@irdl_op_definition
+class CmpfOp(_TileComparison):
+    """arith.cmpf on scalars or tiles."""
+
+    name = "arith.cmpf"
+    PREDICATES: ClassVar = arith.CMPF_COMPARISON_OPERATIONS
+    lhs = operand_def(arith.floatingPointLike)
+    rhs = operand_def(arith.floatingPointLike)
+    fastmath = prop_def(arith.FastMathFlagsAttr, default_value=arith.FastMathFlagsAttr("none"))
+    traits = traits_def(Pure())
+
+    def __init__(self, lhs: Value, rhs: Value, predicate: int | str,
+                 fastmath: arith.FastMathFlagsAttr = arith.FastMathFlagsAttr("none")):
+        self._init(lhs, rhs, predicate, {"fastmath": fastmath})
+
+    parse = classmethod(arith.CmpfOp.parse.__func__)
+    print = arith.CmpfOp.print
+
+
+@irdl_op_definition
+class SelectOp(IRDLOperation):
+    """arith.select with a scalar or elementwise (tile of i1) condition.
+
+    Text as in MLIR: `arith.select %c, %a, %b : T` for a scalar condition,
+    `arith.select %c, %a, %b : tensor<..xi1>, T` for a mask."""
+
+    name = "arith.select"
+    T: ClassVar = VarConstraint("T", AnyAttr())
+    cond = operand_def(AnyAttr())
+    lhs = operand_def(T)
+    rhs = operand_def(T)
+    result = result_def(T)
+    traits = traits_def(Pure())
+
+    def __init__(self, cond: Value, lhs: Value, rhs: Value):
+        super().__init__(operands=[cond, lhs, rhs], result_types=[SSAValue.get(lhs).type])
+
+    def verify_(self) -> None:
+        mask = _mask_type(self.result.type)
+        _require(self.cond.type in (i1, mask), self, f"condition type {self.cond.type} must be i1 or {mask}")
+
+    def print(self, printer: Printer) -> None:
+        printer.print_string(" ")
+        printer.print_list((self.cond, self.lhs, self.rhs), printer.print_operand)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        if self.cond.type != i1:
+            printer.print_attribute(self.cond.type)
+            printer.print_string(", ")
+        printer.print_attribute(self.result.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> SelectOp:
+        operands = parser.parse_comma_separated_list(Parser.Delimiter.NONE, parser.parse_unresolved_operand)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        types = parser.parse_comma_separated_list(Parser.Delimiter.NONE, parser.parse_type)
+        cond_t, t = types if len(types) == 2 else (i1, types[0])
+        op = cls(*parser.resolve_operands(operands, [cond_t, t, t], parser.pos))
+        op.attributes.update(attrs)
+        return op
+
+
+class _TileConversion(IRDLOperation):
+    """int <-> float conversion of a scalar or, elementwise, of a tile."""
+
+    assembly_format = "$input attr-dict `:` type($input) `to` type($result)"
+
+    def __init__(self, x: Value, target: Attribute):
+        """`target` is the result element type (or the whole result type)."""
+        x_t = SSAValue.get(x).type
+        super().__init__(operands=[x], result_types=[_retyped(x_t, _element_type(target))])
+
+    def verify_(self) -> None:
+        _require(static_shape(self.input.type) == static_shape(self.result.type), self,
+                 f"input {self.input.type} and result {self.result.type} differ in shape")
+
+
+@irdl_op_definition
+class SIToFPOp(_TileConversion):
+    """arith.sitofp on scalars or tiles."""
+
+    name = "arith.sitofp"
+    input = operand_def(arith.signlessIntegerLike)
+    result = result_def(arith.floatingPointLike)
+    traits = traits_def(Pure())
+
+
+@irdl_op_definition
+class FPToSIOp(_TileConversion):
+    """arith.fptosi on scalars or tiles (rounds toward zero)."""
+
+    name = "arith.fptosi"
+    input = operand_def(arith.floatingPointLike)
+    result = result_def(arith.signlessIntegerLike)
+    traits = traits_def(Pure())
+
+
+TILE_ARITH_OPS = (CmpiOp, CmpfOp, SelectOp, SIToFPOp, FPToSIOp)
+
+ArithOnTiles = Dialect(
+    "arith",
+    [op for op in arith.Arith.operations if op.name not in {t.name for t in TILE_ARITH_OPS}]
+    + list(TILE_ARITH_OPS),
+    list(arith.Arith.attributes),
+)
+"""xDSL's arith dialect with the tile-capable ops above in place of its scalar-only ones."""
+
+
+Tile = Dialect(
+    "tile",
+    [KernelOp, ReturnOp, ProgramIdOp, LoadOp, StoreOp, AllocGlobalOp, AllocSharedOp, CopyAsyncOp,
+     AsyncCommitOp, AsyncWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp],
+    [],
+)
+
+
+def tile_context() -> Context:
+    """A context that knows every dialect a tile module may contain."""
+    ctx = Context()
+    for dialect in (builtin.Builtin, func.Func, ArithOnTiles, math.Math, scf.Scf, memref.MemRef, Tile):
+        ctx.load_dialect(dialect)
+    return ctx
+
+
+def parse_tile_module(text: str) -> ModuleOp:
+    """Parse a tile module printed by `print_module` (or written by hand)."""
+    return Parser(tile_context(), text).parse_module()
+
+
+def print_module(op: Operation) -> str:
+    """MLIR text of `op` in the custom formats; `parse_tile_module` reads it back exactly."""
+    out = StringIO()
+    Printer(stream=out).print_op(op)
+    return out.getvalue() + "\n"

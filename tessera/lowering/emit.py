@@ -1,0 +1,345 @@
+"""Generating tile code for fused Graph IR ops.
+
+Every kernel template (elementwise, row reduction, gemm, flash attention) has
+the same problem: evaluate some graph values on a tile of an iteration space.
+This module solves it once.
+
+* An *index map* says, for each dim of a graph value, which iteration axis it
+  walks (or `None` when the dim has size 1 and broadcasts). Maps flow from a
+  template's roots back through elementwise broadcasting, transposes and
+  unsqueezes as the emitter recurses, so `k.transpose(-2, -1)` is a load with
+  swapped tile dims, never a copy, and `i[:, None] >= i[None, :]` reads one
+  `arange` along two different axes.
+* A `TileCtx` says which axes the tile spans (with their offsets and sizes)
+  and which are single indices (batch dims, from the program id).
+* `Emitter.value(v, map, ctx)` returns `v` as a register tile spanning all of the
+  context's tiled axes, computed in f32 (i32 for ints, i1 for bools): group
+  inputs become `tile.load`s, `arange` becomes `tile.arange`, elementwise ops
+  become `arith`/`math` ops.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+from xdsl.dialects import arith, math
+from xdsl.dialects.builtin import FloatAttr, IndexType, IntegerAttr, TensorType, f32, i1, i32
+from xdsl.ir import Attribute, Block, SSAValue
+
+from ..errors import TesseraError
+from ..ir import graph as g
+from ..ir import tile as t
+
+Map = tuple  # per dim: an axis name or None
+
+
+@dataclass
+class TileCtx:
+    """The tile being computed: `tiled` axes (name -> (offset, size)) in tile order, and `scalars`."""
+
+    tiled: dict[str, tuple[SSAValue, int]]
+    scalars: dict[str, SSAValue] = field(default_factory=dict)
+
+    @property
+    def shape(self) -> list[int]:
+        return [size for _, size in self.tiled.values()]
+
+
+class Builder:
+    """Appends ops to the innermost open block."""
+
+    def __init__(self, block: Block):
+        self.blocks = [block]
+
+    def __call__(self, op) -> SSAValue:
+        self.blocks[-1].add_op(op)
+        return op.results[0] if op.results else None
+
+    def index(self, value: int) -> SSAValue:
+        return self(arith.ConstantOp(IntegerAttr(value, IndexType())))
+
+    def f32(self, value: float) -> SSAValue:
+        return self(arith.ConstantOp(FloatAttr(value, f32)))
+
+    def i32(self, value: int) -> SSAValue:
+        return self(arith.ConstantOp(IntegerAttr(value, i32)))
+
+    def splat(self, scalar: SSAValue, shape: Sequence[int]) -> SSAValue:
+        return self(t.BroadcastOp(scalar, (), shape))
+
+    def full(self, value: float, shape: Sequence[int]) -> SSAValue:
+        return self.splat(self.f32(value), shape)
+
+
+def compare(b: Builder, x: SSAValue, y: SSAValue, predicate: str) -> SSAValue:
+    """`arith.cmpf`/`arith.cmpi` on tiles (the tile dialect's tensor-typed versions)."""
+    cls = t.CmpfOp if x.type.get_element_type() == f32 else t.CmpiOp
+    return b(cls(x, y, predicate))
+
+
+def select(b: Builder, cond: SSAValue, x: SSAValue, y: SSAValue) -> SSAValue:
+    return b(t.SelectOp(cond, x, y))
+
+
+# --- compute types -------------------------------------------------------------------
+
+def compute_element(dt) -> Attribute:
+    """Registers hold f32 for every float dtype, i32 for ints, i1 for bools."""
+    return f32 if dt.is_float else (i1 if dt.bits == 1 else i32)
+
+
+def to_compute(b: Builder, v: SSAValue, dt) -> SSAValue:
+    """Widens a loaded tile to its compute type."""
+    if dt.is_float and v.type.get_element_type() != f32:
+        return b(arith.ExtFOp(v, TensorType(f32, v.type.get_shape())))
+    return v
+
+
+def to_storage(b: Builder, v: SSAValue, dt) -> SSAValue:
+    """Rounds a compute tile to a dtype's storage type (for stores and tensor-core operands)."""
+    target = g.element_type(dt)
+    if v.type.get_element_type() == target:
+        return v
+    shape = v.type.get_shape()
+    return b(arith.TruncFOp(v, TensorType(target, shape)))
+
+
+def convert(b: Builder, v: SSAValue, want: Attribute) -> SSAValue:
+    """Converts a compute tile between f32 / i32 / i1."""
+    have = v.type.get_element_type()
+    if have == want:
+        return v
+    shape = v.type.get_shape()
+    if have == i1:
+        one, zero = (b.f32(1.0), b.f32(0.0)) if want == f32 else (b.i32(1), b.i32(0))
+        return select(b, v, b.splat(one, shape), b.splat(zero, shape))
+    if want == i1:
+        zero = b.splat(b.f32(0.0) if have == f32 else b.i32(0), shape)
+        return compare(b, v, zero, "une" if have == f32 else "ne")
+    return b((t.SIToFPOp if want == f32 else t.FPToSIOp)(v, want))
+
+
+# --- elementwise op table ----------------------------------------------------------------
+
+def _float_or_int(fop, iop):
+    def build(b: Builder, x, y):
+        return b(fop(x, y) if x.type.get_element_type() == f32 else iop(x, y))
+    return build
+
+
+def _unary_math(op):
+    return lambda b, x: b(op(x))
+
+
+def _neg(b: Builder, x):
+    if x.type.get_element_type() == f32:
+        return b(arith.NegfOp(x))
+    return b(arith.SubiOp(b.splat(b.i32(0), x.type.get_shape()), x))
+
+
+def _abs(b: Builder, x):
+    return b(math.AbsFOp(x) if x.type.get_element_type() == f32 else math.AbsIOp(x))
+
+
+def _rsqrt(b: Builder, x):
+    return b(math.RsqrtOp(x))
+
+
+def _compare(fpred: str, ipred: str):
+    def build(b: Builder, x, y):
+        return compare(b, x, y, fpred if x.type.get_element_type() == f32 else ipred)
+    return build
+
+
+def _logical_not(b: Builder, x):
+    return b(arith.XOrIOp(x, b.splat(b(arith.ConstantOp(IntegerAttr(1, i1))), x.type.get_shape())))
+
+
+#: graph elementwise op -> builder on compute tiles (operands already converted)
+ELEMENTWISE: dict[str, Callable] = {
+    "neg": _neg,
+    "abs": _abs,
+    "exp": _unary_math(math.ExpOp),
+    "exp2": _unary_math(math.Exp2Op),
+    "log": _unary_math(math.LogOp),
+    "log2": _unary_math(math.Log2Op),
+    "tanh": _unary_math(math.TanhOp),
+    "sqrt": _unary_math(math.SqrtOp),
+    "rsqrt": _rsqrt,
+    "sin": _unary_math(math.SinOp),
+    "cos": _unary_math(math.CosOp),
+    "erf": _unary_math(math.ErfOp),
+    "logical_not": _logical_not,
+    "add": _float_or_int(arith.AddfOp, arith.AddiOp),
+    "sub": _float_or_int(arith.SubfOp, arith.SubiOp),
+    "mul": _float_or_int(arith.MulfOp, arith.MuliOp),
+    "div": lambda b, x, y: b(arith.DivfOp(x, y)),
+    "maximum": _float_or_int(arith.MaximumfOp, arith.MaxSIOp),
+    "minimum": _float_or_int(arith.MinimumfOp, arith.MinSIOp),
+    "pow": lambda b, x, y: b(math.PowFOp(x, y)),
+    "lt": _compare("olt", "slt"),
+    "le": _compare("ole", "sle"),
+    "gt": _compare("ogt", "sgt"),
+    "ge": _compare("oge", "sge"),
+    "eq": _compare("oeq", "eq"),
+    "ne": _compare("une", "ne"),
+    "logical_and": lambda b, x, y: b(arith.AndIOp(x, y)),
+    "logical_or": lambda b, x, y: b(arith.OrIOp(x, y)),
+    "where": select,
+}
+
+
+def operand_compute_type(op: g.ElementwiseOp) -> Attribute:
+    """The type an elementwise op computes in: its result's, or for comparisons its operands'."""
+    entry = g.ELEMENTWISE[op.kind]
+    operand_dts = [g.tensor_type(v).dtype for v in op.inputs]
+    if entry.result == "bool" and op.kind not in ("logical_and", "logical_or", "logical_not"):
+        promoted = operand_dts[0]
+        for d in operand_dts[1:]:
+            promoted = g.dtypes.promote(promoted, d)
+        return compute_element(promoted)
+    return compute_element(g.tensor_type(op.res).dtype)
+
+
+# --- index maps ----------------------------------------------------------------------------
+
+def _size(d, bindings) -> int:
+    return g.dim_value(d, bindings)
+
+
+def operand_maps(op, result_map: Map, bindings) -> list[Map]:
+    """Index maps of an op's operands, given its result's map."""
+    if isinstance(op, (g.ElementwiseOp, g.CastOp)):
+        out_shape = g.tensor_type(op.results[0]).shape
+        maps = []
+        for v in op.operands:
+            shape = g.tensor_type(v).shape
+            lead = len(out_shape) - len(shape)
+            maps.append(tuple(None if _size(d, bindings) == 1 and _size(out_shape[lead + j], bindings) != 1
+                              else result_map[lead + j] for j, d in enumerate(shape)))
+        return maps
+    if isinstance(op, g.TransposeOp):
+        m = [None] * len(result_map)
+        for i, p in enumerate(op.permutation):
+            m[p] = result_map[i]
+        return [tuple(m)]
+    if isinstance(op, g.ReshapeOp):
+        return [_unsqueeze_map(op, result_map, bindings)]
+    raise TesseraError(f"{op.name} cannot be computed inside this kernel")
+
+
+def _unsqueeze_map(op: g.ReshapeOp, result_map: Map, bindings) -> Map:
+    src = [_size(d, bindings) for d in g.tensor_type(op.input).shape]
+    dst = [_size(d, bindings) for d in g.tensor_type(op.res).shape]
+    kept = [m for m, size in zip(result_map, dst) if size != 1]
+    if [s for s in src if s != 1] != [s for s in dst if s != 1]:
+        raise TesseraError(f"reshape {src} -> {dst} inside a fused kernel is not supported yet "
+                           f"(only adding or removing size-1 dims is)")
+    it = iter(kept)
+    return tuple(None if s == 1 else next(it) for s in src)
+
+
+# --- the emitter ---------------------------------------------------------------------------
+
+class Emitter:
+    """Emits graph values as register tiles inside one tile kernel."""
+
+    def __init__(self, b: Builder, params: dict[SSAValue, SSAValue], bindings):
+        self.b = b
+        self.params = params          # group block argument -> kernel memref parameter
+        self.bindings = bindings
+        self.overrides: dict[SSAValue, SSAValue] = {}
+        self._memo: dict = {}
+
+    def value(self, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
+        """`v` (whose dims walk the axes in `m`) as a compute tile over `ctx`."""
+        if v in self.overrides:
+            return self.overrides[v]
+        key = (v, m, id(ctx))
+        if key not in self._memo:
+            self._memo[key] = self._emit(v, m, ctx)
+        return self._memo[key]
+
+    def _emit(self, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
+        if v in self.params:
+            return self.load(v, m, ctx)
+        op = v.owner
+        dt = g.tensor_type(v).dtype
+        if isinstance(op, g.ConstantOp):
+            return self._constant(op.value.value.data, dt, ctx.shape)
+        if isinstance(op, g.ArangeOp):
+            return self._arange(m[0], ctx)
+        operands = [self.value(x, xm, ctx) for x, xm in zip(op.operands, operand_maps(op, m, self.bindings))]
+        if isinstance(op, (g.TransposeOp, g.ReshapeOp)):
+            return operands[0]
+        if isinstance(op, g.CastOp):
+            return self._cast(operands[0], g.tensor_type(op.input).dtype, dt)
+        if isinstance(op, g.ElementwiseOp):
+            want = operand_compute_type(op)
+            args = operands
+            if op.kind == "where":
+                result_t = compute_element(dt)
+                args = [convert(self.b, args[0], i1)] + [convert(self.b, a, result_t) for a in args[1:]]
+            elif op.kind in ("logical_and", "logical_or", "logical_not"):
+                args = [convert(self.b, a, i1) for a in args]
+            else:
+                args = [convert(self.b, a, want) for a in args]
+            return ELEMENTWISE[op.kind](self.b, *args)
+        raise TesseraError(f"{op.name} cannot be computed inside a fused elementwise region")
+
+    def _constant(self, value: float, dt, shape) -> SSAValue:
+        element = compute_element(dt)
+        if element == f32:
+            scalar = self.b.f32(value)
+        else:
+            scalar = self.b(arith.ConstantOp(IntegerAttr(int(value), element)))
+        return self.b.splat(scalar, shape)
+
+    def _cast(self, x: SSAValue, src, dst) -> SSAValue:
+        """A cast rounds like the reference: through the destination's storage type."""
+        x = convert(self.b, x, compute_element(dst))
+        if dst.is_float and dst.bits < 32:
+            x = to_compute(self.b, to_storage(self.b, x, dst), dst)
+        return x
+
+    def _arange(self, axis, ctx: TileCtx) -> SSAValue:
+        shape = ctx.shape
+        if axis in ctx.tiled:
+            offset, size = ctx.tiled[axis]
+            r = self.b(t.ArangeOp(offset, size))
+            return self.b(t.BroadcastOp(r, (list(ctx.tiled).index(axis),), shape))
+        index = ctx.scalars[axis] if axis in ctx.scalars else self.b.index(0)
+        return self.b.splat(self.b(arith.IndexCastOp(index, i32)), shape)
+
+    def access(self, m: Map, ctx: TileCtx) -> tuple[list[SSAValue], list[int], list[int]]:
+        """Offsets, tile dims and the tiled-axis positions they cover, for a tensor with map `m`."""
+        offsets, tile_dims, covered = [], [], []
+        zero = None
+        for axis in ctx.tiled:
+            if axis in m:
+                tile_dims.append(m.index(axis))
+                covered.append(list(ctx.tiled).index(axis))
+        for d, axis in enumerate(m):
+            if axis in ctx.tiled:
+                offsets.append(ctx.tiled[axis][0])
+            elif axis in ctx.scalars:
+                offsets.append(ctx.scalars[axis])
+            else:
+                zero = zero or self.b.index(0)
+                offsets.append(zero)
+        return offsets, tile_dims, covered
+
+    def load(self, v: SSAValue, m: Map, ctx: TileCtx, padding: float = 0.0) -> SSAValue:
+        offsets, tile_dims, covered = self.access(m, ctx)
+        sizes = [ctx.shape[c] for c in covered]
+        tile = self.b(t.LoadOp(self.params[v], offsets, tile_dims, sizes, padding))
+        tile = to_compute(self.b, tile, g.tensor_type(v).dtype)
+        if len(covered) == len(ctx.tiled):
+            return tile
+        return self.b(t.BroadcastOp(tile, covered, ctx.shape))
+
+    def store(self, tile: SSAValue, dst: SSAValue, dst_map: Map, ctx: TileCtx, dt) -> None:
+        offsets, tile_dims, _ = self.access(dst_map, ctx)
+        value = convert(self.b, tile, compute_element(dt))
+        self.b(t.StoreOp(to_storage(self.b, value, dt), dst, offsets, tile_dims))
+

@@ -1,0 +1,256 @@
+"""Tile IR -> Target IR: pick the platform's mechanism for every tile op.
+
+This step is where a kernel meets a GPU. It asks the platform registry, never
+an arch name: the registry says which matrix instruction a `tile.mma` becomes
+(mma.sync, wgmma, tcgen05.mma, an MFMA or a WMMA), how a `tile.copy_async`
+moves data (TMA, cp.async or plain loads), and what the limits are. The launch
+configuration of each kernel is computed once, up front (`kernel_configs`),
+because both the kernel and its host-side launch carry it; then one small
+rewrite pattern per tile op does the translation. Ops with no platform choice
+in them (loads, stores, reductions, arith, math, scf) stay as they are.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+from xdsl.dialects import scf
+from xdsl.dialects.builtin import MemRefType, ModuleOp, TensorType
+from xdsl.ir import Attribute
+from xdsl.pattern_rewriter import (
+    GreedyRewritePatternApplier,
+    PatternRewriter,
+    PatternRewriteWalker,
+    RewritePattern,
+    op_type_rewrite_pattern,
+)
+
+from tessera import platforms
+from tessera.ir import target, tile
+from tessera.platforms import Platform
+
+
+class TargetLoweringError(ValueError):
+    """A tile module that the chosen platform cannot run as written."""
+
+
+# Alignment of shared buffers per copy mechanism: TMA's 128-byte swizzle repeats
+# every 1024 bytes, cp.async moves 16-byte chunks.
+_SHARED_ALIGN = {"tma": 1024, "cp.async": 128, "ld.global": 16}
+
+# Register estimate: per-thread registers for indices, addresses and loop
+# counters, before any tile data.
+_BASE_REGS = 32
+
+
+def _align_up(n: int, align: int) -> int:
+    return -(-n // align) * align
+
+
+def _tensor_bits(t: Attribute) -> int:
+    return math.prod(t.get_shape()) * t.get_element_type().bitwidth if isinstance(t, TensorType) else 0
+
+
+def estimate_regs(kernel: tile.KernelOp, threads: int, platform: Platform) -> int:
+    """An *estimate* of the registers per thread, for the kernel config and
+    occupancy reports; ptxas decides the real number. Counts the loop-carried
+    register tiles (accumulators, running max/sum) plus the largest pair of mma
+    operand tiles, spread over the block's threads, on top of `_BASE_REGS`;
+    rounded up to ptxas's allocation unit of 8 and capped so one block fits on
+    an SM."""
+    carried = sum(_tensor_bits(arg.type) for op in kernel.walk() if isinstance(op, scf.ForOp)
+                  for arg in op.body.block.args[1:])
+    operands = max((_tensor_bits(op.a.type) + _tensor_bits(op.b.type)
+                    for op in kernel.walk() if isinstance(op, tile.MmaOp)), default=0)
+    regs = _align_up(_BASE_REGS + -(-(carried + operands) // (32 * threads)), 8)
+    return min(regs, platform.max_regs_per_thread, platform.regs_per_sm // threads // 8 * 8)
+
+
+def _grids(module: ModuleOp) -> dict[str, tuple[int, ...]]:
+    """The grid each kernel is launched with, from the host code's tile.launch ops."""
+    grids: dict[str, tuple[int, ...]] = {}
+    for launch in module.walk():
+        if isinstance(launch, tile.LaunchOp):
+            name, grid = launch.kernel.string_value(), tuple(launch.grid.get_values())
+            if grids.setdefault(name, grid) != grid:
+                raise TargetLoweringError(f"kernel @{name} is launched with grids {list(grids[name])} and "
+                                          f"{list(grid)}; one kernel has one launch configuration")
+    return grids
+
+
+def _shared_bytes(kernel: tile.KernelOp, align: int) -> list[tuple[Attribute, int]]:
+    return [(op.result.type, _align_up(target.memref_bytes(op.result.type), align))
+            for op in kernel.walk() if isinstance(op, tile.AllocSharedOp)]
+
+
+def kernel_configs(module: ModuleOp, platform: Platform) -> dict[str, target.KernelConfigAttr]:
+    """The launch configuration of every tile.kernel of `module` on `platform`:
+    block = num_warps warps, shared = its tile.alloc_shared buffers (aligned),
+    grid = its tile.launch's, regs = `estimate_regs`."""
+    grids = _grids(module)
+    align = _SHARED_ALIGN[platforms.copy_mechanism(platform)]
+    configs = {}
+    for kernel in (op for op in module.walk() if isinstance(op, tile.KernelOp)):
+        name = kernel.sym_name.data
+        if name not in grids:
+            raise TargetLoweringError(f"kernel @{name} has no tile.launch in the module, so its grid is unknown")
+        warps = kernel.num_warps.value.data
+        threads = warps * platform.warp_size
+        if threads > platform.max_threads_per_block:
+            raise TargetLoweringError(
+                f"kernel @{name}: {warps} warps x {platform.warp_size} threads = {threads} threads, but "
+                f"{platform.arch} allows {platform.max_threads_per_block} per block")
+        buffers = _shared_bytes(kernel, align)
+        shared = sum(size for _, size in buffers)
+        if shared > platform.max_shared_per_block:
+            shown = ", ".join(f"{t} = {size}" for t, size in buffers)
+            raise TargetLoweringError(
+                f"kernel @{name} needs {shared} bytes of shared memory ({shown}) but {platform.arch} allows "
+                f"{platform.max_shared_per_block} per block; use fewer stages or smaller tiles")
+        configs[name] = target.KernelConfigAttr.of(
+            grids[name], (threads, 1, 1), shared, estimate_regs(kernel, threads, platform))
+    return configs
+
+
+# ---------------------------------------------------------------------------
+# One pattern per tile op
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class LowerKernel(RewritePattern):
+    """tile.kernel -> tessera_target.kernel with its config and platform; the body moves over."""
+
+    configs: dict[str, target.KernelConfigAttr]
+    platform: Platform
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.KernelOp, rewriter: PatternRewriter) -> None:
+        body = op.detach_region(op.body)
+        rewriter.replace(op, target.KernelOp(
+            op.sym_name.data, op.function_type.inputs.data, self.configs[op.sym_name.data],
+            target.PlatformAttr.of(self.platform), body))
+
+
+class LowerReturn(RewritePattern):
+    """tile.return -> tessera_target.return."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.ReturnOp, rewriter: PatternRewriter) -> None:
+        rewriter.replace(op, target.ReturnOp())
+
+
+@dataclass
+class LowerMma(RewritePattern):
+    """tile.mma -> tessera_target.tensor_core with the registry's best instruction
+    for the operand dtype that covers the tile."""
+
+    platform: Platform
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.MmaOp, rewriter: PatternRewriter) -> None:
+        dtype = str(op.a.type.get_element_type())
+        if str(op.b.type.get_element_type()) != dtype:
+            raise TargetLoweringError(f"tile.mma operands differ in element type: a is {op.a.type}, b is {op.b.type}")
+        (m, k), (_, n) = op.a.type.get_shape(), op.acc.type.get_shape()
+        instr = platforms.mma_instruction(self.platform, dtype, (m, n, k))
+        if instr is None:
+            have = ", ".join(f"{i.family} {list(i.shape)}" for i in platforms.mma_instructions(self.platform, dtype))
+            raise TargetLoweringError(
+                f"tile.mma {m}x{n}x{k} on {dtype}: {self.platform.arch} has no matrix instruction that covers it"
+                f" ({'its ' + dtype + ' instructions: ' + have if have else 'no ' + dtype + ' matrix instructions'})")
+        layout = "nt" if op.transpose_b is not None else "nn"
+        rewriter.replace(op, target.TensorCoreOp(
+            instr.family, op.a, op.b, op.acc, instr.fit((m, n, k)), layout, instr.operand))
+
+
+@dataclass
+class LowerAllocShared(RewritePattern):
+    """tile.alloc_shared -> tessera_target.allocate pool = "shared"."""
+
+    align: int
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.AllocSharedOp, rewriter: PatternRewriter) -> None:
+        t: MemRefType = op.result.type
+        rewriter.replace(op, target.AllocateOp(t, "shared", target.memref_bytes(t), self.align))
+
+
+@dataclass
+class LowerCopyAsync(RewritePattern):
+    """tile.copy_async -> tessera_target.memcpy global_to_shared, async, with the
+    registry's mechanism for its padding; tile_dims, padding and offsets carry
+    over so the emitter can address the tile."""
+
+    platform: Platform
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.CopyAsyncOp, rewriter: PatternRewriter) -> None:
+        mechanism = platforms.copy_mechanism(self.platform, op.padding.value.data)
+        rewriter.replace(op, target.MemcpyOp(
+            op.dst, [op.stage], op.src, op.offsets, "global_to_shared", True, mechanism,
+            tuple(op.tile_dims.get_values()), op.padding))
+
+
+@dataclass
+class LowerAsyncCommit(RewritePattern):
+    """tile.async_commit -> cp.async.commit_group where the platform has cp.async;
+    elsewhere copies complete synchronously and there is nothing to commit."""
+
+    platform: Platform
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.AsyncCommitOp, rewriter: PatternRewriter) -> None:
+        if self.platform.has("async_copy"):
+            rewriter.replace(op, target.PTXInstrOp("cp.async.commit_group"))
+        else:
+            rewriter.erase(op)
+
+
+class LowerAsyncWait(RewritePattern):
+    """tile.async_wait -> tessera_target.sync scope = "async_group" pending = N."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.AsyncWaitOp, rewriter: PatternRewriter) -> None:
+        rewriter.replace(op, target.SyncOp("async_group", op.pending.value.data))
+
+
+class LowerBarrier(RewritePattern):
+    """tile.barrier -> tessera_target.sync scope = "block"."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.BarrierOp, rewriter: PatternRewriter) -> None:
+        rewriter.replace(op, target.SyncOp("block"))
+
+
+@dataclass
+class LowerLaunch(RewritePattern):
+    """tile.launch -> tessera_target.launch with the kernel's grid, block and shared."""
+
+    configs: dict[str, target.KernelConfigAttr]
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.LaunchOp, rewriter: PatternRewriter) -> None:
+        cfg = self.configs[op.kernel.string_value()]
+        rewriter.replace(op, target.LaunchOp(
+            op.kernel.string_value(), op.args, cfg.grid_dims, cfg.block_dims, cfg.shared.data))
+
+
+def patterns(platform: Platform, configs: dict[str, target.KernelConfigAttr]) -> Iterable[RewritePattern]:
+    """The rewrite patterns of this lowering for `platform`."""
+    return (
+        LowerKernel(configs, platform), LowerReturn(), LowerMma(platform),
+        LowerAllocShared(_SHARED_ALIGN[platforms.copy_mechanism(platform)]), LowerCopyAsync(platform),
+        LowerAsyncCommit(platform), LowerAsyncWait(), LowerBarrier(), LowerLaunch(configs),
+    )
+
+
+def lower_tile_to_target(module: ModuleOp, platform: Platform | str) -> ModuleOp:
+    """A Target IR copy of the tile module `module` for `platform` (a Platform or
+    an arch name); `module` itself is left unchanged."""
+    p = platform if isinstance(platform, Platform) else platforms.get(platform)
+    lowered = module.clone()
+    configs = kernel_configs(lowered, p)
+    PatternRewriteWalker(GreedyRewritePatternApplier(list(patterns(p, configs)))).rewrite_module(lowered)
+    return lowered
