@@ -144,7 +144,11 @@ class LowerReturn(RewritePattern):
 @dataclass
 class LowerMma(RewritePattern):
     """tile.mma -> tessera_target.tensor_core with the registry's best instruction
-    for the operand dtype that covers the tile."""
+    for the operand dtype that covers the tile.
+
+    A dtype with no matrix instruction at all on the platform (fp32, whose tensor-core
+    path would silently be TF32) keeps its `tile.mma`: the emitter computes it with
+    FMAs on the CUDA cores, the precise path PyTorch also takes by default."""
 
     platform: Platform
 
@@ -155,6 +159,8 @@ class LowerMma(RewritePattern):
             raise TargetLoweringError(f"tile.mma operands differ in element type: a is {op.a.type}, b is {op.b.type}")
         (m, k), (_, n) = op.a.type.get_shape(), op.acc.type.get_shape()
         instr = platforms.mma_instruction(self.platform, dtype, (m, n, k))
+        if instr is None and not platforms.mma_instructions(self.platform, dtype):
+            return
         if instr is None:
             have = ", ".join(f"{i.family} {list(i.shape)}" for i in platforms.mma_instructions(self.platform, dtype))
             raise TargetLoweringError(

@@ -1,0 +1,1 @@
+"""Tracing Python functions into Graph IR: annotations, traced tensors, the ops users call."""

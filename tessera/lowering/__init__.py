@@ -1,0 +1,1 @@
+"""One module per step down the IR levels."""

@@ -1,0 +1,1 @@
+"""Transformations within one IR level (fusion decides kernels)."""

@@ -1,0 +1,170 @@
+"""Target IR: text round trip of every op and attribute, and the verifiers."""
+import pytest
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, f16, i32
+from xdsl.utils.exceptions import VerifyException
+
+from tessera import platforms
+from tessera.ir import target
+from tessera.ir.target import KernelConfigAttr, PlatformAttr
+
+CONFIG = "#tessera_target.kernel_config<grid = [4, 4, 1], block = [128, 1, 1], shared = 16384, regs = 64>"
+SM80 = '#tessera_target.platform<"nvidia", "sm_80", 108>'
+SHARED = "memref<2x64x32xf16, 3 : i64>"
+GLOBAL = "memref<256x128xf16>"
+TILE = "tensor<64x32xf16>"
+ACC = "tensor<64x64xf32>"
+
+# Every op of the dialect, both attributes, every optional part.
+EVERY_OP = f"""builtin.module {{
+  tessera_target.kernel @k(%a: {GLOBAL}, %x: {TILE}, %y: tensor<32x64xf16>, %acc: {ACC}, %p: i1) config = {CONFIG} platform = {SM80} opt_level = 3 {{
+    %c0 = arith.constant 0 : index
+    %buf = tessera_target.allocate pool = "shared" align = 128 size = 8192 : {SHARED}
+    tessera_target.profile_begin label = "mainloop"
+    tessera_target.memcpy %buf[%c0], %a[%c0, %c0] kind = "global_to_shared" async = true mechanism = "cp.async" tile_dims = [0, 1] padding = 0.000000e+00 : f64 : {SHARED}, {GLOBAL}
+    tessera_target.ptx_instr "cp.async.commit_group" ()
+    tessera_target.sync scope = "async_group" pending = 0
+    tessera_target.sync scope = "block"
+    %d = tessera_target.tensor_core "mma.sync" (%x, %y, %acc) shape = [16, 8, 16] layout = "nn" precision = "f16" : ({TILE}, tensor<32x64xf16>, {ACC}) -> {ACC}
+    %lane = tessera_target.ptx_instr "mov.u32 $0, %laneid;" () constraints = {{r0 = "=r"}} latency = 2 predicate = %p attributes {{note = "lane"}} : () -> i32
+    tessera_target.profile_end label = "mainloop"
+    tessera_target.breakpoint label = "after_mma"
+    tessera_target.assert %p message = "bad tile"
+    tessera_target.return
+  }}
+  tessera_target.kernel @wave(%v: vector<16xf16>, %w: vector<8xf32>) config = #tessera_target.kernel_config<grid = [1, 1, 1], block = [32, 1, 1], shared = 0, regs = 32> platform = #tessera_target.platform<"amd", "gfx1100", 96> {{
+    %r = tessera_target.hip_instr "v_wmma_f32_16x16x16_f16" (%v, %v, %w) arch = "gfx1100" constraints = {{operand2 = "+v"}} : (vector<16xf16>, vector<16xf16>, vector<8xf32>) -> vector<8xf32>
+    tessera_target.return
+  }}
+  func.func @main(%a: {GLOBAL}, %x: {TILE}, %y: tensor<32x64xf16>, %acc: {ACC}, %p: i1) {{
+    tessera_target.launch @k(%a, %x, %y, %acc, %p) grid = [4, 4, 1] block = [128, 1, 1] shared = 16384 : {GLOBAL}, {TILE}, tensor<32x64xf16>, {ACC}, i1
+    func.return
+  }}
+}}
+"""
+
+
+def test_every_op_round_trips_exactly():
+    module = target.parse_target_module(EVERY_OP)
+    module.verify()
+    assert target.print_module(module) == EVERY_OP
+    names = {op.name for op in module.walk()}
+    assert {op.name for op in target.TesseraTarget.operations} <= names
+
+
+def test_attributes_print_like_the_seeds():
+    p = PlatformAttr.of(platforms.get("sm_90a"))
+    cfg = KernelConfigAttr.of((128, 64, 1), (128, 1, 1), 49152, 128)
+    assert str(p) == '#tessera_target.platform<"nvidia", "sm_90a", 132>'
+    assert str(cfg) == ("#tessera_target.kernel_config<grid = [128, 64, 1], block = [128, 1, 1], "
+                        "shared = 49152, regs = 128>")
+    assert p.platform.has("wgmma") and cfg.threads == 128
+
+
+def test_platform_attr_rejects_unknown_arch_and_wrong_vendor():
+    with pytest.raises(Exception, match="unknown GPU architecture 'sm_42'"):
+        target.parse_target_module(EVERY_OP.replace('"sm_80"', '"sm_42"'))
+    with pytest.raises(Exception, match="gfx1100 is an amd target"):
+        target.parse_target_module(EVERY_OP.replace('"amd", "gfx1100"', '"nvidia", "gfx1100"'))
+
+
+def verify_error(text: str) -> str:
+    module = target.parse_target_module(text)
+    with pytest.raises(VerifyException) as e:
+        module.verify()
+    return str(e.value)
+
+
+def test_too_many_threads():
+    text = EVERY_OP.replace("block = [128, 1, 1], shared = 16384", "block = [1024, 2, 1], shared = 16384")
+    assert "block [1024, 2, 1] = 2048 threads exceeds the 1024 threads per block of sm_80" in verify_error(text)
+
+
+def test_too_much_shared_memory():
+    text = EVERY_OP.replace(f"{CONFIG} platform = {SM80}",
+                            f"{CONFIG.replace('16384', '200000')} platform = {SM80}")
+    assert "shared = 200000 bytes exceeds the 166912 bytes per block of sm_80" in verify_error(text)
+
+
+def test_registers_must_fit_on_an_sm():
+    text = EVERY_OP.replace("block = [128, 1, 1], shared = 16384, regs = 64",
+                            "block = [1024, 1, 1], shared = 16384, regs = 128")
+    assert "1024 threads x 128 registers exceeds the 65536 registers" in verify_error(text)
+
+
+def test_wgmma_is_not_available_on_sm80():
+    text = EVERY_OP.replace('tensor_core "mma.sync" (%x, %y, %acc) shape = [16, 8, 16]',
+                            'tensor_core "wgmma" (%x, %y, %acc) shape = [64, 64, 16]')
+    assert "'wgmma' is not available on sm_80 (available: mma.sync, wmma)" in verify_error(text)
+
+
+def test_wgmma_verifies_on_sm90a():
+    text = EVERY_OP.replace('tensor_core "mma.sync" (%x, %y, %acc) shape = [16, 8, 16]',
+                            'tensor_core "wgmma" (%x, %y, %acc) shape = [64, 64, 16]')
+    text = text.replace(SM80, '#tessera_target.platform<"nvidia", "sm_90a", 132>')
+    text = text.replace('mechanism = "cp.async"', 'mechanism = "tma"')
+    target.parse_target_module(text).verify()
+
+
+def test_tensor_core_shape_and_precision_come_from_the_registry():
+    text = EVERY_OP.replace("shape = [16, 8, 16]", "shape = [16, 8, 8]")
+    assert "mma.sync on sm_80 has no shape [16, 8, 8] with precision 'f16'" in verify_error(text)
+
+
+def test_ptx_instr_in_an_amd_kernel():
+    text = EVERY_OP.replace('%r = tessera_target.hip_instr "v_wmma_f32_16x16x16_f16" (%v, %v, %w) arch = "gfx1100"',
+                            '%r = tessera_target.ptx_instr "mma" (%v, %v, %w)')
+    assert "ptx_instr 'mma' in a kernel for gfx1100 (amd)" in verify_error(text)
+
+
+def test_copy_mechanism_must_exist_on_the_platform():
+    text = EVERY_OP.replace('mechanism = "cp.async"', 'mechanism = "tma"')
+    assert "mechanism on sm_80" in verify_error(text)
+
+
+def test_memcpy_checks_memory_spaces():
+    text = EVERY_OP.replace('kind = "global_to_shared"', 'kind = "shared_to_global"')
+    assert "memcpy shared_to_global: src memref<256x128xf16> is not in shared memory" in verify_error(text)
+
+
+def test_cluster_sync_needs_clusters():
+    text = EVERY_OP.replace('sync scope = "block"', 'sync scope = "cluster"')
+    assert "scope 'cluster' needs clusters, which sm_80 does not have" in verify_error(text)
+
+
+def test_pending_only_for_async_group():
+    text = EVERY_OP.replace('sync scope = "block"', 'sync scope = "block" pending = 1')
+    assert "pending is required for scope" in verify_error(text)
+
+
+def test_launch_must_match_the_kernel_config():
+    text = EVERY_OP.replace("grid = [4, 4, 1] block = [128, 1, 1] shared = 16384 :",
+                            "grid = [8, 4, 1] block = [128, 1, 1] shared = 16384 :")
+    assert "launch of @k: grid/block/shared" in verify_error(text)
+
+
+def test_allocate_size_covers_the_buffer():
+    text = EVERY_OP.replace("size = 8192", "size = 4096")
+    assert "size = 4096 bytes is less than the 8192 bytes" in verify_error(text)
+
+
+def test_kernel_block_arguments_must_match_function_type():
+    kernel = target.KernelOp("k", [MemRefType(f16, [4])], KernelConfigAttr.of((1, 1, 1), (32, 1, 1), 0, 32),
+                             PlatformAttr.of(platforms.get("sm_80")))
+    kernel.body.block.add_op(target.ReturnOp())
+    kernel.body.block.insert_arg(i32, 1)
+    with pytest.raises(VerifyException, match="block arguments .* do not match function_type inputs"):
+        kernel.verify()
+
+
+def test_builders_make_verifiable_ops():
+    p = PlatformAttr.of(platforms.get("sm_90a"))
+    kernel = target.KernelOp("k", [MemRefType(f16, [64, 64])], KernelConfigAttr.of((1, 1, 1), (128, 1, 1), 8192, 64), p)
+    block = kernel.body.block
+    shared = target.AllocateOp(MemRefType(f16, [1, 64, 64], memory_space=IntegerAttr(3, 64)), "shared", 8192, 1024)
+    zero = arith.ConstantOp.from_int_and_width(0, IndexType())
+    block.add_ops([zero, shared,
+                   target.MemcpyOp(shared.result, [zero.result], block.args[0], [zero.result, zero.result],
+                                   "global_to_shared", True, "tma", (0, 1)),
+                   target.SyncOp("cluster"), target.ReturnOp()])
+    kernel.verify()

@@ -1,0 +1,150 @@
+"""Tile IR -> Target IR: the registry's choices show up in the lowered GEMM."""
+import pytest
+from xdsl.dialects import arith, func, scf
+from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IndexType, MemRefType, ModuleOp, TensorType, bf16, f16, f32
+from xdsl.ir import Block, Region
+
+from tessera import platforms
+from tessera.ir import target, tile
+from tessera.lowering.tile_to_target import TargetLoweringError, lower_tile_to_target
+
+
+def index(value: int) -> arith.ConstantOp:
+    return arith.ConstantOp.from_int_and_width(value, IndexType())
+
+
+def tile_gemm(element=f16, m=64, n=64, k=32, stages=2, num_warps=4, size=256, padding=0.0) -> ModuleOp:
+    """C[size x size] = A @ B, one (m x n) tile of C per program, K stepped by k
+    through `stages`-deep shared buffers, launched from @main."""
+    a_t, b_t, c_t = MemRefType(element, [size, size]), MemRefType(element, [size, size]), MemRefType(f32, [size, size])
+    kernel = tile.KernelOp.build_kernel("gemm", [a_t, b_t, c_t], num_warps, stages)
+    a, b, c = kernel.body.block.args
+    pm, pn, c0, cm, cn, ck, csize = (tile.ProgramIdOp(0), tile.ProgramIdOp(1), index(0), index(m), index(n),
+                                     index(k), index(size))
+    m0, n0 = arith.MuliOp(pm, cm), arith.MuliOp(pn, cn)
+    a_s, b_s = tile.AllocSharedOp([stages, m, k], element), tile.AllocSharedOp([stages, k, n], element)
+    acc_t = TensorType(f32, [m, n])
+    zero = arith.ConstantOp(DenseIntOrFPElementsAttr.from_list(acc_t, [0.0]))
+
+    loop = Block(arg_types=[IndexType(), acc_t])
+    kk, acc = loop.args
+    x, y = tile.LoadSharedOp(a_s, c0), tile.LoadSharedOp(b_s, c0)
+    mma = tile.MmaOp(x, y, acc)
+    loop.add_ops([
+        tile.CopyAsyncOp(a, a_s, c0, [m0, kk], [0, 1], padding), tile.CopyAsyncOp(b, b_s, c0, [kk, n0], [0, 1]),
+        tile.AsyncCommitOp(), tile.AsyncWaitOp(0), tile.BarrierOp(), x, y, mma, scf.YieldOp(mma),
+    ])
+    for_op = scf.ForOp(c0, csize, ck, [zero], Region(loop))
+    kernel.body.block.add_ops([pm, pn, c0, cm, cn, ck, csize, m0, n0, a_s, b_s, zero, for_op,
+                               tile.StoreOp(for_op.results[0], c, [m0, n0], [0, 1]), tile.ReturnOp()])
+
+    host = func.FuncOp("main", ([a_t, b_t, c_t], []))
+    host.body.block.add_ops([tile.LaunchOp("gemm", [size // m, size // n, 1], host.body.block.args), func.ReturnOp()])
+    module = ModuleOp([kernel, host])
+    module.verify()
+    return module
+
+
+def ops(module, cls):
+    return [op for op in module.walk() if isinstance(op, cls)]
+
+
+def lowered(arch, **gemm):
+    out = lower_tile_to_target(tile_gemm(**gemm), platforms.get(arch))
+    out.verify()
+    return out
+
+
+def test_sm80_uses_mma_sync_and_cp_async():
+    out = lowered("sm_80")
+    (mma,) = ops(out, target.TensorCoreOp)
+    assert (mma.family.data, tuple(mma.shape.iter_values()), mma.precision.data) == ("mma.sync", (16, 8, 16), "f16")
+    assert {op.mechanism.data for op in ops(out, target.MemcpyOp)} == {"cp.async"}
+    assert [op.instruction.data for op in ops(out, target.PTXInstrOp)] == ["cp.async.commit_group"]
+
+
+def test_sm90a_uses_wgmma_and_tma():
+    out = lowered("sm_90a")
+    (mma,) = ops(out, target.TensorCoreOp)
+    assert (mma.family.data, tuple(mma.shape.iter_values())) == ("wgmma", (64, 64, 16))
+    assert {op.mechanism.data for op in ops(out, target.MemcpyOp)} == {"tma"}
+    assert {op.align.value.data for op in ops(out, target.AllocateOp)} == {1024}
+
+
+def test_gfx90a_uses_mfma_with_wave64():
+    out = lowered("gfx90a", element=bf16)
+    (mma,) = ops(out, target.TensorCoreOp)
+    assert mma.family.data == "v_mfma_f32_32x32x8bf16_1k"
+    (kernel,) = ops(out, target.KernelOp)
+    assert kernel.config.block_dims == (256, 1, 1)  # 4 wave64 warps
+    assert not ops(out, target.PTXInstrOp)  # no cp.async groups to commit
+
+
+def test_kernel_config_and_launch():
+    out = lowered("sm_80", stages=3)
+    (kernel,), (launch,) = ops(out, target.KernelOp), ops(out, target.LaunchOp)
+    cfg = kernel.config
+    assert (cfg.grid_dims, cfg.block_dims, cfg.shared.data) == ((4, 4, 1), (128, 1, 1), 3 * 64 * 32 * 2 * 2)
+    assert 32 <= cfg.regs.data <= 255 and cfg.regs.data % 8 == 0
+    assert (tuple(launch.grid.iter_values()), launch.shared.value.data) == ((4, 4, 1), cfg.shared.data)
+    assert kernel.platform == target.PlatformAttr.of(platforms.get("sm_80"))
+
+
+def test_copy_keeps_tile_addressing():
+    out = lowered("sm_80", padding=float("-inf"))
+    copy_a = ops(out, target.MemcpyOp)[0]
+    assert (copy_a.kind.data, bool(copy_a.is_async.value.data)) == ("global_to_shared", True)
+    assert tuple(copy_a.tile_dims.iter_values()) == (0, 1) and copy_a.padding.value.data == float("-inf")
+    assert (len(copy_a.dst_indices), len(copy_a.src_indices)) == (1, 2)
+    assert copy_a.mechanism.data == "ld.global"  # cp.async can only zero-fill
+
+
+def test_tile_ops_without_platform_choices_stay():
+    out = lowered("sm_80")
+    names = {op.name for op in out.walk()}
+    assert {"tile.load_shared", "tile.store", "tile.program_id", "scf.for", "arith.muli"} <= names
+    assert not names & {"tile.kernel", "tile.mma", "tile.copy_async", "tile.alloc_shared", "tile.barrier",
+                        "tile.async_wait", "tile.async_commit", "tile.launch", "tile.return"}
+
+
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a", "sm_100a", "gfx90a", "gfx1100"])
+def test_lowered_module_round_trips(arch):
+    text = target.print_module(lowered(arch))
+    again = target.parse_target_module(text)
+    again.verify()
+    assert target.print_module(again) == text
+
+
+def test_input_module_is_not_mutated():
+    module = tile_gemm()
+    before = tile.print_module(module)
+    lower_tile_to_target(module, "sm_90a")
+    assert tile.print_module(module) == before
+
+
+def test_small_tile_on_sm90a_falls_back_to_mma_sync():
+    (mma,) = ops(lowered("sm_90a", m=32), target.TensorCoreOp)
+    assert mma.family.data == "mma.sync"
+
+
+def test_too_much_shared_memory_names_kernel_and_numbers():
+    with pytest.raises(TargetLoweringError, match=r"kernel @gemm needs 196608 bytes of shared memory .* "
+                                                  r"sm_86 allows 101376 per block"):
+        lower_tile_to_target(tile_gemm(m=128, n=256, k=64, stages=4), "sm_86")
+
+
+def test_too_many_warps_for_wave64():
+    with pytest.raises(TargetLoweringError, match=r"kernel @gemm: 32 warps x 64 threads = 2048 threads, but gfx90a "
+                                                  r"allows 1024 per block"):
+        lower_tile_to_target(tile_gemm(num_warps=32), "gfx90a")
+
+
+def test_dtype_without_matrix_instructions_keeps_simt_mma():
+    """gfx906 has no matrix cores: its mma stays a tile.mma, computed with FMAs by the emitter."""
+    lowered = lower_tile_to_target(tile_gemm(), "gfx906")
+    assert [op.name for op in lowered.walk() if op.name in ("tile.mma", "tessera_target.tensor_core")] == ["tile.mma"]
+
+
+def test_tile_no_instruction_covers_is_an_error():
+    with pytest.raises(TargetLoweringError, match=r"sm_80 has no matrix instruction that covers it"):
+        lower_tile_to_target(tile_gemm(k=8), "sm_80")
