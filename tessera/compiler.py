@@ -27,8 +27,12 @@ DEFAULT_ARCH = "sm_90a"
 
 @dataclass
 class Options:
+    """What a compile may be asked for; every field has the default a plain call gets."""
+
     arch: str = DEFAULT_ARCH
-    space: dict | None = None
+    space: dict | None = None          # schedule search space (from @kernel.autotune)
+    tensor_cores: bool = True          # False keeps every mma on the CUDA cores
+    opt_level: int = 3                 # ptxas -O level the backend assembles with
 
 
 def _schedule(module, options: Options):
@@ -44,7 +48,7 @@ def _tile(module, options: Options):
 def _target(module, options: Options):
     from . import platforms
     from .lowering.tile_to_target import lower_tile_to_target
-    return lower_tile_to_target(module, platforms.get(options.arch))
+    return lower_tile_to_target(module, platforms.get(options.arch), tensor_cores=options.tensor_cores)
 
 
 #: (name, function from the previous stage's module) — the whole compiler, in order.
@@ -64,6 +68,7 @@ class Compiled:
     modules: dict[str, object]
     arch: str
     compile_seconds: float
+    options: Options = field(default_factory=Options)
     arg_names: list[str] = field(default_factory=list)
     result_names: list[str] = field(default_factory=list)
     _program: object = None
@@ -130,10 +135,11 @@ def _dump_request(dump) -> tuple[str, ...]:
 
 
 def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None = None,
+                   tensor_cores: bool = True, opt_level: int = 3,
                    dump: Sequence[str] | None = None, dump_dir: str | os.PathLike | None = None) -> Compiled:
     """Runs every stage on a Graph IR module, verifying each result."""
     start = time.perf_counter()
-    options = Options(arch=arch, space=space)
+    options = Options(arch=arch, space=space, tensor_cores=tensor_cores, opt_level=opt_level)
     graph_module.verify()
     modules = {"graph": graph_module}
     current = graph_module
@@ -144,6 +150,7 @@ def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None
     f = next(iter(graph_module.ops))
     compiled = Compiled(
         name=f.sym_name.data, modules=modules, arch=arch, compile_seconds=time.perf_counter() - start,
+        options=options,
         arg_names=[a.data for a in f.attributes["tessera.arg_names"].data],
         result_names=[a.data for a in f.attributes["tessera.result_names"].data])
     stages = _dump_request(dump)

@@ -96,6 +96,8 @@ class Function:
         """Run the whole pipeline for these specs; see `tessera.compiler.compile_module`."""
         from ..compiler import compile_module
 
+        if self.space is not None:
+            options.setdefault("space", self.space)
         return compile_module(self.trace(args, constants), **options)
 
     # --- calling -------------------------------------------------------------------------

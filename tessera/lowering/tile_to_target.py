@@ -243,20 +243,23 @@ class LowerLaunch(RewritePattern):
             op.kernel.string_value(), op.args, cfg.grid_dims, cfg.block_dims, cfg.shared.data))
 
 
-def patterns(platform: Platform, configs: dict[str, target.KernelConfigAttr]) -> Iterable[RewritePattern]:
-    """The rewrite patterns of this lowering for `platform`."""
+def patterns(platform: Platform, configs: dict[str, target.KernelConfigAttr],
+             tensor_cores: bool = True) -> Iterable[RewritePattern]:
+    """The rewrite patterns of this lowering for `platform`; without `tensor_cores`,
+    every tile.mma stays on the CUDA cores."""
     return (
-        LowerKernel(configs, platform), LowerReturn(), LowerMma(platform),
+        LowerKernel(configs, platform), LowerReturn(), *([LowerMma(platform)] if tensor_cores else []),
         LowerAllocShared(_SHARED_ALIGN[platforms.copy_mechanism(platform)]), LowerCopyAsync(platform),
         LowerAsyncCommit(platform), LowerAsyncWait(), LowerBarrier(), LowerLaunch(configs),
     )
 
 
-def lower_tile_to_target(module: ModuleOp, platform: Platform | str) -> ModuleOp:
+def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_cores: bool = True) -> ModuleOp:
     """A Target IR copy of the tile module `module` for `platform` (a Platform or
     an arch name); `module` itself is left unchanged."""
     p = platform if isinstance(platform, Platform) else platforms.get(platform)
     lowered = module.clone()
     configs = kernel_configs(lowered, p)
-    PatternRewriteWalker(GreedyRewritePatternApplier(list(patterns(p, configs)))).rewrite_module(lowered)
+    rewrites = GreedyRewritePatternApplier(list(patterns(p, configs, tensor_cores)))
+    PatternRewriteWalker(rewrites).rewrite_module(lowered)
     return lowered
