@@ -37,6 +37,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue, TypeAttribute
 from xdsl.irdl import (
     IRDLOperation,
+    ParsePropInAttrDict,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
@@ -263,6 +264,7 @@ class ElementwiseOp(IRDLOperation):
 
     inputs = var_operand_def(TensorType)
     res = result_def(TensorType)
+    assembly_format = "$inputs attr-dict `:` type($inputs) `->` type($res)"
 
     def __init__(self, inputs: Sequence[SSAValue], result_type: TensorType):
         super().__init__(operands=[list(inputs)], result_types=[result_type])
@@ -313,6 +315,7 @@ class MatmulOp(IRDLOperation):
     lhs = operand_def(TensorType)
     rhs = operand_def(TensorType)
     res = result_def(TensorType)
+    assembly_format = "$lhs `,` $rhs attr-dict `:` type($lhs) `,` type($rhs) `->` type($res)"
 
     def __init__(self, lhs: SSAValue, rhs: SSAValue, result_type: TensorType):
         super().__init__(operands=[lhs, rhs], result_types=[result_type])
@@ -339,6 +342,8 @@ class TransposeOp(IRDLOperation):
     input = operand_def(TensorType)
     perm = prop_def(ArrayAttr)
     res = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($res)"
 
     def __init__(self, x: SSAValue, perm: Sequence[int], result_type: TensorType):
         super().__init__(operands=[x], result_types=[result_type], properties={"perm": _ints(perm)})
@@ -362,6 +367,7 @@ class ReshapeOp(IRDLOperation):
     name = "graph.reshape"
     input = operand_def(TensorType)
     res = result_def(TensorType)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($res)"
 
     def __init__(self, x: SSAValue, result_type: TensorType):
         super().__init__(operands=[x], result_types=[result_type])
@@ -386,6 +392,8 @@ class ReduceOp(IRDLOperation):
     axis = prop_def(IntAttr)
     keepdim = prop_def(IntAttr)
     res = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($res)"
 
     def __init__(self, x: SSAValue, kind: str, axis: int, keepdim: bool, result_type: TensorType):
         super().__init__(operands=[x], result_types=[result_type], properties={
@@ -404,6 +412,8 @@ class SoftmaxOp(IRDLOperation):
     input = operand_def(TensorType)
     axis = prop_def(IntAttr)
     res = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($res)"
 
     def __init__(self, x: SSAValue, axis: int, result_type: TensorType):
         super().__init__(operands=[x], result_types=[result_type], properties={"axis": IntAttr(axis)})
@@ -421,6 +431,8 @@ class _NormOp(IRDLOperation):
     has_weight = prop_def(IntAttr)
     has_bias = opt_prop_def(IntAttr)
     res = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$inputs attr-dict `:` type($inputs) `->` type($res)"
 
     @property
     def x(self) -> SSAValue:
@@ -476,6 +488,7 @@ class ArangeOp(IRDLOperation):
 
     name = "graph.arange"
     res = result_def(TensorType)
+    assembly_format = "attr-dict `:` type($res)"
 
     def __init__(self, result_type: TensorType):
         super().__init__(result_types=[result_type])
@@ -493,6 +506,8 @@ class ConstantOp(IRDLOperation):
     name = "graph.constant"
     value = prop_def(FloatAttr)
     res = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "attr-dict `:` type($res)"
 
     def __init__(self, value: float, result_type: TensorType):
         super().__init__(result_types=[result_type], properties={"value": FloatAttr(float(value), f64)})
@@ -507,6 +522,7 @@ class CastOp(IRDLOperation):
     name = "graph.cast"
     input = operand_def(TensorType)
     res = result_def(TensorType)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($res)"
 
     def __init__(self, x: SSAValue, result_type: TensorType):
         super().__init__(operands=[x], result_types=[result_type])

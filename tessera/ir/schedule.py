@@ -10,10 +10,11 @@ from __future__ import annotations
 
 from typing import Sequence
 
-from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntAttr, StringAttr
+from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, StringAttr
 from xdsl.ir import Attribute, Block, Dialect, Region, SSAValue
 from xdsl.irdl import (
     IRDLOperation,
+    ParsePropInAttrDict,
     irdl_op_definition,
     prop_def,
     region_def,
@@ -48,11 +49,11 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 
 
 def int_dict(d: dict[str, int]) -> DictionaryAttr:
-    return DictionaryAttr({k: IntAttr(v) for k, v in d.items()})
+    return DictionaryAttr({k: IntegerAttr(v, 64) for k, v in d.items()})
 
 
 def space_dict(d: dict[str, Sequence[int]]) -> DictionaryAttr:
-    return DictionaryAttr({k: ArrayAttr([IntAttr(v) for v in vs]) for k, vs in d.items()})
+    return DictionaryAttr({k: ArrayAttr([IntegerAttr(v, 64) for v in vs]) for k, vs in d.items()})
 
 
 @irdl_op_definition
@@ -60,6 +61,7 @@ class YieldOp(IRDLOperation):
     name = "schedule.yield"
     values = var_operand_def()
     traits = traits_def(IsTerminator())
+    assembly_format = "$values attr-dict `:` type($values)"
 
     def __init__(self, values: Sequence[SSAValue]):
         super().__init__(operands=[list(values)])
@@ -77,6 +79,8 @@ class KernelOp(IRDLOperation):
     params = prop_def(DictionaryAttr)
     space = prop_def(DictionaryAttr)
     body = region_def("single_block")
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = ("$sym_name $kind `(` $inputs `)` attr-dict `:` functional-type($inputs, $outputs) $body")
 
     def __init__(self, name: str, kind: str, inputs: Sequence[SSAValue], output_types: Sequence[Attribute],
                  body: Block, params: dict[str, int], space: dict[str, Sequence[int]]):
@@ -86,7 +90,7 @@ class KernelOp(IRDLOperation):
 
     @property
     def param_values(self) -> dict[str, int]:
-        return {k: v.data for k, v in self.params.data.items()}
+        return {k: v.value.data for k, v in self.params.data.items()}
 
     def verify_(self) -> None:
         if self.kind.data not in KINDS:
@@ -102,11 +106,11 @@ class KernelOp(IRDLOperation):
             raise VerifyException(f"schedule.kernel {self.sym_name.data}: yielded types do not match its results")
         for key, value in self.params.data.items():
             allowed = self.space.data.get(key)
-            if not isinstance(value, IntAttr) or value.data <= 0:
+            if not isinstance(value, IntegerAttr) or value.value.data <= 0:
                 raise VerifyException(f"schedule.kernel {self.sym_name.data}: param {key} must be a positive int")
-            if allowed is not None and key.startswith("block") and value.data & (value.data - 1):
-                raise VerifyException(f"schedule.kernel {self.sym_name.data}: {key}={value.data} "
-                                      f"is not a power of two")
+            v = value.value.data
+            if allowed is not None and key.startswith("block") and v & (v - 1):
+                raise VerifyException(f"schedule.kernel {self.sym_name.data}: {key}={v} is not a power of two")
 
 
 Schedule = Dialect("schedule", [KernelOp, YieldOp], [])

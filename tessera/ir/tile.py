@@ -523,6 +523,7 @@ class BroadcastOp(IRDLOperation):
                          result_types=[TensorType(element, shape)])
 
     def verify_(self) -> None:
+        _require(not isinstance(self.x.type, MemRefType), self, f"input must be a tile or a scalar, got {self.x.type}")
         in_shape, out_shape, dims = static_shape(self.x.type), self.result.type.get_shape(), int_values(self.dims)
         _require(len(dims) == len(in_shape), self,
                  f"dims {list(dims)} has {len(dims)} entries for a rank-{len(in_shape)} input ({_fmt(in_shape)})")
