@@ -76,10 +76,6 @@ def poison(shape: Sequence[int], dt: np.dtype) -> np.ndarray:
     return np.full(tuple(shape), fill, dt)
 
 
-def _is_tensor(v: SSAValue) -> bool:
-    return isinstance(v.type, TensorType)
-
-
 # ---------------------------------------------------------------- numeric kernels
 
 
@@ -356,9 +352,8 @@ def _constant(c: Compiler, op: arith.ConstantOp) -> Step:
     t, attr = op.result.type, op.value
     dt = np_dtype(t)
     if isinstance(attr, DenseIntOrFPElementsAttr):
-        value = np.array(attr.get_values()).astype(dt)
-        value = np.broadcast_to(value, t.get_shape()) if value.size == 1 else value.reshape(t.get_shape())
-        value.flags.writeable = False
+        value = np.array(attr.get_values()).astype(dt).reshape(t.get_shape())
+        value.flags.writeable = False  # shared by every program: steps never write into tiles
     else:
         value = dt.type(attr.value.data)
     out = c.out(op)
@@ -383,7 +378,7 @@ def _cmpi(c: Compiler, op: arith.CmpiOp) -> Step:
 
 
 def _select(c: Compiler, op: arith.SelectOp) -> Step:
-    if _is_tensor(op.result):
+    if isinstance(op.result.type, TensorType):
         return _apply(np.where, c.ins(op), c.out(op))
     return _apply(lambda cond, a, b: a if cond else b, c.ins(op), c.out(op))
 
@@ -627,11 +622,11 @@ class TileProgram:
 
     def compiled(self, name: str, kind: type[Operation]) -> CompiledFunction:
         """The compiled form of symbol `name`, which must be a `kind` op."""
+        op = self._symbols.get(name)
+        if not isinstance(op, kind):
+            raise KeyError(f"no {kind.name} @{name} in this module; it has "
+                           f"{', '.join('@' + s for s in self._symbols) or 'no symbols'}")
         if name not in self._compiled:
-            op = self._symbols.get(name)
-            if not isinstance(op, kind):
-                raise KeyError(f"no {kind.name} @{name} in this module; it has "
-                               f"{', '.join('@' + s for s in self._symbols) or 'no symbols'}")
             self._compiled[name] = Compiler(self).function(name, op.body.block)
         return self._compiled[name]
 

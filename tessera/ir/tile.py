@@ -16,6 +16,10 @@ Conventions fixed by this module (the lowering and the interpreter rely on them)
   load, so -inf pads a max-reduction and 0 pads a sum);
 - `transpose_b` is an optional `UnitAttr`: present means B is N x K.
 
+xDSL 0.74 types arith.cmpi/cmpf/select/sitofp/fptosi as scalar-only; the
+tensor-capable `CmpiOp`, `CmpfOp`, `SelectOp`, `SIToFPOp`, `FPToSIOp` below are
+the same ops with MLIR's typing, registered by `tile_context` in their place.
+
 Every op has a custom assembly format; `print_module` and `parse_tile_module`
 round-trip it exactly.
 """
