@@ -359,12 +359,12 @@ def layer_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, bias: 
 
 def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, eps: float | None = None) -> Tensor:
     """torch.nn.functional.rms_norm over the last dim; eps=None means the dtype's machine epsilon."""
-    import numpy as np
+    import ml_dtypes
 
     g = _graph()
     _normalized_last(x, normalized_shape, "rms_norm")
     if eps is None:
-        eps = float(np.finfo(x.dtype.np).eps)
+        eps = float(ml_dtypes.finfo(x.dtype.np).eps)
     op = current_trace().add(g.RmsNormOp(x.value, _param(weight, x, "rms_norm"), eps,
                                          g.TensorType.of(x.dims, x.dtype)))
     return _make(op.res, x.dims, x.dtype, "rms_norm result")

@@ -1,0 +1,789 @@
+"""Target IR -> PTX text, written by Tessera itself (no CUDA C++ in between).
+
+One `tessera_target.kernel` becomes one `.entry`. The emitter
+1. assigns every tile value a layout (`assign_layouts`): rank-2 tiles share one
+   `Blocked` layout chosen from the kernel's tile shape and warp count; rank-1
+   tiles are `Slice`s of it, along the dim their reductions and broadcasts say;
+2. walks the ops once, emitting per-register PTX from a table of op handlers.
+   Scalars are one register; tiles are a list of registers, one per element the
+   thread holds. Broadcasts move no data: they reuse register names.
+
+Loads and stores are predicated per element against the tensor bounds (tails)
+and the tile extent. Row reductions combine a thread's registers, then lanes
+with `shfl.sync.bfly`, then warps through shared memory.
+
+What this version covers: the ops of elementwise and row-reduction kernels
+(program ids, index arithmetic, `tile.load/store/broadcast/reduce/arange`,
+arith/math on tiles, `scf.for`). Kernels with `tile.mma` or shared-memory
+pipelines are reported as not yet supported by this backend.
+"""
+from __future__ import annotations
+
+import math
+import struct
+from dataclasses import dataclass, field
+from typing import Callable
+
+from xdsl.dialects import arith, scf
+from xdsl.dialects import math as mathd
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    IndexType,
+    IntegerType,
+    MemRefType,
+    TensorType,
+)
+from xdsl.ir import Attribute, Block, Operation, SSAValue
+
+from ... import platforms
+from ...errors import TesseraError
+from ...ir import target as tgt
+from ...ir import tile as t
+from .layout import Blocked, Layout, Slice
+
+
+class UnsupportedByBackend(TesseraError):
+    """The kernel uses an op this PTX backend cannot emit yet."""
+
+
+# --- types ---------------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class PtxType:
+    reg: str        # register class prefix and declaration type: ("f", ".f32")
+    decl: str
+    op: str         # type suffix for arithmetic / ld / st
+    bytes: int
+
+
+F32 = PtxType("f", ".f32", "f32", 4)
+F16 = PtxType("h", ".b16", "f16", 2)
+BF16 = PtxType("hb", ".b16", "bf16", 2)
+S32 = PtxType("r", ".b32", "s32", 4)
+PRED = PtxType("p", ".pred", "pred", 1)
+U64 = PtxType("rd", ".b64", "u64", 8)
+
+
+def ptx_type(t: Attribute) -> PtxType:
+    element = t.get_element_type() if isinstance(t, (TensorType, MemRefType)) else t
+    if isinstance(element, Float32Type):
+        return F32
+    if isinstance(element, Float16Type):
+        return F16
+    if isinstance(element, BFloat16Type):
+        return BF16
+    if isinstance(element, IndexType):
+        return S32
+    if isinstance(element, IntegerType):
+        return PRED if element.width.data == 1 else S32
+    raise UnsupportedByBackend(f"PTX backend: element type {element} is not supported yet")
+
+
+def f32_literal(x: float) -> str:
+    return "0f" + struct.pack(">f", x).hex().upper()
+
+
+# --- layouts ---------------------------------------------------------------------------------------
+
+def _tensor_values(kernel) -> list[SSAValue]:
+    out = []
+    for op in kernel.walk():
+        for v in (*op.results, *[a for r in op.regions for b in r.blocks for a in b.args]):
+            if isinstance(v.type, TensorType):
+                out.append(v)
+    return out
+
+
+def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
+    """Every tensor value's layout (see the module docstring)."""
+    values = _tensor_values(kernel)
+    shapes2 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 2}
+    shapes1 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 1}
+    if len(shapes2) > 1:
+        raise UnsupportedByBackend(f"PTX backend: kernels with several 2-D tile shapes ({sorted(shapes2)}) "
+                                   f"are not supported yet")
+    if any(v.type.get_num_dims() > 2 or v.type.get_num_dims() == 0 for v in values):
+        raise UnsupportedByBackend("PTX backend: only rank-1 and rank-2 tiles are supported yet")
+    if shapes2:
+        parent = Blocked.choose(next(iter(shapes2)), num_warps)
+    elif len(shapes1) == 1:
+        parent = Blocked.choose((1, next(iter(shapes1))[0]), num_warps)
+    else:
+        raise UnsupportedByBackend(f"PTX backend: several 1-D tile shapes and no 2-D tile ({sorted(shapes1)})")
+    keep: dict[SSAValue, int] = {}
+    for op in kernel.walk():
+        if isinstance(op, t.ReduceOp):
+            keep[op.result] = 1 - op.axis.value.data
+        if isinstance(op, t.BroadcastOp) and isinstance(op.x.type, TensorType):
+            (d,) = t.int_values(op.dims)
+            keep[op.x] = d
+    _propagate(kernel, keep)
+    layouts: dict[SSAValue, Layout] = {}
+    for v in values:
+        if v.type.get_num_dims() == 2:
+            layouts[v] = parent
+        else:
+            layouts[v] = Slice(parent, keep.get(v, 0 if not shapes2 else 1))
+    return layouts
+
+
+def _propagate(kernel, keep: dict[SSAValue, int]) -> None:
+    """Spreads rank-1 slice dims through elementwise ops and loop-carried values until stable."""
+    links: list[tuple[SSAValue, SSAValue]] = []
+    for op in kernel.walk():
+        tensors = [v for v in (*op.operands, *op.results) if isinstance(v.type, TensorType)
+                   and v.type.get_num_dims() == 1]
+        if isinstance(op, (t.ReduceOp, t.BroadcastOp, t.LoadOp, t.StoreOp)):
+            continue
+        links.extend(zip(tensors, tensors[1:]))
+        if isinstance(op, scf.ForOp):
+            body = op.body.block
+            for init, arg, res, yv in zip(op.iter_args, body.args[1:], op.results, body.last_op.operands):
+                links.extend([(init, arg), (arg, res), (res, yv)])
+    changed = True
+    while changed:
+        changed = False
+        for a, b in links:
+            for x, y in ((a, b), (b, a)):
+                if x in keep and y not in keep:
+                    keep[y] = keep[x]
+                    changed = True
+                elif x in keep and y in keep and keep[x] != keep[y]:
+                    raise UnsupportedByBackend("PTX backend: a 1-D tile is used both as a row and a column vector")
+
+
+# --- the emitter -------------------------------------------------------------------------------------
+
+@dataclass
+class Regs:
+    counts: dict[PtxType, int] = field(default_factory=dict)
+
+    def new(self, ty: PtxType) -> str:
+        n = self.counts.get(ty, 0)
+        self.counts[ty] = n + 1
+        return f"%{ty.reg}{n}"
+
+    def declarations(self) -> list[str]:
+        return [f"    .reg {ty.decl} %{ty.reg}<{n}>;" for ty, n in self.counts.items()]
+
+
+class KernelEmitter:
+    def __init__(self, kernel: tgt.KernelOp):
+        self.kernel = kernel
+        self.name = kernel.sym_name.data
+        self.platform = kernel.platform.platform
+        self.threads = kernel.config.threads
+        self.layouts = assign_layouts(kernel, self.threads // 32)
+        self.regs = Regs()
+        self.lines: list[str] = []
+        self.env: dict[SSAValue, object] = {}
+        self.shared: list[str] = []
+        self._labels = 0
+        self._bases: dict[Blocked, tuple[str, str]] = {}
+
+    # -- plumbing --
+    def emit(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    def new(self, ty: PtxType) -> str:
+        return self.regs.new(ty)
+
+    def label(self, stem: str) -> str:
+        self._labels += 1
+        return f"$L_{stem}_{self._labels}"
+
+    def const_s32(self, value: int) -> str:
+        r = self.new(S32)
+        self.emit(f"mov.s32 {r}, {value};")
+        return r
+
+    def const_f32(self, value: float) -> str:
+        r = self.new(F32)
+        self.emit(f"mov.f32 {r}, {f32_literal(value)};")
+        return r
+
+    # -- thread coordinates --
+    def bases(self, layout: Blocked) -> tuple[str, str]:
+        """This thread's (row, col) base in a blocked layout, computed once per kernel."""
+        if layout not in self._bases:
+            tid, lane, warp = self._tid()
+            lane_c, lane_r = self._divmod(lane, layout.tc)
+            warp_c, warp_r = self._divmod(warp, layout.wc)
+            row = self.new(S32)
+            self.emit(f"mad.lo.s32 {row}, {warp_r}, {layout.tr}, {lane_r};")
+            col = self.new(S32)
+            self.emit(f"mad.lo.s32 {col}, {warp_c}, {layout.tc}, {lane_c};")
+            self.emit(f"mul.lo.s32 {col}, {col}, {layout.vec};")
+            self._bases[layout] = (row, col)
+        return self._bases[layout]
+
+    def _tid(self) -> tuple[str, str, str]:
+        if not hasattr(self, "_tid_regs"):
+            tid, lane, warp = self.new(S32), self.new(S32), self.new(S32)
+            self.emit(f"mov.u32 {tid}, %tid.x;")
+            self.emit(f"and.b32 {lane}, {tid}, 31;")
+            self.emit(f"shr.u32 {warp}, {tid}, 5;")
+            self._tid_regs = (tid, lane, warp)
+        return self._tid_regs
+
+    def _divmod(self, x: str, n: int) -> tuple[str, str]:
+        """(x % n, x / n) for a power of two n."""
+        lo, hi = self.new(S32), self.new(S32)
+        self.emit(f"and.b32 {lo}, {x}, {n - 1};")
+        self.emit(f"shr.u32 {hi}, {x}, {n.bit_length() - 1};")
+        return lo, hi
+
+    def coords(self, layout: Layout) -> tuple[list[str], list[tuple[int, ...]]]:
+        """Base registers per tile dim and the per-register constant offsets."""
+        if isinstance(layout, Blocked):
+            return list(self.bases(layout)), layout.offsets
+        return [self.bases(layout.parent)[layout.keep]], layout.offsets
+
+    # -- driver --
+    def run(self) -> str:
+        block = self.kernel.body.block
+        params = []
+        for i, arg in enumerate(block.args):
+            if not isinstance(arg.type, MemRefType):
+                raise UnsupportedByBackend(f"PTX backend: kernel parameter of type {arg.type}")
+            params.append(f"    .param .u64 {self.name}_param_{i}")
+            raw, ptr = self.new(U64), self.new(U64)
+            self.emit(f"ld.param.u64 {raw}, [{self.name}_param_{i}];")
+            self.emit(f"cvta.to.global.u64 {ptr}, {raw};")
+            self.env[arg] = ptr
+        for layout in {lay.parent if isinstance(lay, Slice) else lay for lay in self.layouts.values()}:
+            self.bases(layout)  # at entry: a loop body must not be the first to define them
+        self.block(block)
+        body = self.lines
+        head = [f".visible .entry {self.name}(", ",\n".join(params), f") .maxntid {self.threads}, 1, 1", "{"]
+        return "\n".join(head + self.regs.declarations() + self.shared + body + ["}"]) + "\n"
+
+    def block(self, block: Block) -> None:
+        for op in block.ops:
+            handler = HANDLERS.get(type(op))
+            if handler is None:
+                raise UnsupportedByBackend(f"PTX backend: {op.name} is not supported yet (kernel {self.name})")
+            handler(self, op)
+
+    # -- values --
+    def value(self, v: SSAValue):
+        return self.env[v]
+
+    def regs_of(self, v: SSAValue) -> list[str]:
+        x = self.env[v]
+        return x if isinstance(x, list) else [x] * len(self.layouts[v].offsets)
+
+    def elementwise(self, op: Operation, build: Callable[[list[str]], str]) -> None:
+        """Applies `build(operand registers) -> result register` to every element."""
+        result = op.results[0]
+        if not isinstance(result.type, TensorType):
+            self.env[result] = build([self.env[v] for v in op.operands])
+            return
+        n = len(self.layouts[result].offsets)
+        columns = [self._as_list(v, n) for v in op.operands]
+        self.env[result] = [build([c[i] for c in columns]) for i in range(n)]
+
+    def _as_list(self, v: SSAValue, n: int) -> list[str]:
+        x = self.env[v]
+        return x if isinstance(x, list) else [x] * n
+
+
+# --- op handlers -------------------------------------------------------------------------------------
+
+def _unary(ty_of: Callable, template: str):
+    def handle(e: KernelEmitter, op):
+        ty = ty_of(op)
+
+        def build(args):
+            r = e.new(ty)
+            e.emit(template.format(r=r, a=args[0], t=ty.op))
+            return r
+        e.elementwise(op, build)
+    return handle
+
+
+def _binary(template_f: str | None, template_i: str | None = None, template_p: str | None = None):
+    """Per-element binary op; the template is chosen by the result's register type."""
+    templates = {F32: template_f, S32: template_i, PRED: template_p}
+
+    def handle(e: KernelEmitter, op):
+        ty = ptx_type(op.results[0].type)
+        template = templates.get(ty)
+        if template is None:
+            raise UnsupportedByBackend(f"PTX backend: {op.name} on {ty.op}")
+
+        def build(args):
+            r = e.new(ty)
+            e.emit(template.format(r=r, a=args[0], b=args[1], t=ty.op))
+            return r
+        e.elementwise(op, build)
+    return handle
+
+
+def _result_type(op):
+    return ptx_type(op.results[0].type)
+
+
+def _exp(e: KernelEmitter, op):
+    def build(args):
+        y, r = e.new(F32), e.new(F32)
+        e.emit(f"mul.f32 {y}, {args[0]}, {f32_literal(1.4426950408889634)};")
+        e.emit(f"ex2.approx.ftz.f32 {r}, {y};")
+        return r
+    e.elementwise(op, build)
+
+
+def _log(e: KernelEmitter, op):
+    def build(args):
+        y, r = e.new(F32), e.new(F32)
+        e.emit(f"lg2.approx.ftz.f32 {y}, {args[0]};")
+        e.emit(f"mul.f32 {r}, {y}, {f32_literal(0.6931471805599453)};")
+        return r
+    e.elementwise(op, build)
+
+
+def _tanh(e: KernelEmitter, op):
+    """tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)): accurate to ~1e-7 absolute, unlike tanh.approx."""
+    def build(args):
+        a, y, z, q, r = (e.new(F32) for _ in range(5))
+        e.emit(f"abs.f32 {a}, {args[0]};")
+        e.emit(f"mul.f32 {y}, {a}, {f32_literal(2 * 1.4426950408889634)};")
+        e.emit(f"ex2.approx.ftz.f32 {z}, {y};")
+        e.emit(f"add.f32 {z}, {z}, 0f3F800000;")
+        e.emit(f"div.rn.f32 {q}, 0f40000000, {z};")
+        e.emit(f"sub.f32 {r}, 0f3F800000, {q};")
+        e.emit(f"copysign.f32 {r}, {args[0]}, {r};")
+        return r
+    e.elementwise(op, build)
+
+
+_ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429, 0.3275911)
+
+
+def _erf(e: KernelEmitter, op):
+    """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)."""
+    a1, a2, a3, a4, a5, p = _ERF
+
+    def build(args):
+        x = args[0]
+        ax, den, tt, poly, x2, ex, r = (e.new(F32) for _ in range(7))
+        e.emit(f"abs.f32 {ax}, {x};")
+        e.emit(f"fma.rn.f32 {den}, {ax}, {f32_literal(p)}, 0f3F800000;")
+        e.emit(f"rcp.rn.f32 {tt}, {den};")
+        e.emit(f"mov.f32 {poly}, {f32_literal(a5)};")
+        for c in (a4, a3, a2, a1):
+            e.emit(f"fma.rn.f32 {poly}, {poly}, {tt}, {f32_literal(c)};")
+        e.emit(f"mul.f32 {poly}, {poly}, {tt};")
+        e.emit(f"mul.f32 {x2}, {ax}, {ax};")
+        e.emit(f"mul.f32 {x2}, {x2}, {f32_literal(-1.4426950408889634)};")
+        e.emit(f"ex2.approx.ftz.f32 {ex}, {x2};")
+        e.emit(f"mul.f32 {poly}, {poly}, {ex};")
+        e.emit(f"sub.f32 {r}, 0f3F800000, {poly};")
+        e.emit(f"copysign.f32 {r}, {x}, {r};")
+        return r
+    e.elementwise(op, build)
+
+
+def _pow(e: KernelEmitter, op):
+    def build(args):
+        lg, y, r = e.new(F32), e.new(F32), e.new(F32)
+        e.emit(f"lg2.approx.ftz.f32 {lg}, {args[0]};")
+        e.emit(f"mul.f32 {y}, {lg}, {args[1]};")
+        e.emit(f"ex2.approx.ftz.f32 {r}, {y};")
+        return r
+    e.elementwise(op, build)
+
+
+_CMPF = {"oeq": "eq", "ogt": "gt", "oge": "ge", "olt": "lt", "ole": "le", "one": "ne", "ord": "num",
+         "ueq": "equ", "ugt": "gtu", "uge": "geu", "ult": "ltu", "ule": "leu", "une": "neu", "uno": "nan"}
+_CMPI = {"eq": "eq.s32", "ne": "ne.s32", "slt": "lt.s32", "sle": "le.s32", "sgt": "gt.s32", "sge": "ge.s32",
+         "ult": "lt.u32", "ule": "le.u32", "ugt": "gt.u32", "uge": "ge.u32"}
+
+
+def _cmp(e: KernelEmitter, op):
+    float_cmp = isinstance(op, t.CmpfOp)
+    names = t.CmpfOp.PREDICATES if float_cmp else t.CmpiOp.PREDICATES
+    pred = names[op.predicate.value.data]
+    suffix = f"{_CMPF[pred]}.f32" if float_cmp else _CMPI[pred]
+
+    def build(args):
+        r = e.new(PRED)
+        e.emit(f"setp.{suffix} {r}, {args[0]}, {args[1]};")
+        return r
+    e.elementwise(op, build)
+
+
+def _select(e: KernelEmitter, op):
+    ty = ptx_type(op.result.type)
+
+    def build(args):
+        c, a, b = args
+        r = e.new(ty)
+        if ty is PRED:
+            x, y = e.new(PRED), e.new(PRED)
+            e.emit(f"and.pred {x}, {c}, {a};")
+            e.emit(f"not.pred {y}, {c};")
+            e.emit(f"and.pred {y}, {y}, {b};")
+            e.emit(f"or.pred {r}, {x}, {y};")
+        else:
+            e.emit(f"selp.{'f32' if ty is F32 else 'b32'} {r}, {a}, {b}, {c};")
+        return r
+    e.elementwise(op, build)
+
+
+def _extf(e: KernelEmitter, op):
+    src = ptx_type(op.input.type)
+
+    def build(args):
+        r = e.new(F32)
+        if src is F16:
+            e.emit(f"cvt.f32.f16 {r}, {args[0]};")
+        else:
+            wide = e.new(S32)
+            e.emit(f"cvt.u32.u16 {wide}, {args[0]};")
+            e.emit(f"shl.b32 {wide}, {wide}, 16;")
+            e.emit(f"mov.b32 {r}, {wide};")
+        return r
+    e.elementwise(op, build)
+
+
+def _truncf(e: KernelEmitter, op):
+    dst = ptx_type(op.result.type)
+
+    def build(args):
+        r = e.new(dst)
+        e.emit(f"cvt.rn.{dst.op}.f32 {r}, {args[0]};")
+        return r
+    e.elementwise(op, build)
+
+
+def _constant(e: KernelEmitter, op: arith.ConstantOp):
+    ty = ptx_type(op.result.type)
+    value = op.value
+    if isinstance(op.result.type, TensorType):
+        raise UnsupportedByBackend("PTX backend: tensor constants (use a broadcast scalar)")
+    if ty is F32:
+        e.env[op.result] = e.const_f32(value.value.data)
+    elif ty is PRED:
+        r = e.new(PRED)
+        e.emit(f"setp.ne.s32 {r}, {int(value.value.data) & 1}, 0;")
+        e.env[op.result] = r
+    else:
+        e.env[op.result] = e.const_s32(int(value.value.data))
+
+
+def _program_id(e: KernelEmitter, op: t.ProgramIdOp):
+    r = e.new(S32)
+    e.emit(f"mov.u32 {r}, %ctaid.{'xyz'[op.axis.value.data]};")
+    e.env[op.result] = r
+
+
+def _broadcast(e: KernelEmitter, op: t.BroadcastOp):
+    out = e.layouts[op.result]
+    if not isinstance(op.x.type, TensorType):
+        e.env[op.result] = e.env[op.x]
+        return
+    src = e.layouts[op.x]
+    if isinstance(src, Slice) and isinstance(out, Blocked) and src.parent == out:
+        regs = e.env[op.x]
+        e.env[op.result] = [regs[i] for i in src.parent_register]
+        return
+    if src == out:
+        e.env[op.result] = e.env[op.x]
+        return
+    raise UnsupportedByBackend(f"PTX backend: broadcast from {src} to {out}")
+
+
+def _arange(e: KernelEmitter, op: t.ArangeOp):
+    layout = e.layouts[op.result]
+    (base,), offsets = e.coords(layout)
+    start = e.value(op.start)
+    first = e.new(S32)
+    e.emit(f"add.s32 {first}, {start}, {base};")
+    regs = []
+    for (off,) in offsets:
+        r = e.new(S32)
+        e.emit(f"add.s32 {r}, {first}, {off};")
+        regs.append(r)
+    e.env[op.result] = regs
+
+
+_COMBINE = {("sum", "f32"): "add.f32", ("max", "f32"): "max.NaN.f32", ("min", "f32"): "min.NaN.f32",
+            ("sum", "s32"): "add.s32", ("max", "s32"): "max.s32", ("min", "s32"): "min.s32"}
+
+
+def _reduce(e: KernelEmitter, op: t.ReduceOp):
+    """Row reduction: registers of a row, then lanes (butterfly shuffles), then warps (shared memory)."""
+    src = e.layouts[op.x]
+    if not isinstance(src, Blocked) or op.axis.value.data != 1:
+        raise UnsupportedByBackend("PTX backend: only reductions over the columns of a 2-D tile")
+    ty = ptx_type(op.x.type)
+    combine = _COMBINE[(op.kind.data, ty.op if ty is F32 else "s32")]
+    out = e.layouts[op.result]
+    regs = e.env[op.x]
+    partial: list[str | None] = [None] * len(out.offsets)
+    for i, slot in enumerate(out.parent_register):
+        if partial[slot] is None:
+            partial[slot] = regs[i]
+        else:
+            r = e.new(ty)
+            e.emit(f"{combine} {r}, {partial[slot]}, {regs[i]};")
+            partial[slot] = r
+    lane_bits = src.tc.bit_length() - 1
+    for k in range(lane_bits):
+        for j, p in enumerate(partial):
+            other, r = e.new(ty), e.new(ty)
+            e.emit(f"shfl.sync.bfly.b32 {other}, {p}, {1 << k}, 31, -1;")
+            e.emit(f"{combine} {r}, {p}, {other};")
+            partial[j] = r
+    if src.wc > 1:
+        partial = _reduce_across_warps(e, src, out, partial, ty, combine)
+    e.env[op.result] = partial
+
+
+def _reduce_across_warps(e: KernelEmitter, src: Blocked, out: Slice, partial, ty, combine):
+    rows = src.cover[0] * src.reps[0]
+    buf = f"red_{len(e.shared)}"
+    e.shared.append(f"    .shared .align 4 .b8 {buf}[{4 * rows * src.wc}];")
+    tid, lane, warp = e._tid()
+    lane_c, _ = e._divmod(lane, src.tc)
+    warp_c, _ = e._divmod(warp, src.wc)
+    row, _ = e.bases(src)
+    leader = e.new(PRED)
+    e.emit(f"setp.eq.s32 {leader}, {lane_c}, 0;")
+    base = e.new(S32)
+    e.emit(f"mad.lo.s32 {base}, {warp_c}, {rows}, {row};")
+    addr = e.new(U64)
+    e.emit(f"mov.u64 {addr}, {buf};")
+    mine = e.new(U64)
+    e.emit(f"mul.wide.s32 {mine}, {base}, 4;")
+    e.emit(f"add.s64 {mine}, {addr}, {mine};")
+    e.emit("bar.sync 0;")
+    for (off,), p in zip(out.offsets, partial):
+        e.emit(f"@{leader} st.shared.b32 [{mine}+{4 * off}], {p};")
+    e.emit("bar.sync 0;")
+    row_addr = e.new(U64)
+    e.emit(f"mul.wide.s32 {row_addr}, {row}, 4;")
+    e.emit(f"add.s64 {row_addr}, {addr}, {row_addr};")
+    result = []
+    for (off,) in out.offsets:
+        acc = None
+        for w in range(src.wc):
+            v = e.new(ty)
+            e.emit(f"ld.shared.b32 {v}, [{row_addr}+{4 * (off + w * rows)}];")
+            if acc is None:
+                acc = v
+            else:
+                r = e.new(ty)
+                e.emit(f"{combine} {r}, {acc}, {v};")
+                acc = r
+        result.append(acc)
+    return result
+
+
+def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout):
+    """Per element: byte offset from a per-thread base address, and a predicate (in bounds and in tile)."""
+    mt: MemRefType = memref.type
+    shape = mt.get_shape()
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    elem = ptx_type(mt).bytes
+    bases, offs = e.coords(layout)
+    linear = e.new(S32)
+    e.emit(f"mov.s32 {linear}, 0;")
+    for d, off in enumerate(offsets):
+        e.emit(f"mad.lo.s32 {linear}, {e.value(off)}, {strides[d]}, {linear};")
+    for k, d in enumerate(tile_dims):
+        e.emit(f"mad.lo.s32 {linear}, {bases[k]}, {strides[d]}, {linear};")
+    addr = e.new(U64)
+    e.emit(f"mul.wide.s32 {addr}, {linear}, {elem};")
+    e.emit(f"add.s64 {addr}, {e.value(memref)}, {addr};")
+    # bounds: coordinate along each tiled memory dim = offset + base + const
+    starts = []
+    for k, d in enumerate(tile_dims):
+        s = e.new(S32)
+        e.emit(f"add.s32 {s}, {e.value(offsets[d])}, {bases[k]};")
+        starts.append(s)
+    preds: dict[tuple, str] = {}
+    result = []
+    extents = layout.shape
+    for off in offs:
+        key = tuple(off)
+        if key not in preds:
+            p = None
+            for k, d in enumerate(tile_dims):
+                lim_mem = shape[d] - off[k]
+                q = e.new(PRED)
+                e.emit(f"setp.lt.s32 {q}, {starts[k]}, {lim_mem};")
+                if layout.over_covers(k) if isinstance(layout, Blocked) else layout.over_covers():
+                    q2 = e.new(PRED)
+                    e.emit(f"setp.lt.s32 {q2}, {bases[k]}, {extents[k] - off[k]};")
+                    e.emit(f"and.pred {q}, {q}, {q2};")
+                if p is not None:
+                    e.emit(f"and.pred {q}, {q}, {p};")
+                p = q
+            preds[key] = p
+        byte = sum(o * strides[d] for o, d in zip(off, tile_dims)) * elem
+        result.append((byte, preds[key]))
+    return addr, result
+
+
+def _load(e: KernelEmitter, op: t.LoadOp):
+    layout = e.layouts[op.result]
+    ty = ptx_type(op.result.type)
+    addr, elems = _memory_access(e, op.src, list(op.offsets), t.int_values(op.tile_dims), layout)
+    pad = op.padding.value.data
+    regs = []
+    for byte, pred in elems:
+        r = e.new(ty)
+        e.emit(_mov_constant(ty, r, pad))
+        e.emit(f"@{pred} ld.global.{_storage(ty)} {r}, [{addr}+{byte}];")
+        regs.append(r)
+    e.env[op.result] = regs
+
+
+def _store(e: KernelEmitter, op: t.StoreOp):
+    layout = e.layouts[op.value]
+    ty = ptx_type(op.value.type)
+    addr, elems = _memory_access(e, op.dst, list(op.offsets), t.int_values(op.tile_dims), layout)
+    for (byte, pred), r in zip(elems, e.regs_of(op.value)):
+        e.emit(f"@{pred} st.global.{_storage(ty)} [{addr}+{byte}], {r};")
+
+
+def _storage(ty: PtxType) -> str:
+    return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32"}[ty]
+
+
+def _mov_constant(ty: PtxType, r: str, value: float) -> str:
+    if ty is F32:
+        return f"mov.f32 {r}, {f32_literal(value)};"
+    if ty in (F16, BF16):
+        import numpy as np
+        import ml_dtypes
+        bits = np.array(value, dtype=np.float16 if ty is F16 else ml_dtypes.bfloat16).view(np.uint16)
+        return f"mov.b16 {r}, {int(bits)};"
+    return f"mov.b32 {r}, {int(value)};"
+
+
+def _for(e: KernelEmitter, op: scf.ForOp):
+    body = op.body.block
+    iv = e.new(S32)
+    e.emit(f"mov.s32 {iv}, {e.value(op.lb)};")
+    carried = []
+    for init, arg in zip(op.iter_args, body.args[1:]):
+        src = e.regs_of(init) if isinstance(init.type, TensorType) else [e.value(init)]
+        ty = ptx_type(init.type)
+        regs = []
+        for s in src:
+            r = e.new(ty)
+            e.emit(f"mov.{_mov(ty)} {r}, {s};")
+            regs.append(r)
+        e.env[arg] = regs if isinstance(init.type, TensorType) else regs[0]
+        carried.append((arg, ty, regs))
+    e.env[body.args[0]] = iv
+    top, end = e.label("loop"), e.label("done")
+    done = e.new(PRED)
+    e.lines.append(f"{top}:")
+    e.emit(f"setp.ge.s32 {done}, {iv}, {e.value(op.ub)};")
+    e.emit(f"@{done} bra {end};")
+    for inner in body.ops:
+        if isinstance(inner, scf.YieldOp):
+            break
+        handler = HANDLERS.get(type(inner))
+        if handler is None:
+            raise UnsupportedByBackend(f"PTX backend: {inner.name} is not supported yet (kernel {e.name})")
+        handler(e, inner)
+    yielded = body.last_op.operands
+    staged = []
+    for (arg, ty, regs), y in zip(carried, yielded):
+        src = e.regs_of(y) if isinstance(y.type, TensorType) else [e.value(y)]
+        tmp = []
+        for s in src:
+            r = e.new(ty)
+            e.emit(f"mov.{_mov(ty)} {r}, {s};")
+            tmp.append(r)
+        staged.append((regs, tmp))
+    for (_, ty, _), (regs, tmp) in zip(carried, staged):
+        for dst, s in zip(regs, tmp):
+            e.emit(f"mov.{_mov(ty)} {dst}, {s};")
+    e.emit(f"add.s32 {iv}, {iv}, {e.value(op.step)};")
+    e.emit(f"bra {top};")
+    e.lines.append(f"{end}:")
+    for (arg, ty, regs), res in zip(carried, op.results):
+        e.env[res] = regs if isinstance(res.type, TensorType) else regs[0]
+
+
+def _mov(ty: PtxType) -> str:
+    return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", PRED: "pred", U64: "b64"}[ty]
+
+
+def _barrier(e: KernelEmitter, op) -> None:
+    e.emit("bar.sync 0;")
+
+
+HANDLERS: dict[type, Callable] = {
+    arith.ConstantOp: _constant,
+    arith.AddfOp: _binary("add.f32 {r}, {a}, {b};"),
+    arith.SubfOp: _binary("sub.f32 {r}, {a}, {b};"),
+    arith.MulfOp: _binary("mul.f32 {r}, {a}, {b};"),
+    arith.DivfOp: _binary("div.rn.f32 {r}, {a}, {b};"),
+    arith.MaximumfOp: _binary("max.NaN.f32 {r}, {a}, {b};"),
+    arith.MinimumfOp: _binary("min.NaN.f32 {r}, {a}, {b};"),
+    arith.NegfOp: _unary(_result_type, "neg.f32 {r}, {a};"),
+    arith.AddiOp: _binary(None, "add.s32 {r}, {a}, {b};"),
+    arith.SubiOp: _binary(None, "sub.s32 {r}, {a}, {b};"),
+    arith.MuliOp: _binary(None, "mul.lo.s32 {r}, {a}, {b};"),
+    arith.DivSIOp: _binary(None, "div.s32 {r}, {a}, {b};"),
+    arith.RemSIOp: _binary(None, "rem.s32 {r}, {a}, {b};"),
+    arith.MaxSIOp: _binary(None, "max.s32 {r}, {a}, {b};"),
+    arith.MinSIOp: _binary(None, "min.s32 {r}, {a}, {b};"),
+    arith.AndIOp: _binary(None, "and.b32 {r}, {a}, {b};", "and.pred {r}, {a}, {b};"),
+    arith.OrIOp: _binary(None, "or.b32 {r}, {a}, {b};", "or.pred {r}, {a}, {b};"),
+    arith.XOrIOp: _binary(None, "xor.b32 {r}, {a}, {b};", "xor.pred {r}, {a}, {b};"),
+    arith.IndexCastOp: lambda e, op: e.env.__setitem__(op.result, e.value(op.input)),
+    arith.ExtFOp: _extf,
+    arith.TruncFOp: _truncf,
+    t.SIToFPOp: _unary(lambda op: F32, "cvt.rn.f32.s32 {r}, {a};"),
+    t.FPToSIOp: _unary(lambda op: S32, "cvt.rzi.s32.f32 {r}, {a};"),
+    t.CmpfOp: _cmp,
+    t.CmpiOp: _cmp,
+    t.SelectOp: _select,
+    mathd.ExpOp: _exp,
+    mathd.Exp2Op: _unary(lambda op: F32, "ex2.approx.ftz.f32 {r}, {a};"),
+    mathd.LogOp: _log,
+    mathd.Log2Op: _unary(lambda op: F32, "lg2.approx.ftz.f32 {r}, {a};"),
+    mathd.TanhOp: _tanh,
+    mathd.SqrtOp: _unary(lambda op: F32, "sqrt.rn.f32 {r}, {a};"),
+    mathd.RsqrtOp: _unary(lambda op: F32, "rsqrt.approx.ftz.f32 {r}, {a};"),
+    mathd.SinOp: _unary(lambda op: F32, "sin.approx.ftz.f32 {r}, {a};"),
+    mathd.CosOp: _unary(lambda op: F32, "cos.approx.ftz.f32 {r}, {a};"),
+    mathd.AbsFOp: _unary(lambda op: F32, "abs.f32 {r}, {a};"),
+    mathd.ErfOp: _erf,
+    mathd.PowFOp: _pow,
+    t.ProgramIdOp: _program_id,
+    t.BroadcastOp: _broadcast,
+    t.ArangeOp: _arange,
+    t.ReduceOp: _reduce,
+    t.LoadOp: _load,
+    t.StoreOp: _store,
+    scf.ForOp: _for,
+    tgt.ReturnOp: lambda e, op: e.emit("ret;"),
+    tgt.SyncOp: _barrier,
+}
+
+
+def emit_kernel(kernel: tgt.KernelOp) -> str:
+    """PTX text (one .entry, no module header) for a Target IR kernel."""
+    return KernelEmitter(kernel).run()
+
+
+def emit_module(module, arch: str | None = None) -> dict[str, str]:
+    """One complete PTX module per kernel of a Target IR module: {kernel name: PTX text}."""
+    out = {}
+    for op in module.ops:
+        if isinstance(op, tgt.KernelOp):
+            a = arch or op.platform.platform.arch
+            header = f"{platforms.ptx_version(a)}\n{platforms.ptx_target(a)}\n.address_size 64\n\n"
+            out[op.sym_name.data] = header + emit_kernel(op)
+    return out
