@@ -434,9 +434,13 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     q = operand(kb, m1.lhs, q_map, ("m", "d"), tile)
     k = operand(kb, m1.rhs, k_map, ("d", "n"), tile)
     v = operand(kb, m2.rhs, v_map, ("n", "e"), tile)
-    q_ctx = TileCtx({"m": (m0, tile["m"]), "d": (zero, tile["d"])}, scalars)
-    q_offs, q_dims, _ = kb.em.access(q.map, q_ctx)
-    q_tile = kb.b(t.LoadOp(kb.em.params[q.value], q_offs, q_dims, [tile["m"], tile["d"]]))
+    q.order = ("m", "d")
+    q_smem = kb.b(t.AllocSharedOp([1, *q.shape], g.tensor_type(q.value).element))
+    _copy(kb, q, q_smem, zero, {"m": m0, "d": zero}, scalars)
+    kb.b(t.AsyncCommitOp())
+    kb.b(t.AsyncWaitOp(0))
+    kb.b(t.BarrierOp())
+    q_tile = kb.b(t.LoadSharedOp(q_smem, zero))
     shape = [tile["m"], tile["n"]]
 
     def compute(iv, tiles, acc, m_i, l_i):
