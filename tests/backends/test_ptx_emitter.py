@@ -70,8 +70,8 @@ def test_generated_ptx_assembles(fn, dims, arch, tmp_path):
     compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch=arch)
     modules = emit_module(compiled.modules["target"])
     assert set(modules) == set(compiled.kernel_names)
-    for ptx in modules.values():
-        report, _ = assemble(ptx, arch, tmp_path)
+    for kernel in modules.values():
+        report, _ = assemble(kernel.ptx, arch, tmp_path)
         assert "spill" not in report or "0 bytes spill stores" in report
 
 
@@ -79,16 +79,16 @@ def test_generated_ptx_assembles(fn, dims, arch, tmp_path):
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
 def test_dtypes_assemble(dtype, tmp_path):
     compiled = layer_norm.compile(layer_norm.arg_specs_for(dict(M=4, N=100), dtype), arch="sm_90a")
-    for ptx in emit_module(compiled.modules["target"]).values():
-        assemble(ptx, "sm_90a", tmp_path)
+    for kernel in emit_module(compiled.modules["target"]).values():
+        assemble(kernel.ptx, "sm_90a", tmp_path)
 
 
 @needs_ptxas
 @pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump not installed")
 def test_row_reduction_uses_warp_shuffles(tmp_path):
     compiled = softmax.compile(softmax.arg_specs_for(dict(M=64, N=1024), "fp16"), arch="sm_90a")
-    (ptx,) = emit_module(compiled.modules["target"]).values()
-    _, cubin = assemble(ptx, "sm_90a", tmp_path)
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    _, cubin = assemble(kernel.ptx, "sm_90a", tmp_path)
     (tmp_path / "k.cubin").write_bytes(cubin)
     sass = subprocess.run(["cuobjdump", "-sass", str(tmp_path / "k.cubin")], capture_output=True, text=True).stdout
     assert "SHFL.BFLY" in sass and "MUFU.EX2" in sass

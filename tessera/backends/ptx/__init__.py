@@ -1,4 +1,5 @@
 """The PTX backend: Target IR -> PTX text, assembled by ptxas or the driver JIT."""
-from .emitter import UnsupportedByBackend, emit_kernel, emit_module
+from . import tensor_core  # noqa: F401  (registers the tensor-core op handlers)
+from .emitter import PtxKernel, UnsupportedByBackend, emit_kernel, emit_module
 
-__all__ = ["UnsupportedByBackend", "emit_kernel", "emit_module"]
+__all__ = ["PtxKernel", "UnsupportedByBackend", "emit_kernel", "emit_module"]

@@ -41,7 +41,7 @@ from ... import platforms
 from ...errors import TesseraError
 from ...ir import target as tgt
 from ...ir import tile as t
-from .layout import Blocked, Layout, Slice
+from .layout import Blocked, Layout, Mma, Slice
 
 
 class UnsupportedByBackend(TesseraError):
@@ -96,41 +96,68 @@ def _tensor_values(kernel) -> list[SSAValue]:
     return out
 
 
+def _mma_warps(kernel, num_warps: int, shapes2) -> tuple[int, int]:
+    """Warp grid for accumulator tiles: all warps along M when rows are reduced
+    (attention's softmax keeps each row inside one warp), else as square as fits."""
+    rows_reduced = any(isinstance(op, t.ReduceOp) for op in kernel.walk())
+    options = [(num_warps // wn, wn) for wn in (1, 2, 4, 8, 16) if wn <= num_warps]
+    if not rows_reduced:
+        options.sort(key=lambda w: abs(w[0] - w[1]))
+    for wm, wn in options:
+        if rows_reduced and wn != 1:
+            continue
+        if all(Mma.fits(shape, wm, wn) for shape in shapes2):
+            return wm, wn
+    raise UnsupportedByBackend(f"PTX backend: {num_warps} warps cannot tile {sorted(shapes2)} with mma.sync "
+                               f"fragments; not supported yet")
+
+
 def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
-    """Every tensor value's layout (see the module docstring)."""
-    values = _tensor_values(kernel)
+    """Every register tile's layout (see the module docstring).
+
+    Kernels with tensor-core ops put every rank-2 tile in accumulator (`Mma`) layout;
+    others use one `Blocked` layout. Rank-1 tiles become `Slice`s of the layout their
+    reductions and broadcasts touch, spread through elementwise ops and loops.
+    """
+    values = [v for v in _tensor_values(kernel) if not isinstance(v.owner, t.LoadSharedOp)]
     shapes2 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 2}
     shapes1 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 1}
-    if len(shapes2) > 1:
+    if any(v.type.get_num_dims() > 2 or v.type.get_num_dims() == 0 for v in values):
+        raise UnsupportedByBackend("PTX backend: tiles of rank 0 or above 2 are not supported yet")
+    if any(isinstance(op, tgt.TensorCoreOp) for op in kernel.walk()):
+        wm, wn = _mma_warps(kernel, num_warps, shapes2)
+        rank2 = {shape: Mma(shape, wm, wn) for shape in shapes2}
+    elif len(shapes2) == 1:
+        rank2 = {next(iter(shapes2)): Blocked.choose(next(iter(shapes2)), num_warps)}
+    elif not shapes2 and len(shapes1) == 1:
+        rank2 = {}
+        only = Blocked.choose((1, next(iter(shapes1))[0]), num_warps)
+    else:
         raise UnsupportedByBackend(f"PTX backend: kernels with several 2-D tile shapes ({sorted(shapes2)}) "
                                    f"are not supported yet")
-    if any(v.type.get_num_dims() > 2 or v.type.get_num_dims() == 0 for v in values):
-        raise UnsupportedByBackend("PTX backend: only rank-1 and rank-2 tiles are supported yet")
-    if shapes2:
-        parent = Blocked.choose(next(iter(shapes2)), num_warps)
-    elif len(shapes1) == 1:
-        parent = Blocked.choose((1, next(iter(shapes1))[0]), num_warps)
-    else:
-        raise UnsupportedByBackend(f"PTX backend: several 1-D tile shapes and no 2-D tile ({sorted(shapes1)})")
-    keep: dict[SSAValue, int] = {}
+    layouts: dict[SSAValue, Layout] = {v: rank2[tuple(v.type.get_shape())] for v in values
+                                       if v.type.get_num_dims() == 2}
+    slices: dict[SSAValue, Slice] = {}
     for op in kernel.walk():
-        if isinstance(op, t.ReduceOp):
-            keep[op.result] = 1 - op.axis.value.data
+        if isinstance(op, t.ReduceOp) and op.x in layouts:
+            slices[op.result] = Slice(layouts[op.x], 1 - op.axis.value.data)
         if isinstance(op, t.BroadcastOp) and isinstance(op.x.type, TensorType):
             (d,) = t.int_values(op.dims)
-            keep[op.x] = d
-    _propagate(kernel, keep)
-    layouts: dict[SSAValue, Layout] = {}
+            slices[op.x] = Slice(layouts[op.result], d)
+    _propagate(kernel, slices)
     for v in values:
-        if v.type.get_num_dims() == 2:
-            layouts[v] = parent
-        else:
-            layouts[v] = Slice(parent, keep.get(v, 0 if not shapes2 else 1))
+        if v.type.get_num_dims() == 1:
+            if v in slices:
+                layouts[v] = slices[v]
+            elif rank2:
+                raise UnsupportedByBackend("PTX backend: a 1-D tile that is neither reduced nor broadcast")
+            else:
+                layouts[v] = Slice(only, 1)
     return layouts
 
 
-def _propagate(kernel, keep: dict[SSAValue, int]) -> None:
-    """Spreads rank-1 slice dims through elementwise ops and loop-carried values until stable."""
+def _propagate(kernel, keep: dict[SSAValue, Slice]) -> None:
+    """Spreads rank-1 slice layouts through elementwise ops and loop-carried values until stable."""
     links: list[tuple[SSAValue, SSAValue]] = []
     for op in kernel.walk():
         tensors = [v for v in (*op.operands, *op.results) if isinstance(v.type, TensorType)
@@ -181,7 +208,8 @@ class KernelEmitter:
         self.env: dict[SSAValue, object] = {}
         self.shared: list[str] = []
         self._labels = 0
-        self._bases: dict[Blocked, tuple[str, str]] = {}
+        self.smem_bytes = 0          # dynamic shared memory the kernel needs
+        self._bases: dict[tuple, str] = {}
 
     # -- plumbing --
     def emit(self, line: str) -> None:
@@ -205,21 +233,13 @@ class KernelEmitter:
         return r
 
     # -- thread coordinates --
-    def bases(self, layout: Blocked) -> tuple[str, str]:
-        """This thread's (row, col) base in a blocked layout, computed once per kernel."""
-        if layout not in self._bases:
-            tid, lane, warp = self._tid()
-            lane_c, lane_r = self._divmod(lane, layout.tc)
-            warp_c, warp_r = self._divmod(warp, layout.wc)
-            row = self.new(S32)
-            self.emit(f"mad.lo.s32 {row}, {warp_r}, {layout.tr}, {lane_r};")
-            col = self.new(S32)
-            self.emit(f"mad.lo.s32 {col}, {warp_c}, {layout.tc}, {lane_c};")
-            self.emit(f"mul.lo.s32 {col}, {col}, {layout.vec};")
-            self._bases[layout] = (row, col)
-        return self._bases[layout]
+    def base(self, key: tuple) -> str:
+        """The register holding a layout's per-thread base along one dim, computed once."""
+        if key not in self._bases:
+            self._bases[key] = BASES[key[0]](self, *key[1:])
+        return self._bases[key]
 
-    def _tid(self) -> tuple[str, str, str]:
+    def tid(self) -> tuple[str, str, str]:
         if not hasattr(self, "_tid_regs"):
             tid, lane, warp = self.new(S32), self.new(S32), self.new(S32)
             self.emit(f"mov.u32 {tid}, %tid.x;")
@@ -228,7 +248,7 @@ class KernelEmitter:
             self._tid_regs = (tid, lane, warp)
         return self._tid_regs
 
-    def _divmod(self, x: str, n: int) -> tuple[str, str]:
+    def divmod(self, x: str, n: int) -> tuple[str, str]:
         """(x % n, x / n) for a power of two n."""
         lo, hi = self.new(S32), self.new(S32)
         self.emit(f"and.b32 {lo}, {x}, {n - 1};")
@@ -237,9 +257,7 @@ class KernelEmitter:
 
     def coords(self, layout: Layout) -> tuple[list[str], list[tuple[int, ...]]]:
         """Base registers per tile dim and the per-register constant offsets."""
-        if isinstance(layout, Blocked):
-            return list(self.bases(layout)), layout.offsets
-        return [self.bases(layout.parent)[layout.keep]], layout.offsets
+        return [self.base(k) for k in layout.base_keys], layout.offsets
 
     # -- driver --
     def run(self) -> str:
@@ -253,12 +271,12 @@ class KernelEmitter:
             self.emit(f"ld.param.u64 {raw}, [{self.name}_param_{i}];")
             self.emit(f"cvta.to.global.u64 {ptr}, {raw};")
             self.env[arg] = ptr
-        for layout in {lay.parent if isinstance(lay, Slice) else lay for lay in self.layouts.values()}:
-            self.bases(layout)  # at entry: a loop body must not be the first to define them
+        for key in {k for lay in self.layouts.values() for k in lay.base_keys}:
+            self.base(key)  # at entry: a loop body must not be the first to define them
         self.block(block)
-        body = self.lines
+        extern = [".extern .shared .align 128 .b8 tsr_smem[];", ""] if self.smem_bytes else []
         head = [f".visible .entry {self.name}(", ",\n".join(params), f") .maxntid {self.threads}, 1, 1", "{"]
-        return "\n".join(head + self.regs.declarations() + self.shared + body + ["}"]) + "\n"
+        return "\n".join(extern + head + self.regs.declarations() + self.shared + self.lines + ["}"]) + "\n"
 
     def block(self, block: Block) -> None:
         for op in block.ops:
@@ -486,14 +504,12 @@ def _broadcast(e: KernelEmitter, op: t.BroadcastOp):
         e.env[op.result] = e.env[op.x]
         return
     src = e.layouts[op.x]
-    if isinstance(src, Slice) and isinstance(out, Blocked) and src.parent == out:
-        regs = e.env[op.x]
-        e.env[op.result] = [regs[i] for i in src.parent_register]
-        return
-    if src == out:
-        e.env[op.result] = e.env[op.x]
-        return
-    raise UnsupportedByBackend(f"PTX backend: broadcast from {src} to {out}")
+    (dim,) = t.int_values(op.dims)
+    mapping = src.registers_for(out, dim) if isinstance(src, Slice) else None
+    if mapping is None:
+        raise UnsupportedByBackend(f"PTX backend: broadcast from {src} to {out} is not supported yet")
+    regs = e.env[op.x]
+    e.env[op.result] = [regs[i] for i in mapping]
 
 
 def _arange(e: KernelEmitter, op: t.ArangeOp):
@@ -517,8 +533,8 @@ _COMBINE = {("sum", "f32"): "add.f32", ("max", "f32"): "max.NaN.f32", ("min", "f
 def _reduce(e: KernelEmitter, op: t.ReduceOp):
     """Row reduction: registers of a row, then lanes (butterfly shuffles), then warps (shared memory)."""
     src = e.layouts[op.x]
-    if not isinstance(src, Blocked) or op.axis.value.data != 1:
-        raise UnsupportedByBackend("PTX backend: only reductions over the columns of a 2-D tile")
+    if op.axis.value.data != 1:
+        raise UnsupportedByBackend("PTX backend: only reductions over the columns of a 2-D tile are supported yet")
     ty = ptx_type(op.x.type)
     combine = _COMBINE[(op.kind.data, ty.op if ty is F32 else "s32")]
     out = e.layouts[op.result]
@@ -531,14 +547,15 @@ def _reduce(e: KernelEmitter, op: t.ReduceOp):
             r = e.new(ty)
             e.emit(f"{combine} {r}, {partial[slot]}, {regs[i]};")
             partial[slot] = r
-    lane_bits = src.tc.bit_length() - 1
-    for k in range(lane_bits):
+    for mask in src.lane_masks(1):
         for j, p in enumerate(partial):
             other, r = e.new(ty), e.new(ty)
-            e.emit(f"shfl.sync.bfly.b32 {other}, {p}, {1 << k}, 31, -1;")
+            e.emit(f"shfl.sync.bfly.b32 {other}, {p}, {mask}, 31, -1;")
             e.emit(f"{combine} {r}, {p}, {other};")
             partial[j] = r
-    if src.wc > 1:
+    if src.warps_along(1) > 1:
+        if not isinstance(src, Blocked):
+            raise UnsupportedByBackend("PTX backend: reducing accumulator rows across warps is not supported yet")
         partial = _reduce_across_warps(e, src, out, partial, ty, combine)
     e.env[op.result] = partial
 
@@ -547,10 +564,10 @@ def _reduce_across_warps(e: KernelEmitter, src: Blocked, out: Slice, partial, ty
     rows = src.cover[0] * src.reps[0]
     buf = f"red_{len(e.shared)}"
     e.shared.append(f"    .shared .align 4 .b8 {buf}[{4 * rows * src.wc}];")
-    tid, lane, warp = e._tid()
-    lane_c, _ = e._divmod(lane, src.tc)
-    warp_c, _ = e._divmod(warp, src.wc)
-    row, _ = e.bases(src)
+    tid, lane, warp = e.tid()
+    lane_c, _ = e.divmod(lane, src.tc)
+    warp_c, _ = e.divmod(warp, src.wc)
+    row = e.base(src.base_keys[0])
     leader = e.new(PRED)
     e.emit(f"setp.eq.s32 {leader}, {lane_c}, 0;")
     base = e.new(S32)
@@ -616,7 +633,7 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
                 lim_mem = shape[d] - off[k]
                 q = e.new(PRED)
                 e.emit(f"setp.lt.s32 {q}, {starts[k]}, {lim_mem};")
-                if layout.over_covers(k) if isinstance(layout, Blocked) else layout.over_covers():
+                if layout.over_covers(k):
                     q2 = e.new(PRED)
                     e.emit(f"setp.lt.s32 {q2}, {bases[k]}, {extents[k] - off[k]};")
                     e.emit(f"and.pred {q}, {q}, {q2};")
@@ -718,8 +735,58 @@ def _mov(ty: PtxType) -> str:
     return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", PRED: "pred", U64: "b64"}[ty]
 
 
-def _barrier(e: KernelEmitter, op) -> None:
-    e.emit("bar.sync 0;")
+def _sync(e: KernelEmitter, op: tgt.SyncOp) -> None:
+    scope = op.scope.data
+    if scope == "block":
+        e.emit("bar.sync 0;")
+    elif scope == "async_group":
+        e.emit(f"cp.async.wait_group {op.pending.value.data if op.pending else 0};")
+    else:
+        raise UnsupportedByBackend(f"PTX backend: sync scope {scope!r} is not supported yet")
+
+
+def _blocked_row(e: KernelEmitter, tc: int, wc: int, tr: int) -> str:
+    _, lane, warp = e.tid()
+    _, lane_r = e.divmod(lane, tc)
+    _, warp_r = e.divmod(warp, wc)
+    r = e.new(S32)
+    e.emit(f"mad.lo.s32 {r}, {warp_r}, {tr}, {lane_r};")
+    return r
+
+
+def _blocked_col(e: KernelEmitter, tc: int, wc: int, vec: int) -> str:
+    _, lane, warp = e.tid()
+    lane_c, _ = e.divmod(lane, tc)
+    warp_c, _ = e.divmod(warp, wc)
+    r = e.new(S32)
+    e.emit(f"mad.lo.s32 {r}, {warp_c}, {tc}, {lane_c};")
+    e.emit(f"mul.lo.s32 {r}, {r}, {vec};")
+    return r
+
+
+def _mma_row(e: KernelEmitter, wn: int, warp_rows: int) -> str:
+    _, lane, warp = e.tid()
+    _, warp_m = e.divmod(warp, wn)
+    _, group = e.divmod(lane, 4)
+    r = e.new(S32)
+    e.emit(f"mad.lo.s32 {r}, {warp_m}, {warp_rows}, {group};")
+    return r
+
+
+def _mma_col(e: KernelEmitter, wn: int, warp_cols: int) -> str:
+    _, lane, warp = e.tid()
+    warp_n, _ = e.divmod(warp, wn)
+    quad, _ = e.divmod(lane, 4)
+    r, q2 = e.new(S32), e.new(S32)
+    e.emit(f"shl.b32 {q2}, {quad}, 1;")
+    e.emit(f"mad.lo.s32 {r}, {warp_n}, {warp_cols}, {q2};")
+    return r
+
+
+#: base key kind -> how to compute it from %tid
+BASES: dict[str, Callable] = {
+    "blocked_row": _blocked_row, "blocked_col": _blocked_col, "mma_row": _mma_row, "mma_col": _mma_col,
+}
 
 
 HANDLERS: dict[type, Callable] = {
@@ -769,21 +836,29 @@ HANDLERS: dict[type, Callable] = {
     t.StoreOp: _store,
     scf.ForOp: _for,
     tgt.ReturnOp: lambda e, op: e.emit("ret;"),
-    tgt.SyncOp: _barrier,
+    tgt.SyncOp: _sync,
 }
 
 
-def emit_kernel(kernel: tgt.KernelOp) -> str:
-    """PTX text (one .entry, no module header) for a Target IR kernel."""
-    return KernelEmitter(kernel).run()
+@dataclass(frozen=True)
+class PtxKernel:
+    """One kernel's PTX module and what launching it needs besides the grid."""
+
+    name: str
+    ptx: str
+    threads: int
+    dynamic_shared: int
 
 
-def emit_module(module, arch: str | None = None) -> dict[str, str]:
-    """One complete PTX module per kernel of a Target IR module: {kernel name: PTX text}."""
-    out = {}
-    for op in module.ops:
-        if isinstance(op, tgt.KernelOp):
-            a = arch or op.platform.platform.arch
-            header = f"{platforms.ptx_version(a)}\n{platforms.ptx_target(a)}\n.address_size 64\n\n"
-            out[op.sym_name.data] = header + emit_kernel(op)
-    return out
+def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
+    """A complete PTX module (header and one .entry) for a Target IR kernel."""
+    e = KernelEmitter(kernel)
+    body = e.run()
+    arch = kernel.platform.platform.arch
+    header = f"{platforms.ptx_version(arch)}\n{platforms.ptx_target(arch)}\n.address_size 64\n\n"
+    return PtxKernel(e.name, header + body, e.threads, e.smem_bytes)
+
+
+def emit_module(module) -> dict[str, PtxKernel]:
+    """Every kernel of a Target IR module: {kernel name: PtxKernel}."""
+    return {op.sym_name.data: emit_kernel(op) for op in module.ops if isinstance(op, tgt.KernelOp)}

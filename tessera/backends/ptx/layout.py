@@ -7,14 +7,18 @@ register i of a thread, which tile coordinate it holds, always in the form
 
 with `base` computed once per kernel from %tid and `offsets` compile-time
 constants, so per-element address arithmetic folds into the instruction's
-immediate offset.
+immediate offset. Each base is named by a hashable *base key*; two layouts
+whose keys and offsets agree along a dim index that dim identically, which is
+what makes broadcasts and row statistics free.
 
-`Blocked` (rank-2, like Triton's blocked layout): each thread holds `vec`
-consecutive columns; `tc` lanes span the columns and `tr` the rows; warps are
-split `wr` x `wc`; the pattern repeats to cover the tile. `Slice` is a rank-1
-tile indexed by one dim of a `Blocked` parent (a row statistic after a
-reduction, a column vector such as a LayerNorm weight): broadcasting it back
-to the parent moves no data.
+* `Blocked` (rank 2, like Triton's blocked layout): each thread holds `vec`
+  consecutive columns; `tc` lanes span the columns and `tr` the rows; warps
+  are split `wr` x `wc`; the pattern repeats to cover the tile.
+* `Mma` (rank 2): the accumulator fragments of `mma.sync.m16n8k16`, warps split
+  `wm` x `wn`: register (mi, ni, c) holds row `16 mi + 8 (c // 2) + lane / 4`
+  and column `8 ni + 2 (lane % 4) + c % 2` of its warp's sub-tile.
+* `Slice` (rank 1): one dim of a rank-2 parent (a row statistic after a
+  reduction, a column vector such as a LayerNorm weight or a mask index).
 """
 from __future__ import annotations
 
@@ -62,18 +66,70 @@ class Blocked:
         return [(i * cr, j * cc + v) for i in range(rr) for j in range(rc) for v in range(self.vec)]
 
     @property
-    def rank(self) -> int:
-        return 2
+    def base_keys(self) -> tuple[tuple, tuple]:
+        return (("blocked_row", self.tc, self.wc, self.tr), ("blocked_col", self.tc, self.wc, self.vec))
+
+    def lane_masks(self, axis: int) -> list[int]:
+        """Lane xor-masks that visit every lane holding the same row (axis 1 reductions)."""
+        assert axis == 1
+        return [1 << k for k in range(self.tc.bit_length() - 1)]
+
+    def warps_along(self, axis: int) -> int:
+        return self.wc if axis == 1 else self.wr
 
     def over_covers(self, dim: int) -> bool:
         return self.cover[dim] * self.reps[dim] > self.shape[dim] or self.cover[dim] > self.shape[dim]
 
 
 @dataclass(frozen=True)
-class Slice:
-    """A rank-1 tile along dim `keep` of `parent` (the other dim was reduced or will be broadcast)."""
+class Mma:
+    shape: tuple[int, int]
+    wm: int
+    wn: int
 
-    parent: Blocked
+    @staticmethod
+    def fits(shape: tuple[int, int], wm: int, wn: int) -> bool:
+        return shape[0] % (16 * wm) == 0 and shape[1] % (8 * wn) == 0
+
+    @property
+    def warp_tile(self) -> tuple[int, int]:
+        return (self.shape[0] // self.wm, self.shape[1] // self.wn)
+
+    @property
+    def fragments(self) -> tuple[int, int]:
+        """(MI, NI): 16x8 accumulator fragments per warp."""
+        wm, wn = self.warp_tile
+        return (wm // 16, wn // 8)
+
+    @cached_property
+    def offsets(self) -> list[tuple[int, int]]:
+        mi_n, ni_n = self.fragments
+        return [(mi * 16 + 8 * (c // 2), ni * 8 + c % 2) for mi in range(mi_n) for ni in range(ni_n) for c in range(4)]
+
+    def register(self, mi: int, ni: int, c: int) -> int:
+        return (mi * self.fragments[1] + ni) * 4 + c
+
+    @property
+    def base_keys(self) -> tuple[tuple, tuple]:
+        return (("mma_row", self.wn, self.warp_tile[0]), ("mma_col", self.wn, self.warp_tile[1]))
+
+    def lane_masks(self, axis: int) -> list[int]:
+        assert axis == 1
+        return [1, 2]
+
+    def warps_along(self, axis: int) -> int:
+        return self.wn if axis == 1 else self.wm
+
+    def over_covers(self, dim: int) -> bool:
+        return False
+
+
+@dataclass(frozen=True, eq=False)
+class Slice:
+    """A rank-1 tile along dim `keep` of `parent`. Slices that index their dim the same
+    way (same base key and offsets) are equal, whatever their parents."""
+
+    parent: Blocked | Mma
     keep: int
 
     @property
@@ -81,8 +137,8 @@ class Slice:
         return (self.parent.shape[self.keep],)
 
     @property
-    def rank(self) -> int:
-        return 1
+    def base_keys(self) -> tuple[tuple]:
+        return (self.parent.base_keys[self.keep],)
 
     @cached_property
     def offsets(self) -> list[tuple[int]]:
@@ -91,14 +147,32 @@ class Slice:
             seen.setdefault(off[self.keep], None)
         return [(o,) for o in seen]
 
+    def registers_for(self, layout: "Blocked | Mma", dim: int) -> list[int] | None:
+        """For each register of `layout`, the slice register with its coordinate along `dim`;
+        None when `layout` indexes `dim` differently."""
+        if layout.base_keys[dim] != self.base_keys[0]:
+            return None
+        index = {o[0]: i for i, o in enumerate(self.offsets)}
+        try:
+            return [index[off[dim]] for off in layout.offsets]
+        except KeyError:
+            return None
+
     @cached_property
     def parent_register(self) -> list[int]:
-        """For each parent register, the slice register holding its coordinate along `keep`."""
-        index = {o[0]: i for i, o in enumerate(self.offsets)}
-        return [index[off[self.keep]] for off in self.parent.offsets]
+        return self.registers_for(self.parent, self.keep)
 
     def over_covers(self, dim: int = 0) -> bool:
         return self.parent.over_covers(self.keep)
 
+    def _key(self):
+        return (self.base_keys, tuple(self.offsets), self.shape)
 
-Layout = Blocked | Slice
+    def __eq__(self, other) -> bool:
+        return isinstance(other, Slice) and self._key() == other._key()
+
+    def __hash__(self) -> int:
+        return hash(self._key())
+
+
+Layout = Blocked | Mma | Slice

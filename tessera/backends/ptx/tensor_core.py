@@ -1,0 +1,317 @@
+"""The Ampere-class tensor-core path: shared buffers, cp.async, ldmatrix, mma.sync.
+
+* Shared buffers live in the kernel's dynamic shared memory. Each row is padded
+  by 16 bytes, so the 8 row addresses of an `ldmatrix` (and the 16-byte
+  `cp.async` writes) fall in different banks.
+* `memcpy global_to_shared` (a `tile.copy_async`) is spread over all threads in
+  16-byte chunks with `cp.async.cg ... 16, src_size`: a chunk outside the
+  tensor copies 0 bytes and is zero-filled, so tails need no other masking.
+  Tiles whose rows are not 16-byte aligned (or that are read transposed) are
+  copied element by element with predicated loads instead.
+* `tensor_core "mma.sync"` loads its operands with `ldmatrix` (`.trans` for a B
+  stored K-major), or, for an A held in registers in accumulator layout (the
+  probabilities of flash attention), repacks the f32 accumulator fragment
+  pairs into f16 A fragments without moving data between threads.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import MemRefType
+
+from ...ir import target as tgt
+from ...ir import tile as t
+from .emitter import F32, HANDLERS, PRED, S32, U64, KernelEmitter, UnsupportedByBackend, _mov_constant, _storage, ptx_type
+from .layout import Mma
+
+SMEM_SYMBOL = "tsr_smem"
+
+
+@dataclass(frozen=True)
+class SharedBuffer:
+    """A [stages, rows, cols] tile buffer at `offset` bytes into dynamic shared memory."""
+
+    offset: int
+    stages: int
+    rows: int
+    cols: int
+    elem: int
+
+    @property
+    def row_bytes(self) -> int:
+        return self.cols * self.elem + 16
+
+    @property
+    def stage_bytes(self) -> int:
+        return self.rows * self.row_bytes
+
+    @property
+    def size(self) -> int:
+        return self.stages * self.stage_bytes
+
+
+@dataclass(frozen=True)
+class SharedTile:
+    """What `tile.load_shared` yields: a stage of a buffer, read by the mma that uses it."""
+
+    buffer: SharedBuffer
+    stage: str
+
+
+def smem_base(e: KernelEmitter) -> str:
+    if not hasattr(e, "_smem_base"):
+        r = e.new(S32)
+        e.emit(f"mov.u32 {r}, {SMEM_SYMBOL};")
+        e._smem_base = r
+    return e._smem_base
+
+
+def stage_address(e: KernelEmitter, buf: SharedBuffer, stage: str) -> str:
+    r = e.new(S32)
+    e.emit(f"mad.lo.s32 {r}, {stage}, {buf.stage_bytes}, {buf.offset};")
+    e.emit(f"add.s32 {r}, {r}, {smem_base(e)};")
+    return r
+
+
+def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
+    if op.pool.data != "shared":
+        raise UnsupportedByBackend(f"PTX backend: allocate pool={op.pool.data!r} is not supported yet")
+    mt: MemRefType = op.result.type
+    stages, rows, cols = mt.get_shape()
+    offset = -(-e.smem_bytes // 128) * 128
+    buf = SharedBuffer(offset, stages, rows, cols, ptx_type(mt).bytes)
+    e.smem_bytes = offset + buf.size
+    e.env[op.result] = buf
+
+
+def _thread_chunks(e: KernelEmitter, rows: int, chunks_per_row: int, chunk: int):
+    """Spreads rows x chunks_per_row chunks over the block: (row base, col base, [(row off, col off)], guard)."""
+    tid, _, _ = e.tid()
+    threads = e.threads
+    total = rows * chunks_per_row
+    if chunks_per_row <= threads:
+        col_idx, row = e.divmod(tid, chunks_per_row)
+        step = threads // chunks_per_row
+        offsets = [(j * step, 0) for j in range(-(-rows // step))]
+    else:
+        col_idx, row = tid, e.const_s32(0)
+        offsets = [((j * threads) // chunks_per_row, ((j * threads) % chunks_per_row) * chunk)
+                   for j in range(total // threads)]
+    col = e.new(S32)
+    e.emit(f"mul.lo.s32 {col}, {col_idx}, {chunk};")
+    return row, col, offsets
+
+
+def _memcpy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
+    if op.kind.data != "global_to_shared":
+        raise UnsupportedByBackend(f"PTX backend: memcpy kind {op.kind.data!r} is not supported yet")
+    if op.mechanism.data == "tma":
+        raise UnsupportedByBackend("PTX backend: TMA copies (the sm_90a path) are not supported yet")
+    buf: SharedBuffer = e.env[op.dst]
+    (stage,) = [e.value(v) for v in op.dst_indices]
+    src = op.src
+    shape = src.type.get_shape()
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    dims = t.int_values(op.tile_dims)
+    padding = op.padding.value.data if op.padding is not None else 0.0
+    elem = buf.elem
+    vector = (op.mechanism.data == "cp.async" and dims[1] == len(shape) - 1 and padding == 0.0
+              and (shape[-1] * elem) % 16 == 0 and (buf.cols * elem) % 16 == 0)
+    chunk = 16 // elem if vector else 1
+    row, col, offsets = _thread_chunks(e, buf.rows, buf.cols // chunk, chunk)
+    offs = [e.value(v) for v in op.src_indices]
+    # global element index of this thread's first chunk, and its coordinates along the two tile dims
+    linear = e.new(S32)
+    e.emit(f"mov.s32 {linear}, 0;")
+    for d, off in enumerate(offs):
+        e.emit(f"mad.lo.s32 {linear}, {off}, {strides[d]}, {linear};")
+    e.emit(f"mad.lo.s32 {linear}, {row}, {strides[dims[0]]}, {linear};")
+    e.emit(f"mad.lo.s32 {linear}, {col}, {strides[dims[1]]}, {linear};")
+    gbase = e.new(U64)
+    e.emit(f"mul.wide.s32 {gbase}, {linear}, {elem};")
+    e.emit(f"add.s64 {gbase}, {e.value(src)}, {gbase};")
+    at_r, at_c = e.new(S32), e.new(S32)
+    e.emit(f"add.s32 {at_r}, {offs[dims[0]]}, {row};")
+    e.emit(f"add.s32 {at_c}, {offs[dims[1]]}, {col};")
+    sbase = stage_address(e, buf, stage)
+    spart = e.new(S32)
+    e.emit(f"mad.lo.s32 {spart}, {row}, {buf.row_bytes}, {sbase};")
+    e.emit(f"mad.lo.s32 {spart}, {col}, {elem}, {spart};")
+    for r_off, c_off in offsets:
+        ok, ok_c = e.new(PRED), e.new(PRED)
+        e.emit(f"setp.lt.s32 {ok}, {at_r}, {shape[dims[0]] - r_off};")
+        e.emit(f"setp.lt.s32 {ok_c}, {at_c}, {shape[dims[1]] - c_off};")
+        e.emit(f"and.pred {ok}, {ok}, {ok_c};")
+        in_tile = e.new(PRED)
+        e.emit(f"setp.lt.s32 {in_tile}, {row}, {buf.rows - r_off};")
+        gbyte = (r_off * strides[dims[0]] + c_off * strides[dims[1]]) * elem
+        sbyte = r_off * buf.row_bytes + c_off * elem
+        if vector:
+            _cp_async(e, gbase, gbyte, spart, sbyte, ok, in_tile)
+        else:
+            _copy_element(e, gbase, gbyte, spart, sbyte, ok, in_tile, ptx_type(src.type), padding)
+
+
+def _cp_async(e: KernelEmitter, gbase, gbyte, spart, sbyte, ok, in_tile) -> None:
+    addr, size = e.new(U64), e.new(S32)
+    e.emit(f"add.s64 {addr}, {gbase}, {gbyte};")
+    e.emit(f"selp.b64 {addr}, {addr}, {gbase}, {ok};")
+    e.emit(f"selp.b32 {size}, 16, 0, {ok};")
+    e.emit(f"@{in_tile} cp.async.cg.shared.global [{spart}+{sbyte}], [{addr}], 16, {size};")
+
+
+def _copy_element(e: KernelEmitter, gbase, gbyte, spart, sbyte, ok, in_tile, ty, padding) -> None:
+    r = e.new(ty)
+    e.emit(_mov_constant(ty, r, padding))
+    e.emit(f"@{ok} ld.global.{_storage(ty)} {r}, [{gbase}+{gbyte}];")
+    e.emit(f"@{in_tile} st.shared.{_storage(ty)} [{spart}+{sbyte}], {r};")
+
+
+def _ptx_instr(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
+    if op.instruction.data != "cp.async.commit_group" or op.args or op.outs:
+        raise UnsupportedByBackend(f"PTX backend: ptx_instr {op.instruction.data!r} is not supported yet")
+    e.emit("cp.async.commit_group;")
+
+
+def _load_shared(e: KernelEmitter, op: t.LoadSharedOp) -> None:
+    e.env[op.result] = SharedTile(e.env[op.src], e.value(op.stage))
+
+
+# --- mma.sync --------------------------------------------------------------------------------------
+
+def _lane_parts(e: KernelEmitter, wn: int):
+    _, lane, warp = e.tid()
+    warp_n, warp_m = e.divmod(warp, wn)
+    return lane, warp_m, warp_n
+
+
+def _expr(e: KernelEmitter, terms: list[tuple[str, int]], const: int = 0) -> str:
+    """sum(reg * coeff) + const as one s32 register."""
+    r = e.new(S32)
+    e.emit(f"mov.s32 {r}, {const};")
+    for reg, coeff in terms:
+        e.emit(f"mad.lo.s32 {r}, {reg}, {coeff}, {r};")
+    return r
+
+
+def _bits(e: KernelEmitter, lane: str, shift: int, mask: int) -> str:
+    r = e.new(S32)
+    e.emit(f"bfe.u32 {r}, {lane}, {shift}, {mask.bit_length()};")
+    return r
+
+
+def _ldmatrix(e: KernelEmitter, count: int, addr: str, trans: bool) -> list[str]:
+    regs = [e.new(S32) for _ in range(count)]
+    e.emit(f"ldmatrix.sync.aligned.m8n8.x{count}{'.trans' if trans else ''}.shared.b16 "
+           f"{{{', '.join(regs)}}}, [{addr}];")
+    return regs
+
+
+def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int) -> list[list[list[str]]]:
+    """A fragments [kk][mi] = 4 registers, from shared memory or repacked accumulator registers."""
+    mi_n = acc.fragments[0]
+    if isinstance(a, SharedTile):
+        lane, warp_m, _ = _lane_parts(e, wn)
+        buf = a.buffer
+        base = stage_address(e, buf, a.stage)
+        lo, hi = _bits(e, lane, 0, 15), _bits(e, lane, 4, 1)
+        part = _expr(e, [(warp_m, acc.warp_tile[0] * buf.row_bytes), (lo, buf.row_bytes), (hi, 8 * buf.elem)])
+        e.emit(f"add.s32 {part}, {part}, {base};")
+        out = []
+        for kk in range(k_steps):
+            row = []
+            for mi in range(mi_n):
+                addr = e.new(S32)
+                e.emit(f"add.s32 {addr}, {part}, {mi * 16 * buf.row_bytes + kk * 16 * buf.elem};")
+                row.append(_ldmatrix(e, 4, addr, trans=False))
+            out.append(row)
+        return out
+    regs, layout = a
+    if not isinstance(layout, Mma) or layout.wn != 1 or layout.fragments[0] != mi_n:
+        raise UnsupportedByBackend("PTX backend: an mma A operand in registers must be a full-row accumulator tile")
+    out = []
+    for kk in range(k_steps):
+        row = []
+        for mi in range(mi_n):
+            frag = []
+            for ni, pair in ((2 * kk, (0, 1)), (2 * kk, (2, 3)), (2 * kk + 1, (0, 1)), (2 * kk + 1, (2, 3))):
+                r = e.new(S32)
+                lo, hi = (regs[layout.register(mi, ni, c)] for c in pair)
+                e.emit(f"mov.b32 {r}, {{{lo}, {hi}}};")
+                frag.append(r)
+            row.append(frag)
+        out.append(row)
+    return out
+
+
+def _b_fragments(e: KernelEmitter, b: SharedTile, acc: Mma, k_steps: int, wn: int, k_major: bool):
+    """B fragments [kk][ni] = 2 registers, loaded with ldmatrix (x4 covers two n-fragments)."""
+    lane, _, warp_n = _lane_parts(e, wn)
+    buf = b.buffer
+    base = stage_address(e, buf, b.stage)
+    l8, mid, hi = _bits(e, lane, 0, 7), _bits(e, lane, 3, 1), _bits(e, lane, 4, 1)
+    wcols = acc.warp_tile[1]
+    if k_major:   # buffer is [K, N]: rows are k, read transposed
+        part = _expr(e, [(l8, buf.row_bytes), (mid, 8 * buf.row_bytes), (warp_n, wcols * buf.elem),
+                         (hi, 8 * buf.elem)])
+    else:         # buffer is [N, K]: rows are n
+        part = _expr(e, [(warp_n, wcols * buf.row_bytes), (l8, buf.row_bytes), (hi, 8 * buf.row_bytes),
+                         (mid, 8 * buf.elem)])
+    e.emit(f"add.s32 {part}, {part}, {base};")
+    ni_n = acc.fragments[1]
+    out = []
+    for kk in range(k_steps):
+        frags: list[list[str]] = []
+        for p in range(0, ni_n, 2):
+            if k_major:
+                const = kk * 16 * buf.row_bytes + p * 8 * buf.elem
+            else:
+                const = p * 8 * buf.row_bytes + kk * 16 * buf.elem
+            addr = e.new(S32)
+            e.emit(f"add.s32 {addr}, {part}, {const};")
+            regs = _ldmatrix(e, 4 if p + 1 < ni_n else 2, addr, trans=k_major)
+            frags.append(regs[0:2])
+            if p + 1 < ni_n:
+                frags.append(regs[2:4])
+        out.append(frags)
+    return out
+
+
+def _tensor_core(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
+    if op.family.data != "mma.sync" or t.int_values(op.shape) != (16, 8, 16):
+        raise UnsupportedByBackend(f"PTX backend: tensor_core {op.family.data} "
+                                   f"{list(t.int_values(op.shape))} is not supported yet")
+    acc: Mma = e.layouts[op.acc]
+    precision = op.precision.data
+    a = e.env[op.a]
+    if not isinstance(a, SharedTile):
+        a = (e.regs_of(op.a), e.layouts[op.a])
+    k = op.a.type.get_shape()[1]
+    k_steps = k // 16
+    a_frags = _a_fragments(e, a, acc, k_steps, acc.wn)
+    b_frags = _b_fragments(e, e.env[op.b], acc, k_steps, acc.wn, k_major=op.layout.data == "nn")
+    regs = list(e.regs_of(op.acc))
+    mi_n, ni_n = acc.fragments
+    for kk in range(k_steps):
+        for mi in range(mi_n):
+            for ni in range(ni_n):
+                index = [acc.register(mi, ni, c) for c in range(4)]
+                c_in = [regs[i] for i in index]
+                d = [e.new(F32) for _ in range(4)]
+                e.emit(f"mma.sync.aligned.m16n8k16.row.col.f32.{precision}.{precision}.f32 "
+                       f"{{{', '.join(d)}}}, {{{', '.join(a_frags[kk][mi])}}}, "
+                       f"{{{', '.join(b_frags[kk][ni])}}}, {{{', '.join(c_in)}}};")
+                for i, r in zip(index, d):
+                    regs[i] = r
+    e.env[op.result] = regs
+
+
+HANDLERS.update({
+    tgt.AllocateOp: _allocate,
+    tgt.MemcpyOp: _memcpy,
+    tgt.PTXInstrOp: _ptx_instr,
+    t.LoadSharedOp: _load_shared,
+    tgt.TensorCoreOp: _tensor_core,
+})
+
