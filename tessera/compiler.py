@@ -33,6 +33,17 @@ class Options:
     space: dict | None = None          # schedule search space (from @kernel.autotune)
     tensor_cores: bool = True          # False keeps every mma on the CUDA cores
     opt_level: int = 3                 # ptxas -O level the backend assembles with
+    path: str = "native"               # "ampere": mma.sync + cp.async even where the arch has more
+
+    def platform(self):
+        from . import platforms
+
+        p = platforms.get(self.arch)
+        if self.path == "ampere":
+            return platforms.without(p, platforms.BEYOND_AMPERE)
+        if self.path != "native":
+            raise TesseraError(f"unknown code path {self.path!r}; use 'native' or 'ampere'")
+        return p
 
 
 def _schedule(module, options: Options):
@@ -46,9 +57,8 @@ def _tile(module, options: Options):
 
 
 def _target(module, options: Options):
-    from . import platforms
     from .lowering.tile_to_target import lower_tile_to_target
-    return lower_tile_to_target(module, platforms.get(options.arch), tensor_cores=options.tensor_cores)
+    return lower_tile_to_target(module, options.platform(), tensor_cores=options.tensor_cores)
 
 
 #: (name, function from the previous stage's module) — the whole compiler, in order.
@@ -135,11 +145,11 @@ def _dump_request(dump) -> tuple[str, ...]:
 
 
 def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None = None,
-                   tensor_cores: bool = True, opt_level: int = 3,
+                   tensor_cores: bool = True, opt_level: int = 3, path: str = "native",
                    dump: Sequence[str] | None = None, dump_dir: str | os.PathLike | None = None) -> Compiled:
     """Runs every stage on a Graph IR module, verifying each result."""
     start = time.perf_counter()
-    options = Options(arch=arch, space=space, tensor_cores=tensor_cores, opt_level=opt_level)
+    options = Options(arch=arch, space=space, tensor_cores=tensor_cores, opt_level=opt_level, path=path)
     graph_module.verify()
     modules = {"graph": graph_module}
     current = graph_module

@@ -32,10 +32,13 @@ class DTypeError(TesseraError, TypeError):
     """Element types that do not agree or are unsupported."""
 
 
+_TOOLING = (os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep, "<frozen")
+
+
 def user_location() -> str | None:
-    """The innermost stack frame outside the tessera package, as `file:line`."""
+    """The innermost stack frame outside the tessera package (and test tooling), as `file:line`."""
     for frame in reversed(traceback.extract_stack()[:-1]):
         path = os.path.abspath(frame.filename)
-        if not path.startswith(_PACKAGE_DIR) and "pytest" not in path and "<frozen" not in path:
+        if not path.startswith(_PACKAGE_DIR + os.sep) and not any(t in path for t in _TOOLING):
             return f"{frame.filename}:{frame.lineno}"
     return None

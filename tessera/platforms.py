@@ -271,10 +271,15 @@ def mma_instructions(platform: Platform | str, dtype_name=None) -> tuple[MmaInst
     """The matrix instructions of `platform` for operands of `dtype_name` (a
     Tessera dtype, its name, or an MLIR element type name), best first; all of
     them when `dtype_name` is None."""
-    table = _MMA_TABLE[_platform(platform).arch]
-    if dtype_name is None:
-        return tuple(i for instrs in table.values() for i in instrs)
-    return table.get(dtypes.lookup(dtype_name).mlir, ())
+    p = _platform(platform)
+    table = _MMA_TABLE[p.arch]
+    instrs = (tuple(i for instrs in table.values() for i in instrs) if dtype_name is None
+              else table.get(dtypes.lookup(dtype_name).mlir, ()))
+    return tuple(i for i in instrs if _FAMILY_FEATURE.get(i.family) is None or p.has(_FAMILY_FEATURE[i.family]))
+
+
+#: NVIDIA instruction families and the feature each needs (a platform with the feature masked skips them).
+_FAMILY_FEATURE = {"wmma": "wmma", "mma.sync": "mma_sync", "wgmma": "wgmma", "tcgen05.mma": "tcgen05"}
 
 
 def mma_instruction(platform: Platform | str, dtype_name,
@@ -393,3 +398,16 @@ def from_device_properties(cc_major: int, cc_minor: int, sm_count: int, smem_opt
     }
     return dataclasses.replace(_arch_for_cc(cc_major, cc_minor),
                                **{k: v for k, v in reported.items() if v is not None})
+
+
+#: Hopper-and-later features the Ampere-class code path does without.
+BEYOND_AMPERE = frozenset({"tma", "wgmma", "setmaxnreg", "clusters", "stmatrix", "tcgen05", "tmem", "cta_pairs"})
+
+
+def without(platform: Platform | str, features) -> Platform:
+    """`platform` with `features` masked: the lowering then selects instructions as if they were absent
+    (e.g. the mma.sync + cp.async path on an sm_90a device)."""
+    import dataclasses
+
+    p = _platform(platform)
+    return dataclasses.replace(p, features=p.features - frozenset(features))

@@ -13,7 +13,7 @@ from typing import Callable
 
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
-from xdsl.dialects.builtin import IndexType, MemRefType, ModuleOp, f32
+from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, ModuleOp, f32
 from xdsl.ir import Block, Region, SSAValue
 
 from ..errors import TesseraError
@@ -62,6 +62,12 @@ class KernelBuild:
 
     def size(self, d) -> int:
         return g.dim_value(d, self.bindings)
+
+    def limit_warps(self, most: int) -> int:
+        """Caps the kernel's warps at what its tile can keep busy (tensor-core fragments are 16 x 8)."""
+        warps = min(self.params["num_warps"], max(1, 1 << (most.bit_length() - 1)))
+        self.kernel.properties["num_warps"] = IntegerAttr(warps, 64)
+        return warps
 
     def pid(self, axis: int) -> SSAValue:
         return self.b(t.ProgramIdOp(axis))
@@ -389,6 +395,7 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
     p = kb.params
     tile = {"m": min(p["block_m"], pow2_at_least(sizes["m"])), "n": min(p["block_n"], pow2_at_least(sizes["n"])),
             "k": min(p["block_k"], pow2_at_least(k_size))}
+    kb.limit_warps((tile["m"] // 16) * (tile["n"] // 8))
     batch = [(a, sizes[a]) for a in axes[:-2]]
     grid = (cdiv(sizes["n"], tile["n"]), cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch))
     scalars = kb.batch_indices(kb.pid(2), batch)
@@ -424,6 +431,7 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     p = kb.params
     tile = {"m": min(p["block_m"], pow2_at_least(sizes["m"])), "n": min(p["block_n"], pow2_at_least(sizes["n"])),
             "d": pow2_at_least(sizes["d"]), "e": pow2_at_least(sizes["e"])}
+    kb.limit_warps(tile["m"] // 16)
     batch = [(a, sizes[a]) for a in axes[:-2]]
     grid = (cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch), 1)
     scalars = kb.batch_indices(kb.pid(1), batch)

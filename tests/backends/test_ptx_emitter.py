@@ -70,7 +70,7 @@ MMA_CASES = [
     (causal_attention, dict(B=2, H=2, S=1000, D=64)),
     (causal_attention, dict(B=1, H=1, S=17, D=128)),
 ]
-MMA_ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90"]
+MMA_ARCHS = ["sm_80", "sm_86", "sm_89", "sm_90", "sm_90a"]
 
 CASES = [
     (gelu_bias, dict(M=100, N=1000)),
@@ -135,7 +135,8 @@ def test_kernels_beyond_this_backend_say_so():
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("fn,dims", MMA_CASES, ids=[f"{f.name}-{d}" for f, d in MMA_CASES])
 def test_tensor_core_kernels_assemble_without_spills(fn, dims, dtype, arch, tmp_path):
-    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=arch)
+    """The Ampere-class path, also as the fallback on Hopper (path="ampere")."""
+    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=arch, path="ampere")
     for kernel in emit_module(compiled.modules["target"]).values():
         report, _ = assemble(kernel.ptx, arch, tmp_path)
         assert "0 bytes spill stores" in report

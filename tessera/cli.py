@@ -1,0 +1,560 @@
+"""The `tessera` command line (also `python -m tessera`).
+
+    tessera compile FILE.py[:FUNC] --shape B=2,S=128 [--dtype fp16] [--arch sm_90a] [--dump-ir=all] [-o DIR]
+    tessera run     FILE.py[:FUNC] --shape B=2,S=128 [--dtype fp16] [--seed N] [--device auto]
+    tessera opt     FILE.mlir [--passes=fuse,lower-to-tile] [--verify-only]
+    tessera targets [--arch sm_90a]
+    tessera demo    flash attention from examples/: compile, run, check, report
+
+A mistake in the user's program, inputs or IR (a TesseraError, an xDSL
+VerifyException, an unknown arch, a missing file) prints one `error:` line,
+plus `  at file:line` when it points into the user's code, and exits 1;
+`--traceback` shows the Python traceback instead.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import os
+import sys
+import time
+import traceback
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Callable, Iterable, Sequence
+
+import numpy as np
+from xdsl.utils.exceptions import ParseError, VerifyException
+
+from . import dtypes, platforms
+from .compiler import DEFAULT_ARCH, STAGE_NAMES, Compiled
+from .dtypes import DType
+from .errors import TesseraError
+from .frontend.function import Function
+from .frontend.trace import ArgSpec
+
+DEFAULT_DTYPE = "fp16"
+DEFAULT_OUT = Path("tessera_out")
+
+#: Pass criterion of `run` and `demo`: ||out - ref|| / ||ref|| (float64) at most this,
+#: taken for the least precise dtype among a function's inputs and each output.
+TOLERANCES: dict[str, float] = {"fp32": 1e-4, "fp16": 2e-2, "bf16": 5e-2}
+
+#: The demo runs the checkout's example, so it needs the source tree (an editable install, as the README sets up).
+DEMO_FILE = Path(__file__).resolve().parents[1] / "examples" / "flash_attention.py"
+DEMO_FUNCTIONS = ("flash_attention", "causal_flash_attention")
+DEMO_SHAPE = "B=2,H=4,S=1000,D=64"
+
+#: Errors that are the user's to fix; anything else is a compiler bug and keeps its traceback.
+USER_ERRORS = (TesseraError, VerifyException, platforms.UnknownArchError, OSError)
+
+
+# --- command-line values -----------------------------------------------------------
+
+def parse_shape(text: str) -> dict[str, int]:
+    """`B=2,H=4` -> {"B": 2, "H": 4}: the values of a function's symbolic dims."""
+    dims = {}
+    for item in filter(None, (s.strip() for s in text.split(","))):
+        name, sep, value = (s.strip() for s in item.partition("="))
+        if not (sep and name.isidentifier() and value.isdigit() and int(value) > 0):
+            raise TesseraError(f"bad --shape entry {item!r}: expected NAME=SIZE with a positive integer size, "
+                               f"as in --shape B=2,S=128")
+        dims[name] = int(value)
+    return dims
+
+
+def parse_dtype(name: str) -> DType:
+    """A Tessera dtype by name, the lookup's TypeError turned into a user error."""
+    try:
+        return dtypes.lookup(name)
+    except TypeError as err:
+        raise TesseraError(str(err)) from None
+
+
+def parse_stages(text: str) -> tuple[str, ...]:
+    """`--dump-ir` -> stage names in pipeline order; `all` means every stage."""
+    requested = {s.strip() for s in text.split(",") if s.strip()}
+    unknown = sorted(requested - {"all", *STAGE_NAMES})
+    if unknown:
+        raise TesseraError(f"unknown IR stage(s) {', '.join(unknown)} for --dump-ir; "
+                           f"stages are {', '.join(STAGE_NAMES)}, or all")
+    return tuple(s for s in STAGE_NAMES if "all" in requested or s in requested)
+
+
+def _split_target(target: str) -> tuple[Path, str | None]:
+    """`FILE.py:FUNC` -> (FILE.py, FUNC); a suffix that is no identifier belongs to the path."""
+    path, sep, name = target.rpartition(":")
+    return (Path(path), name) if sep and name.isidentifier() else (Path(target), None)
+
+
+def import_file(path: Path) -> ModuleType:
+    """Imports the user's file under a private module name (a file called json.py must not
+    shadow the library), registered in sys.modules as dataclasses and pickle expect."""
+    if path.suffix != ".py" or not path.is_file():
+        raise TesseraError(f"no Python file {str(path)!r}")
+    name = f"_tessera_user_{path.stem}"
+    spec = importlib.util.spec_from_file_location(name, path)
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[name] = module
+    spec.loader.exec_module(module)
+    return module
+
+
+def functions_in(module: ModuleType) -> dict[str, Function]:
+    """The @tessera.function (and @tessera.kernel) objects a module defines, by attribute name;
+    ones it merely imports belong to another file."""
+    return {name: value for name, value in vars(module).items()
+            if isinstance(value, Function) and value.fn.__module__ == module.__name__}
+
+
+def load_function(target: str) -> Function:
+    """The function `FILE.py[:FUNC]` names: FUNC, or the file's only @tessera.function."""
+    path, name = _split_target(target)
+    found = functions_in(import_file(path))
+    if name is None and len(found) == 1:
+        return next(iter(found.values()))
+    if name in found:
+        return found[name]
+    candidates = ", ".join(found) or "none"
+    if name is not None:
+        raise TesseraError(f"{path} has no @tessera.function named {name!r}; candidates: {candidates}")
+    if not found:
+        raise TesseraError(f"{path} defines no @tessera.function")
+    raise TesseraError(f"{path} defines several @tessera.functions ({candidates}); pick one with {path}:NAME")
+
+
+# --- compiling and checking ----------------------------------------------------------------
+
+def compile_function(fn: Function, args: argparse.Namespace) -> tuple[Compiled, list[ArgSpec]]:
+    """Compiles `fn` for `--shape`, `--dtype` and `--arch`; an unknown arch fails before tracing."""
+    platforms.get(args.arch)
+    specs = fn.arg_specs_for(parse_shape(args.shape), parse_dtype(args.dtype))
+    return fn.compile(specs, arch=args.arch), specs
+
+
+@dataclass(frozen=True)
+class Device:
+    """Somewhere `run` and `demo` execute a compiled function."""
+
+    name: str
+    description: str
+    available: Callable[[], bool]
+    execute: Callable[[Compiled, Sequence[np.ndarray]], list[np.ndarray]]
+
+
+def _run_on_cpu(compiled: Compiled, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    return compiled.run(*inputs)
+
+
+#: Execution targets, preferred first: `--device auto` takes the first available one.
+#: The GPU runtime plugs in as a row ahead of the CPU interpreter.
+DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("cpu", "CPU tile interpreter", lambda: True, _run_on_cpu),
+)}
+
+
+def pick_device(name: str) -> Device:
+    """The device `--device` names; `auto` is the first available in DEVICES."""
+    if name == "auto":
+        return next(d for d in DEVICES.values() if d.available())
+    if not DEVICES[name].available():
+        raise TesseraError(f"device {name!r} is not available on this machine")
+    return DEVICES[name]
+
+
+def random_input(rng: np.random.Generator, spec: ArgSpec) -> np.ndarray:
+    """Standard normal values for float arguments, small integers or coin flips otherwise."""
+    if spec.dtype.is_float:
+        return rng.standard_normal(spec.shape).astype(spec.dtype.np)
+    if spec.dtype == dtypes.bool_:
+        return rng.random(spec.shape) < 0.5
+    return rng.integers(-8, 8, spec.shape).astype(spec.dtype.np)
+
+
+def tolerance(dts: Iterable[DType]) -> float:
+    """The loosest TOLERANCES entry among `dts`: error is bounded by the least precise type."""
+    dts = list(dts)
+    known = [TOLERANCES[d.name] for d in dts if d.name in TOLERANCES]
+    if not known:
+        raise TesseraError(f"no accuracy tolerance for {', '.join(sorted({d.name for d in dts}))}; "
+                           f"checks cover {', '.join(TOLERANCES)}")
+    return max(known)
+
+
+@dataclass(frozen=True)
+class OutputError:
+    """How far one output is from the reference."""
+
+    name: str
+    max_abs: float
+    relative: float
+    tolerance: float
+
+    @property
+    def passed(self) -> bool:
+        return self.relative <= self.tolerance  # False for NaN: unwritten outputs stay poisoned
+
+    def __str__(self) -> str:
+        verdict = "PASS" if self.passed else "FAIL"
+        return (f"max abs error {self.max_abs:.2e}, relative error {self.relative:.2e} "
+                f"(tolerance {self.tolerance:.0e}): {verdict}")
+
+
+def compare(name: str, out: np.ndarray, ref: np.ndarray, tol: float) -> OutputError:
+    """Max abs and relative (||out-ref|| / ||ref||) error in float64."""
+    diff = out.astype(np.float64) - ref.astype(np.float64)
+    ref_norm = np.linalg.norm(ref.astype(np.float64))
+    relative = np.linalg.norm(diff) / ref_norm if ref_norm else (np.inf if diff.any() else 0.0)
+    return OutputError(name, float(np.abs(diff).max(initial=0.0)), float(relative), tol)
+
+
+@dataclass(frozen=True)
+class Check:
+    """One execution of a compiled function on random inputs, against the NumPy reference."""
+
+    device: Device
+    run_seconds: float
+    errors: list[OutputError]
+
+    @property
+    def passed(self) -> bool:
+        return all(e.passed for e in self.errors)
+
+
+def check(compiled: Compiled, specs: Sequence[ArgSpec], device: Device, seed: int) -> Check:
+    """Runs `compiled` on `device` with fresh random inputs for `seed` and compares every output."""
+    rng = np.random.default_rng(seed)
+    inputs = [random_input(rng, s) for s in specs]
+    start = time.perf_counter()
+    outputs = device.execute(compiled, inputs)
+    run_seconds = time.perf_counter() - start
+    references = compiled.reference(*inputs)
+    in_dtypes = [s.dtype for s in specs]
+    errors = [compare(name, out, ref, tolerance([*in_dtypes, dtypes.lookup(out.dtype)]))
+              for name, out, ref in zip(compiled.result_names, outputs, references, strict=True)]
+    return Check(device, run_seconds, errors)
+
+
+# --- reports -------------------------------------------------------------------------
+
+def print_fields(rows: Iterable[tuple[str, object]], indent: str = "  ") -> None:
+    """`label  value` lines with the values aligned."""
+    rows = list(rows)
+    width = max(len(label) for label, _ in rows)
+    for label, value in rows:
+        print(f"{indent}{label:<{width}}  {value}")
+
+
+def _shape_text(args: argparse.Namespace) -> str:
+    return " ".join(f"{k}={v}" for k, v in parse_shape(args.shape).items())
+
+
+def _check_rows(compiled: Compiled, result: Check) -> list[tuple[str, object]]:
+    return [("device", f"{result.device.name} ({result.device.description})"),
+            ("compile", f"{compiled.compile_seconds:.2f} s"),
+            ("run", f"{result.run_seconds:.2f} s"),
+            *((e.name, e) for e in result.errors)]
+
+
+def _show_path(path: Path) -> str:
+    """Relative to the working directory when under it: shorter, and what the user typed."""
+    return os.path.relpath(path) if path.resolve().is_relative_to(Path.cwd()) else str(path)
+
+
+# --- subcommands ---------------------------------------------------------------------
+
+def cmd_compile(args: argparse.Namespace) -> int:
+    """Compiles a function and writes the requested stages' IR."""
+    fn = load_function(args.target)
+    stages = parse_stages(args.dump_ir)
+    compiled, _ = compile_function(fn, args)
+    written = compiled.dump(Path(args.output or DEFAULT_OUT / fn.name), stages) if stages else []
+    print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)})")
+    print_fields([("kernels", ", ".join(compiled.kernel_names)),
+                  ("compile", f"{compiled.compile_seconds:.2f} s"),
+                  ("wrote", ", ".join(map(_show_path, written)) or "nothing (--dump-ir is empty)")])
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    """Compiles, runs on random inputs and checks against the reference; exit 1 on a mismatch."""
+    fn = load_function(args.target)
+    device = pick_device(args.device)
+    compiled, specs = compile_function(fn, args)
+    result = check(compiled, specs, device, args.seed)
+    print(f"{fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, seed {args.seed})")
+    print_fields(_check_rows(compiled, result))
+    return 0 if result.passed else 1
+
+
+def cmd_demo(args: argparse.Namespace) -> int:
+    """The flash attention examples end to end: compile, dump every stage, run, check, report."""
+    found = functions_in(import_file(DEMO_FILE))
+    device = pick_device(args.device)
+    print(f"Tessera demo: {_show_path(DEMO_FILE)} for {args.arch}, {args.dtype}, {_shape_text(args)}\n")
+    results = []
+    for name in DEMO_FUNCTIONS:
+        compiled, specs = compile_function(found[name], args)
+        written = compiled.dump(Path(args.out_dir) / name, STAGE_NAMES)
+        result = check(compiled, specs, device, args.seed)
+        results.append(result)
+        print(name)
+        print_fields([("kernels", ", ".join(compiled.kernel_names)),
+                      ("IR dumps", f"{_show_path(written[0].parent)}/{{{','.join(STAGE_NAMES)}}}.mlir"),
+                      *_check_rows(compiled, result)])
+        print()
+    passed = all(r.passed for r in results)
+    print("all outputs match the NumPy reference" if passed else "FAILED: outputs differ from the NumPy reference")
+    return 0 if passed else 1
+
+
+@dataclass(frozen=True)
+class Pass:
+    """An `opt` pass: the IR level it reads (None: any), and the function from module to module."""
+
+    takes: str | None
+    help: str
+    run: Callable[[object, argparse.Namespace], object]
+
+
+def _fuse(module, args):
+    from .passes.fusion import fuse
+    return fuse(module)
+
+
+def _lower_to_tile(module, args):
+    from .lowering.schedule_to_tile import lower_schedule_to_tile
+    return lower_schedule_to_tile(module)
+
+
+def _lower_to_target(module, args):
+    from .lowering.tile_to_target import lower_tile_to_target
+    return lower_tile_to_target(module, platforms.get(args.arch))
+
+
+def _canonicalize(module, args):
+    from xdsl.transforms.canonicalize import CanonicalizePass
+
+    from .ir import context
+    CanonicalizePass().apply(context(), module)
+    return module
+
+
+def _cse(module, args):
+    from xdsl.transforms.common_subexpression_elimination import CommonSubexpressionElimination
+
+    from .ir import context
+    CommonSubexpressionElimination().apply(context(), module)
+    return module
+
+
+PASSES: dict[str, Pass] = {
+    "fuse": Pass("graph", "Graph IR -> Schedule IR (fusion groups)", _fuse),
+    "lower-to-tile": Pass("schedule", "Schedule IR -> Tile IR (block programs)", _lower_to_tile),
+    "lower-to-target": Pass("tile", "Tile IR -> Target IR for --arch", _lower_to_target),
+    "canonicalize": Pass(None, "xDSL canonicalization (folds, dead code), in place", _canonicalize),
+    "cse": Pass(None, "xDSL common subexpression elimination, in place", _cse),
+}
+
+#: A module's level is that of the lowest-level dialect it uses (schedule kernels hold graph ops).
+LEVEL_DIALECTS = (("target", "tessera_target."), ("tile", "tile."), ("schedule", "schedule."), ("graph", "graph."))
+
+
+def ir_level(module) -> str | None:
+    names = {op.name for op in module.walk()}
+    return next((level for level, prefix in LEVEL_DIALECTS if any(n.startswith(prefix) for n in names)), None)
+
+
+def parse_passes(text: str) -> list[str]:
+    names = [p.strip() for p in text.split(",") if p.strip()]
+    unknown = [p for p in names if p not in PASSES]
+    if unknown:
+        raise TesseraError(f"unknown pass(es) {', '.join(unknown)}; passes are {', '.join(PASSES)}")
+    return names
+
+
+def parse_file(path: str):
+    """The module in an MLIR file (`-`: stdin), a ParseError turned into `file:line:col`."""
+    from .ir import parse_ir
+    text = sys.stdin.read() if path == "-" else Path(path).read_text()
+    try:
+        return parse_ir(text)
+    except ParseError as err:
+        where = err.span.get_location()
+        raise TesseraError(err.msg, f"{path}:{where.line}:{where.col}") from None
+
+
+def cmd_opt(args: argparse.Namespace) -> int:
+    """Parses, verifies, runs passes (verifying after each) and prints the result, like mlir-opt."""
+    from .ir import print_ir
+    names = parse_passes(args.passes)
+    module = parse_file(args.file)
+    module.verify()
+    for name in names:
+        level, wanted = ir_level(module), PASSES[name].takes
+        if wanted not in (None, level):
+            raise TesseraError(f"pass {name!r} takes {wanted} IR, but its input is {level or 'not Tessera'} IR")
+        module = PASSES[name].run(module, args)
+        module.verify()
+    if not args.verify_only:
+        sys.stdout.write(print_ir(module))
+    return 0
+
+
+def _kib(n: int) -> str:
+    return f"{n // 1024} KiB"
+
+
+#: `tessera targets` columns: header, and the cell of one platform.
+TARGET_COLUMNS: tuple[tuple[str, Callable[[platforms.Platform], str]], ...] = (
+    ("arch", lambda p: p.arch),
+    ("vendor", lambda p: p.vendor),
+    ("version", lambda p: ".".join(map(str, p.version))),
+    ("SMs/CUs", lambda p: str(p.sm_count)),
+    ("warp", lambda p: "/".join(map(str, p.wave_sizes))),
+    ("smem/block", lambda p: _kib(p.max_shared_per_block)),
+    ("regs/SM", lambda p: str(p.regs_per_sm)),
+    ("matrix instructions", lambda p: ", ".join(sorted(platforms.mma_families(p))) or "-"),
+    ("copy", lambda p: platforms.copy_mechanism(p)),
+)
+
+
+def _ptx(p: platforms.Platform) -> str:
+    return f"{platforms.ptx_version(p)}, {platforms.ptx_target(p)}" if p.vendor == "nvidia" else "-"
+
+
+def _mma(i: platforms.MmaInstr) -> str:
+    n = f"n{i.n} (steps of {i.n_step})" if i.n_step else f"n{i.n}"
+    return f"{i.family} m{i.m} {n} k{i.k}, {i.operand} -> {i.acc}"
+
+
+#: `tessera targets --arch X` rows: label, and the value for one platform.
+TARGET_DETAILS: tuple[tuple[str, Callable[[platforms.Platform], str]], ...] = (
+    ("vendor", lambda p: p.vendor),
+    ("version", lambda p: ".".join(map(str, p.version))),
+    ("SMs / CUs", lambda p: str(p.sm_count)),
+    ("wave sizes", lambda p: ", ".join(map(str, p.wave_sizes))),
+    ("max threads / block", lambda p: str(p.max_threads_per_block)),
+    ("shared memory / block", lambda p: _kib(p.max_shared_per_block)),
+    ("shared memory / SM", lambda p: _kib(p.max_shared_per_sm)),
+    ("registers / SM", lambda p: str(p.regs_per_sm)),
+    ("max registers / thread", lambda p: str(p.max_regs_per_thread)),
+    ("PTX", _ptx),
+    ("copy global->shared", lambda p: ", ".join(platforms.copy_mechanisms(p))),
+)
+
+
+def _print_table(headers: Sequence[str], rows: Sequence[Sequence[str]]) -> None:
+    widths = [max(len(r[i]) for r in (headers, *rows)) for i in range(len(headers))]
+    for row in (headers, *rows):
+        print("  ".join(cell.ljust(w) for cell, w in zip(row, widths, strict=True)).rstrip())
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    """Every registered platform as a table, or one platform in full with `--arch`."""
+    if args.arch is None:
+        _print_table([h for h, _ in TARGET_COLUMNS],
+                     [[cell(p) for _, cell in TARGET_COLUMNS] for p in platforms.all_platforms()])
+        return 0
+    p = platforms.get(args.arch)
+    print(p.arch)
+    print_fields([*((label, value(p)) for label, value in TARGET_DETAILS),
+                  *(("matrix instruction", _mma(i)) for i in platforms.mma_instructions(p))])
+    print("features")
+    print_fields([(f, platforms.FEATURES[f]) for f in sorted(p.features)])
+    return 0
+
+
+# --- the parser ------------------------------------------------------------------------
+
+def _function_options(parser: argparse.ArgumentParser, shape: str | None = None) -> None:
+    """Options that say what to compile: shapes, dtype, arch."""
+    parser.add_argument("--shape", default=shape, required=shape is None, metavar="B=2,S=128,...",
+                        help="values of the function's symbolic dims" + (f" (default {shape})" if shape else ""))
+    parser.add_argument("--dtype", default=DEFAULT_DTYPE,
+                        help=f"dtype of arguments not annotated with one (default {DEFAULT_DTYPE})")
+    parser.add_argument("--arch", default=DEFAULT_ARCH, help=f"target architecture (default {DEFAULT_ARCH}); "
+                                                             f"see `tessera targets`")
+
+
+def _run_options(parser: argparse.ArgumentParser) -> None:
+    """Options that say how to execute and check."""
+    parser.add_argument("--seed", type=int, default=0, help="seed of the random inputs (default 0)")
+    parser.add_argument("--device", choices=["auto", *DEVICES], default="auto",
+                        help="where to run (default auto: the first available of " + ", ".join(DEVICES) + ")")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--traceback", action="store_true", help="show the Python traceback of an error")
+    parser = argparse.ArgumentParser(prog="tessera", description="Tessera: tensor math in Python, "
+                                     "compiled through Graph, Schedule, Tile and Target IR to GPU kernels.")
+    sub = parser.add_subparsers(required=True, metavar="COMMAND")
+
+    p = sub.add_parser("compile", parents=[common], help="compile a function and dump its IR")
+    p.add_argument("target", metavar="FILE.py[:FUNC]")
+    _function_options(p)
+    p.add_argument("--dump-ir", default="all", metavar="STAGES",
+                   help=f"stages to write, comma-separated from {', '.join(STAGE_NAMES)}, or all (default all)")
+    p.add_argument("-o", "--output", metavar="DIR", help=f"where to write the IR (default {DEFAULT_OUT}/FUNC)")
+    p.set_defaults(command=cmd_compile)
+
+    p = sub.add_parser("run", parents=[common], help="compile, run on random inputs, check against NumPy")
+    p.add_argument("target", metavar="FILE.py[:FUNC]")
+    _function_options(p)
+    _run_options(p)
+    p.set_defaults(command=cmd_run)
+
+    p = sub.add_parser("opt", parents=[common], help="parse, verify and transform MLIR of any Tessera level")
+    p.add_argument("file", metavar="FILE.mlir", help="`-` reads stdin")
+    p.add_argument("--passes", default="", metavar="P1,P2",
+                   help="; ".join(f"{name}: {p.help}" for name, p in PASSES.items()))
+    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"target of lower-to-target (default {DEFAULT_ARCH})")
+    p.add_argument("--verify-only", action="store_true", help="check only; print nothing")
+    p.set_defaults(command=cmd_opt)
+
+    p = sub.add_parser("targets", parents=[common], help="the GPU targets Tessera knows")
+    p.add_argument("--arch", help="show one target in full")
+    p.set_defaults(command=cmd_targets)
+
+    p = sub.add_parser("demo", parents=[common], help="flash attention end to end, with a report")
+    _function_options(p, shape=DEMO_SHAPE)
+    _run_options(p)
+    p.add_argument("--out-dir", default=str(DEFAULT_OUT), metavar="DIR",
+                   help=f"IR dumps go to DIR/FUNC (default {DEFAULT_OUT})")
+    p.set_defaults(command=cmd_demo)
+    return parser
+
+
+# --- entry point ---------------------------------------------------------------------
+
+def _stack_files() -> frozenset[str]:
+    """Files on the stack when main() starts. An error located in one of them points at whoever
+    invoked the CLI (the console script, a test), not at the user's program."""
+    return frozenset(os.path.abspath(frame.filename) for frame in traceback.extract_stack())
+
+
+def describe(err: Exception, callers: frozenset[str] = frozenset()) -> tuple[str, str | None]:
+    """(one-line message, user location or None) for a user error."""
+    message = err.message if isinstance(err, TesseraError) else str(err)
+    location = err.location if isinstance(err, TesseraError) else None
+    if location and os.path.abspath(location.split(":")[0]) in callers:
+        location = None
+    return (message.strip().splitlines() or [type(err).__name__])[0], location
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Runs one subcommand; returns the exit status (1 on a user error, printed as one line)."""
+    args = build_parser().parse_args(argv)
+    callers = _stack_files()
+    try:
+        return args.command(args)
+    except USER_ERRORS as err:
+        if args.traceback:
+            raise
+        message, location = describe(err, callers)
+        print(f"error: {message}", file=sys.stderr)
+        if location:
+            print(f"  at {location}", file=sys.stderr)
+        return 1

@@ -1,0 +1,188 @@
+"""The `tessera` command line, called in-process through `main` (one real `python -m tessera`
+run checks the module entry point and that errors leave no traceback)."""
+from __future__ import annotations
+
+import subprocess
+import sys
+import tempfile
+import textwrap
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from tessera import cli
+from tessera.compiler import STAGE_NAMES
+from tessera.errors import TesseraError
+from tessera.ir import parse_ir, print_ir
+
+EXAMPLE = str(Path(__file__).resolve().parents[1] / "examples" / "flash_attention.py")
+ATTENTION = f"{EXAMPLE}:flash_attention"
+CAUSAL = f"{EXAMPLE}:causal_flash_attention"
+SMALL = "B=1,H=2,S=80,D=32"  # S not a multiple of the 64-row blocks: exercises the edge masks
+
+
+@pytest.fixture(autouse=True)
+def _in_tmp(tmp_path, monkeypatch):
+    """Default output directories land in the test's own folder, not the checkout."""
+    monkeypatch.chdir(tmp_path)
+
+
+def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
+    status = cli.main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.fixture(scope="module")
+def dumps(tmp_path_factory) -> Path:
+    """Every stage of the small flash attention, written once by `tessera compile`."""
+    out = tmp_path_factory.mktemp("dumps")
+    assert cli.main(["compile", ATTENTION, "--shape", SMALL, "--dump-ir=all", "-o", str(out)]) == 0
+    return out
+
+
+def test_compile_writes_every_stage_and_each_parses_back(dumps):
+    for stage in STAGE_NAMES:
+        text = (dumps / f"{stage}.mlir").read_text()
+        module = parse_ir(text)
+        module.verify()
+        assert print_ir(module) == text
+
+
+def test_compile_summary_and_default_directory(capsys):
+    status, out, err = run_cli(capsys, "compile", CAUSAL, "--shape", SMALL, "--dump-ir=graph,tile")
+    assert status == 0 and err == ""
+    assert "causal_flash_attention_flash_attention_0" in out
+    written = sorted(p.name for p in Path("tessera_out", "causal_flash_attention").iterdir())
+    assert written == ["graph.mlir", "tile.mlir"]
+
+
+@pytest.mark.parametrize("target", [ATTENTION, CAUSAL])
+def test_run_reports_small_error(capsys, target):
+    status, out, _ = run_cli(capsys, "run", target, "--shape", SMALL, "--seed", "1")
+    assert status == 0
+    line = next(line for line in out.splitlines() if "relative error" in line)
+    relative = float(line.split("relative error ")[1].split()[0])
+    assert relative < 2e-2 and line.endswith("PASS")
+
+
+def test_run_exits_nonzero_on_mismatch(capsys, monkeypatch):
+    def wrong(compiled, inputs):
+        return [np.zeros_like(x) for x in compiled.run(*inputs)]
+    monkeypatch.setitem(cli.DEVICES, "cpu", cli.Device("cpu", "wrong on purpose", lambda: True, wrong))
+    status, out, _ = run_cli(capsys, "run", ATTENTION, "--shape", SMALL)
+    assert status == 1 and out.rstrip().endswith("FAIL")
+
+
+def test_opt_round_trips_and_fuses(capsys, dumps):
+    status, out, _ = run_cli(capsys, "opt", str(dumps / "graph.mlir"))
+    assert status == 0 and out == (dumps / "graph.mlir").read_text()
+    status, out, _ = run_cli(capsys, "opt", str(dumps / "graph.mlir"), "--passes=fuse")
+    assert status == 0 and out == (dumps / "schedule.mlir").read_text()
+
+
+def test_opt_full_pipeline_with_xdsl_passes(capsys, dumps):
+    passes = "fuse,lower-to-tile,canonicalize,cse,lower-to-target"
+    status, out, _ = run_cli(capsys, "opt", str(dumps / "graph.mlir"), f"--passes={passes}", "--arch", "gfx90a")
+    assert status == 0 and "v_mfma" in out
+    parse_ir(out).verify()
+
+
+def test_opt_verify_only_prints_nothing(capsys, dumps):
+    assert run_cli(capsys, "opt", str(dumps / "target.mlir"), "--verify-only") == (0, "", "")
+
+
+def one_line_error(status: int, err: str) -> str:
+    """The error message, after checking the CLI's error format: exit 1, `error:` plus maybe `  at`."""
+    lines = err.splitlines()
+    assert status == 1 and lines[0].startswith("error: ") and "Traceback" not in err
+    assert len(lines) == 1 or (len(lines) == 2 and lines[1].startswith("  at "))
+    return lines[0]
+
+
+@pytest.mark.parametrize("argv, expected", [
+    (["--shape", "B=1,H=2,S"], "bad --shape entry 'S'"),
+    (["--shape", "B=1,H=2,S=0,D=32"], "bad --shape entry 'S=0'"),
+    (["--shape", "B=1,H=2,S=80"], "no value for dim(s) D"),
+    (["--shape", SMALL, "--arch", "sm_91"], "unknown GPU architecture 'sm_91'"),
+    (["--shape", SMALL, "--dtype", "fp12"], "unknown dtype 'fp12'"),
+    (["--shape", SMALL, "--dump-ir=graph,llvm"], "unknown IR stage(s) llvm"),
+])
+def test_bad_options_give_one_line_errors(capsys, argv, expected):
+    status, _, err = run_cli(capsys, "compile", ATTENTION, *argv)
+    message = one_line_error(status, err)
+    assert expected in message and "  at " not in err
+
+
+def test_unknown_function_lists_candidates(capsys):
+    status, _, err = run_cli(capsys, "compile", f"{EXAMPLE}:attn", "--shape", SMALL)
+    assert "candidates: flash_attention, causal_flash_attention" in one_line_error(status, err)
+
+
+def test_ambiguous_file_lists_candidates(capsys):
+    status, _, err = run_cli(capsys, "compile", EXAMPLE, "--shape", SMALL)
+    assert "several @tessera.functions (flash_attention, causal_flash_attention)" in one_line_error(status, err)
+
+
+@pytest.fixture
+def user_dir():
+    """A folder outside tmp_path: TesseraError locations skip paths containing "pytest", as tmp_path's do."""
+    with tempfile.TemporaryDirectory() as d:
+        yield Path(d)
+
+
+def test_error_in_user_code_points_at_its_line(capsys, user_dir):
+    user = user_dir / "bad.py"
+    user.write_text(textwrap.dedent("""\
+        import tessera as tsr
+        from tessera import Tensor
+
+        @tsr.function
+        def f(a: Tensor["M", "K"], b: Tensor["N", "K"]):
+            return tsr.matmul(a, b)
+    """))
+    status, _, err = run_cli(capsys, "compile", str(user), "--shape", "M=4,K=8,N=16")
+    assert "matmul" in one_line_error(status, err)
+    assert err.splitlines()[1] == f"  at {user}:6"
+
+
+def test_opt_parse_error_names_file_line_and_column(capsys, dumps, tmp_path):
+    bad = tmp_path / "bad.mlir"
+    bad.write_text((dumps / "graph.mlir").read_text().replace("graph.matmul", "graph.matmulx", 1))
+    status, _, err = run_cli(capsys, "opt", str(bad))
+    assert "graph.matmulx is not registered" in one_line_error(status, err)
+    assert err.splitlines()[1].startswith(f"  at {bad}:")
+
+
+def test_opt_rejects_a_pass_for_another_level(capsys, dumps):
+    status, _, err = run_cli(capsys, "opt", str(dumps / "tile.mlir"), "--passes=fuse")
+    assert "takes graph IR, but its input is tile IR" in one_line_error(status, err)
+
+
+def test_traceback_flag_reraises(capsys):
+    with pytest.raises(TesseraError, match="bad --shape"):
+        cli.main(["compile", ATTENTION, "--shape", "B", "--traceback"])
+
+
+def test_targets_table_and_detail(capsys):
+    status, out, _ = run_cli(capsys, "targets")
+    archs = [line.split()[0] for line in out.splitlines()[1:]]
+    assert status == 0 and "sm_90a" in archs and "gfx90a" in archs
+    status, out, _ = run_cli(capsys, "targets", "--arch", "sm_90a")
+    assert status == 0 and "wgmma" in out and ".target sm_90a" in out
+
+
+def test_demo_small(capsys, tmp_path):
+    status, out, _ = run_cli(capsys, "demo", "--shape", SMALL, "--out-dir", str(tmp_path / "ir"))
+    assert status == 0 and "all outputs match" in out
+    for name in cli.DEMO_FUNCTIONS:
+        assert sorted(p.stem for p in (tmp_path / "ir" / name).iterdir()) == sorted(STAGE_NAMES)
+
+
+def test_python_dash_m_entry_point():
+    """The real process: `python -m tessera`, with an error printed as one line, exit 1."""
+    proc = subprocess.run([sys.executable, "-m", "tessera", "compile", f"{EXAMPLE}:nope", "--shape", SMALL],
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 1 and proc.stdout == ""
+    assert proc.stderr.startswith("error: ") and len(proc.stderr.splitlines()) == 1
