@@ -187,8 +187,9 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         return TileCtx({row: (r0, bm), col: (c0, bn)}, scalars)
 
     def masked_x(c0, fill: float):
+        """The row chunk in f32 (reductions accumulate in f32, bool and int inputs too), tail masked."""
         ctx = chunk_ctx(c0)
-        value = kb.em.value(x, axes, ctx)
+        value = convert(kb.b, kb.em.value(x, axes, ctx), f32)
         mask = _col_mask(kb, c0, bn, n, shape)
         return select(kb.b, mask, value, kb.b.full(fill, shape)), ctx
 
@@ -246,7 +247,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         write(normalize)
     else:
         kind = anchor.kind.data
-        acc = accumulate(kind, NEUTRAL[kind], lambda v, c0: convert(kb.b, v, f32))
+        acc = accumulate(kind, NEUTRAL[kind])
         if kind == "mean":
             acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
         out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
