@@ -82,6 +82,14 @@ class Compiled:
     arg_names: list[str] = field(default_factory=list)
     result_names: list[str] = field(default_factory=list)
     _program: object = None
+    _gpu: dict = field(default_factory=dict)
+
+    def gpu_program(self, device: int = 0):
+        """This function loaded on a CUDA device (built once per device)."""
+        if device not in self._gpu:
+            from .runtime.launcher import GpuProgram
+            self._gpu[device] = GpuProgram(self, device)
+        return self._gpu[device]
 
     def ir(self, stage: str) -> str:
         from .ir import print_ir

@@ -46,6 +46,7 @@ BY_NAME = {d.name: d for d in ALL}
 BY_NAME.update({"float32": fp32, "float16": fp16, "half": fp16, "bfloat16": bf16, "i32": int32, "int": int32})
 BY_MLIR = {d.mlir: d for d in ALL}
 BY_NP = {d.np: d for d in ALL}
+_TORCH_NAMES = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
 
 
 def lookup(x) -> DType:
@@ -58,9 +59,8 @@ def lookup(x) -> DType:
         if x in BY_MLIR:
             return BY_MLIR[x]
         raise TypeError(f"unknown dtype {x!r}; known: {', '.join(d.name for d in ALL)}")
-    torch_name = getattr(x, "is_floating_point", None) and str(x).removeprefix("torch.")
-    if torch_name:
-        return lookup(torch_name)
+    if type(x).__module__ == "torch":  # torch.float16, torch.int32, torch.bool, ...
+        return lookup(_TORCH_NAMES.get(str(x).removeprefix("torch."), str(x).removeprefix("torch.")))
     try:
         return BY_NP[np.dtype(x)]
     except (TypeError, KeyError):

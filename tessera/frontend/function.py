@@ -23,12 +23,29 @@ def _is_array(x) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (int, float, bool))
 
 
+def _on_gpu(x) -> bool:
+    """A CUDA tensor (torch, or anything with __cuda_array_interface__ such as CuPy)."""
+    return bool(getattr(x, "is_cuda", False)) or hasattr(x, "__cuda_array_interface__")
+
+
 def _to_numpy(x) -> np.ndarray:
     if type(x).__module__.startswith("torch"):
-        if x.is_cuda:
-            raise TesseraError("CUDA tensors need the GPU runtime, which this build has not enabled yet")
         return x.detach().numpy()
     return np.asarray(x)
+
+
+def _gpu_options(tensors, options: dict) -> tuple[int, dict]:
+    """The device of the call, and compile options for it: its arch, and (until the Hopper
+    path lands) the mma.sync + cp.async code path."""
+    from ..runtime import driver, interop
+
+    device = interop.describe(tensors[0][1], f"argument {tensors[0][0]!r}").device
+    if device is None:
+        raise TesseraError("mixing CPU and CUDA arguments: put every tensor on the same device")
+    options = dict(options)
+    options.setdefault("arch", driver.Device(device).platform().arch)
+    options.setdefault("path", "ampere")
+    return device, options
 
 
 class Function:
@@ -113,8 +130,13 @@ class Function:
 
     def __call__(self, *args, **options):
         tensors, constants = self._split_args(args)
-        compiled = self._compiled_for(tensors, constants, options)
-        outs = compiled.run(*[_to_numpy(x) for _, x in tensors])
+        if any(_on_gpu(x) for _, x in tensors):
+            device, options = _gpu_options(tensors, options)
+            compiled = self._compiled_for(tensors, constants, options)
+            outs = compiled.gpu_program(device)(*[x for _, x in tensors])
+        else:
+            compiled = self._compiled_for(tensors, constants, options)
+            outs = compiled.run(*[_to_numpy(x) for _, x in tensors])
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -125,8 +147,13 @@ class Kernel(Function):
 
     def __call__(self, *args, **options):
         tensors, constants = self._split_args(args)
-        compiled = self._compiled_for(tensors, constants, options)
         arrays = {n: x for n, x in tensors}
+        if any(_on_gpu(x) for _, x in tensors):
+            device, options = _gpu_options(tensors, options)
+            compiled = self._compiled_for(tensors, constants, options)
+            compiled.gpu_program(device)(*[x for _, x in tensors], out=[arrays[n] for n in compiled.result_names])
+            return None
+        compiled = self._compiled_for(tensors, constants, options)
         outs = compiled.run(*[_to_numpy(x) for _, x in tensors])
         for name, value in zip(compiled.result_names, outs):
             target = arrays[name]

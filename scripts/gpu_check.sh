@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# The one script run on the GPU machine: what is installed there, then the GPU
+# tests, then the benchmarks. Run it from anywhere in a checkout:
+#     bash scripts/gpu_check.sh
+# Tessera is not pip-installed there; it runs from the checkout on PYTHONPATH.
+# Pure-Python dependencies that machine lacks (xdsl, ...) travel as wheels in
+# .whl/ and are unpacked into /tmp/site.
+set -uo pipefail
+
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+
+section() { printf '\n===== %s =====\n' "$1"; }
+
+# Runs a Python one-liner; prints `fallback` instead when it fails.
+py() { python3 -c "$1" 2>/dev/null || echo "$2"; }
+
+section "GPU"
+nvidia-smi || echo "nvidia-smi failed"
+
+section "Bundled wheels (.whl/)"
+if compgen -G ".whl/*.whl" >/dev/null; then
+    python3 -m pip install -q --no-index --no-deps --upgrade --target /tmp/site .whl/*.whl
+    export PYTHONPATH="/tmp/site:$PYTHONPATH"
+    ls .whl
+else
+    echo "none"
+fi
+
+section "Versions"
+python3 --version
+py "import torch; print('torch', torch.__version__, '(CUDA', torch.version.cuda, ')', 'cuda available:', torch.cuda.is_available())" "torch: not installed"
+py "import cuda.bindings; print('cuda-bindings', cuda.bindings.__version__)" \
+    "$(py "from tessera.runtime import driver; print(driver.bindings_version())" "cuda-bindings: not installed")"
+py "import cupy; print('cupy', cupy.__version__)" "cupy: not installed"
+py "import triton; print('triton', triton.__version__)" "triton: not installed"
+py "import numpy, ml_dtypes, xdsl; print('numpy', numpy.__version__, 'ml_dtypes', ml_dtypes.__version__, 'xdsl', xdsl.__version__)" \
+    "numpy/ml_dtypes/xdsl: not all importable"
+ptxas --version 2>/dev/null | grep -i release || echo "ptxas: not on PATH"
+cuobjdump --version 2>/dev/null | grep -i release || echo "cuobjdump: not on PATH"
+py "from tessera.runtime import driver; d = driver.Device(0); print(d, '->', d.platform().arch, '| SMs', d.sm_count, '| smem/block', d.max_shared_per_block_optin, '| L2', d.l2_bytes)" \
+    "tessera.runtime could not open device 0"
+
+section "GPU tests"
+# addopts is cleared so that -q is said once (twice hides the pass/fail counts).
+python3 -m pytest -q -o addopts= tests/gpu -rs || status=1
+
+# ===== Benchmarks: bench/run_all.py, once it exists =====
+if [ -f bench/run_all.py ]; then
+    section "Benchmarks"
+    python3 bench/run_all.py || status=1
+fi
+
+exit "$status"

@@ -1,0 +1,141 @@
+"""Caches between PTX and a launchable kernel.
+
+`CubinCache` keeps assembled cubins on disk (default ~/.cache/tessera/cubin,
+or $TESSERA_CACHE_DIR), keyed by everything that determines ptxas's output.
+Entries are written atomically and checked when read, so a crash or a full
+disk can cost a rebuild but never loads a broken cubin into the driver.
+
+`FunctionCache` keeps loaded kernels in memory per (cubin, device, name):
+loading a module costs far more than a launch.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import struct
+import tempfile
+import threading
+from collections.abc import Callable
+from pathlib import Path
+
+from . import driver, ptxas
+
+ELF_MAGIC = b"\x7fELF"
+
+
+def default_directory() -> Path:
+    """$TESSERA_CACHE_DIR, else ~/.cache/tessera/cubin."""
+    env = os.environ.get("TESSERA_CACHE_DIR")
+    return Path(env) if env else Path.home() / ".cache" / "tessera" / "cubin"
+
+
+def cache_key(ptx: str, arch: str, opt_level: int, ptxas_version: str) -> str:
+    """sha256 over every input of the cubin; JSON so no two inputs encode the same."""
+    payload = json.dumps([ptx, arch, opt_level, ptxas_version]).encode()
+    return hashlib.sha256(payload).hexdigest()
+
+
+def is_complete_elf(data: bytes) -> bool:
+    """Whether `data` is a whole 64-bit little-endian ELF file (cubins are).
+
+    Checks the magic and that the section and program header tables, which
+    ptxas writes at the end of the file, lie inside it: a truncated write fails."""
+    if len(data) < 64 or data[:4] != ELF_MAGIC or data[4:6] != b"\x02\x01":
+        return False
+    phoff, shoff = struct.unpack_from("<QQ", data, 0x20)
+    phentsize, phnum, shentsize, shnum = struct.unpack_from("<HHHH", data, 0x36)
+    return max(phoff + phentsize * phnum, shoff + shentsize * shnum) <= len(data)
+
+
+class CubinCache:
+    """An on-disk cubin store: one `<key>.cubin` file per entry."""
+
+    def __init__(self, directory: str | os.PathLike | None = None,
+                 assemble: Callable[[str, str, int], ptxas.Assembled] = ptxas.assemble,
+                 ptxas_version: Callable[[], str] = ptxas.version):
+        self.directory = Path(directory) if directory is not None else default_directory()
+        self._assemble = assemble
+        self._ptxas_version = ptxas_version
+
+    def key(self, ptx: str, arch: str, opt_level: int = 3) -> str:
+        return cache_key(ptx, arch, opt_level, self._ptxas_version())
+
+    def path(self, key: str) -> Path:
+        return self.directory / f"{key}.cubin"
+
+    def get(self, key: str) -> bytes | None:
+        """The cached cubin, or None when absent or broken (a broken entry is removed)."""
+        path = self.path(key)
+        try:
+            data = path.read_bytes()
+        except FileNotFoundError:
+            return None
+        if is_complete_elf(data):
+            return data
+        path.unlink(missing_ok=True)
+        return None
+
+    def put(self, key: str, cubin: bytes) -> Path:
+        """Store `cubin` atomically: readers see the old entry, no entry, or the whole new one."""
+        if not is_complete_elf(cubin):
+            raise ValueError("refusing to cache data that is not a complete ELF cubin")
+        self.directory.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{key[:16]}-", suffix=".tmp")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(cubin)
+                f.flush()
+                os.fsync(f.fileno())
+            os.replace(tmp, self.path(key))
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        return self.path(key)
+
+    def cubin(self, ptx: str, arch: str, opt_level: int = 3) -> bytes:
+        """The cubin for `ptx`: from the cache, else assembled and stored."""
+        key = self.key(ptx, arch, opt_level)
+        cached = self.get(key)
+        if cached is not None:
+            return cached
+        cubin = self._assemble(ptx, arch, opt_level).cubin
+        self.put(key, cubin)
+        return cubin
+
+
+class FunctionCache:
+    """Loaded kernels per (sha256 of the cubin, device ordinal, kernel name).
+
+    Modules are shared by the kernels of one cubin, and never unloaded: the
+    process keeps every kernel it has launched, as a JIT cache would."""
+
+    def __init__(self):
+        self._modules: dict[tuple[str, int], driver.Module] = {}
+        self._kernels: dict[tuple[str, int, str], driver.Kernel] = {}
+        self._lock = threading.Lock()
+
+    def kernel(self, cubin: bytes, name: str, device: int = 0) -> driver.Kernel:
+        """The loaded kernel `name` of `cubin` on `device`."""
+        digest = hashlib.sha256(cubin).hexdigest()
+        with self._lock:
+            found = self._kernels.get((digest, device, name))
+            if found is None:
+                module = self._modules.get((digest, device))
+                if module is None:
+                    module = self._modules[(digest, device)] = driver.Module.from_cubin(cubin, device)
+                found = self._kernels[(digest, device, name)] = module.function(name)
+        return found
+
+    def __len__(self) -> int:
+        return len(self._kernels)
+
+
+#: The process's loaded kernels.
+functions = FunctionCache()
+
+
+def kernel_from_ptx(ptx: str, name: str, arch: str, opt_level: int = 3, device: int = 0) -> driver.Kernel:
+    """PTX to a launchable kernel through both caches (the disk cache at its
+    default place, read from the environment now)."""
+    return functions.kernel(CubinCache().cubin(ptx, arch, opt_level), name, device)

@@ -1,0 +1,324 @@
+"""Tensors from other frameworks, described without copying, and checked before a launch.
+
+A kernel receives bare pointers, so everything the pointer does not say
+(device, element type, shape, layout, alignment) is checked here first, with
+messages that name the argument and the dim: a wrong stride or a tensor on the
+wrong GPU is otherwise a silently wrong result or an illegal address.
+
+`describe` reads, in order: PyTorch tensors (attributes, so torch is never
+imported here), `__cuda_array_interface__` (CuPy, Numba), NumPy's
+`__array_interface__` (host memory: a clear error for a GPU run), and DLPack.
+"""
+from __future__ import annotations
+
+import ctypes
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from tessera import dtypes
+from tessera.dtypes import DType
+from tessera.errors import DTypeError, ShapeError, TesseraError
+
+ALIGNMENT = 16  # bytes: vectorized (128-bit) loads and TMA need it
+
+
+class NotATensorError(TesseraError, TypeError):
+    """An argument that exposes no array protocol Tessera reads."""
+
+
+class DeviceError(TesseraError, ValueError):
+    """An argument that is not on the CUDA device the others are on."""
+
+
+class LayoutError(TesseraError, ValueError):
+    """An argument whose strides or data pointer the kernels cannot take."""
+
+
+@dataclass(frozen=True)
+class TensorInfo:
+    """What a kernel launch needs to know about one array; the array itself is not copied."""
+
+    data_ptr: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]  # in elements
+    dtype: DType | None       # None: an element type Tessera does not support (see type_name)
+    type_name: str            # the framework's name for the element type: "float16", "float64"
+    device: int | None        # CUDA device ordinal; None when the data is not in CUDA device memory
+    place: str                # where the data is, for messages: "cuda:0", "cpu"
+    is_contiguous: bool       # C-contiguous
+    framework: str            # the top-level module of the array's type: "torch", "cupy", "numpy"
+
+
+# ---------------------------------------------------------------------------
+# Element types
+# ---------------------------------------------------------------------------
+
+# Framework dtype names that are not Tessera names (torch.float8_e4m3fn, ...).
+_TYPE_ALIASES = {"float8_e4m3fn": "fp8_e4m3", "float8_e5m2": "fp8_e5m2"}
+
+# DLPack (type code, bits) -> Tessera dtype (dlpack.h's DLDataTypeCode).
+_DLPACK_TYPES: dict[tuple[int, int], DType] = {
+    (2, 32): dtypes.fp32, (2, 16): dtypes.fp16, (4, 16): dtypes.bf16,
+    (10, 8): dtypes.fp8_e4m3, (12, 8): dtypes.fp8_e5m2, (0, 32): dtypes.int32, (6, 8): dtypes.bool_,
+}
+
+
+def _dtype_named(name: str) -> DType | None:
+    try:
+        return dtypes.lookup(_TYPE_ALIASES.get(name, name))
+    except TypeError:
+        return None
+
+
+def _dtype_of_numpy(dt: np.dtype) -> DType | None:
+    try:
+        return dtypes.lookup(dt)
+    except TypeError:
+        return None
+
+
+# ---------------------------------------------------------------------------
+# Layout helpers
+# ---------------------------------------------------------------------------
+
+def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    strides, step = [], 1
+    for size in reversed(shape):
+        strides.append(step)
+        step *= max(size, 1)
+    return tuple(reversed(strides))
+
+
+def is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+    """C-contiguous as PyTorch defines it: dims of size 1 may have any stride, empty arrays always are."""
+    if 0 in shape:
+        return True
+    return all(size == 1 or stride == want for size, stride, want in zip(shape, strides, _c_strides(shape)))
+
+
+def _element_strides(byte_strides, shape, itemsize: int, name: str) -> tuple[int, ...]:
+    if byte_strides is None:
+        return _c_strides(shape)
+    if any(s % itemsize for s in byte_strides):
+        raise LayoutError(f"{name} has byte strides {tuple(byte_strides)} that are not multiples "
+                          f"of its {itemsize}-byte elements")
+    return tuple(s // itemsize for s in byte_strides)
+
+
+def _framework(x) -> str:
+    return type(x).__module__.split(".")[0]
+
+
+# ---------------------------------------------------------------------------
+# Readers, one per protocol
+# ---------------------------------------------------------------------------
+
+def _is_torch(x) -> bool:
+    return _framework(x) == "torch" and hasattr(x, "data_ptr") and hasattr(x, "stride")
+
+
+def _from_torch(x, name: str) -> TensorInfo:
+    shape, strides = tuple(x.shape), tuple(x.stride())
+    type_name = str(x.dtype).removeprefix("torch.")
+    on_cuda = x.device.type == "cuda"
+    return TensorInfo(x.data_ptr(), shape, strides, _dtype_named(type_name), type_name,
+                      x.device.index if on_cuda else None, str(x.device), is_c_contiguous(shape, strides), "torch")
+
+
+def _from_interface(x, iface: dict, device: int | None, place: str, name: str) -> TensorInfo:
+    """__cuda_array_interface__ and __array_interface__ share one layout (byte strides, typestr)."""
+    if iface.get("mask") is not None:
+        raise NotATensorError(f"{name} is a masked array; Tessera takes plain arrays")
+    # The typestr of ml_dtypes' bfloat16 is an anonymous "<V2"; the array's own dtype says more.
+    dt = x.dtype if isinstance(getattr(x, "dtype", None), np.dtype) else np.dtype(iface["typestr"])
+    shape = tuple(iface["shape"])
+    strides = _element_strides(iface.get("strides"), shape, dt.itemsize, name)
+    return TensorInfo(int(iface["data"][0]), shape, strides, _dtype_of_numpy(dt), str(dt), device, place,
+                      is_c_contiguous(shape, strides), _framework(x))
+
+
+def _cuda_array_device(x, ptr: int) -> int:
+    """The device of a __cuda_array_interface__ array, which the interface itself does not say."""
+    device = getattr(x, "device", None)
+    if hasattr(device, "id"):  # CuPy
+        return int(device.id)
+    if hasattr(x, "__dlpack_device__"):
+        return int(x.__dlpack_device__()[1])
+    from . import driver
+    return driver.pointer_device(ptr)
+
+
+def _from_cuda_array_interface(x, name: str) -> TensorInfo:
+    iface = x.__cuda_array_interface__
+    device = _cuda_array_device(x, int(iface["data"][0]))
+    return _from_interface(x, iface, device, f"cuda:{device}", name)
+
+
+def _from_array_interface(x, name: str) -> TensorInfo:
+    return _from_interface(x, x.__array_interface__, None, "cpu", name)
+
+
+class _DLDevice(ctypes.Structure):
+    _fields_ = [("device_type", ctypes.c_int32), ("device_id", ctypes.c_int32)]
+
+
+class _DLDataType(ctypes.Structure):
+    _fields_ = [("code", ctypes.c_uint8), ("bits", ctypes.c_uint8), ("lanes", ctypes.c_uint16)]
+
+
+class _DLTensor(ctypes.Structure):
+    """dlpack.h's DLTensor, the first member of the DLManagedTensor a "dltensor" capsule holds."""
+
+    _fields_ = [("data", ctypes.c_void_p), ("device", _DLDevice), ("ndim", ctypes.c_int32),
+                ("dtype", _DLDataType), ("shape", ctypes.POINTER(ctypes.c_int64)),
+                ("strides", ctypes.POINTER(ctypes.c_int64)), ("byte_offset", ctypes.c_uint64)]
+
+
+_capsule_pointer = ctypes.PYFUNCTYPE(ctypes.c_void_p, ctypes.py_object, ctypes.c_char_p)(
+    ("PyCapsule_GetPointer", ctypes.pythonapi))
+
+# DLPack device types whose memory CUDA kernels can address, and names for the rest.
+_DLPACK_CUDA = {2: "cuda", 13: "cuda_managed"}
+_DLPACK_HOST = {1: "cpu", 3: "cuda_host"}
+
+
+def _from_dlpack(x, name: str) -> TensorInfo:
+    """Read the DLTensor of an unconsumed capsule. Dropping the capsule afterwards
+    runs its deleter, which releases the producer's view, not the data `x` owns."""
+    capsule = x.__dlpack__()
+    t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
+    shape = tuple(t.shape[i] for i in range(t.ndim))
+    strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else _c_strides(shape)
+    code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
+    dt = _DLPACK_TYPES.get((code, bits)) if lanes == 1 else None
+    kind, ordinal = t.device.device_type, t.device.device_id
+    on_cuda = kind in _DLPACK_CUDA
+    place = f"cuda:{ordinal}" if on_cuda else _DLPACK_HOST.get(kind, f"DLPack device type {kind}")
+    return TensorInfo((t.data or 0) + t.byte_offset, shape, strides, dt,
+                      dt.name if dt else f"DLPack(code={code}, bits={bits}, lanes={lanes})",
+                      ordinal if on_cuda else None, place, is_c_contiguous(shape, strides), _framework(x))
+
+
+# (test, reader), tried in order: torch tensors also expose the later protocols,
+# NumPy arrays also DLPack (which cannot export read-only arrays).
+_READERS: tuple[tuple[Callable[[Any], bool], Callable[[Any, str], TensorInfo]], ...] = (
+    (_is_torch, _from_torch),
+    (lambda x: hasattr(x, "__cuda_array_interface__"), _from_cuda_array_interface),
+    (lambda x: hasattr(x, "__array_interface__"), _from_array_interface),
+    (lambda x: hasattr(x, "__dlpack__") and hasattr(x, "__dlpack_device__"), _from_dlpack),
+)
+
+
+def describe(x, name: str = "argument") -> TensorInfo:
+    """Pointer, shape, strides, dtype and device of `x` (a torch tensor, a CuPy
+    array, anything with __cuda_array_interface__, __array_interface__ or DLPack)."""
+    for accepts, read in _READERS:
+        if accepts(x):
+            return read(x, name)
+    raise NotATensorError(f"{name} is a {type(x).__name__}, not a tensor: pass a torch tensor, a CuPy array, "
+                          f"or an object with __cuda_array_interface__ or __dlpack__")
+
+
+# ---------------------------------------------------------------------------
+# Validation
+# ---------------------------------------------------------------------------
+
+def validate(args: Mapping[str, Any], specs: Mapping[str, Any] | None = None) -> dict[str, TensorInfo]:
+    """Describe every argument and check it can be passed to a kernel: all on one
+    CUDA device, a supported dtype (the spec's, when it names one), the spec's
+    shape (symbolic dims equal wherever they repeat), C-contiguous, and the data
+    pointer 16-byte aligned. `specs` maps names to `TensorSpec`s (dims, dtype)."""
+    infos = {name: describe(x, f"argument {name!r}") for name, x in args.items()}
+    _check_devices(infos)
+    bound: dict[str, tuple[int, str, int]] = {}  # dim name -> (size, argument, index)
+    for name, info in infos.items():
+        spec = (specs or {}).get(name)
+        _check_dtype(name, info, getattr(spec, "dtype", None))
+        if spec is not None:
+            _check_shape(name, info.shape, spec.dims, bound)
+        _check_layout(name, info)
+    return infos
+
+
+def _check_devices(infos: dict[str, TensorInfo]) -> None:
+    first = None
+    for name, info in infos.items():
+        if info.device is None:
+            raise DeviceError(f"argument {name!r} must be on a CUDA device, but is a {info.framework} array "
+                              f"in {info.place} memory; move it to the GPU first")
+        if first is None:
+            first = name
+        elif info.device != infos[first].device:
+            raise DeviceError(f"argument {name!r} must be on {infos[first].place} like {first!r}, "
+                              f"but is on {info.place}")
+
+
+def _check_dtype(name: str, info: TensorInfo, want: DType | None) -> None:
+    if info.dtype is None:
+        raise DTypeError(f"argument {name!r} has element type {info.type_name}, which Tessera does not support; "
+                         f"supported: {', '.join(d.name for d in dtypes.ALL)}")
+    if want is not None and info.dtype != want:
+        raise DTypeError(f"argument {name!r} must be {want.name}, but is {info.dtype.name}")
+
+
+def _check_shape(name: str, shape: tuple[int, ...], dims: tuple, bound: dict) -> None:
+    if len(shape) != len(dims):
+        raise ShapeError(f"argument {name!r} must have {len(dims)} dims ({', '.join(map(str, dims))}), "
+                         f"but has shape {shape}")
+    for index, (dim, size) in enumerate(zip(dims, shape)):
+        if isinstance(dim, int):
+            if size != dim:
+                raise ShapeError(f"argument {name!r} dim {index} must be {dim}, but is {size}")
+        elif dim not in bound:
+            bound[dim] = (size, name, index)
+        elif bound[dim][0] != size:
+            want, other, other_index = bound[dim]
+            raise ShapeError(f"argument {name!r} dim {index} ({dim}) is {size}, but {other!r} dim {other_index} "
+                             f"has {dim} = {want}")
+
+
+def _check_layout(name: str, info: TensorInfo) -> None:
+    if not info.is_contiguous:
+        raise LayoutError(f"argument {name!r} must be contiguous (strides {info.strides} for shape {info.shape}); "
+                          f"call .contiguous() on it first")
+    if info.data_ptr % ALIGNMENT:
+        raise LayoutError(f"argument {name!r} data pointer is not {ALIGNMENT}-byte aligned ({info.data_ptr:#x}); "
+                          f"it is probably a view at an offset: copy it")
+
+
+# ---------------------------------------------------------------------------
+# Allocating outputs
+# ---------------------------------------------------------------------------
+
+# Tessera dtype -> torch attribute name.
+_TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_e4m3": "float8_e4m3fn",
+                 "fp8_e5m2": "float8_e5m2", "int32": "int32", "bool": "bool"}
+
+
+def _torch_empty(template, shape: tuple[int, ...], dt: DType):
+    import torch
+    return torch.empty(shape, dtype=getattr(torch, _TORCH_DTYPES[dt.name]), device=template.device)
+
+
+def _cupy_empty(template, shape: tuple[int, ...], dt: DType):
+    import cupy
+    with cupy.cuda.Device(template.device.id):
+        try:
+            return cupy.empty(shape, dtype=dt.np)
+        except (TypeError, ValueError) as e:
+            raise DTypeError(f"CuPy cannot hold {dt.name} arrays ({e}); pass torch tensors instead") from e
+
+
+_ALLOCATORS = {"torch": _torch_empty, "cupy": _cupy_empty}
+
+
+def empty_like_framework(template, shape, dtype) -> Any:
+    """An uninitialized array of `shape` and `dtype` from `template`'s framework, on its device."""
+    framework = _framework(template)
+    allocate = _ALLOCATORS.get(framework)
+    if allocate is None:
+        raise NotATensorError(f"cannot allocate outputs like a {framework} array: pass torch tensors or CuPy arrays")
+    return allocate(template, tuple(int(d) for d in shape), dtypes.lookup(dtype))

@@ -1,0 +1,113 @@
+"""Running a compiled function on a GPU.
+
+`GpuProgram` is built once per compiled function and device: it emits every
+kernel's PTX, assembles it (through the on-disk cubin cache), loads it, and
+turns the tile module's host function into a plan — which buffers exist
+(inputs, outputs, intermediates) and which kernel runs on which of them. A
+call then only validates its arguments, allocates outputs and intermediates in
+the caller's framework, and launches the plan on the caller's current stream.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+from ..errors import ShapeError
+from . import driver, interop
+from .cache import CubinCache, functions
+
+#: dynamic shared memory a kernel may use without opting in
+DEFAULT_SHARED_LIMIT = 48 * 1024
+
+
+@dataclass(frozen=True)
+class Buffer:
+    shape: tuple[int, ...]
+    dtype: Any                 # tessera DType
+
+
+@dataclass(frozen=True)
+class Step:
+    kernel: driver.Kernel
+    grid: tuple[int, int, int]
+    block: int
+    shared: int
+    buffers: tuple[int, ...]   # indices into inputs + outputs + intermediates
+
+
+def _host_function(tile_module):
+    from xdsl.dialects import func
+    return next(op for op in tile_module.ops if isinstance(op, func.FuncOp))
+
+
+def _buffer(memref_type) -> Buffer:
+    from ..interpreter.tile_interp import np_dtype
+    from .. import dtypes
+    return Buffer(tuple(memref_type.get_shape()), dtypes.lookup(np_dtype(memref_type)))
+
+
+class GpuProgram:
+    """A compiled function, loaded on one device."""
+
+    def __init__(self, compiled, device: int = 0):
+        from ..backends.ptx import emit_module
+        from ..ir import tile
+
+        self.name = compiled.name
+        self.device = device
+        arch = driver.Device(device).platform().arch
+        kernels = emit_module(compiled.modules["target"])
+        cubins = CubinCache()
+        loaded = {}
+        for name, k in kernels.items():
+            kernel = functions.kernel(cubins.cubin(k.ptx, arch, compiled.options.opt_level), name, device)
+            if k.dynamic_shared > DEFAULT_SHARED_LIMIT:
+                kernel.set_max_dynamic_shared(k.dynamic_shared)
+            loaded[name] = (kernel, k)
+        host = _host_function(compiled.modules["tile"])
+        self.n_inputs = len(compiled.arg_names)
+        self.arg_names = compiled.arg_names
+        types = host.function_type.inputs.data
+        self.outputs = [_buffer(t) for t in types[self.n_inputs:]]
+        self.input_shapes = [tuple(t.get_shape()) for t in types[:self.n_inputs]]
+        index = {arg: i for i, arg in enumerate(host.body.block.args)}
+        self.intermediates: list[Buffer] = []
+        self.steps: list[Step] = []
+        for op in host.body.block.ops:
+            if isinstance(op, tile.AllocGlobalOp):
+                index[op.result] = len(types) + len(self.intermediates)
+                self.intermediates.append(_buffer(op.result.type))
+            elif isinstance(op, tile.LaunchOp):
+                kernel, k = loaded[op.kernel.string_value()]
+                self.steps.append(Step(kernel, tuple(tile.int_values(op.grid)), k.threads, k.dynamic_shared,
+                                       tuple(index[a] for a in op.args)))
+
+    def __call__(self, *inputs, out: Sequence | None = None) -> list:
+        """Runs on the inputs' current stream; `out` (optional) receives the results in place."""
+        infos = interop.validate(dict(zip(self.arg_names, inputs)))
+        for name, info, shape in zip(self.arg_names, infos.values(), self.input_shapes):
+            if info.shape != shape:
+                raise ShapeError(f"{self.name}: argument {name!r} has shape {info.shape}, compiled for {shape}")
+        template = inputs[0]
+        outputs = list(out) if out is not None else [
+            interop.empty_like_framework(template, b.shape, b.dtype) for b in self.outputs]
+        if out is not None:
+            interop.validate({f"out{i}": o for i, o in enumerate(outputs)})
+        temps = [interop.empty_like_framework(template, b.shape, b.dtype) for b in self.intermediates]
+        pointers = [i.data_ptr for i in infos.values()] + [interop.describe(x).data_ptr for x in outputs + temps]
+        stream = _current_stream(template, self.device)
+        for step in self.steps:
+            driver.launch(step.kernel, step.grid, step.block, step.shared, stream,
+                          [("u64", pointers[i]) for i in step.buffers])
+        return outputs
+
+
+def _current_stream(template, device: int) -> int:
+    """The stream the caller's framework is issuing work on, so ordering with its ops holds."""
+    framework = type(template).__module__.split(".")[0]
+    if framework == "torch":
+        return driver.current_torch_stream(device)
+    if framework == "cupy":
+        import cupy
+        return cupy.cuda.get_current_stream().ptr
+    return 0

@@ -1,0 +1,32 @@
+"""GPU tests run only where the CUDA driver, cuda-bindings and a device are all present."""
+import pytest
+
+
+@pytest.fixture(scope="session")
+def cuda_device():
+    """Device 0, or a skip saying what is missing."""
+    try:
+        from tessera.runtime import driver
+        count = driver.device_count()
+    except ImportError as e:  # no cuda-bindings, or no driver library (driver.DriverNotFound)
+        pytest.skip(f"CUDA runtime unavailable: {e}")
+    except driver.CudaError as e:
+        pytest.skip(f"CUDA driver unusable: {e}")
+    if count == 0:
+        pytest.skip("no CUDA device")
+    return driver.Device(0)
+
+
+@pytest.fixture(scope="session")
+def arch(cuda_device):
+    """The PTX target of device 0 ("sm_90a" on an H100)."""
+    return cuda_device.platform().arch
+
+
+@pytest.fixture(scope="session")
+def torch_cuda(cuda_device):
+    """torch, when it is installed with CUDA."""
+    torch = pytest.importorskip("torch")
+    if not torch.cuda.is_available():
+        pytest.skip("torch has no CUDA")
+    return torch

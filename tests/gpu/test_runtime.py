@@ -1,0 +1,322 @@
+"""tessera.runtime on a real GPU: device properties, loading, launching, errors, streams.
+
+Tests taking the `cuda_device` fixture skip without a GPU; the argument-packing
+tests at the top need none and run everywhere.
+"""
+import ctypes
+import re
+import struct
+
+import ml_dtypes
+import numpy as np
+import pytest
+
+from tessera.runtime import cache, driver, interop, ptxas
+from tessera.runtime.driver import ArgumentError, CudaError, Module, PackedArgs
+
+HEADER = ".version 8.0\n.target {arch}\n.address_size 64\n"
+
+# out[i] = i for i < n, over a 1-D grid.
+IOTA = """
+.visible .entry iota(.param .u64 out, .param .u32 n)
+{
+    .reg .pred %p<2>;
+    .reg .b32 %r<6>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [n];
+    mov.u32 %r2, %ctaid.x;
+    mov.u32 %r3, %ntid.x;
+    mov.u32 %r4, %tid.x;
+    mad.lo.u32 %r5, %r2, %r3, %r4;
+    setp.ge.u32 %p1, %r5, %r1;
+    @%p1 bra DONE;
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r5, 4;
+    add.u64 %rd2, %rd2, %rd3;
+    st.global.u32 [%rd2], %r5;
+DONE:
+    ret;
+}
+"""
+
+# Every scalar parameter stored to `out` at a fixed offset (see RECORD): mixed
+# sizes put the parameters at offsets that only correct packing gets right.
+STORE_ALL = """
+.visible .entry store_all(.param .u64 out, .param .s32 a, .param .f32 b, .param .u16 c, .param .f64 d,
+                          .param .s64 e, .param .u8 f, .param .b16 h, .param .b16 g)
+{
+    .reg .b16 %rs<4>;
+    .reg .b32 %r<2>;
+    .reg .f32 %f<2>;
+    .reg .f64 %fd<2>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    cvta.to.global.u64 %rd2, %rd1;
+    ld.param.s32 %r1, [a];
+    st.global.s32 [%rd2], %r1;
+    ld.param.f32 %f1, [b];
+    st.global.f32 [%rd2+4], %f1;
+    ld.param.u16 %rs1, [c];
+    st.global.u16 [%rd2+8], %rs1;
+    ld.param.u8 %rs2, [f];
+    st.global.u8 [%rd2+10], %rs2;
+    ld.param.b16 %rs3, [h];
+    st.global.b16 [%rd2+12], %rs3;
+    ld.param.b16 %rs3, [g];
+    st.global.b16 [%rd2+14], %rs3;
+    ld.param.f64 %fd1, [d];
+    st.global.f64 [%rd2+16], %fd1;
+    ld.param.s64 %rd3, [e];
+    st.global.s64 [%rd2+24], %rd3;
+    ret;
+}
+"""
+RECORD = np.dtype({"names": ["a", "b", "c", "f", "h", "g", "d", "e"],
+                   "formats": ["<i4", "<f4", "<u2", "u1", "<f2", ml_dtypes.bfloat16, "<f8", "<i8"],
+                   "offsets": [0, 4, 8, 10, 12, 14, 16, 24], "itemsize": 32})
+STORE_ALL_ARGS = [("s32", -123456), ("f32", 3.25), ("u16", 65535), ("f64", 1e300),
+                  ("s64", -(2**40) - 3), ("u8", 200), ("f16", 1.5), ("bf16", -2.0)]
+
+# Thread t writes t + 1000 to the t-th word from the END of dynamic shared
+# memory and reads it back: it faults unless all `words` words were granted.
+DYN_SMEM = """
+.extern .shared .align 16 .b8 dsmem[];
+.visible .entry dyn_smem(.param .u64 out, .param .u32 words)
+{
+    .reg .b32 %r<8>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [words];
+    mov.u32 %r2, %tid.x;
+    sub.u32 %r3, %r1, 1;
+    sub.u32 %r3, %r3, %r2;
+    shl.b32 %r4, %r3, 2;
+    mov.u32 %r5, dsmem;
+    add.u32 %r5, %r5, %r4;
+    add.u32 %r6, %r2, 1000;
+    st.shared.u32 [%r5], %r6;
+    bar.sync 0;
+    ld.shared.u32 %r7, [%r5];
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r2, 4;
+    add.u64 %rd2, %rd2, %rd3;
+    st.global.u32 [%rd2], %r7;
+    ret;
+}
+"""
+
+
+def ptx(arch, *bodies):
+    return HEADER.format(arch=arch) + "".join(bodies)
+
+
+# --- argument packing (no GPU needed) ---------------------------------------------------------
+
+def packed_bytes(args):
+    packed = PackedArgs(args)
+    pointers = ctypes.cast(packed.address, ctypes.POINTER(ctypes.c_void_p))
+    return [ctypes.string_at(pointers[i], size) for i, size in enumerate(packed.sizes)]
+
+
+def test_each_argument_is_packed_at_its_exact_size():
+    got = packed_bytes([("u64", 0x1122334455667788), ("s32", -2), ("f32", 1.5), ("u8", 255), ("f64", 0.25),
+                        ("f16", 1.5), ("bf16", -2.0), ("s16", -1), ("b32", 7)])
+    assert got == [struct.pack("<Q", 0x1122334455667788), struct.pack("<i", -2), struct.pack("<f", 1.5),
+                   b"\xff", struct.pack("<d", 0.25), struct.pack("<e", 1.5), b"\x00\xc0", b"\xff\xff",
+                   struct.pack("<I", 7)]
+
+
+def test_numpy_scalars_are_accepted():
+    assert packed_bytes([("s32", np.int64(5)), ("f32", np.float32(0.5))]) == [
+        struct.pack("<i", 5), struct.pack("<f", 0.5)]
+
+
+@pytest.mark.parametrize("arg, message", [
+    (("s32", 2**31), r"2147483648 does not fit in s32"),
+    (("u32", -1), r"-1 does not fit in u32"),
+    (("u64", 2**64), r"does not fit in u64"),
+    (("s32", 1.5), r"'float' object cannot be interpreted as an integer"),
+    (("f32", 1e39), r"overflows f32"),
+    (("i32", 1), r"unknown PTX param type 'i32'"),
+    (("u64",), r"argument 0"),
+])
+def test_values_that_would_be_corrupted_are_refused(arg, message):
+    with pytest.raises(ArgumentError, match=message):
+        PackedArgs([arg])
+
+
+def test_no_arguments_is_a_valid_pointer_array():
+    assert PackedArgs([]).address != 0 and PackedArgs([]).sizes == ()
+
+
+# --- devices ----------------------------------------------------------------------------------
+
+def test_device_properties_look_sane(cuda_device):
+    d = cuda_device
+    assert d.sm_count > 0 and d.compute_capability >= (8, 0) and d.warp_size == 32
+    assert d.max_shared_per_block_optin > 48 * 1024 and d.max_shared_per_sm >= d.max_shared_per_block_optin
+    assert d.l2_bytes > 1 << 20 and d.regs_per_sm >= 65536 and d.name
+    platform = d.platform()
+    assert platform.sm_count == d.sm_count and platform.max_shared_per_block == d.max_shared_per_block_optin
+    assert platform.version == d.compute_capability
+
+
+def test_bad_ordinal_is_refused(cuda_device):
+    with pytest.raises(ValueError, match="no CUDA device 999"):
+        driver.Device(999)
+
+
+# --- loading and launching --------------------------------------------------------------------
+
+@pytest.fixture
+def buffer(cuda_device):
+    """Allocate raw device memory; freed after the test."""
+    pointers = []
+
+    def alloc(nbytes):
+        pointers.append(driver.mem_alloc(nbytes))
+        return pointers[-1]
+    yield alloc
+    for p in pointers:
+        driver.mem_free(p)
+
+
+def read(ptr, count, dtype):
+    out = np.empty(count, dtype=dtype)
+    driver.synchronize()
+    driver.memcpy_dtoh(out, ptr)
+    return out
+
+
+@pytest.mark.parametrize("load", ["cubin", "ptx"])
+def test_iota_through_cubin_and_jit(cuda_device, arch, buffer, load):
+    source = ptx(arch, IOTA)
+    module = Module.from_cubin(ptxas.assemble(source, arch).cubin) if load == "cubin" else Module.from_ptx(source)
+    kernel = module.function("iota")
+    n = 1000
+    out = buffer(4096 * 4)
+    driver.memcpy_htod(out, np.full(4096, -1, dtype=np.int32))
+    driver.launch(kernel, grid=(n + 255) // 256, block=256, args=[("u64", out), ("u32", n)])
+    got = read(out, 4096, np.int32)
+    assert (got[:n] == np.arange(n)).all() and (got[n:] == -1).all()
+
+
+def test_every_scalar_type_arrives_intact(arch, buffer):
+    kernel = Module.from_cubin(ptxas.assemble(ptx(arch, STORE_ALL), arch).cubin).function("store_all")
+    assert kernel.param_sizes in (None, (8, 4, 4, 2, 8, 8, 1, 2, 2))
+    out = buffer(RECORD.itemsize)
+    driver.launch(kernel, 1, 1, args=[("u64", out), *STORE_ALL_ARGS])
+    got = read(out, RECORD.itemsize, np.uint8).view(RECORD)[0]
+    assert (got["a"], got["b"], got["c"], got["d"], got["e"], got["f"]) == (-123456, 3.25, 65535, 1e300,
+                                                                             -(2**40) - 3, 200)
+    assert float(got["h"]) == 1.5 and float(got["g"]) == -2.0
+
+
+def test_argument_mismatches_are_caught_before_launch(arch, buffer):
+    kernel = Module.from_ptx(ptx(arch, IOTA)).function("iota")
+    if kernel.param_sizes is None:
+        pytest.skip("this driver or cuda-bindings lacks cuFuncGetParamInfo")
+    out = buffer(16)
+    with pytest.raises(ArgumentError, match="kernel 'iota' parameter 1 is 4 bytes, but argument 1 packs to 8"):
+        driver.launch(kernel, 1, 1, args=[("u64", out), ("u64", 4)])
+    with pytest.raises(ArgumentError, match="kernel 'iota' takes 2 parameters, got 1 arguments"):
+        driver.launch(kernel, 1, 1, args=[("u64", out)])
+
+
+def test_too_many_threads_names_the_kernel_and_configuration(arch, buffer):
+    kernel = Module.from_ptx(ptx(arch, IOTA)).function("iota")
+    with pytest.raises(CudaError, match=r"cuLaunchKernel failed: CUDA_ERROR_INVALID_VALUE .*kernel 'iota' "
+                                        r"with grid \(3, 1, 1\), block \(2048, 1, 1\), 0 bytes dynamic shared"):
+        driver.launch(kernel, 3, 2048, args=[("u64", buffer(16)), ("u32", 1)])
+
+
+def test_missing_kernel_is_named(arch):
+    module = Module.from_ptx(ptx(arch, IOTA))
+    with pytest.raises(CudaError, match="cuModuleGetFunction failed: CUDA_ERROR_NOT_FOUND.*'nope'"):
+        module.function("nope")
+
+
+def test_jit_errors_carry_the_jit_log(arch):
+    bad = ptx(arch, IOTA.replace("st.global.u32 [%rd2], %r5;", "st.global.u32 [%rd2], %r5 oops;"))
+    with pytest.raises(CudaError, match=r"(?s)cuModuleLoadDataEx failed: .*loading PTX on cuda:0:\n"
+                                        r"  line \d+: Parsing error near 'oops'.*\| st.global.u32 \[%rd2\], %r5 oops;"):
+        Module.from_ptx(bad)
+
+
+def test_kernel_attributes(arch):
+    kernel = Module.from_cubin(ptxas.assemble(ptx(arch, IOTA), arch).cubin).function("iota")
+    attrs = kernel.attributes()
+    assert 0 < attrs.num_regs <= 32 and attrs.static_shared_bytes == 0 and attrs.local_bytes == 0
+    assert attrs.max_threads_per_block == 1024 and attrs.max_dynamic_shared_bytes == 48 * 1024
+
+
+def test_dynamic_shared_memory_above_48kb(cuda_device, arch, buffer):
+    kernel = Module.from_cubin(ptxas.assemble(ptx(arch, DYN_SMEM), arch).cubin).function("dyn_smem")
+    nbytes = min(cuda_device.max_shared_per_block_optin, 200 * 1024) // 16 * 16
+    assert nbytes > 48 * 1024
+    out = buffer(256 * 4)
+    args = [("u64", out), ("u32", nbytes // 4)]
+    with pytest.raises(CudaError, match="call set_max_dynamic_shared first"):
+        driver.launch(kernel, 1, 256, shared_bytes=nbytes, args=args)
+    kernel.set_max_dynamic_shared(nbytes)
+    assert kernel.attributes().max_dynamic_shared_bytes == nbytes
+    driver.launch(kernel, 1, 256, shared_bytes=nbytes, args=args)
+    assert (read(out, 256, np.uint32) == np.arange(256) + 1000).all()
+
+
+def test_kernel_from_ptx_caches_cubin_and_kernel(arch, buffer, tmp_path, monkeypatch):
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    source = ptx(arch, IOTA, "// kernel_from_ptx test\n")
+    kernel = cache.kernel_from_ptx(source, "iota", arch)
+    assert len(list(tmp_path.glob("*.cubin"))) == 1
+    assert cache.kernel_from_ptx(source, "iota", arch) is kernel
+    out = buffer(64 * 4)
+    driver.launch(kernel, 1, 64, args=[("u64", out), ("u32", 64)])
+    assert (read(out, 64, np.int32) == np.arange(64)).all()
+
+
+# --- frameworks and streams -------------------------------------------------------------------
+
+def test_launch_on_torch_current_stream(torch_cuda, arch):
+    torch = torch_cuda
+    kernel = Module.from_ptx(ptx(arch, IOTA)).function("iota")
+    x = torch.full((4096,), -1, dtype=torch.int32, device="cuda")
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        handle = driver.current_torch_stream()
+        assert handle == side.cuda_stream != torch.cuda.default_stream().cuda_stream
+        driver.launch(kernel, 16, 256, stream=handle, args=[("u64", x.data_ptr()), ("u32", 4000)])
+    driver.synchronize(side)
+    expected = torch.arange(4096, dtype=torch.int32, device="cuda")
+    expected[4000:] = -1
+    assert torch.equal(x, expected)
+
+
+def test_torch_tensors_validate_and_allocate(torch_cuda):
+    torch = torch_cuda
+    q = torch.zeros((2, 8, 64), dtype=torch.float16, device="cuda")
+    info = interop.validate({"q": q})["q"]
+    assert (info.data_ptr, info.shape, info.strides, info.device, info.framework) == (
+        q.data_ptr(), (2, 8, 64), (512, 64, 1), 0, "torch")
+    assert info.dtype.name == "fp16"
+    with pytest.raises(interop.LayoutError, match=re.escape(
+            "argument 'q' must be contiguous (strides (512, 1, 64) for shape (2, 64, 8))")):
+        interop.validate({"q": q.transpose(1, 2)})
+    with pytest.raises(interop.LayoutError, match="argument 'q' data pointer is not 16-byte aligned"):
+        interop.validate({"q": q.view(-1)[1:]})
+    with pytest.raises(interop.DeviceError, match="argument 'k' must be on a CUDA device, but is a torch array"):
+        interop.validate({"q": q, "k": q.cpu()})
+    out = interop.empty_like_framework(q, (3, 4), "bf16")
+    assert out.dtype == torch.bfloat16 and out.device == q.device and out.shape == (3, 4)
+
+
+def test_cupy_arrays_are_described(cuda_device):
+    cupy = pytest.importorskip("cupy")
+    a = cupy.zeros((4, 32), dtype=cupy.float32)
+    info = interop.describe(a)
+    assert (info.data_ptr, info.shape, info.strides, info.device, info.framework) == (
+        a.data.ptr, (4, 32), (32, 1), 0, "cupy")
+    out = interop.empty_like_framework(a, (5,), "fp16")
+    assert isinstance(out, cupy.ndarray) and out.dtype == np.float16
