@@ -256,7 +256,7 @@ def setitem(x: Tensor, index, value) -> None:
     if not any(a.type == x.value.type and a is x.value for a in trace.block.args):
         raise TesseraError("only kernel arguments can be assigned to (destination-passing outputs)")
     value = _operands([value])[0] if not isinstance(value, Tensor) else value
-    if value.ndim != x.ndim or _broadcast([value, x], "store") != tuple(x.dims):
+    if tuple(trace.size(d) for d in value.dims) != tuple(trace.size(d) for d in x.dims):
         raise ShapeError(f"store to {name!r}: value {_show(value)} does not match {_show(x)}")
     trace.stored[name] = cast(value, x.dtype)
 

@@ -1,0 +1,219 @@
+"""Every generated kernel kind, run on the GPU, against torch on fresh random inputs.
+
+Outputs are poisoned with NaN before each launch, so an element no thread
+writes fails the test. Shapes are chosen to hit tails (S = 1, 17, 1000, 4097;
+M, N, K not multiples of any tile).
+"""
+import math
+
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+
+TOL = {"fp32": 2e-5, "fp16": 1e-2, "bf16": 3e-2}
+
+
+def torch_dtype(torch, name):
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def run(fn, dims, dtype, torch, *, seed=0, make=None):
+    """Compiles for this GPU, runs into NaN-poisoned outputs; returns (inputs, outputs)."""
+    specs = fn.arg_specs_for(dims, dtype)
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    inputs = [make(s, gen) if make else
+              torch.randn(s.shape, generator=gen, device="cuda", dtype=torch.float32).to(torch_dtype(torch, s.dtype.name))
+              for s in specs]
+    compiled = fn.compile(specs, arch=_arch(), path="ampere")
+    program = compiled.gpu_program(0)
+    outs = [torch.full(b.shape, float("nan"), device="cuda", dtype=torch_dtype(torch, b.dtype.name))
+            for b in program.outputs]
+    program(*inputs, out=outs)
+    torch.cuda.synchronize()
+    return inputs, outs
+
+
+def _arch():
+    from tessera.runtime import driver
+    return driver.Device(0).platform().arch
+
+
+def check(out, ref, dtype, torch):
+    out64, ref64 = out.double(), ref.double()
+    assert not torch.isnan(out64).any(), "unwritten (NaN-poisoned) or NaN elements"
+    err = (out64 - ref64).norm() / max(ref64.norm(), 1e-30)
+    assert err < TOL[dtype], f"relative error {err:.2e} >= {TOL[dtype]}"
+
+
+# --- elementwise and row reductions -----------------------------------------------------
+
+@tsr.function
+def bias_gelu(x: Tensor["M", "N"], b: Tensor["N"]):
+    return tsr.gelu(x * 2.0 + b, approximate="tanh")
+
+
+@tsr.function
+def softmax(x: Tensor["M", "N"]):
+    return tsr.softmax(x, dim=-1)
+
+
+@tsr.function
+def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    return tsr.layer_norm(x, (x.shape[-1],), w, b)
+
+
+@tsr.function
+def rms_norm(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.rms_norm(x, (x.shape[-1],), w, eps=1e-6)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("m,n", [(1, 1), (1000, 77), (3, 4097)])
+def test_elementwise(torch_cuda, dtype, m, n):
+    torch = torch_cuda
+    (x, b), (out,) = run(bias_gelu, dict(M=m, N=n), dtype, torch)
+    ref = torch.nn.functional.gelu(x.float() * 2 + b.float(), approximate="tanh")
+    check(out, ref, dtype, torch)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("m,n", [(1, 1), (7, 1000), (33, 4097), (4, 8192)])
+def test_softmax(torch_cuda, dtype, m, n):
+    torch = torch_cuda
+    (x,), (out,) = run(softmax, dict(M=m, N=n), dtype, torch)
+    check(out, torch.softmax(x.float(), dim=-1), dtype, torch)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("m,n", [(1, 7), (64, 1000), (5, 3000)])
+def test_layer_norm(torch_cuda, dtype, m, n):
+    torch = torch_cuda
+    (x, w, b), (out,) = run(layer_norm, dict(M=m, N=n), dtype, torch)
+    ref = torch.nn.functional.layer_norm(x.float(), (n,), w.float(), b.float())
+    check(out, ref, dtype, torch)
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("m,n", [(1, 1), (17, 4097)])
+def test_rms_norm(torch_cuda, dtype, m, n):
+    torch = torch_cuda
+    (x, w), (out,) = run(rms_norm, dict(M=m, N=n), dtype, torch)
+    ref = x.float() * torch.rsqrt(x.float().pow(2).mean(-1, keepdim=True) + 1e-6) * w.float()
+    check(out, ref, dtype, torch)
+
+
+# --- GEMM -----------------------------------------------------------------------------------
+
+@tsr.function
+def gemm_bias_gelu(a: Tensor["M", "K"], b: Tensor["K", "N"], bias: Tensor["N"]):
+    return tsr.gelu(tsr.matmul(a, b) + bias)
+
+
+@tsr.function
+def gemm_nt_scaled(a: Tensor["M", "K"], b: Tensor["N", "K"]):
+    return (tsr.matmul(a, b.transpose(0, 1)) * 0.5).to(tsr.fp32)
+
+
+@tsr.function
+def batched_gemm(a: Tensor["B", "M", "K"], b: Tensor["K", "N"]):
+    return tsr.matmul(a, b)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (77, 100, 45), (256, 512, 384), (130, 33, 257)])
+def test_gemm_epilogue(torch_cuda, dtype, m, k, n):
+    torch = torch_cuda
+    (a, b, bias), (out,) = run(gemm_bias_gelu, dict(M=m, K=k, N=n), dtype, torch)
+    ref = torch.nn.functional.gelu(a.float() @ b.float() + bias.float())
+    check(out, ref, dtype, torch)
+
+
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (77, 64, 45)])
+def test_gemm_transposed_b(torch_cuda, m, k, n):
+    torch = torch_cuda
+    (a, b), (out,) = run(gemm_nt_scaled, dict(M=m, K=k, N=n), "fp16", torch)
+    check(out, (a.float() @ b.float().T) * 0.5, "fp16", torch)
+
+
+def test_batched_gemm(torch_cuda):
+    torch = torch_cuda
+    (a, b), (out,) = run(batched_gemm, dict(B=3, M=70, K=48, N=40), "fp16", torch)
+    check(out, a.float() @ b.float(), "fp16", torch)
+
+
+# --- flash attention --------------------------------------------------------------------------
+
+@tsr.function
+def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = tsr.matmul(q, k.transpose(-2, -1)) * scale
+    return tsr.matmul(tsr.softmax(scores, dim=-1), v)
+
+
+@tsr.function
+def causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    i = tsr.arange(q.shape[-2])
+    s = tsr.where(i[:, None] >= i[None, :], s, -math.inf)
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+@tsr.function
+def alibi_softcap(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
+                  slopes: Tensor["H", tsr.fp32]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    i = tsr.arange(q.shape[-2])
+    s = s + slopes[:, None, None] * (i[None, :] - i[:, None])
+    s = 20.0 * tsr.tanh(s / 20.0)
+    return tsr.matmul(tsr.softmax(s, dim=-1).to(v.dtype), v)
+
+
+def sdpa(torch, q, k, v, mask=None, causal_mask=False):
+    return torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float(), attn_mask=mask,
+                                                            is_causal=causal_mask)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("b,h,s,d", [(1, 1, 1, 64), (2, 3, 17, 64), (1, 2, 1000, 64), (1, 1, 4097, 64),
+                                     (2, 2, 1000, 128), (1, 1, 17, 128)])
+def test_attention(torch_cuda, dtype, b, h, s, d):
+    torch = torch_cuda
+    (q, k, v), (out,) = run(attention, dict(B=b, H=h, S=s, D=d), dtype, torch)
+    check(out, sdpa(torch, q, k, v), dtype, torch)
+
+
+@pytest.mark.parametrize("b,h,s,d", [(1, 1, 1, 64), (2, 2, 1000, 64), (1, 1, 4097, 128)])
+def test_causal_attention(torch_cuda, b, h, s, d):
+    torch = torch_cuda
+    (q, k, v), (out,) = run(causal, dict(B=b, H=h, S=s, D=d), "fp16", torch)
+    check(out, sdpa(torch, q, k, v, causal_mask=True), "fp16", torch)
+
+
+def test_alibi_softcap_attention(torch_cuda):
+    torch = torch_cuda
+    dims = dict(B=2, H=4, S=333, D=64)
+    (q, k, v, slopes), (out,) = run(alibi_softcap, dims, "fp16", torch)
+    i = torch.arange(dims["S"], device="cuda", dtype=torch.float32)
+    s = (q.float() @ k.float().transpose(-2, -1)) / 8.0 + slopes.float()[:, None, None] * (i[None, :] - i[:, None])
+    s = 20.0 * torch.tanh(s / 20.0)
+    check(out, torch.softmax(s, dim=-1).half().float() @ v.float(), "fp16", torch)
+
+
+def test_torch_tensors_in_and_out(torch_cuda):
+    """The plain call path: CUDA tensors in, CUDA tensors of the right dtype out, on torch's stream."""
+    torch = torch_cuda
+    q, k, v = (torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    out = attention(q, k, v)
+    assert out.is_cuda and out.dtype == torch.float16 and out.shape == q.shape
+    check(out, sdpa(torch, q, k, v), "fp16", torch)
+
+
+def test_bad_inputs_fail_before_launch(torch_cuda):
+    torch = torch_cuda
+    q = torch.randn(1, 2, 100, 64, device="cuda", dtype=torch.float16)
+    k = torch.randn(1, 2, 100, 32, device="cuda", dtype=torch.float16)
+    with pytest.raises(tsr.ShapeError, match="D"):
+        attention(q, k, k)
+    with pytest.raises(tsr.TesseraError, match="contiguous"):
+        attention(q.transpose(-2, -1).contiguous().transpose(-2, -1), q, q)

@@ -1,0 +1,43 @@
+"""compute-sanitizer memcheck over a small attention and GEMM: no out-of-bounds or misaligned access."""
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+PROGRAM = textwrap.dedent("""
+    import math, torch, tessera as tsr
+    from tessera import Tensor
+
+    @tsr.function
+    def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        i = tsr.arange(q.shape[-2])
+        s = tsr.where(i[:, None] >= i[None, :], s, -math.inf)
+        return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+    @tsr.function
+    def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"], bias: Tensor["N"]):
+        return tsr.gelu(tsr.matmul(a, b) + bias)
+
+    q, k, v = (torch.randn(1, 2, 77, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+    attention(q, k, v)
+    a, b, bias = (torch.randn(*s, device="cuda", dtype=torch.float16) for s in ((45, 70), (70, 33), (33,)))
+    gemm(a, b, bias)
+    torch.cuda.synchronize()
+    print("ran")
+""")
+
+
+def test_memcheck_attention_and_gemm(cuda_device):
+    tool = shutil.which("compute-sanitizer") or "/usr/local/cuda/bin/compute-sanitizer"
+    if not os.path.exists(tool):
+        pytest.skip("compute-sanitizer not installed")
+    pytest.importorskip("torch")
+    env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
+    result = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", PROGRAM],
+                            capture_output=True, text=True, env=env, timeout=600)
+    assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]
+    assert "ran" in result.stdout and "ERROR SUMMARY: 0 errors" in result.stdout
