@@ -87,11 +87,16 @@ def f32_literal(x: float) -> str:
 
 # --- layouts ---------------------------------------------------------------------------------------
 
+def is_tile(v: SSAValue) -> bool:
+    """A distributed register tile; rank-0 tensors are uniform per program, held like scalars."""
+    return isinstance(v.type, TensorType) and v.type.get_num_dims() > 0
+
+
 def _tensor_values(kernel) -> list[SSAValue]:
     out = []
     for op in kernel.walk():
         for v in (*op.results, *[a for r in op.regions for b in r.blocks for a in b.args]):
-            if isinstance(v.type, TensorType):
+            if is_tile(v):
                 out.append(v)
     return out
 
@@ -122,8 +127,8 @@ def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
     values = [v for v in _tensor_values(kernel) if not isinstance(v.owner, t.LoadSharedOp)]
     shapes2 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 2}
     shapes1 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 1}
-    if any(v.type.get_num_dims() > 2 or v.type.get_num_dims() == 0 for v in values):
-        raise UnsupportedByBackend("PTX backend: tiles of rank 0 or above 2 are not supported yet")
+    if any(v.type.get_num_dims() > 2 for v in values):
+        raise UnsupportedByBackend("PTX backend: tiles of rank above 2 are not supported yet")
     if any(isinstance(op, tgt.TensorCoreOp) for op in kernel.walk()):
         wm, wn = _mma_warps(kernel, num_warps, shapes2)
         rank2 = {shape: Mma(shape, wm, wn) for shape in shapes2}
@@ -141,7 +146,7 @@ def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
     for op in kernel.walk():
         if isinstance(op, t.ReduceOp) and op.x in layouts:
             slices[op.result] = Slice(layouts[op.x], 1 - op.axis.value.data)
-        if isinstance(op, t.BroadcastOp) and isinstance(op.x.type, TensorType):
+        if isinstance(op, t.BroadcastOp) and is_tile(op.x):
             (d,) = t.int_values(op.dims)
             slices[op.x] = Slice(layouts[op.result], d)
     _propagate(kernel, slices)
@@ -160,7 +165,7 @@ def _propagate(kernel, keep: dict[SSAValue, Slice]) -> None:
     """Spreads rank-1 slice layouts through elementwise ops and loop-carried values until stable."""
     links: list[tuple[SSAValue, SSAValue]] = []
     for op in kernel.walk():
-        tensors = [v for v in (*op.operands, *op.results) if isinstance(v.type, TensorType)
+        tensors = [v for v in (*op.operands, *op.results) if is_tile(v)
                    and v.type.get_num_dims() == 1]
         if isinstance(op, (t.ReduceOp, t.BroadcastOp, t.LoadOp, t.StoreOp)):
             continue
@@ -296,7 +301,7 @@ class KernelEmitter:
     def elementwise(self, op: Operation, build: Callable[[list[str]], str]) -> None:
         """Applies `build(operand registers) -> result register` to every element."""
         result = op.results[0]
-        if not isinstance(result.type, TensorType):
+        if not is_tile(result):
             self.env[result] = build([self.env[v] for v in op.operands])
             return
         n = len(self.layouts[result].offsets)
@@ -500,7 +505,7 @@ def _program_id(e: KernelEmitter, op: t.ProgramIdOp):
 
 def _broadcast(e: KernelEmitter, op: t.BroadcastOp):
     out = e.layouts[op.result]
-    if not isinstance(op.x.type, TensorType):
+    if not is_tile(op.x):
         e.env[op.result] = e.env[op.x]
         return
     src = e.layouts[op.x]
@@ -646,7 +651,24 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
     return addr, result
 
 
+def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
+    """A rank-0 tile: one element, the same for the whole program (e.g. a per-head ALiBi slope)."""
+    shape = op.src.type.get_shape()
+    linear = e.new(S32)
+    e.emit(f"mov.s32 {linear}, 0;")
+    for d, off in enumerate(op.offsets):
+        e.emit(f"mad.lo.s32 {linear}, {e.value(off)}, {math.prod(shape[d + 1:])}, {linear};")
+    ty = ptx_type(op.result.type)
+    addr, r = e.new(U64), e.new(ty)
+    e.emit(f"mul.wide.s32 {addr}, {linear}, {ty.bytes};")
+    e.emit(f"add.s64 {addr}, {e.value(op.src)}, {addr};")
+    e.emit(f"ld.global.{_storage(ty)} {r}, [{addr}];")
+    e.env[op.result] = r
+
+
 def _load(e: KernelEmitter, op: t.LoadOp):
+    if not is_tile(op.result):
+        return _load_scalar(e, op)
     layout = e.layouts[op.result]
     ty = ptx_type(op.result.type)
     addr, elems = _memory_access(e, op.src, list(op.offsets), t.int_values(op.tile_dims), layout)
@@ -689,14 +711,14 @@ def _for(e: KernelEmitter, op: scf.ForOp):
     e.emit(f"mov.s32 {iv}, {e.value(op.lb)};")
     carried = []
     for init, arg in zip(op.iter_args, body.args[1:]):
-        src = e.regs_of(init) if isinstance(init.type, TensorType) else [e.value(init)]
+        src = e.regs_of(init) if is_tile(init) else [e.value(init)]
         ty = ptx_type(init.type)
         regs = []
         for s in src:
             r = e.new(ty)
             e.emit(f"mov.{_mov(ty)} {r}, {s};")
             regs.append(r)
-        e.env[arg] = regs if isinstance(init.type, TensorType) else regs[0]
+        e.env[arg] = regs if is_tile(init) else regs[0]
         carried.append((arg, ty, regs))
     e.env[body.args[0]] = iv
     top, end = e.label("loop"), e.label("done")
@@ -714,7 +736,7 @@ def _for(e: KernelEmitter, op: scf.ForOp):
     yielded = body.last_op.operands
     staged = []
     for (arg, ty, regs), y in zip(carried, yielded):
-        src = e.regs_of(y) if isinstance(y.type, TensorType) else [e.value(y)]
+        src = e.regs_of(y) if is_tile(y) else [e.value(y)]
         tmp = []
         for s in src:
             r = e.new(ty)
@@ -728,7 +750,7 @@ def _for(e: KernelEmitter, op: scf.ForOp):
     e.emit(f"bra {top};")
     e.lines.append(f"{end}:")
     for (arg, ty, regs), res in zip(carried, op.results):
-        e.env[res] = regs if isinstance(res.type, TensorType) else regs[0]
+        e.env[res] = regs if is_tile(res) else regs[0]
 
 
 def _mov(ty: PtxType) -> str:
