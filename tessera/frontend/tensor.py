@@ -12,7 +12,11 @@ from typing import Sequence
 
 from .. import dtypes
 from ..dtypes import DType
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, TesseraError
+
+
+class TracedBoolError(TesseraError, TypeError):
+    """Python control flow on a traced tensor's values."""
 
 
 class SymInt(int):
@@ -89,7 +93,8 @@ class Tensor:
         return f"Tensor[{', '.join(map(str, self.dims))}, {self.dtype}]"
 
     def __bool__(self):
-        raise TypeError("a traced Tensor has no truth value: use tsr.where(cond, a, b) instead of if/and/or")
+        raise TracedBoolError("a traced Tensor has no truth value (in `if`, `and`, `or`, `not`): its values "
+                              "exist only when the kernel runs; use tsr.where(cond, a, b), & and | instead")
 
     # --- methods forwarding to ops ------------------------------------------------
     def transpose(self, d0: int, d1: int) -> "Tensor":

@@ -533,6 +533,11 @@ def _fresh(c: Compiler, op: tile.AllocSharedOp | tile.AllocGlobalOp) -> Step:
     return step
 
 
+def _view(c: Compiler, op: tile.ViewOp) -> Step:
+    shape = tuple(op.result.type.get_shape())
+    return _apply(lambda buf: buf.reshape(shape), c.ins(op), c.out(op))
+
+
 def _load_shared(c: Compiler, op: tile.LoadSharedOp) -> Step:
     return _apply(lambda buf, stage: buf[stage].copy(), c.ins(op), c.out(op))
 
@@ -594,7 +599,7 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     tile.CmpfOp: _cmpf, tile.CmpiOp: _cmpi, tile.SelectOp: _select,
     scf.ForOp: _for, scf.IfOp: _if,
     tile.ProgramIdOp: _program_id, tile.LoadOp: _load, tile.StoreOp: _store,
-    tile.AllocSharedOp: _fresh, tile.AllocGlobalOp: _fresh, tile.CopyAsyncOp: _copy_async,
+    tile.AllocSharedOp: _fresh, tile.AllocGlobalOp: _fresh, tile.ViewOp: _view, tile.CopyAsyncOp: _copy_async,
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,
     tile.LoadSharedOp: _load_shared, tile.MmaOp: _mma, tile.ReduceOp: _reduce,
     tile.BroadcastOp: _broadcast, tile.ArangeOp: _arange, tile.LaunchOp: _launch,

@@ -78,7 +78,7 @@ class KernelOp(IRDLOperation):
     kind = prop_def(StringAttr)
     params = prop_def(DictionaryAttr)
     space = prop_def(DictionaryAttr)
-    body = region_def("single_block")
+    body = region_def()
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = ("$sym_name $kind `(` $inputs `)` attr-dict `:` functional-type($inputs, $outputs) $body")
 
@@ -96,6 +96,8 @@ class KernelOp(IRDLOperation):
         if self.kind.data not in KINDS:
             raise VerifyException(f"schedule.kernel {self.sym_name.data}: unknown kind {self.kind.data!r}; "
                                   f"expected one of {sorted(KINDS)}")
+        if len(self.body.blocks) != 1:
+            raise VerifyException(f"schedule.kernel {self.sym_name.data} must have exactly one block")
         block = self.body.block
         if [a.type for a in block.args] != [v.type for v in self.inputs]:
             raise VerifyException(f"schedule.kernel {self.sym_name.data}: block arguments do not match its inputs")

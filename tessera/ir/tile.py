@@ -25,6 +25,8 @@ round-trip it exactly.
 """
 from __future__ import annotations
 
+import math as pymath
+
 from collections.abc import Sequence
 from io import StringIO
 from typing import ClassVar
@@ -327,6 +329,30 @@ class AllocGlobalOp(IRDLOperation):
     def verify_(self) -> None:
         _require_static(self, "result", self.result.type)
         _require(not is_shared(self.result.type), self, "global buffers cannot live in shared memory (space 3)")
+
+
+@irdl_op_definition
+class ViewOp(IRDLOperation):
+    """Host side: the same contiguous buffer seen with another shape (a reshape that
+    merges or splits dims costs no copy and no kernel)."""
+
+    name = "tile.view"
+    source = operand_def(MemRefType)
+    result = result_def(MemRefType)
+    assembly_format = "$source attr-dict `:` type($source) `->` type($result)"
+
+    def __init__(self, source: Value, shape: Sequence[int]):
+        src_t = SSAValue.get(source).type
+        super().__init__(operands=[source], result_types=[MemRefType(src_t.get_element_type(), shape)])
+
+    def verify_(self) -> None:
+        src_t, res_t = self.source.type, self.result.type
+        _require_static(self, "source", src_t)
+        _require_static(self, "result", res_t)
+        _require_same_element(self, "source", src_t, "result", res_t)
+        n_src, n_res = (pymath.prod(t.get_shape()) for t in (src_t, res_t))
+        _require(n_src == n_res, self, f"a view of {_fmt(src_t.get_shape())} ({n_src} elements) cannot have "
+                                       f"shape {_fmt(res_t.get_shape())} ({n_res} elements)")
 
 
 # ---------------------------------------------------------------- shared memory and async copies
@@ -758,7 +784,7 @@ ArithOnTiles = Dialect(
 
 Tile = Dialect(
     "tile",
-    [KernelOp, ReturnOp, ProgramIdOp, LoadOp, StoreOp, AllocGlobalOp, AllocSharedOp, CopyAsyncOp,
+    [KernelOp, ReturnOp, ProgramIdOp, LoadOp, StoreOp, AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp,
      AsyncCommitOp, AsyncWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp],
     [],
 )

@@ -500,6 +500,9 @@ def _host(f: func.FuncOp, bindings) -> tuple[list, func.FuncOp]:
         buffers[v] = arg
     kernels = []
     for sk in f.body.block.ops:
+        if isinstance(sk, g.ReshapeOp):
+            buffers[sk.res] = b(t.ViewOp(buffers[sk.input], memref_of(sk.res, bindings).get_shape()))
+            continue
         if not isinstance(sk, s.KernelOp):
             continue
         kb = _start(sk, bindings)

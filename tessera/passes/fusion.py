@@ -9,9 +9,11 @@ Rules, in the order they claim ops:
    each, with their elementwise prologue and epilogue;
 4. the remaining elementwise ops form `elementwise` kernels.
 
-Cheap ops (constants, arange, transposes, reshapes) are never kernels of their
-own: each kernel that needs them gets its own copy, so transposes become
-index maps of the loads rather than copies in memory.
+Cheap ops (constants, arange, transposes, reshapes that only add or drop
+size-1 dims) are never kernels of their own: each kernel that needs them gets
+its own copy, so transposes become index maps of the loads rather than copies
+in memory. A reshape that merges or splits dims stays between kernels, at the
+host level, where it is a view of a contiguous buffer.
 """
 from __future__ import annotations
 
@@ -25,6 +27,12 @@ from ..ir import graph as g
 from ..ir import schedule as s
 
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
+
+
+def is_unit_reshape(op: g.ReshapeOp, bindings: dict[str, int]) -> bool:
+    """A reshape that only adds or removes size-1 dims (an index map, not a data movement)."""
+    sizes = [[g.dim_value(d, bindings) for d in g.tensor_type(v).shape] for v in (op.input, op.res)]
+    return [s for s in sizes[0] if s != 1] == [s for s in sizes[1] if s != 1]
 ELEMENTWISE = (g.ElementwiseOp, g.CastOp)
 ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)
 
@@ -39,9 +47,17 @@ class Group:
 class _Planner:
     def __init__(self, f: func.FuncOp):
         self.f = f
+        self.bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
         self.order = {op: i for i, op in enumerate(f.body.block.ops)}
         self.group_of: dict[Operation, Group] = {}
         self.groups: list[Group] = []
+        self.views = [op for op in f.body.block.ops if isinstance(op, g.ReshapeOp) and not self.cheap(op)]
+
+    def cheap(self, op) -> bool:
+        """Recomputed inside every kernel that reads it (see the module docstring)."""
+        if isinstance(op, g.ReshapeOp):
+            return is_unit_reshape(op, self.bindings)
+        return isinstance(op, CHEAP)
 
     # --- helpers ----------------------------------------------------------
     def producer(self, v: SSAValue) -> Operation | None:
@@ -51,12 +67,13 @@ class _Planner:
         return [u.operation for u in v.uses]
 
     def free(self, op) -> bool:
-        return op is not None and op not in self.group_of and not isinstance(op, (CHEAP + (func.ReturnOp,)))
+        return (op is not None and op not in self.group_of and not self.cheap(op) and op not in self.views
+                and not isinstance(op, func.ReturnOp))
 
     def strip_cheap(self, v: SSAValue) -> SSAValue:
-        """Looks through views and casts-free cheap ops to the value they read."""
+        """Looks through transposes and unit reshapes to the value they read."""
         op = self.producer(v)
-        while isinstance(op, (g.TransposeOp, g.ReshapeOp)):
+        while isinstance(op, (g.TransposeOp, g.ReshapeOp)) and self.cheap(op):
             v = op.input
             op = self.producer(v)
         return v
@@ -168,7 +185,7 @@ class _Planner:
             seen.add(p)
             if isinstance(p, g.MatmulOp):
                 return True
-            if isinstance(p, ELEMENTWISE + CHEAP):
+            if isinstance(p, ELEMENTWISE) or self.cheap(p):
                 work.extend(p.operands)
         return False
 
@@ -194,10 +211,17 @@ class _Planner:
         return sorted(self.groups, key=lambda grp: self.order.get(self.producer(grp.output), last))
 
     def _copies_for_unproduced_results(self) -> None:
-        """A result that is an argument or a view of one still needs a kernel to write it."""
+        """Materializes what no kernel writes: results that are arguments or views, and the
+        inputs of host views that are transposes (views need contiguous buffers)."""
         ret = self.f.body.block.last_op
-        for v in ret.operands:
-            if self.producer(v) in self.group_of:
+        needed = list(ret.operands) + [view.input for view in self.views]
+        for v in needed:
+            producer = self.producer(v)
+            if producer in self.group_of or (producer is None and v not in ret.operands):
+                continue
+            if producer in self.views and v not in ret.operands:
+                continue
+            if any(grp.output is v for grp in self.groups):
                 continue
             group = Group("elementwise", output=v)
             self.groups.append(group)
@@ -208,7 +232,7 @@ def _clone_cheap_chain(v: SSAValue, mapping: dict, block: Block, inputs: list, p
     if v in mapping:
         return mapping[v]
     op = planner.producer(v)
-    if op is not None and (op in group.ops or isinstance(op, CHEAP)):
+    if op is not None and (op in group.ops or (planner.cheap(op) and not group_reads_as_input(op, group))):
         for operand in op.operands:
             _clone_cheap_chain(operand, mapping, block, inputs, planner, group)
         clone = op.clone(value_mapper=mapping)
@@ -220,6 +244,11 @@ def _clone_cheap_chain(v: SSAValue, mapping: dict, block: Block, inputs: list, p
     inputs.append(v)
     mapping[v] = arg
     return arg
+
+
+def group_reads_as_input(op, group: Group) -> bool:
+    """A copy group's own output is read as an input, never recomputed into itself."""
+    return not group.ops and op is group.output.owner
 
 
 def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
@@ -250,13 +279,23 @@ def fuse(module: ModuleOp, space: dict | None = None) -> ModuleOp:
         groups = planner.plan()
         body = Block(arg_types=[a.type for a in f.body.block.args])
         outer = dict(zip(f.body.block.args, body.args))
-        for i, group in enumerate(groups):
-            block, inputs, params, group_space = _kernel_body(group, planner, space)
-            name = f"{f.sym_name.data}_{group.kind}_{i}"
-            kernel = s.KernelOp(name, group.kind, [outer[v] for v in inputs], [group.output.type], block,
+        last = len(planner.order)
+        items = [(planner.order.get(planner.producer(grp.output), last), 1, grp) for grp in groups]
+        items += [(planner.order[view], 0, view) for view in planner.views]
+        index = 0
+        for _, _, item in sorted(items, key=lambda x: (x[0], x[1])):
+            if isinstance(item, g.ReshapeOp):
+                view = g.ReshapeOp(outer[item.input], item.res.type)
+                body.add_op(view)
+                outer[item.res] = view.res
+                continue
+            block, inputs, params, group_space = _kernel_body(item, planner, space)
+            name = f"{f.sym_name.data}_{item.kind}_{index}"
+            index += 1
+            kernel = s.KernelOp(name, item.kind, [outer[v] for v in inputs], [item.output.type], block,
                                 params, group_space)
             body.add_op(kernel)
-            outer[group.output] = kernel.outputs[0]
+            outer[item.output] = kernel.outputs[0]
         body.add_op(func.ReturnOp(*[outer[v] for v in f.body.block.last_op.operands]))
         new = func.FuncOp(f.sym_name.data, f.function_type, Region(body))
         for key, value in f.attributes.items():

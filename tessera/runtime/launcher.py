@@ -74,7 +74,9 @@ class GpuProgram:
         self.intermediates: list[Buffer] = []
         self.steps: list[Step] = []
         for op in host.body.block.ops:
-            if isinstance(op, tile.AllocGlobalOp):
+            if isinstance(op, tile.ViewOp):
+                index[op.result] = index[op.source]   # same memory, another shape
+            elif isinstance(op, tile.AllocGlobalOp):
                 index[op.result] = len(types) + len(self.intermediates)
                 self.intermediates.append(_buffer(op.result.type))
             elif isinstance(op, tile.LaunchOp):

@@ -68,6 +68,7 @@ attributes {num_warps = 4 : i64, num_stages = 2 : i64} {
   func.func @main(%a: memref<77x100xf16>, %b: memref<45x100xf16>, %c: memref<77x45xf32>) {
     %n = arith.constant 45 : i32
     %tmp = tile.alloc_global : memref<77x45xf32>
+    %flat = tile.view %tmp : memref<77x45xf32> -> memref<3465xf32>
     tile.launch @every_op(%a, %b, %tmp, %n) {grid = array<i64: 3, 2, 1>} : memref<77x100xf16>, memref<45x100xf16>, memref<77x45xf32>, i32
     func.return
   }

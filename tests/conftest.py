@@ -1,0 +1,99 @@
+"""Shared test helpers, as session-scoped fixtures (so hypothesis tests can use them too).
+
+- `random_inputs(specs, seed)`: fresh standard-normal arrays for a function's arg specs;
+- `assert_close(out, ref, dtype=None, what=..., tolerance=None)`: compares in float64 with per-dtype
+  tolerances (or an explicit `(relative, max-abs)` pair);
+- `assert_matches_reference(compiled, arrays)`: tile interpreter vs the Graph IR oracle.
+"""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from tessera import dtypes
+
+#: dtype name -> (relative error bound ||out - ref|| / ||ref||, max-abs bound as a fraction of max(1, max|ref|)).
+#: fp16/bf16 kernels compute in f32 but the oracle rounds every op's result to the storage type.
+TOLERANCES = {
+    "fp32": (1e-5, 1e-4),
+    "fp16": (1e-2, 2e-2),
+    "bf16": (3e-2, 8e-2),
+}
+
+
+def _tolerance(*dts) -> tuple[float, float]:
+    """The loosest tolerance among the float dtypes involved."""
+    rel, mx = 0.0, 0.0
+    for dt in dts:
+        try:
+            name = dtypes.lookup(dt).name
+        except TypeError:  # float64 and other non-Tessera dtypes: no looser than fp32
+            name = "fp32"
+        if name in TOLERANCES:
+            r, m = TOLERANCES[name]
+            rel, mx = max(rel, r), max(mx, m)
+    return (rel, mx) if rel else TOLERANCES["fp32"]
+
+
+def _assert_close(out, ref, dtype=None, what: str = "output", tolerance: tuple[float, float] | None = None) -> None:
+    out, ref = np.asarray(out), np.asarray(ref)
+    assert out.shape == ref.shape, f"{what}: shape {out.shape} != reference {ref.shape}"
+    if out.dtype == np.bool_ or np.issubdtype(out.dtype, np.integer):
+        np.testing.assert_array_equal(out, ref, err_msg=what)
+        return
+    o, r = out.astype(np.float64), ref.astype(np.float64)
+    # Outputs start as NaN poison: a NaN where the reference has a number is an unwritten element.
+    assert not np.isnan(o[~np.isnan(r)]).any(), (
+        f"{what}: {int(np.isnan(o[~np.isnan(r)]).sum())} of {o.size} elements are NaN (never written?)")
+    assert np.array_equal(np.isnan(o), np.isnan(r)), f"{what}: NaN pattern differs from the reference"
+    assert np.array_equal(np.isinf(o), np.isinf(r)) and np.array_equal(o[np.isinf(o)], r[np.isinf(r)]), (
+        f"{what}: infinities differ from the reference")
+    finite = np.isfinite(r)
+    o, r = o[finite], r[finite]
+    if r.size == 0:
+        return
+    rel_tol, abs_tol = tolerance or _tolerance(*([dtype] if dtype is not None else [out.dtype]))
+    diff = np.abs(o - r)
+    norm = np.linalg.norm(r)
+    rel = np.linalg.norm(o - r) / norm if norm > 0 else np.linalg.norm(o - r)
+    scale = max(1.0, float(np.abs(r).max()))
+    assert rel <= rel_tol, f"{what}: relative error {rel:.3e} > {rel_tol:.0e}"
+    assert diff.max() <= abs_tol * scale, (
+        f"{what}: max abs error {diff.max():.3e} > {abs_tol:.0e} * {scale:.3g} at index "
+        f"{np.unravel_index(int(diff.argmax()), diff.shape)}")
+
+
+@pytest.fixture(scope="session")
+def random_inputs():
+    def make(specs, seed: int, low: float | None = None, high: float | None = None) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        arrays = []
+        for s in specs:
+            if low is not None:
+                x = rng.uniform(low, high, s.shape)
+            else:
+                x = rng.standard_normal(s.shape)
+            arrays.append(np.asarray(x).astype(s.dtype.np))
+        return arrays
+    return make
+
+
+@pytest.fixture(scope="session")
+def assert_close():
+    return _assert_close
+
+
+@pytest.fixture(scope="session")
+def assert_matches_reference():
+    def check(compiled, arrays, dtype=None) -> list[np.ndarray]:
+        """Runs the tile interpreter and the oracle; tolerance = loosest of inputs' and each output's dtype."""
+        outs = compiled.run(*arrays)
+        refs = compiled.reference(*arrays)
+        assert len(outs) == len(refs)
+        in_dts = [a.dtype for a in arrays]
+        for i, (o, r) in enumerate(zip(outs, refs)):
+            dts = [dtype] if dtype is not None else [*in_dts, o.dtype]
+            worst = max(dts, key=lambda d: _tolerance(d))
+            _assert_close(o, r, worst, what=f"{compiled.name} output {i}")
+        return outs
+    return check

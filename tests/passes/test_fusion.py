@@ -1,0 +1,325 @@
+"""Fusion decisions (Graph IR -> Schedule IR): which ops share a kernel, and that the result is still right.
+
+Each case checks the `schedule.kernel` ops of the Schedule IR module (kinds, count, what
+their regions hold, which values flow between kernels) and runs the compiled program on
+the CPU tile interpreter against the Graph IR oracle.
+"""
+import math
+
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.compiler import compile_module
+from tessera.passes.fusion import fuse
+
+ATTN_DIMS = {"B": 2, "H": 2, "S": 70, "Sq": 70, "Sk": 70, "D": 64}
+
+
+def schedule_kernels(c):
+    f = next(iter(c.modules["schedule"].ops))
+    return [op for op in f.body.block.ops if op.name == "schedule.kernel"]
+
+
+def region_op_names(kernel) -> list[str]:
+    return [op.name for op in kernel.body.block.ops]
+
+
+def tile_host_ops(c) -> list[str]:
+    host = next(op for op in c.modules["tile"].ops if op.name == "func.func")
+    return [op.name for op in host.body.block.ops]
+
+
+def compile_and_check(fn, dims, dtype, random_inputs, assert_matches_reference, seed=0, make=None):
+    c = fn.compile(fn.arg_specs_for(dims, dtype))
+    arrays = random_inputs(fn.arg_specs_for(dims, dtype), seed)
+    if make is not None:
+        arrays = make(arrays)
+    assert_matches_reference(c, arrays)
+    return c
+
+
+# --- attention ------------------------------------------------------------------------------------------------
+
+@tsr.function
+def flash_attention(q: Tensor["B", "H", "S", "D"],
+                    k: Tensor["B", "H", "S", "D"],
+                    v: Tensor["B", "H", "S", "D"]) -> Tensor["B", "H", "S", "D"]:
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    scores = tsr.matmul(q, k.transpose(-2, -1)) * scale
+    probs = tsr.softmax(scores, dim=-1)
+    return tsr.matmul(probs, v)
+
+
+@tsr.function
+def causal_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    i = tsr.arange(q.shape[-2])
+    s = tsr.where(i[:, None] >= i[None, :], s, -math.inf)
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+@tsr.function
+def alibi_attention(q: Tensor["B", "H", "Sq", "D"], k: Tensor["B", "H", "Sk", "D"], v: Tensor["B", "H", "Sk", "D"],
+                    slopes: Tensor["H"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    i = tsr.arange(q.shape[-2])
+    j = tsr.arange(k.shape[-2])
+    s = s + slopes[:, None, None] * (j[None, :] - i[:, None])
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+@tsr.function
+def softcap_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    cap = 30.0
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    s = cap * tsr.tanh(s / cap)
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+@tsr.function
+def mixed_precision_attention(q: Tensor["B", "H", "S", "D", tsr.fp16], k: Tensor["B", "H", "S", "D", tsr.fp16],
+                              v: Tensor["B", "H", "S", "D", tsr.fp16]):
+    s = tsr.matmul(q, k.transpose(-2, -1)).float() * (1.0 / math.sqrt(q.shape[-1]))
+    p = tsr.softmax(s, dim=-1).to(tsr.fp16)
+    return tsr.matmul(p, v)
+
+
+@tsr.function
+def shared_kv_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", 1, "S", "D"], v: Tensor["B", 1, "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+ATTENTION_VARIANTS = [flash_attention, causal_attention, alibi_attention, softcap_attention,
+                      mixed_precision_attention, shared_kv_attention]
+
+
+@pytest.mark.parametrize("fn", ATTENTION_VARIANTS, ids=lambda f: f.name)
+def test_attention_is_one_flash_attention_kernel(fn, random_inputs, assert_matches_reference):
+    c = compile_and_check(fn, ATTN_DIMS, "fp16", random_inputs, assert_matches_reference)
+    (kernel,) = schedule_kernels(c)
+    assert kernel.kind.data == "flash_attention"
+    names = region_op_names(kernel)
+    assert names.count("graph.matmul") == 2 and names.count("graph.softmax") == 1
+    assert names[-1] == "schedule.yield"
+    assert len(c.kernel_names) == 1
+    # No S x S intermediate in memory: the host launches the one kernel and allocates nothing.
+    host = tile_host_ops(c)
+    assert host.count("tile.launch") == 1
+    assert "tile.alloc_global" not in host
+
+
+def test_score_modifications_live_inside_the_flash_kernel():
+    c = causal_attention.compile(causal_attention.arg_specs_for(ATTN_DIMS, "fp16"))
+    names = region_op_names(schedule_kernels(c)[0])
+    for op in ("graph.arange", "graph.ge", "graph.where", "graph.mul"):
+        assert op in names
+    c = softcap_attention.compile(softcap_attention.arg_specs_for(ATTN_DIMS, "fp32"))
+    assert "graph.tanh" in region_op_names(schedule_kernels(c)[0])
+    c = alibi_attention.compile(alibi_attention.arg_specs_for(ATTN_DIMS, "fp32"))
+    (kernel,) = schedule_kernels(c)
+    assert len(kernel.inputs) == 4  # q, k, v and the slopes
+    assert {"graph.sub", "graph.add"} <= set(region_op_names(kernel))
+
+
+@tsr.function
+def attention_returning_probs(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"],
+                              v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    p = tsr.softmax(s, dim=-1)
+    return tsr.matmul(p, v), p
+
+
+@tsr.function
+def attention_returning_scores(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"],
+                               v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(s, dim=-1), v), s
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16"])
+@pytest.mark.parametrize("fn", [attention_returning_probs, attention_returning_scores], ids=lambda f: f.name)
+def test_attention_whose_intermediates_are_returned_is_not_flash(fn, dtype, random_inputs,
+                                                                 assert_matches_reference):
+    """The probabilities (or scores) must exist in memory, so flash attention does not apply."""
+    c = compile_and_check(fn, ATTN_DIMS, dtype, random_inputs, assert_matches_reference)
+    kinds = [k.kind.data for k in schedule_kernels(c)]
+    assert "flash_attention" not in kinds
+    assert kinds.count("gemm") == 2 and kinds.count("row_reduction") == 1
+
+
+@tsr.function
+def attention_probs_used_twice(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"],
+                               v: Tensor["B", "H", "S", "D"]):
+    p = tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * 0.125, dim=-1)
+    return tsr.matmul(p, v) + tsr.matmul(p, v * 2.0)
+
+
+def test_attention_probs_with_two_consumers_is_not_flash(random_inputs, assert_matches_reference):
+    c = compile_and_check(attention_probs_used_twice, ATTN_DIMS, "fp32", random_inputs, assert_matches_reference)
+    assert "flash_attention" not in [k.kind.data for k in schedule_kernels(c)]
+
+
+# --- gemm, row reductions, elementwise -----------------------------------------------------------------------
+
+@tsr.function
+def linear_gelu(x: Tensor["M", "K"], w: Tensor["K", "N"], b: Tensor["N"]):
+    return tsr.gelu(tsr.matmul(x, w) + b)
+
+
+@tsr.function
+def linear_gelu_tanh_cast(x: Tensor["M", "K"], w: Tensor["K", "N"], b: Tensor["N"]):
+    return tsr.gelu(x @ w + b, approximate="tanh").to(tsr.fp16)
+
+
+@tsr.function
+def linear_silu_transposed(x: Tensor["M", "K"], w: Tensor["N", "K"]):
+    return tsr.silu(x @ w.T) * 0.5
+
+
+GEMM_DIMS = {"M": 33, "K": 40, "N": 50}
+
+
+@pytest.mark.parametrize("fn", [linear_gelu, linear_gelu_tanh_cast, linear_silu_transposed], ids=lambda f: f.name)
+def test_matmul_with_epilogue_is_one_gemm_kernel(fn, random_inputs, assert_matches_reference):
+    c = compile_and_check(fn, GEMM_DIMS, "fp32", random_inputs, assert_matches_reference)
+    (kernel,) = schedule_kernels(c)
+    assert kernel.kind.data == "gemm"
+    names = region_op_names(kernel)
+    assert names.count("graph.matmul") == 1
+    assert "tile.alloc_global" not in tile_host_ops(c)
+
+
+def test_gelu_epilogue_ops_are_in_the_gemm_region():
+    c = linear_gelu.compile(linear_gelu.arg_specs_for(GEMM_DIMS, "fp16"))
+    names = region_op_names(schedule_kernels(c)[0])
+    assert {"graph.matmul", "graph.add", "graph.erf", "graph.mul"} <= set(names)
+
+
+@tsr.function
+def softmax_rows(x: Tensor["M", "N"]):
+    return tsr.softmax(x, dim=-1)
+
+
+@tsr.function
+def softmax_with_prologue_and_epilogue(x: Tensor["M", "N"], bias: Tensor["N"]):
+    return tsr.softmax((x + bias) * 0.5, dim=-1).to(tsr.fp16)
+
+
+@tsr.function
+def layer_norm_affine(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    return tsr.layer_norm(x, (x.shape[-1],), w, b)
+
+
+@tsr.function
+def residual_layer_norm(x: Tensor["M", "N"], r: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.layer_norm(x + r, [x.shape[-1]], w) * 2.0
+
+
+@tsr.function
+def rms_norm_weight(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.rms_norm(x, [x.shape[-1]], w)
+
+
+@tsr.function
+def row_sum(x: Tensor["M", "N"]):
+    return tsr.sum(tsr.exp(x), dim=-1, keepdim=True)
+
+
+@pytest.mark.parametrize("fn", [softmax_rows, softmax_with_prologue_and_epilogue, layer_norm_affine,
+                                residual_layer_norm, rms_norm_weight, row_sum], ids=lambda f: f.name)
+def test_row_reduction_is_one_kernel(fn, random_inputs, assert_matches_reference):
+    c = compile_and_check(fn, {"M": 9, "N": 300}, "fp32", random_inputs, assert_matches_reference)
+    (kernel,) = schedule_kernels(c)
+    assert kernel.kind.data == "row_reduction"
+    assert "tile.alloc_global" not in tile_host_ops(c)
+
+
+@tsr.function
+def elementwise_chain(x: Tensor["B", "M", "N"], y: Tensor["N"], z: Tensor["M", 1]):
+    a = tsr.exp(-tsr.abs(x)) * y + z
+    b = tsr.where(x > y, a, tsr.minimum(a, 0.5))
+    return (tsr.tanh(b) + tsr.sqrt(b * b + 1.0)).to(tsr.fp16)
+
+
+def test_elementwise_chain_is_one_kernel(random_inputs, assert_matches_reference):
+    c = compile_and_check(elementwise_chain, {"B": 2, "M": 5, "N": 33}, "fp32", random_inputs,
+                          assert_matches_reference)
+    (kernel,) = schedule_kernels(c)
+    assert kernel.kind.data == "elementwise"
+    assert len(kernel.inputs) == 3
+    assert "tile.alloc_global" not in tile_host_ops(c)
+
+
+# --- materialisation -----------------------------------------------------------------------------------------
+
+@tsr.function
+def shared_value_two_reductions(x: Tensor["M", "N"]):
+    y = tsr.exp(x) * 2.0
+    return tsr.softmax(y, dim=-1), tsr.amax(y, dim=-1, keepdim=True)
+
+
+@tsr.function
+def shared_value_returned_and_reduced(x: Tensor["M", "N"]):
+    y = tsr.exp(x) * 2.0
+    return y, tsr.sum(y, dim=-1, keepdim=True)
+
+
+@tsr.function
+def shared_gemm_output(x: Tensor["M", "K"], w1: Tensor["K", "N"], w2: Tensor["N", "K"]):
+    h = tsr.gelu(x @ w1)
+    return tsr.layer_norm(h, h.shape[-1]), h @ w2
+
+
+@pytest.mark.parametrize("fn,kinds", [
+    (shared_value_two_reductions, ["elementwise", "row_reduction", "row_reduction"]),
+    (shared_value_returned_and_reduced, ["elementwise", "row_reduction"]),
+    (shared_gemm_output, ["gemm", "row_reduction", "gemm"]),
+], ids=lambda x: getattr(x, "name", None))
+def test_value_with_consumers_in_different_kernels_is_materialized(fn, kinds, random_inputs,
+                                                                   assert_matches_reference):
+    c = compile_and_check(fn, {"M": 9, "K": 20, "N": 33}, "fp32", random_inputs, assert_matches_reference)
+    kernels = schedule_kernels(c)
+    assert sorted(k.kind.data for k in kernels) == sorted(kinds)
+    producer = kernels[0]
+    assert producer.kind.data == kinds[0]
+    # The shared value is the producer's single result, read by every other kernel.
+    consumers = {use.operation for use in producer.outputs[0].uses}
+    assert set(kernels[1:]) <= consumers
+    # Each consumer reads it as an input rather than recomputing it.
+    for k in kernels[1:]:
+        assert producer.outputs[0] in list(k.inputs)
+
+
+@tsr.function
+def bshd_attention(q: Tensor["B", "S", "H", "D"], k: Tensor["B", "S", "H", "D"], v: Tensor["B", "S", "H", "D"]):
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+def test_transposed_inputs_are_index_maps_not_copies(random_inputs, assert_matches_reference):
+    """q, k, v in [B, S, H, D] layout: the transposes become load index maps of the one flash kernel."""
+    c = compile_and_check(bshd_attention, ATTN_DIMS, "fp16", random_inputs, assert_matches_reference)
+    (kernel,) = schedule_kernels(c)
+    assert kernel.kind.data == "flash_attention"
+    assert "tile.alloc_global" not in tile_host_ops(c)
+
+
+def test_fuse_leaves_the_graph_module_unchanged():
+    from tessera.ir import print_ir
+
+    module = flash_attention.trace(flash_attention.arg_specs_for(ATTN_DIMS, "fp16"))
+    before = print_ir(module)
+    scheduled = fuse(module)
+    scheduled.verify()
+    assert print_ir(module) == before
+
+
+def test_autotune_space_sets_schedule_params():
+    module = linear_gelu.trace(linear_gelu.arg_specs_for(GEMM_DIMS, "fp16"))
+    c = compile_module(module, space={"block_m": [64, 128], "block_n": [32, 64], "num_warps": [4]})
+    (kernel,) = schedule_kernels(c)
+    params = kernel.param_values
+    assert params["block_m"] == 64 and params["block_n"] == 32 and params["num_warps"] == 4
