@@ -21,6 +21,7 @@ from ..ir import graph as g
 from ..ir import schedule as s
 from ..ir import tile as t
 from .emit import Builder, Emitter, Map, TileCtx, compare, convert, select, to_storage
+from .masks import column_bounds
 
 
 def cdiv(a: int, b: int) -> int:
@@ -105,14 +106,16 @@ def _axes(prefix: str, n: int) -> tuple[str, ...]:
     return tuple(f"{prefix}{i}" for i in range(n))
 
 
-def _for(b: Builder, lb: int, ub: int, step: int, inits: list[SSAValue], body: Callable) -> list[SSAValue]:
-    """`scf.for` whose body `body(iv, *iter_args)` returns the yielded values."""
+def _for(b: Builder, lb: int | SSAValue, ub: int | SSAValue, step: int, inits: list[SSAValue],
+         body: Callable) -> list[SSAValue]:
+    """`scf.for` whose body `body(iv, *iter_args)` returns the yielded values; bounds are ints or index values."""
+    lb, ub = (b.index(x) if isinstance(x, int) else x for x in (lb, ub))
     block = Block(arg_types=[IndexType(), *[v.type for v in inits]])
     b.blocks.append(block)
     yielded = body(*block.args)
     b(scf.YieldOp(*yielded))
     b.blocks.pop()
-    loop = b(scf.ForOp(b.index(lb), b.index(ub), b.index(step), inits, block))
+    loop = b(scf.ForOp(lb, ub, b.index(step), inits, block))
     return list(loop.owner.results) if inits else []
 
 
@@ -351,15 +354,16 @@ def _copy(kb: KernelBuild, o: Operand, smem: SSAValue, stage: SSAValue, offsets:
     kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims))
 
 
-def _pipelined_loop(kb: KernelBuild, steps: int, stages: int, operands: list[Operand], inner_axis: str,
+def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
                     step_size: int, fixed: dict[str, SSAValue], scalars, inits, compute):
-    """The multi-stage shared-memory pipeline around a loop over `inner_axis`.
+    """The multi-stage shared-memory pipeline around a loop over steps [first, end) of `inner_axis`.
 
-    Stage `i % stages` holds step i's tiles. The prologue issues steps 0..stages-2;
+    Stage `i % stages` holds step i's tiles. The prologue issues steps first..first+stages-2;
     iteration i issues step i+stages-1, waits until step i has landed, computes, and
     synchronises before its stage can be overwritten. Copies past the end read
     padding, so no step needs a guard.
     """
+    first, end = (kb.b.index(x) if isinstance(x, int) else x for x in steps)
     smem = [kb.b(t.AllocSharedOp([stages, *o.shape], g.tensor_type(o.value).element)) for o in operands]
 
     def issue(step: SSAValue):
@@ -370,7 +374,7 @@ def _pipelined_loop(kb: KernelBuild, steps: int, stages: int, operands: list[Ope
         kb.b(t.AsyncCommitOp())
 
     for i in range(stages - 1):
-        issue(kb.b.index(i))
+        issue(kb.b(arith.AddiOp(first, kb.b.index(i))))
 
     def body(iv, *state):
         issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
@@ -381,7 +385,7 @@ def _pipelined_loop(kb: KernelBuild, steps: int, stages: int, operands: list[Ope
         out = compute(iv, tiles, *state)
         kb.b(t.BarrierOp())
         return out
-    return _for(kb.b, 0, steps, 1, inits, body)
+    return _for(kb.b, first, end, 1, inits, body)
 
 
 # --- gemm --------------------------------------------------------------------------------------------
@@ -410,7 +414,7 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
 
     def compute(iv, tiles, acc):
         return [kb.b(t.MmaOp(tiles[0], tiles[1], acc, transpose_b=operand_layout(b, ("k", "n"))))]
-    (acc,) = _pipelined_loop(kb, cdiv(k_size, tile["k"]), p["num_stages"], [a, b], "k", tile["k"],
+    (acc,) = _pipelined_loop(kb, (0, cdiv(k_size, tile["k"])), p["num_stages"], [a, b], "k", tile["k"],
                              {"m": m0, "n": n0}, scalars, [acc0], compute)
     ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
     kb.em.overrides[mm.res] = acc
@@ -468,13 +472,29 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
         return [acc, m_new, l_new]
 
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
-    acc, _, l_i = _pipelined_loop(kb, cdiv(sizes["n"], tile["n"]), p["num_stages"], [k, v], "n", tile["n"],
+    steps = _key_blocks(kb, column_bounds(sm.input, p_map, "m", "n", kb.bindings), m0, tile, sizes["n"])
+    acc, _, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"],
                                   {"d": zero, "e": zero}, scalars, inits, compute)
     out = kb.b(arith.DivfOp(acc, _broadcast_rows(kb.b, l_i, [tile["m"], tile["e"]])))
     ctx = TileCtx({"m": (m0, tile["m"]), "e": (zero, tile["e"])}, scalars)
     kb.em.overrides[m2.res] = out
     kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, out_t.dtype)
     return grid
+
+
+def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_keys: int) -> tuple:
+    """[first, end) of the key blocks a query block [m0, m0 + BM) can see under the mask's bounds."""
+    b, bn = kb.b, tile["n"]
+    first: int | SSAValue = 0
+    end: int | SSAValue = cdiv(n_keys, bn)
+    if bounds.upper is not None:  # columns <= m0 + BM - 1 + upper
+        cols = b(arith.MaxSIOp(b(arith.AddiOp(m0, b.index(tile["m"] + bounds.upper))), b.index(0)))
+        blocks = b(arith.DivSIOp(b(arith.AddiOp(cols, b.index(bn - 1))), b.index(bn)))
+        end = b(arith.MinSIOp(blocks, b.index(end)))
+    if bounds.lower is not None:  # columns >= m0 + lower
+        cols = b(arith.MaxSIOp(b(arith.AddiOp(m0, b.index(bounds.lower))), b.index(0)))
+        first = b(arith.DivSIOp(cols, b.index(bn)))
+    return first, end
 
 
 TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {

@@ -307,6 +307,57 @@ def test_transposed_inputs_are_index_maps_not_copies(random_inputs, assert_match
     assert "tile.alloc_global" not in tile_host_ops(c)
 
 
+@tsr.function
+def bshd_attention_bshd_out(q: Tensor["B", "S", "H", "D"], k: Tensor["B", "S", "H", "D"],
+                            v: Tensor["B", "S", "H", "D"]):
+    q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(s, dim=-1), v).transpose(1, 2)
+
+
+def test_attention_with_a_transposed_result_still_fuses(random_inputs, assert_matches_reference):
+    """[B, S, H, D] in and out (the usual layout of a transformer's activations)."""
+    c = compile_and_check(bshd_attention_bshd_out, ATTN_DIMS, "fp16", random_inputs, assert_matches_reference)
+    assert "flash_attention" in [k.kind.data for k in schedule_kernels(c)]
+
+
+@tsr.function
+def view_of_argument(x: Tensor["M", "N"]):
+    return x.T
+
+
+@tsr.function
+def argument_itself(x: Tensor["M", "N"]):
+    return x
+
+
+@tsr.function
+def view_of_gemm(x: Tensor["M", "K"], w: Tensor["K", "N"]):
+    return (x @ w).T
+
+
+@tsr.function
+def view_of_softmax(x: Tensor["M", "N"]):
+    return tsr.softmax(x, dim=-1).T
+
+
+@tsr.function
+def view_of_elementwise(x: Tensor["M", "N"]):
+    return tsr.exp(x).transpose(0, 1)
+
+
+@tsr.function
+def unsqueezed_gemm(x: Tensor["M", "K"], w: Tensor["K", "N"]):
+    return (x @ w)[None]
+
+
+@pytest.mark.parametrize("fn", [view_of_argument, argument_itself, view_of_gemm, view_of_softmax,
+                                view_of_elementwise, unsqueezed_gemm], ids=lambda f: f.name)
+def test_results_that_are_views_are_written(fn, random_inputs, assert_matches_reference):
+    """A returned view (of an argument or of a computed value) still needs a kernel that writes it."""
+    compile_and_check(fn, {"M": 9, "K": 20, "N": 33}, "fp32", random_inputs, assert_matches_reference)
+
+
 def test_fuse_leaves_the_graph_module_unchanged():
     from tessera.ir import print_ir
 

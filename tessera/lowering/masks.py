@@ -1,0 +1,84 @@
+"""What a score mask says about which key blocks a query block can skip.
+
+A flash-attention kernel computes softmax over `where(cond, s, -inf)`. When
+`cond` compares a column index with a row index, `col <= row + c` (causal,
+c = 0) or `col >= row + c` (a window's lower edge), every key block outside
+those bounds contributes exp(-inf) = 0 and need not be loaded at all. This
+module reads such conditions from the graph ops of the mask, whatever the
+user wrote them as (`i[:, None] >= i[None, :]`, `j[None, :] <= i[:, None] + 2`,
+with reshapes, transposes or casts in between).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from xdsl.ir import SSAValue
+
+from ..ir import graph as g
+from .emit import Map, operand_maps
+
+#: comparison -> (relation of `col` to `row` when the column index is on the left, when it is on the right)
+_RELATION = {"le": ("le", "ge"), "lt": ("lt", "gt"), "ge": ("ge", "le"), "gt": ("gt", "lt")}
+
+
+@dataclass(frozen=True)
+class ColumnBounds:
+    """Columns a row may attend to: row + lower <= col <= row + upper (None: unbounded)."""
+
+    lower: int | None
+    upper: int | None
+
+
+def _constant(v: SSAValue) -> float | None:
+    op = v.owner
+    while isinstance(op, g.CastOp):
+        op = op.input.owner
+    return op.value.value.data if isinstance(op, g.ConstantOp) else None
+
+
+def index_expression(v: SSAValue, m: Map, bindings) -> tuple[str, int] | None:
+    """`v` as `arange` along an axis plus an integer constant: (axis, constant), or None."""
+    op = v.owner
+    if isinstance(op, g.ArangeOp):
+        return (m[0], 0) if m[0] is not None else None
+    if isinstance(op, (g.ReshapeOp, g.TransposeOp, g.CastOp)):
+        (inner,) = operand_maps(op, m, bindings)
+        return index_expression(op.operands[0], inner, bindings)
+    if isinstance(op, g.ElementwiseOp) and op.kind in ("add", "sub"):
+        a, b = op.inputs
+        ma, mb = operand_maps(op, m, bindings)
+        cb, ca = _constant(b), _constant(a)
+        if cb is not None and float(cb).is_integer():
+            inner = index_expression(a, ma, bindings)
+            return (inner[0], inner[1] + int(cb) * (1 if op.kind == "add" else -1)) if inner else None
+        if ca is not None and float(ca).is_integer() and op.kind == "add":
+            inner = index_expression(b, mb, bindings)
+            return (inner[0], inner[1] + int(ca)) if inner else None
+    return None
+
+
+def column_bounds(softmax_input: SSAValue, m: Map, row_axis: str, col_axis: str, bindings) -> ColumnBounds:
+    """The bounds a `where(col REL row + c, s, -inf)` mask puts on the columns of each row."""
+    none = ColumnBounds(None, None)
+    op = softmax_input.owner
+    if not (isinstance(op, g.ElementwiseOp) and op.kind == "where"):
+        return none
+    fill = _constant(op.inputs[2])
+    if fill is None or not (math.isinf(fill) and fill < 0):
+        return none
+    cond_map = operand_maps(op, m, bindings)[0]
+    cmp = op.inputs[0].owner
+    if not (isinstance(cmp, g.ElementwiseOp) and cmp.kind in _RELATION):
+        return none
+    left, right = (index_expression(v, vm, bindings) for v, vm in zip(cmp.inputs, operand_maps(cmp, cond_map, bindings)))
+    if left is None or right is None:
+        return none
+    if (left[0], right[0]) == (col_axis, row_axis):
+        relation, c = _RELATION[cmp.kind][0], right[1] - left[1]
+    elif (left[0], right[0]) == (row_axis, col_axis):
+        relation, c = _RELATION[cmp.kind][1], left[1] - right[1]
+    else:
+        return none
+    return {"le": ColumnBounds(None, c), "lt": ColumnBounds(None, c - 1),
+            "ge": ColumnBounds(c, None), "gt": ColumnBounds(c + 1, None)}[relation]
