@@ -37,8 +37,8 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
          "num_warps": [4, 8], "num_stages": [2, 3, 4]},
     ),
     "row_reduction": (
-        {"block_m": 4, "block_n": 1024, "num_warps": 4, "num_stages": 1},
-        {"block_m": [1, 2, 4, 8], "block_n": [256, 512, 1024, 2048, 4096], "num_warps": [4, 8, 16],
+        {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1},
+        {"block_m": [1, 4, 16, 64], "block_n": [1024, 2048, 4096, 8192], "num_warps": [4, 8, 16],
          "num_stages": [1]},
     ),
     "elementwise": (

@@ -161,6 +161,9 @@ def lower_elementwise(kb: KernelBuild) -> tuple[int, int, int]:
 
 # --- row reductions ------------------------------------------------------------------------------
 
+#: elements a row-reduction program aims to hold (a row that fits is read once)
+ROW_TILE_ELEMENTS = 4096
+
 NEUTRAL = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}
 COMBINE = {"sum": arith.AddfOp, "mean": arith.AddfOp, "max": arith.MaximumfOp, "min": arith.MinimumfOp}
 TILE_REDUCE = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}
@@ -178,16 +181,29 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         raise TesseraError(f"{anchor.name} over a rank-1 tensor is not supported yet; add a leading dim "
                            f"(x[None, :]) or keep the reduced dim")
     row, col, n = axes[rows[-1]], axes[axis], sizes[axis]
-    bm = min(kb.params["block_m"], pow2_at_least(sizes[rows[-1]], 1))
     bn = min(kb.params["block_n"], pow2_at_least(n, 1))
+    bm = min(kb.params["block_m"], max(1, ROW_TILE_ELEMENTS // bn), pow2_at_least(sizes[rows[-1]], 1))
+    chunks = cdiv(n, bn)
     batch = [(axes[i], sizes[i]) for i in rows[:-1]]
     grid = (cdiv(sizes[rows[-1]], bm), math.prod(sz for _, sz in batch), 1)
     r0 = kb.mul(kb.pid(0), bm)
     scalars = kb.batch_indices(kb.pid(1), batch)
     shape = [bm, bn]
+    contexts: dict = {}
 
     def chunk_ctx(c0):
-        return TileCtx({row: (r0, bm), col: (c0, bn)}, scalars)
+        """One context per chunk offset, so a row that fits in one chunk is loaded once for every pass."""
+        if c0 not in contexts:
+            contexts[c0] = TileCtx({row: (r0, bm), col: (c0, bn)}, scalars)
+        return contexts[c0]
+
+    def over_chunks(inits, body):
+        """A loop over the row's chunks, or the body once when the row is one chunk."""
+        if chunks == 1:
+            return body(zero, *inits)
+        return _for(kb.b, 0, chunks, 1, inits, body)
+
+    zero = kb.b.index(0)
 
     def masked_x(c0, fill: float):
         """The row chunk in f32 (reductions accumulate in f32, bool and int inputs too), tail masked."""
@@ -199,28 +215,28 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     def accumulate(kind: str, fill: float, f=lambda v, c0: v):
         """One pass over the row: reduce f(x) with `kind`."""
         def body(iv, acc):
-            c0 = kb.mul(iv, bn)
+            c0 = kb.mul(iv, bn) if chunks > 1 else iv
             v, _ = masked_x(c0, fill)
             part = kb.b(t.ReduceOp(f(v, c0), TILE_REDUCE[kind], 1))
             return [kb.b(COMBINE[kind](acc, part))]
-        (acc,) = _for(kb.b, 0, cdiv(n, bn), 1, [kb.b.full(NEUTRAL[kind], [bm])], body)
+        (acc,) = over_chunks([kb.b.full(NEUTRAL[kind], [bm])], body)
         return acc
 
     def write(transform: Callable):
         """Final pass: y = transform(x, c0) then the epilogue, stored chunk by chunk."""
         def body(iv):
-            c0 = kb.mul(iv, bn)
+            c0 = kb.mul(iv, bn) if chunks > 1 else iv
             ctx = chunk_ctx(c0)
             kb.em.overrides[anchor.results[0]] = transform(kb.em.value(x, axes, ctx), c0, ctx)
             kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, g.tensor_type(kb.result).dtype)
             return []
-        _for(kb.b, 0, cdiv(n, bn), 1, [], body)
+        over_chunks([], body)
 
     rows_of = lambda v: _broadcast_rows(kb.b, v, shape)  # noqa: E731
     inv_n = kb.b.f32(1.0 / n)
 
     if isinstance(anchor, g.SoftmaxOp):
-        m_i, l_i = _online_softmax_stats(kb, bm, bn, n, masked_x)
+        m_i, l_i = _online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks)
         write(lambda v, c0, ctx: kb.b(arith.DivfOp(
             kb.b(mathd.ExpOp(kb.b(arith.SubfOp(v, rows_of(m_i))))), rows_of(l_i))))
     elif isinstance(anchor, (g.LayerNormOp, g.RmsNormOp)):
@@ -262,14 +278,14 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     return grid
 
 
-def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, n: int, masked_x):
+def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunks: int, masked_x, over_chunks):
     """Pass 1 of a row softmax: running max m and running sum l of exp(x - m)."""
     def body(iv, m_i, l_i):
-        v, _ = masked_x(kb.mul(iv, bn), -math.inf)
+        v, _ = masked_x(kb.mul(iv, bn) if chunks > 1 else iv, -math.inf)
         m_new, alpha, p = _softmax_step(kb, v, m_i, [bm, bn])
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(p, "sum", 1))))
         return [m_new, l_new]
-    m_i, l_i = _for(kb.b, 0, cdiv(n, bn), 1, [kb.b.full(-math.inf, [bm]), kb.b.full(0.0, [bm])], body)
+    m_i, l_i = over_chunks([kb.b.full(-math.inf, [bm]), kb.b.full(0.0, [bm])], body)
     safe = _safe_max(kb, m_i, bm)
     return safe, l_i
 

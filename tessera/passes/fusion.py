@@ -232,7 +232,7 @@ def _clone_cheap_chain(v: SSAValue, mapping: dict, block: Block, inputs: list, p
     if v in mapping:
         return mapping[v]
     op = planner.producer(v)
-    if op is not None and (op in group.ops or (planner.cheap(op) and not group_reads_as_input(op, group))):
+    if op is not None and (op in group.ops or planner.cheap(op)):
         for operand in op.operands:
             _clone_cheap_chain(operand, mapping, block, inputs, planner, group)
         clone = op.clone(value_mapper=mapping)
@@ -244,11 +244,6 @@ def _clone_cheap_chain(v: SSAValue, mapping: dict, block: Block, inputs: list, p
     inputs.append(v)
     mapping[v] = arg
     return arg
-
-
-def group_reads_as_input(op, group: Group) -> bool:
-    """A copy group's own output is read as an input, never recomputed into itself."""
-    return not group.ops and op is group.output.owner
 
 
 def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:

@@ -133,10 +133,10 @@ def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
         wm, wn = _mma_warps(kernel, num_warps, shapes2)
         rank2 = {shape: Mma(shape, wm, wn) for shape in shapes2}
     elif len(shapes2) == 1:
-        rank2 = {next(iter(shapes2)): Blocked.choose(next(iter(shapes2)), num_warps)}
+        rank2 = {next(iter(shapes2)): Blocked.choose(next(iter(shapes2)), num_warps, _vector_width(kernel))}
     elif not shapes2 and len(shapes1) == 1:
         rank2 = {}
-        only = Blocked.choose((1, next(iter(shapes1))[0]), num_warps)
+        only = Blocked.choose((1, next(iter(shapes1))[0]), num_warps, _vector_width(kernel))
     else:
         raise UnsupportedByBackend(f"PTX backend: kernels with several 2-D tile shapes ({sorted(shapes2)}) "
                                    f"are not supported yet")
@@ -159,6 +159,12 @@ def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
             else:
                 layouts[v] = Slice(only, 1)
     return layouts
+
+
+def _vector_width(kernel) -> int:
+    """Elements per thread along a row: one 16-byte access of the narrowest element the kernel moves."""
+    sizes = [ptx_type(a.type).bytes for a in kernel.body.block.args if isinstance(a.type, MemRefType)]
+    return 16 // min(sizes, default=4)
 
 
 def _propagate(kernel, keep: dict[SSAValue, Slice]) -> None:
@@ -666,28 +672,87 @@ def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
     e.env[op.result] = r
 
 
+def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType) -> int:
+    """How many consecutive registers each access may move at once (16 bytes at most).
+
+    Registers i..i+w-1 must hold consecutive elements of the tensor's innermost dim,
+    whose length (and so every row start) is a multiple of w: a run is then wholly
+    inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
+    """
+    shape = memref.type.get_shape()
+    if not tile_dims or tile_dims[-1] != len(shape) - 1:
+        return 1
+    width = 16 // ty.bytes
+    offsets = layout.offsets
+    while width > 1:
+        if shape[-1] % width == 0 and len(offsets) % width == 0 and all(
+                offsets[i + j][:-1] == offsets[i][:-1] and offsets[i + j][-1] == offsets[i][-1] + j
+                and offsets[i][-1] % width == 0
+                for i in range(0, len(offsets), width) for j in range(width)):
+            return width
+        width //= 2
+    return 1
+
+
+def _vector_suffix(ty: PtxType, width: int) -> tuple[str, int]:
+    """(ld/st type with vector prefix, registers packed per 32-bit word) for a run of `width` elements."""
+    if ty.bytes == 2 and width >= 2:
+        words = width // 2
+        return (f"v{words}.b32" if words > 1 else "b32"), 2
+    return (f"v{width}.{_storage(ty)}" if width > 1 else _storage(ty)), 1
+
+
 def _load(e: KernelEmitter, op: t.LoadOp):
     if not is_tile(op.result):
         return _load_scalar(e, op)
     layout = e.layouts[op.result]
     ty = ptx_type(op.result.type)
-    addr, elems = _memory_access(e, op.src, list(op.offsets), t.int_values(op.tile_dims), layout)
+    tile_dims = t.int_values(op.tile_dims)
+    addr, elems = _memory_access(e, op.src, list(op.offsets), tile_dims, layout)
     pad = op.padding.value.data
+    width = _vector_runs(op.src, tile_dims, layout, ty)
+    suffix, pack = _vector_suffix(ty, width)
     regs = []
-    for byte, pred in elems:
-        r = e.new(ty)
-        e.emit(_mov_constant(ty, r, pad))
-        e.emit(f"@{pred} ld.global.{_storage(ty)} {r}, [{addr}+{byte}];")
-        regs.append(r)
+    for i in range(0, len(elems), width):
+        byte, pred = elems[i]
+        run = [e.new(ty) for _ in range(width)]
+        for r in run:
+            e.emit(_mov_constant(ty, r, pad))
+        if pack == 1:
+            targets = run
+        else:
+            targets = [e.new(S32) for _ in range(width // 2)]
+            for w, (lo, hi) in zip(targets, zip(run[::2], run[1::2])):
+                e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
+        e.emit(f"@{pred} ld.global.{suffix} {_braced(targets)}, [{addr}+{byte}];")
+        if pack == 2:
+            for w, (lo, hi) in zip(targets, zip(run[::2], run[1::2])):
+                e.emit(f"mov.b32 {{{lo}, {hi}}}, {w};")
+        regs.extend(run)
     e.env[op.result] = regs
+
+
+def _braced(regs: list[str]) -> str:
+    return regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
 
 
 def _store(e: KernelEmitter, op: t.StoreOp):
     layout = e.layouts[op.value]
     ty = ptx_type(op.value.type)
-    addr, elems = _memory_access(e, op.dst, list(op.offsets), t.int_values(op.tile_dims), layout)
-    for (byte, pred), r in zip(elems, e.regs_of(op.value)):
-        e.emit(f"@{pred} st.global.{_storage(ty)} [{addr}+{byte}], {r};")
+    tile_dims = t.int_values(op.tile_dims)
+    addr, elems = _memory_access(e, op.dst, list(op.offsets), tile_dims, layout)
+    width = _vector_runs(op.dst, tile_dims, layout, ty)
+    suffix, pack = _vector_suffix(ty, width)
+    regs = e.regs_of(op.value)
+    for i in range(0, len(elems), width):
+        byte, pred = elems[i]
+        run = regs[i:i + width]
+        if pack == 2:
+            words = [e.new(S32) for _ in range(width // 2)]
+            for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
+                e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
+            run = words
+        e.emit(f"@{pred} st.global.{suffix} [{addr}+{byte}], {_braced(run)};")
 
 
 def _storage(ty: PtxType) -> str:
