@@ -11,7 +11,10 @@ import tessera as tsr
 from tessera import Tensor
 from tessera.backends.ptx import UnsupportedByBackend, emit_module
 
+from tessera.runtime.ptxas import find_tool, sass
+
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
+needs_cuobjdump = pytest.mark.skipif(find_tool("cuobjdump") is None, reason="cuobjdump not installed")
 
 
 @tsr.function
@@ -113,14 +116,13 @@ def test_dtypes_assemble(dtype, tmp_path):
 
 
 @needs_ptxas
-@pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump not installed")
-def test_row_reduction_uses_warp_shuffles(tmp_path):
+@needs_cuobjdump
+def test_row_reduction_uses_warp_shuffles_and_wide_loads(tmp_path):
     compiled = softmax.compile(softmax.arg_specs_for(dict(M=64, N=1024), "fp16"), arch="sm_90a")
     (kernel,) = emit_module(compiled.modules["target"]).values()
     _, cubin = assemble(kernel.ptx, "sm_90a", tmp_path)
-    (tmp_path / "k.cubin").write_bytes(cubin)
-    sass = subprocess.run(["cuobjdump", "-sass", str(tmp_path / "k.cubin")], capture_output=True, text=True).stdout
-    assert "SHFL.BFLY" in sass and "MUFU.EX2" in sass
+    text = sass(cubin)
+    assert "SHFL.BFLY" in text and "MUFU.EX2" in text and "LDG.E.128" in text
 
 
 def test_kernels_beyond_this_backend_say_so():
@@ -143,13 +145,13 @@ def test_tensor_core_kernels_assemble_without_spills(fn, dims, dtype, arch, tmp_
 
 
 @needs_ptxas
-@pytest.mark.skipif(shutil.which("cuobjdump") is None, reason="cuobjdump not installed")
+@needs_cuobjdump
 @pytest.mark.parametrize("fn,dims", MMA_CASES[::2], ids=["gemm", "attention"])
 def test_tensor_core_sass(fn, dims, tmp_path):
     """HMMA from mma.sync, LDSM from ldmatrix, LDGSTS from cp.async: the Ampere path, really there."""
     compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_80")
     (kernel,) = emit_module(compiled.modules["target"]).values()
     _, cubin = assemble(kernel.ptx, "sm_90", tmp_path)
-    sass = subprocess.run(["cuobjdump", "-sass", str(tmp_path / "k.cubin")], capture_output=True, text=True).stdout
-    counts = collections.Counter(re.findall(r"\b(HMMA\.16816\.F32|LDSM\.16\.M88|LDGSTS\.E\.BYPASS\.128)", sass))
+    counts = collections.Counter(re.findall(r"\b(HMMA\.16816\.F32|LDSM\.16\.M88|LDGSTS\.E\.BYPASS\.128)",
+                                            sass(cubin)))
     assert counts["HMMA.16816.F32"] > 0 and counts["LDSM.16.M88"] > 0 and counts["LDGSTS.E.BYPASS.128"] > 0
