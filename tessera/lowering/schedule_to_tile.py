@@ -491,7 +491,8 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     steps = _key_blocks(kb, column_bounds(sm.input, p_map, "m", "n", kb.bindings), m0, tile, sizes["n"])
     acc, _, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"],
                                   {"d": zero, "e": zero}, scalars, inits, compute)
-    out = kb.b(arith.DivfOp(acc, _broadcast_rows(kb.b, l_i, [tile["m"], tile["e"]])))
+    inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [tile["m"]]), l_i))   # one division per row, not per element
+    out = kb.b(arith.MulfOp(acc, _broadcast_rows(kb.b, inv_l, [tile["m"], tile["e"]])))
     ctx = TileCtx({"m": (m0, tile["m"]), "e": (zero, tile["e"])}, scalars)
     kb.em.overrides[m2.res] = out
     kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, out_t.dtype)

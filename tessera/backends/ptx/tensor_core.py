@@ -174,8 +174,24 @@ def _ptx_instr(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
     e.emit("cp.async.commit_group;")
 
 
+@dataclass(frozen=True)
+class Fragments:
+    """A-operand fragments already in registers ([k step][mi] = 4 registers)."""
+
+    a: list
+
+
 def _load_shared(e: KernelEmitter, op: t.LoadSharedOp) -> None:
-    e.env[op.result] = SharedTile(e.env[op.src], e.value(op.stage))
+    """A stage of a shared buffer, read by the mma that uses it. An A operand loaded outside the
+    loop of its mma (flash attention's Q) is read into fragments here, once, not every iteration."""
+    tile_ = SharedTile(e.env[op.src], e.value(op.stage))
+    uses = [u.operation for u in op.result.uses]
+    if (len(uses) == 1 and isinstance(uses[0], tgt.TensorCoreOp) and uses[0].a is op.result
+            and uses[0].parent_block() is not op.parent_block()):
+        acc = e.layouts[uses[0].acc]
+        e.env[op.result] = Fragments(_a_fragments(e, tile_, acc, op.result.type.get_shape()[1] // 16, acc.wn))
+        return
+    e.env[op.result] = tile_
 
 
 # --- mma.sync --------------------------------------------------------------------------------------
@@ -285,11 +301,12 @@ def _tensor_core(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     acc: Mma = e.layouts[op.acc]
     precision = op.precision.data
     a = e.env[op.a]
-    if not isinstance(a, SharedTile):
-        a = (e.regs_of(op.a), e.layouts[op.a])
-    k = op.a.type.get_shape()[1]
-    k_steps = k // 16
-    a_frags = _a_fragments(e, a, acc, k_steps, acc.wn)
+    k_steps = op.a.type.get_shape()[1] // 16
+    if isinstance(a, Fragments):
+        a_frags = a.a
+    else:
+        a_frags = _a_fragments(e, a if isinstance(a, SharedTile) else (e.regs_of(op.a), e.layouts[op.a]),
+                               acc, k_steps, acc.wn)
     b_frags = _b_fragments(e, e.env[op.b], acc, k_steps, acc.wn, k_major=op.layout.data == "nn")
     regs = list(e.regs_of(op.acc))
     mi_n, ni_n = acc.fragments
