@@ -374,10 +374,12 @@ def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[O
                     step_size: int, fixed: dict[str, SSAValue], scalars, inits, compute):
     """The multi-stage shared-memory pipeline around a loop over steps [first, end) of `inner_axis`.
 
-    Stage `i % stages` holds step i's tiles. The prologue issues steps first..first+stages-2;
-    iteration i issues step i+stages-1, waits until step i has landed, computes, and
-    synchronises before its stage can be overwritten. Copies past the end read
-    padding, so no step needs a guard.
+    Stage `i % stages` holds step i's tiles. The prologue issues steps first..first+stages-2.
+    Iteration i waits until step i has landed, then one barrier both publishes it and
+    tells every thread that stage (i-1) % stages, read in the previous iteration, is
+    free, so step i+stages-1 is issued into it before computing. Copies past the end
+    read padding, so no step needs a guard. One stage degenerates to copy, wait,
+    compute, with a second barrier before the stage is overwritten.
     """
     first, end = (kb.b.index(x) if isinstance(x, int) else x for x in steps)
     smem = [kb.b(t.AllocSharedOp([stages, *o.shape], g.tensor_type(o.value).element)) for o in operands]
@@ -393,13 +395,17 @@ def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[O
         issue(kb.b(arith.AddiOp(first, kb.b.index(i))))
 
     def body(iv, *state):
-        issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
-        kb.b(t.AsyncWaitOp(stages - 1))
+        if stages == 1:
+            issue(iv)
+        kb.b(t.AsyncWaitOp(max(stages - 2, 0)))
         kb.b(t.BarrierOp())
+        if stages > 1:
+            issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
         stage = kb.b(arith.RemSIOp(iv, kb.b.index(stages)))
         tiles = [kb.b(t.LoadSharedOp(buf, stage)) for buf in smem]
         out = compute(iv, tiles, *state)
-        kb.b(t.BarrierOp())
+        if stages == 1:
+            kb.b(t.BarrierOp())
         return out
     return _for(kb.b, first, end, 1, inits, body)
 

@@ -305,20 +305,17 @@ class Kernel:
 
     @functools.cached_property
     def param_sizes(self) -> tuple[int, ...] | None:
-        """Each kernel parameter's size in bytes (cuFuncGetParamInfo, CUDA 12.4+),
-        or None where the driver or bindings cannot say."""
+        """Each kernel parameter's size in bytes (cuFuncGetParamCount + cuFuncGetParamInfo),
+        or None where the driver or bindings cannot say. Only valid indices are queried: probing
+        past the end would be a failing API call, which compute-sanitizer reports."""
         driver = bindings()
-        if not hasattr(driver, "cuFuncGetParamInfo"):
+        if not (hasattr(driver, "cuFuncGetParamCount") and hasattr(driver, "cuFuncGetParamInfo")):
             return None
-        sizes = []
-        while True:
-            code, *info = driver.cuFuncGetParamInfo(self.handle, len(sizes))
-            if code == driver.CUresult.CUDA_ERROR_INVALID_VALUE:  # past the last parameter
-                return tuple(sizes)
-            if code == driver.CUresult.CUDA_ERROR_NOT_SUPPORTED:
-                return None
-            _check("cuFuncGetParamInfo", (code, *info), detail=f"for kernel '{self.name}'")
-            sizes.append(int(info[1]))
+        code, count = driver.cuFuncGetParamCount(self.handle)
+        if code != driver.CUresult.CUDA_SUCCESS:
+            return None
+        return tuple(int(_call("cuFuncGetParamInfo", self.handle, i, detail=f"for kernel '{self.name}'")[1])
+                     for i in range(int(count)))
 
     def __repr__(self) -> str:
         return f"Kernel({self.name!r} on cuda:{self.device})"
