@@ -311,7 +311,10 @@ class Kernel:
         driver = bindings()
         if not (hasattr(driver, "cuFuncGetParamCount") and hasattr(driver, "cuFuncGetParamInfo")):
             return None
-        code, count = driver.cuFuncGetParamCount(self.handle)
+        try:
+            code, count = driver.cuFuncGetParamCount(self.handle)
+        except RuntimeError:  # the bindings know it, the installed driver does not (before CUDA 13.1)
+            return None
         if code != driver.CUresult.CUDA_SUCCESS:
             return None
         return tuple(int(_call("cuFuncGetParamInfo", self.handle, i, detail=f"for kernel '{self.name}'")[1])
