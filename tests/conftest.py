@@ -7,10 +7,18 @@
 """
 from __future__ import annotations
 
-import numpy as np
-import pytest
+import os
 
-from tessera import dtypes
+# The tile interpreter runs many small matmuls, where OpenBLAS threads only add overhead; on a loaded
+# 2-core machine their spin-waiting made single attention tests 20-50x slower (0.3 s -> 6-17 s).
+# This has to happen before NumPy is first imported.
+for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+    os.environ.setdefault(_var, "1")
+
+import numpy as np  # noqa: E402
+import pytest  # noqa: E402
+
+from tessera import dtypes  # noqa: E402
 
 #: dtype name -> (relative error bound ||out - ref|| / ||ref||, max-abs bound as a fraction of max(1, max|ref|)).
 #: fp16/bf16 kernels compute in f32 but the oracle rounds every op's result to the storage type.

@@ -135,6 +135,17 @@ def where(cond, a, b) -> Tensor:
     return elementwise("where", cond, a, b)
 
 
+def _in_fp32(composite):
+    """Composites of 16-bit floats compute in fp32 and round once, as PyTorch's kernels do."""
+    def wrapper(x, *args, **kwargs):
+        if isinstance(x, Tensor) and x.dtype.is_float and x.dtype.bits < 32:
+            return cast(composite(cast(x, dtypes.fp32), *args, **kwargs), x.dtype)
+        return composite(x, *args, **kwargs)
+    wrapper.__name__, wrapper.__doc__ = composite.__name__, composite.__doc__
+    return wrapper
+
+
+@_in_fp32
 def sigmoid(x) -> Tensor:
     return 1.0 / (1.0 + exp(-x))
 
@@ -143,10 +154,12 @@ def relu(x) -> Tensor:
     return maximum(x, 0.0)
 
 
+@_in_fp32
 def silu(x) -> Tensor:
     return x * sigmoid(x)
 
 
+@_in_fp32
 def gelu(x, approximate: str = "none") -> Tensor:
     """GELU as in torch.nn.functional.gelu: exact (erf) or `approximate="tanh"`."""
     if approximate == "tanh":
@@ -291,17 +304,27 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
 
 
 def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
+    """One graph.reduce per reduced dim, each keeping its dim; the requested shape is a view at the end.
+
+    A rank-1 input is viewed as one row ([1, N]) first, so every reduction has rows to spread over
+    programs; `x.sum()` of any tensor works the same way and ends in a rank-0 view.
+    """
     g = _graph()
     axes = range(x.ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
     axes = sorted({_axis(x, d, kind) for d in axes}, reverse=True)
     if kind == "mean" and not x.dtype.is_float:
         raise DTypeError(f"mean of {x.dtype} {_label(x)}: cast to a float type first")
     out_dt = dtypes.int32 if x.dtype == dtypes.bool_ else x.dtype
+    final = tuple(d for i, d in enumerate(x.dims) if i not in axes or keepdim)
+    final = tuple(1 if i in axes else d for i, d in enumerate(x.dims)) if keepdim else final
+    label = f"{kind} of {_label(x)}"
+    if x.ndim == 1:
+        x, axes = _reshape_dims(x, (1, x.dims[0])), [1]
     for axis in axes:
-        dims = x.dims[:axis] + ((1,) if keepdim else ()) + x.dims[axis + 1:]
-        op = current_trace().add(g.ReduceOp(x.value, kind, axis, keepdim, g.TensorType.of(dims, out_dt)))
-        x = _make(op.res, dims, out_dt, f"{kind} of {_label(x)}")
-    return x
+        dims = x.dims[:axis] + (1,) + x.dims[axis + 1:]
+        op = current_trace().add(g.ReduceOp(x.value, kind, axis, True, g.TensorType.of(dims, out_dt)))
+        x = _make(op.res, dims, out_dt, label)
+    return x if x.dims == final else _reshape_dims(x, final)
 
 
 def sum(x: Tensor, dim=None, keepdim: bool = False) -> Tensor:
@@ -325,6 +348,8 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
     if not x.dtype.is_float:
         raise DTypeError(f"softmax of {x.dtype} {_label(x)}: cast to a float type first")
     axis = _axis(x, dim, "softmax")
+    if x.ndim == 1:  # one row: viewed as [1, N] so the kernel has a row to work on
+        return _reshape_dims(softmax(_reshape_dims(x, (1, x.dims[0])), -1), x.dims)
     op = current_trace().add(g.SoftmaxOp(x.value, axis, g.TensorType.of(x.dims, x.dtype)))
     return _make(op.res, x.dims, x.dtype, "softmax result")
 

@@ -541,10 +541,16 @@ def _host(f: func.FuncOp, bindings) -> tuple[list, func.FuncOp]:
         if v in buffers:
             raise TesseraError(f"{f.sym_name.data} returns the same tensor twice; return it once")
         buffers[v] = arg
+    for v in ret.operands:  # a returned view of a kernel's output: that kernel writes through it
+        view = v.owner
+        if isinstance(view, g.ReshapeOp) and isinstance(view.input.owner, s.KernelOp) \
+                and view.input not in buffers:
+            buffers[view.input] = b(t.ViewOp(buffers[v], memref_of(view.input, bindings).get_shape()))
     kernels = []
     for sk in f.body.block.ops:
         if isinstance(sk, g.ReshapeOp):
-            buffers[sk.res] = b(t.ViewOp(buffers[sk.input], memref_of(sk.res, bindings).get_shape()))
+            if sk.res not in buffers:
+                buffers[sk.res] = b(t.ViewOp(buffers[sk.input], memref_of(sk.res, bindings).get_shape()))
             continue
         if not isinstance(sk, s.KernelOp):
             continue

@@ -32,6 +32,8 @@ CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
 def is_unit_reshape(op: g.ReshapeOp, bindings: dict[str, int]) -> bool:
     """A reshape that only adds or removes size-1 dims (an index map, not a data movement)."""
     sizes = [[g.dim_value(d, bindings) for d in g.tensor_type(v).shape] for v in (op.input, op.res)]
+    if not sizes[1]:  # to rank 0: kernels need a dim to tile, so this stays a host view
+        return False
     return [s for s in sizes[0] if s != 1] == [s for s in sizes[1] if s != 1]
 ELEMENTWISE = (g.ElementwiseOp, g.CastOp)
 ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)
@@ -211,21 +213,30 @@ class _Planner:
         return sorted(self.groups, key=lambda grp: self.order.get(self.producer(grp.output), last))
 
     def _copies_for_unproduced_results(self) -> None:
-        """Materializes what no kernel writes: results that are arguments or views, and the
-        inputs of host views that are transposes (views need contiguous buffers)."""
+        """Materializes what no kernel writes: results that are arguments or cheap views of
+        something, and inputs of host views that are not contiguous buffers (transposes).
+        A returned host view of a kernel's output needs no copy: the host lets that kernel
+        write through a view of the output buffer."""
         ret = self.f.body.block.last_op
-        needed = list(ret.operands) + [view.input for view in self.views]
-        for v in needed:
+        for view in self.views:
+            self._materialize(view.input)
+        for v in ret.operands:
             producer = self.producer(v)
-            if producer in self.group_of or (producer is None and v not in ret.operands):
+            if producer in self.views and self._written_by_kernel(producer.input):
                 continue
-            if producer in self.views and v not in ret.operands:
-                continue
-            if any(grp.output is v for grp in self.groups):
-                continue
-            group = Group("elementwise", output=v)
-            self.groups.append(group)
+            self._materialize(v)
 
+    def _written_by_kernel(self, v: SSAValue) -> bool:
+        return self.producer(v) in self.group_of or any(grp.output is v for grp in self.groups)
+
+    def _materialize(self, v: SSAValue) -> None:
+        producer = self.producer(v)
+        returned = v in self.f.body.block.last_op.operands
+        if self._written_by_kernel(v) or producer in self.views and not returned:
+            return
+        if producer is None and not returned:  # an argument read through a view: already a buffer
+            return
+        self.groups.append(Group("elementwise", output=v))
 
 def _clone_cheap_chain(v: SSAValue, mapping: dict, block: Block, inputs: list, planner: _Planner, group) -> SSAValue:
     """The group-local value for `v`: a block argument for group inputs, clones for cheap ops."""

@@ -114,7 +114,7 @@ def add_fn(x: Tensor["M", "N"], y: Tensor["M", 1]):
 @tsr.function
 def assorted(x: Tensor["M", "N"], w: Tensor["N"]):
     c = tsr.where(x > 0.0, x, 0.0)
-    return tsr.softmax(c, dim=-1), tsr.sum(x, dim=0), tsr.layer_norm(x, x.shape[-1], w), x.T * 1.0
+    return tsr.softmax(c, dim=-1), tsr.sum(x, dim=1), tsr.layer_norm(x, x.shape[-1], w), x.T * 1.0
 
 
 SMALL = {"M": 3, "K": 5, "N": 4}

@@ -941,7 +941,12 @@ def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
     """A complete PTX module (header and one .entry) for a Target IR kernel."""
     e = KernelEmitter(kernel)
     body = e.run()
-    arch = kernel.platform.platform.arch
+    platform = kernel.platform.platform
+    if e.smem_bytes > platform.max_shared_per_block:
+        raise UnsupportedByBackend(f"kernel {e.name} needs {e.smem_bytes} bytes of shared memory with padded rows, "
+                                   f"but {platform.arch} allows {platform.max_shared_per_block} per block: "
+                                   f"use smaller tiles or fewer stages")
+    arch = platform.arch
     header = f"{platforms.ptx_version(arch)}\n{platforms.ptx_target(arch)}\n.address_size 64\n\n"
     return PtxKernel(e.name, header + body, e.threads, e.smem_bytes)
 
