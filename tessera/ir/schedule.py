@@ -28,11 +28,11 @@ from xdsl.utils.exceptions import VerifyException
 #: Kernel templates, each with its default tiling and the space the autotuner searches.
 KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "flash_attention": (
-        {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2},
+        {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2},
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3]},
     ),
     "gemm": (
-        {"block_m": 128, "block_n": 128, "block_k": 32, "num_warps": 8, "num_stages": 3},
+        {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3},
         {"block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64],
          "num_warps": [4, 8], "num_stages": [2, 3, 4]},
     ),
@@ -46,6 +46,46 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
         {"block_m": [4, 8, 16, 32], "block_n": [64, 128, 256], "num_warps": [4, 8], "num_stages": [1]},
     ),
 }
+
+
+#: Defaults that depend on the problem: (kind, feature, value) -> overrides. Measured with
+#: bench/sweep.py on an H100 (see bench/RESULTS.md); the autotuner searches `space` beyond them.
+SHAPE_DEFAULTS: dict[tuple[str, str, int], dict[str, int]] = {
+    ("flash_attention", "head_dim", 128): {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2},
+    ("gemm", "element_bytes", 4): {"block_k": 32, "num_stages": 3},   # fp32 tiles take twice the bytes
+}
+
+
+def default_params(kind: str, features: dict[str, int], max_shared: int | None = None) -> dict[str, int]:
+    """A kind's default tiling, refined by what is known of the problem (e.g. the head dim) and
+    shrunk until its shared-memory pipeline fits `max_shared` bytes (the target's per-block limit)."""
+    params = dict(KINDS[kind][0])
+    for name, value in features.items():
+        params.update(SHAPE_DEFAULTS.get((kind, name, value), {}))
+    if max_shared is None:
+        return params
+    shrink = [("num_stages", 2), ("block_n", 32), ("block_m", 64), ("block_k", 32)]
+    while shared_bytes(kind, params, features) > max_shared:
+        key = next((k for k, least in shrink if params.get(k, 0) > least), None)
+        if key is None:
+            break
+        params[key] = params[key] - 1 if key == "num_stages" else params[key] // 2
+    return params
+
+
+def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) -> int:
+    """Shared memory of a kind's pipeline: tiles of rows padded by 16 bytes, as the PTX backend lays them out."""
+    elem = features.get("element_bytes", 2)
+
+    def tile(rows: int, cols: int, stages: int = 1) -> int:
+        return stages * rows * (cols * elem + 16)
+    p = params
+    if kind == "gemm":
+        return tile(p["block_m"], p["block_k"], p["num_stages"]) + tile(p["block_k"], p["block_n"], p["num_stages"])
+    if kind == "flash_attention":
+        d = features.get("head_dim", 128)
+        return tile(p["block_m"], d) + 2 * tile(p["block_n"], d, p["num_stages"])
+    return 0
 
 
 def int_dict(d: dict[str, int]) -> DictionaryAttr:

@@ -270,18 +270,33 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         block.add_op(copy)
         out = copy.res
     block.add_op(s.YieldOp([out]))
-    params, space = s.KINDS[group.kind]
+    params = s.default_params(group.kind, _features(group, planner), planner.max_shared)
+    space = s.KINDS[group.kind][1]
     if space_override:
         space = {k: list(v) for k, v in space_override.items() if k in params}
         params = {k: (space[k][0] if k in space else v) for k, v in params.items()}
     return block, inputs, params, space
 
 
-def fuse(module: ModuleOp, space: dict | None = None) -> ModuleOp:
-    """The Schedule IR module for a Graph IR module (the input is left unchanged)."""
+def _features(group: Group, planner: _Planner) -> dict[str, int]:
+    """What of a group's problem its default tiling depends on."""
+    matmuls = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
+    if not matmuls:
+        return {}
+    lhs = g.tensor_type(matmuls[0].lhs)
+    features = {"element_bytes": lhs.dtype.itemsize}
+    if group.kind == "flash_attention":
+        features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
+    return features
+
+
+def fuse(module: ModuleOp, space: dict | None = None, max_shared: int | None = None) -> ModuleOp:
+    """The Schedule IR module for a Graph IR module (the input is left unchanged); default tilings
+    fit `max_shared` bytes of shared memory per block when given."""
     out_funcs = []
     for f in module.ops:
         planner = _Planner(f)
+        planner.max_shared = max_shared
         groups = planner.plan()
         body = Block(arg_types=[a.type for a in f.body.block.args])
         outer = dict(zip(f.body.block.args, body.args))
