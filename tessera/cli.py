@@ -126,11 +126,14 @@ def load_function(target: str) -> Function:
 
 # --- compiling and checking ----------------------------------------------------------------
 
-def compile_function(fn: Function, args: argparse.Namespace) -> tuple[Compiled, list[ArgSpec]]:
-    """Compiles `fn` for `--shape`, `--dtype` and `--arch`; an unknown arch fails before tracing."""
-    platforms.get(args.arch)
+def compile_function(fn: Function, args: argparse.Namespace, device: "Device | None" = None
+                     ) -> tuple[Compiled, list[ArgSpec]]:
+    """Compiles `fn` for `--shape`, `--dtype`, `--arch` and `--path` (a GPU device decides the arch
+    itself); an unknown arch fails before tracing."""
+    arch = device.arch() if device is not None and device.arch is not None else args.arch
+    platforms.get(arch)
     specs = fn.arg_specs_for(parse_shape(args.shape), parse_dtype(args.dtype))
-    return fn.compile(specs, arch=args.arch), specs
+    return fn.compile(specs, arch=arch, path=args.path), specs
 
 
 @dataclass(frozen=True)
@@ -141,15 +144,40 @@ class Device:
     description: str
     available: Callable[[], bool]
     execute: Callable[[Compiled, Sequence[np.ndarray]], list[np.ndarray]]
+    arch: Callable[[], str] | None = None    # the arch to compile for, when the device has one
 
 
 def _run_on_cpu(compiled: Compiled, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     return compiled.run(*inputs)
 
 
+def _gpu_available() -> bool:
+    try:
+        import torch
+        from .runtime import driver
+        return torch.cuda.is_available() and driver.device_count() > 0
+    except (ImportError, RuntimeError):
+        return False
+
+
+def _gpu_arch() -> str:
+    from .runtime import driver
+    return driver.Device(0).platform().arch
+
+
+def _run_on_gpu(compiled: Compiled, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
+    """Through torch tensors on device 0; the time includes the copies in and out."""
+    import torch
+    tensors = [torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in inputs]
+    outputs = compiled.gpu_program(0)(*tensors)
+    torch.cuda.synchronize()
+    return [o.cpu().numpy() if o.dtype != torch.bfloat16 else o.float().cpu().numpy().astype(dtypes.bf16.np)
+            for o in outputs]
+
+
 #: Execution targets, preferred first: `--device auto` takes the first available one.
-#: The GPU runtime plugs in as a row ahead of the CPU interpreter.
 DEVICES: dict[str, Device] = {d.name: d for d in (
+    Device("gpu", "CUDA device 0 (generated PTX)", _gpu_available, _run_on_gpu, _gpu_arch),
     Device("cpu", "CPU tile interpreter", lambda: True, _run_on_cpu),
 )}
 
@@ -269,21 +297,46 @@ def cmd_compile(args: argparse.Namespace) -> int:
     fn = load_function(args.target)
     stages = parse_stages(args.dump_ir)
     compiled, _ = compile_function(fn, args)
-    written = compiled.dump(Path(args.output or DEFAULT_OUT / fn.name), stages) if stages else []
-    print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)})")
+    out = Path(args.output or DEFAULT_OUT / fn.name)
+    written = compiled.dump(out, stages) if stages else []
+    binaries, note = write_binaries(compiled, out, args.arch)
+    print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, {args.path} path)")
     print_fields([("kernels", ", ".join(compiled.kernel_names)),
                   ("compile", f"{compiled.compile_seconds:.2f} s"),
-                  ("wrote", ", ".join(map(_show_path, written)) or "nothing (--dump-ir is empty)")])
+                  ("wrote", ", ".join(map(_show_path, written + binaries)) or "nothing (--dump-ir is empty)"),
+                  *([("PTX", note)] if note else [])])
     return 0
+
+
+def write_binaries(compiled: Compiled, out: Path, arch: str) -> tuple[list[Path], str | None]:
+    """Each kernel's PTX, and its cubin where ptxas is installed; or why there are none."""
+    from .backends.ptx import UnsupportedByBackend, emit_module
+    from .runtime import ptxas
+
+    try:
+        kernels = emit_module(compiled.modules["target"])
+    except UnsupportedByBackend as e:
+        return [], f"not emitted: {e.message}"
+    out.mkdir(parents=True, exist_ok=True)
+    written = []
+    for name, kernel in kernels.items():
+        path = out / f"{name}.ptx"
+        path.write_text(kernel.ptx)
+        written.append(path)
+        if ptxas.available():
+            cubin = out / f"{name}.cubin"
+            cubin.write_bytes(ptxas.assemble(kernel.ptx, arch, compiled.options.opt_level).cubin)
+            written.append(cubin)
+    return written, None if ptxas.available() else "cubins skipped: ptxas not found"
 
 
 def cmd_run(args: argparse.Namespace) -> int:
     """Compiles, runs on random inputs and checks against the reference; exit 1 on a mismatch."""
     fn = load_function(args.target)
     device = pick_device(args.device)
-    compiled, specs = compile_function(fn, args)
+    compiled, specs = compile_function(fn, args, device)
     result = check(compiled, specs, device, args.seed)
-    print(f"{fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, seed {args.seed})")
+    print(f"{fn.name} for {compiled.arch} on {device.name} ({args.dtype}, {_shape_text(args)}, seed {args.seed})")
     print_fields(_check_rows(compiled, result))
     return 0 if result.passed else 1
 
@@ -292,10 +345,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     """The flash attention examples end to end: compile, dump every stage, run, check, report."""
     found = functions_in(import_file(DEMO_FILE))
     device = pick_device(args.device)
-    print(f"Tessera demo: {_show_path(DEMO_FILE)} for {args.arch}, {args.dtype}, {_shape_text(args)}\n")
+    arch = device.arch() if device.arch else args.arch
+    print(f"Tessera demo: {_show_path(DEMO_FILE)} for {arch} on {device.description}, {args.dtype}, "
+          f"{_shape_text(args)}\n")
     results = []
     for name in DEMO_FUNCTIONS:
-        compiled, specs = compile_function(found[name], args)
+        compiled, specs = compile_function(found[name], args, device)
         written = compiled.dump(Path(args.out_dir) / name, STAGE_NAMES)
         result = check(compiled, specs, device, args.seed)
         results.append(result)
@@ -474,8 +529,12 @@ def _function_options(parser: argparse.ArgumentParser, shape: str | None = None)
                         help="values of the function's symbolic dims" + (f" (default {shape})" if shape else ""))
     parser.add_argument("--dtype", default=DEFAULT_DTYPE,
                         help=f"dtype of arguments not annotated with one (default {DEFAULT_DTYPE})")
-    parser.add_argument("--arch", default=DEFAULT_ARCH, help=f"target architecture (default {DEFAULT_ARCH}); "
-                                                             f"see `tessera targets`")
+    parser.add_argument("--arch", default=DEFAULT_ARCH, help=f"target architecture (default {DEFAULT_ARCH}; "
+                                                             f"a GPU run uses its device's); see `tessera targets`")
+    parser.add_argument("--path", choices=["ampere", "native"], default="ampere",
+                        help="code path: ampere (mma.sync + cp.async, what the PTX backend emits today, on any "
+                             "sm_80+) or native (every feature of --arch, e.g. wgmma and TMA on sm_90a; IR only "
+                             "until the Hopper backend lands) (default ampere)")
 
 
 def _run_options(parser: argparse.ArgumentParser) -> None:

@@ -9,6 +9,8 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import shutil
+
 import pytest
 
 from tessera import cli
@@ -55,7 +57,24 @@ def test_compile_summary_and_default_directory(capsys):
     assert status == 0 and err == ""
     assert "causal_flash_attention_flash_attention_0" in out
     written = sorted(p.name for p in Path("tessera_out", "causal_flash_attention").iterdir())
-    assert written == ["graph.mlir", "tile.mlir"]
+    kernel = "causal_flash_attention_flash_attention_0"
+    binaries = [f"{kernel}.cubin"] if shutil.which("ptxas") else []
+    assert written == sorted([*binaries, f"{kernel}.ptx", "graph.mlir", "tile.mlir"])
+
+
+def test_compile_writes_assembling_ptx(capsys, tmp_path):
+    """The PTX written is the backend's, and assembles (the cubin beside it is ptxas's output)."""
+    status, out, _ = run_cli(capsys, "compile", CAUSAL, "--shape", SMALL, "-o", str(tmp_path))
+    assert status == 0
+    ptx = (tmp_path / "causal_flash_attention_flash_attention_0.ptx").read_text()
+    assert "mma.sync.aligned.m16n8k16" in ptx and "cp.async.cg.shared.global" in ptx
+    if shutil.which("ptxas"):
+        assert (tmp_path / "causal_flash_attention_flash_attention_0.cubin").read_bytes()[:4] == b"\x7fELF"
+
+
+def test_native_hopper_path_says_the_ptx_is_not_emitted_yet(capsys, tmp_path):
+    status, out, _ = run_cli(capsys, "compile", CAUSAL, "--shape", SMALL, "--path", "native", "-o", str(tmp_path))
+    assert status == 0 and "not emitted" in out and "not supported yet" in out
 
 
 @pytest.mark.parametrize("target", [ATTENTION, CAUSAL])

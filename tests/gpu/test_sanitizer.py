@@ -1,4 +1,9 @@
-"""compute-sanitizer memcheck over a small attention and GEMM: no out-of-bounds or misaligned access."""
+"""compute-sanitizer memcheck over a small attention and GEMM: no out-of-bounds or misaligned access.
+
+API-error reporting is off: cuda-bindings resolves driver entry points with cuGetProcAddress
+and probes some the installed driver lacks, which memcheck would list. Tessera's own driver
+calls check every result and raise, so a failing API call still fails this program.
+"""
 import os
 import shutil
 import subprocess
@@ -37,7 +42,8 @@ def test_memcheck_attention_and_gemm(cuda_device):
         pytest.skip("compute-sanitizer not installed")
     pytest.importorskip("torch")
     env = dict(os.environ, PYTHONPATH=os.pathsep.join(sys.path))
-    result = subprocess.run([tool, "--tool", "memcheck", "--error-exitcode", "3", sys.executable, "-c", PROGRAM],
+    result = subprocess.run([tool, "--tool", "memcheck", "--report-api-errors", "no", "--error-exitcode", "3",
+                             sys.executable, "-c", PROGRAM],
                             capture_output=True, text=True, env=env, timeout=600)
     assert result.returncode == 0, result.stdout[:3000] + result.stderr[-2000:]
     assert "ran" in result.stdout and "ERROR SUMMARY: 0 errors" in result.stdout
