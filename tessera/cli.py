@@ -165,14 +165,34 @@ def _gpu_arch() -> str:
     return driver.Device(0).platform().arch
 
 
+#: NumPy has no bf16/fp8; these cross into torch as raw bits of the same width.
+_BIT_VIEWS = {dtypes.bf16: (np.int16, "bfloat16", "int16"), dtypes.fp8_e4m3: (np.int8, "float8_e4m3fn", "int8"),
+              dtypes.fp8_e5m2: (np.int8, "float8_e5m2", "int8")}
+
+
+def _to_torch(x: np.ndarray):
+    import torch
+    dt = dtypes.lookup(x.dtype)
+    if dt in _BIT_VIEWS:
+        bits, name, _ = _BIT_VIEWS[dt]
+        return torch.from_numpy(np.ascontiguousarray(x).view(bits)).cuda().view(getattr(torch, name))
+    return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+
+
+def _to_numpy(t) -> np.ndarray:
+    import torch
+    dt = dtypes.lookup(t.dtype)
+    if dt in _BIT_VIEWS:
+        return t.view(getattr(torch, _BIT_VIEWS[dt][2])).cpu().numpy().view(dt.np)
+    return t.cpu().numpy()
+
+
 def _run_on_gpu(compiled: Compiled, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Through torch tensors on device 0; the time includes the copies in and out."""
     import torch
-    tensors = [torch.from_numpy(np.ascontiguousarray(x)).cuda() for x in inputs]
-    outputs = compiled.gpu_program(0)(*tensors)
+    outputs = compiled.gpu_program(0)(*[_to_torch(x) for x in inputs])
     torch.cuda.synchronize()
-    return [o.cpu().numpy() if o.dtype != torch.bfloat16 else o.float().cpu().numpy().astype(dtypes.bf16.np)
-            for o in outputs]
+    return [_to_numpy(o) for o in outputs]
 
 
 #: Execution targets, preferred first: `--device auto` takes the first available one.

@@ -216,7 +216,7 @@ def test_every_scalar_type_arrives_intact(arch, buffer):
 def test_argument_mismatches_are_caught_before_launch(arch, buffer):
     kernel = Module.from_ptx(ptx(arch, IOTA)).function("iota")
     if kernel.param_sizes is None:
-        pytest.skip("this driver or cuda-bindings lacks cuFuncGetParamInfo")
+        pytest.skip("this driver or cuda-bindings cannot report parameter sizes (cuFuncGetParamCount, CUDA 13.1+)")
     out = buffer(16)
     with pytest.raises(ArgumentError, match="kernel 'iota' parameter 1 is 4 bytes, but argument 1 packs to 8"):
         driver.launch(kernel, 1, 1, args=[("u64", out), ("u64", 4)])
