@@ -39,6 +39,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.traits import IsTerminator
 
 from tessera import dtypes
+from tessera.errors import TesseraError
 from tessera.ir import tile
 
 Frame = list
@@ -298,7 +299,7 @@ class Compiler:
         for op in body:
             builder = BUILDERS.get(type(op))
             if builder is None:
-                raise NotImplementedError(f"tile interpreter: no handler for {op.name}")
+                raise TesseraError(f"tile interpreter: no handler for {op.name}")
             step = builder(self, op)
             if step is not None:
                 steps.append(step)

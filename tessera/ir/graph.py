@@ -28,7 +28,6 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     IntAttr,
     IntegerAttr,
-    IntegerType,
     StringAttr,
     f64,
     i1,
