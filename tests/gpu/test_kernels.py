@@ -217,3 +217,27 @@ def test_bad_inputs_fail_before_launch(torch_cuda):
         attention(q, k, k)
     with pytest.raises(tsr.TesseraError, match="contiguous"):
         attention(q.transpose(-2, -1).contiguous().transpose(-2, -1), q, q)
+
+
+@tsr.function
+def cross_attention(q: Tensor["B", "H", "Sq", "D"], k: Tensor["B", "H", "Sk", "D"], v: Tensor["B", "H", "Sk", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+@pytest.mark.parametrize("sq,sk,d,dtype", [(1, 4097, 64, "fp16"), (1000, 17, 128, "bf16"), (333, 1000, 64, "bf16")])
+def test_cross_attention(torch_cuda, sq, sk, d, dtype):
+    torch = torch_cuda
+    (q, k, v), (out,) = run(cross_attention, dict(B=2, H=3, Sq=sq, Sk=sk, D=d), dtype, torch)
+    check(out, sdpa(torch, q, k, v), dtype, torch)
+
+
+def test_cupy_arrays_in_and_out(cuda_device):
+    """Any __cuda_array_interface__ producer works; outputs come back in the caller's framework."""
+    cupy = pytest.importorskip("cupy")
+    x = cupy.random.standard_normal((37, 1000), dtype=cupy.float32)
+    out = softmax(x)
+    assert isinstance(out, cupy.ndarray) and out.shape == x.shape
+    ref = cupy.exp(x - x.max(axis=-1, keepdims=True))
+    ref /= ref.sum(axis=-1, keepdims=True)
+    assert float(cupy.abs(out - ref).max()) < 1e-5
