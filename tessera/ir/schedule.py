@@ -32,7 +32,7 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3]},
     ),
     "gemm": (
-        {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 3},
+        {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
         {"block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64],
          "num_warps": [4, 8], "num_stages": [2, 3, 4]},
     ),
@@ -74,11 +74,11 @@ def default_params(kind: str, features: dict[str, int], max_shared: int | None =
 
 
 def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) -> int:
-    """Shared memory of a kind's pipeline: tiles of rows padded by 16 bytes, as the PTX backend lays them out."""
+    """Shared memory of a kind's pipeline (the PTX backend swizzles tiles, so they take no padding)."""
     elem = features.get("element_bytes", 2)
 
     def tile(rows: int, cols: int, stages: int = 1) -> int:
-        return stages * rows * (cols * elem + 16)
+        return stages * rows * cols * elem
     p = params
     if kind == "gemm":
         return tile(p["block_m"], p["block_k"], p["num_stages"]) + tile(p["block_k"], p["block_n"], p["num_stages"])

@@ -943,7 +943,7 @@ def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
     body = e.run()
     platform = kernel.platform.platform
     if e.smem_bytes > platform.max_shared_per_block:
-        raise UnsupportedByBackend(f"kernel {e.name} needs {e.smem_bytes} bytes of shared memory with padded rows, "
+        raise UnsupportedByBackend(f"kernel {e.name} needs {e.smem_bytes} bytes of shared memory, "
                                    f"but {platform.arch} allows {platform.max_shared_per_block} per block: "
                                    f"use smaller tiles or fewer stages")
     arch = platform.arch

@@ -1,8 +1,11 @@
 """The Ampere-class tensor-core path: shared buffers, cp.async, ldmatrix, mma.sync.
 
-* Shared buffers live in the kernel's dynamic shared memory. Each row is padded
-  by 16 bytes, so the 8 row addresses of an `ldmatrix` (and the 16-byte
-  `cp.async` writes) fall in different banks.
+* Shared buffers live in the kernel's dynamic shared memory, XOR-swizzled:
+  the 16-byte chunk c of row r is stored at chunk `c ^ f(r)`, where f(r)
+  takes 8 different values over any 8 consecutive rows (`SharedBuffer.swizzle`).
+  The 8 row addresses of an `ldmatrix`, and 8 rows of 16-byte `cp.async`
+  writes, then fall in 8 different 16-byte bank groups: no bank conflicts, and
+  no padding.
 * `memcpy global_to_shared` (a `tile.copy_async`) is spread over all threads in
   16-byte chunks with `cp.async.cg ... 16, src_size`: a chunk outside the
   tensor copies 0 bytes and is zero-filled, so tails need no other masking.
@@ -40,7 +43,31 @@ class SharedBuffer:
 
     @property
     def row_bytes(self) -> int:
-        return self.cols * self.elem + 16
+        return self.cols * self.elem
+
+    @property
+    def chunks(self) -> int:
+        """16-byte chunks per row."""
+        return max(1, self.row_bytes // 16)
+
+    def swizzle(self, e: KernelEmitter, row: str) -> str:
+        """f(row): rows sharing a 128-byte line get different XOR masks (rows_per_line = 8 / chunks),
+        and the mask cycles every 8 rows, so any 8 consecutive rows land in 8 different chunk slots."""
+        period = min(self.chunks, 8)
+        rows_per_line = max(1, 8 // self.chunks)
+        f = e.new(S32)
+        e.emit(f"shr.u32 {f}, {row}, {rows_per_line.bit_length() - 1};")
+        e.emit(f"and.b32 {f}, {f}, {period - 1};")
+        return f
+
+    def address(self, e: KernelEmitter, base: str, row: str, chunk: str, f: str | None = None) -> str:
+        """base + row * row_bytes + (chunk ^ f(row)) * 16."""
+        f = f or self.swizzle(e, row)
+        x, addr = e.new(S32), e.new(S32)
+        e.emit(f"xor.b32 {x}, {chunk}, {f};")
+        e.emit(f"mad.lo.s32 {addr}, {row}, {self.row_bytes}, {base};")
+        e.emit(f"mad.lo.s32 {addr}, {x}, 16, {addr};")
+        return addr
 
     @property
     def stage_bytes(self) -> int:
@@ -135,9 +162,6 @@ def _memcpy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     e.emit(f"add.s32 {at_r}, {offs[dims[0]]}, {row};")
     e.emit(f"add.s32 {at_c}, {offs[dims[1]]}, {col};")
     sbase = stage_address(e, buf, stage)
-    spart = e.new(S32)
-    e.emit(f"mad.lo.s32 {spart}, {row}, {buf.row_bytes}, {sbase};")
-    e.emit(f"mad.lo.s32 {spart}, {col}, {elem}, {spart};")
     for r_off, c_off in offsets:
         ok, ok_c = e.new(PRED), e.new(PRED)
         e.emit(f"setp.lt.s32 {ok}, {at_r}, {shape[dims[0]] - r_off};")
@@ -146,26 +170,39 @@ def _memcpy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
         in_tile = e.new(PRED)
         e.emit(f"setp.lt.s32 {in_tile}, {row}, {buf.rows - r_off};")
         gbyte = (r_off * strides[dims[0]] + c_off * strides[dims[1]]) * elem
-        sbyte = r_off * buf.row_bytes + c_off * elem
+        saddr = _shared_slot(e, buf, sbase, row, r_off, col, c_off)
         if vector:
-            _cp_async(e, gbase, gbyte, spart, sbyte, ok, in_tile)
+            _cp_async(e, gbase, gbyte, saddr, ok, in_tile)
         else:
-            _copy_element(e, gbase, gbyte, spart, sbyte, ok, in_tile, ptx_type(src.type), padding)
+            _copy_element(e, gbase, gbyte, saddr, ok, in_tile, ptx_type(src.type), padding)
 
 
-def _cp_async(e: KernelEmitter, gbase, gbyte, spart, sbyte, ok, in_tile) -> None:
+def _shared_slot(e: KernelEmitter, buf: SharedBuffer, base: str, row: str, r_off: int, col: str, c_off: int) -> str:
+    """The swizzled shared address of element (row + r_off, col + c_off) of a stage."""
+    r, byte = e.new(S32), e.new(S32)
+    e.emit(f"add.s32 {r}, {row}, {r_off};")
+    e.emit(f"mad.lo.s32 {byte}, {col}, {buf.elem}, {c_off * buf.elem};")
+    chunk, within = e.new(S32), e.new(S32)
+    e.emit(f"shr.u32 {chunk}, {byte}, 4;")
+    e.emit(f"and.b32 {within}, {byte}, 15;")
+    addr = buf.address(e, base, r, chunk)
+    e.emit(f"add.s32 {addr}, {addr}, {within};")
+    return addr
+
+
+def _cp_async(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile) -> None:
     addr, size = e.new(U64), e.new(S32)
     e.emit(f"add.s64 {addr}, {gbase}, {gbyte};")
     e.emit(f"selp.b64 {addr}, {addr}, {gbase}, {ok};")
     e.emit(f"selp.b32 {size}, 16, 0, {ok};")
-    e.emit(f"@{in_tile} cp.async.cg.shared.global [{spart}+{sbyte}], [{addr}], 16, {size};")
+    e.emit(f"@{in_tile} cp.async.cg.shared.global [{saddr}], [{addr}], 16, {size};")
 
 
-def _copy_element(e: KernelEmitter, gbase, gbyte, spart, sbyte, ok, in_tile, ty, padding) -> None:
+def _copy_element(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile, ty, padding) -> None:
     r = e.new(ty)
     e.emit(_mov_constant(ty, r, padding))
     e.emit(f"@{ok} ld.global.{_storage(ty)} {r}, [{gbase}+{gbyte}];")
-    e.emit(f"@{in_tile} st.shared.{_storage(ty)} [{spart}+{sbyte}], {r};")
+    e.emit(f"@{in_tile} st.shared.{_storage(ty)} [{saddr}], {r};")
 
 
 def _ptx_instr(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
@@ -232,16 +269,14 @@ def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int) -> list[l
         buf = a.buffer
         base = stage_address(e, buf, a.stage)
         lo, hi = _bits(e, lane, 0, 15), _bits(e, lane, 4, 1)
-        part = _expr(e, [(warp_m, acc.warp_tile[0] * buf.row_bytes), (lo, buf.row_bytes), (hi, 8 * buf.elem)])
-        e.emit(f"add.s32 {part}, {part}, {base};")
+        row = _expr(e, [(warp_m, acc.warp_tile[0]), (lo, 1)])        # + 16 mi: same swizzle mask
+        f = buf.swizzle(e, row)
         out = []
         for kk in range(k_steps):
-            row = []
-            for mi in range(mi_n):
-                addr = e.new(S32)
-                e.emit(f"add.s32 {addr}, {part}, {mi * 16 * buf.row_bytes + kk * 16 * buf.elem};")
-                row.append(_ldmatrix(e, 4, addr, trans=False))
-            out.append(row)
+            chunk = e.new(S32)
+            e.emit(f"add.s32 {chunk}, {hi}, {kk * 16 * buf.elem // 16};")
+            addr = buf.address(e, base, row, chunk, f)
+            out.append([_ldmatrix(e, 4, f"{addr}+{mi * 16 * buf.row_bytes}", trans=False) for mi in range(mi_n)])
         return out
     regs, layout = a
     if not isinstance(layout, Mma) or layout.wn != 1 or layout.fragments[0] != mi_n:
@@ -268,24 +303,26 @@ def _b_fragments(e: KernelEmitter, b: SharedTile, acc: Mma, k_steps: int, wn: in
     base = stage_address(e, buf, b.stage)
     l8, mid, hi = _bits(e, lane, 0, 7), _bits(e, lane, 3, 1), _bits(e, lane, 4, 1)
     wcols = acc.warp_tile[1]
-    if k_major:   # buffer is [K, N]: rows are k, read transposed
-        part = _expr(e, [(l8, buf.row_bytes), (mid, 8 * buf.row_bytes), (warp_n, wcols * buf.elem),
-                         (hi, 8 * buf.elem)])
-    else:         # buffer is [N, K]: rows are n
-        part = _expr(e, [(warp_n, wcols * buf.row_bytes), (l8, buf.row_bytes), (hi, 8 * buf.row_bytes),
-                         (mid, 8 * buf.elem)])
-    e.emit(f"add.s32 {part}, {part}, {base};")
+    chunk_elems = 16 // buf.elem
     ni_n = acc.fragments[1]
+    if k_major:   # buffer is [K, N]: rows are k (this lane: l8 + 8 mid + 16 kk), read transposed
+        row = _expr(e, [(l8, 1), (mid, 8)])
+        lane_chunk = _expr(e, [(warp_n, wcols // chunk_elems), (hi, 8 // chunk_elems)])
+    else:         # buffer is [N, K]: rows are n (this lane: warp tile + l8 + 8 hi + 8 p)
+        row = _expr(e, [(warp_n, wcols), (l8, 1), (hi, 8)])
+        lane_chunk = mid
+    f = buf.swizzle(e, row)
     out = []
     for kk in range(k_steps):
         frags: list[list[str]] = []
         for p in range(0, ni_n, 2):
+            chunk = e.new(S32)
             if k_major:
-                const = kk * 16 * buf.row_bytes + p * 8 * buf.elem
+                e.emit(f"add.s32 {chunk}, {lane_chunk}, {p * 8 // chunk_elems};")
+                addr = f"{buf.address(e, base, row, chunk, f)}+{kk * 16 * buf.row_bytes}"
             else:
-                const = p * 8 * buf.row_bytes + kk * 16 * buf.elem
-            addr = e.new(S32)
-            e.emit(f"add.s32 {addr}, {part}, {const};")
+                e.emit(f"add.s32 {chunk}, {lane_chunk}, {kk * 16 // chunk_elems};")
+                addr = f"{buf.address(e, base, row, chunk, f)}+{p * 8 * buf.row_bytes}"
             regs = _ldmatrix(e, 4 if p + 1 < ni_n else 2, addr, trans=k_major)
             frags.append(regs[0:2])
             if p + 1 < ni_n:
