@@ -8,7 +8,7 @@ search (`space`).
 """
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from xdsl.dialects.builtin import ArrayAttr, DictionaryAttr, IntegerAttr, StringAttr
 from xdsl.ir import Attribute, Block, Dialect, Region, SSAValue
@@ -48,20 +48,25 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 }
 
 
-#: Defaults that depend on the problem: (kind, feature, value) -> overrides. Measured with
-#: bench/sweep.py on an H100 (see bench/RESULTS.md); the autotuner searches `space` beyond them.
-SHAPE_DEFAULTS: dict[tuple[str, str, int], dict[str, int]] = {
-    ("flash_attention", "head_dim", 128): {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2},
-    ("gemm", "element_bytes", 4): {"block_k": 32, "num_stages": 3},   # fp32 tiles take twice the bytes
-}
+#: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
+#: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
+SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
+    # a light epilogue leaves registers for 64 x 64 accumulators per warp: the fastest tile measured
+    ("gemm", lambda f: f.get("epilogue_ops", 0) <= 2,
+     {"block_m": 256, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3}),
+    ("gemm", lambda f: f.get("element_bytes") == 4, {"block_k": 32, "num_stages": 3}),
+    ("flash_attention", lambda f: f.get("head_dim") == 128,
+     {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}),
+]
 
 
 def default_params(kind: str, features: dict[str, int], max_shared: int | None = None) -> dict[str, int]:
     """A kind's default tiling, refined by what is known of the problem (e.g. the head dim) and
     shrunk until its shared-memory pipeline fits `max_shared` bytes (the target's per-block limit)."""
     params = dict(KINDS[kind][0])
-    for name, value in features.items():
-        params.update(SHAPE_DEFAULTS.get((kind, name, value), {}))
+    for rule_kind, applies, overrides in SHAPE_DEFAULTS:
+        if rule_kind == kind and applies(features):
+            params.update(overrides)
     if max_shared is None:
         return params
     shrink = [("num_stages", 2), ("block_n", 32), ("block_m", 64), ("block_k", 32)]

@@ -284,7 +284,8 @@ def _features(group: Group, planner: _Planner) -> dict[str, int]:
     if not matmuls:
         return {}
     lhs = g.tensor_type(matmuls[0].lhs)
-    features = {"element_bytes": lhs.dtype.itemsize}
+    features = {"element_bytes": lhs.dtype.itemsize,
+                "epilogue_ops": sum(isinstance(op, ELEMENTWISE) for op in group.ops)}
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
     return features
