@@ -32,9 +32,9 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3]},
     ),
     "gemm": (
-        {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3},
+        {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8},
         {"block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64],
-         "num_warps": [4, 8], "num_stages": [2, 3, 4]},
+         "num_warps": [4, 8], "num_stages": [2, 3, 4], "group_m": [1, 4, 8, 16]},
     ),
     "row_reduction": (
         {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1},

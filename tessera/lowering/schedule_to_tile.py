@@ -424,9 +424,11 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
             "k": min(p["block_k"], pow2_at_least(k_size))}
     kb.limit_warps((tile["m"] // 16) * (tile["n"] // 8))
     batch = [(a, sizes[a]) for a in axes[:-2]]
-    grid = (cdiv(sizes["n"], tile["n"]), cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch))
-    scalars = kb.batch_indices(kb.pid(2), batch)
-    m0, n0 = kb.mul(kb.pid(1), tile["m"]), kb.mul(kb.pid(0), tile["n"])
+    tiles_m, tiles_n = cdiv(sizes["m"], tile["m"]), cdiv(sizes["n"], tile["n"])
+    grid = (tiles_m * tiles_n, math.prod(sz for _, sz in batch), 1)
+    scalars = kb.batch_indices(kb.pid(1), batch)
+    pid_m, pid_n = _grouped_tile(kb, kb.pid(0), tiles_m, tiles_n, p.get("group_m", 1))
+    m0, n0 = kb.mul(pid_m, tile["m"]), kb.mul(pid_n, tile["n"])
     a_map, b_map = matmul_operand_maps(mm, axes, "k", kb.bindings)
     a = operand(kb, mm.lhs, a_map, ("m", "k"), tile)
     b = operand(kb, mm.rhs, b_map, ("k", "n"), tile)
@@ -442,6 +444,17 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
     kb.em.overrides[mm.res] = acc
     kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, out_t.dtype)
     return grid
+
+
+def _grouped_tile(kb: KernelBuild, pid: SSAValue, tiles_m: int, tiles_n: int, group: int):
+    """(tile row, tile column) of program `pid`, walking `group` tile rows at a time column by column,
+    so the programs running together share A rows and B columns in L2."""
+    b = kb.b
+    per_group = b.index(group * tiles_n)
+    first_m = b(arith.MuliOp(b(arith.DivSIOp(pid, per_group)), b.index(group)))
+    rows = b(arith.MinSIOp(b(arith.SubiOp(b.index(tiles_m), first_m)), b.index(group)))
+    within = b(arith.RemSIOp(pid, per_group))
+    return b(arith.AddiOp(first_m, b(arith.RemSIOp(within, rows)))), b(arith.DivSIOp(within, rows))
 
 
 # --- flash attention ------------------------------------------------------------------------------
