@@ -220,6 +220,8 @@ class KernelEmitter:
         self.shared: list[str] = []
         self._labels = 0
         self.smem_bytes = 0          # dynamic shared memory the kernel needs
+        self.smem_base: str | None = None    # register holding the dynamic shared memory's address
+        self._tid_regs: tuple[str, str, str] | None = None
         self._bases: dict[tuple, str] = {}
 
     # -- plumbing --
@@ -251,7 +253,8 @@ class KernelEmitter:
         return self._bases[key]
 
     def tid(self) -> tuple[str, str, str]:
-        if not hasattr(self, "_tid_regs"):
+        """(thread id, lane, warp), computed once at the kernel's entry."""
+        if self._tid_regs is None:
             tid, lane, warp = self.new(S32), self.new(S32), self.new(S32)
             self.emit(f"mov.u32 {tid}, %tid.x;")
             self.emit(f"and.b32 {lane}, {tid}, 31;")

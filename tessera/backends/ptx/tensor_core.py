@@ -87,11 +87,10 @@ class SharedTile:
 
 
 def smem_base(e: KernelEmitter) -> str:
-    if not hasattr(e, "_smem_base"):
-        r = e.new(S32)
-        e.emit(f"mov.u32 {r}, {SMEM_SYMBOL};")
-        e._smem_base = r
-    return e._smem_base
+    if e.smem_base is None:
+        e.smem_base = e.new(S32)
+        e.emit(f"mov.u32 {e.smem_base}, {SMEM_SYMBOL};")
+    return e.smem_base
 
 
 def stage_address(e: KernelEmitter, buf: SharedBuffer, stage: str) -> str:
@@ -108,6 +107,7 @@ def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
     stages, rows, cols = mt.get_shape()
     offset = -(-e.smem_bytes // 128) * 128
     buf = SharedBuffer(offset, stages, rows, cols, ptx_type(mt).bytes)
+    smem_base(e)  # defined where buffers are allocated (the kernel's top level), not inside a loop that uses it
     e.smem_bytes = offset + buf.size
     e.env[op.result] = buf
 
