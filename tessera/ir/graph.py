@@ -359,17 +359,22 @@ class TransposeOp(IRDLOperation):
             raise VerifyException("transpose: result shape does not match the permutation")
 
 
-@irdl_op_definition
-class ReshapeOp(IRDLOperation):
-    """Reinterprets a contiguous tensor with a new shape of the same element count."""
+class _OneTensorOp(IRDLOperation):
+    """An op from one tensor to one tensor whose result type says everything (reshape, cast)."""
 
-    name = "graph.reshape"
     input = operand_def(TensorType)
     res = result_def(TensorType)
     assembly_format = "$input attr-dict `:` type($input) `->` type($res)"
 
     def __init__(self, x: SSAValue, result_type: TensorType):
         super().__init__(operands=[x], result_types=[result_type])
+
+
+@irdl_op_definition
+class ReshapeOp(_OneTensorOp):
+    """Reinterprets a contiguous tensor with a new shape of the same element count."""
+
+    name = "graph.reshape"
 
     def verify_(self) -> None:
         bindings = dim_bindings(self)
@@ -517,14 +522,10 @@ class ConstantOp(IRDLOperation):
 
 
 @irdl_op_definition
-class CastOp(IRDLOperation):
-    name = "graph.cast"
-    input = operand_def(TensorType)
-    res = result_def(TensorType)
-    assembly_format = "$input attr-dict `:` type($input) `->` type($res)"
+class CastOp(_OneTensorOp):
+    """Converts the element type; the result type names the new dtype."""
 
-    def __init__(self, x: SSAValue, result_type: TensorType):
-        super().__init__(operands=[x], result_types=[result_type])
+    name = "graph.cast"
 
     def verify_(self) -> None:
         if tensor_type(self.input).shape != tensor_type(self.res).shape:

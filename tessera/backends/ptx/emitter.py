@@ -358,22 +358,24 @@ def _result_type(op):
     return ptx_type(op.results[0].type)
 
 
-def _exp(e: KernelEmitter, op):
-    def build(args):
-        y, r = e.new(F32), e.new(F32)
-        e.emit(f"mul.f32 {y}, {args[0]}, {f32_literal(1.4426950408889634)};")
-        e.emit(f"ex2.approx.ftz.f32 {r}, {y};")
-        return r
-    e.elementwise(op, build)
+def _f32_chain(*steps: str):
+    """A per-element f32 instruction sequence: `{a}`/`{b}` are the operands, `{t0}`, `{t1}`, ...
+    fresh temporaries in order; the last instruction's destination is the result."""
+    def handle(e: KernelEmitter, op):
+        def build(args):
+            temps = [e.new(F32) for _ in steps]
+            names = {"a": args[0], "b": args[1] if len(args) > 1 else None}
+            for i, step in enumerate(steps):
+                e.emit(step.format(**names, **{f"t{j}": r for j, r in enumerate(temps)}, r=temps[i]))
+            return temps[-1]
+        e.elementwise(op, build)
+    return handle
 
 
-def _log(e: KernelEmitter, op):
-    def build(args):
-        y, r = e.new(F32), e.new(F32)
-        e.emit(f"lg2.approx.ftz.f32 {y}, {args[0]};")
-        e.emit(f"mul.f32 {r}, {y}, {f32_literal(0.6931471805599453)};")
-        return r
-    e.elementwise(op, build)
+_LOG2E, _LN2 = f32_literal(1.4426950408889634), f32_literal(0.6931471805599453)
+_exp = _f32_chain(f"mul.f32 {{r}}, {{a}}, {_LOG2E};", "ex2.approx.ftz.f32 {r}, {t0};")
+_log = _f32_chain("lg2.approx.ftz.f32 {r}, {a};", f"mul.f32 {{r}}, {{t0}}, {_LN2};")
+_pow = _f32_chain("lg2.approx.ftz.f32 {r}, {a};", "mul.f32 {r}, {t0}, {b};", "ex2.approx.ftz.f32 {r}, {t1};")
 
 
 def _tanh(e: KernelEmitter, op):
@@ -414,16 +416,6 @@ def _erf(e: KernelEmitter, op):
         e.emit(f"mul.f32 {poly}, {poly}, {ex};")
         e.emit(f"sub.f32 {r}, 0f3F800000, {poly};")
         e.emit(f"copysign.f32 {r}, {x}, {r};")
-        return r
-    e.elementwise(op, build)
-
-
-def _pow(e: KernelEmitter, op):
-    def build(args):
-        lg, y, r = e.new(F32), e.new(F32), e.new(F32)
-        e.emit(f"lg2.approx.ftz.f32 {lg}, {args[0]};")
-        e.emit(f"mul.f32 {y}, {lg}, {args[1]};")
-        e.emit(f"ex2.approx.ftz.f32 {r}, {y};")
         return r
     e.elementwise(op, build)
 
