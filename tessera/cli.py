@@ -551,10 +551,9 @@ def _function_options(parser: argparse.ArgumentParser, shape: str | None = None)
                         help=f"dtype of arguments not annotated with one (default {DEFAULT_DTYPE})")
     parser.add_argument("--arch", default=DEFAULT_ARCH, help=f"target architecture (default {DEFAULT_ARCH}; "
                                                              f"a GPU run uses its device's); see `tessera targets`")
-    parser.add_argument("--path", choices=["ampere", "native"], default="ampere",
-                        help="code path: ampere (mma.sync + cp.async, what the PTX backend emits today, on any "
-                             "sm_80+) or native (every feature of --arch, e.g. wgmma and TMA on sm_90a; IR only "
-                             "until the Hopper backend lands) (default ampere)")
+    parser.add_argument("--path", choices=["ampere", "native"], default="native",
+                        help="code path: native (every feature of --arch a kernel can use, e.g. TMA + wgmma "
+                             "GEMMs on sm_90a) or ampere (mma.sync + cp.async, on any sm_80+) (default native)")
 
 
 def _run_options(parser: argparse.ArgumentParser) -> None:

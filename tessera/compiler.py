@@ -48,7 +48,7 @@ class Options:
 
 def _schedule(module, options: Options):
     from .passes.fusion import fuse
-    return fuse(module, options.space, options.platform().max_shared_per_block)
+    return fuse(module, options.space, options.platform())
 
 
 def _tile(module, options: Options):

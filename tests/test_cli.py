@@ -72,9 +72,25 @@ def test_compile_writes_assembling_ptx(capsys, tmp_path):
         assert (tmp_path / "causal_flash_attention_flash_attention_0.cubin").read_bytes()[:4] == b"\x7fELF"
 
 
-def test_native_hopper_path_says_the_ptx_is_not_emitted_yet(capsys, tmp_path):
-    status, out, _ = run_cli(capsys, "compile", CAUSAL, "--shape", SMALL, "--path", "native", "-o", str(tmp_path))
-    assert status == 0 and "not emitted" in out and "not supported yet" in out
+GEMM_SOURCE = """
+import tessera as tsr
+
+@tsr.function
+def gemm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+    return tsr.matmul(a, b)
+"""
+
+
+@pytest.mark.parametrize("path, instruction", [("native", "wgmma.mma_async"), ("ampere", "mma.sync.aligned")])
+def test_compile_path_picks_the_gemm_instruction(capsys, tmp_path, path, instruction):
+    """On sm_90a the native path writes a TMA + wgmma GEMM; --path ampere the mma.sync one."""
+    source = tmp_path / "gemm.py"
+    source.write_text(GEMM_SOURCE)
+    status, out, _ = run_cli(capsys, "compile", f"{source}:gemm", "--shape", "M=256,K=128,N=256", "--arch", "sm_90a",
+                             "--path", path, "-o", str(tmp_path / "out"))
+    assert status == 0 and f"{path} path" in out
+    (ptx,) = (tmp_path / "out").glob("*.ptx")
+    assert instruction in ptx.read_text()
 
 
 @pytest.mark.parametrize("target", [ATTENTION, CAUSAL])

@@ -35,8 +35,8 @@ def _to_numpy(x) -> np.ndarray:
 
 
 def _gpu_options(tensors, options: dict) -> tuple[int, dict]:
-    """The device of the call, and compile options for it: its arch, and (until the Hopper
-    path lands) the mma.sync + cp.async code path."""
+    """The device of the call, and compile options for it: its arch, on the native code path
+    (TMA + wgmma where the arch has them and the kernel takes them)."""
     from ..runtime import driver, interop
 
     device = interop.describe(tensors[0][1], f"argument {tensors[0][0]!r}").device
@@ -44,8 +44,16 @@ def _gpu_options(tensors, options: dict) -> tuple[int, dict]:
         raise TesseraError("mixing CPU and CUDA arguments: put every tensor on the same device")
     options = dict(options)
     options.setdefault("arch", driver.Device(device).platform().arch)
-    options.setdefault("path", "ampere")
     return device, options
+
+
+def _signature(fn: Callable) -> inspect.Signature:
+    """`fn`'s signature with string annotations (`from __future__ import annotations`) evaluated
+    in its module, so `Tensor["B", "S"]` means the same either way."""
+    try:
+        return inspect.signature(fn, eval_str=True)
+    except (NameError, SyntaxError, TypeError, AttributeError):
+        return inspect.signature(fn)
 
 
 class Function:
@@ -58,7 +66,7 @@ class Function:
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = fn.__name__
-        self.signature = inspect.signature(fn)
+        self.signature = _signature(fn)
         self.annotations = {n: p.annotation for n, p in self.signature.parameters.items()
                             if isinstance(p.annotation, TensorSpec)}
         self.space = space

@@ -55,6 +55,11 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("gemm", lambda f: f.get("epilogue_ops", 0) <= 2,
      {"block_m": 256, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3}),
     ("gemm", lambda f: f.get("element_bytes") == 4, {"block_k": 32, "num_stages": 3}),
+    # Hopper-native GEMM: one 64 x 256 wgmma per warpgroup, four TMA stages (192 KB)
+    ("gemm", lambda f: f.get("wgmma") and f.get("element_bytes") == 2,
+     {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 4}),
+    # ... whose 128 accumulators per thread leave no room for a heavy epilogue's temporaries
+    ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_ops", 0) > 2, {"block_n": 128}),
     ("flash_attention", lambda f: f.get("head_dim") == 128,
      {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}),
 ]

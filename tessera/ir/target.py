@@ -783,13 +783,16 @@ class MemcpyOp(IRDLOperation):
 # ---------------------------------------------------------------------------
 
 # Scope -> the platform feature it needs (None: every platform has it).
-SYNC_SCOPES: dict[str, str | None] = {"block": None, "warp": None, "async_group": None, "cluster": "clusters"}
+SYNC_SCOPES: dict[str, str | None] = {"block": None, "warp": None, "async_group": None, "cluster": "clusters",
+                                     "mbarrier": "tma"}
 
 
 @irdl_op_definition
 class SyncOp(_KeywordOp):
     """`tessera_target.sync scope = "block"`, or `scope = "async_group" pending = N`:
-    wait until at most N committed groups of async copies are in flight."""
+    wait until at most N committed groups of async copies are in flight, or
+    `scope = "mbarrier"`: the shared-memory stage read next waits until its TMA
+    copies have landed (its mbarrier's phase completes)."""
 
     name = "tessera_target.sync"
     scope = prop_def(StringAttr)

@@ -3,11 +3,19 @@
 This step is where a kernel meets a GPU. It asks the platform registry, never
 an arch name: the registry says which matrix instruction a `tile.mma` becomes
 (mma.sync, wgmma, tcgen05.mma, an MFMA or a WMMA), how a `tile.copy_async`
-moves data (TMA, cp.async or plain loads), and what the limits are. The launch
-configuration of each kernel is computed once, up front (`kernel_configs`),
-because both the kernel and its host-side launch carry it; then one small
-rewrite pattern per tile op does the translation. Ops with no platform choice
-in them (loads, stores, reductions, arith, math, scf) stay as they are.
+moves data (TMA, cp.async or plain loads), and what the limits are.
+
+Each kernel is lowered for its own view of the platform (`kernel_platform`):
+the Hopper-native mechanisms (TMA boxes completing on mbarriers, wgmma reading
+shared memory through descriptors) are used where every copy and mma of the
+kernel has a form they take; a kernel that has one they don't (a copy padded
+with -inf, an mma operand in registers, a tile not a whole 128-byte swizzle
+wide) gets the platform with them masked, i.e. the mma.sync + cp.async path.
+The launch configuration of each kernel is computed once, up front
+(`kernel_configs`), because both the kernel and its host-side launch carry it;
+then one small rewrite pattern per tile op does the translation. Ops with no
+platform choice in them (loads, stores, reductions, arith, math, scf) stay as
+they are.
 """
 from __future__ import annotations
 
@@ -67,6 +75,68 @@ def estimate_regs(kernel: tile.KernelOp, threads: int, platform: Platform) -> in
     return min(regs, platform.max_regs_per_thread, platform.regs_per_sm // threads // 8 * 8)
 
 
+NATIVE = platforms.HOPPER_NATIVE
+
+#: A TMA box row is one 128-byte swizzle span; wgmma reads 16-bit operands through descriptors.
+_TMA_ROW_BYTES = 128
+_WGMMA_ELEMENT_BITS = 16
+
+
+def native_blockers(kernel: tile.KernelOp, platform: Platform) -> list[str]:
+    """Why `kernel` can't use TMA copies and wgmma on `platform` (empty when it can).
+
+    Copies must be unpadded boxes of a 16-bit tensor whose tile rows run along its
+    contiguous dim, a whole number of 128-byte swizzle spans wide, over rows that
+    are 16-byte aligned; every mma must read both operands from shared memory, with
+    one 64-row wgmma per warpgroup."""
+    if not NATIVE <= platform.features:
+        return [f"{platform.arch} lacks {', '.join(sorted(NATIVE - platform.features))}"]
+    warps = kernel.num_warps.value.data
+    reasons = []
+    for op in kernel.walk():
+        if isinstance(op, tile.CopyAsyncOp):
+            reasons += _copy_blockers(op)
+        elif isinstance(op, tile.MmaOp):
+            reasons += _mma_blockers(op, warps)
+    return reasons
+
+
+def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
+    src: MemRefType = op.src.type
+    dst: MemRefType = op.dst.type
+    bits = src.get_element_type().bitwidth
+    rows, cols = dst.get_shape()[1:]
+    checks = [
+        (op.padding.value.data == 0.0, "a copy padded with a value other than 0"),
+        (bits == _WGMMA_ELEMENT_BITS, f"a copy of {bits}-bit elements"),
+        (tuple(op.tile_dims.get_values())[1] == src.get_num_dims() - 1,
+         "a copy whose tile rows do not run along the tensor's contiguous dim"),
+        (src.get_shape()[-1] * bits // 8 % 16 == 0, "a tensor whose rows are not 16-byte aligned"),
+        (cols * bits // 8 % _TMA_ROW_BYTES == 0, f"a tile {cols} elements wide (not whole 128-byte rows)"),
+        (rows <= 256, f"a tile of {rows} rows (a TMA box has at most 256)"),
+    ]
+    return [why for ok, why in checks if not ok]
+
+
+def _mma_blockers(op: tile.MmaOp, warps: int) -> list[str]:
+    (m, k), (_, n) = op.a.type.get_shape(), op.acc.type.get_shape()
+    checks = [
+        (all(isinstance(v.owner, tile.LoadSharedOp) for v in (op.a, op.b)), "an mma operand held in registers"),
+        (warps % 4 == 0 and m == 16 * warps, f"an mma of {m} rows on {warps} warps (wgmma: 64 rows per warpgroup)"),
+        (k % 16 == 0 and n % 8 == 0 and (n <= 256 or n % 256 == 0), f"an mma tile {m}x{n}x{k}"),
+        (op.a.type.get_element_type().bitwidth == _WGMMA_ELEMENT_BITS, "an mma on non-16-bit operands"),
+    ]
+    return [why for ok, why in checks if not ok]
+
+
+def kernel_platform(kernel: tile.KernelOp, platform: Platform) -> Platform:
+    """The platform `kernel` is lowered for: `platform` itself, or without the native
+    mechanisms when the kernel has a copy or mma they can't take (`native_blockers`)."""
+    if not NATIVE & platform.features or not native_blockers(kernel, platform):
+        return platform
+    return platforms.without(platform, NATIVE)
+
+
 def _grids(module: ModuleOp) -> dict[str, tuple[int, ...]]:
     """The grid each kernel is launched with, from the host code's tile.launch ops."""
     grids: dict[str, tuple[int, ...]] = {}
@@ -85,31 +155,32 @@ def _shared_bytes(kernel: tile.KernelOp, align: int) -> list[tuple[Attribute, in
 
 
 def kernel_configs(module: ModuleOp, platform: Platform) -> dict[str, target.KernelConfigAttr]:
-    """The launch configuration of every tile.kernel of `module` on `platform`:
+    """The launch configuration of every tile.kernel of `module` on its `kernel_platform`:
     block = num_warps warps, shared = its tile.alloc_shared buffers (aligned),
     grid = its tile.launch's, regs = `estimate_regs`."""
     grids = _grids(module)
-    align = _SHARED_ALIGN[platforms.copy_mechanism(platform)]
     configs = {}
     for kernel in (op for op in module.walk() if isinstance(op, tile.KernelOp)):
         name = kernel.sym_name.data
         if name not in grids:
             raise TargetLoweringError(f"kernel @{name} has no tile.launch in the module, so its grid is unknown")
+        kp = kernel_platform(kernel, platform)
+        align = _SHARED_ALIGN[platforms.copy_mechanism(kp)]
         warps = kernel.num_warps.value.data
-        threads = warps * platform.warp_size
-        if threads > platform.max_threads_per_block:
+        threads = warps * kp.warp_size
+        if threads > kp.max_threads_per_block:
             raise TargetLoweringError(
-                f"kernel @{name}: {warps} warps x {platform.warp_size} threads = {threads} threads, but "
-                f"{platform.arch} allows {platform.max_threads_per_block} per block")
+                f"kernel @{name}: {warps} warps x {kp.warp_size} threads = {threads} threads, but "
+                f"{kp.arch} allows {kp.max_threads_per_block} per block")
         buffers = _shared_bytes(kernel, align)
         shared = sum(size for _, size in buffers)
-        if shared > platform.max_shared_per_block:
+        if shared > kp.max_shared_per_block:
             shown = ", ".join(f"{t} = {size}" for t, size in buffers)
             raise TargetLoweringError(
-                f"kernel @{name} needs {shared} bytes of shared memory ({shown}) but {platform.arch} allows "
-                f"{platform.max_shared_per_block} per block; use fewer stages or smaller tiles")
+                f"kernel @{name} needs {shared} bytes of shared memory ({shown}) but {kp.arch} allows "
+                f"{kp.max_shared_per_block} per block; use fewer stages or smaller tiles")
         configs[name] = target.KernelConfigAttr.of(
-            grids[name], (threads, 1, 1), shared, estimate_regs(kernel, threads, platform))
+            grids[name], (threads, 1, 1), shared, estimate_regs(kernel, threads, kp))
     return configs
 
 
@@ -120,17 +191,17 @@ def kernel_configs(module: ModuleOp, platform: Platform) -> dict[str, target.Ker
 
 @dataclass
 class LowerKernel(RewritePattern):
-    """tile.kernel -> tessera_target.kernel with its config and platform; the body moves over."""
+    """tile.kernel -> tessera_target.kernel with its config and the platform it was lowered for; the body moves over."""
 
     configs: dict[str, target.KernelConfigAttr]
-    platform: Platform
+    platforms: dict[str, Platform]
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.KernelOp, rewriter: PatternRewriter) -> None:
+        name = op.sym_name.data
         body = op.detach_region(op.body)
         rewriter.replace(op, target.KernelOp(
-            op.sym_name.data, op.function_type.inputs.data, self.configs[op.sym_name.data],
-            target.PlatformAttr.of(self.platform), body))
+            name, op.function_type.inputs.data, self.configs[name], target.PlatformAttr.of(self.platforms[name]), body))
 
 
 class LowerReturn(RewritePattern):
@@ -199,27 +270,40 @@ class LowerCopyAsync(RewritePattern):
             tuple(op.tile_dims.get_values()), op.padding))
 
 
+#: What closes a group of async copies, per copy mechanism: TMA copies of one group
+#: complete on their stage's mbarrier (armed with the group's byte count), cp.async
+#: copies form a commit group, plain loads are done when issued.
+_COMMIT = {"tma": "mbarrier.arrive.expect_tx", "cp.async": "cp.async.commit_group", "ld.global": None}
+
+
 @dataclass
 class LowerAsyncCommit(RewritePattern):
-    """tile.async_commit -> cp.async.commit_group where the platform has cp.async;
-    elsewhere copies complete synchronously and there is nothing to commit."""
+    """tile.async_commit -> the mechanism's way of closing a group of copies (`_COMMIT`)."""
 
     platform: Platform
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.AsyncCommitOp, rewriter: PatternRewriter) -> None:
-        if self.platform.has("async_copy"):
-            rewriter.replace(op, target.PTXInstrOp("cp.async.commit_group"))
+        instruction = _COMMIT[platforms.copy_mechanism(self.platform)]
+        if instruction:
+            rewriter.replace(op, target.PTXInstrOp(instruction))
         else:
             rewriter.erase(op)
 
 
+@dataclass
 class LowerAsyncWait(RewritePattern):
-    """tile.async_wait -> tessera_target.sync scope = "async_group" pending = N."""
+    """tile.async_wait -> tessera_target.sync scope = "async_group" pending = N; with TMA,
+    sync scope = "mbarrier": the stage read next waits for its mbarrier's phase."""
+
+    platform: Platform
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.AsyncWaitOp, rewriter: PatternRewriter) -> None:
-        rewriter.replace(op, target.SyncOp("async_group", op.pending.value.data))
+        if platforms.copy_mechanism(self.platform) == "tma":
+            rewriter.replace(op, target.SyncOp("mbarrier"))
+        else:
+            rewriter.replace(op, target.SyncOp("async_group", op.pending.value.data))
 
 
 class LowerBarrier(RewritePattern):
@@ -243,15 +327,18 @@ class LowerLaunch(RewritePattern):
             op.kernel.string_value(), op.args, cfg.grid_dims, cfg.block_dims, cfg.shared.data))
 
 
-def patterns(platform: Platform, configs: dict[str, target.KernelConfigAttr],
-             tensor_cores: bool = True) -> Iterable[RewritePattern]:
-    """The rewrite patterns of this lowering for `platform`; without `tensor_cores`,
-    every tile.mma stays on the CUDA cores."""
+def patterns(platform: Platform, tensor_cores: bool = True) -> Iterable[RewritePattern]:
+    """The rewrite patterns for the ops inside a kernel lowered for `platform`; without
+    `tensor_cores`, every tile.mma stays on the CUDA cores."""
     return (
-        LowerKernel(configs, platform), LowerReturn(), *([LowerMma(platform)] if tensor_cores else []),
+        LowerReturn(), *([LowerMma(platform)] if tensor_cores else []),
         LowerAllocShared(_SHARED_ALIGN[platforms.copy_mechanism(platform)]), LowerCopyAsync(platform),
-        LowerAsyncCommit(platform), LowerAsyncWait(), LowerBarrier(), LowerLaunch(configs),
+        LowerAsyncCommit(platform), LowerAsyncWait(platform), LowerBarrier(),
     )
+
+
+def _rewrite(patterns_: Iterable[RewritePattern], region) -> None:
+    PatternRewriteWalker(GreedyRewritePatternApplier(list(patterns_))).rewrite_region(region)
 
 
 def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_cores: bool = True) -> ModuleOp:
@@ -260,6 +347,9 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
     p = platform if isinstance(platform, Platform) else platforms.get(platform)
     lowered = module.clone()
     configs = kernel_configs(lowered, p)
-    rewrites = GreedyRewritePatternApplier(list(patterns(p, configs, tensor_cores)))
-    PatternRewriteWalker(rewrites).rewrite_module(lowered)
+    kernels = [op for op in lowered.ops if isinstance(op, tile.KernelOp)]
+    chosen = {k.sym_name.data: kernel_platform(k, p) for k in kernels}
+    for kernel in kernels:
+        _rewrite(patterns(chosen[kernel.sym_name.data], tensor_cores), kernel.body)
+    _rewrite([LowerKernel(configs, chosen), LowerLaunch(configs)], lowered.body)
     return lowered

@@ -24,6 +24,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from ..ir import graph as g
+from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
 
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
@@ -47,6 +48,9 @@ class Group:
 
 
 class _Planner:
+    max_shared: int | None = None    # the target's shared memory per block, when known
+    native: bool = False             # the target has the Hopper-native path (TMA + wgmma)
+
     def __init__(self, f: func.FuncOp):
         self.f = f
         self.bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
@@ -285,19 +289,21 @@ def _features(group: Group, planner: _Planner) -> dict[str, int]:
         return {}
     lhs = g.tensor_type(matmuls[0].lhs)
     features = {"element_bytes": lhs.dtype.itemsize,
-                "epilogue_ops": sum(isinstance(op, ELEMENTWISE) for op in group.ops)}
+                "epilogue_ops": sum(isinstance(op, ELEMENTWISE) for op in group.ops),
+                "wgmma": int(planner.native)}
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
     return features
 
 
-def fuse(module: ModuleOp, space: dict | None = None, max_shared: int | None = None) -> ModuleOp:
-    """The Schedule IR module for a Graph IR module (the input is left unchanged); default tilings
-    fit `max_shared` bytes of shared memory per block when given."""
+def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp:
+    """The Schedule IR module for a Graph IR module (the input is left unchanged). With a target
+    `platform`, default tilings fit its shared memory per block and suit its matrix instructions."""
     out_funcs = []
     for f in module.ops:
         planner = _Planner(f)
-        planner.max_shared = max_shared
+        planner.max_shared = platform.max_shared_per_block if platform else None
+        planner.native = bool(platform) and HOPPER_NATIVE <= platform.features
         groups = planner.plan()
         body = Block(arg_types=[a.type for a in f.body.block.args])
         outer = dict(zip(f.body.block.args, body.args))

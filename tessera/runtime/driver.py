@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
+import itertools
 import math
 import operator
 import struct
@@ -356,6 +357,29 @@ def _bf16_bits(value) -> int:
     return int(np.array(float(value)).astype(dtypes.bf16.np).view(np.uint16))
 
 
+#: size of a CUtensorMap, which a kernel takes by value as `.param .align 64 .b8 NAME[128]`
+TENSOR_MAP_BYTES = 128
+
+
+class _TensorMapParam(ctypes.c_ubyte * TENSOR_MAP_BYTES):
+    """A tensor map's opaque bytes as one by-value param, built from `bytes` as the scalar
+    storage types are built from their values."""
+
+    def __init__(self, data: bytes):
+        super().__init__(*data)
+
+
+def _tensor_map_bytes(value) -> bytes:
+    """An encoded tensor map, refusing any other length: a short one would be zero-padded
+    into a descriptor the TMA unit misreads, not rejected."""
+    if not isinstance(value, (bytes, bytearray)):
+        raise TypeError(f"a tensor map is {TENSOR_MAP_BYTES} bytes (from encode_tensor_map), "
+                        f"got {type(value).__name__}")
+    if len(value) != TENSOR_MAP_BYTES:
+        raise ValueError(f"a tensor map is {TENSOR_MAP_BYTES} bytes, got {len(value)}")
+    return bytes(value)
+
+
 # PTX .param type -> (ctypes storage, converter). The driver copies each
 # parameter by the size the kernel declares, so the storage size must match it
 # exactly: a u64 passed where the kernel has .s32 is silently misread.
@@ -367,6 +391,7 @@ PARAM_TYPES: dict[str, tuple[type, Callable[[Any], Any]]] = {
     "f64": (ctypes.c_double, float),
     "f16": (ctypes.c_uint16, _f16_bits),
     "bf16": (ctypes.c_uint16, _bf16_bits),
+    "tmap": (_TensorMapParam, _tensor_map_bytes),
 }
 
 
@@ -413,6 +438,93 @@ def _check_param_sizes(kernel: Kernel, packed: PackedArgs) -> None:
     index = next(i for i, (e, g) in enumerate(zip(expected, packed.sizes)) if e != g)
     raise ArgumentError(f"kernel '{kernel.name}' parameter {index} is {expected[index]} bytes, "
                         f"but argument {index} packs to {packed.sizes[index]} bytes")
+
+
+# ---------------------------------------------------------------------------
+# TMA tensor maps
+# ---------------------------------------------------------------------------
+
+#: tessera dtype -> CU_TENSOR_MAP_DATA_TYPE_<suffix>. TMA only moves bytes, so fp8 travels as u8.
+_TENSOR_MAP_DTYPES = {dtypes.fp16: "FLOAT16", dtypes.bf16: "BFLOAT16", dtypes.fp32: "FLOAT32",
+                      dtypes.fp8_e4m3: "UINT8", dtypes.fp8_e5m2: "UINT8"}
+#: swizzle bytes -> CU_TENSOR_MAP_SWIZZLE_<suffix>
+_TENSOR_MAP_SWIZZLES = {0: "NONE", 32: "32B", 64: "64B", 128: "128B"}
+_TENSOR_MAP_MAX_RANK = 5
+_TENSOR_MAP_MAX_BOX = 256
+
+
+def _describe_tensor_map(ptr: int, spec) -> str:
+    return (f"tensor map of argument {spec.arg} ({spec.dtype}, shape {tuple(spec.shape)}, box {tuple(spec.box)}, "
+            f"{spec.swizzle}-byte swizzle, pointer {ptr:#x})")
+
+
+def _tensor_map_layout(spec, itemsize: int) -> tuple[list[int], list[int], list[int]]:
+    """cuTensorMapEncodeTiled's view of a row-major `spec`, innermost dim first: the dims, the
+    byte strides of dims 1.. (dim 0 is contiguous, so it has none), and the box."""
+    dims = list(reversed(spec.shape))
+    strides = list(itertools.accumulate(dims[:-1], operator.mul, initial=itemsize))[1:]
+    return dims, strides, list(reversed(spec.box))
+
+
+def _tensor_map_problem(ptr: int, spec) -> str | None:
+    """The first reason cuTensorMapEncodeTiled would reject `spec` at `ptr`, or None."""
+    try:
+        dtype = dtypes.lookup(spec.dtype)
+    except TypeError as e:
+        return str(e)
+    if dtype not in _TENSOR_MAP_DTYPES:
+        return f"no tensor map data type for {dtype.name}; supported: {', '.join(d.name for d in _TENSOR_MAP_DTYPES)}"
+    if not 1 <= len(spec.shape) <= _TENSOR_MAP_MAX_RANK or len(spec.box) != len(spec.shape):
+        return f"shape and box must have the same rank, 1 to {_TENSOR_MAP_MAX_RANK}"
+    if spec.swizzle not in _TENSOR_MAP_SWIZZLES:
+        return f"swizzle must be one of {', '.join(map(str, _TENSOR_MAP_SWIZZLES))} bytes"
+    if ptr % 16:
+        return "the pointer must be 16-byte aligned"
+    dims, strides, box = _tensor_map_layout(spec, dtype.itemsize)
+    if any(d < 1 for d in dims):
+        return "every dim must be at least 1"
+    if any(s % 16 for s in strides):
+        return f"the byte strides of the outer dims ({', '.join(map(str, reversed(strides)))}) must be multiples of 16"
+    if not all(1 <= b <= _TENSOR_MAP_MAX_BOX for b in box):
+        return f"every box dim must be 1 to {_TENSOR_MAP_MAX_BOX}"
+    inner_bytes = box[0] * dtype.itemsize
+    if inner_bytes % 16:
+        return f"the innermost box dim is {inner_bytes} bytes, not a multiple of 16"
+    if spec.swizzle and inner_bytes > spec.swizzle:
+        return f"the innermost box dim is {inner_bytes} bytes, wider than the {spec.swizzle}-byte swizzle"
+    return None
+
+
+def check_tensor_map(ptr: int, spec) -> None:
+    """Refuse, naming the map and the reason, what cuTensorMapEncodeTiled would reject with a
+    bare CUDA_ERROR_INVALID_VALUE. Pure Python: needs no driver."""
+    problem = _tensor_map_problem(ptr, spec)
+    if problem:
+        raise ArgumentError(f"{_describe_tensor_map(ptr, spec)}: {problem}")
+
+
+def encode_tensor_map(ptr: int, spec) -> bytes:
+    """The CUtensorMap (TMA descriptor) for `spec` (a TensorMapSpec) over the device memory at
+    `ptr`, as the bytes of a kernel's by-value "tmap" param. Out-of-bounds elements of a box read
+    as zeros, so edge tiles need no masking. Encoding fails with CUDA_ERROR_INVALID_CONTEXT
+    unless a context is current, so `ptr`'s device's primary context is made current first."""
+    check_tensor_map(ptr, spec)
+    primary_context(pointer_device(ptr))
+    driver = bindings()
+    dtype = dtypes.lookup(spec.dtype)
+    dims, strides, box = _tensor_map_layout(spec, dtype.itemsize)
+    tensor_map = _call(
+        "cuTensorMapEncodeTiled",
+        getattr(driver.CUtensorMapDataType, f"CU_TENSOR_MAP_DATA_TYPE_{_TENSOR_MAP_DTYPES[dtype]}"),
+        len(dims), ptr,
+        [driver.cuuint64_t(d) for d in dims], [driver.cuuint64_t(s) for s in strides],
+        [driver.cuuint32_t(b) for b in box], [driver.cuuint32_t(1)] * len(dims),
+        driver.CUtensorMapInterleave.CU_TENSOR_MAP_INTERLEAVE_NONE,
+        getattr(driver.CUtensorMapSwizzle, f"CU_TENSOR_MAP_SWIZZLE_{_TENSOR_MAP_SWIZZLES[spec.swizzle]}"),
+        driver.CUtensorMapL2promotion.CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
+        driver.CUtensorMapFloatOOBfill.CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE,
+        detail=f"encoding the {_describe_tensor_map(ptr, spec)}")
+    return ctypes.string_at(tensor_map.getPtr(), TENSOR_MAP_BYTES)
 
 
 # ---------------------------------------------------------------------------

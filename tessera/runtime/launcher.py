@@ -9,15 +9,21 @@ the caller's framework, and launches the plan on the caller's current stream.
 """
 from __future__ import annotations
 
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, Sequence
+from typing import TYPE_CHECKING, Any
 
 from ..errors import ShapeError
 from . import driver, interop
 from .cache import CubinCache, functions
 
+if TYPE_CHECKING:
+    from ..backends.ptx.emitter import TensorMapSpec
+
 #: dynamic shared memory a kernel may use without opting in
 DEFAULT_SHARED_LIMIT = 48 * 1024
+#: encoded tensor maps a GpuProgram keeps; past this (callers cycling through fresh buffers) it starts over
+TENSOR_MAP_CACHE_SIZE = 256
 
 
 @dataclass(frozen=True)
@@ -33,6 +39,15 @@ class Step:
     block: int
     shared: int
     buffers: tuple[int, ...]   # indices into inputs + outputs + intermediates
+    tensor_maps: tuple[TensorMapSpec, ...] = ()   # by-value params after the pointers; arg indexes `buffers`
+
+
+def launch_args(step: Step, pointers: Sequence[int],
+                encode: Callable[[int, TensorMapSpec], bytes]) -> list[tuple[str, Any]]:
+    """`step`'s kernel arguments in the order its PTX declares its params: a u64 pointer per buffer,
+    then each tensor map, encoded by `encode` over the pointer of the buffer it describes."""
+    ptrs = [pointers[i] for i in step.buffers]
+    return [("u64", p) for p in ptrs] + [("tmap", encode(ptrs[spec.arg], spec)) for spec in step.tensor_maps]
 
 
 def _host_function(tile_module):
@@ -82,7 +97,8 @@ class GpuProgram:
             elif isinstance(op, tile.LaunchOp):
                 kernel, k = loaded[op.kernel.string_value()]
                 self.steps.append(Step(kernel, tuple(tile.int_values(op.grid)), k.threads, k.dynamic_shared,
-                                       tuple(index[a] for a in op.args)))
+                                       tuple(index[a] for a in op.args), k.tensor_maps))
+        self._tensor_maps: dict[tuple[int, TensorMapSpec], bytes] = {}
 
     def __call__(self, *inputs, out: Sequence | None = None) -> list:
         """Runs on the inputs' current stream; `out` (optional) receives the results in place."""
@@ -100,8 +116,18 @@ class GpuProgram:
         stream = _current_stream(template, self.device)
         for step in self.steps:
             driver.launch(step.kernel, step.grid, step.block, step.shared, stream,
-                          [("u64", pointers[i]) for i in step.buffers])
+                          launch_args(step, pointers, self._tensor_map))
         return outputs
+
+    def _tensor_map(self, ptr: int, spec: TensorMapSpec) -> bytes:
+        """`driver.encode_tensor_map`, remembered: caching allocators hand a steady-state call the
+        same addresses again, so it launches without re-encoding (a driver call per map)."""
+        key = (ptr, spec)
+        if key not in self._tensor_maps:
+            if len(self._tensor_maps) >= TENSOR_MAP_CACHE_SIZE:
+                self._tensor_maps.clear()
+            self._tensor_maps[key] = driver.encode_tensor_map(ptr, spec)
+        return self._tensor_maps[key]
 
 
 def _current_stream(template, device: int) -> int:

@@ -18,14 +18,21 @@ def torch_dtype(torch, name):
     return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
 
 
-def run(fn, dims, dtype, torch, *, seed=0, make=None):
-    """Compiles for this GPU, runs into NaN-poisoned outputs; returns (inputs, outputs)."""
+#: both code paths: the native one (TMA + wgmma on Hopper, per kernel where it applies) and mma.sync + cp.async
+PATHS = ["native", "ampere"]
+
+
+def run(fn, dims, dtype, torch, *, seed=0, make=None, path="native", expect=None):
+    """Compiles for this GPU on `path`, runs into NaN-poisoned outputs; returns (inputs, outputs).
+    `expect`: a tensor-core family the Target IR must use (so a test can't pass on a fallback)."""
     specs = fn.arg_specs_for(dims, dtype)
     gen = torch.Generator(device="cuda").manual_seed(seed)
     inputs = [make(s, gen) if make else
               torch.randn(s.shape, generator=gen, device="cuda", dtype=torch.float32).to(torch_dtype(torch, s.dtype.name))
               for s in specs]
-    compiled = fn.compile(specs, arch=_arch(), path="ampere")
+    compiled = fn.compile(specs, arch=_arch(), path=path)
+    if expect:
+        assert f'tensor_core "{expect}"' in compiled.ir("target"), f"{fn.name} {dims} does not use {expect}"
     program = compiled.gpu_program(0)
     outs = [torch.full(b.shape, float("nan"), device="cuda", dtype=torch_dtype(torch, b.dtype.name))
             for b in program.outputs]
@@ -120,26 +127,56 @@ def batched_gemm(a: Tensor["B", "M", "K"], b: Tensor["K", "N"]):
     return tsr.matmul(a, b)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (77, 100, 45), (256, 512, 384), (130, 33, 257)])
-def test_gemm_epilogue(torch_cuda, dtype, m, k, n):
+@pytest.mark.parametrize("m,k,n", [(1, 1, 1), (77, 100, 45), (256, 512, 384), (130, 33, 257), (300, 200, 1000)])
+def test_gemm_epilogue(torch_cuda, dtype, m, k, n, path):
     torch = torch_cuda
-    (a, b, bias), (out,) = run(gemm_bias_gelu, dict(M=m, K=k, N=n), dtype, torch)
+    (a, b, bias), (out,) = run(gemm_bias_gelu, dict(M=m, K=k, N=n), dtype, torch, path=path)
     ref = torch.nn.functional.gelu(a.float() @ b.float() + bias.float())
     check(out, ref, dtype, torch)
 
 
-@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (77, 64, 45)])
-def test_gemm_transposed_b(torch_cuda, m, k, n):
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (77, 64, 45), (256, 136, 200)])
+def test_gemm_transposed_b(torch_cuda, m, k, n, path):
     torch = torch_cuda
-    (a, b), (out,) = run(gemm_nt_scaled, dict(M=m, K=k, N=n), "fp16", torch)
+    (a, b), (out,) = run(gemm_nt_scaled, dict(M=m, K=k, N=n), "fp16", torch, path=path)
     check(out, (a.float() @ b.float().T) * 0.5, "fp16", torch)
 
 
-def test_batched_gemm(torch_cuda):
+@pytest.mark.parametrize("path", PATHS)
+def test_batched_gemm(torch_cuda, path):
     torch = torch_cuda
-    (a, b), (out,) = run(batched_gemm, dict(B=3, M=70, K=48, N=40), "fp16", torch)
+    (a, b), (out,) = run(batched_gemm, dict(B=3, M=70, K=48, N=40), "fp16", torch, path=path)
     check(out, a.float() @ b.float(), "fp16", torch)
+
+
+@pytest.fixture
+def hopper(cuda_device):
+    from tessera.runtime import driver
+    if not driver.Device(0).platform().has("wgmma"):
+        pytest.skip("the native path's wgmma + TMA kernels need an sm_90a GPU (H100/H200)")
+
+
+@pytest.mark.parametrize("fn,dims,dtype", [
+    (gemm_bias_gelu, dict(M=256, K=512, N=384), "fp16"),
+    (gemm_bias_gelu, dict(M=300, K=200, N=1000), "bf16"),       # every dim with a partial tile
+    (gemm_bias_gelu, dict(M=129, K=4104, N=264), "fp16"),       # long K, 16-byte (not 128-byte) rows
+    (gemm_nt_scaled, dict(M=256, K=136, N=200), "fp16"),        # B stored [N, K]: K-major descriptors
+    (batched_gemm, dict(B=3, M=70, K=48, N=40), "fp16"),        # 3-D tensor map for A
+], ids=["aligned", "tails", "long-k", "b-k-major", "batched"])
+def test_native_gemm_uses_wgmma_and_tma(torch_cuda, hopper, fn, dims, dtype):
+    torch = torch_cuda
+    inputs, (out,) = run(fn, dims, dtype, torch, path="native", expect="wgmma")
+    a, b = inputs[0].float(), inputs[1].float()
+    if fn is gemm_bias_gelu:
+        ref = torch.nn.functional.gelu(a @ b + inputs[2].float())
+    elif fn is gemm_nt_scaled:
+        ref = (a @ b.T) * 0.5
+    else:
+        ref = a @ b
+    check(out, ref, dtype, torch)
 
 
 # --- flash attention --------------------------------------------------------------------------

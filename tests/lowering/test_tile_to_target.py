@@ -6,7 +6,7 @@ from xdsl.ir import Block, Region
 
 from tessera import platforms
 from tessera.ir import target, tile
-from tessera.lowering.tile_to_target import TargetLoweringError, lower_tile_to_target
+from tessera.lowering.tile_to_target import TargetLoweringError, lower_tile_to_target, native_blockers
 
 
 def index(value: int) -> arith.ConstantOp:
@@ -64,11 +64,29 @@ def test_sm80_uses_mma_sync_and_cp_async():
 
 
 def test_sm90a_uses_wgmma_and_tma():
-    out = lowered("sm_90a")
+    out = lowered("sm_90a", k=64)
     (mma,) = ops(out, target.TensorCoreOp)
     assert (mma.family.data, tuple(mma.shape.iter_values())) == ("wgmma", (64, 64, 16))
     assert {op.mechanism.data for op in ops(out, target.MemcpyOp)} == {"tma"}
     assert {op.align.value.data for op in ops(out, target.AllocateOp)} == {1024}
+    assert [op.instruction.data for op in ops(out, target.PTXInstrOp)] == ["mbarrier.arrive.expect_tx"]
+    assert [op.scope.data for op in ops(out, target.SyncOp)] == ["mbarrier", "block"]
+
+
+@pytest.mark.parametrize("gemm, why", [
+    ({"k": 32}, "a tile 32 elements wide (not whole 128-byte rows)"),
+    ({"k": 64, "padding": float("-inf")}, "a copy padded with a value other than 0"),
+    ({"k": 64, "num_warps": 8}, "an mma of 64 rows on 8 warps (wgmma: 64 rows per warpgroup)"),
+    ({"k": 64, "element": f32}, "a copy of 32-bit elements"),
+])
+def test_sm90a_kernel_the_native_path_cannot_take_falls_back_to_mma_sync(gemm, why):
+    module = tile_gemm(**gemm)
+    (kernel,) = ops(module, tile.KernelOp)
+    assert why in native_blockers(kernel, platforms.get("sm_90a"))
+    out = lower_tile_to_target(module, "sm_90a")
+    out.verify()
+    assert {op.mechanism.data for op in ops(out, target.MemcpyOp)} <= {"cp.async", "ld.global"}
+    assert all(op.family.data == "mma.sync" for op in ops(out, target.TensorCoreOp))
 
 
 def test_gfx90a_uses_mfma_with_wave64():

@@ -103,13 +103,15 @@ def _tensor_values(kernel) -> list[SSAValue]:
 
 def _mma_warps(kernel, num_warps: int, shapes2) -> tuple[int, int]:
     """Warp grid for accumulator tiles: all warps along M when rows are reduced
-    (attention's softmax keeps each row inside one warp), else as square as fits."""
-    rows_reduced = any(isinstance(op, t.ReduceOp) for op in kernel.walk())
+    (attention's softmax keeps each row inside one warp) or when wgmma computes
+    them (warp w of a warpgroup holds rows 16w..16w+15 of its 64), else as square as fits."""
+    whole_rows = any(isinstance(op, t.ReduceOp) or (isinstance(op, tgt.TensorCoreOp) and op.family.data == "wgmma")
+                       for op in kernel.walk())
     options = [(num_warps // wn, wn) for wn in (1, 2, 4, 8, 16) if wn <= num_warps]
-    if not rows_reduced:
+    if not whole_rows:
         options.sort(key=lambda w: abs(w[0] - w[1]))
     for wm, wn in options:
-        if rows_reduced and wn != 1:
+        if whole_rows and wn != 1:
             continue
         if all(Mma.fits(shape, wm, wn) for shape in shapes2):
             return wm, wn
@@ -223,10 +225,20 @@ class KernelEmitter:
         self.smem_base: str | None = None    # register holding the dynamic shared memory's address
         self._tid_regs: tuple[str, str, str] | None = None
         self._bases: dict[tuple, str] = {}
+        self.entry: list[str] = []            # lines run once at entry, before the body (`at_entry`)
+        self.extra_params: list[str] = []     # .param declarations after the pointer params
+        self.tensor_maps: list[TensorMapSpec] = []
+        self.smem_align = 128                 # alignment the dynamic shared memory is declared with
+        self.state: dict[str, object] = {}    # per-kernel state of a backend path (e.g. its mbarriers)
 
     # -- plumbing --
     def emit(self, line: str) -> None:
         self.lines.append("    " + line)
+
+    def at_entry(self, line: str) -> None:
+        """Emits `line` at the kernel's entry, after the parameter loads and before the body,
+        whatever op asks for it (so registers it defines are live in every loop)."""
+        self.entry.append("    " + line)
 
     def new(self, ty: PtxType) -> str:
         return self.regs.new(ty)
@@ -285,10 +297,13 @@ class KernelEmitter:
             self.emit(f"ld.param.u64 {raw}, [{self.name}_param_{i}];")
             self.emit(f"cvta.to.global.u64 {ptr}, {raw};")
             self.env[arg] = ptr
+        at = len(self.lines)
         for key in {k for lay in self.layouts.values() for k in lay.base_keys}:
             self.base(key)  # at entry: a loop body must not be the first to define them
         self.block(block)
-        extern = [".extern .shared .align 128 .b8 tsr_smem[];", ""] if self.smem_bytes else []
+        self.lines[at:at] = self.entry
+        params += self.extra_params
+        extern = [f".extern .shared .align {self.smem_align} .b8 tsr_smem[];", ""] if self.smem_bytes else []
         head = [f".visible .entry {self.name}(", ",\n".join(params), f") .maxntid {self.threads}, 1, 1", "{"]
         return "\n".join(extern + head + self.regs.declarations() + self.shared + self.lines + ["}"]) + "\n"
 
@@ -817,14 +832,18 @@ def _mov(ty: PtxType) -> str:
     return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", PRED: "pred", U64: "b64"}[ty]
 
 
+#: sync scope -> its handler; a backend path adds its own (the Hopper path's "mbarrier")
+SYNC: dict[str, Callable] = {
+    "block": lambda e, op: e.emit("bar.sync 0;"),
+    "async_group": lambda e, op: e.emit(f"cp.async.wait_group {op.pending.value.data if op.pending else 0};"),
+}
+
+
 def _sync(e: KernelEmitter, op: tgt.SyncOp) -> None:
-    scope = op.scope.data
-    if scope == "block":
-        e.emit("bar.sync 0;")
-    elif scope == "async_group":
-        e.emit(f"cp.async.wait_group {op.pending.value.data if op.pending else 0};")
-    else:
-        raise UnsupportedByBackend(f"PTX backend: sync scope {scope!r} is not supported yet")
+    handler = SYNC.get(op.scope.data)
+    if handler is None:
+        raise UnsupportedByBackend(f"PTX backend: sync scope {op.scope.data!r} is not supported yet")
+    handler(e, op)
 
 
 def _blocked_row(e: KernelEmitter, tc: int, wc: int, tr: int) -> str:
@@ -923,6 +942,20 @@ HANDLERS: dict[type, Callable] = {
 
 
 @dataclass(frozen=True)
+class TensorMapSpec:
+    """A TMA tensor map a kernel takes by value (a 128-byte `.param`, after its pointer params):
+    the tile box it copies out of kernel argument `arg`, a row-major tensor of `shape` with
+    elements of tessera dtype `dtype`. Boxes are 128 bytes wide along the innermost dim and
+    land in shared memory with the 128-byte swizzle; out-of-bounds elements read as zero."""
+
+    arg: int
+    dtype: str
+    shape: tuple[int, ...]
+    box: tuple[int, ...]       # per dim, outermost first, like `shape`
+    swizzle: int = 128
+
+
+@dataclass(frozen=True)
 class PtxKernel:
     """One kernel's PTX module and what launching it needs besides the grid."""
 
@@ -930,6 +963,7 @@ class PtxKernel:
     ptx: str
     threads: int
     dynamic_shared: int
+    tensor_maps: tuple[TensorMapSpec, ...] = ()
 
 
 def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
@@ -943,7 +977,7 @@ def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
                                    f"use smaller tiles or fewer stages")
     arch = platform.arch
     header = f"{platforms.ptx_version(arch)}\n{platforms.ptx_target(arch)}\n.address_size 64\n\n"
-    return PtxKernel(e.name, header + body, e.threads, e.smem_bytes)
+    return PtxKernel(e.name, header + body, e.threads, e.smem_bytes, tuple(e.tensor_maps))
 
 
 def emit_module(module) -> dict[str, PtxKernel]:

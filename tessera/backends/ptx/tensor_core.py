@@ -100,13 +100,28 @@ def stage_address(e: KernelEmitter, buf: SharedBuffer, stage: str) -> str:
     return r
 
 
+#: how a kernel's shared tile buffers are laid out, by the mechanism that fills them; the
+#: Hopper path adds TMA's (`hopper.TmaBuffer`)
+BUFFERS: dict[str, type] = {"cp.async": SharedBuffer, "ld.global": SharedBuffer}
+
+
+def copy_mechanism(e: KernelEmitter) -> str:
+    """The mechanism the kernel's copies use (Target IR gives one kernel one)."""
+    if "copy_mechanism" not in e.state:
+        found = {op.mechanism.data for op in e.kernel.walk() if isinstance(op, tgt.MemcpyOp)}
+        e.state["copy_mechanism"] = found.pop() if len(found) == 1 else "cp.async"
+    return e.state["copy_mechanism"]
+
+
 def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
     if op.pool.data != "shared":
         raise UnsupportedByBackend(f"PTX backend: allocate pool={op.pool.data!r} is not supported yet")
     mt: MemRefType = op.result.type
     stages, rows, cols = mt.get_shape()
-    offset = -(-e.smem_bytes // 128) * 128
-    buf = SharedBuffer(offset, stages, rows, cols, ptx_type(mt).bytes)
+    align = op.align.value.data
+    offset = -(-e.smem_bytes // align) * align
+    buf = BUFFERS[copy_mechanism(e)](offset, stages, rows, cols, ptx_type(mt).bytes)
+    e.smem_align = max(e.smem_align, align)
     smem_base(e)  # defined where buffers are allocated (the kernel's top level), not inside a loop that uses it
     e.smem_bytes = offset + buf.size
     e.env[op.result] = buf
@@ -133,8 +148,11 @@ def _thread_chunks(e: KernelEmitter, rows: int, chunks_per_row: int, chunk: int)
 def _memcpy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     if op.kind.data != "global_to_shared":
         raise UnsupportedByBackend(f"PTX backend: memcpy kind {op.kind.data!r} is not supported yet")
-    if op.mechanism.data == "tma":
-        raise UnsupportedByBackend("PTX backend: TMA copies (the sm_90a path) are not supported yet")
+    COPIES[op.mechanism.data](e, op)
+
+
+def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
+    """Every thread copies its share of the tile: 16-byte cp.async chunks, or elements."""
     buf: SharedBuffer = e.env[op.dst]
     (stage,) = [e.value(v) for v in op.dst_indices]
     src = op.src
@@ -205,10 +223,18 @@ def _copy_element(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile, ty, paddin
     e.emit(f"@{in_tile} st.shared.{_storage(ty)} [{saddr}], {r};")
 
 
+#: memcpy mechanism -> handler; the Hopper path adds "tma"
+COPIES: dict[str, object] = {"cp.async": _copy_by_threads, "ld.global": _copy_by_threads}
+
+#: ptx_instr instructions the backend writes, -> handler; the Hopper path adds its mbarrier arrive
+INSTRUCTIONS: dict[str, object] = {"cp.async.commit_group": lambda e, op: e.emit("cp.async.commit_group;")}
+
+
 def _ptx_instr(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
-    if op.instruction.data != "cp.async.commit_group" or op.args or op.outs:
+    handler = INSTRUCTIONS.get(op.instruction.data)
+    if handler is None or op.args or op.outs:
         raise UnsupportedByBackend(f"PTX backend: ptx_instr {op.instruction.data!r} is not supported yet")
-    e.emit("cp.async.commit_group;")
+    handler(e, op)
 
 
 @dataclass(frozen=True)
@@ -218,10 +244,18 @@ class Fragments:
     a: list
 
 
+#: hooks run before a stage of a buffer is read, by buffer type; the Hopper path waits on its mbarrier
+BEFORE_READ: dict[type, object] = {}
+
+
 def _load_shared(e: KernelEmitter, op: t.LoadSharedOp) -> None:
     """A stage of a shared buffer, read by the mma that uses it. An A operand loaded outside the
     loop of its mma (flash attention's Q) is read into fragments here, once, not every iteration."""
     tile_ = SharedTile(e.env[op.src], e.value(op.stage))
+    if type(tile_.buffer) in BEFORE_READ:
+        BEFORE_READ[type(tile_.buffer)](e, tile_)
+        e.env[op.result] = tile_
+        return
     uses = [u.operation for u in op.result.uses]
     if (len(uses) == 1 and isinstance(uses[0], tgt.TensorCoreOp) and uses[0].a is op.result
             and uses[0].parent_block() is not op.parent_block()):
@@ -332,9 +366,14 @@ def _b_fragments(e: KernelEmitter, b: SharedTile, acc: Mma, k_steps: int, wn: in
 
 
 def _tensor_core(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
-    if op.family.data != "mma.sync" or t.int_values(op.shape) != (16, 8, 16):
+    handler = FAMILIES.get(op.family.data)
+    if handler is None or (op.family.data == "mma.sync" and t.int_values(op.shape) != (16, 8, 16)):
         raise UnsupportedByBackend(f"PTX backend: tensor_core {op.family.data} "
                                    f"{list(t.int_values(op.shape))} is not supported yet")
+    handler(e, op)
+
+
+def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     acc: Mma = e.layouts[op.acc]
     precision = op.precision.data
     a = e.env[op.a]
@@ -360,6 +399,9 @@ def _tensor_core(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
                     regs[i] = r
     e.env[op.result] = regs
 
+
+#: tensor_core family -> handler; the Hopper path adds "wgmma"
+FAMILIES: dict[str, object] = {"mma.sync": _mma_sync}
 
 HANDLERS.update({
     tgt.AllocateOp: _allocate,
