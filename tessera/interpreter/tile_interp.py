@@ -602,6 +602,7 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     tile.ProgramIdOp: _program_id, tile.LoadOp: _load, tile.StoreOp: _store,
     tile.AllocSharedOp: _fresh, tile.AllocGlobalOp: _fresh, tile.ViewOp: _view, tile.CopyAsyncOp: _copy_async,
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,
+    tile.MmaWaitOp: _no_op,
     tile.LoadSharedOp: _load_shared, tile.MmaOp: _mma, tile.ReduceOp: _reduce,
     tile.BroadcastOp: _broadcast, tile.ArangeOp: _arange, tile.LaunchOp: _launch,
 }

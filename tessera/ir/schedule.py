@@ -32,9 +32,10 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3]},
     ),
     "gemm": (
-        {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8},
+        {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8,
+         "mma_async": 0},
         {"block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64],
-         "num_warps": [4, 8], "num_stages": [2, 3, 4], "group_m": [1, 4, 8, 16]},
+         "num_warps": [4, 8], "num_stages": [2, 3, 4], "group_m": [1, 4, 8, 16], "mma_async": [0, 1]},
     ),
     "row_reduction": (
         {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1},
@@ -48,6 +49,9 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 }
 
 
+#: Params that switch a template feature on (1) or off (0) rather than size something.
+SWITCHES = frozenset({"mma_async"})
+
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
 SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
@@ -55,9 +59,10 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("gemm", lambda f: f.get("epilogue_ops", 0) <= 2,
      {"block_m": 256, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3}),
     ("gemm", lambda f: f.get("element_bytes") == 4, {"block_k": 32, "num_stages": 3}),
-    # Hopper-native GEMM: one 64 x 256 wgmma per warpgroup, four TMA stages (192 KB)
+    # Hopper-native GEMM: one 64 x 256 wgmma per warpgroup, four TMA stages (192 KB), each step's
+    # wgmma left running while the next step's copies are issued (mma_async)
     ("gemm", lambda f: f.get("wgmma") and f.get("element_bytes") == 2,
-     {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 4}),
+     {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 4, "mma_async": 1}),
     # ... whose 128 accumulators per thread leave no room for a heavy epilogue's temporaries
     ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_ops", 0) > 2, {"block_n": 128}),
     ("flash_attention", lambda f: f.get("head_dim") == 128,
@@ -158,8 +163,10 @@ class KernelOp(IRDLOperation):
             raise VerifyException(f"schedule.kernel {self.sym_name.data}: yielded types do not match its results")
         for key, value in self.params.data.items():
             allowed = self.space.data.get(key)
-            if not isinstance(value, IntegerAttr) or value.value.data <= 0:
-                raise VerifyException(f"schedule.kernel {self.sym_name.data}: param {key} must be a positive int")
+            least = 0 if key in SWITCHES else 1
+            if not isinstance(value, IntegerAttr) or value.value.data < least:
+                kind = "0 or 1" if key in SWITCHES else "a positive int"
+                raise VerifyException(f"schedule.kernel {self.sym_name.data}: param {key} must be {kind}")
             v = value.value.data
             if allowed is not None and key.startswith("block") and v & (v - 1):
                 raise VerifyException(f"schedule.kernel {self.sym_name.data}: {key}={v} is not a power of two")

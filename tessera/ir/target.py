@@ -784,7 +784,9 @@ class MemcpyOp(IRDLOperation):
 
 # Scope -> the platform feature it needs (None: every platform has it).
 SYNC_SCOPES: dict[str, str | None] = {"block": None, "warp": None, "async_group": None, "cluster": "clusters",
-                                     "mbarrier": "tma"}
+                                     "mbarrier": "tma", "mma_group": "wgmma"}
+#: scopes that count groups still in flight (`pending = N`)
+_COUNTED_SCOPES = ("async_group", "mma_group")
 
 
 @irdl_op_definition
@@ -792,7 +794,8 @@ class SyncOp(_KeywordOp):
     """`tessera_target.sync scope = "block"`, or `scope = "async_group" pending = N`:
     wait until at most N committed groups of async copies are in flight, or
     `scope = "mbarrier"`: the shared-memory stage read next waits until its TMA
-    copies have landed (its mbarrier's phase completes)."""
+    copies have landed (its mbarrier's phase completes), or `scope = "mma_group"
+    pending = N`: wait until at most N committed groups of async mmas (wgmma) run."""
 
     name = "tessera_target.sync"
     scope = prop_def(StringAttr)
@@ -807,8 +810,8 @@ class SyncOp(_KeywordOp):
     def verify_(self) -> None:
         scope = self.scope.data
         _check_choice(self, "scope", scope, tuple(SYNC_SCOPES))
-        if (self.pending is not None) != (scope == "async_group"):
-            raise VerifyException("sync: pending is required for scope \"async_group\" and only allowed there")
+        if (self.pending is not None) != (scope in _COUNTED_SCOPES):
+            raise VerifyException(f"sync: pending is required for scopes {_COUNTED_SCOPES} and only allowed there")
         p, feature = _platform_of(self), SYNC_SCOPES[scope]
         if feature is not None and not p.has(feature):
             raise VerifyException(f"sync: scope {scope!r} needs {feature}, which {p.arch} does not have")

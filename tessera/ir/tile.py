@@ -437,6 +437,26 @@ class AsyncWaitOp(IRDLOperation):
 
 
 @irdl_op_definition
+class MmaWaitOp(IRDLOperation):
+    """Waits until at most `pending` issued `tile.mma`s are still running. Where a matrix unit
+    runs mmas asynchronously (wgmma), an mma's operands stay in use and its result is not
+    ready until a wait covers it; elsewhere mmas finish when issued and this is a no-op.
+    Templates put one after an mma they overlap with the next step's, and `pending = 0`
+    before the accumulator is read."""
+
+    name = "tile.mma_wait"
+    pending = prop_def(IntegerAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "attr-dict"
+
+    def __init__(self, pending: int = 0):
+        super().__init__(properties={"pending": _i64(pending)})
+
+    def verify_(self) -> None:
+        _require(self.pending.value.data >= 0, self, f"pending must be >= 0, got {self.pending.value.data}")
+
+
+@irdl_op_definition
 class BarrierOp(IRDLOperation):
     """Block-wide barrier (makes finished shared-memory writes visible to all threads)."""
 
@@ -785,7 +805,7 @@ ArithOnTiles = Dialect(
 Tile = Dialect(
     "tile",
     [KernelOp, ReturnOp, ProgramIdOp, LoadOp, StoreOp, AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp,
-     AsyncCommitOp, AsyncWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp],
+     AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp],
     [],
 )
 

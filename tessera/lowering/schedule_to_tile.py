@@ -371,7 +371,7 @@ def _copy(kb: KernelBuild, o: Operand, smem: SSAValue, stage: SSAValue, offsets:
 
 
 def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
-                    step_size: int, fixed: dict[str, SSAValue], scalars, inits, compute):
+                    step_size: int, fixed: dict[str, SSAValue], scalars, inits, compute, mma_async: bool = False):
     """The multi-stage shared-memory pipeline around a loop over steps [first, end) of `inner_axis`.
 
     Stage `i % stages` holds step i's tiles. The prologue issues steps first..first+stages-2.
@@ -380,9 +380,15 @@ def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[O
     free, so step i+stages-1 is issued into it before computing. Copies past the end
     read padding, so no step needs a guard. One stage degenerates to copy, wait,
     compute, with a second barrier before the stage is overwritten.
+
+    With `mma_async` (and 2+ stages), step i's mmas are left running while step i+stages-1
+    is issued: compute, wait until only step i's mmas run (so step i-1's are done in this
+    thread), a barrier (so in every thread), then issue into stage (i-1) % stages; the
+    accumulator is waited for after the loop.
     """
     first, end = (kb.b.index(x) if isinstance(x, int) else x for x in steps)
     smem = [kb.b(t.AllocSharedOp([stages, *o.shape], g.tensor_type(o.value).element)) for o in operands]
+    mma_async = mma_async and stages > 1
 
     def issue(step: SSAValue):
         stage = kb.b(arith.RemSIOp(step, kb.b.index(stages)))
@@ -399,15 +405,22 @@ def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[O
             issue(iv)
         kb.b(t.AsyncWaitOp(max(stages - 2, 0)))
         kb.b(t.BarrierOp())
-        if stages > 1:
+        if stages > 1 and not mma_async:
             issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
         stage = kb.b(arith.RemSIOp(iv, kb.b.index(stages)))
         tiles = [kb.b(t.LoadSharedOp(buf, stage)) for buf in smem]
         out = compute(iv, tiles, *state)
-        if stages == 1:
+        if mma_async:
+            kb.b(t.MmaWaitOp(1))
+        if stages == 1 or mma_async:
             kb.b(t.BarrierOp())
+        if mma_async:
+            issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
         return out
-    return _for(kb.b, first, end, 1, inits, body)
+    results = _for(kb.b, first, end, 1, inits, body)
+    if mma_async:
+        kb.b(t.MmaWaitOp(0))
+    return results
 
 
 # --- gemm --------------------------------------------------------------------------------------------
@@ -439,7 +452,7 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
     def compute(iv, tiles, acc):
         return [kb.b(t.MmaOp(tiles[0], tiles[1], acc, transpose_b=operand_layout(b, ("k", "n"))))]
     (acc,) = _pipelined_loop(kb, (0, cdiv(k_size, tile["k"])), p["num_stages"], [a, b], "k", tile["k"],
-                             {"m": m0, "n": n0}, scalars, [acc0], compute)
+                             {"m": m0, "n": n0}, scalars, [acc0], compute, mma_async=bool(p.get("mma_async")))
     ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
     kb.em.overrides[mm.res] = acc
     kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, out_t.dtype)

@@ -306,6 +306,21 @@ class LowerAsyncWait(RewritePattern):
             rewriter.replace(op, target.SyncOp("async_group", op.pending.value.data))
 
 
+@dataclass
+class LowerMmaWait(RewritePattern):
+    """tile.mma_wait -> tessera_target.sync scope = "mma_group" where mmas run asynchronously
+    (wgmma); elsewhere they are done when issued and the wait goes."""
+
+    platform: Platform
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.MmaWaitOp, rewriter: PatternRewriter) -> None:
+        if self.platform.has("wgmma"):
+            rewriter.replace(op, target.SyncOp("mma_group", op.pending.value.data))
+        else:
+            rewriter.erase(op)
+
+
 class LowerBarrier(RewritePattern):
     """tile.barrier -> tessera_target.sync scope = "block"."""
 
@@ -333,7 +348,7 @@ def patterns(platform: Platform, tensor_cores: bool = True) -> Iterable[RewriteP
     return (
         LowerReturn(), *([LowerMma(platform)] if tensor_cores else []),
         LowerAllocShared(_SHARED_ALIGN[platforms.copy_mechanism(platform)]), LowerCopyAsync(platform),
-        LowerAsyncCommit(platform), LowerAsyncWait(platform), LowerBarrier(),
+        LowerAsyncCommit(platform), LowerAsyncWait(platform), LowerMmaWait(platform), LowerBarrier(),
     )
 
 

@@ -812,13 +812,15 @@ def _for(e: KernelEmitter, op: scf.ForOp):
     staged = []
     for (arg, ty, regs), y in zip(carried, yielded):
         src = e.regs_of(y) if is_tile(y) else [e.value(y)]
+        if list(src) == list(regs):
+            continue   # updated in place (an async wgmma accumulator must not be touched here)
         tmp = []
         for s in src:
             r = e.new(ty)
             e.emit(f"mov.{_mov(ty)} {r}, {s};")
             tmp.append(r)
-        staged.append((regs, tmp))
-    for (_, ty, _), (regs, tmp) in zip(carried, staged):
+        staged.append((ty, regs, tmp))
+    for ty, regs, tmp in staged:
         for dst, s in zip(regs, tmp):
             e.emit(f"mov.{_mov(ty)} {dst}, {s};")
     e.emit(f"add.s32 {iv}, {iv}, {e.value(op.step)};")

@@ -19,7 +19,9 @@ Tile IR pipeline is the same one the Ampere path runs, only its ops mean more:
   mbarrier's current phase (one phase bit per stage, flipped per wait).
 * `tensor_core "wgmma"` issues `wgmma.mma_async` m64nNk16 per warpgroup (warpgroup
   g computes accumulator rows 64g..64g+63: the Mma layout with every warp along
-  M) and waits for it before the accumulator is read or the stage reused.
+  M), updating the accumulator registers in place, and commits them as a group;
+  `sync scope = "mma_group" pending = N` (a `tile.mma_wait`) waits for the groups,
+  or, in a kernel without such waits, each group is waited for where it is issued.
 """
 from __future__ import annotations
 
@@ -264,13 +266,24 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
             e.emit(f"wgmma.mma_async.sync.aligned.m64n{n_instr}k16.f32.{precision}.{precision} "
                    f"{{{d}}}, {da}, {db}, {scale_d}, 1, 1, 0, {0 if b_k_major else 1};")
     e.emit("wgmma.commit_group.sync.aligned;")
-    e.emit("wgmma.wait_group.sync.aligned 0;")
+    if not _waits_explicitly(e):
+        e.emit("wgmma.wait_group.sync.aligned 0;")
     e.env[op.result] = list(regs)
+
+
+def _waits_explicitly(e: KernelEmitter) -> bool:
+    """Whether the kernel says when its wgmmas must be done (`sync scope = "mma_group"`); if not,
+    each one is waited for where it is issued."""
+    if "mma_waits" not in e.state:
+        e.state["mma_waits"] = any(isinstance(op, tgt.SyncOp) and op.scope.data == "mma_group"
+                                   for op in e.kernel.walk())
+    return e.state["mma_waits"]
 
 
 BUFFERS["tma"] = TmaBuffer
 COPIES["tma"] = _tma_copy
 INSTRUCTIONS["mbarrier.arrive.expect_tx"] = _arrive_expect_tx
 SYNC["mbarrier"] = _mbarrier_sync
+SYNC["mma_group"] = lambda e, op: e.emit(f"wgmma.wait_group.sync.aligned {op.pending.value.data};")
 BEFORE_READ[TmaBuffer] = _wait_for_stage
 FAMILIES["wgmma"] = _wgmma
