@@ -1,4 +1,4 @@
-"""compute-sanitizer memcheck over a small attention and GEMM: no out-of-bounds or misaligned access.
+"""compute-sanitizer memcheck over a small attention and GEMMs: no out-of-bounds or misaligned access.
 
 API-error reporting is off: cuda-bindings resolves driver entry points with cuGetProcAddress
 and probes some the installed driver lacks, which memcheck would list. Tessera's own driver
@@ -30,7 +30,9 @@ PROGRAM = textwrap.dedent("""
     q, k, v = (torch.randn(1, 2, 77, 64, device="cuda", dtype=torch.float16) for _ in range(3))
     attention(q, k, v)
     a, b, bias = (torch.randn(*s, device="cuda", dtype=torch.float16) for s in ((45, 70), (70, 33), (33,)))
-    gemm(a, b, bias)
+    gemm(a, b, bias)   # mma.sync + cp.async (70-element rows are not 16-byte aligned)
+    a, b, bias = (torch.randn(*s, device="cuda", dtype=torch.float16) for s in ((130, 264), (264, 200), (200,)))
+    gemm(a, b, bias)   # on sm_90a: TMA + wgmma, partial tiles in M, N and K
     torch.cuda.synchronize()
     print("ran")
 """)

@@ -166,3 +166,30 @@ def test_dtype_without_matrix_instructions_keeps_simt_mma():
 def test_tile_no_instruction_covers_is_an_error():
     with pytest.raises(TargetLoweringError, match=r"sm_80 has no matrix instruction that covers it"):
         lower_tile_to_target(tile_gemm(k=8), "sm_80")
+
+
+def _native_gemm(path: str):
+    import tessera as tsr
+
+    @tsr.function
+    def mm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+    return mm.compile(mm.arg_specs_for(dict(M=512, K=512, N=512), "fp16"), arch="sm_90a", path=path)
+
+
+def test_native_gemm_overlaps_each_wgmma_with_the_next_copies():
+    """mma_async: compute, wait until one mma group runs, barrier, then issue; the accumulator is waited
+    for after the loop. On the mma.sync path the waits go (mmas finish when issued)."""
+    native = _native_gemm("native")
+    tile_ops = [op.name for op in native.modules["tile"].walk()]
+    assert tile_ops.count("tile.mma_wait") == 2
+    loop = next(op for op in native.modules["target"].walk() if isinstance(op, scf.ForOp))
+    body = [op for op in loop.body.block.ops if isinstance(op, (target.SyncOp, target.TensorCoreOp, target.MemcpyOp))]
+    kinds = [op.scope.data if isinstance(op, target.SyncOp) else op.name.split(".")[-1] for op in body]
+    assert kinds[:4] == ["mbarrier", "block", "tensor_core", "mma_group"]
+    assert kinds[4] == "block" and set(kinds[5:]) == {"memcpy"}
+    waits = [op.pending.value.data for op in native.modules["target"].walk()
+             if isinstance(op, target.SyncOp) and op.scope.data == "mma_group"]
+    assert waits == [1, 0]
+    ampere = _native_gemm("ampere").modules["target"]
+    assert not [op for op in ampere.walk() if isinstance(op, target.SyncOp) and op.scope.data == "mma_group"]
