@@ -395,7 +395,7 @@ class Pass:
 
 def _fuse(module, args):
     from .passes.fusion import fuse
-    return fuse(module)
+    return fuse(module, platform=platforms.get(args.arch))
 
 
 def _lower_to_tile(module, args):
@@ -588,7 +588,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("file", metavar="FILE.mlir", help="`-` reads stdin")
     p.add_argument("--passes", default="", metavar="P1,P2",
                    help="; ".join(f"{name}: {p.help}" for name, p in PASSES.items()))
-    p.add_argument("--arch", default=DEFAULT_ARCH, help=f"target of lower-to-target (default {DEFAULT_ARCH})")
+    p.add_argument("--arch", default=DEFAULT_ARCH,
+                   help=f"target of fuse's default tilings and of lower-to-target (default {DEFAULT_ARCH})")
     p.add_argument("--verify-only", action="store_true", help="check only; print nothing")
     p.set_defaults(command=cmd_opt)
 

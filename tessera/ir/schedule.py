@@ -67,6 +67,8 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_ops", 0) > 2, {"block_n": 128}),
     ("flash_attention", lambda f: f.get("head_dim") == 128,
      {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}),
+    # Hopper-native attention: two warpgroups, each one 64-row wgmma slice of the 128 query rows
+    ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2, {"block_m": 128, "num_warps": 8}),
 ]
 
 

@@ -9,7 +9,7 @@ Each kernel is lowered for its own view of the platform (`kernel_platform`):
 the Hopper-native mechanisms (TMA boxes completing on mbarriers, wgmma reading
 shared memory through descriptors) are used where every copy and mma of the
 kernel has a form they take; a kernel that has one they don't (a copy padded
-with -inf, an mma operand in registers, a tile not a whole 128-byte swizzle
+with -inf, an mma B operand in registers, a tile not a whole 128-byte swizzle
 wide) gets the platform with them masked, i.e. the mma.sync + cp.async path.
 The launch configuration of each kernel is computed once, up front
 (`kernel_configs`), because both the kernel and its host-side launch carry it;
@@ -87,8 +87,9 @@ def native_blockers(kernel: tile.KernelOp, platform: Platform) -> list[str]:
 
     Copies must be unpadded boxes of a 16-bit tensor whose tile rows run along its
     contiguous dim, a whole number of 128-byte swizzle spans wide, over rows that
-    are 16-byte aligned; every mma must read both operands from shared memory, with
-    one 64-row wgmma per warpgroup."""
+    are 16-byte aligned; every mma must read B from shared memory (A from shared
+    memory or, like attention's probabilities, from registers), with one 64-row
+    wgmma per warpgroup."""
     if not NATIVE <= platform.features:
         return [f"{platform.arch} lacks {', '.join(sorted(NATIVE - platform.features))}"]
     warps = kernel.num_warps.value.data
@@ -121,7 +122,7 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
 def _mma_blockers(op: tile.MmaOp, warps: int) -> list[str]:
     (m, k), (_, n) = op.a.type.get_shape(), op.acc.type.get_shape()
     checks = [
-        (all(isinstance(v.owner, tile.LoadSharedOp) for v in (op.a, op.b)), "an mma operand held in registers"),
+        (isinstance(op.b.owner, tile.LoadSharedOp), "an mma B operand held in registers"),
         (warps % 4 == 0 and m == 16 * warps, f"an mma of {m} rows on {warps} warps (wgmma: 64 rows per warpgroup)"),
         (k % 16 == 0 and n % 8 == 0 and (n <= 256 or n % 256 == 0), f"an mma tile {m}x{n}x{k}"),
         (op.a.type.get_element_type().bitwidth == _WGMMA_ELEMENT_BITS, "an mma on non-16-bit operands"),

@@ -169,10 +169,25 @@ def test_native_gemm_tensor_maps():
     assert kernel.ptx.count(".param .align 64 .b8") == 2
 
 
-def test_native_path_keeps_attention_on_mma_sync():
-    """Attention's P @ V reads P from registers, which this wgmma path does not do: its kernel stays mma.sync."""
-    compiled = causal_attention.compile(causal_attention.arg_specs_for(dict(B=1, H=2, S=256, D=64), "fp16"),
+@needs_ptxas
+@pytest.mark.parametrize("d", [64, 128])
+def test_native_attention_assembles_for_sm90a(d, tmp_path):
+    """Attention on sm_90a: Q @ K^T with both operands behind descriptors, P @ V with P in registers
+    (wgmma's register-A form), Q, K, V as 4-D TMA boxes; no spills, no serialized wgmma."""
+    compiled = causal_attention.compile(causal_attention.arg_specs_for(dict(B=1, H=2, S=1000, D=d), "fp16"),
                                         arch="sm_90a")
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    assert re.search(r"wgmma\.mma_async\S+ \{[^}]+\}, %rd\d+, %rd\d+", kernel.ptx)     # A and B descriptors
+    assert re.search(r"wgmma\.mma_async\S+ \{[^}]+\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd", kernel.ptx)  # A regs
+    assert "mma.sync" not in kernel.ptx and "cp.async.bulk.tensor.4d" in kernel.ptx
+    assert [spec.box for spec in kernel.tensor_maps] == [(1, 1, 128, 64)] + [(1, 1, 64 if d == 64 else 128, 64)] * 2
+    report, _ = assemble(kernel.ptx, "sm_90a", tmp_path)
+    assert "0 bytes spill stores" in report and "serialized" not in report
+
+
+def test_ampere_path_keeps_attention_on_mma_sync():
+    compiled = causal_attention.compile(causal_attention.arg_specs_for(dict(B=1, H=2, S=256, D=64), "fp16"),
+                                        arch="sm_90a", path="ampere")
     (kernel,) = emit_module(compiled.modules["target"]).values()
     assert "mma.sync.aligned" in kernel.ptx and "wgmma" not in kernel.ptx and not kernel.tensor_maps
 

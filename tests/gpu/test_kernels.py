@@ -211,20 +211,32 @@ def sdpa(torch, q, k, v, mask=None, causal_mask=False):
                                                             is_causal=causal_mask)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("b,h,s,d", [(1, 1, 1, 64), (2, 3, 17, 64), (1, 2, 1000, 64), (1, 1, 4097, 64),
                                      (2, 2, 1000, 128), (1, 1, 17, 128)])
-def test_attention(torch_cuda, dtype, b, h, s, d):
+def test_attention(torch_cuda, dtype, b, h, s, d, path):
     torch = torch_cuda
-    (q, k, v), (out,) = run(attention, dict(B=b, H=h, S=s, D=d), dtype, torch)
+    (q, k, v), (out,) = run(attention, dict(B=b, H=h, S=s, D=d), dtype, torch, path=path)
     check(out, sdpa(torch, q, k, v), dtype, torch)
 
 
+@pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("b,h,s,d", [(1, 1, 1, 64), (2, 2, 1000, 64), (1, 1, 4097, 128)])
-def test_causal_attention(torch_cuda, b, h, s, d):
+def test_causal_attention(torch_cuda, b, h, s, d, path):
     torch = torch_cuda
-    (q, k, v), (out,) = run(causal, dict(B=b, H=h, S=s, D=d), "fp16", torch)
+    (q, k, v), (out,) = run(causal, dict(B=b, H=h, S=s, D=d), "fp16", torch, path=path)
     check(out, sdpa(torch, q, k, v, causal_mask=True), "fp16", torch)
+
+
+@pytest.mark.parametrize("fn,s,d,dtype", [(attention, 1000, 64, "bf16"), (attention, 4097, 128, "fp16"),
+                                          (causal, 1000, 128, "fp16"), (causal, 129, 64, "bf16")])
+def test_native_attention_uses_wgmma_and_tma(torch_cuda, hopper, fn, s, d, dtype):
+    """Q @ K^T from TMA-filled tiles, P @ V with P in registers; causal blocks past the diagonal
+    are never waited for, so the block drains their copies before it exits."""
+    torch = torch_cuda
+    (q, k, v), (out,) = run(fn, dict(B=2, H=3, S=s, D=d), dtype, torch, path="native", expect="wgmma")
+    check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), dtype, torch)
 
 
 def test_alibi_softcap_attention(torch_cuda):

@@ -230,6 +230,7 @@ class KernelEmitter:
         self.tensor_maps: list[TensorMapSpec] = []
         self.smem_align = 128                 # alignment the dynamic shared memory is declared with
         self.state: dict[str, object] = {}    # per-kernel state of a backend path (e.g. its mbarriers)
+        self.exit_hooks: list[Callable] = []  # run before the kernel returns (e.g. draining copies)
 
     # -- plumbing --
     def emit(self, line: str) -> None:
@@ -830,6 +831,12 @@ def _for(e: KernelEmitter, op: scf.ForOp):
         e.env[res] = regs if is_tile(res) else regs[0]
 
 
+def _return(e: KernelEmitter, op) -> None:
+    for hook in e.exit_hooks:
+        hook(e)
+    e.emit("ret;")
+
+
 def _mov(ty: PtxType) -> str:
     return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", PRED: "pred", U64: "b64"}[ty]
 
@@ -938,7 +945,7 @@ HANDLERS: dict[type, Callable] = {
     t.LoadOp: _load,
     t.StoreOp: _store,
     scf.ForOp: _for,
-    tgt.ReturnOp: lambda e, op: e.emit("ret;"),
+    tgt.ReturnOp: _return,
     tgt.SyncOp: _sync,
 }
 

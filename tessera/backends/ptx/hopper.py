@@ -27,11 +27,15 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import FloatAttr
+
 from ...ir import target as tgt
 from ...ir import tile as t
 from .emitter import F32, PRED, S32, SYNC, U64, KernelEmitter, TensorMapSpec, UnsupportedByBackend
 from .layout import Mma
-from .tensor_core import BEFORE_READ, BUFFERS, COPIES, FAMILIES, INSTRUCTIONS, SMEM_SYMBOL, SharedTile, stage_address
+from .tensor_core import (BEFORE_READ, BUFFERS, COPIES, FAMILIES, INSTRUCTIONS, SMEM_SYMBOL, SharedTile,
+                          _a_fragments, stage_address)
 
 #: bytes of one TMA box row and of the swizzle pattern's repeat (8 rows)
 ROW_BYTES = 128
@@ -78,39 +82,74 @@ class TmaBuffer:
 
 @dataclass
 class Pipeline:
-    """The kernel's mbarriers (one per stage, in dynamic shared memory after the tiles), the
-    phase bit of each, the copies of the group being issued, and whether a wait is due."""
+    """The mbarriers of one set of buffers filled together (one per stage, in dynamic shared memory
+    after the tiles), the parity each stage's next phase completes with (bit s of `phase`), and
+    which stages have copies in flight (bit s of `armed`)."""
 
     barriers: str                    # register: shared address of stage 0's mbarrier
-    phase: str                       # register: bit s = parity of stage s's next phase
-    leader: str                      # predicate: thread 0, which arms barriers and issues copies
-    group: list                      # [(stage register, predicate, PTX copy, bytes)]
+    stages: int
+    phase: str
+    armed: str
+
+    def barrier(self, e: KernelEmitter, stage: str) -> str:
+        r = e.new(S32)
+        e.emit(f"mad.lo.s32 {r}, {stage}, 8, {self.barriers};")
+        return r
+
+
+@dataclass
+class TmaState:
+    """Per kernel: thread 0's predicate (it arms barriers and issues copies), the pipeline of each
+    buffer, the copies of the group being issued, and whether a `sync mbarrier` wait is due."""
+
+    leader: str
+    pipelines: dict                  # buffer offset -> Pipeline
+    group: list                      # [(buffer, stage register, predicate, PTX copy, bytes)]
     waiting: bool = False
+    drained: bool = False
 
 
-def _pipeline(e: KernelEmitter, stages: int) -> Pipeline:
-    """Created at the first TMA copy: mbarriers initialised at the kernel's entry, before any copy."""
-    if "pipeline" in e.state:
-        return e.state["pipeline"]
+def _state(e: KernelEmitter) -> TmaState:
+    """Created at the kernel's first TMA copy, with code at entry that checks the tile alignment."""
+    if "tma" not in e.state:
+        tid, leader, base, low, misaligned = e.new(S32), e.new(PRED), e.new(S32), e.new(S32), e.new(PRED)
+        e.at_entry(f"mov.u32 {tid}, %tid.x;")
+        e.at_entry(f"setp.eq.u32 {leader}, {tid}, 0;")
+        e.at_entry(f"mov.u32 {base}, {SMEM_SYMBOL};")
+        e.at_entry(f"and.b32 {low}, {base}, {SWIZZLE_ATOM - 1};")
+        e.at_entry(f"setp.ne.u32 {misaligned}, {low}, 0;")
+        e.at_entry(f"@{misaligned} trap;")   # the swizzle is on address bits: tiles must sit on 1024-byte lines
+        e.smem_align = max(e.smem_align, SWIZZLE_ATOM)
+        e.state["tma"] = TmaState(leader, {}, [])
+        e.exit_hooks.append(_drain)
+    return e.state["tma"]
+
+
+def _pipeline(e: KernelEmitter, buffers: list[TmaBuffer]) -> Pipeline:
+    """The pipeline of a group's buffers; a new one gets its mbarriers initialised at entry."""
+    st = _state(e)
+    found = {id(st.pipelines.get(b.offset)) for b in buffers}
+    if len(found) != 1:
+        raise UnsupportedByBackend("PTX backend: TMA copies filling a stage must always fill the same buffers")
+    pipe = st.pipelines.get(buffers[0].offset)
+    if pipe is not None:
+        return pipe
+    stages = buffers[0].stages
     offset = -(-e.smem_bytes // 8) * 8
     e.smem_bytes = offset + 8 * stages
-    tid, leader, barriers, phase, misaligned = e.new(S32), e.new(PRED), e.new(S32), e.new(S32), e.new(PRED)
-    low = e.new(S32)
-    e.at_entry(f"mov.u32 {tid}, %tid.x;")
-    e.at_entry(f"setp.eq.u32 {leader}, {tid}, 0;")
+    barriers, phase, armed = e.new(S32), e.new(S32), e.new(S32)
     e.at_entry(f"mov.u32 {barriers}, {SMEM_SYMBOL};")
-    e.at_entry(f"and.b32 {low}, {barriers}, {SWIZZLE_ATOM - 1};")
-    e.at_entry(f"setp.ne.u32 {misaligned}, {low}, 0;")
-    e.at_entry(f"@{misaligned} trap;")   # the swizzle is on address bits: tiles must sit on 1024-byte lines
     e.at_entry(f"add.u32 {barriers}, {barriers}, {offset};")
     for s in range(stages):
-        e.at_entry(f"@{leader} mbarrier.init.shared::cta.b64 [{barriers}+{8 * s}], 1;")
+        e.at_entry(f"@{st.leader} mbarrier.init.shared::cta.b64 [{barriers}+{8 * s}], 1;")
     e.at_entry("fence.mbarrier_init.release.cluster;")
     e.at_entry("bar.sync 0;")
     e.at_entry(f"mov.u32 {phase}, 0;")
-    e.smem_align = max(e.smem_align, SWIZZLE_ATOM)
-    e.state["pipeline"] = Pipeline(barriers, phase, leader, [])
-    return e.state["pipeline"]
+    e.at_entry(f"mov.u32 {armed}, 0;")
+    pipe = Pipeline(barriers, stages, phase, armed)
+    for b in buffers:
+        st.pipelines[b.offset] = pipe
+    return pipe
 
 
 def _tensor_map(e: KernelEmitter, spec: TensorMapSpec) -> str:
@@ -138,7 +177,7 @@ def _tma_copy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     box = tuple(buf.rows if d == row_dim else buf.box_cols if d == rank - 1 else 1 for d in range(rank))
     spec = TensorMapSpec(src.index, str(src.type.get_element_type()), shape, box)
     tmap = _tensor_map(e, spec)
-    pipe = _pipeline(e, buf.stages)
+    st = _state(e)
     offsets = [e.value(v) for v in op.src_indices]
     base = stage_address(e, buf, stage)
     for j in range(buf.boxes):
@@ -146,55 +185,92 @@ def _tma_copy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
         e.emit(f"add.s32 {inner}, {offsets[-1]}, {j * buf.box_cols};")
         coords = [*offsets[:-1], inner]
         inside = e.new(PRED)
-        e.emit(f"setp.lt.and.s32 {inside}, {coords[0]}, {shape[0]}, {pipe.leader};")
+        e.emit(f"setp.lt.and.s32 {inside}, {coords[0]}, {shape[0]}, {st.leader};")
         for c, size in zip(coords[1:], shape[1:]):
             e.emit(f"setp.lt.and.s32 {inside}, {c}, {size}, {inside};")
         listed = ", ".join(reversed(coords))
         copy = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
                 f"[{base}+{j * buf.box_bytes}], [{tmap}, {{{listed}}}], [%BAR%];")
-        pipe.group.append((stage, inside, copy, buf.box_bytes))
+        st.group.append((buf, stage, inside, copy, buf.box_bytes))
 
 
 def _arrive_expect_tx(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
     """Closes a group: thread 0 arms the stage's mbarrier with the bytes of its boxes inside the
-    tensor, then issues them."""
-    pipe: Pipeline = e.state["pipeline"]
-    stages = {stage for stage, *_ in pipe.group}
+    tensor, then issues them; the stage is marked armed."""
+    st = _state(e)
+    stages = {stage for _, stage, *_ in st.group}
     if len(stages) != 1:
         raise UnsupportedByBackend("PTX backend: a group of TMA copies must fill one stage")
-    barrier, total = e.new(S32), e.new(S32)
-    e.emit(f"mad.lo.s32 {barrier}, {stages.pop()}, 8, {pipe.barriers};")
+    stage = stages.pop()
+    pipe = _pipeline(e, list({b.offset: b for b, *_ in st.group}.values()))
+    barrier, total = pipe.barrier(e, stage), e.new(S32)
     e.emit(f"mov.s32 {total}, 0;")
-    for _, inside, _, nbytes in pipe.group:
+    for *_, inside, _, nbytes in st.group:
         part = e.new(S32)
         e.emit(f"selp.b32 {part}, {nbytes}, 0, {inside};")
         e.emit(f"add.s32 {total}, {total}, {part};")
-    e.emit(f"@{pipe.leader} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{barrier}], {total};")
-    for _, inside, copy, _ in pipe.group:
+    e.emit(f"@{st.leader} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{barrier}], {total};")
+    for _, _, inside, copy, _ in st.group:
         e.emit(f"@{inside} {copy.replace('%BAR%', barrier)}")
-    pipe.group.clear()
+    e.emit(f"or.b32 {pipe.armed}, {pipe.armed}, {_stage_bit(e, stage)};")
+    st.group.clear()
+
+
+def _stage_bit(e: KernelEmitter, stage: str) -> str:
+    one, bit = e.new(S32), e.new(S32)
+    e.emit(f"mov.b32 {one}, 1;")
+    e.emit(f"shl.b32 {bit}, {one}, {stage};")
+    return bit
 
 
 def _mbarrier_sync(e: KernelEmitter, op: tgt.SyncOp) -> None:
-    e.state["pipeline"].waiting = True
+    _state(e).waiting = True
 
 
-def _wait_for_stage(e: KernelEmitter, tile_: SharedTile) -> None:
-    """The first read of a stage after a `sync mbarrier` waits for the stage's phase, then flips its bit."""
-    pipe: Pipeline = e.state["pipeline"]
-    if not pipe.waiting:
-        return
-    pipe.waiting = False
-    barrier, parity, bit, one, done = e.new(S32), e.new(S32), e.new(S32), e.new(S32), e.new(PRED)
-    e.emit(f"mad.lo.s32 {barrier}, {tile_.stage}, 8, {pipe.barriers};")
-    e.emit(f"bfe.u32 {parity}, {pipe.phase}, {tile_.stage}, 1;")
+def _wait_phase(e: KernelEmitter, pipe: Pipeline, stage: str, barrier: str) -> None:
+    """Spins until the stage's mbarrier completes its current phase, then flips the stage's parity
+    bit and clears its armed bit."""
+    parity, done, bit = e.new(S32), e.new(PRED), _stage_bit(e, stage)
+    e.emit(f"bfe.u32 {parity}, {pipe.phase}, {stage}, 1;")
     again = e.label("wait")
     e.lines.append(f"{again}:")
     e.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{barrier}], {parity};")
     e.emit(f"@!{done} bra {again};")
-    e.emit(f"mov.b32 {one}, 1;")
-    e.emit(f"shl.b32 {bit}, {one}, {tile_.stage};")
     e.emit(f"xor.b32 {pipe.phase}, {pipe.phase}, {bit};")
+    e.emit(f"not.b32 {bit}, {bit};")
+    e.emit(f"and.b32 {pipe.armed}, {pipe.armed}, {bit};")
+
+
+def _wait_for_stage(e: KernelEmitter, tile_: SharedTile) -> None:
+    """The first read of a stage after a `sync mbarrier` waits for the stage's phase."""
+    st = _state(e)
+    if not st.waiting:
+        return
+    st.waiting = False
+    pipe = st.pipelines[tile_.buffer.offset]
+    _wait_phase(e, pipe, tile_.stage, pipe.barrier(e, tile_.stage))
+
+
+def _drain(e: KernelEmitter) -> None:
+    """Before the block exits, every stage still armed (copies issued for steps the loop did not
+    reach, e.g. key blocks past a causal diagonal) is waited for: no bulk copy may still be
+    writing the shared memory of a finished block. Done once, at the first wait for all mmas
+    (after the pipelined loop) or else at the exit; ptxas serializes wgmmas whose pipeline
+    a drain after the epilogue crosses."""
+    st = _state(e)
+    if st.drained:
+        return
+    st.drained = True
+    for pipe in {id(p): p for p in st.pipelines.values()}.values():
+        for s in range(pipe.stages):
+            armed, skip = e.new(S32), e.new(PRED)
+            e.emit(f"bfe.u32 {armed}, {pipe.armed}, {s}, 1;")
+            e.emit(f"setp.eq.u32 {skip}, {armed}, 0;")
+            done = e.label("drained")
+            e.emit(f"@{skip} bra {done};")
+            stage = e.const_s32(s)
+            _wait_phase(e, pipe, stage, pipe.barrier(e, stage))
+            e.lines.append(f"{done}:")
 
 
 # --- wgmma -----------------------------------------------------------------------------------------
@@ -227,35 +303,44 @@ def _step(e: KernelEmitter, desc: str, byte_offset: int) -> str:
 def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     acc: Mma = e.layouts[op.acc]
     a, b = e.env[op.a], e.env[op.b]
-    if not (isinstance(a, SharedTile) and isinstance(b, SharedTile)
-            and isinstance(a.buffer, TmaBuffer) and isinstance(b.buffer, TmaBuffer)):
-        raise UnsupportedByBackend("PTX backend: wgmma reads both operands from TMA-filled shared tiles")
+    a_shared = isinstance(a, SharedTile)
+    if not (isinstance(b, SharedTile) and isinstance(b.buffer, TmaBuffer)
+            and (not a_shared or isinstance(a.buffer, TmaBuffer))):
+        raise UnsupportedByBackend("PTX backend: wgmma reads B (and A, unless in registers) from TMA-filled "
+                                   "shared tiles")
     rows, cols = acc.shape
     if acc.wn != 1 or acc.warp_tile[0] != 16:
         raise UnsupportedByBackend(f"PTX backend: wgmma needs one 64-row slice per warpgroup, got {acc}")
     _, n_instr, _ = t.int_values(op.shape)
     k_steps = op.a.type.get_shape()[1] // 16
     b_k_major = op.layout.data == "nt"     # B stored [N, K]; "nn" stores it [K, N] (N-major)
-    _, _, warp = e.tid()
-    group, a_rows = e.new(S32), e.new(S32)
-    e.emit(f"shr.u32 {group}, {warp}, 2;")
-    e.emit(f"mul.lo.s32 {a_rows}, {group}, {64 * ROW_BYTES};")
-    desc_a = _descriptor(e, a, k_major=True, extra=a_rows)
+    if a_shared:
+        _, _, warp = e.tid()
+        group, a_rows = e.new(S32), e.new(S32)
+        e.emit(f"shr.u32 {group}, {warp}, 2;")
+        e.emit(f"mul.lo.s32 {a_rows}, {group}, {64 * ROW_BYTES};")
+        desc_a = _descriptor(e, a, k_major=True, extra=a_rows)
+    else:   # registers in accumulator layout (attention's probabilities): per warp, mma.sync's A fragments
+        fragments = _a_fragments(e, (e.regs_of(op.a), e.layouts[op.a]), acc, k_steps, 1)
     desc_b = _descriptor(e, b, k_major=b_k_major)
     regs = e.regs_of(op.acc)
-    if len(list(op.acc.uses)) != 1:
-        copied = [e.new(F32) for _ in regs]
+    from_zero = _is_zero_fill(op.acc)
+    if from_zero:        # D = A @ B: fresh registers, the first step ignores them (scale-d false)
+        regs = [e.new(F32) for _ in regs]
+    elif len(set(regs)) != len(regs) or len(list(op.acc.uses)) != 1:
+        copied = [e.new(F32) for _ in regs]   # wgmma updates its accumulator in place
         for dst, src_ in zip(copied, regs):
             e.emit(f"mov.f32 {dst}, {src_};")
         regs = copied
-    scale_d, one = e.new(PRED), e.new(S32)
+    accumulate, ignore, one = e.new(PRED), e.new(PRED), e.new(S32)
     e.emit(f"mov.b32 {one}, 1;")
-    e.emit(f"setp.ne.b32 {scale_d}, {one}, 0;")
+    e.emit(f"setp.ne.b32 {accumulate}, {one}, 0;")
+    e.emit(f"setp.eq.b32 {ignore}, {one}, 0;")
     precision = op.precision.data
     per_instr = n_instr // 8 * 4           # accumulator registers one instruction writes
     e.emit("wgmma.fence.sync.aligned;")
     for kk in range(k_steps):
-        da = _step(e, desc_a, a.buffer.start(0, 16 * kk))
+        da = _step(e, desc_a, a.buffer.start(0, 16 * kk)) if a_shared else f"{{{', '.join(fragments[kk][0])}}}"
         for n0 in range(0, cols, n_instr):
             if b_k_major:
                 db = _step(e, desc_b, b.buffer.start(n0, 16 * kk))
@@ -263,12 +348,23 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
                 db = _step(e, desc_b, b.buffer.start(16 * kk, n0))
             first = n0 // 8 * 4
             d = ", ".join(regs[first:first + per_instr])
+            trans = f"{'0, ' if a_shared else ''}{0 if b_k_major else 1}"   # A in registers has no transpose
+            scale_d = ignore if from_zero and kk == 0 else accumulate
             e.emit(f"wgmma.mma_async.sync.aligned.m64n{n_instr}k16.f32.{precision}.{precision} "
-                   f"{{{d}}}, {da}, {db}, {scale_d}, 1, 1, 0, {0 if b_k_major else 1};")
+                   f"{{{d}}}, {da}, {db}, {scale_d}, 1, 1, {trans};")
     e.emit("wgmma.commit_group.sync.aligned;")
     if not _waits_explicitly(e):
         e.emit("wgmma.wait_group.sync.aligned 0;")
     e.env[op.result] = list(regs)
+
+
+def _is_zero_fill(v) -> bool:
+    """Whether tile `v` is a broadcast 0.0 (a fresh accumulator, whose registers are one name repeated)."""
+    op = v.owner
+    if not isinstance(op, t.BroadcastOp) or not isinstance(op.x.owner, arith.ConstantOp):
+        return False
+    value = op.x.owner.value
+    return isinstance(value, FloatAttr) and value.value.data == 0.0
 
 
 def _waits_explicitly(e: KernelEmitter) -> bool:
@@ -280,10 +376,16 @@ def _waits_explicitly(e: KernelEmitter) -> bool:
     return e.state["mma_waits"]
 
 
+def _wait_mmas(e: KernelEmitter, op: tgt.SyncOp) -> None:
+    e.emit(f"wgmma.wait_group.sync.aligned {op.pending.value.data};")
+    if op.pending.value.data == 0 and "tma" in e.state:
+        _drain(e)
+
+
 BUFFERS["tma"] = TmaBuffer
 COPIES["tma"] = _tma_copy
 INSTRUCTIONS["mbarrier.arrive.expect_tx"] = _arrive_expect_tx
 SYNC["mbarrier"] = _mbarrier_sync
-SYNC["mma_group"] = lambda e, op: e.emit(f"wgmma.wait_group.sync.aligned {op.pending.value.data};")
+SYNC["mma_group"] = _wait_mmas
 BEFORE_READ[TmaBuffer] = _wait_for_stage
 FAMILIES["wgmma"] = _wgmma
