@@ -7,7 +7,9 @@ torch layer_norm and softmax. Each case first checks Tessera's output against
 the peer (a wrong kernel gets no timing), then times both with
 triton.testing.do_bench (median of many runs, L2 flushed between runs).
 `ratio` is peer time / Tessera time: above 1 means Tessera is faster.
-Attention at S = 4096 and 8192 keeps B * S = 32 * 2048 tokens.
+Attention at S = 4096 and 8192 keeps B * S = 32 * 2048 tokens. GEMM and
+attention run on both code paths: "(native)" is what a plain call runs (on
+an H100/H200: TMA + wgmma), "(ampere)" the mma.sync + cp.async path.
 """
 from __future__ import annotations
 
@@ -77,6 +79,8 @@ def sdpa(backend):
 
 
 def bench_attention(rows, quick: bool):
+    """The native path (what a plain call runs) against SDPA's flash and cuDNN backends, and the
+    mma.sync path against flash (FA2, itself an mma.sync kernel)."""
     from torch.nn.attention import SDPBackend
     peers = {"sdpa-flash": sdpa(SDPBackend.FLASH_ATTENTION), "sdpa-cudnn": sdpa(SDPBackend.CUDNN_ATTENTION)}
     lengths = [2048] if quick else [2048, 4096, 8192]
@@ -85,24 +89,26 @@ def bench_attention(rows, quick: bool):
             b, h, d = max(1, 32 * 2048 // s), 12, 128
             q, k, v = (torch.randn(b, h, s, d, device="cuda", dtype=torch.float16) for _ in range(3))
             fn = causal_attention if causal else attention
-            out = fn(q, k, v)
             flops = 4 * b * h * s * s * d * (0.5 if causal else 1.0)
-            for name, peer in peers.items():
-                try:
-                    ref = peer(q, k, v, causal)
-                except RuntimeError as e:
-                    print(f"  {name} unavailable: {str(e).splitlines()[0]}")
-                    continue
-                err = rel_err(out, ref)
-                case = f"attention B={b} H={h} S={s} D={d} fp16{' causal' if causal else ''}"
-                if err > 1e-2:
-                    rows.append(dict(case=case, peer=name, error=err, note="WRONG: not timed"))
-                    continue
-                t_ms = median_ms(lambda: fn(q, k, v))
-                p_ms = median_ms(lambda: peer(q, k, v, causal))
-                rows.append(dict(case=case, peer=name, tessera_ms=t_ms, peer_ms=p_ms, ratio=p_ms / t_ms,
-                                 tessera_rate=flops / t_ms / 1e9, peer_rate=flops / p_ms / 1e9, unit="TFLOP/s",
-                                 error=err))
+            for path, against in (("native", peers), ("ampere", {"sdpa-flash": peers["sdpa-flash"]})):
+                ours = on_path(fn, path, dict(B=b, H=h, S=s, D=d), "fp16")
+                out = ours(q, k, v)
+                for name, peer in against.items():
+                    try:
+                        ref = peer(q, k, v, causal)
+                    except RuntimeError as e:
+                        print(f"  {name} unavailable: {str(e).splitlines()[0]}")
+                        continue
+                    err = rel_err(out, ref)
+                    case = f"attention B={b} H={h} S={s} D={d} fp16{' causal' if causal else ''} ({path})"
+                    if err > 1e-2:
+                        rows.append(dict(case=case, peer=name, error=err, note="WRONG: not timed"))
+                        continue
+                    t_ms = median_ms(lambda: ours(q, k, v))
+                    p_ms = median_ms(lambda: peer(q, k, v, causal))
+                    rows.append(dict(case=case, peer=name, tessera_ms=t_ms, peer_ms=p_ms, ratio=p_ms / t_ms,
+                                     tessera_rate=flops / t_ms / 1e9, peer_rate=flops / p_ms / 1e9, unit="TFLOP/s",
+                                     error=err))
 
 
 def on_path(fn, path: str, dims: dict[str, int], dtype: str):
@@ -123,7 +129,7 @@ def bench_gemm(rows, quick: bool):
             ref = torch.matmul(a, b)
             for path in ("native", "ampere"):
                 ours = on_path(gemm, path, dict(M=n, K=n, N=n), name)
-                case = f"gemm {n}^3 {name} ({path} path)"
+                case = f"gemm {n}^3 {name} ({path})"
                 err = rel_err(ours(a, b), ref)
                 if err > 1e-2:
                     rows.append(dict(case=case, peer="torch.matmul", error=err, note="WRONG: not timed"))
@@ -165,13 +171,13 @@ def bench_rows(rows, quick: bool, ceiling_gbs: float):
 
 
 def table(rows) -> str:
-    head = f"| {'case':44} | {'peer':13} | {'tessera ms':>10} | {'peer ms':>9} | {'ratio':>6} | {'tessera':>9} | {'peer':>9} | unit    | rel err |"
+    head = f"| {'case':53} | {'peer':13} | {'tessera ms':>10} | {'peer ms':>9} | {'ratio':>6} | {'tessera':>9} | {'peer':>9} | unit    | rel err |"
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         if "tessera_ms" not in r:
-            lines.append(f"| {r['case']:44} | {r['peer']:13} | {r.get('note', ''):>10} | | | | | | {r['error']:.1e} |")
+            lines.append(f"| {r['case']:53} | {r['peer']:13} | {r.get('note', ''):>10} | | | | | | {r['error']:.1e} |")
             continue
-        lines.append(f"| {r['case']:44} | {r['peer']:13} | {r['tessera_ms']:10.3f} | {r['peer_ms']:9.3f} | "
+        lines.append(f"| {r['case']:53} | {r['peer']:13} | {r['tessera_ms']:10.3f} | {r['peer_ms']:9.3f} | "
                      f"{r['ratio']:6.2f} | {r['tessera_rate']:9.1f} | {r['peer_rate']:9.1f} | {r['unit']:7} | "
                      f"{r['error']:.1e} |")
     return "\n".join(lines)

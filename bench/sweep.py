@@ -69,8 +69,8 @@ def main(argv=None) -> int:
               4 * 16 * 12 * 2048 * 2048 * d, rows)
     a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.float16) for _ in range(2))
     gemm_grids = {
-        "ampere": dict(block_m=[128, 256], block_n=[128, 256], block_k=[32, 64], num_warps=[4, 8],
-                       num_stages=[3, 4], mma_async=[0, 1]),
+        "ampere": dict(block_m=[128, 256], block_n=[128, 256], block_k=[32, 64, 128], num_warps=[4, 8],
+                       num_stages=[2, 3, 4]),
         "native": dict(block_m=[128], block_n=[128, 256], block_k=[64], num_warps=[8], num_stages=[3, 4, 5],
                        group_m=[8, 16], mma_async=[0, 1]),
     }
