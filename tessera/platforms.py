@@ -400,10 +400,10 @@ def from_device_properties(cc_major: int, cc_minor: int, sm_count: int, smem_opt
                                **{k: v for k, v in reported.items() if v is not None})
 
 
-#: Hopper-and-later features the Ampere-class code path does without.
 #: The Hopper-native kernel path: TMA copies feeding wgmma (a kernel takes both or neither).
 HOPPER_NATIVE = frozenset({"tma", "wgmma"})
 
+#: Hopper-and-later features the Ampere-class code path does without.
 BEYOND_AMPERE = frozenset({"tma", "wgmma", "setmaxnreg", "clusters", "stmatrix", "tcgen05", "tmem", "cta_pairs"})
 
 

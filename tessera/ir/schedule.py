@@ -165,8 +165,9 @@ class KernelOp(IRDLOperation):
             raise VerifyException(f"schedule.kernel {self.sym_name.data}: yielded types do not match its results")
         for key, value in self.params.data.items():
             allowed = self.space.data.get(key)
-            least = 0 if key in SWITCHES else 1
-            if not isinstance(value, IntegerAttr) or value.value.data < least:
+            ok = isinstance(value, IntegerAttr) and (value.value.data in (0, 1) if key in SWITCHES
+                                                    else value.value.data >= 1)
+            if not ok:
                 kind = "0 or 1" if key in SWITCHES else "a positive int"
                 raise VerifyException(f"schedule.kernel {self.sym_name.data}: param {key} must be {kind}")
             v = value.value.data

@@ -378,7 +378,8 @@ def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[O
     Iteration i waits until step i has landed, then one barrier both publishes it and
     tells every thread that stage (i-1) % stages, read in the previous iteration, is
     free, so step i+stages-1 is issued into it before computing. Copies past the end
-    read padding, so no step needs a guard. One stage degenerates to copy, wait,
+    read padding (TMA zero-fills; the backend drains copies no step reads), so no step
+    needs a guard. One stage degenerates to copy, wait,
     compute, with a second barrier before the stage is overwritten.
 
     With `mma_async` (and 2+ stages), step i's mmas are left running while step i+stages-1

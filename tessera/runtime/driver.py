@@ -361,12 +361,12 @@ def _bf16_bits(value) -> int:
 TENSOR_MAP_BYTES = 128
 
 
-class _TensorMapParam(ctypes.c_ubyte * TENSOR_MAP_BYTES):
-    """A tensor map's opaque bytes as one by-value param, built from `bytes` as the scalar
-    storage types are built from their values."""
+_TensorMapStorage = ctypes.c_ubyte * TENSOR_MAP_BYTES
 
-    def __init__(self, data: bytes):
-        super().__init__(*data)
+
+def _TensorMapParam(data: bytes):
+    """A tensor map's opaque bytes as one by-value param (one memcpy: this is on the launch path)."""
+    return _TensorMapStorage.from_buffer_copy(data)
 
 
 def _tensor_map_bytes(value) -> bytes:

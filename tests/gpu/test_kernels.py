@@ -22,7 +22,7 @@ def torch_dtype(torch, name):
 PATHS = ["native", "ampere"]
 
 
-def run(fn, dims, dtype, torch, *, seed=0, make=None, path="native", expect=None):
+def run(fn, dims, dtype, torch, *, seed=0, make=None, path="native", expect=None, space=None):
     """Compiles for this GPU on `path`, runs into NaN-poisoned outputs; returns (inputs, outputs).
     `expect`: a tensor-core family the Target IR must use (so a test can't pass on a fallback)."""
     specs = fn.arg_specs_for(dims, dtype)
@@ -30,7 +30,7 @@ def run(fn, dims, dtype, torch, *, seed=0, make=None, path="native", expect=None
     inputs = [make(s, gen) if make else
               torch.randn(s.shape, generator=gen, device="cuda", dtype=torch.float32).to(torch_dtype(torch, s.dtype.name))
               for s in specs]
-    compiled = fn.compile(specs, arch=_arch(), path=path)
+    compiled = fn.compile(specs, arch=_arch(), path=path, **({"space": space} if space else {}))
     if expect:
         assert f'tensor_core "{expect}"' in compiled.ir("target"), f"{fn.name} {dims} does not use {expect}"
     program = compiled.gpu_program(0)
@@ -165,10 +165,12 @@ def hopper(cuda_device):
     (gemm_bias_gelu, dict(M=129, K=4104, N=264), "fp16"),       # long K, 16-byte (not 128-byte) rows
     (gemm_nt_scaled, dict(M=256, K=136, N=200), "fp16"),        # B stored [N, K]: K-major descriptors
     (batched_gemm, dict(B=3, M=70, K=48, N=40), "fp16"),        # 3-D tensor map for A
-], ids=["aligned", "tails", "long-k", "b-k-major", "batched"])
+    (gemm_bias_gelu, dict(M=256, K=136, N=256), "fp16"),        # block_k 128: the last step's 2nd box is past K
+], ids=["aligned", "tails", "long-k", "b-k-major", "batched", "box-past-k"])
 def test_native_gemm_uses_wgmma_and_tma(torch_cuda, hopper, fn, dims, dtype):
     torch = torch_cuda
-    inputs, (out,) = run(fn, dims, dtype, torch, path="native", expect="wgmma")
+    space = {"block_k": [128], "num_stages": [2]} if dims.get("K") == 136 else None
+    inputs, (out,) = run(fn, dims, dtype, torch, path="native", expect="wgmma", space=space)
     a, b = inputs[0].float(), inputs[1].float()
     if fn is gemm_bias_gelu:
         ref = torch.nn.functional.gelu(a @ b + inputs[2].float())
@@ -230,7 +232,8 @@ def test_causal_attention(torch_cuda, b, h, s, d, path):
 
 
 @pytest.mark.parametrize("fn,s,d,dtype", [(attention, 1000, 64, "bf16"), (attention, 4097, 128, "fp16"),
-                                          (causal, 1000, 128, "fp16"), (causal, 129, 64, "bf16")])
+                                          (causal, 1000, 128, "fp16"), (causal, 129, 64, "bf16"),
+                                          (attention, 300, 192, "fp16")])   # D=192: a 256-wide tile
 def test_native_attention_uses_wgmma_and_tma(torch_cuda, hopper, fn, s, d, dtype):
     """Q @ K^T from TMA-filled tiles, P @ V with P in registers; causal blocks past the diagonal
     are never waited for, so the block drains their copies before it exits."""

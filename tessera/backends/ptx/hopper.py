@@ -10,11 +10,13 @@ Tile IR pipeline is the same one the Ampere path runs, only its ops mean more:
   matrix descriptor, so no thread ever touches the tile.
 * `memcpy mechanism = "tma"` issues one `cp.async.bulk.tensor` per box from a
   tensor map the runtime encodes for the kernel argument (`TensorMapSpec`, passed
-  by value as a 128-byte `.param`). Boxes wholly outside the tensor are skipped;
-  partial ones are zero-filled by the copy engine.
+  by value as a 128-byte `.param`). Every box of a tile is copied, also one past
+  the tensor's end (the copy engine zero-fills what lies outside), so a tile wider
+  than the tensor (a head dim of 192 in a 256-wide tile) reads zeros, not stale data.
 * `ptx_instr "mbarrier.arrive.expect_tx"` closes the group of copies into one
   stage: thread 0 arms the stage's mbarrier with the group's bytes, then issues
-  the copies, which complete on it.
+  the copies, which complete on it. Copies for steps a loop never reads (past a
+  causal diagonal, past K) are drained before the block exits.
 * `sync scope = "mbarrier"` makes the next read of a stage wait for its
   mbarrier's current phase (one phase bit per stage, flipped per wait).
 * `tensor_core "wgmma"` issues `wgmma.mma_async` m64nNk16 per warpgroup (warpgroup
@@ -25,10 +27,11 @@ Tile IR pipeline is the same one the Ampere path runs, only its ops mean more:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
-from xdsl.dialects import arith
+from xdsl.dialects import arith, scf
 from xdsl.dialects.builtin import FloatAttr
+from xdsl.ir import BlockArgument
 
 from ...ir import target as tgt
 from ...ir import tile as t
@@ -104,8 +107,8 @@ class TmaState:
 
     leader: str
     pipelines: dict                  # buffer offset -> Pipeline
-    group: list                      # [(buffer, stage register, predicate, PTX copy, bytes)]
-    waiting: bool = False
+    group: list                      # [(buffer, stage register, PTX copy, bytes)]
+    waiting: set = field(default_factory=set)    # ids of pipelines whose next read waits (`sync mbarrier`)
     drained: bool = False
 
 
@@ -183,35 +186,26 @@ def _tma_copy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     for j in range(buf.boxes):
         inner = e.new(S32)
         e.emit(f"add.s32 {inner}, {offsets[-1]}, {j * buf.box_cols};")
-        coords = [*offsets[:-1], inner]
-        inside = e.new(PRED)
-        e.emit(f"setp.lt.and.s32 {inside}, {coords[0]}, {shape[0]}, {st.leader};")
-        for c, size in zip(coords[1:], shape[1:]):
-            e.emit(f"setp.lt.and.s32 {inside}, {c}, {size}, {inside};")
-        listed = ", ".join(reversed(coords))
-        copy = (f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::complete_tx::bytes "
-                f"[{base}+{j * buf.box_bytes}], [{tmap}, {{{listed}}}], [%BAR%];")
-        st.group.append((buf, stage, inside, copy, buf.box_bytes))
+        listed = ", ".join(reversed([*offsets[:-1], inner]))
+        st.group.append((buf, stage, f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::"
+                                     f"complete_tx::bytes [{base}+{j * buf.box_bytes}], [{tmap}, {{{listed}}}], "
+                                     f"[%BAR%];", buf.box_bytes))
 
 
 def _arrive_expect_tx(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
-    """Closes a group: thread 0 arms the stage's mbarrier with the bytes of its boxes inside the
-    tensor, then issues them; the stage is marked armed."""
+    """Closes a group: thread 0 arms the stage's mbarrier with the group's bytes, then issues its
+    boxes; every thread marks the stage armed."""
     st = _state(e)
     stages = {stage for _, stage, *_ in st.group}
     if len(stages) != 1:
         raise UnsupportedByBackend("PTX backend: a group of TMA copies must fill one stage")
     stage = stages.pop()
     pipe = _pipeline(e, list({b.offset: b for b, *_ in st.group}.values()))
-    barrier, total = pipe.barrier(e, stage), e.new(S32)
-    e.emit(f"mov.s32 {total}, 0;")
-    for *_, inside, _, nbytes in st.group:
-        part = e.new(S32)
-        e.emit(f"selp.b32 {part}, {nbytes}, 0, {inside};")
-        e.emit(f"add.s32 {total}, {total}, {part};")
-    e.emit(f"@{st.leader} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{barrier}], {total};")
-    for _, _, inside, copy, _ in st.group:
-        e.emit(f"@{inside} {copy.replace('%BAR%', barrier)}")
+    barrier = pipe.barrier(e, stage)
+    e.emit(f"@{st.leader} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{barrier}], "
+           f"{sum(nbytes for *_, nbytes in st.group)};")
+    for _, _, copy, _ in st.group:
+        e.emit(f"@{st.leader} {copy.replace('%BAR%', barrier)}")
     e.emit(f"or.b32 {pipe.armed}, {pipe.armed}, {_stage_bit(e, stage)};")
     st.group.clear()
 
@@ -224,7 +218,8 @@ def _stage_bit(e: KernelEmitter, stage: str) -> str:
 
 
 def _mbarrier_sync(e: KernelEmitter, op: tgt.SyncOp) -> None:
-    _state(e).waiting = True
+    st = _state(e)
+    st.waiting = {id(p) for p in st.pipelines.values()}
 
 
 def _wait_phase(e: KernelEmitter, pipe: Pipeline, stage: str, barrier: str) -> None:
@@ -242,12 +237,12 @@ def _wait_phase(e: KernelEmitter, pipe: Pipeline, stage: str, barrier: str) -> N
 
 
 def _wait_for_stage(e: KernelEmitter, tile_: SharedTile) -> None:
-    """The first read of a stage after a `sync mbarrier` waits for the stage's phase."""
+    """After a `sync mbarrier`, the first read of each pipeline's buffers waits for the stage's phase."""
     st = _state(e)
-    if not st.waiting:
-        return
-    st.waiting = False
     pipe = st.pipelines[tile_.buffer.offset]
+    if id(pipe) not in st.waiting:
+        return
+    st.waiting.discard(id(pipe))
     _wait_phase(e, pipe, tile_.stage, pipe.barrier(e, tile_.stage))
 
 
@@ -327,7 +322,7 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     from_zero = _is_zero_fill(op.acc)
     if from_zero:        # D = A @ B: fresh registers, the first step ignores them (scale-d false)
         regs = [e.new(F32) for _ in regs]
-    elif len(set(regs)) != len(regs) or len(list(op.acc.uses)) != 1:
+    elif len(set(regs)) != len(regs) or len(list(op.acc.uses)) != 1 or not _defined_in_block_of(op.acc, op):
         copied = [e.new(F32) for _ in regs]   # wgmma updates its accumulator in place
         for dst, src_ in zip(copied, regs):
             e.emit(f"mov.f32 {dst}, {src_};")
@@ -353,7 +348,7 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
             e.emit(f"wgmma.mma_async.sync.aligned.m64n{n_instr}k16.f32.{precision}.{precision} "
                    f"{{{d}}}, {da}, {db}, {scale_d}, 1, 1, {trans};")
     e.emit("wgmma.commit_group.sync.aligned;")
-    if not _waits_explicitly(e):
+    if not _waited_for_later(op):
         e.emit("wgmma.wait_group.sync.aligned 0;")
     e.env[op.result] = list(regs)
 
@@ -367,13 +362,24 @@ def _is_zero_fill(v) -> bool:
     return isinstance(value, FloatAttr) and value.value.data == 0.0
 
 
-def _waits_explicitly(e: KernelEmitter) -> bool:
-    """Whether the kernel says when its wgmmas must be done (`sync scope = "mma_group"`); if not,
-    each one is waited for where it is issued."""
-    if "mma_waits" not in e.state:
-        e.state["mma_waits"] = any(isinstance(op, tgt.SyncOp) and op.scope.data == "mma_group"
-                                   for op in e.kernel.walk())
-    return e.state["mma_waits"]
+def _defined_in_block_of(v, op) -> bool:
+    """Whether `v` is defined in `op`'s block (an op there, or the block's argument): only then may
+    `op` update its registers in place, which a value from outside a loop must keep every iteration."""
+    block = v.owner if isinstance(v, BlockArgument) else v.owner.parent_block()
+    return block is op.parent_block()
+
+
+def _waited_for_later(op: tgt.TensorCoreOp) -> bool:
+    """Whether a `sync scope = "mma_group"` follows `op` in its block before anything there reads
+    its result; if not, the wgmma is waited for where it is issued."""
+    nxt = op.next_op
+    while nxt is not None:
+        if isinstance(nxt, tgt.SyncOp) and nxt.scope.data == "mma_group":
+            return True
+        if op.result in nxt.operands and not isinstance(nxt, scf.YieldOp):
+            return False
+        nxt = nxt.next_op
+    return False
 
 
 def _wait_mmas(e: KernelEmitter, op: tgt.SyncOp) -> None:

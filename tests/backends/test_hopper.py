@@ -1,0 +1,61 @@
+"""The Hopper path's data layout and descriptors, checked without a GPU (tests/gpu runs the kernels)."""
+import re
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.backends.ptx import emit_module
+from tessera.backends.ptx.hopper import SWIZZLE_128B, TmaBuffer
+
+
+def test_tma_buffer_is_boxes_of_128_byte_rows():
+    """A [64, 256] f16 tile: four [64, 64] boxes of 8 KB, one after another; a stage is 32 KB."""
+    buf = TmaBuffer(offset=0, stages=2, rows=64, cols=256, elem=2)
+    assert (buf.box_cols, buf.boxes, buf.box_bytes, buf.stage_bytes, buf.size) == (64, 4, 8192, 32768, 65536)
+    assert buf.start(0, 0) == 0
+    assert buf.start(0, 48) == 96                  # a k16 step inside a K-major row: +32 bytes each
+    assert buf.start(16, 64) == 8192 + 16 * 128    # the second box, 16 rows down
+    assert TmaBuffer(0, 1, 8, 64, 2).stage_bytes == 1024   # stages stay on 1024-byte swizzle lines
+
+
+@tsr.function
+def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+    return tsr.matmul(a, b)
+
+
+def _descriptor_fields(ptx: str) -> set[tuple[int, int, int]]:
+    """(swizzle, stride byte offset, leading byte offset) of every descriptor constant in `ptx`."""
+    out = set()
+    for c in map(int, re.findall(r"or\.b64 %rd\d+, %rd\d+, (\d+);", ptx)):
+        out.add((c >> 62, (c >> 32) & 0x3FFF, (c >> 16) & 0x3FFF))
+    return out
+
+
+def test_descriptors_of_a_k_major_a_and_an_n_major_b():
+    """A [128, 64] is K-major: 8-row groups 1024 bytes apart, no leading offset (1). B [64, 256]
+    is N-major: 1024 bytes between 8-row K groups, one box (64 rows x 128 bytes) between 64-column blocks."""
+    compiled = gemm.compile(gemm.arg_specs_for(dict(M=512, K=512, N=512), "fp16"), arch="sm_90a")
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    assert SWIZZLE_128B >> 62 == 1
+    assert _descriptor_fields(kernel.ptx) == {(1, 1024 >> 4, 1), (1, 1024 >> 4, (64 * 128) >> 4)}
+    assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.f16\.f16 .*, 1, 1, 0, 1;", kernel.ptx)
+
+
+@tsr.function
+def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * 0.07, dim=-1), v)
+
+
+def test_every_box_of_a_tile_wider_than_the_tensor_is_copied():
+    """D = 192 in a 256-wide tile: the fourth box lies wholly past the tensor. It is still copied
+    (the copy engine writes zeros), so Q @ K^T never sums stale shared memory."""
+    compiled = attention.compile(attention.arg_specs_for(dict(B=1, H=1, S=256, D=192), "fp16"), arch="sm_90a")
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    copies = re.findall(r"cp\.async\.bulk\.tensor\.4d\S* \[[^\]]+\], \[(%rd\d+)", kernel.ptx)
+    q_map = copies[0]
+    assert copies.count(q_map) == 4            # Q: one group of four boxes, none skipped
+
+
+def test_without_tensor_cores_the_native_path_is_not_taken():
+    compiled = gemm.compile(gemm.arg_specs_for(dict(M=512, K=512, N=512), "fp16"), arch="sm_90a",
+                            tensor_cores=False)
+    assert 'mechanism = "tma"' not in compiled.ir("target")
