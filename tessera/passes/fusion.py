@@ -282,6 +282,14 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     return block, inputs, params, space
 
 
+def _rows_aligned(v: SSAValue, planner: _Planner) -> bool:
+    """Whether matmul operand `v` has 16-byte rows, which TMA needs: a GEMM with 70-element fp16 rows
+    takes the mma.sync path, so it should not get the native path's tiling (Target IR decides the
+    path per kernel; this only keeps the defaults in step with it)."""
+    t = g.tensor_type(v)
+    return g.dim_value(t.shape[-1], planner.bindings) * t.dtype.itemsize % 16 == 0
+
+
 def _features(group: Group, planner: _Planner) -> dict[str, int]:
     """What of a group's problem its default tiling depends on."""
     matmuls = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
@@ -290,7 +298,8 @@ def _features(group: Group, planner: _Planner) -> dict[str, int]:
     lhs = g.tensor_type(matmuls[0].lhs)
     features = {"element_bytes": lhs.dtype.itemsize,
                 "epilogue_ops": sum(isinstance(op, ELEMENTWISE) for op in group.ops),
-                "wgmma": int(planner.native)}
+                "wgmma": int(planner.native and all(_rows_aligned(v, planner) for mm in matmuls
+                                                    for v in (mm.lhs, mm.rhs)))}
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
     return features

@@ -374,3 +374,23 @@ def test_autotune_space_sets_schedule_params():
     (kernel,) = schedule_kernels(c)
     params = kernel.param_values
     assert params["block_m"] == 64 and params["block_n"] == 32 and params["num_warps"] == 4
+
+
+def test_native_tiling_only_for_gemms_the_native_path_can_take():
+    """On sm_90a a GEMM with 16-byte rows gets the wgmma tiling (128x256, overlapped steps); one
+    with 70-element fp16 rows (no TMA box) keeps the measured mma.sync tiling (256x128)."""
+    import tessera as tsr
+    from tessera import platforms
+
+    @tsr.function
+    def mm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+
+    def params(k):
+        module = fuse(mm.trace(mm.arg_specs_for({"M": 256, "K": k, "N": 256}, "fp16")),
+                      platform=platforms.get("sm_90a"))
+        (kernel,) = [op for op in module.walk() if op.name == "schedule.kernel"]
+        return kernel.param_values
+    native, fallback = params(128), params(70)
+    assert (native["block_m"], native["block_n"], native["mma_async"]) == (128, 256, 1)
+    assert (fallback["block_m"], fallback["block_n"], fallback["mma_async"]) == (256, 128, 0)
