@@ -420,11 +420,9 @@ class AsyncCommitOp(IRDLOperation):
         super().__init__()
 
 
-@irdl_op_definition
-class AsyncWaitOp(IRDLOperation):
-    """Waits until at most `pending` committed groups of async copies are in flight."""
+class _WaitOp(IRDLOperation):
+    """A wait until at most `pending` groups of some asynchronous work are still in flight."""
 
-    name = "tile.async_wait"
     pending = prop_def(IntegerAttr)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "attr-dict"
@@ -437,7 +435,14 @@ class AsyncWaitOp(IRDLOperation):
 
 
 @irdl_op_definition
-class MmaWaitOp(IRDLOperation):
+class AsyncWaitOp(_WaitOp):
+    """Waits until at most `pending` committed groups of async copies are in flight."""
+
+    name = "tile.async_wait"
+
+
+@irdl_op_definition
+class MmaWaitOp(_WaitOp):
     """Waits until at most `pending` issued `tile.mma`s are still running. Where a matrix unit
     runs mmas asynchronously (wgmma), an mma's operands stay in use and its result is not
     ready until a wait covers it; elsewhere mmas finish when issued and this is a no-op.
@@ -445,15 +450,6 @@ class MmaWaitOp(IRDLOperation):
     before the accumulator is read."""
 
     name = "tile.mma_wait"
-    pending = prop_def(IntegerAttr)
-    irdl_options = (ParsePropInAttrDict(),)
-    assembly_format = "attr-dict"
-
-    def __init__(self, pending: int = 0):
-        super().__init__(properties={"pending": _i64(pending)})
-
-    def verify_(self) -> None:
-        _require(self.pending.value.data >= 0, self, f"pending must be >= 0, got {self.pending.value.data}")
 
 
 @irdl_op_definition

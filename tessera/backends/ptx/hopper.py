@@ -38,7 +38,7 @@ from ...ir import tile as t
 from .emitter import F32, PRED, S32, SYNC, U64, KernelEmitter, TensorMapSpec, UnsupportedByBackend
 from .layout import Mma
 from .tensor_core import (BEFORE_READ, BUFFERS, COPIES, FAMILIES, INSTRUCTIONS, SMEM_SYMBOL, SharedTile,
-                          _a_fragments, stage_address)
+                          TileBuffer, _a_fragments, stage_address)
 
 #: bytes of one TMA box row and of the swizzle pattern's repeat (8 rows)
 ROW_BYTES = 128
@@ -48,14 +48,8 @@ SWIZZLE_128B = 1 << 62
 
 
 @dataclass(frozen=True)
-class TmaBuffer:
-    """A [stages, rows, cols] tile buffer filled by TMA boxes 128 bytes wide (see the module docstring)."""
-
-    offset: int
-    stages: int
-    rows: int
-    cols: int
-    elem: int
+class TmaBuffer(TileBuffer):
+    """A tile buffer filled by TMA boxes 128 bytes wide (see the module docstring)."""
 
     @property
     def box_cols(self) -> int:
@@ -72,10 +66,6 @@ class TmaBuffer:
     @property
     def stage_bytes(self) -> int:
         return -(-self.boxes * self.box_bytes // SWIZZLE_ATOM) * SWIZZLE_ATOM
-
-    @property
-    def size(self) -> int:
-        return self.stages * self.stage_bytes
 
     def start(self, row: int, col: int) -> int:
         """Byte offset in a stage of the 16-byte chunk holding element (row, col), before swizzling:

@@ -32,14 +32,24 @@ SMEM_SYMBOL = "tsr_smem"
 
 
 @dataclass(frozen=True)
-class SharedBuffer:
-    """A [stages, rows, cols] tile buffer at `offset` bytes into dynamic shared memory."""
+class TileBuffer:
+    """A [stages, rows, cols] tile buffer at `offset` bytes into dynamic shared memory; how a stage
+    is laid out (its `stage_bytes`, its addressing) is each subclass's."""
 
     offset: int
     stages: int
     rows: int
     cols: int
     elem: int
+
+    @property
+    def size(self) -> int:
+        return self.stages * self.stage_bytes
+
+
+@dataclass(frozen=True)
+class SharedBuffer(TileBuffer):
+    """A tile buffer filled by threads (cp.async), rows XOR-swizzled in 16-byte chunks."""
 
     @property
     def row_bytes(self) -> int:
@@ -72,10 +82,6 @@ class SharedBuffer:
     @property
     def stage_bytes(self) -> int:
         return self.rows * self.row_bytes
-
-    @property
-    def size(self) -> int:
-        return self.stages * self.stage_bytes
 
 
 @dataclass(frozen=True)
