@@ -228,3 +228,24 @@ def test_tensor_core_sass(fn, dims, tmp_path):
     counts = collections.Counter(re.findall(r"\b(HMMA\.16816\.F32|LDSM\.16\.M88|LDGSTS\.E\.BYPASS\.128)",
                                             sass(cubin)))
     assert counts["HMMA.16816.F32"] > 0 and counts["LDSM.16.M88"] > 0 and counts["LDGSTS.E.BYPASS.128"] > 0
+
+
+def test_ptx_text_is_the_same_in_every_process():
+    """The cubin cache is keyed by the PTX text, so the text must not depend on Python's per-process
+    hash seed (set iteration order): two processes with different seeds emit identical PTX."""
+    import os
+    import sys
+    program = (
+        "import hashlib, tessera as tsr\n"
+        "from tessera import Tensor\n"
+        "from tessera.backends.ptx import emit_module\n"
+        "@tsr.function\n"
+        "def g(a: Tensor['M', 'K'], b: Tensor['K', 'N']):\n"
+        "    return tsr.matmul(a, b)\n"
+        "for path in ('native', 'ampere'):\n"
+        "    c = g.compile(g.arg_specs_for(dict(M=300, K=200, N=1000), 'fp16'), arch='sm_90a', path=path)\n"
+        "    for k in emit_module(c.modules['target']).values():\n"
+        "        print(hashlib.sha1(k.ptx.encode()).hexdigest())\n")
+    outputs = [subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True,
+                              env=dict(os.environ, PYTHONHASHSEED=seed)).stdout for seed in ("1", "2", "3")]
+    assert outputs[0] and outputs[0] == outputs[1] == outputs[2]

@@ -299,8 +299,9 @@ class KernelEmitter:
             self.emit(f"cvta.to.global.u64 {ptr}, {raw};")
             self.env[arg] = ptr
         at = len(self.lines)
-        for key in {k for lay in self.layouts.values() for k in lay.base_keys}:
-            self.base(key)  # at entry: a loop body must not be the first to define them
+        for key in dict.fromkeys(k for lay in self.layouts.values() for k in lay.base_keys):
+            self.base(key)  # at entry: a loop body must not be the first to define them (in a fixed
+            # order: the PTX text must not vary from process to process, or the cubin cache misses)
         self.block(block)
         self.lines[at:at] = self.entry
         params += self.extra_params
