@@ -282,10 +282,15 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     return block, inputs, params, space
 
 
-def _rows_aligned(v: SSAValue, planner: _Planner) -> bool:
-    """Whether matmul operand `v` has 16-byte rows, which TMA needs: a GEMM with 70-element fp16 rows
-    takes the mma.sync path, so it should not get the native path's tiling (Target IR decides the
-    path per kernel; this only keeps the defaults in step with it)."""
+def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
+    """Whether matmul operand `v`, read from memory through any views, has 16-byte rows, which TMA
+    needs (one computed in the kernel, like attention's probabilities, is not copied). A GEMM with
+    70-element fp16 rows takes the mma.sync path, so it should not get the native path's tiling
+    (Target IR decides the path per kernel; this keeps the defaults in step with it)."""
+    while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp)):
+        v = v.owner.input
+    if v.owner in group.ops:
+        return True
     t = g.tensor_type(v)
     return g.dim_value(t.shape[-1], planner.bindings) * t.dtype.itemsize % 16 == 0
 
@@ -298,7 +303,7 @@ def _features(group: Group, planner: _Planner) -> dict[str, int]:
     lhs = g.tensor_type(matmuls[0].lhs)
     features = {"element_bytes": lhs.dtype.itemsize,
                 "epilogue_ops": sum(isinstance(op, ELEMENTWISE) for op in group.ops),
-                "wgmma": int(planner.native and all(_rows_aligned(v, planner) for mm in matmuls
+                "wgmma": int(planner.native and all(_rows_aligned(v, group, planner) for mm in matmuls
                                                     for v in (mm.lhs, mm.rhs)))}
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)

@@ -394,3 +394,20 @@ def test_native_tiling_only_for_gemms_the_native_path_can_take():
     native, fallback = params(128), params(70)
     assert (native["block_m"], native["block_n"], native["mma_async"]) == (128, 256, 1)
     assert (fallback["block_m"], fallback["block_n"], fallback["mma_async"]) == (256, 128, 0)
+
+
+def test_native_tiling_for_attention_whatever_the_sequence_length():
+    """Attention's probabilities (S = 129 columns) are computed in the kernel, not copied: only Q, K
+    and V need 16-byte rows, so S = 129 still gets the native tiling (128 rows on 8 warps)."""
+    import math
+
+    import tessera as tsr
+    from tessera import platforms
+
+    @tsr.function
+    def att(q: tsr.Tensor["B", "S", "D"], k: tsr.Tensor["B", "S", "D"], v: tsr.Tensor["B", "S", "D"]):
+        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) / math.sqrt(64), dim=-1), v)
+
+    module = fuse(att.trace(att.arg_specs_for({"B": 2, "S": 129, "D": 64}, "fp16")), platform=platforms.get("sm_90a"))
+    (kernel,) = [op for op in module.walk() if op.name == "schedule.kernel"]
+    assert (kernel.param_values["block_m"], kernel.param_values["num_warps"]) == (128, 8)
