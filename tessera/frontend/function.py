@@ -43,7 +43,7 @@ def _gpu_options(tensors, options: dict) -> tuple[int, dict]:
     if device is None:
         raise TesseraError("mixing CPU and CUDA arguments: put every tensor on the same device")
     options = dict(options)
-    options.setdefault("arch", driver.Device(device).platform().arch)
+    options.setdefault("arch", driver.device_platform(device).arch)
     return device, options
 
 

@@ -186,6 +186,12 @@ _contexts: dict[int, Any] = {}
 _contexts_lock = threading.Lock()
 
 
+@functools.lru_cache(maxsize=None)
+def device_platform(ordinal: int) -> platforms.Platform:
+    """`Device(ordinal).platform()`, queried once per process (a call on CUDA tensors asks every time)."""
+    return Device(ordinal).platform()
+
+
 def _ordinal(device: Device | int) -> int:
     return device.ordinal if isinstance(device, Device) else operator.index(device)
 
@@ -561,14 +567,19 @@ def launch(kernel: Kernel, grid: int | Sequence[int], block: int | Sequence[int]
     _check_param_sizes(kernel, packed)
     handle = stream_handle(stream)
     primary_context(kernel.device)
+    driver = bindings()
+    result = driver.cuLaunchKernel(kernel.handle, *grid3, *block3, shared_bytes, driver.CUstream(handle),
+                                   packed.address, 0)
+    if result[0] != driver.CUresult.CUDA_SUCCESS:   # the message's details cost driver calls: only on failure
+        _check("cuLaunchKernel", result, detail=_launch_detail(kernel, grid3, block3, shared_bytes, handle))
+
+
+def _launch_detail(kernel: Kernel, grid3, block3, shared_bytes: int, handle: int) -> str:
     detail = (f"launching kernel '{kernel.name}' with grid {grid3}, block {block3}, "
               f"{shared_bytes} bytes dynamic shared memory, on stream {handle:#x}")
     if shared_bytes > kernel.max_dynamic_shared:
         detail += f" (above its {kernel.max_dynamic_shared}-byte limit: call set_max_dynamic_shared first)"
-    driver = bindings()
-    result = driver.cuLaunchKernel(kernel.handle, *grid3, *block3, shared_bytes, driver.CUstream(handle),
-                                   packed.address, 0)
-    _check("cuLaunchKernel", result, detail=detail)
+    return detail
 
 
 def synchronize(stream=None) -> None:

@@ -125,7 +125,7 @@ def _from_torch(x, name: str) -> TensorInfo:
     type_name = str(x.dtype).removeprefix("torch.")
     on_cuda = x.device.type == "cuda"
     return TensorInfo(x.data_ptr(), shape, strides, _dtype_named(type_name), type_name,
-                      x.device.index if on_cuda else None, str(x.device), is_c_contiguous(shape, strides), "torch")
+                      x.device.index if on_cuda else None, str(x.device), x.is_contiguous(), "torch")
 
 
 def _from_interface(x, iface: dict, device: int | None, place: str, name: str) -> TensorInfo:
