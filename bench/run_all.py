@@ -141,6 +141,27 @@ def bench_gemm(rows, quick: bool):
                                  error=err))
 
 
+def bench_call_overhead(rows, calls: int = 2000):
+    """Host time per call (the GPU work is negligible): a 64 x 256 layer_norm called back to back,
+    wall clock over `calls` calls, synchronised at the end. What a small kernel costs end to end."""
+    x = torch.randn(64, 256, device="cuda", dtype=torch.float16)
+    w, b = torch.randn(256, device="cuda", dtype=torch.float16), torch.randn(256, device="cuda", dtype=torch.float16)
+
+    def per_call_us(fn) -> float:
+        fn()
+        torch.cuda.synchronize()
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        torch.cuda.synchronize()
+        return (time.perf_counter() - start) / calls * 1e6
+    t_us = per_call_us(lambda: layer_norm(x, w, b))
+    p_us = per_call_us(lambda: torch.nn.functional.layer_norm(x, (256,), w, b))
+    rows.append(dict(case="call overhead: layer_norm 64x256 fp16", peer="torch.layer_norm", tessera_ms=t_us / 1e3,
+                     peer_ms=p_us / 1e3, ratio=p_us / t_us, tessera_rate=t_us, peer_rate=p_us, unit="us/call",
+                     error=rel_err(layer_norm(x, w, b), torch.nn.functional.layer_norm(x, (256,), w, b))))
+
+
 def copy_bandwidth() -> float:
     """The device's measured memory ceiling: a large device-to-device copy, bytes read + written."""
     x = torch.empty(1 << 30, device="cuda", dtype=torch.uint8)
@@ -193,6 +214,7 @@ def main(argv=None) -> int:
     ceiling = copy_bandwidth()
     rows: list[dict] = []
     bench_rows(rows, args.quick, ceiling)
+    bench_call_overhead(rows)
     bench_gemm(rows, args.quick)
     bench_attention(rows, args.quick)
     report = (f"device: {device}; torch {torch.__version__}; python {platform.python_version()}; "

@@ -12,6 +12,7 @@ imported here), `__cuda_array_interface__` (CuPy, Numba), NumPy's
 from __future__ import annotations
 
 import ctypes
+import functools
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -120,12 +121,23 @@ def _is_torch(x) -> bool:
     return _framework(x) == "torch" and hasattr(x, "data_ptr") and hasattr(x, "stride")
 
 
+@functools.lru_cache(maxsize=None)
+def _torch_type(dtype) -> tuple[DType | None, str]:
+    """(Tessera dtype, torch's name) of a torch dtype, worked out once per dtype (a call reads several)."""
+    type_name = str(dtype).removeprefix("torch.")
+    return _dtype_named(type_name), type_name
+
+
 def _from_torch(x, name: str) -> TensorInfo:
-    shape, strides = tuple(x.shape), tuple(x.stride())
-    type_name = str(x.dtype).removeprefix("torch.")
-    on_cuda = x.device.type == "cuda"
-    return TensorInfo(x.data_ptr(), shape, strides, _dtype_named(type_name), type_name,
-                      x.device.index if on_cuda else None, str(x.device), x.is_contiguous(), "torch")
+    device = x.device
+    dt, type_name = _torch_type(x.dtype)
+    return TensorInfo(x.data_ptr(), tuple(x.shape), tuple(x.stride()), dt, type_name,
+                      device.index if device.type == "cuda" else None, str(device), x.is_contiguous(), "torch")
+
+
+def data_pointer(x) -> int:
+    """The device address of `x`: torch's directly (on the launch path), any other through `describe`."""
+    return x.data_ptr() if _is_torch(x) else describe(x).data_ptr
 
 
 def _from_interface(x, iface: dict, device: int | None, place: str, name: str) -> TensorInfo:

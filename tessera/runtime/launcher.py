@@ -112,7 +112,7 @@ class GpuProgram:
         if out is not None:
             interop.validate({f"out{i}": o for i, o in enumerate(outputs)})
         temps = [interop.empty_like_framework(template, b.shape, b.dtype) for b in self.intermediates]
-        pointers = [i.data_ptr for i in infos.values()] + [interop.describe(x).data_ptr for x in outputs + temps]
+        pointers = [i.data_ptr for i in infos.values()] + [interop.data_pointer(x) for x in outputs + temps]
         stream = _current_stream(template, self.device)
         for step in self.steps:
             driver.launch(step.kernel, step.grid, step.block, step.shared, stream,
