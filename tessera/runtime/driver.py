@@ -424,6 +424,8 @@ class PackedArgs:
 def _pack_one(index: int, arg: tuple[str, Any]):
     try:
         ptx_type, value = arg
+        if ptx_type == "u64" and type(value) is int and 0 <= value < 1 << 64:   # pointers: the common case
+            return ctypes.c_uint64(value)
         ctype, convert = PARAM_TYPES[ptx_type]
         return ctype(convert(value))
     except KeyError:
@@ -538,6 +540,8 @@ def encode_tensor_map(ptr: int, spec) -> bytes:
 # ---------------------------------------------------------------------------
 
 def _dim3(dims: int | Sequence[int], what: str) -> tuple[int, int, int]:
+    if type(dims) is tuple and len(dims) == 3 and all(type(d) is int and d >= 1 for d in dims):
+        return dims   # already a launch's (x, y, z)
     dims = tuple(map(operator.index, dims)) if isinstance(dims, Sequence) else (operator.index(dims),)
     if not 1 <= len(dims) <= 3 or any(d < 1 for d in dims):
         raise ValueError(f"{what} must be 1 to 3 positive ints, got {dims}")
