@@ -235,8 +235,8 @@ def test_causal_attention(torch_cuda, b, h, s, d, path):
                                           (causal, 1000, 128, "fp16"), (causal, 129, 64, "bf16"),
                                           (attention, 300, 192, "fp16")])   # D=192: a 256-wide tile
 def test_native_attention_uses_wgmma_and_tma(torch_cuda, hopper, fn, s, d, dtype):
-    """Q @ K^T from TMA-filled tiles, P @ V with P in registers; causal blocks past the diagonal
-    are never waited for, so the block drains their copies before it exits."""
+    """Q @ K^T from TMA-filled tiles, P @ V with P in registers, against SDPA; causal cases run the
+    drain of copies for key blocks past the diagonal (its absence would not show as a wrong result)."""
     torch = torch_cuda
     (q, k, v), (out,) = run(fn, dict(B=2, H=3, S=s, D=d), dtype, torch, path="native", expect="wgmma")
     check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), dtype, torch)

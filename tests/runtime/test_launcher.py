@@ -23,3 +23,23 @@ def test_tensor_maps_follow_the_pointers_over_the_buffers_they_name():
     assert launch_args(step((3, 1, 2), (a, b)), POINTERS, fake_encode) == [
         ("u64", 0x4000), ("u64", 0x2000), ("u64", 0x3000),
         ("tmap", ("encoded", 0x2000, (64, 64))), ("tmap", ("encoded", 0x4000, (32, 64)))]
+
+
+def test_encoded_tensor_maps_are_reused_per_pointer_and_spec(monkeypatch):
+    """A steady-state call re-launches on the same buffers: their maps are encoded once; another
+    pointer or another box is encoded anew, and the cache starts over past its size."""
+    from types import SimpleNamespace
+
+    from tessera.runtime import driver, launcher
+
+    calls = []
+    monkeypatch.setattr(driver, "encode_tensor_map", lambda ptr, spec: calls.append((ptr, spec)) or bytes(128))
+    program = SimpleNamespace(_tensor_maps={})
+    a = TensorMapSpec(arg=0, dtype="f16", shape=(64, 64), box=(64, 64))
+    b = TensorMapSpec(arg=0, dtype="f16", shape=(64, 64), box=(32, 64))
+    for ptr, spec in [(0x1000, a), (0x1000, a), (0x2000, a), (0x1000, b), (0x1000, a)]:
+        launcher.GpuProgram._tensor_map(program, ptr, spec)
+    assert calls == [(0x1000, a), (0x2000, a), (0x1000, b)]
+    monkeypatch.setattr(launcher, "TENSOR_MAP_CACHE_SIZE", 3)
+    launcher.GpuProgram._tensor_map(program, 0x3000, a)
+    assert len(program._tensor_maps) == 1 and calls[-1] == (0x3000, a)
