@@ -1,6 +1,5 @@
 """The PTX emitter's output assembles with ptxas for every CUDA target, and the SASS has what we meant."""
 import collections
-import math
 import re
 import shutil
 import subprocess
@@ -12,6 +11,8 @@ from tessera import Tensor
 from tessera.backends.ptx import UnsupportedByBackend, emit_module
 
 from tessera.runtime.ptxas import find_tool, sass
+
+from seed_kernels import causal_attention
 
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
 needs_cuobjdump = pytest.mark.skipif(find_tool("cuobjdump") is None, reason="cuobjdump not installed")
@@ -57,14 +58,6 @@ def gemm_epilogue(a: Tensor["M", "K"], b: Tensor["K", "N"], bias: Tensor["N"]):
 @tsr.function
 def gemm_nt(a: Tensor["M", "K"], b: Tensor["N", "K"]):
     return tsr.matmul(a, b.transpose(0, 1))
-
-
-@tsr.function
-def causal_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    i = tsr.arange(q.shape[-2])
-    s = tsr.where(i[:, None] >= i[None, :], s, -math.inf)
-    return tsr.matmul(tsr.softmax(s, dim=-1), v)
 
 
 MMA_CASES = [

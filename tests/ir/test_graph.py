@@ -12,17 +12,9 @@ from tessera import Tensor
 from tessera.compiler import compile_module
 from tessera.ir import parse_ir, print_ir
 
+from seed_kernels import flash_attention
+
 IR_ERRORS = (VerifyException, DiagnosticException, ParseError)
-
-
-@tsr.function
-def flash_attention(q: Tensor["B", "H", "S", "D"],
-                    k: Tensor["B", "H", "S", "D"],
-                    v: Tensor["B", "H", "S", "D"]) -> Tensor["B", "H", "S", "D"]:
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = tsr.matmul(q, k.transpose(-2, -1)) * scale
-    probs = tsr.softmax(scores, dim=-1)
-    return tsr.matmul(probs, v)
 
 
 @tsr.function

@@ -1,6 +1,5 @@
 """Schedule IR as text: print -> parse -> print is the identity, a parsed schedule lowers to the
 same tile program, and the verifier rejects hand-edited kernels with clear messages."""
-import math
 import re
 
 import numpy as np
@@ -14,25 +13,9 @@ from tessera.ir import parse_ir, print_ir
 from tessera.lowering.schedule_to_tile import lower_schedule_to_tile
 from tessera.passes.fusion import fuse
 
+from seed_kernels import causal_attention, flash_attention
+
 IR_ERRORS = (VerifyException, DiagnosticException, ParseError)
-
-
-@tsr.function
-def flash_attention(q: Tensor["B", "H", "S", "D"],
-                    k: Tensor["B", "H", "S", "D"],
-                    v: Tensor["B", "H", "S", "D"]) -> Tensor["B", "H", "S", "D"]:
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    scores = tsr.matmul(q, k.transpose(-2, -1)) * scale
-    probs = tsr.softmax(scores, dim=-1)
-    return tsr.matmul(probs, v)
-
-
-@tsr.function
-def causal_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    i = tsr.arange(q.shape[-2])
-    s = tsr.where(i[:, None] >= i[None, :], s, -math.inf)
-    return tsr.matmul(tsr.softmax(s, dim=-1), v)
 
 
 @tsr.function
