@@ -3,7 +3,8 @@
     python3 bench/run_all.py [--quick] [--out DIR]
 
 Peers: torch SDPA (flash and cuDNN backends), torch.matmul (cuBLAS),
-torch layer_norm and softmax. Each case first checks Tessera's output against
+torch layer_norm and softmax; for the mma.sync GEMM also Triton's matmul
+compiled to mma.sync (bench/triton_mma_sync.py), at its fastest tiling. Each case first checks Tessera's output against
 the peer (a wrong kernel gets no timing), then times both with
 triton.testing.do_bench (median of many runs, L2 flushed between runs).
 `ratio` is peer time / Tessera time: above 1 means Tessera is faster.
@@ -22,6 +23,7 @@ import sys
 import time
 from pathlib import Path
 
+from triton_mma_sync import best_triton_matmul  # noqa: I001 (before triton: it sets DISABLE_MMA_V3)
 import torch
 import triton.testing
 
@@ -121,7 +123,8 @@ def on_path(fn, path: str, dims: dict[str, int], dtype: str):
 
 
 def bench_gemm(rows, quick: bool):
-    """Both code paths against cuBLAS: the native one (TMA + wgmma on Hopper) and mma.sync."""
+    """Both code paths against cuBLAS: the native one (TMA + wgmma on Hopper) and mma.sync; the
+    mma.sync one also against Triton's matmul on the same instructions."""
     sizes = [4096] if quick else [4096, 8192]
     for n in sizes:
         for dt, name in ((torch.float16, "fp16"), (torch.bfloat16, "bf16")):
@@ -134,11 +137,15 @@ def bench_gemm(rows, quick: bool):
                 if err > 1e-2:
                     rows.append(dict(case=case, peer="torch.matmul", error=err, note="WRONG: not timed"))
                     continue
-                t_ms, p_ms = median_ms(lambda: ours(a, b)), median_ms(lambda: torch.matmul(a, b))
+                t_ms = median_ms(lambda: ours(a, b))
+                peers = {"torch.matmul": median_ms(lambda: torch.matmul(a, b))}
+                if path == "ampere":
+                    peers["triton mma.sync"] = best_triton_matmul(a, b, ref, rel_err, median_ms)[0]
                 flops = 2 * n ** 3
-                rows.append(dict(case=case, peer="torch.matmul", tessera_ms=t_ms, peer_ms=p_ms, ratio=p_ms / t_ms,
-                                 tessera_rate=flops / t_ms / 1e9, peer_rate=flops / p_ms / 1e9, unit="TFLOP/s",
-                                 error=err))
+                for peer, p_ms in peers.items():
+                    rows.append(dict(case=case, peer=peer, tessera_ms=t_ms, peer_ms=p_ms, ratio=p_ms / t_ms,
+                                     tessera_rate=flops / t_ms / 1e9, peer_rate=flops / p_ms / 1e9,
+                                     unit="TFLOP/s", error=err))
 
 
 def bench_call_overhead(rows, calls: int = 2000):
@@ -192,13 +199,13 @@ def bench_rows(rows, quick: bool, ceiling_gbs: float):
 
 
 def table(rows) -> str:
-    head = f"| {'case':53} | {'peer':13} | {'tessera ms':>10} | {'peer ms':>9} | {'ratio':>6} | {'tessera':>9} | {'peer':>9} | unit    | rel err |"
+    head = f"| {'case':53} | {'peer':15} | {'tessera ms':>10} | {'peer ms':>9} | {'ratio':>6} | {'tessera':>9} | {'peer':>9} | unit    | rel err |"
     lines = [head, "|" + "|".join("-" * (len(c)) for c in head.split("|")[1:-1]) + "|"]
     for r in rows:
         if "tessera_ms" not in r:
-            lines.append(f"| {r['case']:53} | {r['peer']:13} | {r.get('note', ''):>10} | | | | | | {r['error']:.1e} |")
+            lines.append(f"| {r['case']:53} | {r['peer']:15} | {r.get('note', ''):>10} | | | | | | {r['error']:.1e} |")
             continue
-        lines.append(f"| {r['case']:53} | {r['peer']:13} | {r['tessera_ms']:10.3f} | {r['peer_ms']:9.3f} | "
+        lines.append(f"| {r['case']:53} | {r['peer']:15} | {r['tessera_ms']:10.3f} | {r['peer_ms']:9.3f} | "
                      f"{r['ratio']:6.2f} | {r['tessera_rate']:9.1f} | {r['peer_rate']:9.1f} | {r['unit']:7} | "
                      f"{r['error']:.1e} |")
     return "\n".join(lines)

@@ -1,6 +1,8 @@
 """Times Tessera kernels over a grid of schedule parameters, to choose defaults (and to seed the autotuner).
 
-    python3 bench/sweep.py [--only attention|gemm] [--path native|ampere] [--out DIR]
+    python3 bench/sweep.py [--only attention|gemm] [--path native|ampere] [--grid JSON] [--out DIR]
+
+`--grid '{"block_m": [128, 256], "num_stages": [3, 4]}'` replaces the GEMM grid's lists it names.
 
 Each variant is checked against torch before it is timed (median, triton.testing.do_bench).
 """
@@ -59,6 +61,7 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     parser.add_argument("--only", choices=["attention", "gemm"], help="sweep one kernel kind")
     parser.add_argument("--path", choices=["native", "ampere"], default="native", help="code path (default native)")
+    parser.add_argument("--grid", type=json.loads, default={}, help="GEMM grid lists to use instead (JSON)")
     args = parser.parse_args(argv)
     rows: list[dict] = []
     for d in (64, 128) if args.only in (None, "attention") else ():
@@ -75,7 +78,8 @@ def main(argv=None) -> int:
                        group_m=[8, 16], mma_async=[0, 1]),
     }
     if args.only in (None, "gemm"):
-        sweep(f"gemm 4096^3 {args.path}", gemm, (a, b), a @ b, gemm_grids[args.path], 2 * 4096 ** 3, rows,
+        grid = {**gemm_grids[args.path], **args.grid}
+        sweep(f"gemm 4096^3 {args.path}", gemm, (a, b), a @ b, grid, 2 * 4096 ** 3, rows,
               args.path)
     best = {}
     for r in rows:

@@ -242,3 +242,31 @@ def test_ptx_text_is_the_same_in_every_process():
     outputs = [subprocess.run([sys.executable, "-c", program], capture_output=True, text=True, check=True,
                               env=dict(os.environ, PYTHONHASHSEED=seed)).stdout for seed in ("1", "2", "3")]
     assert outputs[0] and outputs[0] == outputs[1] == outputs[2]
+
+
+def _cp_async_lines(fn, dims):
+    compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_90", path="ampere")
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    return kernel.ptx, [line.strip() for line in kernel.ptx.splitlines() if "cp.async.cg" in line]
+
+
+def test_whole_tiles_share_one_predicate_per_copy():
+    """Tiles that divide the GEMM: every chunk of a copy takes the copy's one byte count (0 past K)
+    and an immediate offset from the thread's first chunk, in global and shared memory alike."""
+    ptx, lines = _cp_async_lines(batched, dict(B=2, M=256, K=512, N=256))
+    sizes = {line.rsplit(",", 1)[1] for line in lines}
+    copies = ptx.count("cp.async.commit_group")
+    assert len(sizes) <= 2 * copies   # one size register per (A or B) copy, not one per chunk
+    assert all(re.search(r"\[%r\d+(\+\d+)?\], \[%rd\d+\+\d+\]", line) for line in lines)
+    assert not any(line.startswith("@") for line in lines)   # every thread's rows lie in the tile
+
+
+def test_tails_keep_a_predicate_per_chunk():
+    _, lines = _cp_async_lines(batched, dict(B=2, M=300, K=200, N=1000))
+    assert len({line.rsplit(",", 1)[1] for line in lines}) == len(lines)
+
+
+def test_stage_index_is_unsigned_by_an_immediate():
+    """(k + 2) % stages: k counts up from 0, so the remainder is unsigned, by a constant."""
+    ptx, _ = _cp_async_lines(batched, dict(B=1, M=256, K=512, N=256))
+    assert re.search(r"rem\.u32 %r\d+, %r\d+, [2-9];", ptx)

@@ -216,7 +216,7 @@ def sdpa(torch, q, k, v, mask=None, causal_mask=False):
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("b,h,s,d", [(1, 1, 1, 64), (2, 3, 17, 64), (1, 2, 1000, 64), (1, 1, 4097, 64),
-                                     (2, 2, 1000, 128), (1, 1, 17, 128)])
+                                     (2, 2, 1000, 128), (1, 1, 17, 128), (2, 2, 512, 128)])
 def test_attention(torch_cuda, dtype, b, h, s, d, path):
     torch = torch_cuda
     (q, k, v), (out,) = run(attention, dict(B=b, H=h, S=s, D=d), dtype, torch, path=path)
@@ -224,7 +224,7 @@ def test_attention(torch_cuda, dtype, b, h, s, d, path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("b,h,s,d", [(1, 1, 1, 64), (2, 2, 1000, 64), (1, 1, 4097, 128)])
+@pytest.mark.parametrize("b,h,s,d", [(1, 1, 1, 64), (2, 2, 1000, 64), (1, 1, 4097, 128), (1, 2, 512, 64)])
 def test_causal_attention(torch_cuda, b, h, s, d, path):
     torch = torch_cuda
     (q, k, v), (out,) = run(causal, dict(B=b, H=h, S=s, D=d), "fp16", torch, path=path)

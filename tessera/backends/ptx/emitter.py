@@ -39,6 +39,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from ... import platforms
 from ...errors import TesseraError
+from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
 from .layout import Blocked, Layout, Mma, Slice
@@ -368,6 +369,25 @@ def _binary(template_f: str | None, template_i: str | None = None, template_p: s
             e.emit(template.format(r=r, a=args[0], b=args[1], t=ty.op))
             return r
         e.elementwise(op, build)
+    return handle
+
+
+def _signed_or_not(instr: str):
+    """div/rem: unsigned where both operands are never negative, and a constant divisor as an
+    immediate, which ptxas turns into a multiply-high (signed, or from a register, it emits a
+    reciprocal through f32 and a fix-up)."""
+    signed = _binary(None, f"{instr}.s32 {{r}}, {{a}}, {{b}};")
+    unsigned = _binary(None, f"{instr}.u32 {{r}}, {{a}}, {{b}};")
+
+    def handle(e: KernelEmitter, op):
+        both = index_facts.is_non_negative(op.lhs) and index_facts.is_non_negative(op.rhs)
+        divisor = index_facts.constant_value(op.rhs)
+        if both and divisor and not is_tile(op.result):
+            r = e.new(S32)
+            e.emit(f"{instr}.u32 {r}, {e.value(op.lhs)}, {divisor};")
+            e.env[op.result] = r
+            return
+        (unsigned if both else signed)(e, op)
     return handle
 
 
@@ -912,8 +932,8 @@ HANDLERS: dict[type, Callable] = {
     arith.AddiOp: _binary(None, "add.s32 {r}, {a}, {b};"),
     arith.SubiOp: _binary(None, "sub.s32 {r}, {a}, {b};"),
     arith.MuliOp: _binary(None, "mul.lo.s32 {r}, {a}, {b};"),
-    arith.DivSIOp: _binary(None, "div.s32 {r}, {a}, {b};"),
-    arith.RemSIOp: _binary(None, "rem.s32 {r}, {a}, {b};"),
+    arith.DivSIOp: _signed_or_not("div"),
+    arith.RemSIOp: _signed_or_not("rem"),
     arith.MaxSIOp: _binary(None, "max.s32 {r}, {a}, {b};"),
     arith.MinSIOp: _binary(None, "min.s32 {r}, {a}, {b};"),
     arith.AndIOp: _binary(None, "and.b32 {r}, {a}, {b};", "and.pred {r}, {a}, {b};"),

@@ -23,6 +23,7 @@ from dataclasses import dataclass
 
 from xdsl.dialects.builtin import MemRefType
 
+from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
 from .emitter import F32, HANDLERS, PRED, S32, U64, KernelEmitter, UnsupportedByBackend, _mov_constant, _storage, ptx_type
@@ -50,6 +51,9 @@ class TileBuffer:
 @dataclass(frozen=True)
 class SharedBuffer(TileBuffer):
     """A tile buffer filled by threads (cp.async), rows XOR-swizzled in 16-byte chunks."""
+
+    #: rows after which the swizzle repeats: rows r and r + 8k of a stage share their XOR mask
+    SWIZZLE_PERIOD = 8
 
     @property
     def row_bytes(self) -> int:
@@ -134,7 +138,8 @@ def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
 
 
 def _thread_chunks(e: KernelEmitter, rows: int, chunks_per_row: int, chunk: int):
-    """Spreads rows x chunks_per_row chunks over the block: (row base, col base, [(row off, col off)], guard)."""
+    """Spreads rows x chunks_per_row chunks over the block: (row base, col base, [(row off, col off)],
+    whether some thread's row base + row off can fall past the tile's last row)."""
     tid, _, _ = e.tid()
     threads = e.threads
     total = rows * chunks_per_row
@@ -142,13 +147,15 @@ def _thread_chunks(e: KernelEmitter, rows: int, chunks_per_row: int, chunk: int)
         col_idx, row = e.divmod(tid, chunks_per_row)
         step = threads // chunks_per_row
         offsets = [(j * step, 0) for j in range(-(-rows // step))]
+        overhang = threads % chunks_per_row != 0 or rows % step != 0
     else:
         col_idx, row = tid, e.const_s32(0)
         offsets = [((j * threads) // chunks_per_row, ((j * threads) % chunks_per_row) * chunk)
                    for j in range(total // threads)]
+        overhang = False
     col = e.new(S32)
     e.emit(f"mul.lo.s32 {col}, {col_idx}, {chunk};")
-    return row, col, offsets
+    return row, col, offsets, overhang
 
 
 def _memcpy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
@@ -158,7 +165,11 @@ def _memcpy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
 
 
 def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
-    """Every thread copies its share of the tile: 16-byte cp.async chunks, or elements."""
+    """Every thread copies its share of the tile: 16-byte cp.async chunks, or elements.
+
+    A tile whose origin is a multiple of its extent, along both tile dims of a tensor whose size is a
+    multiple of it too, lies wholly inside the tensor or wholly outside (a pipeline's steps past the
+    end), so one predicate per copy decides every chunk (`_whole_tile`)."""
     buf: SharedBuffer = e.env[op.dst]
     (stage,) = [e.value(v) for v in op.dst_indices]
     src = op.src
@@ -170,7 +181,7 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     vector = (op.mechanism.data == "cp.async" and dims[1] == len(shape) - 1 and padding == 0.0
               and (shape[-1] * elem) % 16 == 0 and (buf.cols * elem) % 16 == 0)
     chunk = 16 // elem if vector else 1
-    row, col, offsets = _thread_chunks(e, buf.rows, buf.cols // chunk, chunk)
+    row, col, offsets, overhang = _thread_chunks(e, buf.rows, buf.cols // chunk, chunk)
     offs = [e.value(v) for v in op.src_indices]
     # global element index of this thread's first chunk, and its coordinates along the two tile dims
     linear = e.new(S32)
@@ -182,23 +193,55 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     gbase = e.new(U64)
     e.emit(f"mul.wide.s32 {gbase}, {linear}, {elem};")
     e.emit(f"add.s64 {gbase}, {e.value(src)}, {gbase};")
+    sbase = stage_address(e, buf, stage)
+    first = _shared_slot(e, buf, sbase, row, 0, col, 0)
+
+    def shared_slot(r_off: int, c_off: int) -> str:
+        if c_off == 0 and r_off % SharedBuffer.SWIZZLE_PERIOD == 0:  # same swizzle as row + 0
+            return f"{first}+{r_off * buf.row_bytes}"
+        return _shared_slot(e, buf, sbase, row, r_off, col, c_off)
+
+    def in_tile(r_off: int) -> str | None:
+        if not overhang:
+            return None
+        p = e.new(PRED)
+        e.emit(f"setp.lt.s32 {p}, {row}, {buf.rows - r_off};")
+        return p
+
+    def gbyte(r_off: int, c_off: int) -> int:
+        return (r_off * strides[dims[0]] + c_off * strides[dims[1]]) * elem
+
+    if vector and _whole_tile(op, shape, dims, (buf.rows, buf.cols)):
+        ok, ok_c, src_at, size = e.new(PRED), e.new(PRED), e.new(U64), e.new(S32)
+        e.emit(f"setp.lt.s32 {ok}, {offs[dims[0]]}, {shape[dims[0]]};")
+        e.emit(f"setp.lt.s32 {ok_c}, {offs[dims[1]]}, {shape[dims[1]]};")
+        e.emit(f"and.pred {ok}, {ok}, {ok_c};")
+        e.emit(f"selp.b64 {src_at}, {gbase}, {e.value(src)}, {ok};")  # a tile wholly outside reads 0 bytes
+        e.emit(f"selp.b32 {size}, 16, 0, {ok};")
+        for r_off, c_off in offsets:
+            guard = in_tile(r_off)
+            e.emit(f"{f'@{guard} ' if guard else ''}cp.async.cg.shared.global [{shared_slot(r_off, c_off)}], "
+                   f"[{src_at}+{gbyte(r_off, c_off)}], 16, {size};")
+        return
     at_r, at_c = e.new(S32), e.new(S32)
     e.emit(f"add.s32 {at_r}, {offs[dims[0]]}, {row};")
     e.emit(f"add.s32 {at_c}, {offs[dims[1]]}, {col};")
-    sbase = stage_address(e, buf, stage)
     for r_off, c_off in offsets:
         ok, ok_c = e.new(PRED), e.new(PRED)
         e.emit(f"setp.lt.s32 {ok}, {at_r}, {shape[dims[0]] - r_off};")
         e.emit(f"setp.lt.s32 {ok_c}, {at_c}, {shape[dims[1]] - c_off};")
         e.emit(f"and.pred {ok}, {ok}, {ok_c};")
-        in_tile = e.new(PRED)
-        e.emit(f"setp.lt.s32 {in_tile}, {row}, {buf.rows - r_off};")
-        gbyte = (r_off * strides[dims[0]] + c_off * strides[dims[1]]) * elem
-        saddr = _shared_slot(e, buf, sbase, row, r_off, col, c_off)
+        guard, saddr = in_tile(r_off), shared_slot(r_off, c_off)
         if vector:
-            _cp_async(e, gbase, gbyte, saddr, ok, in_tile)
+            _cp_async(e, gbase, gbyte(r_off, c_off), saddr, ok, guard)
         else:
-            _copy_element(e, gbase, gbyte, saddr, ok, in_tile, ptx_type(src.type), padding)
+            _copy_element(e, gbase, gbyte(r_off, c_off), saddr, ok, guard, ptx_type(src.type), padding)
+
+
+def _whole_tile(op: tgt.MemcpyOp, shape, dims, extents) -> bool:
+    """Whether the copied tile is always wholly inside its tensor or wholly outside it."""
+    return all(shape[d] % n == 0 and index_facts.known_multiple(op.src_indices[d]) % n == 0
+               for d, n in zip(dims, extents))
 
 
 def _shared_slot(e: KernelEmitter, buf: SharedBuffer, base: str, row: str, r_off: int, col: str, c_off: int) -> str:
@@ -214,19 +257,19 @@ def _shared_slot(e: KernelEmitter, buf: SharedBuffer, base: str, row: str, r_off
     return addr
 
 
-def _cp_async(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile) -> None:
+def _cp_async(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile: str | None) -> None:
     addr, size = e.new(U64), e.new(S32)
     e.emit(f"add.s64 {addr}, {gbase}, {gbyte};")
     e.emit(f"selp.b64 {addr}, {addr}, {gbase}, {ok};")
     e.emit(f"selp.b32 {size}, 16, 0, {ok};")
-    e.emit(f"@{in_tile} cp.async.cg.shared.global [{saddr}], [{addr}], 16, {size};")
+    e.emit(f"{f'@{in_tile} ' if in_tile else ''}cp.async.cg.shared.global [{saddr}], [{addr}], 16, {size};")
 
 
-def _copy_element(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile, ty, padding) -> None:
+def _copy_element(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile: str | None, ty, padding) -> None:
     r = e.new(ty)
     e.emit(_mov_constant(ty, r, padding))
     e.emit(f"@{ok} ld.global.{_storage(ty)} {r}, [{gbase}+{gbyte}];")
-    e.emit(f"@{in_tile} st.shared.{_storage(ty)} [{saddr}], {r};")
+    e.emit(f"{f'@{in_tile} ' if in_tile else ''}st.shared.{_storage(ty)} [{saddr}], {r};")
 
 
 #: memcpy mechanism -> handler; the Hopper path adds "tma"

@@ -1,0 +1,75 @@
+"""Facts about index values that hold for every thread and every launch: what a value is always a
+multiple of, and whether it is never negative.
+
+Backends use them to leave out work the facts make redundant: a tile whose origin is a multiple of
+its extent, in a tensor whose size is too, is either wholly inside the tensor or wholly outside, so
+one check per copy replaces one per element chunk; and a remainder or quotient of a value that is
+never negative can use unsigned arithmetic, which a constant divisor turns into a multiply. The
+facts are read off the ops that define a value (constants, integer arithmetic, program ids and
+the induction variables of loops whose bounds are known), like Triton's axis analysis, in its
+smallest form.
+"""
+from __future__ import annotations
+
+import math
+
+from xdsl.dialects import arith, scf
+from xdsl.ir import BlockArgument, SSAValue
+
+from . import tile as t
+
+#: what `known_multiple` says of the constant 0, a multiple of everything
+ANY_MULTIPLE = 1 << 30
+
+
+def constant_value(v: SSAValue) -> int | None:
+    op = v.owner
+    if isinstance(op, arith.ConstantOp) and hasattr(op.value, "value"):
+        value = op.value.value.data
+        return value if isinstance(value, int) else None
+    return None
+
+
+def _loop_of(v: SSAValue) -> scf.ForOp | None:
+    """The scf.for whose induction variable `v` is, if it is one."""
+    if isinstance(v, BlockArgument) and v.index == 0 and isinstance(v.block.parent_op(), scf.ForOp):
+        return v.block.parent_op()
+    return None
+
+
+def known_multiple(v: SSAValue) -> int:
+    """A positive m such that `v` is always a multiple of m (1 when nothing is known)."""
+    c = constant_value(v)
+    if c is not None:
+        return abs(c) or ANY_MULTIPLE
+    loop = _loop_of(v)
+    if loop is not None:  # lb + i * step
+        return math.gcd(known_multiple(loop.lb), known_multiple(loop.step))
+    op = v.owner
+    if isinstance(op, arith.MuliOp):
+        return min(known_multiple(op.lhs) * known_multiple(op.rhs), ANY_MULTIPLE)
+    if isinstance(op, (arith.AddiOp, arith.SubiOp)):
+        return math.gcd(known_multiple(op.lhs), known_multiple(op.rhs))
+    if isinstance(op, arith.IndexCastOp):
+        return known_multiple(op.input)
+    return 1
+
+
+def is_non_negative(v: SSAValue) -> bool:
+    """True when `v` can never be negative."""
+    c = constant_value(v)
+    if c is not None:
+        return c >= 0
+    loop = _loop_of(v)
+    if loop is not None:  # counts up from a non-negative start
+        return is_non_negative(loop.lb) and (constant_value(loop.step) or 0) > 0
+    op = v.owner
+    if isinstance(op, t.ProgramIdOp):
+        return True
+    if isinstance(op, (arith.AddiOp, arith.MuliOp, arith.MinSIOp, arith.DivSIOp, arith.RemSIOp)):
+        return is_non_negative(op.lhs) and is_non_negative(op.rhs)
+    if isinstance(op, arith.MaxSIOp):
+        return is_non_negative(op.lhs) or is_non_negative(op.rhs)
+    if isinstance(op, arith.IndexCastOp):
+        return is_non_negative(op.input)
+    return False

@@ -1,0 +1,52 @@
+"""What index analysis proves about a kernel's index values, read off the Target IR of real kernels
+and off hand-built arithmetic."""
+from xdsl.dialects import arith
+from xdsl.dialects.builtin import IndexType, IntegerAttr
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.ir import index_facts
+from tessera.ir import target as tgt
+from tessera.ir import tile as t
+
+
+def const(v: int) -> arith.ConstantOp:
+    return arith.ConstantOp(IntegerAttr(v, IndexType()))
+
+
+def test_multiples_through_arithmetic():
+    pid = t.ProgramIdOp(0)
+    c64, c48, c0 = const(64), const(48), const(0)
+    row = arith.MuliOp(pid.result, c64.result)
+    shifted = arith.AddiOp(row.result, c48.result)
+    assert index_facts.known_multiple(row.result) == 64
+    assert index_facts.known_multiple(shifted.result) == 16          # gcd(64, 48)
+    assert index_facts.known_multiple(pid.result) == 1
+    assert index_facts.known_multiple(c0.result) == index_facts.ANY_MULTIPLE
+
+
+def test_signs_through_arithmetic():
+    pid = t.ProgramIdOp(0)
+    c3, minus = const(3), const(-1)
+    assert index_facts.is_non_negative(arith.RemSIOp(pid.result, c3.result).result)
+    assert not index_facts.is_non_negative(arith.AddiOp(pid.result, minus.result).result)
+    assert not index_facts.is_non_negative(arith.SubiOp(pid.result, c3.result).result)
+
+
+@tsr.function
+def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+    return tsr.matmul(a, b)
+
+
+def test_gemm_tile_origins_are_multiples_of_the_tile():
+    """Each copy's origin along a tile dim is a multiple of the tile's extent there, the loop's
+    included (k * block_k); the stage index (k + 2) % stages is never negative."""
+    compiled = gemm.compile(gemm.arg_specs_for(dict(M=512, K=256, N=512), "fp16"), arch="sm_90", path="ampere")
+    copies = [op for op in compiled.modules["target"].walk() if isinstance(op, tgt.MemcpyOp)]
+    assert copies
+    for copy in copies:
+        _, rows, cols = copy.dst.type.get_shape()
+        dims = t.int_values(copy.tile_dims)
+        assert index_facts.known_multiple(copy.src_indices[dims[0]]) % rows == 0
+        assert index_facts.known_multiple(copy.src_indices[dims[1]]) % cols == 0
+        assert all(index_facts.is_non_negative(v) for v in copy.dst_indices)
