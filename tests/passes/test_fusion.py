@@ -368,7 +368,7 @@ def test_native_tiling_only_for_gemms_the_native_path_can_take():
         return kernel.param_values
     native, fallback = params(128), params(70)
     assert (native["block_m"], native["block_n"], native["mma_async"]) == (128, 256, 1)
-    assert (fallback["block_m"], fallback["block_n"], fallback["mma_async"]) == (256, 128, 0)
+    assert (fallback["block_m"], fallback["block_n"], fallback["mma_async"]) == (128, 128, 0)
 
 
 def test_native_tiling_for_attention_whatever_the_sequence_length():
