@@ -70,6 +70,7 @@ class Function:
         self.annotations = {n: p.annotation for n, p in self.signature.parameters.items()
                             if isinstance(p.annotation, TensorSpec)}
         self.space = space
+        self.tuner = None      # an Autotuner, for @kernel.autotune: GPU calls then use its choice
         self._cache: dict[tuple, Any] = {}
 
     # --- specialisation ------------------------------------------------------------
@@ -127,8 +128,9 @@ class Function:
 
     # --- calling -------------------------------------------------------------------------
     def _compiled_for(self, tensors, constants, options: dict):
+        frozen = {k: tuple((n, tuple(v)) for n, v in v.items()) if k == "space" else v for k, v in options.items()}
         key = (tuple((tuple(x.shape), str(x.dtype)) for _, x in tensors),
-               tuple(sorted(constants.items())), tuple(sorted(options.items())))
+               tuple(sorted(constants.items())), tuple(sorted(frozen.items())))
         compiled = self._cache.get(key)
         if compiled is None:
             _, specs = self.arg_specs(tensors)
@@ -136,10 +138,46 @@ class Function:
             self._cache[key] = compiled
         return compiled
 
+    def _tuned_options(self, tensors, constants, options: dict, device: int) -> dict:
+        """`options` with the autotuner's schedule for this call (measured on its first call)."""
+        if self.tuner is None or "space" in options:
+            return options
+        from ..runtime import driver
+
+        dims, _ = self.arg_specs(tensors)
+        target = {"device": driver.Device(device).name, "arch": options["arch"],
+                  "path": options.get("path", "native")}
+        key = self.tuner.tuning_key(dims, [str(x.dtype) for _, x in tensors], constants, target)
+        reference: list = []
+
+        def measure(config: dict[str, int]) -> float:
+            return self._measure(tensors, constants, {**options, "space": {k: [v] for k, v in config.items()}},
+                                 device, reference)
+        config = self.tuner.choose(key, measure)
+        return {**options, "space": {k: [v] for k, v in config.items()}}
+
+    def _measure(self, tensors, constants, options: dict, device: int, reference: list) -> float:
+        """Median GPU ms of one schedule on the call's inputs, into fresh outputs (the caller's are
+        not touched), after checking them against the first schedule measured (`reference`)."""
+        import statistics
+
+        from ..runtime import autotune, driver, launcher
+
+        program = self._compiled_for(tensors, constants, options).gpu_program(device)
+        inputs = [x for _, x in tensors]
+        outputs = [autotune.host_copy(o) for o in program(*inputs)]
+        if not reference:
+            reference.extend(outputs)
+        else:
+            autotune.check_same(self.name, outputs, reference)
+        stream = launcher.current_stream(inputs[0], device)
+        return statistics.median(driver.time_calls(lambda: program(*inputs), stream, autotune.REPEATS))
+
     def __call__(self, *args, **options):
         tensors, constants = self._split_args(args)
         if any(_on_gpu(x) for _, x in tensors):
             device, options = _gpu_options(tensors, options)
+            options = self._tuned_options(tensors, constants, options, device)
             compiled = self._compiled_for(tensors, constants, options)
             outs = compiled.gpu_program(device)(*[x for _, x in tensors])
         else:
@@ -158,6 +196,7 @@ class Kernel(Function):
         arrays = {n: x for n, x in tensors}
         if any(_on_gpu(x) for _, x in tensors):
             device, options = _gpu_options(tensors, options)
+            options = self._tuned_options(tensors, constants, options, device)
             compiled = self._compiled_for(tensors, constants, options)
             compiled.gpu_program(device)(*[x for _, x in tensors], out=[arrays[n] for n in compiled.result_names])
             return None
@@ -185,10 +224,17 @@ class _KernelDecorator:
         return Kernel(fn)
 
     def autotune(self, space: dict, key: Sequence[str] = (), cache: str | None = None):
-        """Declares the schedule search space; Schedule IR records it for the autotuner."""
+        """A kernel whose schedule is tuned on the GPU over `space` (Schedule IR parameter names, in
+        either case: `BLOCK_M` or `block_m`), once per value of the `key` dims (all dims when
+        empty), with results kept under the `cache` directory (default ~/.cache/tessera/autotune).
+        CPU calls, and compiles for a named target, use the space's first values."""
+        from ..runtime.autotune import Autotuner, normalize_space, source_hash
+
         def wrap(fn: Callable) -> Kernel:
-            k = Kernel(fn, space=dict(space))
+            normalized = normalize_space(space, f"@kernel.autotune of {fn.__name__}")
+            k = Kernel(fn, space={n: list(v) for n, v in normalized.items()})
             k.autotune_key, k.autotune_cache = tuple(key), cache
+            k.tuner = Autotuner(fn.__name__, normalized, tuple(key), cache, source_hash(fn))
             return k
         return wrap
 

@@ -594,6 +594,35 @@ def synchronize(stream=None) -> None:
         _call("cuStreamSynchronize", bindings().CUstream(stream_handle(stream)))
 
 
+def time_calls(run: Callable[[], Any], stream=None, repeats: int = 25) -> list[float]:
+    """GPU milliseconds of each of `repeats` calls of `run` (which enqueues work on `stream`),
+    from CUDA events around each call. The host enqueues every call before waiting, so the queue
+    stays full and an event pair spans its call's GPU work, not the host's launch time (unless
+    the GPU work is shorter than the launch)."""
+    handle = bindings().CUstream(stream_handle(stream))
+    events = [_call("cuEventCreate", 0) for _ in range(2 * repeats)]
+    try:
+        for i in range(repeats):
+            _call("cuEventRecord", events[2 * i], handle)
+            run()
+            _call("cuEventRecord", events[2 * i + 1], handle)
+        _call("cuEventSynchronize", events[-1])
+        return [_call("cuEventElapsedTime", events[2 * i], events[2 * i + 1]) for i in range(repeats)]
+    finally:
+        for event in events:
+            _call("cuEventDestroy", event)
+
+
+def copy_to_host(ptr: int, nbytes: int, stream=None) -> bytes:
+    """`nbytes` of device memory at `ptr`, once the work queued on `stream` is done."""
+    synchronize(stream)
+    host = bytearray(nbytes)
+    if nbytes:
+        buffer = (ctypes.c_char * nbytes).from_buffer(host)
+        _call("cuMemcpyDtoH", ctypes.addressof(buffer), ptr, nbytes)
+    return bytes(host)
+
+
 def current_torch_stream(device: Device | int | None = None) -> int:
     """The raw handle of PyTorch's current stream on `device` (torch's current device when None)."""
     import torch

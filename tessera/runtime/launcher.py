@@ -113,7 +113,7 @@ class GpuProgram:
             interop.validate({f"out{i}": o for i, o in enumerate(outputs)})
         temps = [interop.empty_like_framework(template, b.shape, b.dtype) for b in self.intermediates]
         pointers = [i.data_ptr for i in infos.values()] + [interop.data_pointer(x) for x in outputs + temps]
-        stream = _current_stream(template, self.device)
+        stream = current_stream(template, self.device)
         for step in self.steps:
             driver.launch(step.kernel, step.grid, step.block, step.shared, stream,
                           launch_args(step, pointers, self._tensor_map))
@@ -130,7 +130,7 @@ class GpuProgram:
         return self._tensor_maps[key]
 
 
-def _current_stream(template, device: int) -> int:
+def current_stream(template, device: int) -> int:
     """The stream the caller's framework is issuing work on, so ordering with its ops holds."""
     framework = type(template).__module__.split(".")[0]
     if framework == "torch":
