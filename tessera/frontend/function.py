@@ -72,6 +72,7 @@ class Function:
         self.space = space
         self.tuner = None      # an Autotuner, for @kernel.autotune: GPU calls then use its choice
         self._cache: dict[tuple, Any] = {}
+        self._tuned: dict[tuple, dict] = {}   # call signature -> the tuner's schedule
 
     # --- specialisation ------------------------------------------------------------
     def _split_args(self, args: Sequence) -> tuple[list, dict[str, Any]]:
@@ -142,6 +143,13 @@ class Function:
         """`options` with the autotuner's schedule for this call (measured on its first call)."""
         if self.tuner is None or "space" in options:
             return options
+        call = (tuple((tuple(x.shape), str(x.dtype)) for _, x in tensors), tuple(sorted(constants.items())),
+                device, tuple(sorted(options.items())))
+        if call not in self._tuned:   # the steady state skips the key's JSON and the tuner's lookup
+            self._tuned[call] = self._tuned_space(tensors, constants, options, device)
+        return {**options, "space": self._tuned[call]}
+
+    def _tuned_space(self, tensors, constants, options: dict, device: int) -> dict:
         from ..runtime import driver
 
         dims, _ = self.arg_specs(tensors)
@@ -153,8 +161,7 @@ class Function:
         def measure(config: dict[str, int]) -> float:
             return self._measure(tensors, constants, {**options, "space": {k: [v] for k, v in config.items()}},
                                  device, reference)
-        config = self.tuner.choose(key, measure)
-        return {**options, "space": {k: [v] for k, v in config.items()}}
+        return {k: [v] for k, v in self.tuner.choose(key, measure).items()}
 
     def _measure(self, tensors, constants, options: dict, device: int, reference: list) -> float:
         """Median GPU ms of one schedule on the call's inputs, into fresh outputs (the caller's are
