@@ -1,6 +1,7 @@
 """The autotuner on the GPU: it times the space's points, picks one, writes the caller's output
 with it, keeps the choice per key (in memory and on disk) and skips points that cannot run."""
 import json
+import re
 
 import pytest
 
@@ -58,5 +59,5 @@ def test_points_the_backend_rejects_are_skipped(torch_cuda, tmp_path):
     (tuned,) = gemm.tuner.results.values()
     assert tuned.config["num_stages"] == 2
     assert [t.skipped is not None for t in tuned.trials] == [False, True]
-    assert "262144 bytes of shared memory" in tuned.trials[1].skipped
+    assert re.search(r"needs \d+ bytes of shared memory", tuned.trials[1].skipped)
     torch.testing.assert_close(c.float(), a.float() @ b.float(), rtol=1e-2, atol=1e-1)
