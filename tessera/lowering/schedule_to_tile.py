@@ -14,7 +14,7 @@ from typing import Callable
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
 from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, ModuleOp, f32
-from xdsl.ir import Block, Region, SSAValue
+from xdsl.ir import Block, Operation, Region, SSAValue
 
 from ..errors import TesseraError
 from ..ir import graph as g
@@ -297,14 +297,53 @@ def _safe_max(kb: KernelBuild, m: SSAValue, bm: int) -> SSAValue:
     return select(kb.b, is_ninf, kb.b.full(0.0, [bm]), m)
 
 
-def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape):
-    """Online softmax update: new max, rescale factor for old state, and p = exp(s - max)."""
+LOG2E = 1.4426950408889634
+
+
+def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale: float = 1.0):
+    """Online softmax update of softmax(scale * scores) for a positive `scale`: new row max of the
+    scores, rescale factor for the old state, and p = exp(scale * (s - max)), computed in base 2 as
+    2^(s * scale * log2 e - max * scale * log2 e): one fma and one ex2 per element, the products
+    with the max once per row."""
     bm = shape[0]
+    factor = scale * LOG2E
     m_new = kb.b(arith.MaximumfOp(m_i, kb.b(t.ReduceOp(scores, "max", 1))))
     safe = _safe_max(kb, m_new, bm)
-    alpha = kb.b(mathd.ExpOp(kb.b(arith.SubfOp(m_i, safe))))
-    p = kb.b(mathd.ExpOp(kb.b(arith.SubfOp(scores, _broadcast_rows(kb.b, safe, shape)))))
+    alpha = kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(m_i, safe)), kb.b.full(factor, [bm])))))
+    shift = kb.b(arith.MulfOp(safe, kb.b.full(-factor, [bm])))
+    p = kb.b(mathd.Exp2Op(kb.b(mathd.FmaOp(scores, kb.b.full(factor, shape), _broadcast_rows(kb.b, shift, shape)))))
     return m_new, alpha, p
+
+
+def _positive_scale(x: SSAValue) -> tuple[SSAValue, float]:
+    """(s, c) when the tile `x` is s * c for a constant c > 0 (attention's 1/sqrt(d)), else (x, 1):
+    softmax(c * s) then folds c into its exponent, and max(c * s) is c * max(s)."""
+    op = x.owner
+    if isinstance(op, arith.MulfOp):
+        for value, other in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
+            c = _splat_constant(other)
+            if c is not None and 0 < c < math.inf:
+                return value, c
+    return x, 1.0
+
+
+def _splat_constant(v: SSAValue) -> float | None:
+    op = v.owner
+    if isinstance(op, t.BroadcastOp) and isinstance(op.x.owner, arith.ConstantOp):
+        return op.x.owner.value.value.data
+    return None
+
+
+def _erase_unused(v: SSAValue, keep: SSAValue) -> None:
+    """Erases the op defining `v`, and then its operands' producers, while they have no uses;
+    `keep` (a value about to be used) stays."""
+    op = v.owner
+    if v is not keep and isinstance(op, Operation) and len(op.results) == 1 and not v.uses:
+        operands = list(op.operands)
+        op.detach()
+        op.erase()
+        for w in operands:
+            _erase_unused(w, keep)
 
 
 # --- matmul operands ------------------------------------------------------------------------------
@@ -511,9 +550,12 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
         scores = kb.b(t.MmaOp(q_tile, k_tile, kb.b.full(0.0, shape), transpose_b=operand_layout(k, ("d", "n"))))
         ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
         kb.em.overrides[m1.res] = scores
-        x = kb.em.value(sm.input, p_map, ctx)
-        x = select(kb.b, _col_mask(kb, n0, tile["n"], sizes["n"], shape), x, kb.b.full(-math.inf, shape))
-        m_new, alpha, probs = _softmax_step(kb, x, m_i, shape)
+        scaled = kb.em.value(sm.input, p_map, ctx)
+        x, scale = _positive_scale(scaled)
+        _erase_unused(scaled, keep=x)
+        if sizes["n"] % tile["n"]:   # the last key block is partial
+            x = select(kb.b, _col_mask(kb, n0, tile["n"], sizes["n"], shape), x, kb.b.full(-math.inf, shape))
+        m_new, alpha, probs = _softmax_step(kb, x, m_i, shape, scale)
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(probs, "sum", 1))))
         acc = kb.b(arith.MulfOp(acc, _broadcast_rows(kb.b, alpha, [tile["m"], tile["e"]])))
         probs = to_storage(kb.b, probs, g.tensor_type(m2.rhs).dtype)

@@ -354,6 +354,14 @@ def _unary(ty_of: Callable, template: str):
     return handle
 
 
+def _fma(e: KernelEmitter, op):
+    def build(args):
+        r = e.new(F32)
+        e.emit(f"fma.rn.f32 {r}, {args[0]}, {args[1]}, {args[2]};")
+        return r
+    e.elementwise(op, build)
+
+
 def _binary(template_f: str | None, template_i: str | None = None, template_p: str | None = None):
     """Per-element binary op; the template is chosen by the result's register type."""
     templates = {F32: template_f, S32: template_i, PRED: template_p}
@@ -949,6 +957,7 @@ HANDLERS: dict[type, Callable] = {
     t.SelectOp: _select,
     mathd.ExpOp: _exp,
     mathd.Exp2Op: _unary(lambda op: F32, "ex2.approx.ftz.f32 {r}, {a};"),
+    mathd.FmaOp: _fma,
     mathd.LogOp: _log,
     mathd.Log2Op: _unary(lambda op: F32, "lg2.approx.ftz.f32 {r}, {a};"),
     mathd.TanhOp: _tanh,

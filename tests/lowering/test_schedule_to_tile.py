@@ -1,0 +1,71 @@
+"""What the Schedule -> Tile lowering writes into a flash-attention step: the softmax's per-element
+work (one fma and one exp2, the scale folded in) and the key-tail mask only where a tail exists."""
+import math
+
+import numpy as np
+import pytest
+from xdsl.dialects import arith, scf
+from xdsl.dialects import math as mathd
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.ir import tile
+
+from seed_kernels import causal_attention
+
+
+@tsr.function
+def scaled_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])), dim=-1), v)
+
+
+@tsr.function
+def softcapped(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = 30.0 * tsr.tanh(tsr.matmul(q, k.transpose(-2, -1)) * 0.125 / 30.0)
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+def loop_ops(fn, s):
+    compiled = fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=s, D=64), "fp16"), arch="sm_90a")
+    (loop,) = [op for op in compiled.modules["tile"].walk() if isinstance(op, scf.ForOp)]
+    return [op for op in loop.body.block.ops]
+
+
+def full_tiles(ops, kind):
+    return [op for op in ops if isinstance(op, kind) and len(op.results[0].type.get_shape()) == 2]
+
+
+def test_scale_folds_into_one_fma_and_exp2_per_element():
+    ops = loop_ops(scaled_attention, 1024)
+    assert len(full_tiles(ops, mathd.FmaOp)) == 1 and len(full_tiles(ops, mathd.Exp2Op)) == 1
+    assert not full_tiles(ops, mathd.ExpOp)
+    # the score tile is not multiplied element by element (only the accumulator's rescale is)
+    assert len(full_tiles(ops, arith.MulfOp)) == 1
+    assert not [op for op in ops if isinstance(op, tile.CmpiOp)]   # 1024 keys: every block is full
+
+
+def test_a_partial_last_key_block_keeps_its_mask():
+    ops = loop_ops(scaled_attention, 1000)
+    assert [op for op in ops if isinstance(op, tile.CmpiOp)]
+
+
+def test_score_mods_other_than_a_positive_scale_stay_as_written():
+    ops = loop_ops(softcapped, 1024)
+    assert [op for op in ops if isinstance(op, mathd.TanhOp)]
+    assert len(full_tiles(ops, mathd.FmaOp)) == 1
+
+
+@pytest.mark.parametrize("fn", [scaled_attention, softcapped, causal_attention], ids=["scaled", "softcap", "causal"])
+@pytest.mark.parametrize("s", [64, 100])
+def test_folded_softmax_matches_numpy(fn, s):
+    rng = np.random.default_rng(s)
+    q, k, v = (rng.standard_normal((1, 2, s, 64)).astype(np.float32) for _ in range(3))
+    scores = q @ k.transpose(0, 1, 3, 2)
+    if fn is softcapped:
+        scores = 30.0 * np.tanh(scores * 0.125 / 30.0)
+    else:
+        scores = scores / 8.0
+    if fn is causal_attention:
+        scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    np.testing.assert_allclose(fn(q, k, v), (p / p.sum(-1, keepdims=True)) @ v, rtol=1e-4, atol=1e-5)
