@@ -13,15 +13,15 @@ from typing import Callable
 
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
-from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, ModuleOp, f32
+from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, ModuleOp, f32, i1
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from ..errors import TesseraError
 from ..ir import graph as g
 from ..ir import schedule as s
 from ..ir import tile as t
-from .emit import Builder, Emitter, Map, TileCtx, compare, convert, select, to_storage
-from .masks import column_bounds
+from .emit import Builder, Emitter, Map, TileCtx, compare, convert, operand_maps, select, to_storage
+from .masks import ColumnBounds, column_bounds
 
 
 def cdiv(a: int, b: int) -> int:
@@ -544,17 +544,35 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     q_tile = kb.b(t.LoadSharedOp(q_smem, zero))
     shape = [tile["m"], tile["n"]]
 
+    bounds = column_bounds(sm.input, p_map, "m", "n", kb.bindings)
+    where = sm.input.owner if bounds != ColumnBounds(None, None) else None   # where(cond, s, -inf)
+    tail = sizes["n"] % tile["n"] != 0   # the last key block is partial
+
     def compute(iv, tiles, acc, m_i, l_i):
         k_tile, v_tile = tiles
         n0 = kb.mul(iv, tile["n"])
         scores = kb.b(t.MmaOp(q_tile, k_tile, kb.b.full(0.0, shape), transpose_b=operand_layout(k, ("d", "n"))))
         ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
         kb.em.overrides[m1.res] = scores
-        scaled = kb.em.value(sm.input, p_map, ctx)
+        value, value_map = sm.input, p_map
+        if where is not None:   # the scores the mask keeps, masked below only where it masks some
+            value, value_map = where.inputs[1], operand_maps(where, p_map, kb.bindings)[1]
+        scaled = kb.em.value(value, value_map, ctx)
         x, scale = _positive_scale(scaled)
         _erase_unused(scaled, keep=x)
-        if sizes["n"] % tile["n"]:   # the last key block is partial
-            x = select(kb.b, _col_mask(kb, n0, tile["n"], sizes["n"], shape), x, kb.b.full(-math.inf, shape))
+        if where is not None or tail:
+            def masked():
+                keep = []
+                if where is not None:
+                    cond = kb.em.value(where.inputs[0], operand_maps(where, p_map, kb.bindings)[0], ctx)
+                    keep.append(convert(kb.b, cond, i1))
+                if tail:
+                    keep.append(_col_mask(kb, n0, tile["n"], sizes["n"], shape))
+                keep_all = keep[0] if len(keep) == 1 else kb.b(arith.AndIOp(keep[0], keep[1]))
+                return [select(kb.b, keep_all, x, kb.b.full(-math.inf, shape))]
+            inside = _block_unmasked(kb, n0, m0, tile, bounds if where is not None else None,
+                                     sizes["n"] if tail else None)
+            (x,) = _if(kb.b, inside, lambda: [x], masked)
         m_new, alpha, probs = _softmax_step(kb, x, m_i, shape, scale)
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(probs, "sum", 1))))
         acc = kb.b(arith.MulfOp(acc, _broadcast_rows(kb.b, alpha, [tile["m"], tile["e"]])))
@@ -563,7 +581,7 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
         return [acc, m_new, l_new]
 
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
-    steps = _key_blocks(kb, column_bounds(sm.input, p_map, "m", "n", kb.bindings), m0, tile, sizes["n"])
+    steps = _key_blocks(kb, bounds, m0, tile, sizes["n"])
     acc, _, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"],
                                   {"d": zero, "e": zero}, scalars, inits, compute)
     inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [tile["m"]]), l_i))   # one division per row, not per element
@@ -572,6 +590,39 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     kb.em.overrides[m2.res] = out
     kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, out_t.dtype)
     return grid
+
+
+def _block_unmasked(kb: KernelBuild, n0: SSAValue, m0: SSAValue, tile: dict[str, int],
+                    bounds: ColumnBounds | None, n_keys: int | None) -> SSAValue:
+    """i1: every column of key block [n0, n0 + BN) is inside the mask's bounds for every query row
+    of [m0, m0 + BM), and inside the `n_keys` keys (None: no such limit), so no element is masked."""
+    b, bm, bn = kb.b, tile["m"], tile["n"]
+    tests = []
+    if bounds is not None and bounds.upper is not None:   # n0 + BN - 1 <= m0 + upper
+        tests.append(b(t.CmpiOp(b(arith.AddiOp(n0, b.index(bn - 1 - bounds.upper))), m0, "sle")))
+    if bounds is not None and bounds.lower is not None:   # n0 >= m0 + BM - 1 + lower
+        tests.append(b(t.CmpiOp(n0, b(arith.AddiOp(m0, b.index(bm - 1 + bounds.lower))), "sge")))
+    if n_keys is not None:                                # n0 + BN <= n_keys
+        tests.append(b(t.CmpiOp(b(arith.AddiOp(n0, b.index(bn))), b.index(n_keys), "sle")))
+    inside = tests[0]
+    for test in tests[1:]:
+        inside = b(arith.AndIOp(inside, test))
+    return inside
+
+
+def _if(b: Builder, cond: SSAValue, then: Callable, otherwise: Callable) -> list[SSAValue]:
+    """`scf.if` whose branches `then()` and `otherwise()` return the yielded values."""
+    blocks = []
+    for branch in (then, otherwise):
+        block = Block()
+        b.blocks.append(block)
+        yielded = branch()
+        b(scf.YieldOp(*yielded))
+        b.blocks.pop()
+        blocks.append(block)
+    op = scf.IfOp(cond, [v.type for v in yielded], [blocks[0]], [blocks[1]])
+    b(op)
+    return list(op.results)
 
 
 def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_keys: int) -> tuple:

@@ -252,6 +252,23 @@ def test_alibi_softcap_attention(torch_cuda):
     check(out, torch.softmax(s, dim=-1).half().float() @ v.float(), "fp16", torch)
 
 
+@tsr.function
+def recent_keys(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    i = tsr.arange(q.shape[-2])
+    return tsr.matmul(tsr.softmax(tsr.where(i[None, :] >= i[:, None] - 200, s, -math.inf), dim=-1), v)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("s", [512, 1000])
+def test_key_window_attention(torch_cuda, s, path):
+    """Key blocks wholly inside the window skip the mask, blocks across its edge apply it."""
+    torch = torch_cuda
+    (q, k, v), (out,) = run(recent_keys, dict(B=1, H=2, S=s, D=64), "fp16", torch, path=path)
+    i = torch.arange(s, device="cuda")
+    check(out, sdpa(torch, q, k, v, mask=i[None, :] >= i[:, None] - 200), "fp16", torch)
+
+
 def test_torch_tensors_in_and_out(torch_cuda):
     """The plain call path: CUDA tensors in, CUDA tensors of the right dtype out, on torch's stream."""
     torch = torch_cuda

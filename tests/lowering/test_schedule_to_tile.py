@@ -25,6 +25,14 @@ def softcapped(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: 
     return tsr.matmul(tsr.softmax(s, dim=-1), v)
 
 
+@tsr.function
+def recent_keys(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    """Each query sees the keys from 40 before it onwards (a lower bound on the columns only)."""
+    s = tsr.matmul(q, k.transpose(-2, -1)) * 0.125
+    i = tsr.arange(q.shape[-2])
+    return tsr.matmul(tsr.softmax(tsr.where(i[None, :] >= i[:, None] - 40, s, -math.inf), dim=-1), v)
+
+
 def loop_ops(fn, s):
     compiled = fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=s, D=64), "fp16"), arch="sm_90a")
     (loop,) = [op for op in compiled.modules["tile"].walk() if isinstance(op, scf.ForOp)]
@@ -44,9 +52,24 @@ def test_scale_folds_into_one_fma_and_exp2_per_element():
     assert not [op for op in ops if isinstance(op, tile.CmpiOp)]   # 1024 keys: every block is full
 
 
-def test_a_partial_last_key_block_keeps_its_mask():
-    ops = loop_ops(scaled_attention, 1000)
-    assert [op for op in ops if isinstance(op, tile.CmpiOp)]
+def masking_branch(ops):
+    """The scf.if that masks only the key blocks that need it: (then ops, else ops)."""
+    (branch,) = [op for op in ops if isinstance(op, scf.IfOp)]
+    return list(branch.true_region.block.ops), list(branch.false_region.block.ops)
+
+
+def test_only_a_partial_last_key_block_is_masked():
+    assert not [op for op in loop_ops(scaled_attention, 1024) if isinstance(op, scf.IfOp)]
+    unmasked, masked = masking_branch(loop_ops(scaled_attention, 1000))
+    assert len(unmasked) == 1 and isinstance(unmasked[0], scf.YieldOp)   # full blocks: the scores as they are
+    assert [op for op in masked if isinstance(op, tile.SelectOp)]
+
+
+def test_causal_masks_only_blocks_that_cross_the_diagonal():
+    ops = loop_ops(causal_attention, 1024)
+    unmasked, masked = masking_branch(ops)
+    assert len(unmasked) == 1 and [op for op in masked if isinstance(op, tile.SelectOp)]
+    assert not [op for op in ops if isinstance(op, tile.SelectOp) and len(op.result.type.get_shape()) == 2]
 
 
 def test_score_mods_other_than_a_positive_scale_stay_as_written():
@@ -55,8 +78,9 @@ def test_score_mods_other_than_a_positive_scale_stay_as_written():
     assert len(full_tiles(ops, mathd.FmaOp)) == 1
 
 
-@pytest.mark.parametrize("fn", [scaled_attention, softcapped, causal_attention], ids=["scaled", "softcap", "causal"])
-@pytest.mark.parametrize("s", [64, 100])
+@pytest.mark.parametrize("fn", [scaled_attention, softcapped, causal_attention, recent_keys],
+                         ids=["scaled", "softcap", "causal", "recent"])
+@pytest.mark.parametrize("s", [64, 100, 300])
 def test_folded_softmax_matches_numpy(fn, s):
     rng = np.random.default_rng(s)
     q, k, v = (rng.standard_normal((1, 2, s, 64)).astype(np.float32) for _ in range(3))
@@ -65,7 +89,10 @@ def test_folded_softmax_matches_numpy(fn, s):
         scores = 30.0 * np.tanh(scores * 0.125 / 30.0)
     else:
         scores = scores / 8.0
+    i = np.arange(s)
     if fn is causal_attention:
-        scores = np.where(np.tril(np.ones((s, s), bool)), scores, -np.inf)
+        scores = np.where(i[None, :] <= i[:, None], scores, -np.inf)
+    if fn is recent_keys:
+        scores = np.where(i[None, :] >= i[:, None] - 40, scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     np.testing.assert_allclose(fn(q, k, v), (p / p.sum(-1, keepdims=True)) @ v, rtol=1e-4, atol=1e-5)

@@ -183,6 +183,9 @@ def _propagate(kernel, keep: dict[SSAValue, Slice]) -> None:
             body = op.body.block
             for init, arg, res, yv in zip(op.iter_args, body.args[1:], op.results, body.last_op.operands):
                 links.extend([(init, arg), (arg, res), (res, yv)])
+        if isinstance(op, scf.IfOp):
+            for region in op.regions:
+                links.extend(zip(op.results, region.block.last_op.operands))
     changed = True
     while changed:
         changed = False
@@ -312,10 +315,13 @@ class KernelEmitter:
 
     def block(self, block: Block) -> None:
         for op in block.ops:
-            handler = HANDLERS.get(type(op))
-            if handler is None:
-                raise UnsupportedByBackend(f"PTX backend: {op.name} is not supported yet (kernel {self.name})")
-            handler(self, op)
+            self.op(op)
+
+    def op(self, op: Operation) -> None:
+        handler = HANDLERS.get(type(op))
+        if handler is None:
+            raise UnsupportedByBackend(f"PTX backend: {op.name} is not supported yet (kernel {self.name})")
+        handler(self, op)
 
     # -- values --
     def value(self, v: SSAValue):
@@ -810,6 +816,31 @@ def _mov_constant(ty: PtxType, r: str, value: float) -> str:
     return f"mov.b32 {r}, {int(value)};"
 
 
+def _if(e: KernelEmitter, op: scf.IfOp):
+    """A uniform branch (the condition is the same in every thread): each side ends by moving
+    its yielded values into the if's result registers."""
+    results = []
+    for r in op.results:
+        ty = ptx_type(r.type)
+        results.append((ty, [e.new(ty) for _ in (e.layouts[r].offsets if is_tile(r) else [0])]))
+    other, end = e.label("else"), e.label("endif")
+    e.emit(f"@!{e.value(op.cond)} bra.uni {other};")
+    for region, label in ((op.true_region, end), (op.false_region, None)):
+        block = region.block
+        for inner in block.ops:
+            if not isinstance(inner, scf.YieldOp):
+                e.op(inner)
+        for (ty, regs), y in zip(results, block.last_op.operands):
+            for dst, src in zip(regs, e.regs_of(y) if is_tile(y) else [e.value(y)]):
+                e.emit(f"mov.{_mov(ty)} {dst}, {src};")
+        if label is not None:
+            e.emit(f"bra.uni {end};")
+            e.lines.append(f"{other}:")
+    e.lines.append(f"{end}:")
+    for r, (_, regs) in zip(op.results, results):
+        e.env[r] = regs if is_tile(r) else regs[0]
+
+
 def _for(e: KernelEmitter, op: scf.ForOp):
     body = op.body.block
     iv = e.new(S32)
@@ -834,10 +865,7 @@ def _for(e: KernelEmitter, op: scf.ForOp):
     for inner in body.ops:
         if isinstance(inner, scf.YieldOp):
             break
-        handler = HANDLERS.get(type(inner))
-        if handler is None:
-            raise UnsupportedByBackend(f"PTX backend: {inner.name} is not supported yet (kernel {e.name})")
-        handler(e, inner)
+        e.op(inner)
     yielded = body.last_op.operands
     staged = []
     for (arg, ty, regs), y in zip(carried, yielded):
@@ -975,6 +1003,7 @@ HANDLERS: dict[type, Callable] = {
     t.LoadOp: _load,
     t.StoreOp: _store,
     scf.ForOp: _for,
+    scf.IfOp: _if,
     tgt.ReturnOp: _return,
     tgt.SyncOp: _sync,
 }
