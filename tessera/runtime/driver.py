@@ -578,6 +578,43 @@ def launch(kernel: Kernel, grid: int | Sequence[int], block: int | Sequence[int]
         _check("cuLaunchKernel", result, detail=_launch_detail(kernel, grid3, block3, shared_bytes, handle))
 
 
+class PreparedLaunch:
+    """A launch of one kernel with one configuration whose argument buffer is built once: a call
+    writes the pointer and tensor-map values into it and calls cuLaunchKernel, skipping the general
+    packing, conversion and size checks that `launch` does per call (they are done here, once).
+    Not for sharing between threads (each call rewrites the buffer): keep one per thread."""
+
+    def __init__(self, kernel: Kernel, grid, block, shared_bytes: int, param_types: Sequence[str]):
+        if any(ty not in ("u64", "tmap") for ty in param_types):
+            raise ArgumentError(f"a prepared launch takes pointers and tensor maps, got {list(param_types)}")
+        self.kernel, self.shared_bytes = kernel, shared_bytes
+        self.grid3, self.block3 = _dim3(grid, "grid"), _dim3(block, "block")
+        self.slots = [ctypes.c_uint64() if ty == "u64" else _TensorMapStorage() for ty in param_types]
+        self._is_map = [ty == "tmap" for ty in param_types]
+        self.pointers = (ctypes.c_void_p * max(1, len(self.slots)))(*(ctypes.addressof(v) for v in self.slots))
+        _check_param_sizes(kernel, self)
+        self._address = ctypes.addressof(self.pointers)
+        self._driver = bindings()
+
+    @property
+    def sizes(self) -> tuple[int, ...]:
+        return tuple(ctypes.sizeof(v) for v in self.slots)
+
+    def __call__(self, stream: int, values: Sequence) -> None:
+        """Launch on raw stream `stream` with `values`: an int per pointer param, 128 bytes per map."""
+        for slot, is_map, value in zip(self.slots, self._is_map, values):
+            if is_map:
+                ctypes.memmove(slot, value, TENSOR_MAP_BYTES)
+            else:
+                slot.value = value
+        d = self._driver
+        result = d.cuLaunchKernel(self.kernel.handle, *self.grid3, *self.block3, self.shared_bytes,
+                                  d.CUstream(stream), self._address, 0)
+        if result[0] != d.CUresult.CUDA_SUCCESS:
+            _check("cuLaunchKernel", result,
+                   detail=_launch_detail(self.kernel, self.grid3, self.block3, self.shared_bytes, stream))
+
+
 def _launch_detail(kernel: Kernel, grid3, block3, shared_bytes: int, handle: int) -> str:
     detail = (f"launching kernel '{kernel.name}' with grid {grid3}, block {block3}, "
               f"{shared_bytes} bytes dynamic shared memory, on stream {handle:#x}")
@@ -627,6 +664,9 @@ def current_torch_stream(device: Device | int | None = None) -> int:
     """The raw handle of PyTorch's current stream on `device` (torch's current device when None)."""
     import torch
     index = None if device is None else _ordinal(device)
+    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # what torch's own launchers call
+    if raw is not None and index is not None:
+        return raw(index)
     return torch.cuda.current_stream(index).cuda_stream
 
 

@@ -9,6 +9,7 @@ the caller's framework, and launches the plan on the caller's current stream.
 """
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
@@ -42,12 +43,17 @@ class Step:
     tensor_maps: tuple[TensorMapSpec, ...] = ()   # by-value params after the pointers; arg indexes `buffers`
 
 
-def launch_args(step: Step, pointers: Sequence[int],
-                encode: Callable[[int, TensorMapSpec], bytes]) -> list[tuple[str, Any]]:
-    """`step`'s kernel arguments in the order its PTX declares its params: a u64 pointer per buffer,
-    then each tensor map, encoded by `encode` over the pointer of the buffer it describes."""
+    @property
+    def param_types(self) -> list[str]:
+        return ["u64"] * len(self.buffers) + ["tmap"] * len(self.tensor_maps)
+
+
+def launch_args(step: Step, pointers: Sequence[int], encode: Callable[[int, TensorMapSpec], bytes]) -> list:
+    """`step`'s kernel argument values in the order its PTX declares its params (`param_types`):
+    a pointer per buffer, then each tensor map, encoded by `encode` over the pointer of the buffer
+    it describes."""
     ptrs = [pointers[i] for i in step.buffers]
-    return [("u64", p) for p in ptrs] + [("tmap", encode(ptrs[spec.arg], spec)) for spec in step.tensor_maps]
+    return ptrs + [encode(ptrs[spec.arg], spec) for spec in step.tensor_maps]
 
 
 def _host_function(tile_module):
@@ -99,25 +105,76 @@ class GpuProgram:
                 self.steps.append(Step(kernel, tuple(tile.int_values(op.grid)), k.threads, k.dynamic_shared,
                                        tuple(index[a] for a in op.args), k.tensor_maps))
         self._tensor_maps: dict[tuple[int, TensorMapSpec], bytes] = {}
+        self._shapes = [*self.input_shapes, *(b.shape for b in self.outputs), *(b.shape for b in self.intermediates)]
+        self._torch_signature = None      # (tensor type, [(dtype, device)] per array), once a call validated
+        self._per_thread = threading.local()
 
     def __call__(self, *inputs, out: Sequence | None = None) -> list:
         """Runs on the inputs' current stream; `out` (optional) receives the results in place."""
-        infos = interop.validate(dict(zip(self.arg_names, inputs)))
-        for name, info, shape in zip(self.arg_names, infos.values(), self.input_shapes):
-            if info.shape != shape:
-                raise ShapeError(f"{self.name}: argument {name!r} has shape {info.shape}, compiled for {shape}")
-        template = inputs[0]
-        outputs = list(out) if out is not None else [
-            interop.empty_like_framework(template, b.shape, b.dtype) for b in self.outputs]
-        if out is not None:
-            interop.validate({f"out{i}": o for i, o in enumerate(outputs)})
-        temps = [interop.empty_like_framework(template, b.shape, b.dtype) for b in self.intermediates]
-        pointers = [i.data_ptr for i in infos.values()] + [interop.data_pointer(x) for x in outputs + temps]
-        stream = current_stream(template, self.device)
-        for step in self.steps:
-            driver.launch(step.kernel, step.grid, step.block, step.shared, stream,
-                          launch_args(step, pointers, self._tensor_map))
+        fast = self._torch_fast_path(inputs, out)
+        if fast is not None:
+            pointers, outputs = fast
+        else:
+            infos = interop.validate(dict(zip(self.arg_names, inputs)))
+            for name, info, shape in zip(self.arg_names, infos.values(), self.input_shapes):
+                if info.shape != shape:
+                    raise ShapeError(f"{self.name}: argument {name!r} has shape {info.shape}, compiled for {shape}")
+            outputs = list(out) if out is not None else [
+                interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.outputs]
+            if out is not None:
+                interop.validate({f"out{i}": o for i, o in enumerate(outputs)})
+            temps = [interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.intermediates]
+            pointers = [i.data_ptr for i in infos.values()] + [interop.data_pointer(x) for x in outputs + temps]
+            self._learn_torch_signature(inputs, outputs, temps)
+        stream = current_stream(inputs[0], self.device)
+        driver.primary_context(self.device)
+        for step, prepared in zip(self.steps, self._prepared_launches()):
+            prepared(stream, launch_args(step, pointers, self._tensor_map))
         return outputs
+
+    def _prepared_launches(self) -> list[driver.PreparedLaunch]:
+        """This thread's prepared launch per step (their argument buffers are rewritten per call)."""
+        launches = getattr(self._per_thread, "launches", None)
+        if launches is None:
+            launches = self._per_thread.launches = [
+                driver.PreparedLaunch(s.kernel, s.grid, s.block, s.shared, s.param_types) for s in self.steps]
+        return launches
+
+    def _learn_torch_signature(self, inputs, outputs, temps) -> None:
+        """After a call whose arrays were all validated torch tensors, what a later call must match
+        to skip `interop.validate`: the tensor type, and each array's dtype and device."""
+        arrays = [*inputs, *outputs, *temps]
+        kind = type(inputs[0])
+        if kind.__module__.split(".")[0] == "torch" and all(type(x) is kind for x in arrays):
+            self._torch_signature = (kind, [(x.dtype, x.device) for x in arrays])
+
+    def _torch_fast_path(self, inputs, out):
+        """(pointers, outputs) for a call whose torch tensors match the learned signature exactly
+        (type, dtype, device, shape, contiguity, 16-byte alignment), else None: the general path
+        then validates, and names the argument that is wrong."""
+        if self._torch_signature is None or len(inputs) != self.n_inputs:
+            return None
+        kind, expected = self._torch_signature
+        n_out = len(self.outputs)
+        given = [*inputs, *(out if out is not None else ())]
+        pointers = []
+        for x, shape, (dtype, device) in zip(given, self._shapes, expected):
+            if type(x) is not kind or x.dtype != dtype or x.device != device or x.shape != shape \
+                    or not x.is_contiguous():
+                return None
+            ptr = x.data_ptr()
+            if ptr % 16:
+                return None
+            pointers.append(ptr)
+        if out is not None and len(out) != n_out:
+            return None
+        empty = kind.new_empty
+        template = inputs[0]
+        fresh = [empty(template, shape, dtype=dtype) for shape, (dtype, _) in
+                 zip(self._shapes[len(given):], expected[len(given):])]
+        outputs = list(out) if out is not None else fresh[:n_out]
+        pointers += [x.data_ptr() for x in fresh]
+        return pointers, outputs
 
     def _tensor_map(self, ptr: int, spec: TensorMapSpec) -> bytes:
         """`driver.encode_tensor_map`, remembered: caching allocators hand a steady-state call the

@@ -320,3 +320,37 @@ def test_cupy_arrays_are_described(cuda_device):
         a.data.ptr, (4, 32), (32, 1), 0, "cupy")
     out = interop.empty_like_framework(a, (5,), "fp16")
     assert isinstance(out, cupy.ndarray) and out.dtype == np.float16
+
+
+def test_a_program_checks_every_call_after_its_first(torch_cuda, arch):
+    """Once a call validated, later calls of the same program take the fast path; each check it
+    skips must still hold: a tensor that differs in layout, alignment, dtype or device falls back
+    to full validation and its error, and the results stay right."""
+    import tessera as tsr
+    from tessera import Tensor
+
+    torch = torch_cuda
+
+    def scale_add(x: Tensor["M", "N"], y: Tensor["M", "N"]):
+        return x * 2.0 + y
+
+    fn = tsr.function(scale_add)
+    program = fn.compile(fn.arg_specs_for(dict(M=64, N=128), "fp16"), arch=arch).gpu_program(0)
+    x, y = (torch.randn(64, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    for _ in range(3):   # the first call learns, the next two take the fast path
+        (out,) = program(x, y)
+        torch.testing.assert_close(out, x * 2 + y)
+    wide = torch.randn(128, 64, device="cuda", dtype=torch.float16)
+    with pytest.raises(interop.LayoutError, match="argument 'y' must be contiguous"):
+        program(x, wide.t())
+    with pytest.raises(interop.LayoutError, match="argument 'x' data pointer is not 16-byte aligned"):
+        program(torch.empty(64 * 128 + 1, device="cuda", dtype=torch.float16)[1:].view(64, 128), y)
+    with pytest.raises(tsr.TesseraError, match="argument 'y'.*float32"):
+        program(x, y.float())
+    with pytest.raises(tsr.ShapeError, match="argument 'x' has shape"):
+        program(x[:32], y)
+    with pytest.raises(tsr.TesseraError, match="argument 'y'"):
+        program(x, y.cpu())
+    out = torch.full_like(x, float("nan"))
+    program(x, y, out=[out])
+    torch.testing.assert_close(out, x * 2 + y)

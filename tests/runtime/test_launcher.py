@@ -14,15 +14,16 @@ def step(buffers, tensor_maps=()):
 
 
 def test_without_tensor_maps_each_buffer_is_a_pointer():
-    assert launch_args(step((2, 0)), POINTERS, fake_encode) == [("u64", 0x3000), ("u64", 0x1000)]
+    assert launch_args(step((2, 0)), POINTERS, fake_encode) == [0x3000, 0x1000]
+    assert step((2, 0)).param_types == ["u64", "u64"]
 
 
 def test_tensor_maps_follow_the_pointers_over_the_buffers_they_name():
     a = TensorMapSpec(arg=1, dtype="f16", shape=(64, 64), box=(64, 64))
     b = TensorMapSpec(arg=0, dtype="f16", shape=(32, 64), box=(32, 64))
     assert launch_args(step((3, 1, 2), (a, b)), POINTERS, fake_encode) == [
-        ("u64", 0x4000), ("u64", 0x2000), ("u64", 0x3000),
-        ("tmap", ("encoded", 0x2000, (64, 64))), ("tmap", ("encoded", 0x4000, (32, 64)))]
+        0x4000, 0x2000, 0x3000, ("encoded", 0x2000, (64, 64)), ("encoded", 0x4000, (32, 64))]
+    assert step((3, 1, 2), (a, b)).param_types == ["u64"] * 3 + ["tmap"] * 2
 
 
 def test_encoded_tensor_maps_are_reused_per_pointer_and_spec(monkeypatch):
