@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import ShapeError
+from ..errors import DTypeError, ShapeError
 from . import driver, interop
 from .cache import CubinCache, functions
 
@@ -90,7 +90,7 @@ class GpuProgram:
         self.arg_names = compiled.arg_names
         types = host.function_type.inputs.data
         self.outputs = [_buffer(t) for t in types[self.n_inputs:]]
-        self.input_shapes = [tuple(t.get_shape()) for t in types[:self.n_inputs]]
+        self.input_buffers = [_buffer(t) for t in types[:self.n_inputs]]
         index = {arg: i for i, arg in enumerate(host.body.block.args)}
         self.intermediates: list[Buffer] = []
         self.steps: list[Step] = []
@@ -105,7 +105,7 @@ class GpuProgram:
                 self.steps.append(Step(kernel, tuple(tile.int_values(op.grid)), k.threads, k.dynamic_shared,
                                        tuple(index[a] for a in op.args), k.tensor_maps))
         self._tensor_maps: dict[tuple[int, TensorMapSpec], bytes] = {}
-        self._shapes = [*self.input_shapes, *(b.shape for b in self.outputs), *(b.shape for b in self.intermediates)]
+        self._shapes = [*(b.shape for b in self.input_buffers), *(b.shape for b in self.outputs), *(b.shape for b in self.intermediates)]
         self._torch_signature = None      # (tensor type, [(dtype, device)] per array), once a call validated
         self._per_thread = threading.local()
 
@@ -116,13 +116,12 @@ class GpuProgram:
             pointers, outputs = fast
         else:
             infos = interop.validate(dict(zip(self.arg_names, inputs)))
-            for name, info, shape in zip(self.arg_names, infos.values(), self.input_shapes):
-                if info.shape != shape:
-                    raise ShapeError(f"{self.name}: argument {name!r} has shape {info.shape}, compiled for {shape}")
+            self._check_compiled_for(infos, self.input_buffers)
             outputs = list(out) if out is not None else [
                 interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.outputs]
             if out is not None:
-                interop.validate({f"out{i}": o for i, o in enumerate(outputs)})
+                self._check_compiled_for(interop.validate({f"out{i}": o for i, o in enumerate(outputs)}),
+                                         self.outputs)
             temps = [interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.intermediates]
             pointers = [i.data_ptr for i in infos.values()] + [interop.data_pointer(x) for x in outputs + temps]
             self._learn_torch_signature(inputs, outputs, temps)
@@ -131,6 +130,15 @@ class GpuProgram:
         for step, prepared in zip(self.steps, self._prepared_launches()):
             prepared(stream, launch_args(step, pointers, self._tensor_map))
         return outputs
+
+    def _check_compiled_for(self, infos: dict, buffers: list[Buffer]) -> None:
+        """Each array's shape and dtype are the ones the program was compiled for."""
+        for (name, info), b in zip(infos.items(), buffers):
+            if info.shape != b.shape:
+                raise ShapeError(f"{self.name}: argument {name!r} has shape {info.shape}, compiled for {b.shape}")
+            if info.dtype != b.dtype:
+                raise DTypeError(f"{self.name}: argument {name!r} is {info.type_name}, "
+                                         f"compiled for {b.dtype.name}")
 
     def _prepared_launches(self) -> list[driver.PreparedLaunch]:
         """This thread's prepared launch per step (their argument buffers are rewritten per call)."""
