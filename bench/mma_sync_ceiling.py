@@ -50,7 +50,8 @@ extern "C" __global__ void mma_loop(float *out, int iters) {
 
 def mma_instruction_ceiling(sms: int) -> list[tuple[int, float]]:
     """TFLOP/s of back-to-back mma.sync at 4, 8 and 16 warps per SM (one block per SM)."""
-    kernel = cupy.RawKernel(MMA_LOOP % {"chains": CHAINS}, "mma_loop", options=("-arch=sm_90",))
+    major, minor = torch.cuda.get_device_capability()
+    kernel = cupy.RawKernel(MMA_LOOP % {"chains": CHAINS}, "mma_loop", options=(f"-arch=sm_{major}{minor}",))
     rows = []
     for warps in (4, 8, 16):
         out = cupy.empty(sms * warps * 32, dtype=cupy.float32)

@@ -128,10 +128,16 @@ class Function:
         return compile_module(self.trace(args, constants), **options)
 
     # --- calling -------------------------------------------------------------------------
+    @staticmethod
+    def _cache_key(tensors, constants, options: dict) -> tuple:
+        """What a compile depends on: shapes, dtypes, constants and options (a space's lists frozen)."""
+        frozen = {name: tuple(sorted((p, tuple(vals)) for p, vals in value.items())) if name == "space" else value
+                  for name, value in options.items()}
+        return (tuple((tuple(x.shape), str(x.dtype)) for _, x in tensors),
+                tuple(sorted(constants.items())), tuple(sorted(frozen.items())))
+
     def _compiled_for(self, tensors, constants, options: dict):
-        frozen = {k: tuple((n, tuple(v)) for n, v in v.items()) if k == "space" else v for k, v in options.items()}
-        key = (tuple((tuple(x.shape), str(x.dtype)) for _, x in tensors),
-               tuple(sorted(constants.items())), tuple(sorted(frozen.items())))
+        key = self._cache_key(tensors, constants, options)
         compiled = self._cache.get(key)
         if compiled is None:
             _, specs = self.arg_specs(tensors)
@@ -157,11 +163,17 @@ class Function:
                   "path": options.get("path", "native")}
         key = self.tuner.tuning_key(dims, [str(x.dtype) for _, x in tensors], constants, target)
         reference: list = []
+        compiled_keys: dict[tuple, tuple] = {}
 
         def measure(config: dict[str, int]) -> float:
-            return self._measure(tensors, constants, {**options, "space": {k: [v] for k, v in config.items()}},
-                                 device, reference)
-        return {k: [v] for k, v in self.tuner.choose(key, measure).items()}
+            point = {**options, "space": {k: [v] for k, v in config.items()}}
+            compiled_keys[tuple(config.items())] = self._cache_key(tensors, constants, point)
+            return self._measure(tensors, constants, point, device, reference)
+        chosen = self.tuner.choose(key, measure)
+        for config, compiled_key in compiled_keys.items():   # the losers' programs need not stay loaded
+            if config != tuple(chosen.items()):
+                self._cache.pop(compiled_key, None)
+        return {k: [v] for k, v in chosen.items()}
 
     def _measure(self, tensors, constants, options: dict, device: int, reference: list) -> float:
         """Median GPU ms of one schedule on the call's inputs, into fresh outputs (the caller's are

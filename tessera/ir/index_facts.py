@@ -18,8 +18,6 @@ from xdsl.ir import BlockArgument, SSAValue
 
 from . import tile as t
 
-#: what `known_multiple` says of the constant 0, a multiple of everything
-ANY_MULTIPLE = 1 << 30
 
 
 def constant_value(v: SSAValue) -> int | None:
@@ -38,16 +36,17 @@ def _loop_of(v: SSAValue) -> scf.ForOp | None:
 
 
 def known_multiple(v: SSAValue) -> int:
-    """A positive m such that `v` is always a multiple of m (1 when nothing is known)."""
+    """An m >= 0 such that `v` is always a multiple of m: 1 when nothing is known, 0 when `v` is
+    always 0 (a multiple of everything; gcd(0, m) = m and 0 * m = 0 keep the arithmetic exact)."""
     c = constant_value(v)
     if c is not None:
-        return abs(c) or ANY_MULTIPLE
+        return abs(c)
     loop = _loop_of(v)
     if loop is not None:  # lb + i * step
         return math.gcd(known_multiple(loop.lb), known_multiple(loop.step))
     op = v.owner
     if isinstance(op, arith.MuliOp):
-        return min(known_multiple(op.lhs) * known_multiple(op.rhs), ANY_MULTIPLE)
+        return known_multiple(op.lhs) * known_multiple(op.rhs)
     if isinstance(op, (arith.AddiOp, arith.SubiOp)):
         return math.gcd(known_multiple(op.lhs), known_multiple(op.rhs))
     if isinstance(op, arith.IndexCastOp):

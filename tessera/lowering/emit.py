@@ -24,7 +24,7 @@ from typing import Callable, Sequence
 
 from xdsl.dialects import arith, math
 from xdsl.dialects.builtin import FloatAttr, IndexType, IntegerAttr, TensorType, f32, i1, i32
-from xdsl.ir import Attribute, Block, SSAValue
+from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from ..errors import TesseraError
 from ..ir import graph as g
@@ -259,6 +259,11 @@ class Emitter:
         if key not in self._memo:
             self._memo[key] = self._emit(v, m, ctx)
         return self._memo[key]
+
+    def forget_erased(self) -> None:
+        """Drops memoized tiles whose ops a lowering erased (after folding them into others)."""
+        self._memo = {k: v for k, v in self._memo.items()
+                      if not (isinstance(v.owner, Operation) and v.owner.parent is None)}
 
     def _emit(self, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
         if v in self.params:

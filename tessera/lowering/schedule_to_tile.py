@@ -316,14 +316,19 @@ def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale
 
 
 def _positive_scale(x: SSAValue) -> tuple[SSAValue, float]:
-    """(s, c) when the tile `x` is s * c for a constant c > 0 (attention's 1/sqrt(d)), else (x, 1):
-    softmax(c * s) then folds c into its exponent, and max(c * s) is c * max(s)."""
+    """(s, c) when the tile `x` is s * c or s / (1 / c) for a constant c > 0 (attention's 1/sqrt(d),
+    written either way), else (x, 1): softmax(c * s) then folds c into its exponent, and
+    max(c * s) is c * max(s)."""
     op = x.owner
+    candidates = []
     if isinstance(op, arith.MulfOp):
-        for value, other in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
-            c = _splat_constant(other)
-            if c is not None and 0 < c < math.inf:
-                return value, c
+        candidates = [(op.lhs, _splat_constant(op.rhs)), (op.rhs, _splat_constant(op.lhs))]
+    elif isinstance(op, arith.DivfOp):
+        d = _splat_constant(op.rhs)
+        candidates = [(op.lhs, 1.0 / d if d else None)]
+    for value, c in candidates:
+        if c is not None and 0 < c < math.inf:
+            return value, c
     return x, 1.0
 
 
@@ -560,6 +565,7 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
         scaled = kb.em.value(value, value_map, ctx)
         x, scale = _positive_scale(scaled)
         _erase_unused(scaled, keep=x)
+        kb.em.forget_erased()
         if where is not None or tail:
             def masked():
                 keep = []

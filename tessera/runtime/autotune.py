@@ -2,7 +2,8 @@
 
 The first GPU call for a tuning key (the values of the `key` dims, the arguments' dtypes, constant
 arguments, the device and the code path) compiles every point of the search space, runs it once,
-checks its outputs against the point the space lists first, and times it with CUDA events
+checks its outputs against the first point that runs (the space's first values, unless the
+backend rejects them), and times it with CUDA events
 (median of `REPEATS` calls); the fastest point is kept in memory and in a JSON file under the
 cache directory, so later calls and later processes use it without timing anything. A point the
 backend rejects (too much shared memory, more warps than the tile has rows) or that computes
@@ -14,6 +15,7 @@ a wrong or half-read entry.
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import inspect
 import itertools
@@ -110,6 +112,9 @@ class TuningCache:
             text = self.path.read_text()
         except FileNotFoundError:
             return {}
+        except OSError as e:   # unreadable (permissions): tune without it, leave it alone
+            log.warning("autotune cache %s cannot be read (%s); tuning without it", self.path, e)
+            return {}
         try:
             data = json.loads(text)
             if not isinstance(data, dict) or not all(_is_entry(v) for v in data.values()):
@@ -122,18 +127,23 @@ class TuningCache:
             return {}
 
     def store(self, key: str, tuned: Tuned) -> None:
-        """Adds one entry, atomically (entries other processes wrote meanwhile are kept)."""
-        entries = self.load()
-        entries[key] = {"config": tuned.config, "ms": tuned.ms}
+        """Adds one entry: read, update and replace under an exclusive lock on a sidecar file, so
+        processes tuning other keys at the same time keep theirs; the replacement is atomic."""
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
-        try:
-            with os.fdopen(fd, "w") as f:
-                json.dump(entries, f, indent=1, sort_keys=True)
-            os.replace(tmp, self.path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        with open(self.path.with_suffix(self.path.suffix + ".lock"), "a") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            entries = self.load()
+            entries[key] = {"config": tuned.config, "ms": tuned.ms}
+            fd, tmp = tempfile.mkstemp(dir=self.path.parent, prefix=self.path.name, suffix=".tmp")
+            try:
+                with os.fdopen(fd, "w") as f:
+                    json.dump(entries, f, indent=1, sort_keys=True)
+                os.chmod(tmp, 0o644)   # mkstemp's 0600 would hide a cache directory shared by a team
+                os.replace(tmp, self.path)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+
 
 
 def _is_entry(v) -> bool:

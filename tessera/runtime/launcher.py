@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from ..errors import DTypeError, ShapeError
+from ..errors import DTypeError, ShapeError, TesseraError
 from . import driver, interop
 from .cache import CubinCache, functions
 
@@ -105,7 +105,7 @@ class GpuProgram:
                 self.steps.append(Step(kernel, tuple(tile.int_values(op.grid)), k.threads, k.dynamic_shared,
                                        tuple(index[a] for a in op.args), k.tensor_maps))
         self._tensor_maps: dict[tuple[int, TensorMapSpec], bytes] = {}
-        self._shapes = [*(b.shape for b in self.input_buffers), *(b.shape for b in self.outputs), *(b.shape for b in self.intermediates)]
+        self._shapes = [b.shape for b in (*self.input_buffers, *self.outputs, *self.intermediates)]
         self._torch_signature = None      # (tensor type, [(dtype, device)] per array), once a call validated
         self._per_thread = threading.local()
 
@@ -117,6 +117,8 @@ class GpuProgram:
         else:
             infos = interop.validate(dict(zip(self.arg_names, inputs)))
             self._check_compiled_for(infos, self.input_buffers)
+            if out is not None and len(out) != len(self.outputs):
+                raise TesseraError(f"{self.name}: out= takes {len(self.outputs)} array(s), got {len(out)}")
             outputs = list(out) if out is not None else [
                 interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.outputs]
             if out is not None:
@@ -188,11 +190,12 @@ class GpuProgram:
         """`driver.encode_tensor_map`, remembered: caching allocators hand a steady-state call the
         same addresses again, so it launches without re-encoding (a driver call per map)."""
         key = (ptr, spec)
-        if key not in self._tensor_maps:
+        encoded = self._tensor_maps.get(key)
+        if encoded is None:
             if len(self._tensor_maps) >= TENSOR_MAP_CACHE_SIZE:
                 self._tensor_maps.clear()
-            self._tensor_maps[key] = driver.encode_tensor_map(ptr, spec)
-        return self._tensor_maps[key]
+            encoded = self._tensor_maps[key] = driver.encode_tensor_map(ptr, spec)
+        return encoded   # (not re-read from the dict: another thread may clear it meanwhile)
 
 
 def current_stream(template, device: int) -> int:

@@ -256,7 +256,7 @@ def test_whole_tiles_share_one_predicate_per_copy():
     ptx, lines = _cp_async_lines(batched, dict(B=2, M=256, K=512, N=256))
     sizes = {line.rsplit(",", 1)[1] for line in lines}
     copies = ptx.count("cp.async.commit_group")
-    assert len(sizes) <= 2 * copies   # one size register per (A or B) copy, not one per chunk
+    assert len(sizes) == 2 * copies   # one size register per copy of A or of B, not one per chunk
     assert all(re.search(r"\[%r\d+(\+\d+)?\], \[%rd\d+\+\d+\]", line) for line in lines)
     assert not any(line.startswith("@") for line in lines)   # every thread's rows lie in the tile
 

@@ -322,7 +322,7 @@ def test_cupy_arrays_are_described(cuda_device):
     assert isinstance(out, cupy.ndarray) and out.dtype == np.float16
 
 
-def test_a_program_checks_every_call_after_its_first(torch_cuda, arch):
+def test_a_program_checks_every_call_after_its_first(torch_cuda, arch, monkeypatch):
     """Once a call validated, later calls of the same program take the fast path; each check it
     skips must still hold: a tensor that differs in layout, alignment, dtype or device falls back
     to full validation and its error, and the results stay right."""
@@ -337,9 +337,13 @@ def test_a_program_checks_every_call_after_its_first(torch_cuda, arch):
     fn = tsr.function(scale_add)
     program = fn.compile(fn.arg_specs_for(dict(M=64, N=128), "fp16"), arch=arch).gpu_program(0)
     x, y = (torch.randn(64, 128, device="cuda", dtype=torch.float16) for _ in range(2))
-    for _ in range(3):   # the first call learns, the next two take the fast path
-        (out,) = program(x, y)
-        torch.testing.assert_close(out, x * 2 + y)
+    (out,) = program(x, y)   # validated: the program learns the call's signature
+    torch.testing.assert_close(out, x * 2 + y)
+    with monkeypatch.context() as m:   # the next calls take the fast path: full validation is not reached
+        m.setattr(interop, "validate", lambda *a, **k: pytest.fail("fast path not taken"))
+        for _ in range(2):
+            (out,) = program(x, y)
+            torch.testing.assert_close(out, x * 2 + y)
     wide = torch.randn(128, 64, device="cuda", dtype=torch.float16)
     with pytest.raises(interop.LayoutError, match="argument 'y' must be contiguous"):
         program(x, wide.t())
@@ -354,3 +358,7 @@ def test_a_program_checks_every_call_after_its_first(torch_cuda, arch):
     out = torch.full_like(x, float("nan"))
     program(x, y, out=[out])
     torch.testing.assert_close(out, x * 2 + y)
+    with pytest.raises(tsr.TesseraError, match="out= takes 1 array"):
+        program(x, y, out=[])
+    with pytest.raises(tsr.TesseraError, match="argument 'out0'.*float32"):
+        program(x, y, out=[out.float()])

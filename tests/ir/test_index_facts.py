@@ -22,7 +22,10 @@ def test_multiples_through_arithmetic():
     assert index_facts.known_multiple(row.result) == 64
     assert index_facts.known_multiple(shifted.result) == 16          # gcd(64, 48)
     assert index_facts.known_multiple(pid.result) == 1
-    assert index_facts.known_multiple(c0.result) == index_facts.ANY_MULTIPLE
+    assert index_facts.known_multiple(c0.result) == 0                 # a multiple of everything
+    assert index_facts.known_multiple(arith.AddiOp(c0.result, c48.result).result) == 48
+    big = arith.MuliOp(const(3).result, const(357913942).result)      # past 2^30: still exact
+    assert index_facts.known_multiple(big.result) == 1073741826
 
 
 def test_signs_through_arithmetic():

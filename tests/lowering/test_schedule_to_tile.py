@@ -20,6 +20,11 @@ def scaled_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"
 
 
 @tsr.function
+def divided_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1]), dim=-1), v)
+
+
+@tsr.function
 def softcapped(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
     s = 30.0 * tsr.tanh(tsr.matmul(q, k.transpose(-2, -1)) * 0.125 / 30.0)
     return tsr.matmul(tsr.softmax(s, dim=-1), v)
@@ -43,12 +48,13 @@ def full_tiles(ops, kind):
     return [op for op in ops if isinstance(op, kind) and len(op.results[0].type.get_shape()) == 2]
 
 
-def test_scale_folds_into_one_fma_and_exp2_per_element():
-    ops = loop_ops(scaled_attention, 1024)
+@pytest.mark.parametrize("fn", [scaled_attention, divided_attention], ids=["times", "divided"])
+def test_scale_folds_into_one_fma_and_exp2_per_element(fn):
+    ops = loop_ops(fn, 1024)
     assert len(full_tiles(ops, mathd.FmaOp)) == 1 and len(full_tiles(ops, mathd.Exp2Op)) == 1
     assert not full_tiles(ops, mathd.ExpOp)
     # the score tile is not multiplied element by element (only the accumulator's rescale is)
-    assert len(full_tiles(ops, arith.MulfOp)) == 1
+    assert len(full_tiles(ops, arith.MulfOp)) == 1 and not full_tiles(ops, arith.DivfOp)
     assert not [op for op in ops if isinstance(op, tile.CmpiOp)]   # 1024 keys: every block is full
 
 
@@ -78,8 +84,8 @@ def test_score_mods_other_than_a_positive_scale_stay_as_written():
     assert len(full_tiles(ops, mathd.FmaOp)) == 1
 
 
-@pytest.mark.parametrize("fn", [scaled_attention, softcapped, causal_attention, recent_keys],
-                         ids=["scaled", "softcap", "causal", "recent"])
+@pytest.mark.parametrize("fn", [scaled_attention, divided_attention, softcapped, causal_attention, recent_keys],
+                         ids=["scaled", "divided", "softcap", "causal", "recent"])
 @pytest.mark.parametrize("s", [64, 100, 300])
 def test_folded_softmax_matches_numpy(fn, s):
     rng = np.random.default_rng(s)
