@@ -28,8 +28,9 @@ from xdsl.utils.exceptions import VerifyException
 #: Kernel templates, each with its default tiling and the space the autotuner searches.
 KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "flash_attention": (
-        {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2},
-        {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3]},
+        {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0},
+        {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
+         "qk_ahead": [0, 1]},
     ),
     "gemm": (
         {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8,
@@ -49,8 +50,10 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 }
 
 
-#: Params that switch a template feature on (1) or off (0) rather than size something.
-SWITCHES = frozenset({"mma_async"})
+#: Params that switch a template feature on (1) or off (0) rather than size something: `mma_async`
+#: leaves each GEMM step's (wgmma) mmas running while the next copies are issued; `qk_ahead` (with
+#: 3+ stages) has flash attention compute the next key block's scores before this block's P @ V.
+SWITCHES = frozenset({"mma_async", "qk_ahead"})
 
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
@@ -69,8 +72,11 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_ops", 0) > 2, {"block_n": 128}),
     ("flash_attention", lambda f: f.get("head_dim") == 128,
      {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}),
-    # Hopper-native attention: two warpgroups, each one 64-row wgmma slice of the 128 query rows
-    ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2, {"block_m": 128, "num_warps": 8}),
+    # Hopper-native attention: two warpgroups, each one 64-row wgmma slice of the 128 query rows; three
+    # stages let each iteration issue the next block's Q @ K^T before this block's P @ V, which then
+    # runs during the next softmax (wgmma is asynchronous)
+    ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2,
+     {"block_m": 128, "num_warps": 8, "num_stages": 3, "qk_ahead": 1}),
 ]
 
 
@@ -102,7 +108,7 @@ def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) ->
     if kind == "gemm":
         return tile(p["block_m"], p["block_k"], p["num_stages"]) + tile(p["block_k"], p["block_n"], p["num_stages"])
     if kind == "flash_attention":
-        d = features.get("head_dim", 128)
+        d = 1 << (features.get("head_dim", 128) - 1).bit_length()   # tiles span the head dim's power of two
         return tile(p["block_m"], d) + 2 * tile(p["block_n"], d, p["num_stages"])
     return 0
 

@@ -13,7 +13,7 @@ from typing import Callable
 
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
-from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, ModuleOp, f32, i1
+from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, ModuleOp, f32, i1, i32
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from ..errors import TesseraError
@@ -123,10 +123,11 @@ def _broadcast_rows(b: Builder, row: SSAValue, shape) -> SSAValue:
     return b(t.BroadcastOp(row, (0,), shape))
 
 
-def _col_mask(kb: KernelBuild, c0: SSAValue, width: int, limit: int, shape) -> SSAValue:
+def _col_mask(kb: KernelBuild, c0: SSAValue, width: int, limit: int | SSAValue, shape) -> SSAValue:
     """i1 tile: column index < limit (masks the tail of the last column block)."""
     cols = kb.b(t.ArangeOp(c0, width))
-    lim = kb.b.splat(kb.b.i32(limit), [width])
+    scalar = kb.b.i32(limit) if isinstance(limit, int) else kb.b(arith.IndexCastOp(limit, i32))
+    lim = kb.b.splat(scalar, [width])
     ok = compare(kb.b, cols, lim, "slt")
     return kb.b(t.BroadcastOp(ok, (1,), shape))
 
@@ -468,6 +469,54 @@ def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[O
     return results
 
 
+def _pipelined_loop_ahead(kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
+                          step_size: int, fixed: dict[str, SSAValue], scalars, inits, head, body):
+    """The pipeline of `_pipelined_loop` (3+ stages) for a loop whose iteration i reads step i + 1's
+    first operand and step i's second: flash attention computing block i + 1's scores (Q @ K) before
+    block i's P @ V, so that on a GPU with asynchronous mmas (wgmma) P @ V runs while the next
+    softmax does. The prologue issues steps first..first+stages-2, waits for step first and runs
+    `head(first, step first's first tile, *inits)`, which returns the loop's state. Iteration i waits for step
+    i + 1 (the wait and barrier publish it) and calls `body(i, step i+1's first tile, step i's second
+    tile, refill, *state)`; `refill()` waits until only the mma just issued runs (so the previous
+    iteration's mmas, the last readers of stage (i - 1) % stages, are done in this thread), meets a
+    barrier (in every thread) and issues step i + stages - 1 into that stage. The mmas still
+    running are waited for after the loop."""
+    first, end = (kb.b.index(x) if isinstance(x, int) else x for x in steps)
+    smem = [kb.b(t.AllocSharedOp([stages, *o.shape], g.tensor_type(o.value).element)) for o in operands]
+
+    def stage_of(step: SSAValue) -> SSAValue:
+        return kb.b(arith.RemSIOp(step, kb.b.index(stages)))
+
+    def issue(step: SSAValue):
+        offset = kb.b(arith.MuliOp(step, kb.b.index(step_size)))
+        stage = stage_of(step)
+        for o, buf in zip(operands, smem):
+            _copy(kb, o, buf, stage, {**fixed, inner_axis: offset}, scalars)
+        kb.b(t.AsyncCommitOp())
+
+    for i in range(stages - 1):
+        issue(kb.b(arith.AddiOp(first, kb.b.index(i))))
+    kb.b(t.AsyncWaitOp(stages - 2))
+    kb.b(t.BarrierOp())
+    state = head(first, kb.b(t.LoadSharedOp(smem[0], stage_of(first))), *inits)
+
+    def loop_body(iv, *carried):
+        nxt = kb.b(arith.AddiOp(iv, kb.b.index(1)))
+        kb.b(t.AsyncWaitOp(stages - 3))
+        kb.b(t.BarrierOp())
+        k_next = kb.b(t.LoadSharedOp(smem[0], stage_of(nxt)))
+        v_tile = kb.b(t.LoadSharedOp(smem[1], stage_of(iv)))
+
+        def refill():
+            kb.b(t.MmaWaitOp(1))
+            kb.b(t.BarrierOp())
+            issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
+        return body(iv, k_next, v_tile, refill, *carried)
+    results = _for(kb.b, first, end, 1, state, loop_body)
+    kb.b(t.MmaWaitOp(0))
+    return results
+
+
 # --- gemm --------------------------------------------------------------------------------------------
 
 def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
@@ -553,12 +602,15 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     where = sm.input.owner if bounds != ColumnBounds(None, None) else None   # where(cond, s, -inf)
     tail = sizes["n"] % tile["n"] != 0   # the last key block is partial
 
-    def compute(iv, tiles, acc, m_i, l_i):
-        k_tile, v_tile = tiles
+    def scores(k_tile):
+        return kb.b(t.MmaOp(q_tile, k_tile, kb.b.full(0.0, shape), transpose_b=operand_layout(k, ("d", "n"))))
+
+    def masked(iv, s, key_limit):
+        """The score mods applied to key block iv's scores `s`: (x, c) with softmax input = c * x, and
+        x masked (to -inf) only in a block the mask, or `key_limit` (columns past it), cuts."""
         n0 = kb.mul(iv, tile["n"])
-        scores = kb.b(t.MmaOp(q_tile, k_tile, kb.b.full(0.0, shape), transpose_b=operand_layout(k, ("d", "n"))))
         ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
-        kb.em.overrides[m1.res] = scores
+        kb.em.overrides[m1.res] = s
         value, value_map = sm.input, p_map
         if where is not None:   # the scores the mask keeps, masked below only where it masks some
             value, value_map = where.inputs[1], operand_maps(where, p_map, kb.bindings)[1]
@@ -566,30 +618,64 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
         x, scale = _positive_scale(scaled)
         _erase_unused(scaled, keep=x)
         kb.em.forget_erased()
-        if where is not None or tail:
-            def masked():
-                keep = []
-                if where is not None:
-                    cond = kb.em.value(where.inputs[0], operand_maps(where, p_map, kb.bindings)[0], ctx)
-                    keep.append(convert(kb.b, cond, i1))
-                if tail:
-                    keep.append(_col_mask(kb, n0, tile["n"], sizes["n"], shape))
-                keep_all = keep[0] if len(keep) == 1 else kb.b(arith.AndIOp(keep[0], keep[1]))
-                return [select(kb.b, keep_all, x, kb.b.full(-math.inf, shape))]
-            inside = _block_unmasked(kb, n0, m0, tile, bounds if where is not None else None,
-                                     sizes["n"] if tail else None)
-            (x,) = _if(kb.b, inside, lambda: [x], masked)
+        if where is None and key_limit is None:
+            return x, scale
+
+        def mask():
+            keep = []
+            if where is not None:
+                cond = kb.em.value(where.inputs[0], operand_maps(where, p_map, kb.bindings)[0], ctx)
+                keep.append(convert(kb.b, cond, i1))
+            if key_limit is not None:
+                keep.append(_col_mask(kb, n0, tile["n"], key_limit, shape))
+            keep_all = keep[0] if len(keep) == 1 else kb.b(arith.AndIOp(keep[0], keep[1]))
+            return [select(kb.b, keep_all, x, kb.b.full(-math.inf, shape))]
+        inside = _block_unmasked(kb, n0, m0, tile, bounds if where is not None else None, key_limit)
+        (x,) = _if(kb.b, inside, lambda: [x], mask)
+        return x, scale
+
+    def absorb(x, scale, m_i, l_i):
+        """Online softmax of one block: (new max, new sum, rescale factor, probabilities in f32)."""
         m_new, alpha, probs = _softmax_step(kb, x, m_i, shape, scale)
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(probs, "sum", 1))))
+        return m_new, l_new, alpha, probs
+
+    def stored(probs):
+        """The probabilities in V's element type, as P @ V takes them."""
+        return to_storage(kb.b, probs, g.tensor_type(m2.rhs).dtype)
+
+    def accumulate(acc, alpha, probs, v_tile):
         acc = kb.b(arith.MulfOp(acc, _broadcast_rows(kb.b, alpha, [tile["m"], tile["e"]])))
-        probs = to_storage(kb.b, probs, g.tensor_type(m2.rhs).dtype)
-        acc = kb.b(t.MmaOp(probs, v_tile, acc, transpose_b=operand_layout(v, ("n", "e"))))
-        return [acc, m_new, l_new]
+        return kb.b(t.MmaOp(probs, v_tile, acc, transpose_b=operand_layout(v, ("n", "e"))))
 
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
     steps = _key_blocks(kb, bounds, m0, tile, sizes["n"])
-    acc, _, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"],
-                                  {"d": zero, "e": zero}, scalars, inits, compute)
+    fixed = {"d": zero, "e": zero}
+    if p.get("qk_ahead") and p["num_stages"] >= 3:
+        key_limit = _key_limit(kb, steps[1], tile["n"], sizes["n"])
+
+        def head(iv, k_tile, acc, m_i, l_i):
+            m_new, l_new, alpha, probs = absorb(*masked(iv, scores(k_tile), key_limit), m_i, l_i)
+            return [acc, m_new, l_new, alpha, stored(probs)]
+
+        def ahead(iv, k_next, v_tile, refill, acc, m_i, l_i, alpha, probs):
+            s_next = scores(k_next)          # block iv + 1's scores, issued before block iv's P @ V
+            refill()
+            acc = accumulate(acc, alpha, probs, v_tile)
+            kb.b(t.MmaWaitOp(1))             # block iv + 1's scores have landed; P @ V may still run ...
+            m_new, l_new, alpha, probs = absorb(*masked(kb.b(arith.AddiOp(iv, kb.b.index(1))), s_next, key_limit),
+                                                m_i, l_i)
+            kb.b(t.MmaWaitOp(0))             # ... through this softmax, not past it: the next P replaces
+            return [acc, m_new, l_new, alpha, stored(probs)]   # the registers P @ V reads
+        acc, _, l_i, _, _ = _pipelined_loop_ahead(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed,
+                                                  scalars, inits, head, ahead)
+    else:
+        def compute(iv, tiles, acc, m_i, l_i):
+            k_tile, v_tile = tiles
+            m_new, l_new, alpha, probs = absorb(*masked(iv, scores(k_tile), sizes["n"] if tail else None), m_i, l_i)
+            return [accumulate(acc, alpha, stored(probs), v_tile), m_new, l_new]
+        acc, _, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed, scalars, inits,
+                                      compute)
     inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [tile["m"]]), l_i))   # one division per row, not per element
     out = kb.b(arith.MulfOp(acc, _broadcast_rows(kb.b, inv_l, [tile["m"], tile["e"]])))
     ctx = TileCtx({"m": (m0, tile["m"]), "e": (zero, tile["e"])}, scalars)
@@ -598,8 +684,16 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     return grid
 
 
+def _key_limit(kb: KernelBuild, end: int | SSAValue, bn: int, n_keys: int) -> int | SSAValue:
+    """Columns below min(n_keys, end * BN) are real keys a loop over blocks [.., end) reads; a block
+    read past `end` (scores computed one block ahead) is masked whole."""
+    if isinstance(end, int):
+        return min(n_keys, end * bn)
+    return kb.b(arith.MinSIOp(kb.mul(end, bn), kb.b.index(n_keys)))
+
+
 def _block_unmasked(kb: KernelBuild, n0: SSAValue, m0: SSAValue, tile: dict[str, int],
-                    bounds: ColumnBounds | None, n_keys: int | None) -> SSAValue:
+                    bounds: ColumnBounds | None, n_keys: int | SSAValue | None) -> SSAValue:
     """i1: every column of key block [n0, n0 + BN) is inside the mask's bounds for every query row
     of [m0, m0 + BM), and inside the `n_keys` keys (None: no such limit), so no element is masked."""
     b, bm, bn = kb.b, tile["m"], tile["n"]
@@ -609,7 +703,8 @@ def _block_unmasked(kb: KernelBuild, n0: SSAValue, m0: SSAValue, tile: dict[str,
     if bounds is not None and bounds.lower is not None:   # n0 >= m0 + BM - 1 + lower
         tests.append(b(t.CmpiOp(n0, b(arith.AddiOp(m0, b.index(bm - 1 + bounds.lower))), "sge")))
     if n_keys is not None:                                # n0 + BN <= n_keys
-        tests.append(b(t.CmpiOp(b(arith.AddiOp(n0, b.index(bn))), b.index(n_keys), "sle")))
+        limit = b.index(n_keys) if isinstance(n_keys, int) else n_keys
+        tests.append(b(t.CmpiOp(b(arith.AddiOp(n0, b.index(bn))), limit, "sle")))
     inside = tests[0]
     for test in tests[1:]:
         inside = b(arith.AndIOp(inside, test))

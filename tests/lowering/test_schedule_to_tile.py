@@ -38,8 +38,10 @@ def recent_keys(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v:
     return tsr.matmul(tsr.softmax(tsr.where(i[None, :] >= i[:, None] - 40, s, -math.inf), dim=-1), v)
 
 
-def loop_ops(fn, s):
-    compiled = fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=s, D=64), "fp16"), arch="sm_90a")
+def loop_ops(fn, s, path="ampere"):
+    """The ops of the attention kernel's key-block loop (the mma.sync path's: one block per step;
+    `path="native"` gives the sm_90a loop, which computes the next block's scores ahead)."""
+    compiled = fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=s, D=64), "fp16"), arch="sm_90a", path=path)
     (loop,) = [op for op in compiled.modules["tile"].walk() if isinstance(op, scf.ForOp)]
     return [op for op in loop.body.block.ops]
 
@@ -56,6 +58,21 @@ def test_scale_folds_into_one_fma_and_exp2_per_element(fn):
     # the score tile is not multiplied element by element (only the accumulator's rescale is)
     assert len(full_tiles(ops, arith.MulfOp)) == 1 and not full_tiles(ops, arith.DivfOp)
     assert not [op for op in ops if isinstance(op, tile.CmpiOp)]   # 1024 keys: every block is full
+
+
+def test_native_loop_computes_the_next_scores_before_this_blocks_p_at_v():
+    """Block i + 1's Q @ K^T is issued first; the wait for one mma group retires it while P @ V runs
+    through the softmax; P @ V is waited for before the next P is written; the block past the last
+    one is masked whole (the branch's other side takes the scores as they are)."""
+    ops = loop_ops(scaled_attention, 1024, path="native")
+    def step(op):
+        if isinstance(op, tile.MmaWaitOp):
+            return ("wait", op.pending.value.data)
+        return ("mma", "scores" if isinstance(op.a.owner, tile.LoadSharedOp) else "P @ V")
+    order = [step(op) for op in ops if isinstance(op, (tile.MmaOp, tile.MmaWaitOp))]
+    assert order == [("mma", "scores"), ("wait", 1), ("mma", "P @ V"), ("wait", 1), ("wait", 0)]
+    unmasked, masked = masking_branch(ops)
+    assert len(unmasked) == 1 and [op for op in masked if isinstance(op, tile.SelectOp)]
 
 
 def masking_branch(ops):

@@ -35,7 +35,7 @@ from xdsl.dialects.builtin import (
     MemRefType,
     TensorType,
 )
-from xdsl.ir import Attribute, Block, Operation, SSAValue
+from xdsl.ir import Attribute, Block, BlockArgument, Operation, SSAValue
 
 from ... import platforms
 from ...errors import TesseraError
@@ -378,12 +378,34 @@ def _binary(template_f: str | None, template_i: str | None = None, template_p: s
         if template is None:
             raise UnsupportedByBackend(f"PTX backend: {op.name} on {ty.op}")
 
+        carried = _updatable_in_place(e, op)
+        if carried is not None:
+            others = e._as_list(op.operands[1], len(carried))
+            for r, b in zip(carried, others):
+                e.emit(template.format(r=r, a=r, b=b, t=ty.op))
+            e.env[op.results[0]] = list(carried)
+            return
+
         def build(args):
             r = e.new(ty)
             e.emit(template.format(r=r, a=args[0], b=args[1], t=ty.op))
             return r
         e.elementwise(op, build)
     return handle
+
+
+def _updatable_in_place(e: KernelEmitter, op) -> list[str] | None:
+    """The registers of `op`'s first operand when `op` may overwrite them: a tile a loop carries
+    (an iteration argument), of the result's type, that nothing else reads. Then a wgmma that
+    accumulates into the result updates the loop's own registers, and the loop carries them to
+    the next iteration without copies (copying an accumulator a wgmma is still writing would make
+    ptxas serialize the wgmmas)."""
+    x, result = op.operands[0], op.results[0]
+    if not (is_tile(result) and isinstance(x, BlockArgument) and x.index > 0
+            and isinstance(x.block.parent_op(), scf.ForOp) and x.type == result.type and len(list(x.uses)) == 1):
+        return None
+    regs = e.env.get(x)
+    return regs if isinstance(regs, list) and len(set(regs)) == len(regs) else None
 
 
 def _signed_or_not(instr: str):

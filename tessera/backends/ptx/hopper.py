@@ -362,11 +362,12 @@ def _defined_in_block_of(v, op) -> bool:
 def _waited_for_later(op: tgt.TensorCoreOp) -> bool:
     """Whether a `sync scope = "mma_group"` follows `op` in its block before anything there reads
     its result; if not, the wgmma is waited for where it is issued."""
+    readers = [use.operation for use in op.result.uses if not isinstance(use.operation, scf.YieldOp)]
     nxt = op.next_op
     while nxt is not None:
         if isinstance(nxt, tgt.SyncOp) and nxt.scope.data == "mma_group":
             return True
-        if op.result in nxt.operands and not isinstance(nxt, scf.YieldOp):
+        if any(r is nxt or nxt.is_ancestor(r) for r in readers):   # read here, or in a region of it
             return False
         nxt = nxt.next_op
     return False
