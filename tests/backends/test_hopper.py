@@ -59,3 +59,16 @@ def test_without_tensor_cores_the_native_path_is_not_taken():
     compiled = gemm.compile(gemm.arg_specs_for(dict(M=512, K=512, N=512), "fp16"), arch="sm_90a",
                             tensor_cores=False)
     assert 'mechanism = "tma"' not in compiled.ir("target")
+
+
+def test_copies_past_the_loop_are_drained_after_it():
+    """Flash attention reading one key block ahead (qk_ahead) waits for all wgmmas inside its loop
+    too; the drain of copies the loop issued but never read must come after the loop, not at that
+    wait: there it would consume a phase the next iteration waits for, and the block would hang."""
+    compiled = attention.compile(attention.arg_specs_for(dict(B=1, H=1, S=1000, D=64), "fp16"), arch="sm_90a")
+    assert "qk_ahead = 1" in compiled.ir("schedule")
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    lines = kernel.ptx.splitlines()
+    loop_end = max(i for i, line in enumerate(lines) if re.match(r"\$L_done_\d+:", line))
+    drains = [i for i, line in enumerate(lines) if re.match(r"\$L_drained_\d+:", line)]
+    assert drains and min(drains) > loop_end

@@ -31,7 +31,7 @@ from dataclasses import dataclass, field
 
 from xdsl.dialects import arith, scf
 from xdsl.dialects.builtin import FloatAttr
-from xdsl.ir import BlockArgument
+from xdsl.ir import BlockArgument, Operation
 
 from ...ir import target as tgt
 from ...ir import tile as t
@@ -374,9 +374,21 @@ def _waited_for_later(op: tgt.TensorCoreOp) -> bool:
 
 
 def _wait_mmas(e: KernelEmitter, op: tgt.SyncOp) -> None:
+    """Waits for all but `pending` wgmma groups; the first wait for all of them outside any loop or
+    branch also drains the copies still in flight (one inside a loop would, every iteration, consume
+    the phase of a stage the next iteration waits for, and hang the block)."""
     e.emit(f"wgmma.wait_group.sync.aligned {op.pending.value.data};")
-    if op.pending.value.data == 0 and "tma" in e.state:
+    if op.pending.value.data == 0 and "tma" in e.state and not _inside_control_flow(op):
         _drain(e)
+
+
+def _inside_control_flow(op: Operation) -> bool:
+    parent = op.parent_op()
+    while parent is not None:
+        if isinstance(parent, (scf.ForOp, scf.IfOp)):
+            return True
+        parent = parent.parent_op()
+    return False
 
 
 BUFFERS["tma"] = TmaBuffer
