@@ -2,7 +2,8 @@
 
     python3 bench/sweep.py [--only attention|gemm] [--path native|ampere] [--grid JSON] [--out DIR]
 
-`--grid '{"block_m": [128, 256], "num_stages": [3, 4]}'` replaces the GEMM grid's lists it names.
+`--grid '{"block_m": [128, 256], "num_stages": [3, 4]}'` replaces the lists it names in the grid of each
+kind swept (use it with --only).
 
 Each variant is checked against torch before it is timed (median, triton.testing.do_bench).
 """
@@ -61,14 +62,14 @@ def main(argv=None) -> int:
     parser.add_argument("--out", default=os.environ.get("OUT", "bench/results"))
     parser.add_argument("--only", choices=["attention", "gemm"], help="sweep one kernel kind")
     parser.add_argument("--path", choices=["native", "ampere"], default="native", help="code path (default native)")
-    parser.add_argument("--grid", type=json.loads, default={}, help="GEMM grid lists to use instead (JSON)")
+    parser.add_argument("--grid", type=json.loads, default={}, help="grid lists to use instead (JSON)")
     args = parser.parse_args(argv)
     rows: list[dict] = []
     for d in (64, 128) if args.only in (None, "attention") else ():
         q, k, v = (torch.randn(16, 12, 2048, d, device="cuda", dtype=torch.float16) for _ in range(3))
         ref = torch.nn.functional.scaled_dot_product_attention(q, k, v)
         sweep(f"attention S=2048 D={d}", attention, (q, k, v), ref,
-              dict(block_m=[64, 128], block_n=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3]),
+              {**dict(block_m=[64, 128], block_n=[32, 64, 128], num_warps=[4, 8], num_stages=[2, 3]), **args.grid},
               4 * 16 * 12 * 2048 * 2048 * d, rows)
     a, b = (torch.randn(4096, 4096, device="cuda", dtype=torch.float16) for _ in range(2))
     gemm_grids = {

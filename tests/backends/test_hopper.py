@@ -65,7 +65,8 @@ def test_copies_past_the_loop_are_drained_after_it():
     """Flash attention reading one key block ahead (qk_ahead) waits for all wgmmas inside its loop
     too; the drain of copies the loop issued but never read must come after the loop, not at that
     wait: there it would consume a phase the next iteration waits for, and the block would hang."""
-    compiled = attention.compile(attention.arg_specs_for(dict(B=1, H=1, S=1000, D=64), "fp16"), arch="sm_90a")
+    ahead = tsr.function(attention.fn, space=dict(num_stages=[3], qk_ahead=[1]))
+    compiled = ahead.compile(ahead.arg_specs_for(dict(B=1, H=1, S=1000, D=64), "fp16"), arch="sm_90a")
     assert "qk_ahead = 1" in compiled.ir("schedule")
     (kernel,) = emit_module(compiled.modules["target"]).values()
     lines = kernel.ptx.splitlines()

@@ -242,6 +242,16 @@ def test_native_attention_uses_wgmma_and_tma(torch_cuda, hopper, fn, s, d, dtype
     check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), dtype, torch)
 
 
+@pytest.mark.parametrize("fn,s,d", [(attention, 1000, 64), (causal, 4097, 128), (causal, 129, 64)])
+def test_native_attention_scores_one_block_ahead(torch_cuda, hopper, fn, s, d):
+    """The three-stage schedule that issues block i + 1's Q @ K^T before block i's P @ V (qk_ahead,
+    in the autotuner's space): several key blocks, a partial last one, and causal blocks skipped."""
+    torch = torch_cuda
+    (q, k, v), (out,) = run(fn, dict(B=2, H=3, S=s, D=d), "fp16", torch, path="native", expect="wgmma",
+                            space=dict(num_stages=[3], qk_ahead=[1]))
+    check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), "fp16", torch)
+
+
 def test_alibi_softcap_attention(torch_cuda):
     torch = torch_cuda
     dims = dict(B=2, H=4, S=333, D=64)

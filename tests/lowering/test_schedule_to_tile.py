@@ -38,10 +38,11 @@ def recent_keys(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v:
     return tsr.matmul(tsr.softmax(tsr.where(i[None, :] >= i[:, None] - 40, s, -math.inf), dim=-1), v)
 
 
-def loop_ops(fn, s, path="ampere"):
-    """The ops of the attention kernel's key-block loop (the mma.sync path's: one block per step;
-    `path="native"` gives the sm_90a loop, which computes the next block's scores ahead)."""
-    compiled = fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=s, D=64), "fp16"), arch="sm_90a", path=path)
+def loop_ops(fn, s, path="ampere", **space):
+    """The ops of the attention kernel's key-block loop (the mma.sync path's unless `path="native"`),
+    with the schedule `space` pins (e.g. qk_ahead=[1]: the next block's scores computed ahead)."""
+    compiled = fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=s, D=64), "fp16"), arch="sm_90a", path=path,
+                          **({"space": space} if space else {}))
     (loop,) = [op for op in compiled.modules["tile"].walk() if isinstance(op, scf.ForOp)]
     return [op for op in loop.body.block.ops]
 
@@ -64,7 +65,7 @@ def test_native_loop_computes_the_next_scores_before_this_blocks_p_at_v():
     """Block i + 1's Q @ K^T is issued first; the wait for one mma group retires it while P @ V runs
     through the softmax; P @ V is waited for before the next P is written; the block past the last
     one is masked whole (the branch's other side takes the scores as they are)."""
-    ops = loop_ops(scaled_attention, 1024, path="native")
+    ops = loop_ops(scaled_attention, 1024, path="native", num_stages=[3], qk_ahead=[1])
     def step(op):
         if isinstance(op, tile.MmaWaitOp):
             return ("wait", op.pending.value.data)
