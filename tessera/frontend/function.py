@@ -3,7 +3,9 @@
 A `Function` compiles lazily, once per call signature (shapes, dtypes,
 constant arguments, target), and keeps the result in an in-memory cache, so
 the steady-state call path is a dict lookup plus the launch: no tracing and no
-xDSL work.
+xDSL work. On CUDA tensors a call first looks up the GPU program an earlier
+call of the same signature ran (`_gpu_call_key`), skipping the argument
+split, the device query and the compile-cache key.
 """
 from __future__ import annotations
 
@@ -73,6 +75,7 @@ class Function:
         self.tuner = None      # an Autotuner, for @kernel.autotune: GPU calls then use its choice
         self._cache: dict[tuple, Any] = {}
         self._tuned: dict[tuple, dict] = {}   # call signature -> the tuner's schedule
+        self._programs: dict[tuple, tuple] = {}   # GPU call key -> (program, tensor positions, out positions)
 
     # --- specialisation ------------------------------------------------------------
     def _split_args(self, args: Sequence) -> tuple[list, dict[str, Any]]:
@@ -192,13 +195,42 @@ class Function:
         stream = launcher.current_stream(inputs[0], device)
         return statistics.median(driver.time_calls(lambda: program(*inputs), stream, autotune.REPEATS))
 
+    @staticmethod
+    def _gpu_call_key(args, options: dict) -> tuple | None:
+        """What decides the program a call on CUDA tensors runs, read cheaply: each CUDA tensor's
+        shape, dtype and device, each other argument's type and value, and the options; None when
+        one of them cannot be a dict key (a NumPy array, a `space` dict). The program still checks
+        every tensor it is given (layout, alignment) before launching."""
+        key = (tuple((x.shape, x.dtype, x.device) if getattr(x, "is_cuda", False) else (type(x), x) for x in args),
+               tuple(options.items()))
+        try:
+            hash(key)
+        except TypeError:
+            return None
+        return key
+
+    def _remember_program(self, key, program, tensors, out_names=()) -> None:
+        """After a GPU call on the slow path: its program, for later calls with the same key."""
+        if key is None:
+            return
+        names = list(self.signature.parameters)
+        self._programs[key] = (program, tuple(names.index(n) for n, _ in tensors),
+                               tuple(names.index(n) for n in out_names))
+
     def __call__(self, *args, **options):
+        key = self._gpu_call_key(args, options)
+        known = self._programs.get(key) if key is not None else None
+        if known is not None:
+            program, inputs, _ = known
+            outs = program(*[args[i] for i in inputs])
+            return outs[0] if len(outs) == 1 else tuple(outs)
         tensors, constants = self._split_args(args)
         if any(_on_gpu(x) for _, x in tensors):
             device, options = _gpu_options(tensors, options)
             options = self._tuned_options(tensors, constants, options, device)
-            compiled = self._compiled_for(tensors, constants, options)
-            outs = compiled.gpu_program(device)(*[x for _, x in tensors])
+            program = self._compiled_for(tensors, constants, options).gpu_program(device)
+            outs = program(*[x for _, x in tensors])
+            self._remember_program(key, program, tensors)
         else:
             compiled = self._compiled_for(tensors, constants, options)
             outs = compiled.run(*[_to_numpy(x) for _, x in tensors])
@@ -211,13 +243,21 @@ class Kernel(Function):
     writes_outputs = True
 
     def __call__(self, *args, **options):
+        key = self._gpu_call_key(args, options)
+        known = self._programs.get(key) if key is not None else None
+        if known is not None:
+            program, inputs, outs = known
+            program(*[args[i] for i in inputs], out=[args[i] for i in outs])
+            return None
         tensors, constants = self._split_args(args)
         arrays = {n: x for n, x in tensors}
         if any(_on_gpu(x) for _, x in tensors):
             device, options = _gpu_options(tensors, options)
             options = self._tuned_options(tensors, constants, options, device)
             compiled = self._compiled_for(tensors, constants, options)
-            compiled.gpu_program(device)(*[x for _, x in tensors], out=[arrays[n] for n in compiled.result_names])
+            program = compiled.gpu_program(device)
+            program(*[x for _, x in tensors], out=[arrays[n] for n in compiled.result_names])
+            self._remember_program(key, program, tensors, compiled.result_names)
             return None
         compiled = self._compiled_for(tensors, constants, options)
         outs = compiled.run(*[_to_numpy(x) for _, x in tensors])

@@ -204,10 +204,12 @@ def primary_context(device: Device | int = 0):
     Setting it current is per thread, so every entry point here calls this.
     """
     ordinal = _ordinal(device)
-    with _contexts_lock:
-        if ordinal not in _contexts:
-            _contexts[ordinal] = _call("cuDevicePrimaryCtxRetain", Device(ordinal).handle)
-        context = _contexts[ordinal]
+    context = _contexts.get(ordinal)
+    if context is None:
+        with _contexts_lock:
+            if ordinal not in _contexts:
+                _contexts[ordinal] = _call("cuDevicePrimaryCtxRetain", Device(ordinal).handle)
+            context = _contexts[ordinal]
     _call("cuCtxSetCurrent", context)
     return context
 

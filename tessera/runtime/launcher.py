@@ -127,7 +127,7 @@ class GpuProgram:
             temps = [interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.intermediates]
             pointers = [i.data_ptr for i in infos.values()] + [interop.data_pointer(x) for x in outputs + temps]
             self._learn_torch_signature(inputs, outputs, temps)
-        stream = current_stream(inputs[0], self.device)
+        stream = driver.current_torch_stream(self.device) if fast is not None else current_stream(inputs[0], self.device)
         driver.primary_context(self.device)
         for step, prepared in zip(self.steps, self._prepared_launches()):
             prepared(stream, launch_args(step, pointers, self._tensor_map))

@@ -362,3 +362,30 @@ def test_a_program_checks_every_call_after_its_first(torch_cuda, arch, monkeypat
         program(x, y, out=[])
     with pytest.raises(tsr.TesseraError, match="argument 'out0'.*float32"):
         program(x, y, out=[out.float()])
+
+
+def test_a_function_reruns_the_program_of_an_earlier_identical_call(torch_cuda, arch, monkeypatch):
+    """A @function called again with CUDA tensors of the same shapes, dtypes and device, the same
+    numbers and options, launches the program the first call compiled without splitting arguments
+    or building the compile key; anything else (a new shape, a new constant) takes the full path,
+    and a tensor the program cannot take still gets the program's named error."""
+    import tessera as tsr
+    from tessera import Tensor
+    from tessera.frontend import function as function_module
+
+    torch = torch_cuda
+
+    def scale_add(x: Tensor["M", "N"], y: Tensor["M", "N"], c: float):
+        return x * c + y
+
+    fn = tsr.function(scale_add)
+    x, y = (torch.randn(64, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    torch.testing.assert_close(fn(x, y, 2.0), x * 2 + y)
+    with monkeypatch.context() as m:
+        m.setattr(function_module, "_gpu_options", lambda *a: pytest.fail("the remembered program was not used"))
+        torch.testing.assert_close(fn(x, y, 2.0), x * 2 + y)
+        with pytest.raises(interop.LayoutError, match="argument 'y' must be contiguous"):
+            fn(x, torch.randn(128, 64, device="cuda", dtype=torch.float16).t(), 2.0)
+    torch.testing.assert_close(fn(x, y, 0.5), x * 0.5 + y)          # another constant: another program
+    torch.testing.assert_close(fn(x[:32], y[:32], 2.0), x[:32] * 2 + y[:32])
+    assert len(fn._programs) == 3
