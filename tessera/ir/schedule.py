@@ -28,15 +28,16 @@ from xdsl.utils.exceptions import VerifyException
 #: Kernel templates, each with its default tiling and the space the autotuner searches.
 KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "flash_attention": (
-        {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0},
+        {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0, "warp_specialize": 0},
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
-         "qk_ahead": [0, 1]},
+         "qk_ahead": [0, 1], "warp_specialize": [0, 1]},
     ),
     "gemm": (
         {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8,
-         "mma_async": 0},
+         "mma_async": 0, "warp_specialize": 0},
         {"block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64],
-         "num_warps": [4, 8], "num_stages": [2, 3, 4], "group_m": [1, 4, 8, 16], "mma_async": [0, 1]},
+         "num_warps": [4, 8], "num_stages": [2, 3, 4], "group_m": [1, 4, 8, 16], "mma_async": [0, 1],
+         "warp_specialize": [0, 1]},
     ),
     "row_reduction": (
         {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1},
@@ -52,8 +53,10 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 
 #: Params that switch a template feature on (1) or off (0) rather than size something: `mma_async`
 #: leaves each GEMM step's (wgmma) mmas running while the next copies are issued; `qk_ahead` (with
-#: 3+ stages) has flash attention compute the next key block's scores before this block's P @ V.
-SWITCHES = frozenset({"mma_async", "qk_ahead"})
+#: 3+ stages) has flash attention compute the next key block's scores before this block's P @ V;
+#: `warp_specialize` adds a producer warpgroup that alone issues the (TMA) copies, so the warps
+#: computing never wait for each other, only for data (ignored where copies are not TMA's).
+SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize"})
 
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.

@@ -368,16 +368,20 @@ class KernelOp(IRDLOperation):
     config = prop_def(KernelConfigAttr)
     platform = prop_def(PlatformAttr)
     opt_level = opt_prop_def(IntegerAttr)
+    producer_warps = opt_prop_def(IntegerAttr)   # of the config's block: warps that only issue copies
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
 
-    KEYWORDS: ClassVar[_Keywords] = (("config", ATTR), ("platform", ATTR), ("opt_level", INT))
+    KEYWORDS: ClassVar[_Keywords] = (("config", ATTR), ("platform", ATTR), ("opt_level", INT),
+                                     ("producer_warps", INT))
 
     def __init__(self, name: str, arg_types: Sequence[Attribute], config: KernelConfigAttr,
-                 platform: PlatformAttr, body: Region | None = None, opt_level: int | None = None):
+                 platform: PlatformAttr, body: Region | None = None, opt_level: int | None = None,
+                 producer_warps: int | None = None):
         super().__init__(
             properties={"sym_name": StringAttr(name), "function_type": FunctionType.from_lists(arg_types, []),
-                        **_props(KernelOp, config=config, platform=platform, opt_level=opt_level)},
+                        **_props(KernelOp, config=config, platform=platform, opt_level=opt_level,
+                                 producer_warps=producer_warps)},
             regions=[body if body is not None else Region(Block(arg_types=arg_types))])
 
     def verify_(self) -> None:

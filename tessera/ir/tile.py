@@ -223,6 +223,12 @@ class KernelOp(IRDLOperation):
         return cls(name, FunctionType.from_lists([a.type for a in args], []), body, num_warps, num_stages, attrs)
 
 
+#: A tile.kernel attribute: warps added to the kernel's `num_warps` that only issue its copies (a
+#: warp-specialized kernel, on a target whose copies are asynchronous bulk copies); one warpgroup.
+PRODUCER_WARPS = "producer_warps"
+WARPGROUP_WARPS = 4
+
+
 @irdl_op_definition
 class ReturnOp(IRDLOperation):
     """Ends a kernel."""

@@ -91,6 +91,8 @@ def _start(sk: s.KernelOp, bindings) -> KernelBuild:
     arg_types = [memref_of(a, bindings) for a in block.args] + [memref_of(sk.outputs[0], bindings)]
     p = sk.param_values
     kernel = t.KernelOp.build_kernel(sk.sym_name.data, arg_types, p["num_warps"], p["num_stages"])
+    if p.get("warp_specialize") and p["num_stages"] > 1:   # the Target IR honours it where copies are TMA's
+        kernel.attributes[t.PRODUCER_WARPS] = IntegerAttr(t.WARPGROUP_WARPS, 64)
     kargs = kernel.body.block.args
     b = Builder(kernel.body.block)
     em = Emitter(b, dict(zip(block.args, kargs[:-1])), bindings)

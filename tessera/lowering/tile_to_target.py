@@ -160,6 +160,13 @@ def _shared_bytes(kernel: tile.KernelOp, align: int) -> list[tuple[Attribute, in
             for op in kernel.walk() if isinstance(op, tile.AllocSharedOp)]
 
 
+def producer_warps(kernel: tile.KernelOp, platform: Platform) -> int:
+    """The warps a warp-specialized kernel adds to issue its copies: its `producer_warps`
+    attribute where `platform` copies with TMA (one thread issues a whole tile), else none."""
+    attr = kernel.attributes.get(tile.PRODUCER_WARPS)
+    return attr.value.data if attr is not None and platforms.copy_mechanism(platform) == "tma" else 0
+
+
 def kernel_configs(module: ModuleOp, platform: Platform, tensor_cores: bool = True) -> dict[str, target.KernelConfigAttr]:
     """The launch configuration of every tile.kernel of `module` on its `kernel_platform`:
     block = num_warps warps, shared = its tile.alloc_shared buffers (aligned),
@@ -172,7 +179,7 @@ def kernel_configs(module: ModuleOp, platform: Platform, tensor_cores: bool = Tr
             raise TargetLoweringError(f"kernel @{name} has no tile.launch in the module, so its grid is unknown")
         kp = _chosen_platform(kernel, platform, tensor_cores)
         align = _SHARED_ALIGN[platforms.copy_mechanism(kp)]
-        warps = kernel.num_warps.value.data
+        warps = kernel.num_warps.value.data + producer_warps(kernel, kp)
         threads = warps * kp.warp_size
         if threads > kp.max_threads_per_block:
             raise TargetLoweringError(
@@ -180,8 +187,9 @@ def kernel_configs(module: ModuleOp, platform: Platform, tensor_cores: bool = Tr
                 f"{kp.arch} allows {kp.max_threads_per_block} per block")
         buffers = _shared_bytes(kernel, align)
         shared = sum(size for _, size in buffers)
-        if platforms.copy_mechanism(kp) == "tma":   # an 8-byte mbarrier per stage of each buffer
-            shared += 8 * sum(t.get_shape()[0] for t, _ in buffers)
+        if platforms.copy_mechanism(kp) == "tma":   # an 8-byte mbarrier per stage of each buffer (two when
+            barriers = 2 if producer_warps(kernel, kp) else 1   # warp-specialized: data landed, stage free)
+            shared += 8 * barriers * sum(t.get_shape()[0] for t, _ in buffers)
         if shared > kp.max_shared_per_block:
             shown = ", ".join(f"{t} = {size}" for t, size in buffers)
             raise TargetLoweringError(
@@ -207,9 +215,11 @@ class LowerKernel(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.KernelOp, rewriter: PatternRewriter) -> None:
         name = op.sym_name.data
+        producers = producer_warps(op, self.platforms[name]) or None
         body = op.detach_region(op.body)
         rewriter.replace(op, target.KernelOp(
-            name, op.function_type.inputs.data, self.configs[name], target.PlatformAttr.of(self.platforms[name]), body))
+            name, op.function_type.inputs.data, self.configs[name], target.PlatformAttr.of(self.platforms[name]), body,
+            producer_warps=producers))
 
 
 class LowerReturn(RewritePattern):

@@ -1,10 +1,15 @@
 """The Hopper path's data layout and descriptors, checked without a GPU (tests/gpu runs the kernels)."""
 import re
 
+import pytest
+
 import tessera as tsr
 from tessera import Tensor
 from tessera.backends.ptx import emit_module
 from tessera.backends.ptx.hopper import SWIZZLE_128B, TmaBuffer
+from tessera.runtime.ptxas import assemble, find_tool
+
+needs_ptxas = pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
 
 
 def test_tma_buffer_is_boxes_of_128_byte_rows():
@@ -73,3 +78,29 @@ def test_copies_past_the_loop_are_drained_after_it():
     loop_end = max(i for i, line in enumerate(lines) if re.match(r"\$L_done_\d+:", line))
     drains = [i for i, line in enumerate(lines) if re.match(r"\$L_drained_\d+:", line)]
     assert drains and min(drains) > loop_end
+
+
+@needs_ptxas
+def test_a_warp_specialized_gemm_splits_copies_from_compute():
+    """`warp_specialize`: a fifth warpgroup whose first thread issues every TMA copy; the eight
+    computing warps copy nothing and hand each stage back, one arrive per warp, on its free
+    mbarrier; no block barrier is left in the loop, and nothing spills."""
+    ws = tsr.function(gemm.fn, space=dict(warp_specialize=[1]))
+    compiled = ws.compile(ws.arg_specs_for(dict(M=512, K=1024, N=512), "fp16"), arch="sm_90a")
+    assert "producer_warps = 4" in compiled.ir("target") and "block = [384, 1, 1]" in compiled.ir("target")
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    producer, consumers = kernel.ptx.split("\n$L_consumers_")
+    assert "cp.async.bulk.tensor" in producer and "cp.async.bulk.tensor" not in consumers
+    assert "mbarrier.arrive.shared" in consumers and "mbarrier.arrive.shared" not in producer
+    assert "wgmma.mma_async" in consumers and "wgmma" not in producer
+    assert re.search(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\+0\], 8;", kernel.ptx)   # one arrive per warp
+    assert "bar.sync" not in consumers
+    assert "0 bytes spill stores" in assemble(kernel.ptx, "sm_90a").log
+
+
+def test_warp_specialization_needs_bulk_copies():
+    """On sm_80 (copies by every thread with cp.async) the switch changes nothing."""
+    def target_ir(**space):
+        fn = tsr.function(gemm.fn, space=space)
+        return fn.compile(fn.arg_specs_for(dict(M=512, K=1024, N=512), "fp16"), arch="sm_80").ir("target")
+    assert target_ir(warp_specialize=[1]) == target_ir(warp_specialize=[0])

@@ -181,6 +181,28 @@ def test_native_gemm_uses_wgmma_and_tma(torch_cuda, hopper, fn, dims, dtype):
     check(out, ref, dtype, torch)
 
 
+@pytest.mark.parametrize("fn,dims,dtype,stages", [
+    (gemm_bias_gelu, dict(M=512, K=1024, N=512), "fp16", 4),      # more steps than stages: stages reused
+    (gemm_bias_gelu, dict(M=300, K=200, N=1000), "bf16", 4),      # partial tiles, fewer steps than stages
+    (gemm_nt_scaled, dict(M=256, K=1000, N=200), "fp16", 2),      # two stages, each refilled many times
+    (batched_gemm, dict(B=3, M=70, K=48, N=40), "fp16", 3),
+], ids=["aligned", "tails", "two-stages", "batched"])
+def test_warp_specialized_gemm(torch_cuda, hopper, fn, dims, dtype, stages):
+    """A producer warpgroup issues every copy; the computing warps hand each stage back through
+    its free mbarrier. Any handshake off by one phase shows as a hang or wrong tiles."""
+    torch = torch_cuda
+    inputs, (out,) = run(fn, dims, dtype, torch, path="native", expect="wgmma",
+                         space={"warp_specialize": [1], "num_stages": [stages]})
+    a, b = inputs[0].float(), inputs[1].float()
+    if fn is gemm_bias_gelu:
+        ref = torch.nn.functional.gelu(a @ b + inputs[2].float())
+    elif fn is gemm_nt_scaled:
+        ref = (a @ b.T) * 0.5
+    else:
+        ref = a @ b
+    check(out, ref, dtype, torch)
+
+
 # --- flash attention --------------------------------------------------------------------------
 
 @tsr.function
@@ -249,6 +271,17 @@ def test_native_attention_scores_one_block_ahead(torch_cuda, hopper, fn, s, d):
     torch = torch_cuda
     (q, k, v), (out,) = run(fn, dict(B=2, H=3, S=s, D=d), "fp16", torch, path="native", expect="wgmma",
                             space=dict(num_stages=[3], qk_ahead=[1]))
+    check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), "fp16", torch)
+
+
+@pytest.mark.parametrize("fn,s,d", [(attention, 129, 64), (attention, 1000, 64), (causal, 4097, 128),
+                                    (causal, 1000, 64), (attention, 2048, 128)])
+def test_warp_specialized_attention(torch_cuda, hopper, fn, s, d):
+    """Attention with a producer warpgroup issuing Q, K and V: two key blocks, several with a
+    partial last one, causal blocks skipped (copies issued for blocks never read are waited for)."""
+    torch = torch_cuda
+    (q, k, v), (out,) = run(fn, dict(B=2, H=3, S=s, D=d), "fp16", torch, path="native", expect="wgmma",
+                            space=dict(warp_specialize=[1]))
     check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), "fp16", torch)
 
 

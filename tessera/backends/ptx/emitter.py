@@ -219,7 +219,9 @@ class KernelEmitter:
         self.name = kernel.sym_name.data
         self.platform = kernel.platform.platform
         self.threads = kernel.config.threads
-        self.layouts = assign_layouts(kernel, self.threads // 32)
+        self.producer_threads = 32 * (kernel.producer_warps.value.data if kernel.producer_warps else 0)
+        self.layouts = assign_layouts(kernel, (self.threads - self.producer_threads) // 32)
+        self.role: str | None = None          # in a warp-specialized kernel: "producer" or "consumer"
         self.regs = Regs()
         self.lines: list[str] = []
         self.env: dict[SSAValue, object] = {}
@@ -306,7 +308,10 @@ class KernelEmitter:
         for key in dict.fromkeys(k for lay in self.layouts.values() for k in lay.base_keys):
             self.base(key)  # at entry: a loop body must not be the first to define them (in a fixed
             # order: the PTX text must not vary from process to process, or the cubin cache misses)
-        self.block(block)
+        if self.producer_threads:
+            self.specialized_block(block)
+        else:
+            self.block(block)
         self.lines[at:at] = self.entry
         params += self.extra_params
         extern = [f".extern .shared .align {self.smem_align} .b8 tsr_smem[];", ""] if self.smem_bytes else []
@@ -317,7 +322,37 @@ class KernelEmitter:
         for op in block.ops:
             self.op(op)
 
+    def specialized_block(self, block: Block) -> None:
+        """A warp-specialized kernel: the body once for its producer (the first thread after the
+        computing warps; the rest of its warps exit), which keeps only the copies, what their
+        indices need and the loops around them, and once for the computing warps ("consumers"),
+        which skip the copies. The role's handlers (the Hopper path's) turn the barrier that guards
+        a stage's refill into an mbarrier handshake. Shared buffers are placed before the split."""
+        consumers = self.threads - self.producer_threads
+        tid, _, _ = self.tid()
+        for op in block.ops:
+            if isinstance(op, tgt.AllocateOp):
+                self.op(op)
+        is_producer, idle = self.new(PRED), self.new(PRED)
+        to_consumers, to_exit = self.label("consumers"), self.label("idle")
+        self.emit(f"setp.ge.u32 {is_producer}, {tid}, {consumers};")
+        self.emit(f"@!{is_producer} bra {to_consumers};")
+        self.emit(f"setp.ne.u32 {idle}, {tid}, {consumers};")
+        self.emit(f"@{idle} bra {to_exit};")
+        self.role = "producer"
+        self.block(block)
+        self.lines.append(f"{to_exit}:")
+        self.emit("ret;")
+        self.lines.append(f"{to_consumers}:")
+        self.role = "consumer"
+        self.block(block)
+        self.role = None
+
     def op(self, op: Operation) -> None:
+        if self.role == "producer" and not _producer_keeps(op):
+            return
+        if isinstance(op, tgt.AllocateOp) and op.result in self.env:
+            return   # placed before a warp-specialized kernel splits
         handler = HANDLERS.get(type(op))
         if handler is None:
             raise UnsupportedByBackend(f"PTX backend: {op.name} is not supported yet (kernel {self.name})")
@@ -863,12 +898,24 @@ def _if(e: KernelEmitter, op: scf.IfOp):
         e.env[r] = regs if is_tile(r) else regs[0]
 
 
+def _producer_keeps(op: Operation) -> bool:
+    """Whether a warp-specialized kernel's producer emits `op`: its copies and their groups, block
+    barriers (its handler waits there for a stage to be free), loops, and scalar arithmetic."""
+    if isinstance(op, (tgt.AllocateOp, tgt.MemcpyOp, tgt.PTXInstrOp, tgt.ReturnOp, scf.ForOp)):
+        return True
+    if isinstance(op, tgt.SyncOp):
+        return op.scope.data == "block"
+    return not any(is_tile(v) for v in (*op.operands, *op.results))
+
+
 def _for(e: KernelEmitter, op: scf.ForOp):
     body = op.body.block
     iv = e.new(S32)
     e.emit(f"mov.s32 {iv}, {e.value(op.lb)};")
     carried = []
     for init, arg in zip(op.iter_args, body.args[1:]):
+        if e.role == "producer" and is_tile(init):
+            continue   # the producer computes no tiles
         src = e.regs_of(init) if is_tile(init) else [e.value(init)]
         ty = ptx_type(init.type)
         regs = []
@@ -888,7 +935,7 @@ def _for(e: KernelEmitter, op: scf.ForOp):
         if isinstance(inner, scf.YieldOp):
             break
         e.op(inner)
-    yielded = body.last_op.operands
+    yielded = [y for y in body.last_op.operands if not (e.role == "producer" and is_tile(y))]
     staged = []
     for (arg, ty, regs), y in zip(carried, yielded):
         src = e.regs_of(y) if is_tile(y) else [e.value(y)]
@@ -906,7 +953,8 @@ def _for(e: KernelEmitter, op: scf.ForOp):
     e.emit(f"add.s32 {iv}, {iv}, {e.value(op.step)};")
     e.emit(f"bra {top};")
     e.lines.append(f"{end}:")
-    for (arg, ty, regs), res in zip(carried, op.results):
+    results = [r for r in op.results if not (e.role == "producer" and is_tile(r))]
+    for (arg, ty, regs), res in zip(carried, results):
         e.env[res] = regs if is_tile(res) else regs[0]
 
 

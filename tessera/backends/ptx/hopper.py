@@ -19,6 +19,11 @@ Tile IR pipeline is the same one the Ampere path runs, only its ops mean more:
   causal diagonal, past K) are drained before the block exits.
 * `sync scope = "mbarrier"` makes the next read of a stage wait for its
   mbarrier's current phase (one phase bit per stage, flipped per wait).
+* In a warp-specialized kernel (`producer_warps`) one producer thread issues every
+  copy and the computing warps never meet at a block barrier: the barrier that
+  guards a stage's refill becomes, for the consumers, an arrive on the stage's
+  second ("free") mbarrier once they are done reading it, and for the producer a
+  wait on that mbarrier before it refills the stage.
 * `tensor_core "wgmma"` issues `wgmma.mma_async` m64nNk16 per warpgroup (warpgroup
   g computes accumulator rows 64g..64g+63: the Mma layout with every warp along
   M), updating the accumulator registers in place, and commits them as a group;
@@ -83,10 +88,20 @@ class Pipeline:
     stages: int
     phase: str
     armed: str
+    free: str | None = None          # warp-specialized: stage 0's "free" mbarrier (consumers arrive)
+    free_phase: str | None = None    # the producer's parity per stage of its next wait for a free stage
+    filled: str | None = None        # the producer's parity per stage of its fills (bit s: fills % 2)
 
     def barrier(self, e: KernelEmitter, stage: str) -> str:
+        return self._at(e, self.barriers, stage)
+
+    def free_barrier(self, e: KernelEmitter, stage: str) -> str:
+        return self._at(e, self.free, stage)
+
+    @staticmethod
+    def _at(e: KernelEmitter, first: str, stage: str) -> str:
         r = e.new(S32)
-        e.emit(f"mad.lo.s32 {r}, {stage}, 8, {self.barriers};")
+        e.emit(f"mad.lo.s32 {r}, {stage}, 8, {first};")
         return r
 
 
@@ -98,8 +113,10 @@ class TmaState:
     leader: str
     pipelines: dict                  # buffer offset -> Pipeline
     group: list                      # [(buffer, stage register, PTX copy, bytes)]
+    issuer: str = ""                 # predicate of the thread that issues copies (the leader, or the producer)
     waiting: set = field(default_factory=set)    # ids of pipelines whose next read waits (`sync mbarrier`)
     drained: bool = False
+    refill_guard: str | None = None  # warp-specialized: predicate of the stage handshake before the next copy
 
 
 def _state(e: KernelEmitter) -> TmaState:
@@ -113,7 +130,11 @@ def _state(e: KernelEmitter) -> TmaState:
         e.at_entry(f"setp.ne.u32 {misaligned}, {low}, 0;")
         e.at_entry(f"@{misaligned} trap;")   # the swizzle is on address bits: tiles must sit on 1024-byte lines
         e.smem_align = max(e.smem_align, SWIZZLE_ATOM)
-        e.state["tma"] = TmaState(leader, {}, [])
+        issuer = leader
+        if e.producer_threads:
+            issuer = e.new(PRED)
+            e.at_entry(f"setp.eq.u32 {issuer}, {tid}, {e.threads - e.producer_threads};")
+        e.state["tma"] = TmaState(leader, {}, [], issuer)
         e.exit_hooks.append(_drain)
     return e.state["tma"]
 
@@ -128,18 +149,27 @@ def _pipeline(e: KernelEmitter, buffers: list[TmaBuffer]) -> Pipeline:
     if pipe is not None:
         return pipe
     stages = buffers[0].stages
+    specialized = bool(e.producer_threads)
     offset = -(-e.smem_bytes // 8) * 8
-    e.smem_bytes = offset + 8 * stages
+    e.smem_bytes = offset + 8 * stages * (2 if specialized else 1)
     barriers, phase, armed = e.new(S32), e.new(S32), e.new(S32)
     e.at_entry(f"mov.u32 {barriers}, {SMEM_SYMBOL};")
     e.at_entry(f"add.u32 {barriers}, {barriers}, {offset};")
     for s in range(stages):
         e.at_entry(f"@{st.leader} mbarrier.init.shared::cta.b64 [{barriers}+{8 * s}], 1;")
+    pipe = Pipeline(barriers, stages, phase, armed)
+    if specialized:   # a stage is free once every consumer warp arrived
+        pipe.free, pipe.free_phase, pipe.filled = e.new(S32), e.new(S32), e.new(S32)
+        e.at_entry(f"add.u32 {pipe.free}, {barriers}, {8 * stages};")
+        for s in range(stages):
+            e.at_entry(f"@{st.leader} mbarrier.init.shared::cta.b64 [{pipe.free}+{8 * s}], "
+                       f"{(e.threads - e.producer_threads) // 32};")
+        e.at_entry(f"mov.u32 {pipe.free_phase}, 0;")
+        e.at_entry(f"mov.u32 {pipe.filled}, 0;")
     e.at_entry("fence.mbarrier_init.release.cluster;")
     e.at_entry("bar.sync 0;")
     e.at_entry(f"mov.u32 {phase}, 0;")
     e.at_entry(f"mov.u32 {armed}, 0;")
-    pipe = Pipeline(barriers, stages, phase, armed)
     for b in buffers:
         st.pipelines[b.offset] = pipe
     return pipe
@@ -160,9 +190,17 @@ def _tensor_map(e: KernelEmitter, spec: TensorMapSpec) -> str:
 
 
 def _tma_copy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
-    """One box copy per 128-byte column block of the tile, queued until the group's arrive."""
+    """One box copy per 128-byte column block of the tile, queued until the group's arrive. In a
+    warp-specialized kernel, a copy after a refill guard first hands the stage over: the consumers
+    arrive on its free mbarrier (and copy nothing), the producer waits on it."""
     buf: TmaBuffer = e.env[op.dst]
     (stage,) = [e.value(v) for v in op.dst_indices]
+    st = _state(e)
+    if st.refill_guard is not None:
+        _hand_over(e, st.pipelines[buf.offset], stage, st.refill_guard)
+        st.refill_guard = None
+    if e.role == "consumer":
+        return
     src = op.src
     shape = tuple(src.type.get_shape())
     rank = len(shape)
@@ -170,7 +208,6 @@ def _tma_copy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     box = tuple(buf.rows if d == row_dim else buf.box_cols if d == rank - 1 else 1 for d in range(rank))
     spec = TensorMapSpec(src.index, str(src.type.get_element_type()), shape, box)
     tmap = _tensor_map(e, spec)
-    st = _state(e)
     offsets = [e.value(v) for v in op.src_indices]
     base = stage_address(e, buf, stage)
     for j in range(buf.boxes):
@@ -186,18 +223,64 @@ def _arrive_expect_tx(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
     """Closes a group: thread 0 arms the stage's mbarrier with the group's bytes, then issues its
     boxes; every thread marks the stage armed."""
     st = _state(e)
+    if e.role == "consumer":
+        return
     stages = {stage for _, stage, *_ in st.group}
     if len(stages) != 1:
         raise UnsupportedByBackend("PTX backend: a group of TMA copies must fill one stage")
     stage = stages.pop()
     pipe = _pipeline(e, list({b.offset: b for b, *_ in st.group}.values()))
     barrier = pipe.barrier(e, stage)
-    e.emit(f"@{st.leader} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{barrier}], "
+    e.emit(f"@{st.issuer} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{barrier}], "
            f"{sum(nbytes for *_, nbytes in st.group)};")
     for _, _, copy, _ in st.group:
-        e.emit(f"@{st.leader} {copy.replace('%BAR%', barrier)}")
-    e.emit(f"or.b32 {pipe.armed}, {pipe.armed}, {_stage_bit(e, stage)};")
+        e.emit(f"@{st.issuer} {copy.replace('%BAR%', barrier)}")
+    bit = _stage_bit(e, stage)
+    e.emit(f"or.b32 {pipe.armed}, {pipe.armed}, {bit};")
+    if e.role == "producer":
+        e.emit(f"xor.b32 {pipe.filled}, {pipe.filled}, {bit};")
     st.group.clear()
+
+
+def _hand_over(e: KernelEmitter, pipe: Pipeline, stage: str, guard: str) -> None:
+    """Where `guard` holds (not in a loop's first iteration, whose refill fills a stage never used):
+    each consumer warp arrives on the stage's free mbarrier (one lane, once the warp's reads are
+    done: wgmma waits are warp-wide; one arrive per thread costs 256 shared atomics a stage),
+    the producer waits for its current phase."""
+    skip = e.label("handed")
+    e.emit(f"@!{guard} bra {skip};")
+    barrier = pipe.free_barrier(e, stage)
+    if e.role == "consumer":
+        _, lane, _ = e.tid()
+        first_lane = e.new(PRED)
+        e.emit(f"setp.eq.u32 {first_lane}, {lane}, 0;")
+        e.emit(f"@{first_lane} mbarrier.arrive.shared::cta.b64 _, [{barrier}];")
+    else:
+        _wait_parity(e, pipe.free_phase, stage, barrier)
+    e.lines.append(f"{skip}:")
+
+
+def _block_sync(e: KernelEmitter, op: tgt.SyncOp) -> None:
+    """A block barrier; in a warp-specialized kernel one that guards a stage's refill becomes the
+    stage handshake (see `_hand_over`), any other one a barrier of the consumer warps alone."""
+    if e.role is None:
+        e.emit("bar.sync 0;")
+        return
+    loop = op.parent_op()
+    if _guards_refill(op) and isinstance(loop, scf.ForOp):
+        guard = e.new(PRED)
+        e.emit(f"setp.gt.s32 {guard}, {e.value(loop.body.block.args[0])}, {e.value(loop.lb)};")
+        _state(e).refill_guard = guard
+    elif e.role == "consumer":
+        e.emit(f"bar.sync 1, {e.threads - e.producer_threads};")
+
+
+def _guards_refill(op: tgt.SyncOp) -> bool:
+    """Whether the next op after `op`, index arithmetic aside, is a copy into a shared stage."""
+    nxt = op.next_op
+    while nxt is not None and nxt.dialect_name() == "arith":
+        nxt = nxt.next_op
+    return isinstance(nxt, tgt.MemcpyOp)
 
 
 def _stage_bit(e: KernelEmitter, stage: str) -> str:
@@ -215,15 +298,22 @@ def _mbarrier_sync(e: KernelEmitter, op: tgt.SyncOp) -> None:
 def _wait_phase(e: KernelEmitter, pipe: Pipeline, stage: str, barrier: str) -> None:
     """Spins until the stage's mbarrier completes its current phase, then flips the stage's parity
     bit and clears its armed bit."""
+    bit = _wait_parity(e, pipe.phase, stage, barrier)
+    e.emit(f"not.b32 {bit}, {bit};")
+    e.emit(f"and.b32 {pipe.armed}, {pipe.armed}, {bit};")
+
+
+def _wait_parity(e: KernelEmitter, phases: str, stage: str, barrier: str) -> str:
+    """Spins until `barrier` completes the phase whose parity is bit `stage` of register `phases`,
+    then flips that bit; returns the register holding the stage's bit."""
     parity, done, bit = e.new(S32), e.new(PRED), _stage_bit(e, stage)
-    e.emit(f"bfe.u32 {parity}, {pipe.phase}, {stage}, 1;")
+    e.emit(f"bfe.u32 {parity}, {phases}, {stage}, 1;")
     again = e.label("wait")
     e.lines.append(f"{again}:")
     e.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{barrier}], {parity};")
     e.emit(f"@!{done} bra {again};")
-    e.emit(f"xor.b32 {pipe.phase}, {pipe.phase}, {bit};")
-    e.emit(f"not.b32 {bit}, {bit};")
-    e.emit(f"and.b32 {pipe.armed}, {pipe.armed}, {bit};")
+    e.emit(f"xor.b32 {phases}, {phases}, {bit};")
+    return bit
 
 
 def _wait_for_stage(e: KernelEmitter, tile_: SharedTile) -> None:
@@ -243,6 +333,11 @@ def _drain(e: KernelEmitter) -> None:
     (after the pipelined loop) or else at the exit; ptxas serializes wgmmas whose pipeline
     a drain after the epilogue crosses."""
     st = _state(e)
+    if e.role == "consumer":
+        return   # consumers issue no copies; the producer waits for its own
+    if e.role == "producer":
+        _drain_fills(e, st)
+        return
     if st.drained:
         return
     st.drained = True
@@ -256,6 +351,26 @@ def _drain(e: KernelEmitter) -> None:
             stage = e.const_s32(s)
             _wait_phase(e, pipe, stage, pipe.barrier(e, stage))
             e.lines.append(f"{done}:")
+
+
+def _drain_fills(e: KernelEmitter, st: TmaState) -> None:
+    """The producer's exit: for every stage it ever filled, wait until its last fill landed (the
+    parity of that fill's phase is the stage's fill count - 1), consumed or not."""
+    for pipe in {id(p): p for p in st.pipelines.values()}.values():
+        for s in range(pipe.stages):
+            used, parity, skip, done = e.new(S32), e.new(S32), e.new(PRED), e.new(PRED)
+            e.emit(f"bfe.u32 {used}, {pipe.armed}, {s}, 1;")
+            e.emit(f"setp.eq.u32 {skip}, {used}, 0;")
+            after = e.label("landed")
+            e.emit(f"@{skip} bra {after};")
+            e.emit(f"bfe.u32 {parity}, {pipe.filled}, {s}, 1;")
+            e.emit(f"xor.b32 {parity}, {parity}, 1;")
+            again = e.label("wait")
+            barrier = pipe.barrier(e, e.const_s32(s))
+            e.lines.append(f"{again}:")
+            e.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{barrier}], {parity};")
+            e.emit(f"@!{done} bra {again};")
+            e.lines.append(f"{after}:")
 
 
 # --- wgmma -----------------------------------------------------------------------------------------
@@ -395,6 +510,7 @@ BUFFERS["tma"] = TmaBuffer
 COPIES["tma"] = _tma_copy
 INSTRUCTIONS["mbarrier.arrive.expect_tx"] = _arrive_expect_tx
 SYNC["mbarrier"] = _mbarrier_sync
+SYNC["block"] = _block_sync
 SYNC["mma_group"] = _wait_mmas
 BEFORE_READ[TmaBuffer] = _wait_for_stage
 FAMILIES["wgmma"] = _wgmma
