@@ -60,18 +60,19 @@ def _tensor_bits(t: Attribute) -> int:
     return math.prod(t.get_shape()) * t.get_element_type().bitwidth if isinstance(t, TensorType) else 0
 
 
-def estimate_regs(kernel: tile.KernelOp, threads: int, platform: Platform) -> int:
+def estimate_regs(kernel: tile.KernelOp, threads: int, platform: Platform, producers: int = 0) -> int:
     """An *estimate* of the registers per thread, for the kernel config and
     occupancy reports; ptxas decides the real number. Counts the loop-carried
     register tiles (accumulators, running max/sum) plus the largest pair of mma
-    operand tiles, spread over the block's threads, on top of `_BASE_REGS`;
-    rounded up to ptxas's allocation unit of 8 and capped so one block fits on
-    an SM."""
+    operand tiles, spread over the threads that compute (a producer warpgroup
+    holds none), on top of `_BASE_REGS`; rounded up to ptxas's allocation unit
+    of 8 and capped so one block fits on an SM."""
     carried = sum(_tensor_bits(arg.type) for op in kernel.walk() if isinstance(op, scf.ForOp)
                   for arg in op.body.block.args[1:])
     operands = max((_tensor_bits(op.a.type) + _tensor_bits(op.b.type)
                     for op in kernel.walk() if isinstance(op, tile.MmaOp)), default=0)
-    regs = _align_up(_BASE_REGS + -(-(carried + operands) // (32 * threads)), 8)
+    computing = threads - producers * platform.warp_size
+    regs = _align_up(_BASE_REGS + -(-(carried + operands) // (32 * computing)), 8)
     return min(regs, platform.max_regs_per_thread, platform.regs_per_sm // threads // 8 * 8)
 
 
@@ -196,7 +197,7 @@ def kernel_configs(module: ModuleOp, platform: Platform, tensor_cores: bool = Tr
                 f"kernel @{name} needs {shared} bytes of shared memory ({shown}) but {kp.arch} allows "
                 f"{kp.max_shared_per_block} per block; use fewer stages or smaller tiles")
         configs[name] = target.KernelConfigAttr.of(
-            grids[name], (threads, 1, 1), shared, estimate_regs(kernel, threads, kp))
+            grids[name], (threads, 1, 1), shared, estimate_regs(kernel, threads, kp, producer_warps(kernel, kp)))
     return configs
 
 
