@@ -8,10 +8,16 @@ Prints two ceilings next to cuBLAS (torch.matmul, which uses wgmma on a Hopper G
 - Triton's own matmul on the mma.sync path (Triton compiles `tl.dot` to mma.sync when DISABLE_MMA_V3=1),
   best of a set of tilings, on the same 4096^3 / 8192^3 problems, next to Tessera's mma.sync GEMM.
 (bench/triton_mma_sync.py holds that peer.)
+Each line also gives the SM clock and board power while that kernel runs back to back (nvidia-smi,
+sampled every 50 ms), and the work done per SM per clock: a GPU that runs at its power limit trades
+clock for work per clock, so TFLOP/s alone does not say how well a kernel uses the tensor cores.
 """
 from __future__ import annotations
 
+import statistics
+import subprocess
 import sys
+import time
 from pathlib import Path
 
 from triton_mma_sync import best_triton_matmul  # noqa: I001 (first: it sets DISABLE_MMA_V3 for Triton)
@@ -48,8 +54,38 @@ extern "C" __global__ void mma_loop(float *out, int iters) {
 """
 
 
-def mma_instruction_ceiling(sms: int) -> list[tuple[int, float]]:
-    """TFLOP/s of back-to-back mma.sync at 4, 8 and 16 warps per SM (one block per SM)."""
+def under_load(fn, seconds: float = 2.0) -> tuple[float, float]:
+    """(median SM clock in MHz, median board power in W) while `fn` runs back to back; (nan, nan)
+    where nvidia-smi is missing."""
+    fn()
+    torch.cuda.synchronize()
+    try:
+        smi = subprocess.Popen(["nvidia-smi", "-i", str(torch.cuda.current_device()), "-lms", "50",
+                                "--query-gpu=clocks.sm,power.draw", "--format=csv,noheader,nounits"],
+                               stdout=subprocess.PIPE, text=True)
+    except FileNotFoundError:
+        return float("nan"), float("nan")
+    start = time.perf_counter()
+    while time.perf_counter() - start < seconds:
+        for _ in range(10):
+            fn()
+        torch.cuda.synchronize()
+    smi.terminate()
+    samples = [line.split(",") for line in smi.communicate()[0].splitlines()[4:] if line.count(",") == 1]
+    return (statistics.median(float(c) for c, _ in samples), statistics.median(float(w) for _, w in samples))
+
+
+def rate(name: str, flops: int, fn, ms: float, sms: int, against: float | None = None) -> str:
+    """One kernel's line: TFLOP/s, ratio to `against` (ms), clock, power and FLOP per SM per clock."""
+    mhz, watts = under_load(fn)
+    ratio = f" = {against / ms:.2f}x cuBLAS" if against else ""
+    return (f"  {name:34} {flops / ms / 1e9:6.1f} TFLOP/s{ratio:17} at {mhz:5.0f} MHz {watts:4.0f} W: "
+            f"{flops / (ms * 1e-3) / sms / (mhz * 1e6):6.0f} FLOP/clk/SM")
+
+
+def mma_instruction_ceiling(sms: int) -> list[tuple[int, float, str]]:
+    """TFLOP/s of back-to-back mma.sync at 4, 8 and 16 warps per SM (one block per SM), each with
+    its line from `rate`."""
     major, minor = torch.cuda.get_device_capability()
     kernel = cupy.RawKernel(MMA_LOOP % {"chains": CHAINS}, "mma_loop", options=(f"-arch=sm_{major}{minor}",))
     rows = []
@@ -60,7 +96,7 @@ def mma_instruction_ceiling(sms: int) -> list[tuple[int, float]]:
             kernel((sms,), (warps * 32,), (out, cupy.int32(ITERS)))
         ms = triton.testing.do_bench(run, warmup=10, rep=100, return_mode="median")
         flops = 2 * 16 * 8 * 16 * CHAINS * ITERS * warps * sms
-        rows.append((warps, flops / ms / 1e9))
+        rows.append((warps, flops / ms / 1e9, rate(f"mma.sync loop, {warps} warps/SM", flops, run, ms, sms)))
     return rows
 
 
@@ -80,21 +116,27 @@ def main() -> int:
     props = torch.cuda.get_device_properties(0)
     print(f"device: {props.name}, {props.multi_processor_count} SMs, torch {torch.__version__}, "
           f"triton {triton.__version__}")
-    for warps, tflops in mma_instruction_ceiling(props.multi_processor_count):
-        print(f"mma.sync m16n8k16 f16->f32 from registers, {warps:2d} warps/SM: {tflops:7.1f} TFLOP/s")
+    sms = props.multi_processor_count
+    print("mma.sync m16n8k16 f16->f32 from registers:")
+    for _, _, line in mma_instruction_ceiling(sms):
+        print(line)
     fn = tsr.function(gemm)
     for n in (4096, 8192):
-        a, b = (torch.randn(n, n, device="cuda", dtype=torch.float16) for _ in range(2))
-        ref = a @ b
-        flops = 2 * n ** 3
-        cublas = median_ms(lambda: a @ b)
-        tms, tiling, _ = best_triton_matmul(a, b, ref, rel_err, median_ms)
-        out = fn(a, b, path="ampere")
-        assert rel_err(out, ref) < 1e-2
-        ams = median_ms(lambda: fn(a, b, path="ampere"))
-        print(f"gemm {n}^3 fp16: cuBLAS {flops / cublas / 1e9:6.1f} TFLOP/s | "
-              f"triton mma.sync {flops / tms / 1e9:6.1f} (= {cublas / tms:.2f}x cuBLAS, best {tiling}) | "
-              f"tessera mma.sync {flops / ams / 1e9:6.1f} (= {cublas / ams:.2f}x cuBLAS, {tms / ams:.2f}x triton)")
+        for dt in (torch.float16, torch.bfloat16):
+            a, b = (torch.randn(n, n, device="cuda", dtype=dt) for _ in range(2))
+            ref = a @ b
+            flops = 2 * n ** 3
+            kernels = {"cuBLAS (torch.matmul)": lambda: a @ b}
+            _, tiling, triton_run = best_triton_matmul(a, b, ref, rel_err, median_ms)
+            kernels[f"triton mma.sync {tiling}"] = triton_run
+            for path in ("ampere", "native"):
+                assert rel_err(fn(a, b, path=path), ref) < 1e-2, path
+                kernels[f"tessera {'mma.sync' if path == 'ampere' else 'native'}"] = (
+                    lambda path=path: fn(a, b, path=path))
+            cublas = median_ms(kernels["cuBLAS (torch.matmul)"])
+            print(f"gemm {n}^3 {str(dt).removeprefix('torch.')}:")
+            for name, run in kernels.items():
+                print(rate(name, flops, run, median_ms(run), sms, cublas), flush=True)
     return 0
 
 

@@ -5,7 +5,9 @@ import pytest
 
 import tessera as tsr
 from tessera import Tensor
+from tessera import platforms
 from tessera.backends.ptx import emit_module
+from tessera.backends.ptx.emitter import RegisterSplit, register_split
 from tessera.backends.ptx.hopper import SWIZZLE_128B, TmaBuffer
 from tessera.runtime.ptxas import assemble, find_tool
 
@@ -96,6 +98,32 @@ def test_a_warp_specialized_gemm_splits_copies_from_compute():
     assert re.search(r"mbarrier\.init\.shared::cta\.b64 \[%r\d+\+0\], 8;", kernel.ptx)   # one arrive per warp
     assert "bar.sync" not in consumers
     assert "0 bytes spill stores" in assemble(kernel.ptx, "sm_90a").log
+
+
+@needs_ptxas
+def test_warp_specialized_attention_moves_the_producers_registers_to_the_consumers():
+    """With a producer warpgroup, 384 threads leave 168 registers each; scores one block ahead at
+    D=128 need more. The producer gives its spare registers back (setmaxnreg.dec to 40) and both
+    computing warpgroups take them (setmaxnreg.inc to 232), the launch count pinned at 168 so the
+    pool they draw from is known: without it this kernel spilled and serialized its wgmmas."""
+    ws = tsr.function(attention.fn, space=dict(block_n=[128], num_stages=[3], warp_specialize=[1],
+                                               qk_ahead=[1]))
+    compiled = ws.compile(ws.arg_specs_for(dict(B=1, H=2, S=1000, D=128), "fp16"), arch="sm_90a")
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    producer, consumers = kernel.ptx.split("\n$L_consumers_")
+    assert ".maxntid 384, 1, 1 .maxnreg 168" in producer
+    assert "setmaxnreg.dec.sync.aligned.u32 40;" in producer and "setmaxnreg" not in consumers.split("\n", 3)[3]
+    assert consumers.split("\n")[1].strip() == "setmaxnreg.inc.sync.aligned.u32 232;"
+    log = assemble(kernel.ptx, "sm_90a").log
+    assert "0 bytes spill stores" in log and "serialized" not in log
+
+
+def test_register_split_needs_setmaxnreg_and_a_producer_warpgroup():
+    sm90a, sm90 = platforms.get("sm_90a"), platforms.get("sm_90")
+    assert register_split(sm90a, 384, 128) == RegisterSplit(launch=168, producer=40, consumer=232)
+    assert register_split(sm90, 384, 128) is None          # no setmaxnreg without the "a" features
+    assert register_split(sm90a, 256, 0) is None           # not warp-specialized
+    assert register_split(sm90a, 256, 128) is None         # 255 registers each already: nothing to gain
 
 
 def test_warp_specialization_needs_bulk_copies():

@@ -213,6 +213,37 @@ class Regs:
         return [f"    .reg {ty.decl} %{ty.reg}<{n}>;" for ty, n in self.counts.items()]
 
 
+#: registers a producer warpgroup keeps after handing the rest to the computing warpgroups: its one
+#: issuing thread only computes copy coordinates and waits on mbarriers
+PRODUCER_REGS = 40
+
+
+@dataclass(frozen=True)
+class RegisterSplit:
+    """Per-thread register counts of a warp-specialized kernel: at launch (every warp the same), and
+    after setmaxnreg moves the producer warpgroup's spare registers to the computing warpgroups."""
+
+    launch: int
+    producer: int
+    consumer: int
+
+
+def register_split(platform, threads: int, producer_threads: int) -> RegisterSplit | None:
+    """The split for one block per SM, where the launch count is what the register file allows for
+    all `threads`; None where the target has no setmaxnreg or the consumers would gain nothing.
+    The launch count is pinned with .maxnreg: the pool setmaxnreg.inc draws from is the launch count
+    times the block's threads, and a request beyond the pool would wait forever."""
+    if not producer_threads or "setmaxnreg" not in platform.features:
+        return None
+    launch = min(platform.max_regs_per_thread, platform.regs_per_sm // threads) // 8 * 8
+    warpgroups, producers = threads // 128, producer_threads // 128
+    spare = warpgroups * launch - producers * PRODUCER_REGS
+    consumer = min(platform.max_regs_per_thread // 8 * 8, spare // (warpgroups - producers) // 8 * 8)
+    if producer_threads % 128 or consumer <= launch:
+        return None
+    return RegisterSplit(launch, PRODUCER_REGS, consumer)
+
+
 class KernelEmitter:
     def __init__(self, kernel: tgt.KernelOp):
         self.kernel = kernel
@@ -315,7 +346,9 @@ class KernelEmitter:
         self.lines[at:at] = self.entry
         params += self.extra_params
         extern = [f".extern .shared .align {self.smem_align} .b8 tsr_smem[];", ""] if self.smem_bytes else []
-        head = [f".visible .entry {self.name}(", ",\n".join(params), f") .maxntid {self.threads}, 1, 1", "{"]
+        split = register_split(self.platform, self.threads, self.producer_threads)
+        bounds = f".maxntid {self.threads}, 1, 1" + (f" .maxnreg {split.launch}" if split else "")
+        head = [f".visible .entry {self.name}(", ",\n".join(params), f") {bounds}", "{"]
         return "\n".join(extern + head + self.regs.declarations() + self.shared + self.lines + ["}"]) + "\n"
 
     def block(self, block: Block) -> None:
@@ -335,8 +368,11 @@ class KernelEmitter:
                 self.op(op)
         is_producer, idle = self.new(PRED), self.new(PRED)
         to_consumers, to_exit = self.label("consumers"), self.label("idle")
+        split = register_split(self.platform, self.threads, self.producer_threads)
         self.emit(f"setp.ge.u32 {is_producer}, {tid}, {consumers};")
         self.emit(f"@!{is_producer} bra {to_consumers};")
+        if split:
+            self.emit(f"setmaxnreg.dec.sync.aligned.u32 {split.producer};")
         self.emit(f"setp.ne.u32 {idle}, {tid}, {consumers};")
         self.emit(f"@{idle} bra {to_exit};")
         self.role = "producer"
@@ -344,6 +380,8 @@ class KernelEmitter:
         self.lines.append(f"{to_exit}:")
         self.emit("ret;")
         self.lines.append(f"{to_consumers}:")
+        if split:
+            self.emit(f"setmaxnreg.inc.sync.aligned.u32 {split.consumer};")
         self.role = "consumer"
         self.block(block)
         self.role = None
