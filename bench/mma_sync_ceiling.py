@@ -133,10 +133,11 @@ def main() -> int:
                 assert rel_err(fn(a, b, path=path), ref) < 1e-2, path
                 kernels[f"tessera {'mma.sync' if path == 'ampere' else 'native'}"] = (
                     lambda path=path: fn(a, b, path=path))
-            cublas = median_ms(kernels["cuBLAS (torch.matmul)"])
+            times = {name: median_ms(run) for name, run in kernels.items()}
+            cublas = times["cuBLAS (torch.matmul)"]
             print(f"gemm {n}^3 {str(dt).removeprefix('torch.')}:")
             for name, run in kernels.items():
-                print(rate(name, flops, run, median_ms(run), sms, cublas), flush=True)
+                print(rate(name, flops, run, times[name], sms, cublas), flush=True)
     return 0
 
 
