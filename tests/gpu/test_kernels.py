@@ -159,6 +159,16 @@ def hopper(cuda_device):
         pytest.skip("the native path's wgmma + TMA kernels need an sm_90a GPU (H100/H200)")
 
 
+def gemm_reference(fn, inputs, torch):
+    """torch's result for one of the GEMMs above, in fp32."""
+    a, b = inputs[0].float(), inputs[1].float()
+    if fn is gemm_bias_gelu:
+        return torch.nn.functional.gelu(a @ b + inputs[2].float())
+    if fn is gemm_nt_scaled:
+        return (a @ b.T) * 0.5
+    return a @ b
+
+
 @pytest.mark.parametrize("fn,dims,dtype", [
     (gemm_bias_gelu, dict(M=256, K=512, N=384), "fp16"),
     (gemm_bias_gelu, dict(M=300, K=200, N=1000), "bf16"),       # every dim with a partial tile
@@ -171,14 +181,7 @@ def test_native_gemm_uses_wgmma_and_tma(torch_cuda, hopper, fn, dims, dtype):
     torch = torch_cuda
     space = {"block_k": [128], "num_stages": [2]} if dims.get("K") == 136 else None
     inputs, (out,) = run(fn, dims, dtype, torch, path="native", expect="wgmma", space=space)
-    a, b = inputs[0].float(), inputs[1].float()
-    if fn is gemm_bias_gelu:
-        ref = torch.nn.functional.gelu(a @ b + inputs[2].float())
-    elif fn is gemm_nt_scaled:
-        ref = (a @ b.T) * 0.5
-    else:
-        ref = a @ b
-    check(out, ref, dtype, torch)
+    check(out, gemm_reference(fn, inputs, torch), dtype, torch)
 
 
 @pytest.mark.parametrize("fn,dims,dtype,stages", [
@@ -193,14 +196,7 @@ def test_warp_specialized_gemm(torch_cuda, hopper, fn, dims, dtype, stages):
     torch = torch_cuda
     inputs, (out,) = run(fn, dims, dtype, torch, path="native", expect="wgmma",
                          space={"warp_specialize": [1], "num_stages": [stages]})
-    a, b = inputs[0].float(), inputs[1].float()
-    if fn is gemm_bias_gelu:
-        ref = torch.nn.functional.gelu(a @ b + inputs[2].float())
-    elif fn is gemm_nt_scaled:
-        ref = (a @ b.T) * 0.5
-    else:
-        ref = a @ b
-    check(out, ref, dtype, torch)
+    check(out, gemm_reference(fn, inputs, torch), dtype, torch)
 
 
 # --- flash attention --------------------------------------------------------------------------
