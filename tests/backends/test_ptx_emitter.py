@@ -5,10 +5,13 @@ import shutil
 import subprocess
 
 import pytest
+from hypothesis import assume, given
+from hypothesis import strategies as st
 
 import tessera as tsr
 from tessera import Tensor
 from tessera.backends.ptx import UnsupportedByBackend, emit_module
+from tessera.backends.ptx.emitter import unsigned_magic
 
 from tessera.runtime.ptxas import find_tool, sass
 
@@ -267,7 +270,26 @@ def test_tails_keep_a_predicate_per_chunk():
     assert len({line.rsplit(",", 1)[1] for line in lines}) == len(lines)
 
 
-def test_stage_index_is_unsigned_by_an_immediate():
-    """(k + 2) % stages: k counts up from 0, so the remainder is unsigned, by a constant."""
-    ptx, _ = _cp_async_lines(batched, dict(B=1, M=256, K=512, N=256))
-    assert re.search(r"rem\.u32 %r\d+, %r\d+, [2-9];", ptx)
+def test_index_division_by_a_constant_uses_no_divide():
+    """(k + 2) % stages, tile rows and columns from the program id: k and the ids count up from 0,
+    so each division by a constant is a mask, shift or multiply-high, never div/rem (which ptxas
+    builds from a float reciprocal, MUFU.RCP, every time it runs, in the GEMM's loop too). The
+    grouped tile order still divides by its last group's height, once, before the loop."""
+    for stages in (2, 3):
+        fn = tsr.function(batched.fn, space=dict(num_stages=[stages]))
+        compiled = fn.compile(fn.arg_specs_for(dict(B=1, M=256, K=512, N=256), "fp16"), arch="sm_90", path="ampere")
+        (kernel,) = emit_module(compiled.modules["target"]).values()
+        assert not re.search(r"\b(div|rem)\.\w+ %r\d+, %r\d+, \d+;", kernel.ptx)
+        loop = kernel.ptx[kernel.ptx.index("$L_loop"):kernel.ptx.index("$L_done")]
+        assert not re.search(r"\b(div|rem)\.", loop)
+        assert ("and.b32" if stages == 2 else "mul.hi.u32") in kernel.ptx
+
+
+@given(st.integers(0, 2**31 - 1), st.integers(2, 2**31 - 1))
+def test_magic_numbers_divide_every_non_negative_s32(x, divisor):
+    assume(divisor & (divisor - 1))       # powers of two are a shift or a mask
+    m, shift = unsigned_magic(divisor)
+    assert m < 2**32
+    assert (x * m >> 32) >> shift == x // divisor
+    top = 2**31 - 1                       # the largest dividend, where an inexact m fails first
+    assert (top * m >> 32) >> shift == top // divisor

@@ -481,10 +481,37 @@ def _updatable_in_place(e: KernelEmitter, op) -> list[str] | None:
     return regs if isinstance(regs, list) and len(set(regs)) == len(regs) else None
 
 
+def unsigned_magic(divisor: int) -> tuple[int, int]:
+    """(m, shift) with x // divisor == mulhi(x, m) >> shift for every 0 <= x < 2**31 (a
+    non-negative s32), divisor >= 2 not a power of two: m = ceil(2**(31 + l) / divisor) with
+    l = ceil(log2(divisor)) fits 32 bits, and m * divisor exceeds 2**(31 + l) by less than 2**l,
+    which keeps the quotient exact over 31-bit dividends (Granlund and Montgomery, 1994)."""
+    l = (divisor - 1).bit_length()
+    return -(-(1 << (31 + l)) // divisor), l - 1
+
+
+def _divide_by_constant(e: KernelEmitter, instr: str, x: str, divisor: int) -> str:
+    """x / divisor or x % divisor for a non-negative x, without a divide: a shift or mask for a power
+    of two, else a multiply-high by a magic number (ptxas, given the divisor as an immediate, builds
+    the reciprocal at run time through MUFU.RCP, every time the expression is evaluated)."""
+    r = e.new(S32)
+    if divisor & (divisor - 1) == 0:
+        shift = divisor.bit_length() - 1
+        e.emit(f"shr.u32 {r}, {x}, {shift};" if instr == "div" else f"and.b32 {r}, {x}, {divisor - 1};")
+        return r
+    m, shift = unsigned_magic(divisor)
+    q = e.new(S32) if instr == "rem" else r
+    e.emit(f"mul.hi.u32 {q}, {x}, {m};")
+    if shift:
+        e.emit(f"shr.u32 {q}, {q}, {shift};")
+    if instr == "rem":
+        e.emit(f"mad.lo.s32 {r}, {q}, {-divisor}, {x};")
+    return r
+
+
 def _signed_or_not(instr: str):
-    """div/rem: unsigned where both operands are never negative, and a constant divisor as an
-    immediate, which ptxas turns into a multiply-high (signed, or from a register, it emits a
-    reciprocal through f32 and a fix-up)."""
+    """div/rem: by a positive constant, of a value never negative, a shift, mask or multiply-high
+    (`_divide_by_constant`); unsigned where both operands are never negative; else signed."""
     signed = _binary(None, f"{instr}.s32 {{r}}, {{a}}, {{b}};")
     unsigned = _binary(None, f"{instr}.u32 {{r}}, {{a}}, {{b}};")
 
@@ -492,9 +519,7 @@ def _signed_or_not(instr: str):
         both = index_facts.is_non_negative(op.lhs) and index_facts.is_non_negative(op.rhs)
         divisor = index_facts.constant_value(op.rhs)
         if both and divisor and not is_tile(op.result):
-            r = e.new(S32)
-            e.emit(f"{instr}.u32 {r}, {e.value(op.lhs)}, {divisor};")
-            e.env[op.result] = r
+            e.env[op.result] = _divide_by_constant(e, instr, e.value(op.lhs), divisor)
             return
         (unsigned if both else signed)(e, op)
     return handle
