@@ -62,6 +62,8 @@ def is_non_negative(v: SSAValue) -> bool:
     loop = _loop_of(v)
     if loop is not None:  # counts up from a non-negative start
         return is_non_negative(loop.lb) and (constant_value(loop.step) or 0) > 0
+    if _is_counter(v):
+        return True
     op = v.owner
     if isinstance(op, t.ProgramIdOp):
         return True
@@ -71,4 +73,19 @@ def is_non_negative(v: SSAValue) -> bool:
         return is_non_negative(op.lhs) or is_non_negative(op.rhs)
     if isinstance(op, arith.IndexCastOp):
         return is_non_negative(op.input)
+    if isinstance(op, t.SelectOp):
+        return is_non_negative(op.lhs) and is_non_negative(op.rhs)
     return False
+
+
+def _is_counter(v: SSAValue) -> bool:
+    """Whether `v` is a loop-carried value that starts non-negative and each iteration adds a
+    non-negative amount to (a persistent GEMM's first pipeline step of each tile)."""
+    if not (isinstance(v, BlockArgument) and v.index > 0 and isinstance(v.block.parent_op(), scf.ForOp)):
+        return False
+    loop = v.block.parent_op()
+    yielded = v.block.last_op.operands[v.index - 1]
+    step = yielded.owner
+    return (is_non_negative(loop.iter_args[v.index - 1]) and isinstance(step, arith.AddiOp)
+            and v in (step.lhs, step.rhs)
+            and is_non_negative(step.rhs if step.lhs is v else step.lhs))

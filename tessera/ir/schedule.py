@@ -34,10 +34,10 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     ),
     "gemm": (
         {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8,
-         "mma_async": 0, "warp_specialize": 0},
+         "mma_async": 0, "warp_specialize": 0, "persistent": 0},
         {"block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64],
          "num_warps": [4, 8], "num_stages": [2, 3, 4], "group_m": [1, 4, 8, 16], "mma_async": [0, 1],
-         "warp_specialize": [0, 1]},
+         "warp_specialize": [0, 1], "persistent": [0, 1]},
     ),
     "row_reduction": (
         {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1},
@@ -55,8 +55,10 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 #: leaves each GEMM step's (wgmma) mmas running while the next copies are issued; `qk_ahead` (with
 #: 3+ stages) has flash attention compute the next key block's scores before this block's P @ V;
 #: `warp_specialize` adds a producer warpgroup that alone issues the (TMA) copies, so the warps
-#: computing never wait for each other, only for data (ignored where copies are not TMA's).
-SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize"})
+#: computing never wait for each other, only for data (ignored where copies are not TMA's);
+#: `persistent` launches one GEMM block per SM (the schedule's `programs`), each walking output
+#: tiles with one pipeline across them, so a tile's first copies land while the previous is stored.
+SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent"})
 
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
@@ -68,9 +70,11 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
      {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 2}),
     ("gemm", lambda f: f.get("element_bytes") == 4, {"block_k": 32, "num_stages": 3}),
     # Hopper-native GEMM: one 64 x 256 wgmma per warpgroup, four TMA stages (192 KB), each step's
-    # wgmma left running while the next step's copies are issued (mma_async)
+    # wgmma left running while the next step's copies are issued (mma_async), one block per SM
+    # walking tiles (persistent: +1-3% on H100; the mma.sync path loses 2-8% with it)
     ("gemm", lambda f: f.get("wgmma") and f.get("element_bytes") == 2,
-     {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 4, "mma_async": 1}),
+     {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 4, "mma_async": 1,
+      "persistent": 1}),
     # ... whose 128 accumulators per thread leave no room for a heavy epilogue's temporaries
     ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_ops", 0) > 2, {"block_n": 128}),
     ("flash_attention", lambda f: f.get("head_dim") == 128,

@@ -417,56 +417,87 @@ def _copy(kb: KernelBuild, o: Operand, smem: SSAValue, stage: SSAValue, offsets:
     kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims))
 
 
-def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
-                    step_size: int, fixed: dict[str, SSAValue], scalars, inits, compute, mma_async: bool = False):
-    """The multi-stage shared-memory pipeline around a loop over steps [first, end) of `inner_axis`.
+@dataclass
+class _Pipeline:
+    """The multi-stage shared-memory pipeline of a loop over steps of `inner_axis`.
 
-    Stage `i % stages` holds step i's tiles. The prologue issues steps first..first+stages-2.
-    Iteration i waits until step i has landed, then one barrier both publishes it and
-    tells every thread that stage (i-1) % stages, read in the previous iteration, is
-    free, so step i+stages-1 is issued into it before computing. Copies past the end
-    read padding (TMA zero-fills; the backend drains copies no step reads), so no step
-    needs a guard. One stage degenerates to copy, wait,
-    compute, with a second barrier before the stage is overwritten.
+    Stage `step % stages` holds step's tiles; `offsets(step)` places them (by default at the
+    `fixed` offsets and step * step_size along `inner_axis`). `prologue(first)` issues steps
+    first..first+stages-2. In `loop`, iteration i waits until step i has landed, then one barrier
+    both publishes it and tells every thread that stage (i-1) % stages, read in the previous
+    iteration, is free, so step i+stages-1 is issued into it before computing. Copies past the end
+    read padding (TMA zero-fills; the backend drains copies no step reads), so no step needs a
+    guard. One stage degenerates to copy, wait, compute, with a second barrier before the stage
+    is overwritten.
 
-    With `mma_async` (and 2+ stages), step i's mmas are left running while step i+stages-1
-    is issued: compute, wait until only step i's mmas run (so step i-1's are done in this
-    thread), a barrier (so in every thread), then issue into stage (i-1) % stages; the
-    accumulator is waited for after the loop.
+    With `mma_async` (and 2+ stages), step i's mmas are left running while step i+stages-1 is
+    issued: compute, wait until only step i's mmas run (so step i-1's are done in this thread), a
+    barrier (so in every thread), then issue into stage (i-1) % stages; the caller waits for the
+    accumulator after the loop.
     """
-    first, end = (kb.b.index(x) if isinstance(x, int) else x for x in steps)
-    smem = [kb.b(t.AllocSharedOp([stages, *o.shape], g.tensor_type(o.value).element)) for o in operands]
-    mma_async = mma_async and stages > 1
 
-    def issue(step: SSAValue):
-        stage = kb.b(arith.RemSIOp(step, kb.b.index(stages)))
-        offset = kb.b(arith.MuliOp(step, kb.b.index(step_size)))
-        for o, buf in zip(operands, smem):
-            _copy(kb, o, buf, stage, {**fixed, inner_axis: offset}, scalars)
+    kb: KernelBuild
+    stages: int
+    operands: list[Operand]
+    offsets: Callable[[SSAValue], dict[str, SSAValue]]
+    scalars: dict
+    mma_async: bool = False
+
+    def __post_init__(self):
+        self.mma_async = self.mma_async and self.stages > 1
+        self.smem = [self.kb.b(t.AllocSharedOp([self.stages, *o.shape], g.tensor_type(o.value).element))
+                     for o in self.operands]
+
+    def issue(self, step: SSAValue) -> None:
+        kb = self.kb
+        stage = kb.b(arith.RemSIOp(step, kb.b.index(self.stages)))
+        offsets = self.offsets(step)
+        for o, buf in zip(self.operands, self.smem):
+            _copy(kb, o, buf, stage, offsets, self.scalars)
         kb.b(t.AsyncCommitOp())
 
-    for i in range(stages - 1):
-        issue(kb.b(arith.AddiOp(first, kb.b.index(i))))
+    def prologue(self, first: SSAValue) -> None:
+        for i in range(self.stages - 1):
+            self.issue(self.kb.b(arith.AddiOp(first, self.kb.b.index(i))))
 
-    def body(iv, *state):
-        if stages == 1:
-            issue(iv)
-        kb.b(t.AsyncWaitOp(max(stages - 2, 0)))
-        kb.b(t.BarrierOp())
-        if stages > 1 and not mma_async:
-            issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
-        stage = kb.b(arith.RemSIOp(iv, kb.b.index(stages)))
-        tiles = [kb.b(t.LoadSharedOp(buf, stage)) for buf in smem]
-        out = compute(iv, tiles, *state)
-        if mma_async:
-            kb.b(t.MmaWaitOp(1))
-        if stages == 1 or mma_async:
+    def loop(self, first, end, inits: list[SSAValue], compute, base: SSAValue | None = None) -> list[SSAValue]:
+        """The loop over iterations [first, end), iteration i being pipeline step `base + i`
+        (`base` None: step i); `compute(i, tiles, *state)` returns the next state."""
+        kb, stages = self.kb, self.stages
+
+        def body(iv, *state):
+            step = iv if base is None else kb.b(arith.AddiOp(base, iv))
+            if stages == 1:
+                self.issue(step)
+            kb.b(t.AsyncWaitOp(max(stages - 2, 0)))
             kb.b(t.BarrierOp())
-        if mma_async:
-            issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
-        return out
-    results = _for(kb.b, first, end, 1, inits, body)
-    if mma_async:
+            if stages > 1 and not self.mma_async:
+                self.issue(kb.b(arith.AddiOp(step, kb.b.index(stages - 1))))
+            stage = kb.b(arith.RemSIOp(step, kb.b.index(stages)))
+            tiles = [kb.b(t.LoadSharedOp(buf, stage)) for buf in self.smem]
+            out = compute(iv, tiles, *state)
+            if self.mma_async:
+                kb.b(t.MmaWaitOp(1))
+            if stages == 1 or self.mma_async:
+                kb.b(t.BarrierOp())
+            if self.mma_async:
+                self.issue(kb.b(arith.AddiOp(step, kb.b.index(stages - 1))))
+            return out
+        return _for(kb.b, first, end, 1, inits, body)
+
+
+def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
+                    step_size: int, fixed: dict[str, SSAValue], scalars, inits, compute, mma_async: bool = False):
+    """A `_Pipeline` loop over steps [first, end) of `inner_axis`, `step_size` apart, from a prologue
+    of its own; with `mma_async`, the mmas still running are waited for after the loop."""
+    first, end = (kb.b.index(x) if isinstance(x, int) else x for x in steps)
+
+    def offsets(step):
+        return {**fixed, inner_axis: kb.b(arith.MuliOp(step, kb.b.index(step_size)))}
+    pipe = _Pipeline(kb, stages, operands, offsets, scalars, mma_async)
+    pipe.prologue(first)
+    results = pipe.loop(first, end, inits, compute)
+    if pipe.mma_async:
         kb.b(t.MmaWaitOp(0))
     return results
 
@@ -536,34 +567,97 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
     tiles_m, tiles_n = cdiv(sizes["m"], tile["m"]), cdiv(sizes["n"], tile["n"])
     grid = (tiles_m * tiles_n, math.prod(sz for _, sz in batch), 1)
     scalars = kb.batch_indices(kb.pid(1), batch)
-    pid_m, pid_n = _grouped_tile(kb, kb.pid(0), tiles_m, tiles_n, p.get("group_m", 1))
-    m0, n0 = kb.mul(pid_m, tile["m"]), kb.mul(pid_n, tile["n"])
     a_map, b_map = matmul_operand_maps(mm, axes, "k", kb.bindings)
     a = operand(kb, mm.lhs, a_map, ("m", "k"), tile)
     b = operand(kb, mm.rhs, b_map, ("k", "n"), tile)
     if operand_layout(a, ("m", "k")):
         a.order = ("m", "k")  # an A stored K-major is read transposed by the copy
     acc0 = kb.b.full(0.0, [tile["m"], tile["n"]])
+    steps = cdiv(k_size, tile["k"])
 
     def compute(iv, tiles, acc):
         return [kb.b(t.MmaOp(tiles[0], tiles[1], acc, transpose_b=operand_layout(b, ("k", "n"))))]
-    (acc,) = _pipelined_loop(kb, (0, cdiv(k_size, tile["k"])), p["num_stages"], [a, b], "k", tile["k"],
+
+    def store(acc, m0, n0):
+        ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
+        kb.em.overrides[mm.res] = acc
+        kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, out_t.dtype)
+
+    if _walks_tiles(p, tiles_m * tiles_n, steps):
+        _persistent_tiles(kb, p["programs"], (tiles_m, tiles_n), steps, [a, b], scalars, acc0, compute, store)
+        return (p["programs"], grid[1], 1)
+    pid_m, pid_n = _grouped_tile(kb, kb.pid(0), tiles_m, tiles_n, p.get("group_m", 1))
+    m0, n0 = kb.mul(pid_m, tile["m"]), kb.mul(pid_n, tile["n"])
+    (acc,) = _pipelined_loop(kb, (0, steps), p["num_stages"], [a, b], "k", tile["k"],
                              {"m": m0, "n": n0}, scalars, [acc0], compute, mma_async=bool(p.get("mma_async")))
-    ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
-    kb.em.overrides[mm.res] = acc
-    kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, out_t.dtype)
+    store(acc, m0, n0)
     return grid
+
+
+def _walks_tiles(params: dict, tiles: int, steps: int) -> bool:
+    """Whether a `persistent` GEMM's blocks walk several tiles each: only with more tiles than
+    blocks, two or more k steps a tile (with one, ptxas serializes the wgmmas of the loop) and no
+    warp specialization (its producer's refill guard counts the steps of one tile)."""
+    return (bool(params.get("persistent")) and tiles > params["programs"] and steps > 1
+            and not (params.get("warp_specialize") and params["num_stages"] > 1))
+
+
+def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int, int], steps: int, operands, scalars,
+                      acc0, compute, store) -> None:
+    """`programs` blocks, each walking the output tiles pid, pid + programs, ... (in grouped order),
+    `steps` k steps each. The pipeline counts steps across tiles (step j * steps + k of a block's
+    j-th tile), so the last steps of one tile already issue the first copies of the next: they
+    land while this tile's accumulator is stored, and no tile starts with an empty pipeline."""
+    b, p = kb.b, kb.params
+    tiles_m, tiles_n = tiles
+    a, bb = operands
+    pid = kb.pid(0)
+
+    def tile_origin(tile_index):
+        pid_m, pid_n = _grouped_tile(kb, tile_index, tiles_m, tiles_n, p.get("group_m", 1))
+        return kb.mul(pid_m, a.sizes["m"]), kb.mul(pid_n, bb.sizes["n"])
+
+    def offsets(step):
+        """Where pipeline step `step` copies from: its tile (the last one for steps past this
+        block's tiles, whose copies are never read) and k step."""
+        j, k = b(arith.DivSIOp(step, b.index(steps))), b(arith.RemSIOp(step, b.index(steps)))
+        index = b(arith.MinSIOp(b(arith.AddiOp(pid, kb.mul(j, programs))), b.index(tiles_m * tiles_n - 1)))
+        m0, n0 = tile_origin(index)
+        return {"m": m0, "n": n0, "k": kb.mul(k, a.sizes["k"])}
+    pipe = _Pipeline(kb, p["num_stages"], operands, offsets, scalars, bool(p.get("mma_async")))
+    pipe.prologue(b.index(0))
+
+    def one_tile(tile_index, first_step):
+        (acc,) = pipe.loop(b.index(0), b.index(steps), [acc0], compute, base=first_step)
+        if pipe.mma_async:
+            b(t.MmaWaitOp(0))
+        store(acc, *tile_origin(tile_index))
+        return [b(arith.AddiOp(first_step, b.index(steps)))]
+    _for(b, pid, b.index(tiles_m * tiles_n), programs, [b.index(0)], one_tile)
+    if pipe.mma_async:
+        b(t.MmaWaitOp(0))   # outside every loop: where the backend drains copies past the last tile
 
 
 def _grouped_tile(kb: KernelBuild, pid: SSAValue, tiles_m: int, tiles_n: int, group: int):
     """(tile row, tile column) of program `pid`, walking `group` tile rows at a time column by column,
-    so the programs running together share A rows and B columns in L2."""
+    so the programs running together share A rows and B columns in L2. Every division is by a
+    constant (the last group, `tiles_m % group` rows high, is divided by that and selected), which
+    the backend turns into multiplies: a persistent GEMM does this every step."""
     b = kb.b
+    group = min(group, tiles_m)
     per_group = b.index(group * tiles_n)
     first_m = b(arith.MuliOp(b(arith.DivSIOp(pid, per_group)), b.index(group)))
-    rows = b(arith.MinSIOp(b(arith.SubiOp(b.index(tiles_m), first_m)), b.index(group)))
     within = b(arith.RemSIOp(pid, per_group))
-    return b(arith.AddiOp(first_m, b(arith.RemSIOp(within, rows)))), b(arith.DivSIOp(within, rows))
+
+    def row_col(rows: int):
+        return b(arith.RemSIOp(within, b.index(rows))), b(arith.DivSIOp(within, b.index(rows)))
+    row, col = row_col(group)
+    last_rows = tiles_m % group
+    if last_rows:
+        in_last = b(t.CmpiOp(first_m, b.index(tiles_m - last_rows), "sge"))
+        last_row, last_col = row_col(last_rows)
+        row, col = b(t.SelectOp(in_last, last_row, row)), b(t.SelectOp(in_last, last_col, col))
+    return b(arith.AddiOp(first_m, row)), col
 
 
 # --- flash attention ------------------------------------------------------------------------------

@@ -50,6 +50,8 @@ class Group:
 class _Planner:
     max_shared: int | None = None    # the target's shared memory per block, when known
     native: bool = False             # the target has the Hopper-native path (TMA + wgmma)
+    sm_count: int = 1                # the target's SMs and shared memory per SM: how many blocks
+    shared_per_sm: int = 0           # a persistent kernel launches
 
     def __init__(self, f: func.FuncOp):
         self.f = f
@@ -274,11 +276,15 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         block.add_op(copy)
         out = copy.res
     block.add_op(s.YieldOp([out]))
-    params = s.default_params(group.kind, _features(group, planner), planner.max_shared)
+    features = _features(group, planner)
+    params = s.default_params(group.kind, features, planner.max_shared)
     space = s.KINDS[group.kind][1]
     if space_override:
         space = {k: list(v) for k, v in space_override.items() if k in params}
         params = {k: (space[k][0] if k in space else v) for k, v in params.items()}
+    if params.get("persistent"):   # as many blocks as the SMs' shared memory holds, or as the space says
+        per_sm = max(1, planner.shared_per_sm // max(1, s.shared_bytes(group.kind, params, features)))
+        params["programs"] = (space_override or {}).get("programs", [planner.sm_count * per_sm])[0]
     return block, inputs, params, space
 
 
@@ -318,6 +324,8 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp
         planner = _Planner(f)
         planner.max_shared = platform.max_shared_per_block if platform else None
         planner.native = bool(platform) and HOPPER_NATIVE <= platform.features
+        planner.sm_count = platform.sm_count if platform else 1
+        planner.shared_per_sm = platform.max_shared_per_sm if platform else 0
         groups = planner.plan()
         body = Block(arg_types=[a.type for a in f.body.block.args])
         outer = dict(zip(f.body.block.args, body.args))

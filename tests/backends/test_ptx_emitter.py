@@ -138,15 +138,20 @@ NATIVE_GEMMS = [
     (gemm_epilogue, dict(M=300, K=200, N=1000)),
     (gemm_nt, dict(M=256, K=136, N=200)),
     (batched, dict(B=3, M=70, K=48, N=40)),
+    (batched, dict(B=1, M=4096, K=512, N=2048)),           # more tiles than SMs: persistent
+    (gemm_epilogue, dict(M=2048, K=512, N=2000)),          # persistent, with an epilogue and tails
 ]
 
 
 @needs_ptxas
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
-@pytest.mark.parametrize("fn,dims", NATIVE_GEMMS, ids=["aligned", "tails", "b-k-major", "batched"])
+@pytest.mark.parametrize("fn,dims", NATIVE_GEMMS,
+                         ids=["aligned", "tails", "b-k-major", "batched", "persistent", "persistent-epilogue"])
 def test_native_gemm_assembles_for_sm90a(fn, dims, dtype, tmp_path):
     """The Hopper path: wgmma from TMA-filled, 128-byte-swizzled tiles; no spills."""
     compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch="sm_90a")
+    walks_tiles = "grid = array<i64: 132, 1, 1>" in compiled.ir("tile")   # a block per SM of sm_90a
+    assert walks_tiles == (dims["M"] >= 2048)
     (kernel,) = emit_module(compiled.modules["target"]).values()
     assert "wgmma.mma_async" in kernel.ptx and "cp.async.bulk.tensor" in kernel.ptx
     report, _ = assemble(kernel.ptx, "sm_90a", tmp_path)

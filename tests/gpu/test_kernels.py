@@ -184,6 +184,27 @@ def test_native_gemm_uses_wgmma_and_tma(torch_cuda, hopper, fn, dims, dtype):
     check(out, gemm_reference(fn, inputs, torch), dtype, torch)
 
 
+@pytest.mark.parametrize("fn,dims,dtype,space", [
+    (gemm_bias_gelu, dict(M=512, K=1024, N=512), "fp16", dict(programs=[3])),                  # 2-3 tiles each
+    (gemm_bias_gelu, dict(M=300, K=200, N=1000), "bf16", dict(programs=[5], num_stages=[4])),  # tails, 4 steps
+    (gemm_nt_scaled, dict(M=256, K=1000, N=200), "fp16", dict(programs=[1], num_stages=[2])),  # one block
+    (gemm_nt_scaled, dict(M=640, K=128, N=384), "fp16", dict(programs=[4], mma_async=[0])),    # 2 steps, 4 stages
+    (batched_gemm, dict(B=3, M=700, K=96, N=640), "fp16", dict(programs=[2])),                # batched
+], ids=["aligned", "tails", "one-block", "fewer-steps-than-stages", "batched"])
+@pytest.mark.parametrize("path", ["native", "ampere"])
+def test_persistent_gemm(torch_cuda, hopper, fn, dims, dtype, space, path):
+    """`persistent`: fewer blocks than tiles, each walking tiles with one pipeline across them (a
+    tile's last steps issue the next tile's first copies). Steps counted wrongly across tiles show
+    as tiles of another tile's data, or, on the native path, as a hang on an mbarrier phase."""
+    torch = torch_cuda
+    space = {"persistent": [1], **space}
+    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=_arch(), path=path, space=space)
+    assert f"grid = array<i64: {space['programs'][0]}," in compiled.ir("tile")   # blocks walk tiles
+    inputs, (out,) = run(fn, dims, dtype, torch, path=path, expect="wgmma" if path == "native" else "mma.sync",
+                         space=space)
+    check(out, gemm_reference(fn, inputs, torch), dtype, torch)
+
+
 @pytest.mark.parametrize("fn,dims,dtype,stages", [
     (gemm_bias_gelu, dict(M=512, K=1024, N=512), "fp16", 4),      # more steps than stages: stages reused
     (gemm_bias_gelu, dict(M=300, K=200, N=1000), "bf16", 4),      # partial tiles, fewer steps than stages

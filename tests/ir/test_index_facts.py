@@ -53,3 +53,14 @@ def test_gemm_tile_origins_are_multiples_of_the_tile():
         assert index_facts.known_multiple(copy.src_indices[dims[0]]) % rows == 0
         assert index_facts.known_multiple(copy.src_indices[dims[1]]) % cols == 0
         assert all(index_facts.is_non_negative(v) for v in copy.dst_indices)
+
+
+def test_persistent_gemm_step_counters_are_never_negative():
+    """A persistent GEMM carries each tile's first pipeline step (0, + steps per tile) through its
+    tile loop; the step, and so the stage and the copy's tile and k, divide unsigned by constants."""
+    fn = tsr.function(gemm.fn, space=dict(persistent=[1], programs=[4]))
+    compiled = fn.compile(fn.arg_specs_for(dict(M=1024, K=512, N=1024), "fp16"), arch="sm_90a")
+    divisions = [op for op in compiled.modules["target"].walk() if isinstance(op, (arith.DivSIOp, arith.RemSIOp))]
+    assert divisions
+    for op in divisions:
+        assert index_facts.is_non_negative(op.lhs) and index_facts.constant_value(op.rhs), op

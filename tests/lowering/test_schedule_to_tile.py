@@ -120,3 +120,37 @@ def test_folded_softmax_matches_numpy(fn, s):
         scores = np.where(i[None, :] >= i[:, None] - 40, scores, -np.inf)
     p = np.exp(scores - scores.max(-1, keepdims=True))
     np.testing.assert_allclose(fn(q, k, v), (p / p.sum(-1, keepdims=True)) @ v, rtol=1e-4, atol=1e-5)
+
+
+@tsr.function
+def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+    return tsr.matmul(a, b)
+
+
+@pytest.mark.parametrize("stages,mma_async", [(1, 0), (2, 1), (3, 0), (4, 1)])
+@pytest.mark.parametrize("dims", [dict(M=100, K=70, N=90), dict(M=330, K=40, N=97), dict(M=200, K=20, N=64)],
+                         ids=["tails", "last-group", "prologue-spans-tiles"])
+def test_persistent_gemm_matches_numpy(stages, mma_async, dims):
+    """Five blocks walk every tile in grouped order (groups of 4 tile rows; 330 rows leave a last
+    group of 3) with one pipeline across tiles, on the tile interpreter, whose copies land late;
+    with 2 k steps a tile, 4 stages' prologue already reaches into a block's second tile."""
+    fn = tsr.function(gemm.fn, space=dict(persistent=[1], programs=[5], block_m=[32], block_n=[32], block_k=[16],
+                                          num_stages=[stages], mma_async=[mma_async], group_m=[4]))
+    compiled = fn.compile(fn.arg_specs_for(dims, "fp32"), arch="sm_90a")
+    assert "grid = array<i64: 5, 1, 1>" in compiled.ir("tile")
+    rng = np.random.default_rng(stages)
+    a = rng.standard_normal((dims["M"], dims["K"])).astype(np.float32)
+    b = rng.standard_normal((dims["K"], dims["N"])).astype(np.float32)
+    np.testing.assert_allclose(compiled.run(a, b)[0], a @ b, rtol=1e-4, atol=1e-4)
+
+
+def test_persistent_gemm_keeps_a_tile_per_block_where_it_gains_nothing():
+    """No more tiles than blocks, one k step a tile, or warp specialization: one tile per block."""
+    def grid(dims, **space):
+        fn = tsr.function(gemm.fn, space={"persistent": [1], "programs": [4], **space})
+        ir = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_90a").ir("tile")
+        return next(line for line in ir.splitlines() if "tile.launch" in line).split("grid = ")[1][:24]
+    assert grid(dict(M=1024, K=512, N=1024)).startswith("array<i64: 4,")       # 32 tiles of 128 x 256
+    assert grid(dict(M=256, K=512, N=256)).startswith("array<i64: 2,")         # 2 tiles: one each
+    assert grid(dict(M=1024, K=64, N=1024)).startswith("array<i64: 32,")       # one k step
+    assert grid(dict(M=1024, K=512, N=1024), warp_specialize=[1]).startswith("array<i64: 32,")
