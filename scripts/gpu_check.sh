@@ -46,10 +46,14 @@ section "GPU tests"
 # addopts is cleared so that -q is said once (twice hides the pass/fail counts).
 python3 -m pytest -q -o addopts= tests/gpu -rs || status=1
 
-# ===== Benchmarks: bench/run_all.py, once it exists =====
-if [ -f bench/run_all.py ]; then
-    section "Benchmarks"
-    python3 bench/run_all.py || status=1
-fi
+section "Benchmarks"
+python3 bench/run_all.py || status=1
+
+# What the mma.sync path can reach here (instruction ceiling, clocks and power at the card's limit)
+# and what persistent GEMM tiles change, on both paths.
+section "mma.sync ceiling"
+python3 bench/mma_sync_ceiling.py || status=1
+section "Persistent GEMM"
+python3 bench/persistent_gemm.py || status=1
 
 exit "$status"
