@@ -34,11 +34,17 @@ class Options:
     tensor_cores: bool = True          # False keeps every mma on the CUDA cores
     opt_level: int = 3                 # ptxas -O level the backend assembles with
     path: str = "native"               # "ampere": mma.sync + cp.async even where the arch has more
+    sm_count: int | None = None        # the device's SMs, where they differ from the arch's in the
+                                       # registry (an H100 PCIe has 114): persistent kernels use them
 
     def platform(self):
+        import dataclasses
+
         from . import platforms
 
         p = platforms.get(self.arch)
+        if self.sm_count is not None:
+            p = dataclasses.replace(p, sm_count=self.sm_count)
         if self.path == "ampere":
             return platforms.without(p, platforms.BEYOND_AMPERE)
         if self.path != "native":
@@ -154,10 +160,12 @@ def _dump_request(dump) -> tuple[str, ...]:
 
 def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None = None,
                    tensor_cores: bool = True, opt_level: int = 3, path: str = "native",
+                   sm_count: int | None = None,
                    dump: Sequence[str] | None = None, dump_dir: str | os.PathLike | None = None) -> Compiled:
     """Runs every stage on a Graph IR module, verifying each result."""
     start = time.perf_counter()
-    options = Options(arch=arch, space=space, tensor_cores=tensor_cores, opt_level=opt_level, path=path)
+    options = Options(arch=arch, space=space, tensor_cores=tensor_cores, opt_level=opt_level, path=path,
+                      sm_count=sm_count)
     graph_module.verify()
     modules = {"graph": graph_module}
     current = graph_module

@@ -37,15 +37,17 @@ def _to_numpy(x) -> np.ndarray:
 
 
 def _gpu_options(tensors, options: dict) -> tuple[int, dict]:
-    """The device of the call, and compile options for it: its arch, on the native code path
-    (TMA + wgmma where the arch has them and the kernel takes them)."""
+    """The device of the call, and compile options for it: its arch and SM count, on the native code
+    path (TMA + wgmma where the arch has them and the kernel takes them)."""
     from ..runtime import driver, interop
 
     device = interop.describe(tensors[0][1], f"argument {tensors[0][0]!r}").device
     if device is None:
         raise TesseraError("mixing CPU and CUDA arguments: put every tensor on the same device")
     options = dict(options)
-    options.setdefault("arch", driver.device_platform(device).arch)
+    platform = driver.device_platform(device)
+    options.setdefault("arch", platform.arch)
+    options.setdefault("sm_count", platform.sm_count)
     return device, options
 
 

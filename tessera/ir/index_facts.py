@@ -54,38 +54,43 @@ def known_multiple(v: SSAValue) -> int:
     return 1
 
 
-def is_non_negative(v: SSAValue) -> bool:
-    """True when `v` can never be negative."""
+def is_non_negative(v: SSAValue, assumed: frozenset = frozenset()) -> bool:
+    """True when `v` can never be negative (`assumed`: loop-carried values taken as non-negative
+    while their own update is checked, the induction step of `_is_counter`)."""
+    if v in assumed:
+        return True
     c = constant_value(v)
     if c is not None:
         return c >= 0
     loop = _loop_of(v)
     if loop is not None:  # counts up from a non-negative start
-        return is_non_negative(loop.lb) and (constant_value(loop.step) or 0) > 0
-    if _is_counter(v):
+        return is_non_negative(loop.lb, assumed) and (constant_value(loop.step) or 0) > 0
+    if _is_counter(v, assumed):
         return True
     op = v.owner
     if isinstance(op, t.ProgramIdOp):
         return True
     if isinstance(op, (arith.AddiOp, arith.MuliOp, arith.MinSIOp, arith.DivSIOp, arith.RemSIOp)):
-        return is_non_negative(op.lhs) and is_non_negative(op.rhs)
+        return is_non_negative(op.lhs, assumed) and is_non_negative(op.rhs, assumed)
     if isinstance(op, arith.MaxSIOp):
-        return is_non_negative(op.lhs) or is_non_negative(op.rhs)
+        return is_non_negative(op.lhs, assumed) or is_non_negative(op.rhs, assumed)
     if isinstance(op, arith.IndexCastOp):
-        return is_non_negative(op.input)
+        return is_non_negative(op.input, assumed)
     if isinstance(op, t.SelectOp):
-        return is_non_negative(op.lhs) and is_non_negative(op.rhs)
+        return is_non_negative(op.lhs, assumed) and is_non_negative(op.rhs, assumed)
     return False
 
 
-def _is_counter(v: SSAValue) -> bool:
+def _is_counter(v: SSAValue, assumed: frozenset) -> bool:
     """Whether `v` is a loop-carried value that starts non-negative and each iteration adds a
-    non-negative amount to (a persistent GEMM's first pipeline step of each tile)."""
+    non-negative amount to (a persistent GEMM's first pipeline step of each tile): by induction,
+    the amount is checked with `v` itself assumed non-negative."""
     if not (isinstance(v, BlockArgument) and v.index > 0 and isinstance(v.block.parent_op(), scf.ForOp)):
         return False
     loop = v.block.parent_op()
     yielded = v.block.last_op.operands[v.index - 1]
     step = yielded.owner
-    return (is_non_negative(loop.iter_args[v.index - 1]) and isinstance(step, arith.AddiOp)
+    inner = assumed | {v}
+    return (is_non_negative(loop.iter_args[v.index - 1], assumed) and isinstance(step, arith.AddiOp)
             and v in (step.lhs, step.rhs)
-            and is_non_negative(step.rhs if step.lhs is v else step.lhs))
+            and is_non_negative(step.rhs if step.lhs is v else step.lhs, inner))

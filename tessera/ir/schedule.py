@@ -190,6 +190,10 @@ class KernelOp(IRDLOperation):
             v = value.value.data
             if allowed is not None and key.startswith("block") and v & (v - 1):
                 raise VerifyException(f"schedule.kernel {self.sym_name.data}: {key}={v} is not a power of two")
+        params = self.param_values
+        if params.get("persistent") and "programs" not in params:
+            raise VerifyException(f"schedule.kernel {self.sym_name.data}: persistent = 1 needs programs "
+                                  "(the blocks that walk its tiles)")
 
 
 Schedule = Dialect("schedule", [KernelOp, YieldOp], [])

@@ -124,6 +124,8 @@ def test_register_split_needs_setmaxnreg_and_a_producer_warpgroup():
     assert register_split(sm90, 384, 128) is None          # no setmaxnreg without the "a" features
     assert register_split(sm90a, 256, 0) is None           # not warp-specialized
     assert register_split(sm90a, 256, 128) is None         # 255 registers each already: nothing to gain
+    assert register_split(sm90a, 192, 128) is None         # the computing warps are not a warpgroup
+    assert register_split(sm90a, 320, 128) is None         # setmaxnreg is per whole warpgroup
 
 
 def test_warp_specialization_needs_bulk_copies():

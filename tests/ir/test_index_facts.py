@@ -64,3 +64,29 @@ def test_persistent_gemm_step_counters_are_never_negative():
     assert divisions
     for op in divisions:
         assert index_facts.is_non_negative(op.lhs) and index_facts.constant_value(op.rhs), op
+
+
+def _loop_carrying(update):
+    """An scf.for carrying one index from 0, each iteration yielding `update(carried)`'s result."""
+    from xdsl.dialects import scf
+    from xdsl.dialects.builtin import IndexType
+    from xdsl.ir import Block, Region
+
+    lb, ub, step, init = const(0), const(8), const(1), const(0)
+    body = Block(arg_types=[IndexType(), IndexType()])
+    ops = update(body.args[1])
+    body.add_ops([*ops, scf.YieldOp(ops[-1].results[0])])
+    return scf.ForOp(lb.result, ub.result, step.result, [init.result], Region(body)), body.args[1]
+
+
+def test_counters_that_add_themselves_are_non_negative_by_induction():
+    """carried + carried and carried + 3 never go negative from 0; carried + (-1) may. The
+    carried value is assumed while its own update is checked, so the check ends."""
+    _, doubling = _loop_carrying(lambda c: [arith.AddiOp(c, c)])
+    assert index_facts.is_non_negative(doubling)
+    three = const(3)
+    _, counting = _loop_carrying(lambda c: [arith.AddiOp(c, three.result)])
+    assert index_facts.is_non_negative(counting)
+    minus = const(-1)
+    _, falling = _loop_carrying(lambda c: [arith.AddiOp(c, minus.result)])
+    assert not index_facts.is_non_negative(falling)

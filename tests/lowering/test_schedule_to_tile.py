@@ -154,3 +154,12 @@ def test_persistent_gemm_keeps_a_tile_per_block_where_it_gains_nothing():
     assert grid(dict(M=256, K=512, N=256)).startswith("array<i64: 2,")         # 2 tiles: one each
     assert grid(dict(M=1024, K=64, N=1024)).startswith("array<i64: 32,")       # one k step
     assert grid(dict(M=1024, K=512, N=1024), warp_specialize=[1]).startswith("array<i64: 32,")
+
+
+def test_persistent_gemm_launches_a_block_per_sm_of_the_device():
+    """`programs` follows the SM count of the device compiled for (an H100 PCIe has 114 where the
+    registry's sm_90a has 132), so no block waits for a second wave."""
+    for sms in (None, 114):
+        compiled = gemm.compile(gemm.arg_specs_for(dict(M=4096, K=4096, N=4096), "fp16"), arch="sm_90a",
+                                **({"sm_count": sms} if sms else {}))
+        assert f"grid = array<i64: {sms or 132}, 1, 1>" in compiled.ir("tile")

@@ -233,13 +233,14 @@ def register_split(platform, threads: int, producer_threads: int) -> RegisterSpl
     all `threads`; None where the target has no setmaxnreg or the consumers would gain nothing.
     The launch count is pinned with .maxnreg: the pool setmaxnreg.inc draws from is the launch count
     times the block's threads, and a request beyond the pool would wait forever."""
-    if not producer_threads or "setmaxnreg" not in platform.features:
-        return None
+    if (not producer_threads or "setmaxnreg" not in platform.features
+            or producer_threads % 128 or threads % 128 or threads == producer_threads):
+        return None   # setmaxnreg is per warpgroup: each role must be whole warpgroups
     launch = min(platform.max_regs_per_thread, platform.regs_per_sm // threads) // 8 * 8
     warpgroups, producers = threads // 128, producer_threads // 128
     spare = warpgroups * launch - producers * PRODUCER_REGS
     consumer = min(platform.max_regs_per_thread // 8 * 8, spare // (warpgroups - producers) // 8 * 8)
-    if producer_threads % 128 or consumer <= launch:
+    if consumer <= launch:
         return None
     return RegisterSplit(launch, PRODUCER_REGS, consumer)
 
