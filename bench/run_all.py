@@ -117,7 +117,8 @@ def on_path(fn, path: str, dims: dict[str, int], dtype: str):
     """`fn` compiled for `dims` on one code path ("native": what a plain call runs; "ampere": the
     mma.sync + cp.async path), as a callable returning its one output."""
     from tessera.runtime import driver
-    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=driver.Device(0).platform().arch, path=path)
+    platform = driver.Device(0).platform()
+    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=platform.arch, sm_count=platform.sm_count, path=path)
     program = compiled.gpu_program(0)
     return lambda *xs: program(*xs)[0]
 
