@@ -60,6 +60,10 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 #: tiles with one pipeline across them, so a tile's first copies land while the previous is stored.
 SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent"})
 
+#: Params the fusion pass derives from the target rather than a template's defaults, which a space
+#: may still pin: `programs`, the blocks of a persistent GEMM (the SMs times the blocks one holds).
+DERIVED = frozenset({"programs"})
+
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
 SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [

@@ -39,8 +39,8 @@ log = logging.getLogger("tessera.autotune")
 #: calls timed per point of the space
 REPEATS = 25
 
-#: every schedule parameter some kernel template takes
-PARAMS = frozenset(k for defaults, _ in schedule.KINDS.values() for k in defaults)
+#: every schedule parameter some kernel template takes, or the fusion pass derives
+PARAMS = frozenset(k for defaults, _ in schedule.KINDS.values() for k in defaults) | schedule.DERIVED
 
 
 def default_directory() -> Path:

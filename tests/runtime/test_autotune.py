@@ -21,6 +21,8 @@ def test_space_takes_the_seed_spelling_and_rejects_unknown_names():
         normalize_space(dict(num_warps=[0]), "f")
     with pytest.raises(TesseraError, match="'mma_async' must list 0 or 1"):
         normalize_space(dict(mma_async=[2]), "f")
+    assert normalize_space(dict(persistent=1, PROGRAMS=[132, 264]), "f") == {"persistent": (1,),
+                                                                          "programs": (132, 264)}
 
 
 def test_points_start_with_the_first_values():
