@@ -298,6 +298,11 @@ class Kernel:
         attr = getattr(bindings().CUfunction_attribute, f"CU_FUNC_ATTRIBUTE_{suffix}")
         return _call("cuFuncGetAttribute", attr, self.handle, detail=f"for kernel '{self.name}'")
 
+    @functools.cached_property
+    def static_shared(self) -> int:
+        """Bytes of the kernel's own `.shared` arrays; they count against the same 48 KB default."""
+        return self._attribute("SHARED_SIZE_BYTES")
+
     def set_max_dynamic_shared(self, nbytes: int) -> None:
         """Opt in to `nbytes` of dynamic shared memory; launches asking for more than 48 KB fail without it."""
         attr = bindings().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES

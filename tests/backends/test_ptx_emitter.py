@@ -11,7 +11,7 @@ from hypothesis import strategies as st
 import tessera as tsr
 from tessera import Tensor
 from tessera.backends.ptx import UnsupportedByBackend, emit_module
-from tessera.backends.ptx.emitter import unsigned_magic
+from tessera.backends.ptx.emitter import Staging, unsigned_magic
 
 from tessera.runtime.ptxas import find_tool, sass
 
@@ -205,6 +205,58 @@ def test_native_gemm_sass(tmp_path):
                                             sass(cubin)))
     assert counts["HGMMA.64x128x16.F32"] > 0 and counts["UTMALDG.2D"] > 0 and counts["HMMA"] == 0
     assert any(k.startswith("SYNCS.PHASECHK") for k in counts)
+
+
+@tsr.function
+def gemm_to_fp32(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+    return tsr.matmul(a, b).to(tsr.fp32)
+
+
+NARROW_STORE = re.compile(r"st\.global\.(?!v4\.b32)")
+
+
+@needs_ptxas
+@pytest.mark.parametrize("fn,dims", [(gemm_epilogue, dict(M=256, K=512, N=384)),
+                                     (gemm_to_fp32, dict(M=300, K=200, N=1000)),
+                                     (batched, dict(B=1, M=4096, K=512, N=2048))],
+                         ids=["fp16", "fp32-tails", "persistent"])
+def test_native_gemm_stores_whole_lines_through_each_warps_shared_buffer(fn, dims, tmp_path):
+    """The native GEMM's tile leaves through a shared buffer per warp (16 rows, each padded by 16
+    bytes), in 16-byte global stores only, ordered by warp barriers, not block barriers."""
+    compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_90a")
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    (size,) = map(int, re.findall(r"\.shared \.align 16 \.b8 stage_\d+\[(\d+)\];", kernel.ptx))
+    assert size == kernel.threads // 32 * 16 * (128 + 16)
+    assert "st.global.v4.b32" in kernel.ptx and not NARROW_STORE.search(kernel.ptx)
+    assert kernel.ptx.count("bar.warp.sync") % 2 == 0 and "bar.warp.sync" in kernel.ptx
+    report, _ = assemble(kernel.ptx, "sm_90a", tmp_path)
+    assert "0 bytes spill stores" in report and "serialized" not in report
+    assert f"{size} bytes smem" in report
+
+
+@pytest.mark.parametrize("fn,dims,path", [(gemm_nt, dict(M=77, K=64, N=45), "native"),   # rows of 90 bytes
+                                          (gemm_epilogue, dict(M=256, K=512, N=384), "ampere")])
+def test_stores_stay_direct_where_staging_does_not_apply(fn, dims, path):
+    """No staging where a row is not whole 16-byte vectors, nor on the mma.sync path (its several
+    blocks per SM hide one another's stores)."""
+    compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_90a", path=path)
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    assert "stage_" not in kernel.ptx and NARROW_STORE.search(kernel.ptx)
+
+
+@pytest.mark.parametrize("elem,warp_cols", [(2, 256), (2, 64), (2, 32), (2, 16), (4, 128), (4, 16)])
+def test_a_staged_fragment_store_touches_every_bank_equally(elem, warp_cols):
+    """One fragment store of a warp: lane l writes row l / 4, bytes 2 elem (l % 4) on; with the
+    16-byte pad each bank gets the same number of words (once for fp16: no conflict)."""
+    staging = Staging.of(elem, warp_cols)
+    words = [(lane // 4 * staging.pitch + lane % 4 * 2 * elem) // 4 + w
+             for lane in range(32) for w in range(2 * elem // 4)]
+    assert sorted(collections.Counter(word % 32 for word in words).values()) == [2 * elem // 4] * 32
+    assert staging.lanes_per_row * staging.vec == staging.cols and 32 % staging.lanes_per_row == 0
+
+
+def test_no_staging_for_rows_narrower_than_two_vectors():
+    assert Staging.of(2, 8) is None and Staging.of(4, 4) is None
 
 
 @needs_ptxas

@@ -260,6 +260,7 @@ class KernelEmitter:
         self.shared: list[str] = []
         self._labels = 0
         self.smem_bytes = 0          # dynamic shared memory the kernel needs
+        self.static_smem = 0         # .shared arrays the kernel declares (reductions, staged stores)
         self.smem_base: str | None = None    # register holding the dynamic shared memory's address
         self._tid_regs: tuple[str, str, str] | None = None
         self._bases: dict[tuple, str] = {}
@@ -742,6 +743,7 @@ def _reduce_across_warps(e: KernelEmitter, src: Blocked, out: Slice, partial, ty
     rows = src.cover[0] * src.reps[0]
     buf = f"red_{len(e.shared)}"
     e.shared.append(f"    .shared .align 4 .b8 {buf}[{4 * rows * src.wc}];")
+    e.static_smem += 4 * rows * src.wc
     tid, lane, warp = e.tid()
     lane_c, _ = e.divmod(lane, src.tc)
     warp_c, _ = e.divmod(warp, src.wc)
@@ -907,6 +909,9 @@ def _store(e: KernelEmitter, op: t.StoreOp):
     layout = e.layouts[op.value]
     ty = ptx_type(op.value.type)
     tile_dims = t.int_values(op.tile_dims)
+    staging = _staging(e, op.dst, tile_dims, layout, ty)
+    if staging is not None:
+        return _store_staged(e, op, staging)
     addr, elems = _memory_access(e, op.dst, list(op.offsets), tile_dims, layout)
     width = _vector_runs(op.dst, tile_dims, layout, ty)
     suffix, pack = _vector_suffix(ty, width)
@@ -920,6 +925,163 @@ def _store(e: KernelEmitter, op: t.StoreOp):
                 e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
             run = words
         e.emit(f"@{pred} st.global.{suffix} [{addr}+{byte}], {_braced(run)};")
+
+
+@dataclass(frozen=True)
+class Staging:
+    """How an accumulator tile is stored through a warp's own shared buffer: `cols` columns at
+    a time (one 128-byte row when the warp tile is that wide), each buffer row `pitch` bytes (16
+    more than it holds, so the fragments' eight rows fall in different banks), read back as
+    16-byte vectors of `vec` elements, `lanes_per_row` lanes to a row."""
+
+    cols: int
+    pitch: int
+    vec: int
+    lanes_per_row: int
+
+    @property
+    def buffer_bytes(self) -> int:
+        return 16 * self.pitch
+
+    @staticmethod
+    def of(elem_bytes: int, warp_cols: int) -> Staging | None:
+        """The staging of a warp's 16-row slab `warp_cols` wide, or None where its rows are not
+        whole 16-byte vectors spread over a power-of-two number of lanes."""
+        vec = 16 // elem_bytes
+        cols = min(128 // elem_bytes, warp_cols)
+        lanes_per_row = cols // vec
+        if cols % vec or warp_cols % cols or lanes_per_row < 2 or 32 % lanes_per_row:
+            return None
+        return Staging(cols, cols * elem_bytes + 16, vec, lanes_per_row)
+
+
+#: Stores are staged through shared memory in kernels whose copies use this mechanism (the native
+#: path's), where the buffers leave the blocks per SM as they were: a persistent GEMM's one block
+#: per SM idles its tensor cores while it stores. The mma.sync path runs several blocks per SM,
+#: which hide one another's stores (measured there: within 2%, on an H100).
+STAGED_STORE_MECHANISM = "tma"
+
+
+def _copies_with(e: KernelEmitter, mechanism: str) -> bool:
+    key = f"copies_with_{mechanism}"
+    if key not in e.state:
+        e.state[key] = any(isinstance(op, tgt.MemcpyOp) and op.mechanism.data == mechanism
+                           for op in e.kernel.walk())
+    return e.state[key]
+
+
+def _staging(e: KernelEmitter, memref: SSAValue, tile_dims, layout: Layout, ty: PtxType) -> Staging | None:
+    """A Staging for storing an mma accumulator tile with 16-byte row-contiguous stores, or None
+    where the direct per-fragment stores stay (another layout, a row length that is not a whole
+    number of 16-byte vectors, not enough shared memory).
+
+    Why: a fragment store writes 4 (fp16) or 8 (fp32) bytes per thread, eight rows per
+    instruction: half-filled sectors, and many more memory instructions than the bytes need. A
+    persistent GEMM's block stores each tile in a burst while its tensor cores wait; staged, the
+    stores are fewer, whole lines, and quickly off the warp's hands."""
+    shape = memref.type.get_shape()
+    if (not isinstance(layout, Mma) or not _copies_with(e, STAGED_STORE_MECHANISM)
+            or list(tile_dims) != [len(shape) - 2, len(shape) - 1] or ty.bytes not in (2, 4)):
+        return None
+    staging = Staging.of(ty.bytes, layout.warp_tile[1])
+    if staging is None or shape[-1] % staging.vec:
+        return None
+    used = e.smem_bytes + e.static_smem
+    staged = used + e.threads // 32 * staging.buffer_bytes
+    if staged > e.platform.max_shared_per_block or _blocks_per_sm(e, staged) < _blocks_per_sm(e, used):
+        return None
+    return staging
+
+
+#: Shared memory the driver reserves for each resident block (sm_80 and later).
+SHARED_RESERVED_PER_BLOCK = 1024
+
+
+def _blocks_per_sm(e: KernelEmitter, shared_bytes: int) -> int:
+    """Blocks of this kernel an SM's shared memory holds (staging must not lower it: attention's
+    two blocks per SM already overlap one's stores with the other's work)."""
+    return e.platform.max_shared_per_sm // (shared_bytes + SHARED_RESERVED_PER_BLOCK)
+
+
+def _store_staged(e: KernelEmitter, op: t.StoreOp, st: Staging) -> None:
+    """Each warp writes its fragments for 16 rows x `st.cols` columns into its own shared buffer,
+    then reads them back a row-contiguous 16 bytes per lane and stores those to global memory;
+    warp barriers order the buffer's reuse (no block barrier: warps store independently)."""
+    layout: Mma = e.layouts[op.value]
+    ty = ptx_type(op.value.type)
+    shape = op.dst.type.get_shape()
+    row_dim, col_dim = len(shape) - 2, len(shape) - 1
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    regs = e.regs_of(op.value)
+    warps = e.threads // 32
+    _, lane, warp = e.tid()
+
+    buf = f"stage_{len(e.shared)}"
+    e.shared.append(f"    .shared .align 16 .b8 {buf}[{warps * st.buffer_bytes}];")
+    e.static_smem += warps * st.buffer_bytes
+    mine = e.new(S32)
+    e.emit(f"mov.u32 {mine}, {buf};")
+    e.emit(f"mad.lo.s32 {mine}, {warp}, {st.buffer_bytes}, {mine};")
+    quad, group = e.divmod(lane, 4)
+    frag = e.new(S32)   # this lane's fragment slot: row lane/4, columns 2 (lane % 4) and + 1
+    e.emit(f"mad.lo.s32 {frag}, {group}, {st.pitch}, {mine};")
+    e.emit(f"mad.lo.s32 {frag}, {quad}, {2 * ty.bytes}, {frag};")
+    piece, row_in = e.divmod(lane, st.lanes_per_row)
+    vec_at = e.new(S32)  # this lane's 16-byte vector in the buffer: row lane / lanes_per_row
+    e.emit(f"mad.lo.s32 {vec_at}, {row_in}, {st.pitch}, {mine};")
+    e.emit(f"mad.lo.s32 {vec_at}, {piece}, 16, {vec_at};")
+
+    # the warp's origin in the tile: the layout's bases less their lane parts
+    bases, _ = e.coords(layout)
+    row0, col0 = e.new(S32), e.new(S32)
+    e.emit(f"sub.s32 {row0}, {bases[0]}, {group};")
+    e.emit(f"mad.lo.s32 {col0}, {quad}, -2, {bases[1]};")
+    row, col = e.new(S32), e.new(S32)   # this lane's first global row and column
+    e.emit(f"add.s32 {row}, {row0}, {row_in};")
+    e.emit(f"add.s32 {row}, {row}, {e.value(op.offsets[row_dim])};")
+    e.emit(f"mad.lo.s32 {col}, {piece}, {st.vec}, {col0};")
+    e.emit(f"add.s32 {col}, {col}, {e.value(op.offsets[col_dim])};")
+    linear = e.new(S32)
+    e.emit(f"mul.lo.s32 {linear}, {row}, {strides[row_dim]};")
+    e.emit(f"add.s32 {linear}, {linear}, {col};")
+    for d in range(row_dim):
+        e.emit(f"mad.lo.s32 {linear}, {e.value(op.offsets[d])}, {strides[d]}, {linear};")
+    addr = e.new(U64)
+    e.emit(f"mul.wide.s32 {addr}, {linear}, {ty.bytes};")
+    e.emit(f"add.s64 {addr}, {e.value(op.dst)}, {addr};")
+
+    rows_per_pass = 32 // st.lanes_per_row
+    mi_n, ni_n = layout.fragments
+    per_chunk = st.cols // 8
+    row_ok: dict[int, str] = {}
+    for mi in range(mi_n):
+        for chunk in range(layout.warp_tile[1] // st.cols):
+            for n in range(per_chunk):
+                ni = chunk * per_chunk + n
+                for half in range(2):
+                    pair = [regs[layout.register(mi, ni, 2 * half + c)] for c in range(2)]
+                    at = 8 * half * st.pitch + 8 * n * ty.bytes
+                    if ty.bytes == 2:
+                        word = e.new(S32)
+                        e.emit(f"mov.b32 {word}, {{{pair[0]}, {pair[1]}}};")
+                        e.emit(f"st.shared.b32 [{frag}+{at}], {word};")
+                    else:
+                        e.emit(f"st.shared.v2.{_storage(ty)} [{frag}+{at}], {{{pair[0]}, {pair[1]}}};")
+            e.emit("bar.warp.sync -1;")
+            col_ok = e.new(PRED)
+            e.emit(f"setp.lt.s32 {col_ok}, {col}, {shape[col_dim] - chunk * st.cols};")
+            for p in range(16 // rows_per_pass):
+                r = 16 * mi + p * rows_per_pass
+                if r not in row_ok:
+                    q = row_ok[r] = e.new(PRED)
+                    e.emit(f"setp.lt.s32 {q}, {row}, {shape[row_dim] - r};")
+                ok = e.new(PRED)
+                e.emit(f"and.pred {ok}, {row_ok[r]}, {col_ok};")
+                words = [e.new(S32) for _ in range(4)]
+                e.emit(f"ld.shared.v4.b32 {_braced(words)}, [{vec_at}+{p * rows_per_pass * st.pitch}];")
+                byte = (r * strides[row_dim] + chunk * st.cols) * ty.bytes
+                e.emit(f"@{ok} st.global.v4.b32 [{addr}+{byte}], {_braced(words)};")
+            e.emit("bar.warp.sync -1;")
 
 
 def _storage(ty: PtxType) -> str:
@@ -1173,7 +1335,7 @@ def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
     e = KernelEmitter(kernel)
     body = e.run()
     platform = kernel.platform.platform
-    if e.smem_bytes > platform.max_shared_per_block:
+    if e.smem_bytes + e.static_smem > platform.max_shared_per_block:
         raise UnsupportedByBackend(f"kernel {e.name} needs {e.smem_bytes} bytes of shared memory, "
                                    f"but {platform.arch} allows {platform.max_shared_per_block} per block: "
                                    f"use smaller tiles or fewer stages")
