@@ -241,6 +241,10 @@ class KernelAttributes:
     max_dynamic_shared_bytes: int  # the current opt-in limit (48 KB until raised)
 
 
+#: Shared memory (static and dynamic together) a kernel may use without opting in.
+DEFAULT_SHARED_LIMIT = 48 * 1024
+
+
 class Module:
     """A cubin or PTX module loaded into a device's primary context."""
 
@@ -288,7 +292,7 @@ class Kernel:
 
     def __init__(self, module: Module, name: str, handle):
         self.module, self.name, self.handle = module, name, handle
-        self.max_dynamic_shared = 48 * 1024  # the driver's default opt-in limit
+        self._max_dynamic_shared: int | None = None   # set_max_dynamic_shared's, once called
 
     @property
     def device(self) -> int:
@@ -300,15 +304,24 @@ class Kernel:
 
     @functools.cached_property
     def static_shared(self) -> int:
-        """Bytes of the kernel's own `.shared` arrays; they count against the same 48 KB default."""
+        """Bytes of the kernel's own `.shared` arrays."""
         return self._attribute("SHARED_SIZE_BYTES")
 
+    @property
+    def max_dynamic_shared(self) -> int:
+        """The dynamic shared memory a launch may ask for: what the kernel opted in to, else the
+        driver's default, 48 KB less the kernel's static arrays."""
+        if self._max_dynamic_shared is None:
+            return DEFAULT_SHARED_LIMIT - self.static_shared
+        return self._max_dynamic_shared
+
     def set_max_dynamic_shared(self, nbytes: int) -> None:
-        """Opt in to `nbytes` of dynamic shared memory; launches asking for more than 48 KB fail without it."""
+        """Opt in to `nbytes` of dynamic shared memory; launches asking for more than
+        `max_dynamic_shared` fail without it."""
         attr = bindings().CUfunction_attribute.CU_FUNC_ATTRIBUTE_MAX_DYNAMIC_SHARED_SIZE_BYTES
         _call("cuFuncSetAttribute", self.handle, attr, nbytes,
               detail=f"setting kernel '{self.name}' max dynamic shared memory to {nbytes} bytes")
-        self.max_dynamic_shared = nbytes
+        self._max_dynamic_shared = nbytes
 
     def attributes(self) -> KernelAttributes:
         return KernelAttributes(

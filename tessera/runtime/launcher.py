@@ -21,8 +21,6 @@ from .cache import CubinCache, functions
 if TYPE_CHECKING:
     from ..backends.ptx.emitter import TensorMapSpec
 
-#: shared memory (static and dynamic together) a kernel may use without opting in
-DEFAULT_SHARED_LIMIT = 48 * 1024
 #: encoded tensor maps a GpuProgram keeps; past this (callers cycling through fresh buffers) it starts over
 TENSOR_MAP_CACHE_SIZE = 256
 
@@ -82,7 +80,7 @@ class GpuProgram:
         loaded = {}
         for name, k in kernels.items():
             kernel = functions.kernel(cubins.cubin(k.ptx, arch, compiled.options.opt_level), name, device)
-            if k.dynamic_shared and k.dynamic_shared + kernel.static_shared > DEFAULT_SHARED_LIMIT:
+            if k.dynamic_shared > kernel.max_dynamic_shared:
                 kernel.set_max_dynamic_shared(k.dynamic_shared)
             loaded[name] = (kernel, k)
         host = _host_function(compiled.modules["tile"])

@@ -107,6 +107,41 @@ DYN_SMEM = """
 """
 
 
+#: DYN_SMEM with a 16 KB static array besides: thread t also passes its value through fixed[t]
+STATIC_AND_DYN_SMEM = """
+.extern .shared .align 16 .b8 dsmem[];
+.visible .entry static_and_dyn_smem(.param .u64 out, .param .u32 words)
+{
+    .shared .align 16 .b8 fixed[16384];
+    .reg .b32 %r<10>;
+    .reg .b64 %rd<4>;
+    ld.param.u64 %rd1, [out];
+    ld.param.u32 %r1, [words];
+    mov.u32 %r2, %tid.x;
+    sub.u32 %r3, %r1, 1;
+    sub.u32 %r3, %r3, %r2;
+    shl.b32 %r4, %r3, 2;
+    mov.u32 %r5, dsmem;
+    add.u32 %r5, %r5, %r4;
+    add.u32 %r6, %r2, 1000;
+    shl.b32 %r8, %r2, 2;
+    mov.u32 %r9, fixed;
+    add.u32 %r9, %r9, %r8;
+    st.shared.u32 [%r9], %r6;
+    bar.sync 0;
+    ld.shared.u32 %r6, [%r9];
+    st.shared.u32 [%r5], %r6;
+    bar.sync 0;
+    ld.shared.u32 %r7, [%r5];
+    cvta.to.global.u64 %rd2, %rd1;
+    mul.wide.u32 %rd3, %r2, 4;
+    add.u64 %rd2, %rd2, %rd3;
+    st.global.u32 [%rd2], %r7;
+    ret;
+}
+"""
+
+
 def ptx(arch, *bodies):
     return HEADER.format(arch=arch) + "".join(bodies)
 
@@ -261,6 +296,22 @@ def test_dynamic_shared_memory_above_48kb(cuda_device, arch, buffer):
         driver.launch(kernel, 1, 256, shared_bytes=nbytes, args=args)
     kernel.set_max_dynamic_shared(nbytes)
     assert kernel.attributes().max_dynamic_shared_bytes == nbytes
+    driver.launch(kernel, 1, 256, shared_bytes=nbytes, args=args)
+    assert (read(out, 256, np.uint32) == np.arange(256) + 1000).all()
+
+
+def test_static_shared_memory_counts_against_the_default_limit(arch, buffer):
+    """48 KB is static and dynamic together: with 16 KB of .shared arrays, 40 KB of dynamic
+    shared memory needs the opt-in (the launch fails otherwise, and says so)."""
+    kernel = Module.from_cubin(ptxas.assemble(ptx(arch, STATIC_AND_DYN_SMEM), arch).cubin).function(
+        "static_and_dyn_smem")
+    assert kernel.static_shared == 16384 and kernel.max_dynamic_shared == 32 * 1024
+    nbytes = 40 * 1024
+    out = buffer(256 * 4)
+    args = [("u64", out), ("u32", nbytes // 4)]
+    with pytest.raises(CudaError, match="above its 32768-byte limit: call set_max_dynamic_shared first"):
+        driver.launch(kernel, 1, 256, shared_bytes=nbytes, args=args)
+    kernel.set_max_dynamic_shared(nbytes)
     driver.launch(kernel, 1, 256, shared_bytes=nbytes, args=args)
     assert (read(out, 256, np.uint32) == np.arange(256) + 1000).all()
 
