@@ -9,13 +9,15 @@ One `tessera_target.kernel` becomes one `.entry`. The emitter
    thread holds. Broadcasts move no data: they reuse register names.
 
 Loads and stores are predicated per element against the tensor bounds (tails)
-and the tile extent. Row reductions combine a thread's registers, then lanes
+and the tile extent; in native (TMA) kernels an accumulator tile is stored
+through a shared buffer per warp, in 16-byte row-contiguous stores
+(`_store_staged`). Row reductions combine a thread's registers, then lanes
 with `shfl.sync.bfly`, then warps through shared memory.
 
-What this version covers: the ops of elementwise and row-reduction kernels
-(program ids, index arithmetic, `tile.load/store/broadcast/reduce/arange`,
-arith/math on tiles, `scf.for`). Kernels with `tile.mma` or shared-memory
-pipelines are reported as not yet supported by this backend.
+The matrix instructions and shared-memory pipelines live beside this module:
+`tensor_core.py` (mma.sync, ldmatrix, cp.async) and `hopper.py` (TMA,
+mbarriers, wgmma). Target IR this backend has no form for (sm_100's tcgen05,
+say) raises `UnsupportedByBackend`.
 """
 from __future__ import annotations
 
