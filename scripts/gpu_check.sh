@@ -55,5 +55,8 @@ section "mma.sync ceiling"
 python3 bench/mma_sync_ceiling.py || status=1
 section "Persistent GEMM"
 python3 bench/persistent_gemm.py || status=1
+# The GEMMs' fixed cost (epilogue, pipeline fill, last wave) against their main loop, from a K sweep.
+section "GEMM fixed cost"
+python3 bench/gemm_fixed_cost.py || status=1
 
 exit "$status"
