@@ -911,7 +911,7 @@ def _store(e: KernelEmitter, op: t.StoreOp):
     layout = e.layouts[op.value]
     ty = ptx_type(op.value.type)
     tile_dims = t.int_values(op.tile_dims)
-    staging = _staging(e, op.dst, tile_dims, layout, ty)
+    staging = _staging(e, op.dst, list(op.offsets), tile_dims, layout, ty)
     if staging is not None:
         return _store_staged(e, op, staging)
     addr, elems = _memory_access(e, op.dst, list(op.offsets), tile_dims, layout)
@@ -972,7 +972,8 @@ def _copies_with(e: KernelEmitter, mechanism: str) -> bool:
     return e.state[key]
 
 
-def _staging(e: KernelEmitter, memref: SSAValue, tile_dims, layout: Layout, ty: PtxType) -> Staging | None:
+def _staging(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout,
+             ty: PtxType) -> Staging | None:
     """A Staging for storing an mma accumulator tile with 16-byte row-contiguous stores, or None
     where the direct per-fragment stores stay (another layout, a row length that is not a whole
     number of 16-byte vectors, not enough shared memory).
@@ -986,13 +987,25 @@ def _staging(e: KernelEmitter, memref: SSAValue, tile_dims, layout: Layout, ty: 
             or list(tile_dims) != [len(shape) - 2, len(shape) - 1] or ty.bytes not in (2, 4)):
         return None
     staging = Staging.of(ty.bytes, layout.warp_tile[1])
-    if staging is None or shape[-1] % staging.vec:
+    if (staging is None or shape[-1] % staging.vec
+            or index_facts.known_multiple(offsets[-1]) % staging.vec):   # 16-byte aligned columns
         return None
-    used = e.smem_bytes + e.static_smem
-    staged = used + e.threads // 32 * staging.buffer_bytes
+    used = shared_total(e, e.static_smem)
+    staged = shared_total(e, e.static_smem + _storing_warps(e) * staging.buffer_bytes)
     if staged > e.platform.max_shared_per_block or _blocks_per_sm(e, staged) < _blocks_per_sm(e, used):
         return None
     return staging
+
+
+def _storing_warps(e: KernelEmitter) -> int:
+    """Warps that store tiles: a warp-specialized kernel's producer warps (the last) store none."""
+    return (e.threads - e.producer_threads) // 32
+
+
+def shared_total(e: KernelEmitter, static: int) -> int:
+    """A block's shared memory with `static` bytes of .shared arrays: ptxas places them before the
+    dynamic shared memory, rounded up to its alignment."""
+    return -(-static // e.smem_align) * e.smem_align + e.smem_bytes if e.smem_bytes else static
 
 
 #: Shared memory the driver reserves for each resident block (sm_80 and later).
@@ -1006,16 +1019,19 @@ def _blocks_per_sm(e: KernelEmitter, shared_bytes: int) -> int:
 
 
 def _store_staged(e: KernelEmitter, op: t.StoreOp, st: Staging) -> None:
-    """Each warp writes its fragments for 16 rows x `st.cols` columns into its own shared buffer,
-    then reads them back a row-contiguous 16 bytes per lane and stores those to global memory;
-    warp barriers order the buffer's reuse (no block barrier: warps store independently)."""
-    layout: Mma = e.layouts[op.value]
-    ty = ptx_type(op.value.type)
-    shape = op.dst.type.get_shape()
+    emit_staged_store(e, e.layouts[op.value], ptx_type(op.value.type), op.dst.type.get_shape(),
+                      e.regs_of(op.value), e.value(op.dst), [e.value(o) for o in op.offsets], st)
+
+
+def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, shape, regs: list[str], dst: str,
+                      offsets: list[str], st: Staging) -> None:
+    """Stores the accumulator tile `regs` (laid out as `layout`) at `offsets` of the `shape` tensor
+    at `dst`. Each warp writes its fragments for 16 rows x `st.cols` columns into its own shared
+    buffer, then reads them back a row-contiguous 16 bytes per lane and stores those to global
+    memory; warp barriers order the buffer's reuse (no block barrier: warps store independently)."""
     row_dim, col_dim = len(shape) - 2, len(shape) - 1
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
-    regs = e.regs_of(op.value)
-    warps = e.threads // 32
+    warps = _storing_warps(e)
     _, lane, warp = e.tid()
 
     buf = f"stage_{len(e.shared)}"
@@ -1040,17 +1056,17 @@ def _store_staged(e: KernelEmitter, op: t.StoreOp, st: Staging) -> None:
     e.emit(f"mad.lo.s32 {col0}, {quad}, -2, {bases[1]};")
     row, col = e.new(S32), e.new(S32)   # this lane's first global row and column
     e.emit(f"add.s32 {row}, {row0}, {row_in};")
-    e.emit(f"add.s32 {row}, {row}, {e.value(op.offsets[row_dim])};")
+    e.emit(f"add.s32 {row}, {row}, {offsets[row_dim]};")
     e.emit(f"mad.lo.s32 {col}, {piece}, {st.vec}, {col0};")
-    e.emit(f"add.s32 {col}, {col}, {e.value(op.offsets[col_dim])};")
+    e.emit(f"add.s32 {col}, {col}, {offsets[col_dim]};")
     linear = e.new(S32)
     e.emit(f"mul.lo.s32 {linear}, {row}, {strides[row_dim]};")
     e.emit(f"add.s32 {linear}, {linear}, {col};")
     for d in range(row_dim):
-        e.emit(f"mad.lo.s32 {linear}, {e.value(op.offsets[d])}, {strides[d]}, {linear};")
+        e.emit(f"mad.lo.s32 {linear}, {offsets[d]}, {strides[d]}, {linear};")
     addr = e.new(U64)
     e.emit(f"mul.wide.s32 {addr}, {linear}, {ty.bytes};")
-    e.emit(f"add.s64 {addr}, {e.value(op.dst)}, {addr};")
+    e.emit(f"add.s64 {addr}, {dst}, {addr};")
 
     rows_per_pass = 32 // st.lanes_per_row
     mi_n, ni_n = layout.fragments
@@ -1337,8 +1353,9 @@ def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
     e = KernelEmitter(kernel)
     body = e.run()
     platform = kernel.platform.platform
-    if e.smem_bytes + e.static_smem > platform.max_shared_per_block:
-        raise UnsupportedByBackend(f"kernel {e.name} needs {e.smem_bytes} bytes of shared memory, "
+    shared = shared_total(e, e.static_smem)
+    if shared > platform.max_shared_per_block:
+        raise UnsupportedByBackend(f"kernel {e.name} needs {shared} bytes of shared memory, "
                                    f"but {platform.arch} allows {platform.max_shared_per_block} per block: "
                                    f"use smaller tiles or fewer stages")
     arch = platform.arch
