@@ -71,6 +71,8 @@ class Warp:
         return 0 if x.startswith("stage_") else int(x)
 
     def run(self, line: str) -> None:
+        if line.startswith("//"):
+            return
         guard, opcode, args = re.match(r"(?:@(%p\d+) )?(\S+) ?(.*);$", line).groups()
         if opcode == "bar.warp.sync":
             self.segment_writes, self.segment_reads = {}, {}

@@ -1035,6 +1035,7 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, shape, regs: l
     _, lane, warp = e.tid()
 
     buf = f"stage_{len(e.shared)}"
+    e.emit(f"// staged store: per warp, 16 rows x {st.cols} columns at a time through {buf}")
     e.shared.append(f"    .shared .align 16 .b8 {buf}[{warps * st.buffer_bytes}];")
     e.static_smem += warps * st.buffer_bytes
     mine = e.new(S32)
