@@ -570,12 +570,13 @@ def build_parser() -> argparse.ArgumentParser:
                                      "compiled through Graph, Schedule, Tile and Target IR to GPU kernels.")
     sub = parser.add_subparsers(required=True, metavar="COMMAND")
 
-    p = sub.add_parser("compile", parents=[common], help="compile a function and dump its IR")
+    p = sub.add_parser("compile", parents=[common], help="compile a function; write its IR, PTX and cubins")
     p.add_argument("target", metavar="FILE.py[:FUNC]")
     _function_options(p)
     p.add_argument("--dump-ir", default="all", metavar="STAGES",
                    help=f"stages to write, comma-separated from {', '.join(STAGE_NAMES)}, or all (default all)")
-    p.add_argument("-o", "--output", metavar="DIR", help=f"where to write the IR (default {DEFAULT_OUT}/FUNC)")
+    p.add_argument("-o", "--output", metavar="DIR", help=f"where to write the IR, each kernel's .ptx and, with ptxas, its .cubin "
+                        f"(default {DEFAULT_OUT}/FUNC)")
     p.set_defaults(command=cmd_compile)
 
     p = sub.add_parser("run", parents=[common], help="compile, run on random inputs, check against NumPy")

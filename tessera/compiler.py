@@ -116,7 +116,8 @@ class Compiled:
             written.append(path)
         return written
 
-    def _host(self):
+    def host_function(self):
+        """The tile module's host function: the launches and buffers of one call."""
         from xdsl.dialects import func
         return next(op for op in self.modules["tile"].ops if isinstance(op, func.FuncOp))
 
@@ -126,7 +127,7 @@ class Compiled:
 
         if self._program is None:
             self._program = TileProgram(self.modules["tile"])
-        host = self._host()
+        host = self.host_function()
         n_in = len(self.arg_names)
         if len(inputs) != n_in:
             raise TesseraError(f"{self.name} takes {n_in} tensors, got {len(inputs)}")

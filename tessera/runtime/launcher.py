@@ -54,11 +54,6 @@ def launch_args(step: Step, pointers: Sequence[int], encode: Callable[[int, Tens
     return ptrs + [encode(ptrs[spec.arg], spec) for spec in step.tensor_maps]
 
 
-def _host_function(tile_module):
-    from xdsl.dialects import func
-    return next(op for op in tile_module.ops if isinstance(op, func.FuncOp))
-
-
 def _buffer(memref_type) -> Buffer:
     from ..interpreter.tile_interp import np_dtype
     from .. import dtypes
@@ -74,7 +69,7 @@ class GpuProgram:
 
         self.name = compiled.name
         self.device = device
-        arch = driver.Device(device).platform().arch
+        arch = driver.device_platform(device).arch
         kernels = emit_module(compiled.modules["target"])
         cubins = CubinCache()
         loaded = {}
@@ -83,7 +78,7 @@ class GpuProgram:
             if k.dynamic_shared > kernel.max_dynamic_shared:
                 kernel.set_max_dynamic_shared(k.dynamic_shared)
             loaded[name] = (kernel, k)
-        host = _host_function(compiled.modules["tile"])
+        host = compiled.host_function()
         self.n_inputs = len(compiled.arg_names)
         self.arg_names = compiled.arg_names
         types = host.function_type.inputs.data

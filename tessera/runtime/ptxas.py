@@ -2,7 +2,7 @@
 
 The backend writes PTX; this module turns it into a cubin the driver loads
 without JIT, and reads back what ptxas reports per kernel (registers, shared
-memory, stack, spills) so schedules that spill can be seen and rejected. When
+memory, stack, spills) so that tests and tools can see a schedule that spills. When
 ptxas rejects the PTX the error quotes the offending PTX line, because the line
 number alone points into a temp file the user never sees.
 """

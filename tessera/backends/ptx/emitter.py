@@ -2,8 +2,9 @@
 
 One `tessera_target.kernel` becomes one `.entry`. The emitter
 1. assigns every tile value a layout (`assign_layouts`): rank-2 tiles share one
-   `Blocked` layout chosen from the kernel's tile shape and warp count; rank-1
-   tiles are `Slice`s of it, along the dim their reductions and broadcasts say;
+   `Blocked` layout chosen from the kernel's tile shape and warp count, or, in a
+   kernel with tensor-core ops, an `Mma` layout per shape (the accumulators');
+   rank-1 tiles are `Slice`s of it, along the dim their reductions and broadcasts say;
 2. walks the ops once, emitting per-register PTX from a table of op handlers.
    Scalars are one register; tiles are a list of registers, one per element the
    thread holds. Broadcasts move no data: they reuse register names.
@@ -235,7 +236,7 @@ def register_split(platform, threads: int, producer_threads: int) -> RegisterSpl
     all `threads`; None where the target has no setmaxnreg or the consumers would gain nothing.
     The launch count is pinned with .maxnreg: the pool setmaxnreg.inc draws from is the launch count
     times the block's threads, and a request beyond the pool would wait forever."""
-    if (not producer_threads or "setmaxnreg" not in platform.features
+    if (not producer_threads or not platform.has("setmaxnreg")
             or producer_threads % 128 or threads % 128 or threads == producer_threads):
         return None   # setmaxnreg is per warpgroup: each role must be whole warpgroups
     launch = min(platform.max_regs_per_thread, platform.regs_per_sm // threads) // 8 * 8
@@ -964,12 +965,12 @@ class Staging:
 STAGED_STORE_MECHANISM = "tma"
 
 
-def _copies_with(e: KernelEmitter, mechanism: str) -> bool:
-    key = f"copies_with_{mechanism}"
-    if key not in e.state:
-        e.state[key] = any(isinstance(op, tgt.MemcpyOp) and op.mechanism.data == mechanism
-                           for op in e.kernel.walk())
-    return e.state[key]
+def copy_mechanism(e: KernelEmitter) -> str:
+    """The mechanism the kernel's copies use (Target IR gives one kernel one)."""
+    if "copy_mechanism" not in e.state:
+        found = {op.mechanism.data for op in e.kernel.walk() if isinstance(op, tgt.MemcpyOp)}
+        e.state["copy_mechanism"] = found.pop() if len(found) == 1 else "cp.async"
+    return e.state["copy_mechanism"]
 
 
 def _staging(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout,
@@ -983,7 +984,7 @@ def _staging(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Lay
     persistent GEMM's block stores each tile in a burst while its tensor cores wait; staged, the
     stores are fewer, whole lines, and quickly off the warp's hands."""
     shape = memref.type.get_shape()
-    if (not isinstance(layout, Mma) or not _copies_with(e, STAGED_STORE_MECHANISM)
+    if (not isinstance(layout, Mma) or copy_mechanism(e) != STAGED_STORE_MECHANISM
             or list(tile_dims) != [len(shape) - 2, len(shape) - 1] or ty.bytes not in (2, 4)):
         return None
     staging = Staging.of(ty.bytes, layout.warp_tile[1])

@@ -107,8 +107,9 @@ class Pipeline:
 
 @dataclass
 class TmaState:
-    """Per kernel: thread 0's predicate (it arms barriers and issues copies), the pipeline of each
-    buffer, the copies of the group being issued, and whether a `sync mbarrier` wait is due."""
+    """Per kernel: thread 0's predicate (it initialises the mbarriers), the predicate of the thread
+    that arms them and issues the copies, the pipeline of each buffer, the copies of the group
+    being issued, and whether a `sync mbarrier` wait is due."""
 
     leader: str
     pipelines: dict                  # buffer offset -> Pipeline
@@ -220,8 +221,9 @@ def _tma_copy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
 
 
 def _arrive_expect_tx(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
-    """Closes a group: thread 0 arms the stage's mbarrier with the group's bytes, then issues its
-    boxes; every thread marks the stage armed."""
+    """Closes a group: the issuing thread arms the stage's mbarrier with the group's bytes, then
+    issues its boxes; every thread that runs the copies (not a warp-specialized kernel's consumers)
+    marks the stage armed."""
     st = _state(e)
     if e.role == "consumer":
         return

@@ -26,7 +26,8 @@ from xdsl.dialects.builtin import MemRefType
 from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
-from .emitter import F32, HANDLERS, PRED, S32, U64, KernelEmitter, UnsupportedByBackend, _mov_constant, _storage, ptx_type
+from .emitter import (F32, HANDLERS, PRED, S32, U64, KernelEmitter, UnsupportedByBackend, _mov_constant, _storage,
+                      copy_mechanism, ptx_type)
 from .layout import Mma
 
 SMEM_SYMBOL = "tsr_smem"
@@ -113,14 +114,6 @@ def stage_address(e: KernelEmitter, buf: SharedBuffer, stage: str) -> str:
 #: how a kernel's shared tile buffers are laid out, by the mechanism that fills them; the
 #: Hopper path adds TMA's (`hopper.TmaBuffer`)
 BUFFERS: dict[str, type] = {"cp.async": SharedBuffer, "ld.global": SharedBuffer}
-
-
-def copy_mechanism(e: KernelEmitter) -> str:
-    """The mechanism the kernel's copies use (Target IR gives one kernel one)."""
-    if "copy_mechanism" not in e.state:
-        found = {op.mechanism.data for op in e.kernel.walk() if isinstance(op, tgt.MemcpyOp)}
-        e.state["copy_mechanism"] = found.pop() if len(found) == 1 else "cp.async"
-    return e.state["copy_mechanism"]
 
 
 def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
