@@ -31,7 +31,8 @@ class Options:
 
     arch: str = DEFAULT_ARCH
     space: dict | None = None          # schedule search space (from @kernel.autotune)
-    tensor_cores: bool = True          # False keeps every mma on the CUDA cores
+    tensor_cores: bool = True          # False keeps every tile.mma as is (CPU interpreter only:
+                                       # the PTX backend has no CUDA-core matmul yet)
     opt_level: int = 3                 # ptxas -O level the backend assembles with
     path: str = "native"               # "ampere": mma.sync + cp.async even where the arch has more
     sm_count: int | None = None        # the device's SMs, where they differ from the arch's in the

@@ -1,9 +1,9 @@
 """Tracing a Python function into Graph IR.
 
-`trace(fn, args)` binds every symbolic dim of the annotations to the concrete
-size it has in the call (reporting disagreements with the user's names), runs
-`fn` once on `Tensor` values, and returns a `builtin.module` holding one
-`func.func` in the graph dialect.
+`bind_dims` binds every symbolic dim of the annotations to the concrete size
+it has in the call (reporting disagreements with the user's names); `trace`
+then runs `fn` once on `Tensor` values and returns a `builtin.module` holding
+one `func.func` in the graph dialect, with the output arguments it stored to.
 """
 from __future__ import annotations
 
@@ -39,14 +39,12 @@ def current_trace() -> "Trace":
 class Trace:
     """The function being built: its block, its dim bindings, and its outputs."""
 
-    def __init__(self, fn_name: str, bindings: dict[str, int]):
+    def __init__(self, bindings: dict[str, int]):
         from xdsl.ir import Block
 
-        self.fn_name = fn_name
         self.bindings = dict(bindings)
         self.block = Block()
         self.stored: dict[str, Tensor] = {}
-        self._anon = 0
 
     def size(self, d: str | int) -> int:
         return d if isinstance(d, int) else self.bindings[d]
@@ -54,13 +52,6 @@ class Trace:
     def add(self, op):
         self.block.add_op(op)
         return op
-
-    def fresh_dim(self, value: int, hint: str) -> str:
-        """A new symbolic name for a size that has none (e.g. after a reshape to literal ints)."""
-        self._anon += 1
-        name = f"{hint}{self._anon}"
-        self.bindings[name] = value
-        return name
 
 
 def bind_dims(fn_name: str, specs: Sequence[tuple[str, TensorSpec | None, tuple[int, ...], DType]]
@@ -102,7 +93,7 @@ def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[st
 
     from ..ir import graph
 
-    t = Trace(fn_name, bindings)
+    t = Trace(bindings)
     params: dict[str, Any] = dict(constants)
     for a in args:
         value = t.block.insert_arg(graph.TensorType.of(a.dims, a.dtype), len(t.block.args))

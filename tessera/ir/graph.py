@@ -4,10 +4,11 @@ A traced function becomes a `func.func` whose block arguments and results are
 `!graph.tensor<[B, H, S, D], f16>` values. Dims are symbolic names (bound to
 concrete values by the function's `tessera.dims` attribute) or integers.
 
-Elementwise ops are generated from one table (`ELEMENTWISE`), so adding a
-unary or binary op is adding a row: the table gives the op's arity, its dtype
-rule and its NumPy reference, and the same row drives the tracer, the
-reference interpreter and the tile-level lowering.
+Elementwise ops are generated from one table (`ELEMENTWISE`): its row gives an
+op's arity, dtype rule and NumPy reference, which the tracer and the reference
+interpreter use as they are. A new op also needs its Python name in
+`frontend/ops.py` (the `_unary`/`_binary` lists) and its tile-level builder in
+`lowering/emit.py`'s `ELEMENTWISE`.
 """
 from __future__ import annotations
 
@@ -532,7 +533,6 @@ class CastOp(_OneTensorOp):
             raise VerifyException("cast must keep the shape")
 
 
-VIEW_OPS = (TransposeOp, ReshapeOp)
 STRUCTURAL_OPS = [MatmulOp, TransposeOp, ReshapeOp, ReduceOp, SoftmaxOp, LayerNormOp, RmsNormOp,
                   ArangeOp, ConstantOp, CastOp]
 

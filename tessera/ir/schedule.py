@@ -54,8 +54,8 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 #: Params that switch a template feature on (1) or off (0) rather than size something: `mma_async`
 #: leaves each GEMM step's (wgmma) mmas running while the next copies are issued; `qk_ahead` (with
 #: 3+ stages) has flash attention compute the next key block's scores before this block's P @ V;
-#: `warp_specialize` adds a producer warpgroup that alone issues the (TMA) copies, so the warps
-#: computing never wait for each other, only for data (ignored where copies are not TMA's);
+#: `warp_specialize` (with 2+ stages) adds a producer warpgroup that alone issues the (TMA) copies, so
+#: the warps computing never wait for each other, only for data (ignored where copies are not TMA's);
 #: `persistent` launches one GEMM block per SM (the schedule's `programs`), each walking output
 #: tiles with one pipeline across them, so a tile's first copies land while the previous is stored.
 SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent"})
@@ -68,7 +68,7 @@ DERIVED = frozenset({"programs"})
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
 SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # a light epilogue leaves registers for 64 x 64 accumulators per warp; on 4 warps with 2 stages
-    # (64 KB), two blocks share an SM and one computes while the other waits at its barrier: the
+    # (64 KB, 168 registers), three blocks share an SM and compute while the others wait: the
     # fastest mma.sync tiling measured (about 2% over 256 x 128 on 8 warps, 3 stages)
     ("gemm", lambda f: f.get("epilogue_ops", 0) <= 2,
      {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 4, "num_stages": 2}),

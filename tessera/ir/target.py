@@ -15,15 +15,13 @@ by each op's `KEYWORDS` table, shared by its printer and parser.
 from __future__ import annotations
 
 import dataclasses
-import io
 import math
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import ClassVar
 
 from xdsl.context import Context
-from xdsl.dialects import arith, builtin, func, memref, scf
-from xdsl.dialects import math as math_dialect
+from xdsl.dialects import builtin
 from xdsl.dialects.builtin import (
     ArrayAttr,
     DenseArrayBase,
@@ -893,15 +891,10 @@ TesseraTarget = Dialect(
 
 
 def target_context() -> Context:
-    """A context for Target IR modules: the standard dialects, Tile IR (host
-    code and the ops lowering keeps), and this dialect."""
-    from .tile import Tile
-
-    ctx = Context()
-    for dialect in (builtin.Builtin, func.Func, arith.Arith, math_dialect.Math, scf.Scf, memref.MemRef,
-                    Tile, TesseraTarget):
-        ctx.load_dialect(dialect)
-    return ctx
+    """A context for Target IR modules: every dialect Tessera prints (Tile IR for the host code
+    and the ops lowering keeps, with its arith on tiles)."""
+    from . import context
+    return context()
 
 
 def parse_target_module(text: str) -> builtin.ModuleOp:
@@ -911,6 +904,5 @@ def parse_target_module(text: str) -> builtin.ModuleOp:
 
 def print_module(op: Operation) -> str:
     """Target IR text of `op`; `parse_target_module` reads it back to the same text."""
-    out = io.StringIO()
-    Printer(stream=out).print_op(op)
-    return out.getvalue() + "\n"
+    from . import print_ir
+    return print_ir(op)

@@ -28,11 +28,10 @@ from __future__ import annotations
 import math as pymath
 
 from collections.abc import Sequence
-from io import StringIO
 from typing import ClassVar
 
 from xdsl.context import Context
-from xdsl.dialects import arith, builtin, func, math, memref, scf
+from xdsl.dialects import arith, math
 from xdsl.dialects.builtin import (
     DenseArrayBase,
     DictionaryAttr,
@@ -813,11 +812,9 @@ Tile = Dialect(
 
 
 def tile_context() -> Context:
-    """A context that knows every dialect a tile module may contain."""
-    ctx = Context()
-    for dialect in (builtin.Builtin, func.Func, ArithOnTiles, math.Math, scf.Scf, memref.MemRef, Tile):
-        ctx.load_dialect(dialect)
-    return ctx
+    """A context that knows every dialect a tile module may contain (and every other level's)."""
+    from . import context
+    return context()
 
 
 def parse_tile_module(text: str) -> ModuleOp:
@@ -827,6 +824,5 @@ def parse_tile_module(text: str) -> ModuleOp:
 
 def print_module(op: Operation) -> str:
     """MLIR text of `op` in the custom formats; `parse_tile_module` reads it back exactly."""
-    out = StringIO()
-    Printer(stream=out).print_op(op)
-    return out.getvalue() + "\n"
+    from . import print_ir
+    return print_ir(op)

@@ -210,16 +210,15 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
 
     def masked_x(c0, fill: float):
         """The row chunk in f32 (reductions accumulate in f32, bool and int inputs too), tail masked."""
-        ctx = chunk_ctx(c0)
-        value = convert(kb.b, kb.em.value(x, axes, ctx), f32)
+        value = convert(kb.b, kb.em.value(x, axes, chunk_ctx(c0)), f32)
         mask = _col_mask(kb, c0, bn, n, shape)
-        return select(kb.b, mask, value, kb.b.full(fill, shape)), ctx
+        return select(kb.b, mask, value, kb.b.full(fill, shape))
 
     def accumulate(kind: str, fill: float, f=lambda v, c0: v):
         """One pass over the row: reduce f(x) with `kind`."""
         def body(iv, acc):
             c0 = kb.mul(iv, bn) if chunks > 1 else iv
-            v, _ = masked_x(c0, fill)
+            v = masked_x(c0, fill)
             part = kb.b(t.ReduceOp(f(v, c0), TILE_REDUCE[kind], 1))
             return [kb.b(COMBINE[kind](acc, part))]
         (acc,) = over_chunks([kb.b.full(NEUTRAL[kind], [bm])], body)
@@ -284,7 +283,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
 def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunks: int, masked_x, over_chunks):
     """Pass 1 of a row softmax: running max m and running sum l of exp(x - m)."""
     def body(iv, m_i, l_i):
-        v, _ = masked_x(kb.mul(iv, bn) if chunks > 1 else iv, -math.inf)
+        v = masked_x(kb.mul(iv, bn) if chunks > 1 else iv, -math.inf)
         m_new, alpha, p = _softmax_step(kb, v, m_i, [bm, bn])
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(p, "sum", 1))))
         return [m_new, l_new]
@@ -371,7 +370,6 @@ def matmul_operand_maps(op: g.MatmulOp, result_map: Map, k_axis: str, bindings) 
 
 def source_of(kb: KernelBuild, v: SSAValue, m: Map) -> tuple[SSAValue, Map]:
     """Follows views back to the kernel parameter a matmul operand reads, carrying its map."""
-    from .emit import operand_maps
 
     while v not in kb.em.params:
         op = v.owner

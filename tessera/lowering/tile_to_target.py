@@ -237,8 +237,9 @@ class LowerMma(RewritePattern):
     for the operand dtype that covers the tile.
 
     A dtype with no matrix instruction at all on the platform (fp32, whose tensor-core
-    path would silently be TF32) keeps its `tile.mma`: the emitter computes it with
-    FMAs on the CUDA cores, the precise path PyTorch also takes by default."""
+    path would silently be TF32) keeps its `tile.mma`. The CPU interpreter runs it
+    exactly; the PTX backend has no CUDA-core matmul yet and raises
+    `UnsupportedByBackend` for it."""
 
     platform: Platform
 

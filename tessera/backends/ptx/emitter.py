@@ -1272,7 +1272,17 @@ BASES: dict[str, Callable] = {
 }
 
 
+def _mma_without_tensor_cores(e: KernelEmitter, op: t.MmaOp):
+    """A `tile.mma` the target lowering kept: its operands have no matrix instruction (fp32), or
+    tensor cores were turned off. There is no CUDA-core matmul in this backend yet."""
+    raise UnsupportedByBackend(
+        f"PTX backend: kernel {e.name} has a matmul of {op.a.type.get_element_type()} operands without "
+        f"tensor cores, which it cannot run on the GPU yet; give the matmul fp16 or bf16 operands "
+        f"(x.to(tsr.fp16)), or call with NumPy arrays to run it on the CPU interpreter")
+
+
 HANDLERS: dict[type, Callable] = {
+    t.MmaOp: _mma_without_tensor_cores,
     arith.ConstantOp: _constant,
     arith.AddfOp: _binary("add.f32 {r}, {a}, {b};"),
     arith.SubfOp: _binary("sub.f32 {r}, {a}, {b};"),
