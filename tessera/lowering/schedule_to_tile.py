@@ -446,13 +446,15 @@ class _Pipeline:
         self.smem = [self.kb.b(t.AllocSharedOp([self.stages, *o.shape], g.tensor_type(o.value).element))
                      for o in self.operands]
 
+    def stage(self, step: SSAValue) -> SSAValue:
+        return self.kb.b(arith.RemSIOp(step, self.kb.b.index(self.stages)))
+
     def issue(self, step: SSAValue) -> None:
-        kb = self.kb
-        stage = kb.b(arith.RemSIOp(step, kb.b.index(self.stages)))
+        stage = self.stage(step)
         offsets = self.offsets(step)
         for o, buf in zip(self.operands, self.smem):
-            _copy(kb, o, buf, stage, offsets, self.scalars)
-        kb.b(t.AsyncCommitOp())
+            _copy(self.kb, o, buf, stage, offsets, self.scalars)
+        self.kb.b(t.AsyncCommitOp())
 
     def prologue(self, first: SSAValue) -> None:
         for i in range(self.stages - 1):
@@ -471,7 +473,7 @@ class _Pipeline:
             kb.b(t.BarrierOp())
             if stages > 1 and not self.mma_async:
                 self.issue(kb.b(arith.AddiOp(step, kb.b.index(stages - 1))))
-            stage = kb.b(arith.RemSIOp(step, kb.b.index(stages)))
+            stage = self.stage(step)
             tiles = [kb.b(t.LoadSharedOp(buf, stage)) for buf in self.smem]
             out = compute(iv, tiles, *state)
             if self.mma_async:
@@ -513,35 +515,26 @@ def _pipelined_loop_ahead(kb: KernelBuild, steps: tuple, stages: int, operands: 
     barrier (in every thread) and issues step i + stages - 1 into that stage. The mmas still
     running are waited for after the loop."""
     first, end = (kb.b.index(x) if isinstance(x, int) else x for x in steps)
-    smem = [kb.b(t.AllocSharedOp([stages, *o.shape], g.tensor_type(o.value).element)) for o in operands]
 
-    def stage_of(step: SSAValue) -> SSAValue:
-        return kb.b(arith.RemSIOp(step, kb.b.index(stages)))
-
-    def issue(step: SSAValue):
-        offset = kb.b(arith.MuliOp(step, kb.b.index(step_size)))
-        stage = stage_of(step)
-        for o, buf in zip(operands, smem):
-            _copy(kb, o, buf, stage, {**fixed, inner_axis: offset}, scalars)
-        kb.b(t.AsyncCommitOp())
-
-    for i in range(stages - 1):
-        issue(kb.b(arith.AddiOp(first, kb.b.index(i))))
+    def offsets(step):
+        return {**fixed, inner_axis: kb.b(arith.MuliOp(step, kb.b.index(step_size)))}
+    pipe = _Pipeline(kb, stages, operands, offsets, scalars)
+    pipe.prologue(first)
     kb.b(t.AsyncWaitOp(stages - 2))
     kb.b(t.BarrierOp())
-    state = head(first, kb.b(t.LoadSharedOp(smem[0], stage_of(first))), *inits)
+    state = head(first, kb.b(t.LoadSharedOp(pipe.smem[0], pipe.stage(first))), *inits)
 
     def loop_body(iv, *carried):
         nxt = kb.b(arith.AddiOp(iv, kb.b.index(1)))
         kb.b(t.AsyncWaitOp(stages - 3))
         kb.b(t.BarrierOp())
-        k_next = kb.b(t.LoadSharedOp(smem[0], stage_of(nxt)))
-        v_tile = kb.b(t.LoadSharedOp(smem[1], stage_of(iv)))
+        k_next = kb.b(t.LoadSharedOp(pipe.smem[0], pipe.stage(nxt)))
+        v_tile = kb.b(t.LoadSharedOp(pipe.smem[1], pipe.stage(iv)))
 
         def refill():
             kb.b(t.MmaWaitOp(1))
             kb.b(t.BarrierOp())
-            issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
+            pipe.issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
         return body(iv, k_next, v_tile, refill, *carried)
     results = _for(kb.b, first, end, 1, state, loop_body)
     kb.b(t.MmaWaitOp(0))
