@@ -410,7 +410,5 @@ BEYOND_AMPERE = frozenset({"tma", "wgmma", "setmaxnreg", "clusters", "stmatrix",
 def without(platform: Platform | str, features) -> Platform:
     """`platform` with `features` masked: the lowering then selects instructions as if they were absent
     (e.g. the mma.sync + cp.async path on an sm_90a device)."""
-    import dataclasses
-
     p = _platform(platform)
     return dataclasses.replace(p, features=p.features - frozenset(features))

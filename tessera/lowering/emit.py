@@ -141,10 +141,6 @@ def _abs(b: Builder, x):
     return b(math.AbsFOp(x) if x.type.get_element_type() == f32 else math.AbsIOp(x))
 
 
-def _rsqrt(b: Builder, x):
-    return b(math.RsqrtOp(x))
-
-
 def _compare(fpred: str, ipred: str):
     def build(b: Builder, x, y):
         return compare(b, x, y, fpred if x.type.get_element_type() == f32 else ipred)
@@ -165,7 +161,7 @@ ELEMENTWISE: dict[str, Callable] = {
     "log2": _unary_math(math.Log2Op),
     "tanh": _unary_math(math.TanhOp),
     "sqrt": _unary_math(math.SqrtOp),
-    "rsqrt": _rsqrt,
+    "rsqrt": _unary_math(math.RsqrtOp),
     "sin": _unary_math(math.SinOp),
     "cos": _unary_math(math.CosOp),
     "erf": _unary_math(math.ErfOp),

@@ -406,8 +406,7 @@ class KernelEmitter:
         return self.env[v]
 
     def regs_of(self, v: SSAValue) -> list[str]:
-        x = self.env[v]
-        return x if isinstance(x, list) else [x] * len(self.layouts[v].offsets)
+        return self._as_list(v, len(self.layouts[v].offsets))
 
     def elementwise(self, op: Operation, build: Callable[[list[str]], str]) -> None:
         """Applies `build(operand registers) -> result register` to every element."""
