@@ -319,35 +319,68 @@ def cmd_compile(args: argparse.Namespace) -> int:
     compiled, _ = compile_function(fn, args)
     out = Path(args.output or DEFAULT_OUT / fn.name)
     written = compiled.dump(out, stages) if stages else []
-    binaries, note = write_binaries(compiled, out, args.arch)
+    binaries, reports, note = write_binaries(compiled, out, args.arch)
     print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, {args.path} path)")
     print_fields([("kernels", ", ".join(compiled.kernel_names)),
                   ("compile", f"{compiled.compile_seconds:.2f} s"),
                   ("wrote", ", ".join(map(_show_path, written + binaries)) or "nothing (--dump-ir is empty)"),
                   *([("PTX", note)] if note else [])])
+    for report in reports:
+        print(report)
     return 0
 
 
-def write_binaries(compiled: Compiled, out: Path, arch: str) -> tuple[list[Path], str | None]:
-    """Each kernel's PTX, and its cubin where ptxas is installed; or why there are none."""
+def write_binaries(compiled: Compiled, out: Path, arch: str) -> tuple[list[Path], list[str], str | None]:
+    """Each kernel's PTX, and its cubin where ptxas is installed; a report per kernel (its launch,
+    schedule, and what ptxas says of it); or why there are none."""
     from .backends.ptx import UnsupportedByBackend, emit_module
     from .runtime import ptxas
 
     try:
         kernels = emit_module(compiled.modules["target"])
     except UnsupportedByBackend as e:
-        return [], f"not emitted: {e.message}"
+        return [], [], f"not emitted: {e.message}"
     out.mkdir(parents=True, exist_ok=True)
-    written = []
+    written, reports = [], []
     for name, kernel in kernels.items():
         path = out / f"{name}.ptx"
         path.write_text(kernel.ptx)
         written.append(path)
+        resources = None
         if ptxas.available():
+            assembled = ptxas.assemble(kernel.ptx, arch, compiled.options.opt_level)
+            resources = assembled.resources.get(name)
             cubin = out / f"{name}.cubin"
-            cubin.write_bytes(ptxas.assemble(kernel.ptx, arch, compiled.options.opt_level).cubin)
+            cubin.write_bytes(assembled.cubin)
             written.append(cubin)
-    return written, None if ptxas.available() else "cubins skipped: ptxas not found"
+        reports.append(kernel_report(compiled, kernel, resources))
+    return written, reports, None if ptxas.available() else "cubins skipped: ptxas not found"
+
+
+def kernel_report(compiled: Compiled, kernel, resources) -> str:
+    """What a kernel engineer asks of a kernel first: its launch, its schedule, and (from ptxas)
+    its registers, shared memory, spills and the blocks an SM holds."""
+    from .ir import schedule, target
+
+    config = next(op.config for op in compiled.modules["target"].ops
+                  if isinstance(op, target.KernelOp) and op.sym_name.data == kernel.name)
+    params = next((op.param_values for op in compiled.modules["schedule"].walk()
+                   if isinstance(op, schedule.KernelOp) and op.sym_name.data == kernel.name), {})
+    grid = " x ".join(map(str, config.grid_dims))
+    rows = [("launch", f"grid {grid}, {kernel.threads} threads, {_bytes(kernel.dynamic_shared)} dynamic shared memory"),
+            ("schedule", " ".join(f"{k}={v}" for k, v in params.items()) or "-")]
+    if resources is not None:
+        shared = kernel.dynamic_shared + resources.shared_bytes
+        spills = (f"{resources.spill_store_bytes} bytes spilled" if resources.spill_store_bytes
+                  else "no spills")
+        rows.append(("ptxas", f"{resources.registers} registers, {_bytes(resources.shared_bytes)} static shared "
+                              f"memory, {spills}"))
+        platform = compiled.options.platform()
+        if platform.vendor == "nvidia":
+            blocks, limits = platforms.occupancy(platform, kernel.threads, resources.registers, shared)
+            rows.append(("per SM", f"{blocks} block{'s' if blocks != 1 else ''} (limited by {' and '.join(limits)})"))
+    width = max(len(label) for label, _ in rows)
+    return "\n".join([f"  {kernel.name}"] + [f"    {label:<{width}}  {value}" for label, value in rows])
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -481,6 +514,13 @@ def _kib(n: int) -> str:
     return f"{n // 1024} KiB"
 
 
+def _bytes(n: int) -> str:
+    """`n` bytes as a reader wants them: 512 bytes, 18 KiB, 81.0 KiB."""
+    if n < 1024:
+        return f"{n} bytes"
+    return f"{n // 1024} KiB" if n % 1024 == 0 else f"{n / 1024:.1f} KiB"
+
+
 #: `tessera targets` columns: header, and the cell of one platform.
 TARGET_COLUMNS: tuple[tuple[str, Callable[[platforms.Platform], str]], ...] = (
     ("arch", lambda p: p.arch),
@@ -511,6 +551,8 @@ TARGET_DETAILS: tuple[tuple[str, Callable[[platforms.Platform], str]], ...] = (
     ("SMs / CUs", lambda p: str(p.sm_count)),
     ("wave sizes", lambda p: ", ".join(map(str, p.wave_sizes))),
     ("max threads / block", lambda p: str(p.max_threads_per_block)),
+    ("max threads / SM", lambda p: str(p.max_threads_per_sm)),
+    ("max blocks / SM", lambda p: str(p.max_blocks_per_sm)),
     ("shared memory / block", lambda p: _kib(p.max_shared_per_block)),
     ("shared memory / SM", lambda p: _kib(p.max_shared_per_sm)),
     ("registers / SM", lambda p: str(p.regs_per_sm)),

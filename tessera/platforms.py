@@ -70,7 +70,8 @@ class Platform:
     `version` is the CUDA compute capability, (9, 0) for sm_90a, or the gfx
     version, (9, 0, 10) for gfx90a. `sm_count` counts SMs (NVIDIA) or compute
     units (AMD). `max_shared_per_block` is the opt-in maximum a kernel can ask
-    for; `max_shared_per_sm` the SM's whole shared memory / the CU's LDS.
+    for; `max_shared_per_sm` the SM's whole shared memory / the CU's LDS;
+    `max_threads_per_sm` and `max_blocks_per_sm` the SM's resident limits.
     `warp_size` is the wavefront a kernel runs with; `wave_sizes` all it could.
     """
 
@@ -87,6 +88,8 @@ class Platform:
     max_regs_per_thread: int
     features: frozenset[str]
     min_ptx_isa: tuple[int, int] | None = None  # the PTX ISA that introduced the arch
+    max_threads_per_sm: int = 2048
+    max_blocks_per_sm: int = 32
 
     def has(self, feature: str) -> bool:
         """Whether this target supports `feature` (a name from FEATURES)."""
@@ -100,12 +103,12 @@ class Platform:
         return self.vendor == "nvidia" and self.arch.endswith("a")
 
 
-def _nvidia(arch, cc, sms, smem_block_kb, smem_sm_kb, features, min_ptx):
+def _nvidia(arch, cc, sms, smem_block_kb, smem_sm_kb, features, min_ptx, threads_per_sm=2048, blocks_per_sm=32):
     return Platform(
         vendor="nvidia", arch=arch, version=cc, sm_count=sms, warp_size=32, wave_sizes=(32,),
         max_threads_per_block=1024, max_shared_per_block=smem_block_kb * KB,
         max_shared_per_sm=smem_sm_kb * KB, regs_per_sm=65536, max_regs_per_thread=255,
-        features=features, min_ptx_isa=min_ptx,
+        features=features, min_ptx_isa=min_ptx, max_threads_per_sm=threads_per_sm, max_blocks_per_sm=blocks_per_sm,
     )
 
 
@@ -119,13 +122,14 @@ def _amd(arch, version, cus, wave_sizes, regs_per_cu, max_vgprs, features):
 
 
 # Defaults per arch: SMs of the reference part, shared memory (opt-in per block /
-# per SM, KB), features, and the PTX ISA version that introduced the arch.
+# per SM, KB), features, the PTX ISA version that introduced the arch, and where they
+# differ from 2048 and 32, the threads and blocks an SM holds.
 _PLATFORMS: tuple[Platform, ...] = (
     _nvidia("sm_70", (7, 0), 80, 96, 96, _SM70, (6, 0)),          # V100
-    _nvidia("sm_75", (7, 5), 40, 64, 64, _SM75, (6, 3)),          # T4
+    _nvidia("sm_75", (7, 5), 40, 64, 64, _SM75, (6, 3), 1024, 16),  # T4
     _nvidia("sm_80", (8, 0), 108, 163, 164, _SM80, (7, 0)),       # A100
-    _nvidia("sm_86", (8, 6), 84, 99, 100, _SM80, (7, 1)),         # RTX 3090 Ti / A40
-    _nvidia("sm_89", (8, 9), 128, 99, 100, _SM89, (7, 8)),        # RTX 4090
+    _nvidia("sm_86", (8, 6), 84, 99, 100, _SM80, (7, 1), 1536, 16),  # RTX 3090 Ti / A40
+    _nvidia("sm_89", (8, 9), 128, 99, 100, _SM89, (7, 8), 1536, 24),  # RTX 4090
     _nvidia("sm_90", (9, 0), 132, 227, 228, _SM90, (7, 8)),       # H100 SXM
     _nvidia("sm_90a", (9, 0), 132, 227, 228, _SM90A, (8, 0)),     # H100 SXM
     _nvidia("sm_100", (10, 0), 148, 227, 228, _SM100, (8, 6)),    # B200
@@ -320,6 +324,38 @@ _COPY_MECHANISMS = (
 )
 
 
+def shared_reserved_per_block(platform: Platform | str) -> int:
+    """Shared memory the CUDA driver keeps for itself in each resident block (sm_80 on)."""
+    p = _platform(platform)
+    return 1024 if p.vendor == "nvidia" and p.version >= (8, 0) else 0
+
+
+def blocks_per_sm_by_shared(platform: Platform | str, shared_bytes: int) -> int:
+    """Blocks using `shared_bytes` each (static and dynamic) that one SM's shared memory holds."""
+    p = _platform(platform)
+    return p.max_shared_per_sm // (shared_bytes + shared_reserved_per_block(p))
+
+
+def occupancy(platform: Platform | str, threads: int, regs: int, shared_bytes: int) -> tuple[int, tuple[str, ...]]:
+    """(blocks of a kernel resident on one SM, what limits them to that: some of "blocks",
+    "threads", "registers", "shared memory"), by the CUDA rules: registers go to warps in units of 256 and each of the
+    SM's four schedulers holds a quarter of them; each block's shared memory carries the driver's
+    reservation. NVIDIA targets only (`regs` per thread, as ptxas reports them)."""
+    p = _platform(platform)
+    if p.vendor != "nvidia":
+        raise ValueError(f"occupancy follows NVIDIA's rules; {p.arch} is an {p.vendor} target")
+    warps = -(-threads // p.warp_size)
+    regs_per_warp = -(-regs * p.warp_size // 256) * 256
+    limits = {
+        "blocks": p.max_blocks_per_sm,
+        "threads": p.max_threads_per_sm // (warps * p.warp_size),
+        "registers": (p.regs_per_sm // 4 // regs_per_warp * 4 if regs_per_warp else 10 ** 9) // warps,
+        "shared memory": blocks_per_sm_by_shared(p, shared_bytes),
+    }
+    blocks = min(limits.values())
+    return blocks, tuple(name for name, n in limits.items() if n == blocks)
+
+
 def copy_mechanisms(platform: Platform | str, padding: float = 0.0) -> tuple[str, ...]:
     """Every way `platform` can copy a tile padded with `padding`, best first."""
     p = _platform(platform)
@@ -386,15 +422,15 @@ def _arch_for_cc(cc_major: int, cc_minor: int) -> Platform:
 
 def from_device_properties(cc_major: int, cc_minor: int, sm_count: int, smem_optin: int, *,
                            smem_per_sm: int | None = None, regs_per_sm: int | None = None,
-                           max_threads_per_block: int | None = None,
-                           max_regs_per_thread: int | None = None) -> Platform:
+                           max_threads_per_block: int | None = None, max_threads_per_sm: int | None = None,
+                           max_blocks_per_sm: int | None = None) -> Platform:
     """The Platform of the CUDA device at hand: the arch picked from its compute
     capability, the registry's counts replaced by what the driver reports
     (`smem_optin` is cudaDevAttrMaxSharedMemoryPerBlockOptin)."""
     reported = {
         "sm_count": sm_count, "max_shared_per_block": smem_optin, "max_shared_per_sm": smem_per_sm,
         "regs_per_sm": regs_per_sm, "max_threads_per_block": max_threads_per_block,
-        "max_regs_per_thread": max_regs_per_thread,
+        "max_threads_per_sm": max_threads_per_sm, "max_blocks_per_sm": max_blocks_per_sm,
     }
     return dataclasses.replace(_arch_for_cc(cc_major, cc_minor),
                                **{k: v for k, v in reported.items() if v is not None})

@@ -9,6 +9,7 @@ import textwrap
 from pathlib import Path
 
 import numpy as np
+import re
 import shutil
 
 import pytest
@@ -91,6 +92,22 @@ def test_compile_path_picks_the_gemm_instruction(capsys, tmp_path, path, instruc
     assert status == 0 and f"{path} path" in out
     (ptx,) = (tmp_path / "out").glob("*.ptx")
     assert instruction in ptx.read_text()
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
+def test_compile_reports_each_kernels_launch_and_resources(capsys, tmp_path):
+    """Per kernel: grid and threads, the schedule, ptxas's registers and spills, and the blocks an
+    SM holds with what limits them (a persistent native GEMM: one per SM, as its grid assumes)."""
+    source = tmp_path / "gemm.py"
+    source.write_text(GEMM_SOURCE)
+    status, out, _ = run_cli(capsys, "compile", f"{source}:gemm", "--shape", "M=4096,K=512,N=4096",
+                             "--arch", "sm_90a", "-o", str(tmp_path / "out"))
+    assert status == 0
+    report = out[out.index("\n  gemm_gemm_0\n    launch"):]
+    assert re.search(r"launch +grid 132 x 1 x 1, 256 threads, 192\.0 KiB dynamic shared memory", report)
+    assert re.search(r"schedule +block_m=128 block_n=256 .*persistent=1 programs=132", report)
+    assert re.search(r"ptxas +\d+ registers, 18 KiB static shared memory, no spills", report)
+    assert re.search(r"per SM +1 block \(limited by (registers and )?shared memory\)", report)
 
 
 @pytest.mark.parametrize("target", [ATTENTION, CAUSAL])

@@ -175,3 +175,24 @@ def test_from_device_properties_overrides_counts():
 def test_from_device_properties_unknown_cc():
     with pytest.raises(UnknownArchError, match="compute capability 12.0"):
         platforms.from_device_properties(12, 0, sm_count=170, smem_optin=101376)
+
+
+@pytest.mark.parametrize("arch,threads,regs,shared,expected", [
+    # the mma.sync GEMM's default on an H100: ncu reports 3 blocks, by registers and by shared memory
+    ("sm_90a", 128, 168, 64 * 1024, (3, ("registers", "shared memory"))),
+    # the native persistent GEMM: one block per SM
+    ("sm_90a", 256, 157, 192 * 1024 + 32 + 18 * 1024, (1, ("registers", "shared memory"))),
+    ("sm_86", 256, 32, 0, (6, ("threads",))),          # 1536 threads per SM on sm_86
+    ("sm_90a", 32, 16, 0, (32, ("blocks",))),
+    ("sm_90a", 128, 255, 0, (2, ("registers",))),       # 8 K registers a warp: two a scheduler
+])
+def test_occupancy(arch, threads, regs, shared, expected):
+    assert platforms.occupancy(arch, threads, regs, shared) == expected
+
+
+def test_each_block_carries_the_drivers_shared_memory_reservation():
+    assert platforms.blocks_per_sm_by_shared("sm_90a", 113 * 1024) == 2
+    assert platforms.blocks_per_sm_by_shared("sm_90a", 113 * 1024 + 512) == 1    # 2 x (113.5 + 1) > 228 KB
+    assert platforms.blocks_per_sm_by_shared("sm_75", 32 * 1024) == 2             # no reservation before sm_80
+    with pytest.raises(ValueError, match="NVIDIA's rules"):
+        platforms.occupancy("gfx90a", 256, 64, 0)

@@ -24,6 +24,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from ..ir import graph as g
+from .. import platforms
 from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
 
@@ -50,8 +51,8 @@ class Group:
 class _Planner:
     max_shared: int | None = None    # the target's shared memory per block, when known
     native: bool = False             # the target has the Hopper-native path (TMA + wgmma)
-    sm_count: int = 1                # the target's SMs and shared memory per SM: how many blocks
-    shared_per_sm: int = 0           # a persistent kernel launches
+    sm_count: int = 1                # the target's SMs: with the blocks one holds, how many blocks
+    platform = None                  # a persistent kernel launches (the target, when known)
 
     def __init__(self, f: func.FuncOp):
         self.f = f
@@ -283,7 +284,8 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         space = {k: list(v) for k, v in space_override.items() if k in params}
         params = {k: (space[k][0] if k in space else v) for k, v in params.items()}
     if params.get("persistent"):   # as many blocks as the SMs' shared memory holds, or as the space says
-        per_sm = max(1, planner.shared_per_sm // max(1, s.shared_bytes(group.kind, params, features)))
+        shared = s.shared_bytes(group.kind, params, features)
+        per_sm = max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared)) if planner.platform else 1
         params["programs"] = (space_override or {}).get("programs", [planner.sm_count * per_sm])[0]
     return block, inputs, params, space
 
@@ -325,7 +327,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp
         planner.max_shared = platform.max_shared_per_block if platform else None
         planner.native = bool(platform) and HOPPER_NATIVE <= platform.features
         planner.sm_count = platform.sm_count if platform else 1
-        planner.shared_per_sm = platform.max_shared_per_sm if platform else 0
+        planner.platform = platform
         groups = planner.plan()
         body = Block(arg_types=[a.type for a in f.body.block.args])
         outer = dict(zip(f.body.block.args, body.args))

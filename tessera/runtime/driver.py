@@ -160,6 +160,8 @@ class Device:
     regs_per_sm = _device_attribute("MAX_REGISTERS_PER_MULTIPROCESSOR")
     warp_size = _device_attribute("WARP_SIZE")
     max_threads_per_block = _device_attribute("MAX_THREADS_PER_BLOCK")
+    max_threads_per_sm = _device_attribute("MAX_THREADS_PER_MULTIPROCESSOR")
+    max_blocks_per_sm = _device_attribute("MAX_BLOCKS_PER_MULTIPROCESSOR")
 
     @functools.cached_property
     def name(self) -> str:
@@ -176,7 +178,8 @@ class Device:
         return platforms.from_device_properties(
             major, minor, self.sm_count, self.max_shared_per_block_optin,
             smem_per_sm=self.max_shared_per_sm, regs_per_sm=self.regs_per_sm,
-            max_threads_per_block=self.max_threads_per_block)
+            max_threads_per_block=self.max_threads_per_block, max_threads_per_sm=self.max_threads_per_sm,
+            max_blocks_per_sm=self.max_blocks_per_sm)
 
     def __repr__(self) -> str:
         return f"Device({self.ordinal}: {self.name}, sm_{''.join(map(str, self.compute_capability))})"

@@ -11,6 +11,7 @@ import ml_dtypes
 import numpy as np
 import pytest
 
+from tessera import platforms
 from tessera.runtime import cache, driver, interop, ptxas
 from tessera.runtime.driver import ArgumentError, CudaError, Module, PackedArgs
 
@@ -195,6 +196,9 @@ def test_device_properties_look_sane(cuda_device):
     platform = d.platform()
     assert platform.sm_count == d.sm_count and platform.max_shared_per_block == d.max_shared_per_block_optin
     assert platform.version == d.compute_capability
+    assert platform.max_threads_per_sm == d.max_threads_per_sm and platform.max_blocks_per_sm == d.max_blocks_per_sm
+    registry = platforms.get(platform.arch)   # the registry's limits are the device's
+    assert (registry.max_threads_per_sm, registry.max_blocks_per_sm) == (d.max_threads_per_sm, d.max_blocks_per_sm)
 
 
 def test_bad_ordinal_is_refused(cuda_device):

@@ -992,7 +992,10 @@ def _staging(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Lay
         return None
     used = shared_total(e, e.static_smem)
     staged = shared_total(e, e.static_smem + _storing_warps(e) * staging.buffer_bytes)
-    if staged > e.platform.max_shared_per_block or _blocks_per_sm(e, staged) < _blocks_per_sm(e, used):
+    # the buffers must not lower the blocks per SM: attention's two per SM already overlap one's
+    # stores with the other's work
+    if (staged > e.platform.max_shared_per_block
+            or platforms.blocks_per_sm_by_shared(e.platform, staged) < platforms.blocks_per_sm_by_shared(e.platform, used)):
         return None
     return staging
 
@@ -1008,14 +1011,6 @@ def shared_total(e: KernelEmitter, static: int) -> int:
     return -(-static // e.smem_align) * e.smem_align + e.smem_bytes if e.smem_bytes else static
 
 
-#: Shared memory the driver reserves for each resident block (sm_80 and later).
-SHARED_RESERVED_PER_BLOCK = 1024
-
-
-def _blocks_per_sm(e: KernelEmitter, shared_bytes: int) -> int:
-    """Blocks of this kernel an SM's shared memory holds (staging must not lower it: attention's
-    two blocks per SM already overlap one's stores with the other's work)."""
-    return e.platform.max_shared_per_sm // (shared_bytes + SHARED_RESERVED_PER_BLOCK)
 
 
 def _store_staged(e: KernelEmitter, op: t.StoreOp, st: Staging) -> None:
