@@ -79,13 +79,20 @@ RECORD = np.dtype({"names": ["a", "b", "c", "f", "h", "g", "d", "e"],
 STORE_ALL_ARGS = [("s32", -123456), ("f32", 3.25), ("u16", 65535), ("f64", 1e300),
                   ("s64", -(2**40) - 3), ("u8", 200), ("f16", 1.5), ("bf16", -2.0)]
 
-# Thread t writes t + 1000 to the t-th word from the END of dynamic shared
-# memory and reads it back: it faults unless all `words` words were granted.
-DYN_SMEM = """
+def smem_roundtrip(name: str, static_bytes: int = 0) -> str:
+    """Thread t writes t + 1000 to the t-th word from the END of dynamic shared memory and reads it
+    back: it faults unless all `words` words were granted. With `static_bytes`, the value first
+    passes through word t of a static .shared array of that size."""
+    static, through_static = "", ""
+    if static_bytes:
+        static = f"    .shared .align 16 .b8 fixed[{static_bytes}];\n"
+        through_static = ("    shl.b32 %r8, %r2, 2;\n    mov.u32 %r9, fixed;\n    add.u32 %r9, %r9, %r8;\n"
+                          "    st.shared.u32 [%r9], %r6;\n    bar.sync 0;\n    ld.shared.u32 %r6, [%r9];\n")
+    return (f"""
 .extern .shared .align 16 .b8 dsmem[];
-.visible .entry dyn_smem(.param .u64 out, .param .u32 words)
-{
-    .reg .b32 %r<8>;
+.visible .entry {name}(.param .u64 out, .param .u32 words)
+{{
+{static}    .reg .b32 %r<10>;
     .reg .b64 %rd<4>;
     ld.param.u64 %rd1, [out];
     ld.param.u32 %r1, [words];
@@ -96,7 +103,7 @@ DYN_SMEM = """
     mov.u32 %r5, dsmem;
     add.u32 %r5, %r5, %r4;
     add.u32 %r6, %r2, 1000;
-    st.shared.u32 [%r5], %r6;
+{through_static}    st.shared.u32 [%r5], %r6;
     bar.sync 0;
     ld.shared.u32 %r7, [%r5];
     cvta.to.global.u64 %rd2, %rd1;
@@ -104,43 +111,12 @@ DYN_SMEM = """
     add.u64 %rd2, %rd2, %rd3;
     st.global.u32 [%rd2], %r7;
     ret;
-}
-"""
+}}
+""")
 
 
-#: DYN_SMEM with a 16 KB static array besides: thread t also passes its value through fixed[t]
-STATIC_AND_DYN_SMEM = """
-.extern .shared .align 16 .b8 dsmem[];
-.visible .entry static_and_dyn_smem(.param .u64 out, .param .u32 words)
-{
-    .shared .align 16 .b8 fixed[16384];
-    .reg .b32 %r<10>;
-    .reg .b64 %rd<4>;
-    ld.param.u64 %rd1, [out];
-    ld.param.u32 %r1, [words];
-    mov.u32 %r2, %tid.x;
-    sub.u32 %r3, %r1, 1;
-    sub.u32 %r3, %r3, %r2;
-    shl.b32 %r4, %r3, 2;
-    mov.u32 %r5, dsmem;
-    add.u32 %r5, %r5, %r4;
-    add.u32 %r6, %r2, 1000;
-    shl.b32 %r8, %r2, 2;
-    mov.u32 %r9, fixed;
-    add.u32 %r9, %r9, %r8;
-    st.shared.u32 [%r9], %r6;
-    bar.sync 0;
-    ld.shared.u32 %r6, [%r9];
-    st.shared.u32 [%r5], %r6;
-    bar.sync 0;
-    ld.shared.u32 %r7, [%r5];
-    cvta.to.global.u64 %rd2, %rd1;
-    mul.wide.u32 %rd3, %r2, 4;
-    add.u64 %rd2, %rd2, %rd3;
-    st.global.u32 [%rd2], %r7;
-    ret;
-}
-"""
+DYN_SMEM = smem_roundtrip("dyn_smem")
+STATIC_AND_DYN_SMEM = smem_roundtrip("static_and_dyn_smem", static_bytes=16384)
 
 
 def ptx(arch, *bodies):
