@@ -28,7 +28,7 @@ import numpy as np
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from . import dtypes, platforms
-from .compiler import DEFAULT_ARCH, STAGE_NAMES, Compiled
+from .compiler import DEFAULT_ARCH, STAGE_NAMES, STAGES, Compiled, Options
 from .dtypes import DType
 from .errors import TesseraError
 from .frontend.function import Function
@@ -426,19 +426,10 @@ class Pass:
     run: Callable[[object, argparse.Namespace], object]
 
 
-def _fuse(module, args):
-    from .passes.fusion import fuse
-    return fuse(module, platform=platforms.get(args.arch))
-
-
-def _lower_to_tile(module, args):
-    from .lowering.schedule_to_tile import lower_schedule_to_tile
-    return lower_schedule_to_tile(module)
-
-
-def _lower_to_target(module, args):
-    from .lowering.tile_to_target import lower_tile_to_target
-    return lower_tile_to_target(module, platforms.get(args.arch))
+def _stage(name: str) -> Callable[[object, argparse.Namespace], object]:
+    """The compiler's stage `name` (tessera/compiler.py's STAGES) as an `opt` pass, for --arch."""
+    run_stage = dict(STAGES)[name]
+    return lambda module, args: run_stage(module, Options(arch=args.arch))
 
 
 def _canonicalize(module, args):
@@ -458,9 +449,9 @@ def _cse(module, args):
 
 
 PASSES: dict[str, Pass] = {
-    "fuse": Pass("graph", "Graph IR -> Schedule IR (fusion groups)", _fuse),
-    "lower-to-tile": Pass("schedule", "Schedule IR -> Tile IR (block programs)", _lower_to_tile),
-    "lower-to-target": Pass("tile", "Tile IR -> Target IR for --arch", _lower_to_target),
+    "fuse": Pass("graph", "Graph IR -> Schedule IR (fusion groups)", _stage("schedule")),
+    "lower-to-tile": Pass("schedule", "Schedule IR -> Tile IR (block programs)", _stage("tile")),
+    "lower-to-target": Pass("tile", "Tile IR -> Target IR for --arch", _stage("target")),
     "canonicalize": Pass(None, "xDSL canonicalization (folds, dead code), in place", _canonicalize),
     "cse": Pass(None, "xDSL common subexpression elimination, in place", _cse),
 }
