@@ -12,39 +12,18 @@ how the native GEMM's direct fragment stores were found (bench/RESULTS.md, sessi
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import numpy as np
 import torch
-import triton.testing
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-import tessera as tsr  # noqa: E402
-from tessera import Tensor  # noqa: E402
-from tessera.runtime import driver  # noqa: E402
+from run_all import gemm, median_ms, on_path   # this folder's shared pieces: the GEMM and how it is timed
 
 N = 4096
 KS = (256, 512, 1024, 2048, 4096, 8192)
 
 
-def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
-    return tsr.matmul(a, b)
-
-
 def median_us(fn) -> float:
-    return 1e3 * triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
-
-
-def program(path: str, k: int):
-    """The GEMM compiled for this device on `path`, as a callable returning its output (no
-    per-call argument checks in the timing: the kernel alone)."""
-    platform = driver.Device(0).platform()
-    f = tsr.function(gemm)
-    compiled = f.compile(f.arg_specs_for(dict(M=N, K=k, N=N), "fp16"), arch=platform.arch,
-                         sm_count=platform.sm_count, path=path)
-    run = compiled.gpu_program(0)
-    return lambda a, b: run(a, b)[0]
+    return 1e3 * median_ms(fn)
 
 
 def main() -> int:
@@ -56,7 +35,7 @@ def main() -> int:
         ref = (a @ b).double()
         times["cuBLAS"].append(median_us(lambda: a @ b))
         for name, path in (("tessera native", "native"), ("tessera mma.sync", "ampere")):
-            fn = program(path, k)
+            fn = on_path(gemm, path, dict(M=N, K=k, N=N), "fp16")
             err = float((fn(a, b).double() - ref).norm() / ref.norm())
             if err > 1e-2:
                 print(f"K={k} {name}: WRONG (rel err {err:.1e})")

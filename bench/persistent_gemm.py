@@ -10,23 +10,12 @@ triton.testing.do_bench).
 from __future__ import annotations
 
 import sys
-from pathlib import Path
 
 import torch
-import triton.testing
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+from run_all import gemm, median_ms   # this folder's shared pieces: the GEMM and how it is timed
 
-import tessera as tsr  # noqa: E402
-from tessera import Tensor  # noqa: E402
-
-
-def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
-    return tsr.matmul(a, b)
-
-
-def median_ms(fn) -> float:
-    return triton.testing.do_bench(fn, warmup=25, rep=200, return_mode="median")
+import tessera as tsr  # noqa: E402  (run_all put the repository on the path)
 
 
 def main() -> int:
@@ -37,7 +26,7 @@ def main() -> int:
             ref = a @ b
             for path in ("native", "ampere"):
                 for persistent in (0, 1):
-                    f = tsr.function(gemm, space={"persistent": [persistent]})
+                    f = tsr.function(gemm.fn, space={"persistent": [persistent]})
                     err = float((f(a, b, path=path).double() - ref.double()).norm() / ref.double().norm())
                     if err > 1e-2:
                         print(f"{n}^3 {dt} {path} persistent={persistent}: WRONG (rel err {err:.1e})")

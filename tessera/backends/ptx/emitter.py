@@ -1011,8 +1011,6 @@ def shared_total(e: KernelEmitter, static: int) -> int:
     return -(-static // e.smem_align) * e.smem_align + e.smem_bytes if e.smem_bytes else static
 
 
-
-
 def _store_staged(e: KernelEmitter, op: t.StoreOp, st: Staging) -> None:
     emit_staged_store(e, e.layouts[op.value], ptx_type(op.value.type), op.dst.type.get_shape(),
                       e.regs_of(op.value), e.value(op.dst), [e.value(o) for o in op.offsets], st)
