@@ -113,12 +113,14 @@ def bench_attention(rows, quick: bool):
                                      error=err))
 
 
-def on_path(fn, path: str, dims: dict[str, int], dtype: str):
+def on_path(fn, path: str, dims: dict[str, int], dtype: str, space: dict | None = None):
     """`fn` compiled for `dims` on one code path ("native": what a plain call runs; "ampere": the
-    mma.sync + cp.async path), as a callable returning its one output."""
+    mma.sync + cp.async path), with the schedule `space` pins if given, as a callable returning its
+    one output."""
     from tessera.runtime import driver
     platform = driver.Device(0).platform()
-    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=platform.arch, sm_count=platform.sm_count, path=path)
+    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=platform.arch, sm_count=platform.sm_count, path=path,
+                          **({"space": space} if space else {}))
     program = compiled.gpu_program(0)
     return lambda *xs: program(*xs)[0]
 

@@ -58,5 +58,8 @@ python3 bench/persistent_gemm.py || status=1
 # The GEMMs' fixed cost (epilogue, pipeline fill, last wave) against their main loop, from a K sweep.
 section "GEMM fixed cost"
 python3 bench/gemm_fixed_cost.py || status=1
+# GEMMs with too few output tiles for the GPU: the split_k the compiler derives against none and the best.
+section "Split-K GEMM"
+python3 bench/split_k_gemm.py || status=1
 
 exit "$status"

@@ -34,10 +34,10 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     ),
     "gemm": (
         {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8,
-         "mma_async": 0, "warp_specialize": 0, "persistent": 0},
+         "mma_async": 0, "warp_specialize": 0, "persistent": 0, "split_k": 1},
         {"block_m": [64, 128, 256], "block_n": [64, 128, 256], "block_k": [32, 64],
          "num_warps": [4, 8], "num_stages": [2, 3, 4], "group_m": [1, 4, 8, 16], "mma_async": [0, 1],
-         "warp_specialize": [0, 1], "persistent": [0, 1]},
+         "warp_specialize": [0, 1], "persistent": [0, 1], "split_k": [1, 2, 4, 8, 16]},
     ),
     "row_reduction": (
         {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1},
@@ -61,8 +61,10 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent"})
 
 #: Params the fusion pass derives from the target rather than a template's defaults, which a space
-#: may still pin: `programs`, the blocks of a persistent GEMM (the SMs times the blocks one holds).
-DERIVED = frozenset({"programs"})
+#: may still pin: `programs`, the blocks of a persistent GEMM (the SMs times the blocks one holds);
+#: `split_k`, the ways a GEMM with too few output tiles to fill the GPU splits its K steps (a first
+#: kernel writes fp32 partial products, a second adds them in order and applies the epilogue).
+DERIVED = frozenset({"programs", "split_k"})
 
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.

@@ -287,7 +287,37 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         shared = s.shared_bytes(group.kind, params, features)
         per_sm = max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared)) if planner.platform else 1
         params["programs"] = (space_override or {}).get("programs", [planner.sm_count * per_sm])[0]
+    if group.kind == "gemm" and planner.platform and "split_k" not in (space_override or {}):
+        params["split_k"] = _split_k(group, planner, params, features)
     return block, inputs, params, space
+
+
+#: the fewest K steps (of block_k) each split of a split-K GEMM gets: fewer, and the second kernel's
+#: launch and the partial products' traffic cost more than the split gains
+MIN_SPLIT_STEPS = 16
+
+
+def _split_k(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> int:
+    """How many ways to split a GEMM's K steps: enough for its output tiles' blocks to fill the
+    GPU's block slots when the tiles alone would leave more than half of the slots empty (a
+    128 x 4096 x 4096 GEMM has 16 to 32 tiles for 132 SMs), each split keeping at least
+    MIN_SPLIT_STEPS steps, so K loops shorter than twice that are never split. The partial
+    products go through an fp32 buffer and a second kernel, which is cheap next to an idle GPU,
+    not next to a busy one or a short K loop."""
+    (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
+    dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(mm.res).shape]
+    k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
+
+    def tiles(size: int, block: int) -> int:
+        return -(-size // min(block, max(16, 1 << (size - 1).bit_length())))
+    count = tiles(dims[-2], params["block_m"]) * tiles(dims[-1], params["block_n"])
+    for d in dims[:-2]:
+        count *= d
+    shared = s.shared_bytes(group.kind, params, features)
+    slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))
+    if 2 * count > slots:
+        return 1
+    return max(1, min(slots // count, tiles(k, params["block_k"]) // MIN_SPLIT_STEPS))
 
 
 def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:

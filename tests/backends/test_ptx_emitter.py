@@ -360,3 +360,20 @@ def test_magic_numbers_divide_every_non_negative_s32(x, divisor):
     assert (x * m >> 32) >> shift == x // divisor
     top = 2**31 - 1                       # the largest dividend, where an inexact m fails first
     assert (top * m >> 32) >> shift == top // divisor
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch,path", [*((a, "ampere") for a in MMA_ARCHS), ("sm_90a", "native")])
+@pytest.mark.parametrize("dims", [dict(M=128, K=4096, N=1024), dict(M=33, K=3000, N=200)], ids=["aligned", "tails"])
+def test_split_k_gemm_kernels_assemble(arch, path, dims, tmp_path):
+    """A split-K GEMM's two kernels: the partial products on tensor cores (wgmma on the native
+    path for whole tiles), and the elementwise sum with the epilogue; no spills."""
+    compiled = gemm_epilogue.compile(gemm_epilogue.arg_specs_for(dims, "fp16"), arch=arch, path=path)
+    kernels = emit_module(compiled.modules["target"])
+    assert list(kernels) == ["gemm_epilogue_gemm_0_partials", "gemm_epilogue_gemm_0"]
+    partials, total = kernels.values()
+    mma = ("wgmma.mma_async" if path == "native" else "mma.sync") if dims["M"] == 128 else "mma"
+    assert mma in partials.ptx and "mma" not in total.ptx
+    for kernel in kernels.values():
+        report, _ = assemble(kernel.ptx, arch, tmp_path)
+        assert "0 bytes spill stores" in report

@@ -197,7 +197,7 @@ def test_persistent_gemm(torch_cuda, hopper, fn, dims, dtype, space, path):
     tile's last steps issue the next tile's first copies). Steps counted wrongly across tiles show
     as tiles of another tile's data, or, on the native path, as a hang on an mbarrier phase."""
     torch = torch_cuda
-    space = {"persistent": [1], **space}
+    space = {"persistent": [1], "split_k": [1], **space}
     compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=_arch(), path=path, space=space)
     assert f"grid = array<i64: {space['programs'][0]}," in compiled.ir("tile")   # blocks walk tiles
     inputs, (out,) = run(fn, dims, dtype, torch, path=path, expect="wgmma" if path == "native" else "mma.sync",
@@ -216,8 +216,28 @@ def test_warp_specialized_gemm(torch_cuda, hopper, fn, dims, dtype, stages):
     its free mbarrier. Any handshake off by one phase shows as a hang or wrong tiles."""
     torch = torch_cuda
     inputs, (out,) = run(fn, dims, dtype, torch, path="native", expect="wgmma",
-                         space={"warp_specialize": [1], "num_stages": [stages]})
+                         space={"warp_specialize": [1], "num_stages": [stages], "split_k": [1]})
     check(out, gemm_reference(fn, inputs, torch), dtype, torch)
+
+
+@pytest.mark.parametrize("fn,dims,dtype,split_k", [
+    (gemm_bias_gelu, dict(M=1, K=4096, N=1000), "fp16", None),    # one row: the split the compiler derives
+    (gemm_bias_gelu, dict(M=129, K=4104, N=264), "bf16", [8]),     # tails everywhere; the last split is shorter
+    (gemm_nt_scaled, dict(M=256, K=3000, N=200), "fp16", [3]),     # B stored [N, K]
+    (batched_gemm, dict(B=2, M=70, K=2048, N=40), "fp16", [4]),    # batch: partials [4, 2, 70, 40]
+], ids=["one-row", "tails", "b-k-major", "batched"])
+@pytest.mark.parametrize("path", PATHS)
+def test_split_k_gemm(torch_cuda, fn, dims, dtype, split_k, path):
+    """`split_k`: K split across blocks, fp32 partial products, a second kernel adding them in
+    order with the epilogue. Two runs agree bit for bit (the order of the sum is fixed)."""
+    torch = torch_cuda
+    space = {"split_k": split_k} if split_k else None
+    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=_arch(), path=path, **({"space": space} if space else {}))
+    assert "_partials" in compiled.ir("tile")
+    inputs, (out,) = run(fn, dims, dtype, torch, path=path, space=space)
+    check(out, gemm_reference(fn, inputs, torch), dtype, torch)
+    _, (again,) = run(fn, dims, dtype, torch, path=path, space=space)
+    assert torch.equal(out, again)
 
 
 # --- flash attention --------------------------------------------------------------------------

@@ -386,3 +386,31 @@ def test_native_tiling_for_attention_whatever_the_sequence_length():
     module = fuse(att.trace(att.arg_specs_for({"B": 2, "S": 129, "D": 64}, "fp16")), platform=platforms.get("sm_90a"))
     (kernel,) = [op for op in module.walk() if op.name == "schedule.kernel"]
     assert (kernel.param_values["block_m"], kernel.param_values["num_warps"]) == (128, 8)
+
+
+# --- split-K ------------------------------------------------------------------------------------------------
+
+@tsr.function
+def plain_gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+    return tsr.matmul(a, b)
+
+
+def split_k_of(dims, **options) -> int:
+    c = plain_gemm.compile(plain_gemm.arg_specs_for(dims, "fp16"), **options)
+    (kernel,) = schedule_kernels(c)
+    return kernel.param_values["split_k"]
+
+
+@pytest.mark.parametrize("dims,options,expected", [
+    (dict(M=128, K=4096, N=4096), dict(arch="sm_90a"), 4),                  # 16 tiles; 64 K steps make 4 splits
+    (dict(M=512, K=16384, N=512), dict(arch="sm_90a"), 16),                 # 8 tiles of 128 x 256, 132 SMs
+    (dict(M=512, K=16384, N=512), dict(arch="sm_90a", sm_count=66), 8),     # half the SMs, half the splits
+    (dict(M=128, K=8192, N=4096), dict(arch="sm_80"), 6),                   # 32 tiles of 128 x 128, 108 SMs x 2
+    (dict(M=4096, K=4096, N=4096), dict(arch="sm_90a"), 1),                 # enough tiles
+    (dict(M=128, K=1984, N=4096), dict(arch="sm_90a"), 1),                  # 31 K steps: too short to split
+    (dict(M=128, K=4096, N=4096), dict(arch="sm_90a", space=dict(split_k=[1])), 1),   # the space pins it
+])
+def test_split_k_fills_the_gpu_when_output_tiles_cannot(dims, options, expected):
+    """The derived `split_k`: output tiles times splits fill the target's block slots (SMs times
+    the blocks one holds) when the tiles alone fill less than half, each split keeping 16+ K steps."""
+    assert split_k_of(dims, **options) == expected
