@@ -138,7 +138,27 @@ def main() -> int:
             print(f"gemm {n}^3 {str(dt).removeprefix('torch.')}:")
             for name, run in kernels.items():
                 print(rate(name, flops, run, times[name], sms, cublas), flush=True)
+    waves(fn, sms)
     return 0
+
+
+def waves(fn, sms: int, blocks_per_sm: int = 3, k: int = 4096) -> None:
+    """The mma.sync GEMM (128 x 128 tiles, three blocks an SM) where its tiles fill whole waves of
+    blocks and where they do not (4096^2 leaves the last of 2.59 waves on 132 SMs part-empty). Equal
+    throughput at whole waves means the last wave is not what holds it back."""
+    rows = sms // 4 if sms % 4 == 0 else sms
+    per_wave = blocks_per_sm * sms // rows
+    print(f"gemm K={k} fp16, tessera mma.sync at whole waves of {blocks_per_sm * sms} blocks:")
+    for m, n in [(4096, 4096), *((128 * rows, 128 * per_wave * w) for w in (2, 3, 4))]:
+        a = torch.randn(m, k, device="cuda", dtype=torch.float16)
+        b = torch.randn(k, n, device="cuda", dtype=torch.float16)
+        assert rel_err(fn(a, b, path="ampere"), a @ b) < 1e-2
+        flops = 2 * m * n * k
+        ours = median_ms(lambda: fn(a, b, path="ampere"))
+        cublas = median_ms(lambda: a @ b)
+        tiles = -(-m // 128) * -(-n // 128)
+        print(f"  {m}x{n}: {tiles / (blocks_per_sm * sms):4.2f} waves  tessera mma.sync "
+              f"{flops / ours / 1e9:5.1f} TFLOP/s  cuBLAS {flops / cublas / 1e9:5.1f}  = {cublas / ours:.2f}x", flush=True)
 
 
 if __name__ == "__main__":
