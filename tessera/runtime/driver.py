@@ -213,7 +213,8 @@ def primary_context(device: Device | int = 0):
             if ordinal not in _contexts:
                 _contexts[ordinal] = _call("cuDevicePrimaryCtxRetain", Device(ordinal).handle)
             context = _contexts[ordinal]
-    _call("cuCtxSetCurrent", context)
+    if int(_call("cuCtxGetCurrent")) != int(context):   # asking is cheaper than setting, every call
+        _call("cuCtxSetCurrent", context)
     return context
 
 
@@ -618,6 +619,8 @@ class PreparedLaunch:
         _check_param_sizes(kernel, self)
         self._address = ctypes.addressof(self.pointers)
         self._driver = bindings()
+        self._success = self._driver.CUresult.CUDA_SUCCESS
+        self._streams: dict[int, Any] = {}    # raw handle -> CUstream, built once per stream
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -631,9 +634,14 @@ class PreparedLaunch:
             else:
                 slot.value = value
         d = self._driver
+        handle = self._streams.get(stream)
+        if handle is None:
+            if len(self._streams) >= 64:
+                self._streams.clear()
+            handle = self._streams[stream] = d.CUstream(stream)
         result = d.cuLaunchKernel(self.kernel.handle, *self.grid3, *self.block3, self.shared_bytes,
-                                  d.CUstream(stream), self._address, 0)
-        if result[0] != d.CUresult.CUDA_SUCCESS:
+                                  handle, self._address, 0)
+        if result[0] != self._success:
             _check("cuLaunchKernel", result,
                    detail=_launch_detail(self.kernel, self.grid3, self.block3, self.shared_bytes, stream))
 
@@ -685,12 +693,19 @@ def copy_to_host(ptr: int, nbytes: int, stream=None) -> bytes:
 
 def current_torch_stream(device: Device | int | None = None) -> int:
     """The raw handle of PyTorch's current stream on `device` (torch's current device when None)."""
-    import torch
     index = None if device is None else _ordinal(device)
-    raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)   # what torch's own launchers call
+    raw = _torch_raw_stream()
     if raw is not None and index is not None:
         return raw(index)
+    import torch
     return torch.cuda.current_stream(index).cuda_stream
+
+
+@functools.lru_cache(maxsize=None)
+def _torch_raw_stream():
+    """torch's `_cuda_getCurrentRawStream` (what its own launchers call), looked up once, or None."""
+    import torch
+    return getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 # ---------------------------------------------------------------------------

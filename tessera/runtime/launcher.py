@@ -149,7 +149,7 @@ class GpuProgram:
         arrays = [*inputs, *outputs, *temps]
         kind = type(inputs[0])
         if kind.__module__.split(".")[0] == "torch" and all(type(x) is kind for x in arrays):
-            self._torch_signature = (kind, [(x.dtype, x.device) for x in arrays])
+            self._torch_signature = (kind, [(x.dtype, x.get_device()) for x in arrays])
 
     def _torch_fast_path(self, inputs, out):
         """(pointers, outputs) for a call whose torch tensors match the learned signature exactly
@@ -162,7 +162,7 @@ class GpuProgram:
         given = [*inputs, *(out if out is not None else ())]
         pointers = []
         for x, shape, (dtype, device) in zip(given, self._shapes, expected):
-            if type(x) is not kind or x.dtype != dtype or x.device != device or x.shape != shape \
+            if type(x) is not kind or x.dtype != dtype or x.get_device() != device or x.shape != shape \
                     or not x.is_contiguous():
                 return None
             ptr = x.data_ptr()
