@@ -360,15 +360,13 @@ def write_binaries(compiled: Compiled, out: Path, arch: str) -> tuple[list[Path]
 def kernel_report(compiled: Compiled, kernel, resources) -> str:
     """What a kernel engineer asks of a kernel first: its launch, its schedule, and (from ptxas)
     its registers, shared memory, spills and the blocks an SM holds."""
-    from .ir import schedule, target
+    from .ir import target
 
     config = next(op.config for op in compiled.modules["target"].ops
                   if isinstance(op, target.KernelOp) and op.sym_name.data == kernel.name)
-    params = next((op.param_values for op in compiled.modules["schedule"].walk()
-                   if isinstance(op, schedule.KernelOp) and op.sym_name.data == kernel.name), {})
     grid = " x ".join(map(str, config.grid_dims))
     rows = [("launch", f"grid {grid}, {kernel.threads} threads, {_bytes(kernel.dynamic_shared)} dynamic shared memory"),
-            ("schedule", " ".join(f"{k}={v}" for k, v in params.items()) or "-")]
+            ("schedule", _schedule_text(compiled, kernel.name))]
     if resources is not None:
         shared = kernel.dynamic_shared + resources.shared_bytes
         spills = (f"{resources.spill_store_bytes} bytes spilled" if resources.spill_store_bytes
@@ -381,6 +379,21 @@ def kernel_report(compiled: Compiled, kernel, resources) -> str:
             rows.append(("per SM", f"{blocks} block{'s' if blocks != 1 else ''} (limited by {' and '.join(limits)})"))
     width = max(len(label) for label, _ in rows)
     return "\n".join([f"  {kernel.name}"] + [f"    {label:<{width}}  {value}" for label, value in rows])
+
+
+def _schedule_text(compiled: Compiled, name: str) -> str:
+    """The Schedule IR params a kernel was built from. A split-K GEMM's schedule.kernel becomes two
+    kernels: `<name>_partials` runs its tiling over K splits, `<name>` only sums their products."""
+    from .ir import schedule
+    from .lowering.schedule_to_tile import SPLIT_K_PARTIALS
+
+    params = {op.sym_name.data: op.param_values for op in compiled.modules["schedule"].walk()
+              if isinstance(op, schedule.KernelOp)}
+    if name + SPLIT_K_PARTIALS in compiled.kernel_names:
+        return f"sums the fp32 partial products of {name}{SPLIT_K_PARTIALS} in split order, then the epilogue"
+    if name not in params and name.endswith(SPLIT_K_PARTIALS):
+        name = name.removesuffix(SPLIT_K_PARTIALS)
+    return " ".join(f"{k}={v}" for k, v in params.get(name, {}).items()) or "-"
 
 
 def cmd_run(args: argparse.Namespace) -> int:

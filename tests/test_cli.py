@@ -238,3 +238,20 @@ def test_python_dash_m_entry_point():
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 1 and proc.stdout == ""
     assert proc.stderr.startswith("error: ") and len(proc.stderr.splitlines()) == 1
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
+def test_compile_reports_a_split_k_gemm_as_its_two_kernels(capsys, tmp_path):
+    """The partial products' kernel carries the GEMM's schedule (split 4 ways: its grid's third
+    axis); the second kernel says it sums them."""
+    source = tmp_path / "gemm.py"
+    source.write_text(GEMM_SOURCE)
+    status, out, _ = run_cli(capsys, "compile", f"{source}:gemm", "--shape", "M=128,K=4096,N=4096",
+                             "--arch", "sm_90a", "-o", str(tmp_path / "out"))
+    assert status == 0
+    partials = out[out.index("\n  gemm_gemm_0_partials\n"):out.index("\n  gemm_gemm_0\n")]
+    assert re.search(r"launch +grid 16 x 1 x 4, 256 threads", partials)
+    assert re.search(r"schedule +block_m=128 block_n=256 .*split_k=4", partials)
+    total = out[out.index("\n  gemm_gemm_0\n"):]
+    assert re.search(r"schedule +sums the fp32 partial products of gemm_gemm_0_partials", total)
+    assert {p.name for p in (tmp_path / "out").glob("gemm_gemm_0*.ptx")} == {"gemm_gemm_0.ptx", "gemm_gemm_0_partials.ptx"}

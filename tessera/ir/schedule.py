@@ -113,6 +113,22 @@ def default_params(kind: str, features: dict[str, int], max_shared: int | None =
     return params
 
 
+def gemm_tile(params: dict[str, int], m: int, n: int, k: int) -> dict[str, int]:
+    """The tile a GEMM kernel computes for an M x N output over K: the params' blocks, each cut to
+    the problem's size rounded up to a power of two (16 at least, the tensor cores' granule)."""
+    def fit(block: int, size: int) -> int:
+        return min(block, max(16, 1 << max(0, size - 1).bit_length()))
+    return {"m": fit(params["block_m"], m), "n": fit(params["block_n"], n), "k": fit(params["block_k"], k)}
+
+
+def split_k_splits(steps: int, split_k: int) -> tuple[int, int]:
+    """(splits, steps per split) of a GEMM's `steps` K steps for param `split_k`: the steps are
+    dealt in equal runs (the last may be shorter), so 16 steps asked to split 5 ways make 4 runs of
+    4, and a split never gets less than one step."""
+    per_split = -(-steps // max(1, split_k))
+    return -(-steps // per_split), per_split
+
+
 def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) -> int:
     """Shared memory of a kind's pipeline (the PTX backend swizzles tiles, so they take no padding)."""
     elem = features.get("element_bytes", 2)

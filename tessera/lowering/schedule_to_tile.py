@@ -99,14 +99,15 @@ class KernelBuild:
         return out
 
 
-def _start(sk: s.KernelOp, bindings, name: str | None = None, out: MemRefType | None = None) -> KernelBuild:
-    """The build of `sk`'s kernel, or (`name`, `out`) of another kernel on the same inputs that
-    writes `out` instead (a split-K GEMM's partial products)."""
+def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefType | None = None) -> KernelBuild:
+    """The build of `sk`'s kernel, or (`name`, `out_type`) of another kernel on the same inputs
+    that writes a buffer of that type instead (a split-K GEMM's partial products)."""
     block = sk.body.block
-    arg_types = [memref_of(a, bindings) for a in block.args] + [out or memref_of(sk.outputs[0], bindings)]
+    arg_types = [memref_of(a, bindings) for a in block.args] + [out_type or memref_of(sk.outputs[0], bindings)]
     p = sk.param_values
     kernel = t.KernelOp.build_kernel(name or sk.sym_name.data, arg_types, p["num_warps"], p["num_stages"])
-    if p.get("warp_specialize") and p["num_stages"] > 1 and out is None:   # where copies are TMA's
+    # the Target IR honours it where copies are TMA's; a split-K GEMM's partial products never use it
+    if p.get("warp_specialize") and p["num_stages"] > 1 and out_type is None:
         kernel.attributes[t.PRODUCER_WARPS] = IntegerAttr(t.WARPGROUP_WARPS, 64)
     kargs = kernel.body.block.args
     b = Builder(kernel.body.block)
@@ -503,15 +504,21 @@ class _Pipeline:
 
 def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
                     step_size: int, fixed: dict[str, SSAValue], scalars, inits, compute, mma_async: bool = False,
-                    origin: SSAValue | None = None):
+                    origin: SSAValue | None = None, past_end: int | None = None):
     """A `_Pipeline` loop over steps [first, end) of `inner_axis`, `step_size` apart (from `origin`
     along it, if given), from a prologue of its own; with `mma_async`, the mmas still running are
-    waited for after the loop."""
+    waited for after the loop. With `past_end`, an offset at or past the operands' extent, the
+    copies the pipeline issues for steps at or past `end` read from there (padding, no memory
+    traffic) rather than the data that follows, which a loop over part of the axis does not own."""
     first, end = (kb.b.index(x) if isinstance(x, int) else x for x in steps)
 
     def offsets(step):
         offset = kb.b(arith.MuliOp(step, kb.b.index(step_size)))
-        return {**fixed, inner_axis: offset if origin is None else kb.b(arith.AddiOp(origin, offset))}
+        if origin is not None:
+            offset = kb.b(arith.AddiOp(origin, offset))
+        if past_end is not None:
+            offset = kb.b(t.SelectOp(kb.b(t.CmpiOp(step, end, "slt")), offset, kb.b.index(past_end)))
+        return {**fixed, inner_axis: offset}
     pipe = _Pipeline(kb, stages, operands, offsets, scalars, mma_async)
     pipe.prologue(first)
     results = pipe.loop(first, end, inits, compute)
@@ -561,114 +568,144 @@ def _pipelined_loop_ahead(kb: KernelBuild, steps: tuple, stages: int, operands: 
 
 # --- gemm --------------------------------------------------------------------------------------------
 
-def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
-    (mm,) = kb.op(g.MatmulOp)
-    out_t = g.tensor_type(kb.result)
-    rank = out_t.rank
-    axes = (*_axes("b", rank - 2), "m", "n")
-    sizes = {a: kb.size(d) for a, d in zip(axes, out_t.shape)}
-    k_size = kb.size(g.tensor_type(mm.lhs).shape[-1])
-    p = kb.params
-    tile = {"m": min(p["block_m"], pow2_at_least(sizes["m"])), "n": min(p["block_n"], pow2_at_least(sizes["n"])),
-            "k": min(p["block_k"], pow2_at_least(k_size))}
-    batch = [(a, sizes[a]) for a in axes[:-2]]
-    tiles_m, tiles_n = cdiv(sizes["m"], tile["m"]), cdiv(sizes["n"], tile["n"])
-    grid = (tiles_m * tiles_n, math.prod(sz for _, sz in batch), 1)
-    steps = cdiv(k_size, tile["k"])
-    per_split = cdiv(steps, p.get("split_k", 1))
-    splits = cdiv(steps, per_split)
-    if splits > 1:
-        return _split_k_gemm(kb, mm, axes, sizes, tile, splits, per_split, steps)
-    kb.limit_warps((tile["m"] // 16) * (tile["n"] // 8))
-    scalars = kb.batch_indices(kb.pid(1), batch)
-    a, b = _gemm_operands(kb, mm, axes, tile)
-    acc0 = kb.b.full(0.0, [tile["m"], tile["n"]])
+@dataclass
+class _Gemm:
+    """What a GEMM kernel computes: its matmul, the output's axes (batch..., m, n) and sizes, the
+    tile, the tile counts and the K steps."""
 
-    def compute(iv, tiles, acc):
-        return [kb.b(t.MmaOp(tiles[0], tiles[1], acc, transpose_b=operand_layout(b, ("k", "n"))))]
+    mm: g.MatmulOp
+    axes: tuple[str, ...]
+    sizes: dict[str, int]
+    tile: dict[str, int]
+    steps: int
+
+    @classmethod
+    def of(cls, kb: KernelBuild) -> _Gemm:
+        (mm,) = kb.op(g.MatmulOp)
+        out_t = g.tensor_type(kb.result)
+        axes = (*_axes("b", out_t.rank - 2), "m", "n")
+        sizes = {a: kb.size(d) for a, d in zip(axes, out_t.shape)}
+        k_size = kb.size(g.tensor_type(mm.lhs).shape[-1])
+        tile = s.gemm_tile(kb.params, sizes["m"], sizes["n"], k_size)
+        return cls(mm, axes, sizes, tile, cdiv(k_size, tile["k"]))
+
+    @property
+    def batch(self) -> list[tuple[str, int]]:
+        return [(a, self.sizes[a]) for a in self.axes[:-2]]
+
+    @property
+    def batch_programs(self) -> int:
+        return math.prod(sz for _, sz in self.batch)
+
+    @property
+    def tiles(self) -> tuple[int, int]:
+        return cdiv(self.sizes["m"], self.tile["m"]), cdiv(self.sizes["n"], self.tile["n"])
+
+    @property
+    def warps(self) -> int:
+        """The most warps the tile keeps busy (tensor-core fragments are 16 x 8)."""
+        return (self.tile["m"] // 16) * (self.tile["n"] // 8)
+
+    def operands(self, kb: KernelBuild) -> tuple[Operand, Operand]:
+        a_map, b_map = matmul_operand_maps(self.mm, self.axes, "k", kb.bindings)
+        a = operand(kb, self.mm.lhs, a_map, ("m", "k"), self.tile)
+        b = operand(kb, self.mm.rhs, b_map, ("k", "n"), self.tile)
+        if operand_layout(a, ("m", "k")):
+            a.order = ("m", "k")  # an A stored K-major is read transposed by the copy
+        return a, b
+
+    def step(self, kb: KernelBuild, b: Operand) -> Callable:
+        """A pipeline loop's compute: one mma of the step's A and B tiles into the accumulator."""
+        def compute(iv, tiles, acc):
+            return [kb.b(t.MmaOp(tiles[0], tiles[1], acc, transpose_b=operand_layout(b, ("k", "n"))))]
+        return compute
+
+    def tile_loop(self, kb: KernelBuild, scalars, steps: tuple | None = None, origin: SSAValue | None = None):
+        """(accumulator, m0, n0) of program `pid(0)`'s output tile (in grouped order), over K steps
+        `steps` (all by default) counted from K offset `origin` (0 by default)."""
+        a, b = self.operands(kb)
+        pid_m, pid_n = _grouped_tile(kb, kb.pid(0), *self.tiles, kb.params.get("group_m", 1))
+        m0, n0 = kb.mul(pid_m, self.tile["m"]), kb.mul(pid_n, self.tile["n"])
+        acc0 = kb.b.full(0.0, [self.tile["m"], self.tile["n"]])
+        (acc,) = _pipelined_loop(kb, steps or (0, self.steps), kb.params["num_stages"], [a, b], "k", self.tile["k"],
+                                 {"m": m0, "n": n0}, scalars, [acc0], self.step(kb, b),
+                                 mma_async=bool(kb.params.get("mma_async")), origin=origin,
+                                 past_end=self.steps * self.tile["k"] if origin is not None else None)
+        return acc, m0, n0
+
+
+def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
+    gemm = _Gemm.of(kb)
+    splits, per_split = s.split_k_splits(gemm.steps, kb.params.get("split_k", 1))
+    if splits > 1:
+        return _split_k_gemm(kb, gemm, splits, per_split)
+    p = kb.params
+    kb.limit_warps(gemm.warps)
+    scalars = kb.batch_indices(kb.pid(1), gemm.batch)
+    out_t = g.tensor_type(kb.result)
 
     def store(acc, m0, n0):
-        ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
-        kb.em.overrides[mm.res] = acc
-        kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, out_t.dtype)
+        ctx = TileCtx({"m": (m0, gemm.tile["m"]), "n": (n0, gemm.tile["n"])}, scalars)
+        kb.em.overrides[gemm.mm.res] = acc
+        kb.em.store(kb.em.value(kb.result, gemm.axes, ctx), kb.out, gemm.axes, ctx, out_t.dtype)
 
-    if _walks_tiles(p, tiles_m * tiles_n, steps):
-        _persistent_tiles(kb, p["programs"], (tiles_m, tiles_n), steps, [a, b], scalars, acc0, compute, store)
-        return (p["programs"], grid[1], 1)
-    pid_m, pid_n = _grouped_tile(kb, kb.pid(0), tiles_m, tiles_n, p.get("group_m", 1))
-    m0, n0 = kb.mul(pid_m, tile["m"]), kb.mul(pid_n, tile["n"])
-    (acc,) = _pipelined_loop(kb, (0, steps), p["num_stages"], [a, b], "k", tile["k"],
-                             {"m": m0, "n": n0}, scalars, [acc0], compute, mma_async=bool(p.get("mma_async")))
-    store(acc, m0, n0)
-    return grid
+    tiles_m, tiles_n = gemm.tiles
+    if _walks_tiles(p, tiles_m * tiles_n, gemm.steps):
+        a, b = gemm.operands(kb)
+        acc0 = kb.b.full(0.0, [gemm.tile["m"], gemm.tile["n"]])
+        _persistent_tiles(kb, p["programs"], gemm.tiles, gemm.steps, [a, b], scalars, acc0, gemm.step(kb, b), store)
+        return (p["programs"], gemm.batch_programs, 1)
+    store(*gemm.tile_loop(kb, scalars))
+    return (tiles_m * tiles_n, gemm.batch_programs, 1)
 
 
-def _gemm_operands(kb: KernelBuild, mm: g.MatmulOp, axes: tuple, tile: dict[str, int]) -> tuple[Operand, Operand]:
-    a_map, b_map = matmul_operand_maps(mm, axes, "k", kb.bindings)
-    a = operand(kb, mm.lhs, a_map, ("m", "k"), tile)
-    b = operand(kb, mm.rhs, b_map, ("k", "n"), tile)
-    if operand_layout(a, ("m", "k")):
-        a.order = ("m", "k")  # an A stored K-major is read transposed by the copy
-    return a, b
-
+#: the name of a split-K GEMM's first kernel is the GEMM's with this suffix
+SPLIT_K_PARTIALS = "_partials"
 
 #: the tile of a split-K GEMM's second kernel, which sums the partial products and applies the epilogue
-SPLIT_K_REDUCE_TILE = {"m": 4, "n": 256}
+SPLIT_K_SUM_TILE = {"m": 4, "n": 256}
 
 
-def _split_k_gemm(kb: KernelBuild, mm: g.MatmulOp, axes: tuple, sizes: dict[str, int], tile: dict[str, int],
-                  splits: int, per_split: int, steps: int) -> tuple[int, int, int]:
+def _split_k_gemm(kb: KernelBuild, gemm: _Gemm, splits: int, per_split: int) -> tuple[int, int, int]:
     """A GEMM whose K steps are split `splits` ways, for problems with too few output tiles to fill
     the GPU (a 512 x 512 GEMM has 8 to 16 of them): a first kernel computes each tile's product over
     K steps [s * per_split, (s + 1) * per_split) for split s (grid axis 2) into an fp32 buffer
     [splits, *batch, M, N]; `kb`'s kernel then adds the splits in order (so results do not depend
     on timing) and applies the epilogue, as an elementwise kernel over the output."""
-    p = kb.params
-    batch = [(a, sizes[a]) for a in axes[:-2]]
-    partials_type = MemRefType(f32, [splits, *(sz for _, sz in batch), sizes["m"], sizes["n"]])
-    part = _start(kb.sk, kb.bindings, f"{kb.sk.sym_name.data}_partials", partials_type)
-    part.limit_warps((tile["m"] // 16) * (tile["n"] // 8))
-    scalars = part.batch_indices(part.pid(1), batch)
+    partials_type = MemRefType(f32, [splits, *(sz for _, sz in gemm.batch), gemm.sizes["m"], gemm.sizes["n"]])
+    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_K_PARTIALS, partials_type)
+    part.limit_warps(gemm.warps)
+    scalars = part.batch_indices(part.pid(1), gemm.batch)
     split = part.pid(2)
-    a, b = _gemm_operands(part, mm, axes, tile)
-    acc0 = part.b.full(0.0, [tile["m"], tile["n"]])
-
-    def compute(iv, tiles, acc):
-        return [part.b(t.MmaOp(tiles[0], tiles[1], acc, transpose_b=operand_layout(b, ("k", "n"))))]
-
-    tiles_m, tiles_n = cdiv(sizes["m"], tile["m"]), cdiv(sizes["n"], tile["n"])
-    pid_m, pid_n = _grouped_tile(part, part.pid(0), tiles_m, tiles_n, p.get("group_m", 1))
-    m0, n0 = part.mul(pid_m, tile["m"]), part.mul(pid_n, tile["n"])
     first = part.mul(split, per_split)
     count: int | SSAValue = per_split
-    if steps % per_split:   # the last split has fewer steps
-        count = part.b(arith.MinSIOp(part.b.index(per_split), part.b(arith.SubiOp(part.b.index(steps), first))))
-    (acc,) = _pipelined_loop(part, (0, count), p["num_stages"], [a, b], "k", tile["k"],
-                             {"m": m0, "n": n0}, scalars, [acc0], compute, mma_async=bool(p.get("mma_async")),
-                             origin=part.mul(first, tile["k"]))
-    partial_axes = ("s", *axes)
-    ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, {**scalars, "s": split})
-    part.em.store(acc, part.out, partial_axes, ctx, dtypes.fp32)
-    kb.before.append((_finish(part), (tiles_m * tiles_n, math.prod(sz for _, sz in batch), splits)))
+    if gemm.steps % per_split:   # the last split has fewer steps
+        count = part.b(arith.MinSIOp(part.b.index(per_split), part.b(arith.SubiOp(part.b.index(gemm.steps), first))))
+    acc, m0, n0 = gemm.tile_loop(part, scalars, (0, count), origin=part.mul(first, gemm.tile["k"]))
+    ctx = TileCtx({"m": (m0, gemm.tile["m"]), "n": (n0, gemm.tile["n"])}, {**scalars, "s": split})
+    part.em.store(acc, part.out, ("s", *gemm.axes), ctx, dtypes.fp32)
+    kb.before.append((_finish(part), (math.prod(gemm.tiles), gemm.batch_programs, splits)))
+    return _sum_partials(kb, gemm, kb.add_scratch(partials_type), splits)
 
+
+def _sum_partials(kb: KernelBuild, gemm: _Gemm, partials: SSAValue, splits: int) -> tuple[int, int, int]:
+    """`kb`'s kernel as a split-K GEMM's second kernel: per output tile, the `splits` partial
+    products added in split order, then the epilogue and the store."""
     kb.kernel.attributes.pop(t.PRODUCER_WARPS, None)
     kb.kernel.properties["num_stages"] = IntegerAttr(1, 64)
-    kb.limit_warps(SPLIT_K_REDUCE_TILE["m"] * SPLIT_K_REDUCE_TILE["n"] // 256)   # 8 sums a thread
-    partials = kb.add_scratch(partials_type)
-    rtile = {ax: min(SPLIT_K_REDUCE_TILE[ax], pow2_at_least(sizes[ax], 1)) for ax in ("m", "n")}
-    pid_m, pid_n = kb.pid(1), kb.pid(0)
-    tiled = {"m": (kb.mul(pid_m, rtile["m"]), rtile["m"]), "n": (kb.mul(pid_n, rtile["n"]), rtile["n"])}
-    scalars = kb.batch_indices(kb.pid(2), batch)
+    tile = {ax: min(SPLIT_K_SUM_TILE[ax], pow2_at_least(gemm.sizes[ax], 1)) for ax in ("m", "n")}
+    kb.limit_warps(max(1, tile["m"] * tile["n"] // 256))   # 8 sums a thread
+    tiled = {"m": (kb.mul(kb.pid(1), tile["m"]), tile["m"]), "n": (kb.mul(kb.pid(0), tile["n"]), tile["n"])}
+    scalars = kb.batch_indices(kb.pid(2), gemm.batch)
     total = None
-    for s_index in range(splits):
-        offsets, tile_dims, _ = kb.em.access(partial_axes, TileCtx(tiled, {**scalars, "s": kb.b.index(s_index)}))
-        product = kb.b(t.LoadOp(partials, offsets, tile_dims, [rtile["m"], rtile["n"]]))
+    for index in range(splits):
+        offsets, tile_dims, _ = kb.em.access(("s", *gemm.axes), TileCtx(tiled, {**scalars, "s": kb.b.index(index)}))
+        product = kb.b(t.LoadOp(partials, offsets, tile_dims, [tile["m"], tile["n"]]))
         total = product if total is None else kb.b(arith.AddfOp(total, product))
     ctx = TileCtx(tiled, scalars)
-    kb.em.overrides[mm.res] = total
-    out_t = g.tensor_type(kb.result)
-    kb.em.store(kb.em.value(kb.result, axes, ctx), kb.out, axes, ctx, out_t.dtype)
-    return (cdiv(sizes["n"], rtile["n"]), cdiv(sizes["m"], rtile["m"]), math.prod(sz for _, sz in batch))
+    kb.em.overrides[gemm.mm.res] = total
+    kb.em.store(kb.em.value(kb.result, gemm.axes, ctx), kb.out, gemm.axes, ctx, g.tensor_type(kb.result).dtype)
+    return (cdiv(gemm.sizes["n"], tile["n"]), cdiv(gemm.sizes["m"], tile["m"]), gemm.batch_programs)
 
 
 def _walks_tiles(params: dict, tiles: int, steps: int) -> bool:

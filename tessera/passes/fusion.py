@@ -17,6 +17,7 @@ host level, where it is a view of a contiguous buffer.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from xdsl.dialects import func
@@ -287,8 +288,11 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         shared = s.shared_bytes(group.kind, params, features)
         per_sm = max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared)) if planner.platform else 1
         params["programs"] = (space_override or {}).get("programs", [planner.sm_count * per_sm])[0]
-    if group.kind == "gemm" and planner.platform and "split_k" not in (space_override or {}):
-        params["split_k"] = _split_k(group, planner, params, features)
+    pinned = space_override or {}
+    if group.kind == "gemm" and planner.platform and "split_k" not in pinned:
+        # a split GEMM's partial products neither walk tiles nor warp-specialize: a pin of either wins
+        wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize"))
+        params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
     return block, inputs, params, space
 
 
@@ -299,25 +303,20 @@ MIN_SPLIT_STEPS = 16
 
 def _split_k(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> int:
     """How many ways to split a GEMM's K steps: enough for its output tiles' blocks to fill the
-    GPU's block slots when the tiles alone would leave more than half of the slots empty (a
-    128 x 4096 x 4096 GEMM has 16 to 32 tiles for 132 SMs), each split keeping at least
-    MIN_SPLIT_STEPS steps, so K loops shorter than twice that are never split. The partial
-    products go through an fp32 buffer and a second kernel, which is cheap next to an idle GPU,
-    not next to a busy one or a short K loop."""
+    GPU's block slots when the tiles alone fill at most half of them (a 128 x 4096 x 4096 GEMM
+    has 16 to 32 tiles for 132 SMs), each split keeping at least MIN_SPLIT_STEPS steps, so K loops
+    shorter than twice that are never split. The partial products go through an fp32 buffer and a
+    second kernel, which is cheap next to an idle GPU, not next to a busy one or a short K loop."""
     (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
     dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(mm.res).shape]
     k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
-
-    def tiles(size: int, block: int) -> int:
-        return -(-size // min(block, max(16, 1 << (size - 1).bit_length())))
-    count = tiles(dims[-2], params["block_m"]) * tiles(dims[-1], params["block_n"])
-    for d in dims[:-2]:
-        count *= d
+    tile = s.gemm_tile(params, dims[-2], dims[-1], k)
+    tiles = math.prod(dims[:-2]) * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])
     shared = s.shared_bytes(group.kind, params, features)
     slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))
-    if 2 * count > slots:
+    if 2 * tiles > slots:
         return 1
-    return max(1, min(slots // count, tiles(k, params["block_k"]) // MIN_SPLIT_STEPS))
+    return max(1, min(slots // tiles, -(-k // tile["k"]) // MIN_SPLIT_STEPS))
 
 
 def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:

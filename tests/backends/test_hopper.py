@@ -87,7 +87,7 @@ def test_a_warp_specialized_gemm_splits_copies_from_compute():
     """`warp_specialize`: a fifth warpgroup whose first thread issues every TMA copy; the eight
     computing warps copy nothing and hand each stage back, one arrive per warp, on its free
     mbarrier; no block barrier is left in the loop, and nothing spills."""
-    ws = tsr.function(gemm.fn, space=dict(warp_specialize=[1], split_k=[1]))
+    ws = tsr.function(gemm.fn, space=dict(warp_specialize=[1]))
     compiled = ws.compile(ws.arg_specs_for(dict(M=512, K=1024, N=512), "fp16"), arch="sm_90a")
     assert "producer_warps = 4" in compiled.ir("target") and "block = [384, 1, 1]" in compiled.ir("target")
     (kernel,) = emit_module(compiled.modules["target"]).values()

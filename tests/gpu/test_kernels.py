@@ -197,7 +197,7 @@ def test_persistent_gemm(torch_cuda, hopper, fn, dims, dtype, space, path):
     tile's last steps issue the next tile's first copies). Steps counted wrongly across tiles show
     as tiles of another tile's data, or, on the native path, as a hang on an mbarrier phase."""
     torch = torch_cuda
-    space = {"persistent": [1], "split_k": [1], **space}
+    space = {"persistent": [1], **space}
     compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=_arch(), path=path, space=space)
     assert f"grid = array<i64: {space['programs'][0]}," in compiled.ir("tile")   # blocks walk tiles
     inputs, (out,) = run(fn, dims, dtype, torch, path=path, expect="wgmma" if path == "native" else "mma.sync",
@@ -216,7 +216,7 @@ def test_warp_specialized_gemm(torch_cuda, hopper, fn, dims, dtype, stages):
     its free mbarrier. Any handshake off by one phase shows as a hang or wrong tiles."""
     torch = torch_cuda
     inputs, (out,) = run(fn, dims, dtype, torch, path="native", expect="wgmma",
-                         space={"warp_specialize": [1], "num_stages": [stages], "split_k": [1]})
+                         space={"warp_specialize": [1], "num_stages": [stages]})
     check(out, gemm_reference(fn, inputs, torch), dtype, torch)
 
 

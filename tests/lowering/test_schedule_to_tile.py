@@ -192,3 +192,39 @@ def test_split_k_gemm_matches_numpy(split_k, stages, mma_async, dims):
     b = rng.standard_normal((dims["K"], dims["N"])).astype(np.float32)
     bias = rng.standard_normal(dims["N"]).astype(np.float32)
     np.testing.assert_allclose(compiled.run(a, b, bias)[0], compiled.reference(a, b, bias)[0], rtol=1e-4, atol=1e-4)
+
+
+def test_a_split_copies_only_its_own_k_steps(monkeypatch):
+    """A split's pipeline issues copies past its last step (4 stages run 3 steps ahead); those read
+    padding, not the next split's K range, which another block loads: over every block, each of
+    the 64 K steps' A and B tiles is copied from memory exactly once."""
+    from tessera.interpreter import tile_interp
+
+    k_offsets = []
+    original = tile_interp.BUILDERS[tile.CopyAsyncOp]
+
+    def counting(c, op):
+        step, offsets = original(c, op), [c.slot(v) for v in op.offsets]
+        k_dim = 1 if op.src.type.get_shape()[0] == 32 else 0     # A is 32 x 1024, B is 1024 x 32
+
+        def counted(f):
+            k_offsets.append(int(f[offsets[k_dim]]))
+            step(f)
+        return counted
+    monkeypatch.setitem(tile_interp.BUILDERS, tile.CopyAsyncOp, counting)
+    fn = tsr.function(gemm.fn, space=dict(split_k=[4], block_m=[32], block_n=[32], block_k=[16], num_stages=[4]))
+    compiled = fn.compile(fn.arg_specs_for(dict(M=32, K=1024, N=32), "fp32"), arch="sm_90a")
+    a, b = np.ones((32, 1024), np.float32), np.ones((1024, 32), np.float32)
+    np.testing.assert_allclose(compiled.run(a, b)[0], a @ b)
+    assert sorted(k for k in k_offsets if k < 1024) == sorted(2 * list(range(0, 1024, 16)))
+
+
+@pytest.mark.parametrize("pin", [dict(persistent=[1], programs=[8]), dict(warp_specialize=[1])])
+def test_a_pinned_switch_the_partial_products_cannot_honour_keeps_one_kernel(pin):
+    """The derived split_k yields to a space that pins `persistent` or `warp_specialize` on, which
+    only the one-kernel GEMM honours (512 x 4096 x 512 would otherwise split 4 ways on sm_90a)."""
+    plain = gemm.compile(gemm.arg_specs_for(dict(M=512, K=4096, N=512), "fp16"), arch="sm_90a")
+    assert "_partials" in plain.ir("tile")
+    fn = tsr.function(gemm.fn, space=pin)
+    compiled = fn.compile(fn.arg_specs_for(dict(M=512, K=4096, N=512), "fp16"), arch="sm_90a")
+    assert "_partials" not in compiled.ir("tile")
