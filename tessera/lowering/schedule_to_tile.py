@@ -624,9 +624,9 @@ class _Gemm:
         """(accumulator, m0, n0) of program `pid(0)`'s output tile (in grouped order), over K steps
         `steps` (all by default) counted from K offset `origin` (0 by default)."""
         a, b = self.operands(kb)
+        acc0 = kb.b.full(0.0, [self.tile["m"], self.tile["n"]])
         pid_m, pid_n = _grouped_tile(kb, kb.pid(0), *self.tiles, kb.params.get("group_m", 1))
         m0, n0 = kb.mul(pid_m, self.tile["m"]), kb.mul(pid_n, self.tile["n"])
-        acc0 = kb.b.full(0.0, [self.tile["m"], self.tile["n"]])
         (acc,) = _pipelined_loop(kb, steps or (0, self.steps), kb.params["num_stages"], [a, b], "k", self.tile["k"],
                                  {"m": m0, "n": n0}, scalars, [acc0], self.step(kb, b),
                                  mma_async=bool(kb.params.get("mma_async")), origin=origin,
