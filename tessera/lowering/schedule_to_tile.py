@@ -622,7 +622,8 @@ class _Gemm:
 
     def tile_loop(self, kb: KernelBuild, scalars, steps: tuple | None = None, origin: SSAValue | None = None):
         """(accumulator, m0, n0) of program `pid(0)`'s output tile (in grouped order), over K steps
-        `steps` (all by default) counted from K offset `origin` (0 by default)."""
+        `steps` (all by default) counted from K offset `origin` (0 by default). With an `origin`,
+        the pipeline's copies for steps past `steps` read past K (padding), not data after the run."""
         a, b = self.operands(kb)
         acc0 = kb.b.full(0.0, [self.tile["m"], self.tile["n"]])
         pid_m, pid_n = _grouped_tile(kb, kb.pid(0), *self.tiles, kb.params.get("group_m", 1))
