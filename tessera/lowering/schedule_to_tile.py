@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Callable
+from typing import Callable, Sequence
 
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
@@ -154,17 +154,27 @@ def _col_mask(kb: KernelBuild, c0: SSAValue, width: int, limit: int | SSAValue, 
 
 def lower_elementwise(kb: KernelBuild) -> tuple[int, int, int]:
     out_t = g.tensor_type(kb.result)
-    rank = out_t.rank
-    if rank == 0:
+    if out_t.rank == 0:
         raise TesseraError(f"{kb.sk.sym_name.data}: scalar (rank-0) results are not supported yet; "
                            f"keep a dim (e.g. keepdim=True)")
-    sizes = [kb.size(d) for d in out_t.shape]
-    axes = _axes("d", rank)
-    bn = min(kb.params["block_n"], pow2_at_least(sizes[-1], 1))
+    axes = _axes("d", out_t.rank)
+    ctx, grid = _output_tile(kb, axes, [kb.size(d) for d in out_t.shape], kb.params["block_m"], kb.params["block_n"])
+    value = kb.em.value(kb.result, axes, ctx)
+    kb.em.store(value, kb.out, axes, ctx, out_t.dtype)
+    return grid
+
+
+def _output_tile(kb: KernelBuild, axes: Sequence[str], sizes: Sequence[int], block_m: int,
+                 block_n: int) -> tuple[TileCtx, tuple[int, int, int]]:
+    """(this program's tile, the grid) of a kernel that computes an output of `sizes` tile by tile:
+    the last axis in blocks of up to `block_n` along grid axis 0, the one before in blocks of up to
+    `block_m` along grid axis 1, every other axis one index at a time along grid axis 2."""
+    rank = len(axes)
+    bn = min(block_n, pow2_at_least(sizes[-1], 1))
     tiled_axes = [(axes[-1], bn)]
     grid = [cdiv(sizes[-1], bn), 1, 1]
     if rank >= 2:
-        bm = min(kb.params["block_m"], pow2_at_least(sizes[-2], 1))
+        bm = min(block_m, pow2_at_least(sizes[-2], 1))
         tiled_axes.insert(0, (axes[-2], bm))
         grid[1] = cdiv(sizes[-2], bm)
     batch = list(zip(axes[:rank - 2], sizes[:rank - 2]))
@@ -172,10 +182,7 @@ def lower_elementwise(kb: KernelBuild) -> tuple[int, int, int]:
     tiled = {}
     for grid_axis, (axis, size) in zip((1, 0) if rank >= 2 else (0,), tiled_axes):
         tiled[axis] = (kb.mul(kb.pid(grid_axis), size), size)
-    ctx = TileCtx(tiled, kb.batch_indices(kb.pid(2), batch))
-    value = kb.em.value(kb.result, axes, ctx)
-    kb.em.store(value, kb.out, axes, ctx, out_t.dtype)
-    return tuple(grid)
+    return TileCtx(tiled, kb.batch_indices(kb.pid(2), batch)), tuple(grid)
 
 
 # --- row reductions ------------------------------------------------------------------------------
@@ -614,6 +621,10 @@ class _Gemm:
             a.order = ("m", "k")  # an A stored K-major is read transposed by the copy
         return a, b
 
+    def zero(self, kb: KernelBuild) -> SSAValue:
+        """The accumulator before the first step."""
+        return kb.b.full(0.0, [self.tile["m"], self.tile["n"]])
+
     def step(self, kb: KernelBuild, b: Operand) -> Callable:
         """A pipeline loop's compute: one mma of the step's A and B tiles into the accumulator."""
         def compute(iv, tiles, acc):
@@ -625,7 +636,7 @@ class _Gemm:
         `steps` (all by default) counted from K offset `origin` (0 by default). With an `origin`,
         the pipeline's copies for steps past `steps` read past K (padding), not data after the run."""
         a, b = self.operands(kb)
-        acc0 = kb.b.full(0.0, [self.tile["m"], self.tile["n"]])
+        acc0 = self.zero(kb)
         pid_m, pid_n = _grouped_tile(kb, kb.pid(0), *self.tiles, kb.params.get("group_m", 1))
         m0, n0 = kb.mul(pid_m, self.tile["m"]), kb.mul(pid_n, self.tile["n"])
         (acc,) = _pipelined_loop(kb, steps or (0, self.steps), kb.params["num_stages"], [a, b], "k", self.tile["k"],
@@ -653,8 +664,8 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
     tiles_m, tiles_n = gemm.tiles
     if _walks_tiles(p, tiles_m * tiles_n, gemm.steps):
         a, b = gemm.operands(kb)
-        acc0 = kb.b.full(0.0, [gemm.tile["m"], gemm.tile["n"]])
-        _persistent_tiles(kb, p["programs"], gemm.tiles, gemm.steps, [a, b], scalars, acc0, gemm.step(kb, b), store)
+        _persistent_tiles(kb, p["programs"], gemm.tiles, gemm.steps, [a, b], scalars, gemm.zero(kb), gemm.step(kb, b),
+                          store)
         return (p["programs"], gemm.batch_programs, 1)
     store(*gemm.tile_loop(kb, scalars))
     return (tiles_m * tiles_n, gemm.batch_programs, 1)
@@ -694,19 +705,17 @@ def _sum_partials(kb: KernelBuild, gemm: _Gemm, partials: SSAValue, splits: int)
     products added in split order, then the epilogue and the store."""
     kb.kernel.attributes.pop(t.PRODUCER_WARPS, None)
     kb.kernel.properties["num_stages"] = IntegerAttr(1, 64)
-    tile = {ax: min(SPLIT_K_SUM_TILE[ax], pow2_at_least(gemm.sizes[ax], 1)) for ax in ("m", "n")}
-    kb.limit_warps(max(1, tile["m"] * tile["n"] // 256))   # 8 sums a thread
-    tiled = {"m": (kb.mul(kb.pid(1), tile["m"]), tile["m"]), "n": (kb.mul(kb.pid(0), tile["n"]), tile["n"])}
-    scalars = kb.batch_indices(kb.pid(2), gemm.batch)
+    ctx, grid = _output_tile(kb, gemm.axes, [gemm.sizes[a] for a in gemm.axes], SPLIT_K_SUM_TILE["m"],
+                             SPLIT_K_SUM_TILE["n"])
+    kb.limit_warps(max(1, math.prod(ctx.shape) // 256))   # 8 sums a thread
     total = None
     for index in range(splits):
-        offsets, tile_dims, _ = kb.em.access(("s", *gemm.axes), TileCtx(tiled, {**scalars, "s": kb.b.index(index)}))
-        product = kb.b(t.LoadOp(partials, offsets, tile_dims, [tile["m"], tile["n"]]))
+        offsets, tile_dims, _ = kb.em.access(("s", *gemm.axes), TileCtx(ctx.tiled, {**ctx.scalars, "s": kb.b.index(index)}))
+        product = kb.b(t.LoadOp(partials, offsets, tile_dims, ctx.shape))
         total = product if total is None else kb.b(arith.AddfOp(total, product))
-    ctx = TileCtx(tiled, scalars)
     kb.em.overrides[gemm.mm.res] = total
     kb.em.store(kb.em.value(kb.result, gemm.axes, ctx), kb.out, gemm.axes, ctx, g.tensor_type(kb.result).dtype)
-    return (cdiv(gemm.sizes["n"], tile["n"]), cdiv(gemm.sizes["m"], tile["m"]), gemm.batch_programs)
+    return grid
 
 
 def _walks_tiles(params: dict, tiles: int, steps: int) -> bool:
