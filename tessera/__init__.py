@@ -11,7 +11,8 @@
 Importing tessera is cheap: xDSL (the IR machinery) loads on the first compile.
 """
 from .dtypes import bf16, bool_, fp8_e4m3, fp8_e5m2, fp16, fp32, int32
-from .errors import DTypeError, ShapeError, TesseraError
+from .errors import DeviceAssertError, DTypeError, ShapeError, TesseraError
+from .frontend.debug import device_assert, profile_begin, profile_end, profile_region
 from .frontend.function import Function, Kernel, function, kernel
 from .frontend.ops import (
     abs, add, amax, amin, arange, cast, cos, div, eq, erf, exp, exp2, ge, gelu, gt, layer_norm, le, log, log2,
@@ -19,6 +20,7 @@ from .frontend.ops import (
     reshape, rms_norm, rsqrt, sigmoid, silu, sin, softmax, sqrt, sub, sum, tanh, transpose, unsqueeze, where,
 )
 from .frontend.tensor import SymInt, Tensor, TensorSpec
+from .runtime.profile import profile_report, reset_profile
 
 float32, float16, bfloat16, half = fp32, fp16, bf16, fp16
 max, min = amax, amin
@@ -28,6 +30,7 @@ __version__ = "0.1.0"
 
 __all__ = [
     "DTypeError",
+    "DeviceAssertError",
     "Function",
     "Kernel",
     "ShapeError",
@@ -46,6 +49,7 @@ __all__ = [
     "bool_",
     "cast",
     "cos",
+    "device_assert",
     "div",
     "eq",
     "erf",
@@ -83,6 +87,11 @@ __all__ = [
     "neg",
     "permute",
     "pow",
+    "profile_begin",
+    "profile_end",
+    "profile_region",
+    "profile_report",
+    "reset_profile",
     "relu",
     "reshape",
     "rms_norm",

@@ -28,7 +28,7 @@ import numpy as np
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from . import dtypes, platforms
-from .compiler import DEFAULT_ARCH, STAGE_NAMES, STAGES, Compiled, Options
+from .compiler import DEFAULT_ARCH, DUMP_STAGES, IR_STAGES, STAGES, Compiled, KernelLaunch, Options
 from .dtypes import DType
 from .errors import TesseraError
 from .frontend.function import Function
@@ -73,13 +73,13 @@ def parse_dtype(name: str) -> DType:
 
 
 def parse_stages(text: str) -> tuple[str, ...]:
-    """`--dump-ir` -> stage names in pipeline order; `all` means every stage."""
+    """`--dump-ir` -> stage names in pipeline order; `all` means every stage `dump` writes."""
     requested = {s.strip() for s in text.split(",") if s.strip()}
-    unknown = sorted(requested - {"all", *STAGE_NAMES})
+    unknown = sorted(requested - {"all", *DUMP_STAGES})
     if unknown:
         raise TesseraError(f"unknown IR stage(s) {', '.join(unknown)} for --dump-ir; "
-                           f"stages are {', '.join(STAGE_NAMES)}, or all")
-    return tuple(s for s in STAGE_NAMES if "all" in requested or s in requested)
+                           f"stages are {', '.join(DUMP_STAGES)}, or all")
+    return tuple(s for s in DUMP_STAGES if "all" in requested or s in requested)
 
 
 def _split_target(target: str) -> tuple[Path, str | None]:
@@ -313,33 +313,36 @@ def _show_path(path: Path) -> str:
 # --- subcommands ---------------------------------------------------------------------
 
 def cmd_compile(args: argparse.Namespace) -> int:
-    """Compiles a function and writes the requested stages' IR."""
+    """Compiles a function and writes the requested stages' IR, and each kernel's PTX and cubin."""
     fn = load_function(args.target)
     stages = parse_stages(args.dump_ir)
     compiled, _ = compile_function(fn, args)
     out = Path(args.output or DEFAULT_OUT / fn.name)
-    written = compiled.dump(out, stages) if stages else []
-    binaries, reports, note = write_binaries(compiled, out, args.arch)
+    ir_stages = [s for s in stages if s in IR_STAGES]   # the PTX is written in any case, beside its cubin
+    written = compiled.dump(out, ir_stages) if ir_stages else []
+    binaries, reports, note = write_binaries(compiled, out)
     print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, {args.path} path)")
     print_fields([("kernels", ", ".join(compiled.kernel_names)),
                   ("compile", f"{compiled.compile_seconds:.2f} s"),
-                  ("wrote", ", ".join(map(_show_path, written + binaries)) or "nothing (--dump-ir is empty)"),
+                  ("wrote", ", ".join(map(_show_path, written + binaries))
+                   or ("nothing" if stages else "nothing (--dump-ir is empty)")),
                   *([("PTX", note)] if note else [])])
     for report in reports:
         print(report)
     return 0
 
 
-def write_binaries(compiled: Compiled, out: Path, arch: str) -> tuple[list[Path], list[str], str | None]:
-    """Each kernel's PTX, and its cubin where ptxas is installed; a report per kernel (its launch,
-    schedule, and what ptxas says of it); or why there are none."""
-    from .backends.ptx import UnsupportedByBackend, emit_module
+def write_binaries(compiled: Compiled, out: Path) -> tuple[list[Path], list[str], str | None]:
+    """Each kernel's PTX (the ptx stage), and its cubin where ptxas is installed (the cubin stage);
+    a report per kernel (its launch, schedule, and what ptxas says of it); or why there are none."""
+    from .backends.ptx import UnsupportedByBackend
     from .runtime import ptxas
 
     try:
-        kernels = emit_module(compiled.modules["target"])
+        kernels = compiled.stage("ptx")
     except UnsupportedByBackend as e:
         return [], [], f"not emitted: {e.message}"
+    cubins = compiled.stage("cubin") if ptxas.available() else {}
     out.mkdir(parents=True, exist_ok=True)
     written, reports = [], []
     for name, kernel in kernels.items():
@@ -347,38 +350,33 @@ def write_binaries(compiled: Compiled, out: Path, arch: str) -> tuple[list[Path]
         path.write_text(kernel.ptx)
         written.append(path)
         resources = None
-        if ptxas.available():
-            assembled = ptxas.assemble(kernel.ptx, arch, compiled.options.opt_level)
-            resources = assembled.resources.get(name)
+        if name in cubins:
+            resources = cubins[name].resources.get(name)
             cubin = out / f"{name}.cubin"
-            cubin.write_bytes(assembled.cubin)
+            cubin.write_bytes(cubins[name].cubin)
             written.append(cubin)
-        reports.append(kernel_report(compiled, kernel, resources))
+        reports.append(kernel_report(compiled, compiled.launches[name], resources))
     return written, reports, None if ptxas.available() else "cubins skipped: ptxas not found"
 
 
-def kernel_report(compiled: Compiled, kernel, resources) -> str:
+def kernel_report(compiled: Compiled, launch: KernelLaunch, resources) -> str:
     """What a kernel engineer asks of a kernel first: its launch, its schedule, and (from ptxas)
     its registers, shared memory, spills and the blocks an SM holds."""
-    from .ir import target
-
-    config = next(op.config for op in compiled.modules["target"].ops
-                  if isinstance(op, target.KernelOp) and op.sym_name.data == kernel.name)
-    grid = " x ".join(map(str, config.grid_dims))
-    rows = [("launch", f"grid {grid}, {kernel.threads} threads, {_bytes(kernel.dynamic_shared)} dynamic shared memory"),
-            ("schedule", _schedule_text(compiled, kernel.name))]
+    grid = " x ".join(map(str, launch.grid))
+    rows = [("launch", f"grid {grid}, {launch.threads} threads, {_bytes(launch.dynamic_shared)} dynamic shared memory"),
+            ("schedule", _schedule_text(compiled, launch.name))]
     if resources is not None:
-        shared = kernel.dynamic_shared + resources.shared_bytes
+        shared = launch.dynamic_shared + resources.shared_bytes
         spills = (f"{resources.spill_store_bytes} bytes spilled" if resources.spill_store_bytes
                   else "no spills")
         rows.append(("ptxas", f"{resources.registers} registers, {_bytes(resources.shared_bytes)} static shared "
                               f"memory, {spills}"))
         platform = compiled.options.platform()
         if platform.vendor == "nvidia":
-            blocks, limits = platforms.occupancy(platform, kernel.threads, resources.registers, shared)
+            blocks, limits = platforms.occupancy(platform, launch.threads, resources.registers, shared)
             rows.append(("per SM", f"{blocks} block{'s' if blocks != 1 else ''} (limited by {' and '.join(limits)})"))
     width = max(len(label) for label, _ in rows)
-    return "\n".join([f"  {kernel.name}"] + [f"    {label:<{width}}  {value}" for label, value in rows])
+    return "\n".join([f"  {launch.name}"] + [f"    {label:<{width}}  {value}" for label, value in rows])
 
 
 def _schedule_text(compiled: Compiled, name: str) -> str:
@@ -417,12 +415,12 @@ def cmd_demo(args: argparse.Namespace) -> int:
     results = []
     for name in DEMO_FUNCTIONS:
         compiled, specs = compile_function(found[name], args, device)
-        written = compiled.dump(Path(args.out_dir) / name, STAGE_NAMES)
+        written = compiled.dump(Path(args.out_dir) / name, IR_STAGES)
         result = check(compiled, specs, device, args.seed)
         results.append(result)
         print(name)
         print_fields([("kernels", ", ".join(compiled.kernel_names)),
-                      ("IR dumps", f"{_show_path(written[0].parent)}/{{{','.join(STAGE_NAMES)}}}.mlir"),
+                      ("IR dumps", f"{_show_path(written[0].parent)}/{{{','.join(IR_STAGES)}}}.mlir"),
                       *_check_rows(compiled, result)])
         print()
     passed = all(r.passed for r in results)
@@ -620,7 +618,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("target", metavar="FILE.py[:FUNC]")
     _function_options(p)
     p.add_argument("--dump-ir", default="all", metavar="STAGES",
-                   help=f"stages to write, comma-separated from {', '.join(STAGE_NAMES)}, or all (default all)")
+                   help=f"stages to write, comma-separated from {', '.join(DUMP_STAGES)}, or all (default all)")
     p.add_argument("-o", "--output", metavar="DIR", help=f"where to write the IR, each kernel's .ptx and, with ptxas, its .cubin "
                         f"(default {DEFAULT_OUT}/FUNC)")
     p.set_defaults(command=cmd_compile)

@@ -1,28 +1,45 @@
 """The pipeline, as a list of stages.
 
-    graph     the traced function (Graph IR)            tessera.frontend
-    schedule  fusion groups with tiling parameters      tessera.passes.fusion
-    tile      block programs + host launches            tessera.lowering.schedule_to_tile
-    target    platform instructions (mma.sync, wgmma)   tessera.lowering.tile_to_target
+    graph     the traced function (Graph IR)                  tessera.frontend
+    schedule  fusion groups with tiling parameters            tessera.passes.fusion
+    tile      block programs + host launches                  tessera.lowering.schedule_to_tile
+    target    platform instructions (mma.sync, wgmma)         tessera.lowering.tile_to_target
+    ptx       each kernel's PTX module                        tessera.backends.ptx
+    cubin     each kernel assembled by ptxas, with its        tessera.runtime.cache (on disk),
+              resource report                                 tessera.runtime.ptxas
 
-Each stage is a function from one module to the next. `compile_module` runs
-them, verifies after each, and dumps any stage's text on request
-(`dump=("all",)` or the TESSERA_DUMP_IR environment variable, into
-`dump_dir` or TESSERA_DUMP_DIR).
+Each stage is a function from the previous stage's result to its own.
+`compile_module` runs them through `tile` and returns a `Compiled`, which runs
+the later ones on first request and keeps every result: a call on the CPU
+tile interpreter never builds target, ptx or cubin. IR stages are verified as
+they are built. `Compiled.launches` is the one source of how each kernel is
+launched (grid, threads, shared memory, params), for the GPU runtime and the
+CLI alike. `dump=("all",)` or the TESSERA_DUMP_IR environment variable writes
+stages' text (`<stage>.mlir`, and each kernel's `<kernel>.ptx`) into `dump_dir`
+or TESSERA_DUMP_DIR.
 """
 from __future__ import annotations
 
+import dataclasses
+import functools
+import logging
 import os
 import time
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
 from .errors import TesseraError
 
+if TYPE_CHECKING:
+    from .backends.ptx.emitter import TensorMapSpec
+
 DEFAULT_ARCH = "sm_90a"
+
+log = logging.getLogger("tessera.compiler")
 
 
 @dataclass
@@ -37,10 +54,10 @@ class Options:
     path: str = "native"               # "ampere": mma.sync + cp.async even where the arch has more
     sm_count: int | None = None        # the device's SMs, where they differ from the arch's in the
                                        # registry (an H100 PCIe has 114): persistent kernels use them
+    line_info: bool = False            # PTX with .file/.loc line info of the user's source (ptxas -lineinfo)
+    profile: bool = False              # kernels stamp their profile regions (tessera.runtime.profile)
 
     def platform(self):
-        import dataclasses
-
         from . import platforms
 
         p = platforms.get(self.arch)
@@ -53,43 +70,157 @@ class Options:
         return p
 
 
-def _schedule(module, options: Options):
+def _schedule(graph, options: Options):
     from .passes.fusion import fuse
-    return fuse(module, options.space, options.platform())
+    return fuse(graph, options.space, options.platform())
 
 
-def _tile(module, options: Options):
+def _tile(schedule, options: Options):
     from .lowering.schedule_to_tile import lower_schedule_to_tile
-    return lower_schedule_to_tile(module)
+    return lower_schedule_to_tile(schedule, line_info=options.line_info, profile=options.profile)
 
 
-def _target(module, options: Options):
+def _target(tile, options: Options):
     from .lowering.tile_to_target import lower_tile_to_target
-    return lower_tile_to_target(module, options.platform(), tensor_cores=options.tensor_cores)
+    return lower_tile_to_target(tile, options.platform(), tensor_cores=options.tensor_cores)
 
 
-#: (name, function from the previous stage's module) — the whole compiler, in order.
+def _ptx(target, options: Options):
+    from .backends.ptx import emit_module
+    return emit_module(target)
+
+
+def _cubin(ptx, options: Options):
+    from .runtime.cache import CubinCache
+    cache = CubinCache()
+    return {name: cache.assembled(kernel.ptx, options.arch, options.opt_level) for name, kernel in ptx.items()}
+
+
+#: (name, function from the previous stage's result) — the whole compiler, in order.
 STAGES: list[tuple[str, Callable]] = [
-    ("schedule", _schedule),
-    ("tile", _tile),
-    ("target", _target),
+    ("schedule", _schedule),   # Graph IR -> Schedule IR
+    ("tile", _tile),           # -> Tile IR
+    ("target", _target),       # -> Target IR
+    ("ptx", _ptx),             # -> {kernel: PtxKernel}
+    ("cubin", _cubin),         # -> {kernel: ptxas.Assembled}, through the on-disk cubin cache
 ]
 STAGE_NAMES = ("graph", *(name for name, _ in STAGES))
+#: The stages whose result is an MLIR module: verified once built, dumped as `<stage>.mlir`.
+IR_STAGES = ("graph", "schedule", "tile", "target")
+#: What `dump` writes: the IR stages, and `ptx` as each kernel's `<kernel>.ptx`.
+DUMP_STAGES = (*IR_STAGES, "ptx")
+
+
+@dataclass(frozen=True)
+class KernelLaunch:
+    """How to launch one kernel: the one place the GPU runtime and the CLI read it from.
+
+    The grid is the Target IR kernel config's; threads, dynamic shared memory and tensor maps are
+    what the kernel's PTX was written for. The PTX declares its params as `param_types` says:
+    a global pointer per kernel argument, then each tensor map by value."""
+
+    name: str
+    grid: tuple[int, int, int]
+    threads: int
+    dynamic_shared: int                        # bytes
+    pointers: int                              # kernel arguments (buffers), passed as u64 addresses
+    tensor_maps: tuple[TensorMapSpec, ...]     # each over the buffer of pointer param `spec.arg`
+    arch: str                                  # the PTX's .target, which the cubin stage assembles for
+                                               # unless asked for another arch
+
+    @property
+    def param_types(self) -> tuple[str, ...]:
+        return ("u64",) * self.pointers + ("tmap",) * len(self.tensor_maps)
+
+
+def _kernel_launch(kernel, ptx) -> KernelLaunch:
+    """A Target IR kernel's launch, with what its PtxKernel `ptx` needs."""
+    return KernelLaunch(kernel.sym_name.data, kernel.config.grid_dims, ptx.threads, ptx.dynamic_shared,
+                        len(kernel.function_type.inputs.data), ptx.tensor_maps, kernel.platform.platform.arch)
+
+
+class _Modules(Mapping):
+    """`compiled.modules[stage]`: an IR stage's module, built on first access like `Compiled.stage`."""
+
+    def __init__(self, compiled: Compiled):
+        self._compiled = compiled
+
+    def __getitem__(self, stage: str):
+        if stage not in IR_STAGES:
+            raise KeyError(stage)
+        return self._compiled.stage(stage)
+
+    def __iter__(self):
+        return iter(IR_STAGES)
+
+    def __len__(self) -> int:
+        return len(IR_STAGES)
 
 
 @dataclass
 class Compiled:
-    """A compiled function: every stage's module, and a runner on the CPU tile interpreter."""
+    """A compiled function: its stages, each run on first request and kept, and a runner on the
+    CPU tile interpreter (which needs only graph, schedule and tile)."""
 
     name: str
-    modules: dict[str, object]
-    arch: str
-    compile_seconds: float
+    graph: object                      # the Graph IR module the stages start from
     options: Options = field(default_factory=Options)
     arg_names: list[str] = field(default_factory=list)
     result_names: list[str] = field(default_factory=list)
+    compile_seconds: float = 0.0       # spent in the stages run so far
+    _results: dict[tuple[str, str], object] = field(default_factory=dict)   # (stage, arch) -> result
     _program: object = None
     _gpu: dict = field(default_factory=dict)
+
+    @property
+    def arch(self) -> str:
+        return self.options.arch
+
+    def stage(self, name: str, arch: str | None = None):
+        """Stage `name`'s result, run (after the stages before it) on first request and kept:
+        an IR stage's module, {kernel: PtxKernel} for ptx, {kernel: ptxas.Assembled} for cubin.
+        `arch` asks for cubins of another arch than the compile's: a GPU assembles for its own."""
+        arch = arch or self.arch
+        if name not in STAGE_NAMES:
+            raise TesseraError(f"unknown stage {name!r}; stages are {', '.join(STAGE_NAMES)}")
+        if arch != self.arch and name != "cubin":
+            raise TesseraError(f"only the cubin stage is built for another arch than {self.arch}, not {name}")
+        key = (name, arch)
+        if key not in self._results:
+            self._results[key] = self._run(name, arch)
+        return self._results[key]
+
+    def _run(self, name: str, arch: str):
+        """Runs stage `name` on the previous stage's result, and verifies an IR stage's module."""
+        if name == "graph":
+            self.graph.verify()
+            return self.graph
+        previous = self.stage(STAGE_NAMES[STAGE_NAMES.index(name) - 1])
+        start = time.perf_counter()
+        result = dict(STAGES)[name](previous, dataclasses.replace(self.options, arch=arch))
+        if name in IR_STAGES:
+            result.verify()
+        self.compile_seconds += time.perf_counter() - start
+        return result
+
+    @property
+    def computed_stages(self) -> tuple[str, ...]:
+        """The stages run so far, in the order they ran; the others run when first asked for."""
+        return tuple(dict.fromkeys(name for name, _ in self._results))
+
+    @property
+    def modules(self) -> Mapping:
+        """Each IR stage's module by name, built on first access."""
+        return _Modules(self)
+
+    @functools.cached_property
+    def launches(self) -> dict[str, KernelLaunch]:
+        """Each kernel's launch, in the order the Target IR module defines them (builds target and ptx)."""
+        from .ir import target
+
+        ptx = self.stage("ptx")
+        return {op.sym_name.data: _kernel_launch(op, ptx[op.sym_name.data])
+                for op in self.stage("target").ops if isinstance(op, target.KernelOp)}
 
     def gpu_program(self, device: int = 0):
         """This function loaded on a CUDA device (built once per device)."""
@@ -105,29 +236,51 @@ class Compiled:
     @property
     def kernel_names(self) -> list[str]:
         from .ir import tile
-        return [op.sym_name.data for op in self.modules["tile"].ops if isinstance(op, tile.KernelOp)]
+        return [op.sym_name.data for op in self.stage("tile").ops if isinstance(op, tile.KernelOp)]
 
-    def dump(self, directory: str | os.PathLike, stages: Sequence[str] = STAGE_NAMES) -> list[Path]:
+    def dump(self, directory: str | os.PathLike, stages: Sequence[str] = DUMP_STAGES) -> list[Path]:
+        """Writes each IR stage of `stages` as `<stage>.mlir` and, for `ptx`, each kernel's
+        `<kernel>.ptx` into `directory`; returns the files written."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         written = []
         for stage in stages:
-            path = directory / f"{stage}.mlir"
-            path.write_text(self.ir(stage))
+            if stage == "ptx":
+                written += self._dump_ptx(directory)
+            else:
+                path = directory / f"{stage}.mlir"
+                path.write_text(self.ir(stage))
+                written.append(path)
+        return written
+
+    def _dump_ptx(self, directory: Path) -> list[Path]:
+        """Each kernel's `<kernel>.ptx`. Where the backend cannot emit a kernel yet, a logged warning
+        says why instead: the IR dumps beside it, and a CPU run, still work."""
+        from .backends.ptx import UnsupportedByBackend
+
+        try:
+            kernels = self.stage("ptx")
+        except UnsupportedByBackend as e:
+            log.warning("no PTX dumped for %s: %s", self.name, e.message)
+            return []
+        written = []
+        for name, kernel in kernels.items():
+            path = directory / f"{name}.ptx"
+            path.write_text(kernel.ptx)
             written.append(path)
         return written
 
     def host_function(self):
         """The tile module's host function: the launches and buffers of one call."""
         from xdsl.dialects import func
-        return next(op for op in self.modules["tile"].ops if isinstance(op, func.FuncOp))
+        return next(op for op in self.stage("tile").ops if isinstance(op, func.FuncOp))
 
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Runs on the CPU tile interpreter; outputs start poisoned (NaN) so unwritten elements show."""
         from .interpreter.tile_interp import TileProgram, poison
 
         if self._program is None:
-            self._program = TileProgram(self.modules["tile"])
+            self._program = TileProgram(self.stage("tile"))
         host = self.host_function()
         n_in = len(self.arg_names)
         if len(inputs) != n_in:
@@ -141,7 +294,7 @@ class Compiled:
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """The Graph IR oracle on the same inputs."""
         from .interpreter.reference import run_graph
-        return run_graph(next(iter(self.modules["graph"].ops)), inputs)
+        return run_graph(next(iter(self.graph.ops)), inputs)
 
 
 def _np_dtype(memref_type) -> np.dtype:
@@ -149,39 +302,38 @@ def _np_dtype(memref_type) -> np.dtype:
     return np_dtype(memref_type)
 
 
+def _env_on(name: str) -> bool:
+    return os.environ.get(name, "0") not in ("", "0")
+
+
 def _dump_request(dump) -> tuple[str, ...]:
     env = os.environ.get("TESSERA_DUMP_IR", "")
     requested = tuple(dump or ()) + tuple(x for x in env.split(",") if x)
     if "all" in requested:
-        return STAGE_NAMES
-    unknown = [s for s in requested if s not in STAGE_NAMES]
+        return DUMP_STAGES
+    unknown = [s for s in requested if s not in DUMP_STAGES]
     if unknown:
-        raise TesseraError(f"unknown IR stage(s) {unknown} to dump; stages are {', '.join(STAGE_NAMES)}, or all")
+        raise TesseraError(f"unknown IR stage(s) {unknown} to dump; stages are {', '.join(DUMP_STAGES)}, or all")
     return requested
 
 
 def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None = None,
                    tensor_cores: bool = True, opt_level: int = 3, path: str = "native",
-                   sm_count: int | None = None,
+                   sm_count: int | None = None, line_info: bool = False, profile: bool = False,
                    dump: Sequence[str] | None = None, dump_dir: str | os.PathLike | None = None) -> Compiled:
-    """Runs every stage on a Graph IR module, verifying each result."""
-    start = time.perf_counter()
+    """Compiles a Graph IR module through the tile stage, which every use of the result needs (so a
+    program the compiler rejects fails here); target, ptx and cubin run when first asked for.
+    TESSERA_LINE_INFO=1 and TESSERA_PROFILE=1 turn `line_info` and `profile` on for every compile."""
     options = Options(arch=arch, space=space, tensor_cores=tensor_cores, opt_level=opt_level, path=path,
-                      sm_count=sm_count)
-    graph_module.verify()
-    modules = {"graph": graph_module}
-    current = graph_module
-    for name, stage in STAGES:
-        current = stage(current, options)
-        current.verify()
-        modules[name] = current
+                      sm_count=sm_count, line_info=line_info or _env_on("TESSERA_LINE_INFO"),
+                      profile=profile or _env_on("TESSERA_PROFILE"))
+    stages = _dump_request(dump)
     f = next(iter(graph_module.ops))
     compiled = Compiled(
-        name=f.sym_name.data, modules=modules, arch=arch, compile_seconds=time.perf_counter() - start,
-        options=options,
+        name=f.sym_name.data, graph=graph_module, options=options,
         arg_names=[a.data for a in f.attributes["tessera.arg_names"].data],
         result_names=[a.data for a in f.attributes["tessera.result_names"].data])
-    stages = _dump_request(dump)
+    compiled.stage("tile")
     if stages:
         directory = dump_dir or os.environ.get("TESSERA_DUMP_DIR") or Path("tessera_ir") / compiled.name
         compiled.dump(directory, stages)

@@ -6,8 +6,9 @@ stack out of the tessera package), so the CLI can print one clear line plus
 """
 from __future__ import annotations
 
+import functools
 import os
-import traceback
+import sys
 
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__))
 
@@ -32,13 +33,42 @@ class DTypeError(TesseraError, TypeError):
     """Element types that do not agree or are unsupported."""
 
 
+class DeviceAssertError(TesseraError, AssertionError):
+    """A `tsr.device_assert` that failed: while tracing (a Python bool), or on the CPU interpreter
+    (a tensor), where `block` is the program id and `element` the first failing element's index in
+    the block's tile."""
+
+    def __init__(self, message: str, location: str | None = None, block: tuple[int, ...] | None = None,
+                 element: tuple[int, ...] | None = None):
+        where = [f"block {block}"] if block is not None else []
+        where += [f"element {element}"] if element is not None else []
+        at = f" at {location}" if location else ""
+        super().__init__(f"device_assert failed{at}: {message}" + (f" ({', '.join(where)})" if where else ""),
+                         location)
+        self.user_message, self.block, self.element = message, block, element
+
+
 _TOOLING = (os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep, "<frozen")
 
 
 def user_location() -> str | None:
     """The innermost stack frame outside the tessera package (and test tooling), as `file:line`."""
-    for frame in reversed(traceback.extract_stack()[:-1]):
-        path = os.path.abspath(frame.filename)
-        if not path.startswith(_PACKAGE_DIR + os.sep) and not any(t in path for t in _TOOLING):
-            return f"{frame.filename}:{frame.lineno}"
+    frame = user_frame()
+    return f"{frame[0]}:{frame[1]}" if frame else None
+
+
+def user_frame() -> tuple[str, int] | None:
+    """(file, line) of the innermost stack frame outside the tessera package and test tooling.
+    Walks frames without formatting them (the tracer asks for every op it records)."""
+    frame = sys._getframe(1)
+    while frame is not None:
+        if not _is_internal(frame.f_code.co_filename):
+            return frame.f_code.co_filename, frame.f_lineno
+        frame = frame.f_back
     return None
+
+
+@functools.lru_cache(maxsize=256)
+def _is_internal(filename: str) -> bool:
+    path = os.path.abspath(filename)
+    return path.startswith(_PACKAGE_DIR + os.sep) or any(t in path for t in _TOOLING)

@@ -100,19 +100,59 @@ def test_arg_specs_compile_and_the_compiled_object():
     assert rel_err(out, ref) < 1e-2 and rel_err(out, np_attention(q, k, v)) < 1e-2
 
 
+def test_a_numpy_call_builds_no_gpu_stage(monkeypatch):
+    """The CPU interpreter runs the tile stage: target, ptx and cubin are never built for it."""
+    from tessera import compiler
+
+    made = []
+    real = compiler.compile_module
+    monkeypatch.setattr(compiler, "compile_module", lambda *a, **k: made.append(real(*a, **k)) or made[-1])
+    q, k, v = qkv((1, 2, 20, 64), seed=5)
+    assert rel_err(flash_attention(q, k, v), np_attention(q, k, v)) < 1e-2
+    (compiled,) = made
+    assert compiled.computed_stages == ("graph", "schedule", "tile")
+
+
 def test_ir_dump_writes_every_stage(tmp_path):
     specs = flash_attention.arg_specs_for({"B": 1, "H": 1, "S": 16, "D": 64}, "fp16")
     flash_attention.compile(specs, dump=("all",), dump_dir=tmp_path)
     for stage in ("graph", "schedule", "tile", "target"):
         text = (tmp_path / f"{stage}.mlir").read_text()
         assert text.startswith("builtin.module")
+    ptx = (tmp_path / "flash_attention_flash_attention_0.ptx").read_text()
+    assert ptx.startswith(".version") and ".entry flash_attention_flash_attention_0(" in ptx
+
+
+def test_ptx_dump_of_a_kernel_the_backend_cannot_emit_says_why(tmp_path, caplog):
+    """fp32 matmuls have no GPU path yet: the PTX dump is a logged warning naming the reason; the
+    IR dumps and the CPU interpreter still work."""
+    @tsr.function
+    def mm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+
+    compiled = mm.compile(mm.arg_specs_for(dict(M=16, K=16, N=16), "fp32"), dump=("all",), dump_dir=tmp_path)
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph.mlir", "schedule.mlir", "target.mlir", "tile.mlir"]
+    (record,) = caplog.records
+    assert record.levelname == "WARNING" and "no PTX dumped for mm: " in record.message
+    assert "matmul of f32 operands" in record.message
+    a = np.eye(16, dtype=np.float32)
+    (out,) = compiled.run(a, a)
+    np.testing.assert_array_equal(out, a)
 
 
 def test_ir_dump_from_the_environment(tmp_path, monkeypatch):
-    monkeypatch.setenv("TESSERA_DUMP_IR", "graph,tile")
+    monkeypatch.setenv("TESSERA_DUMP_IR", "graph,tile,ptx")
     monkeypatch.setenv("TESSERA_DUMP_DIR", str(tmp_path))
     flash_attention.compile(flash_attention.arg_specs_for({"B": 1, "H": 1, "S": 16, "D": 64}, "fp16"))
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["graph.mlir", "tile.mlir"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["flash_attention_flash_attention_0.ptx", "graph.mlir",
+                                                          "tile.mlir"]
+
+
+def test_unknown_dump_stage_is_an_error():
+    with pytest.raises(tsr.TesseraError, match=r"unknown IR stage\(s\) \['cubin'\] to dump; stages are "
+                                               r"graph, schedule, tile, target, ptx, or all"):
+        flash_attention.compile(flash_attention.arg_specs_for({"B": 1, "H": 1, "S": 16, "D": 64}, "fp16"),
+                                dump=("cubin",))
 
 
 # --- TargetIRCompiler (seed 001's Python integration) ----------------------------------------------------------

@@ -15,7 +15,7 @@ import shutil
 import pytest
 
 from tessera import cli
-from tessera.compiler import STAGE_NAMES
+from tessera.compiler import IR_STAGES
 from tessera.errors import TesseraError
 from tessera.ir import parse_ir, print_ir
 
@@ -27,8 +27,9 @@ SMALL = "B=1,H=2,S=80,D=32"  # S not a multiple of the 64-row blocks: exercises 
 
 @pytest.fixture(autouse=True)
 def _in_tmp(tmp_path, monkeypatch):
-    """Default output directories land in the test's own folder, not the checkout."""
+    """Default output directories, and the cubin cache, land in the test's own folder."""
     monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path / "cubin-cache"))
 
 
 def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
@@ -41,16 +42,28 @@ def run_cli(capsys, *argv: str) -> tuple[int, str, str]:
 def dumps(tmp_path_factory) -> Path:
     """Every stage of the small flash attention, written once by `tessera compile`."""
     out = tmp_path_factory.mktemp("dumps")
-    assert cli.main(["compile", ATTENTION, "--shape", SMALL, "--dump-ir=all", "-o", str(out)]) == 0
+    with pytest.MonkeyPatch.context() as m:
+        m.setenv("TESSERA_CACHE_DIR", str(tmp_path_factory.mktemp("cubin-cache")))
+        assert cli.main(["compile", ATTENTION, "--shape", SMALL, "--dump-ir=all", "-o", str(out)]) == 0
     return out
 
 
 def test_compile_writes_every_stage_and_each_parses_back(dumps):
-    for stage in STAGE_NAMES:
+    for stage in IR_STAGES:
         text = (dumps / f"{stage}.mlir").read_text()
         module = parse_ir(text)
         module.verify()
         assert print_ir(module) == text
+    assert (dumps / "flash_attention_flash_attention_0.ptx").read_text().startswith(".version")
+
+
+def test_dump_ir_ptx_writes_only_the_kernels_ptx(capsys, tmp_path):
+    status, out, _ = run_cli(capsys, "compile", CAUSAL, "--shape", SMALL, "--dump-ir=ptx", "-o", str(tmp_path / "out"))
+    assert status == 0
+    kernel = "causal_flash_attention_flash_attention_0"
+    binaries = [f"{kernel}.cubin"] if shutil.which("ptxas") else []
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == sorted([*binaries, f"{kernel}.ptx"])
+    assert ".entry " + kernel in (tmp_path / "out" / f"{kernel}.ptx").read_text()
 
 
 def test_compile_summary_and_default_directory(capsys):
@@ -229,7 +242,7 @@ def test_demo_small(capsys, tmp_path):
     status, out, _ = run_cli(capsys, "demo", "--shape", SMALL, "--out-dir", str(tmp_path / "ir"))
     assert status == 0 and "all outputs match" in out
     for name in cli.DEMO_FUNCTIONS:
-        assert sorted(p.stem for p in (tmp_path / "ir" / name).iterdir()) == sorted(STAGE_NAMES)
+        assert sorted(p.stem for p in (tmp_path / "ir" / name).iterdir()) == sorted(IR_STAGES)
 
 
 def test_python_dash_m_entry_point():

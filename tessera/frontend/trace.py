@@ -9,11 +9,12 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import os
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..dtypes import DType
-from ..errors import ShapeError, TesseraError
+from ..errors import ShapeError, TesseraError, user_frame
 from .tensor import Tensor, TensorSpec, check_dtype
 
 _CURRENT: contextvars.ContextVar["Trace | None"] = contextvars.ContextVar("tessera_trace", default=None)
@@ -37,7 +38,8 @@ def current_trace() -> "Trace":
 
 
 class Trace:
-    """The function being built: its block, its dim bindings, and its outputs."""
+    """The function being built: its block, its dim bindings, its outputs, and the profile
+    regions open now (outermost first)."""
 
     def __init__(self, bindings: dict[str, int]):
         from xdsl.ir import Block
@@ -45,13 +47,31 @@ class Trace:
         self.bindings = dict(bindings)
         self.block = Block()
         self.stored: dict[str, Tensor] = {}
+        self.regions: list[str] = []
 
     def size(self, d: str | int) -> int:
         return d if isinstance(d, int) else self.bindings[d]
 
     def add(self, op):
+        """Appends `op`, stamped with the user's line that made it and the regions open around it
+        (`tessera.ir.provenance`)."""
+        from ..ir import provenance
+
+        op.attributes |= provenance.loc_attributes(source_loc(), self.regions)
         self.block.add_op(op)
         return op
+
+
+def source_loc():
+    """The user's line being traced now, with an absolute path (what debuggers and ptxas's line
+    table want), or None when no frame is the user's."""
+    from ..ir.provenance import Loc
+
+    frame = user_frame()
+    if frame is None:
+        return None
+    file, line = frame
+    return Loc(file if file.startswith("<") else os.path.abspath(file), line)
 
 
 def bind_dims(fn_name: str, specs: Sequence[tuple[str, TensorSpec | None, tuple[int, ...], DType]]
@@ -105,6 +125,9 @@ def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[st
         result = fn(*ordered)
     finally:
         _CURRENT.reset(token)
+    if t.regions:
+        raise TesseraError(f"{fn_name}: profile region {t.regions[-1]!r} is begun but never ended "
+                           f"(tsr.profile_end({t.regions[-1]!r}))")
     results = _collect_results(fn_name, result, t, outputs)
     for r in results:
         if not isinstance(r, Tensor):

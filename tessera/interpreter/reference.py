@@ -10,7 +10,9 @@ from typing import Callable, Sequence
 
 import numpy as np
 
+from ..errors import DeviceAssertError
 from ..ir import graph as g
+from ..ir import provenance
 
 
 def _wide(x: np.ndarray) -> np.ndarray:
@@ -79,6 +81,14 @@ _RULES: dict[type, Callable] = {
 _NEEDS_BINDINGS = {g.ReshapeOp, g.ArangeOp}
 
 
+def _check(op: g.AssertOp, cond: np.ndarray) -> None:
+    """A device_assert on the whole tensor: the first failing element (no blocks at this level)."""
+    if not cond.all():
+        loc = provenance.loc_of(op)
+        element = tuple(int(i) for i in np.argwhere(~cond)[0])
+        raise DeviceAssertError(op.message.data, str(loc) if loc else None, element=element)
+
+
 def run_graph(func_op, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     """Evaluate a graph `func.func` on NumPy inputs; returns one array per result."""
     from xdsl.dialects import func
@@ -90,6 +100,9 @@ def run_graph(func_op, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
     for op in func_op.body.block.ops:
         if isinstance(op, func.ReturnOp):
             return [env[v] for v in op.arguments]
+        if isinstance(op, g.AssertOp):
+            _check(op, env[op.cond])
+            continue
         out = _evaluate(op, [_wide(env[v]) for v in op.operands], bindings)
         dt = g.tensor_type(op.results[0]).dtype
         with np.errstate(all="ignore"):

@@ -11,7 +11,10 @@ compiler's Tile IR can be checked against NumPy references without a GPU:
   issued but only lands in shared memory when `tile.async_wait` retires its
   group, so a kernel that reads a stage too early sees stale data;
 - fresh shared and global buffers are filled with NaN (integers: their minimum)
-  so reads of never-written memory show up in results.
+  so reads of never-written memory show up in results;
+- `tile.assert` raises `DeviceAssertError` (message, source line, program id, first failing
+  element); profile stamps are host nanoseconds, reported like a GPU's cycles
+  (`tessera.runtime.profile`).
 
 Speed: each function is compiled once into a list of closures over a frame (a
 Python list indexed by value slot; the op -> builder table is consulted only
@@ -29,6 +32,7 @@ Entry points:
 from __future__ import annotations
 
 import math as pymath
+import time
 from collections import deque
 from collections.abc import Callable, Sequence
 
@@ -39,8 +43,8 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.traits import IsTerminator
 
 from tessera import dtypes
-from tessera.errors import TesseraError
-from tessera.ir import tile
+from tessera.errors import DeviceAssertError, TesseraError
+from tessera.ir import provenance, tile
 
 Frame = list
 Step = Callable[[Frame], None]
@@ -584,12 +588,43 @@ def _no_op(c: Compiler, op: Operation) -> None:
     """A program runs on one Python thread, so a block-wide barrier has nothing to order."""
 
 
-def _launch(c: Compiler, op: tile.LaunchOp) -> Step:
-    kernel = c.program.compiled(op.kernel.string_value(), tile.KernelOp)
-    grid, args = tile.int_values(op.grid), c.ins(op)
+def _assert(c: Compiler, op: tile.AssertOp) -> Step:
+    cond, message = c.slot(op.cond), op.message.data
+    loc = provenance.loc_of(op)
 
-    def step(f): kernel.launch([f[a] for a in args], grid)
+    def step(f):
+        ok = f[cond]
+        if not np.all(ok):
+            element = tuple(int(i) for i in np.argwhere(~ok)[0]) if np.ndim(ok) else None
+            raise DeviceAssertError(message, str(loc) if loc else None,
+                                    block=tuple(int(f[s]) for s in PID_SLOTS), element=element)
     return step
+
+
+def _profile_stamp(which: int):
+    """A step writing host nanoseconds into stamp `which` (0: begin, 1: end) of the op's slot for this program."""
+    def build(c: Compiler, op: tile.ProfileBeginOp | tile.ProfileEndOp) -> Step:
+        buffer, slot = c.slot(op.buffer), op.slot.value.data
+
+        def step(f): f[buffer][f[2], f[1], f[0], slot, which] = time.perf_counter_ns()
+        return step
+    return build
+
+
+def _launch(c: Compiler, op: tile.LaunchOp) -> Step:
+    name = op.kernel.string_value()
+    kernel = c.program.compiled(name, tile.KernelOp)
+    grid, args = tile.int_values(op.grid), c.ins(op)
+    labels = c.program.profile_labels(name)
+    if labels is None:
+        def step(f): kernel.launch([f[a] for a in args], grid)
+        return step
+
+    def profiled(f):
+        kernel.launch([f[a] for a in args], grid)
+        from tessera.runtime import profile
+        profile.record(name, labels, f[args[-1]], "ns")   # the stamps are the kernel's last argument
+    return profiled
 
 
 BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = {
@@ -605,6 +640,7 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     tile.MmaWaitOp: _no_op,
     tile.LoadSharedOp: _load_shared, tile.MmaOp: _mma, tile.ReduceOp: _reduce,
     tile.BroadcastOp: _broadcast, tile.ArangeOp: _arange, tile.LaunchOp: _launch,
+    tile.AssertOp: _assert, tile.ProfileBeginOp: _profile_stamp(0), tile.ProfileEndOp: _profile_stamp(1),
 }
 """Op class -> builder(compiler, op) returning the op's step (None: nothing to do at run time)."""
 
@@ -636,6 +672,11 @@ class TileProgram:
         if name not in self._compiled:
             self._compiled[name] = Compiler(self).function(name, op.body.block)
         return self._compiled[name]
+
+    def profile_labels(self, kernel: str) -> list[str] | None:
+        """The profile slots' labels of a kernel built with profiling, else None."""
+        attr = self._symbols[kernel].attributes.get(provenance.PROFILE)
+        return [label.data for label in attr.data] if attr is not None else None
 
     def run(self, func_name: str, *args) -> list:
         """Run host function `func_name` (destination-passing: outputs are written into `args`)."""

@@ -533,7 +533,26 @@ class CastOp(_OneTensorOp):
             raise VerifyException("cast must keep the shape")
 
 
+@irdl_op_definition
+class AssertOp(IRDLOperation):
+    """`tsr.device_assert`: every element of the bool tensor `cond` must hold, else the kernel stops
+    and reports `message`. No result, and no Pure trait: nothing may drop it as dead."""
+
+    name = "graph.assert"
+    cond = operand_def(TensorType)
+    message = prop_def(StringAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$cond attr-dict `:` type($cond)"
+
+    def __init__(self, cond: SSAValue, message: str):
+        super().__init__(operands=[cond], properties={"message": StringAttr(message)})
+
+    def verify_(self) -> None:
+        if tensor_type(self.cond).dtype != dtypes.bool_:
+            raise VerifyException(f"assert: the condition must be bool, got {tensor_type(self.cond).dtype}")
+
+
 STRUCTURAL_OPS = [MatmulOp, TransposeOp, ReshapeOp, ReduceOp, SoftmaxOp, LayerNormOp, RmsNormOp,
-                  ArangeOp, ConstantOp, CastOp]
+                  ArangeOp, ConstantOp, CastOp, AssertOp]
 
 Graph = Dialect("graph", [*ELEMENTWISE_OPS.values(), *STRUCTURAL_OPS], [TensorType])

@@ -29,29 +29,30 @@ from xdsl.dialects.builtin import (
     FunctionType,
     IndexType,
     IntAttr,
+    I64,
     IntegerAttr,
     MemRefType,
     StringAttr,
     SymbolNameConstraint,
     SymbolRefAttr,
     i1,
+    i32,
     i64,
 )
-from xdsl.ir import Attribute, Block, Dialect, Operation, ParametrizedAttribute, Region, SSAValue
+from xdsl.ir import (Attribute, Block, BlockArgument, Dialect, Operation, ParametrizedAttribute, Region, SSAValue,
+                     TypeAttribute)
 from xdsl.irdl import (
     AttrSizedOperandSegments,
     IRDLOperation,
     irdl_attr_definition,
     irdl_op_definition,
     operand_def,
-    opt_operand_def,
     opt_prop_def,
     prop_def,
     region_def,
     result_def,
     traits_def,
     var_operand_def,
-    var_result_def,
 )
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -60,6 +61,7 @@ from xdsl.traits import (
     HasParent,
     IsolatedFromAbove,
     IsTerminator,
+    NoTerminator,
     SymbolOpInterface,
     SymbolTable,
     SymbolUserOpInterface,
@@ -367,19 +369,20 @@ class KernelOp(IRDLOperation):
     platform = prop_def(PlatformAttr)
     opt_level = opt_prop_def(IntegerAttr)
     producer_warps = opt_prop_def(IntegerAttr)   # of the config's block: warps that only issue copies
+    maxnreg = opt_prop_def(IntegerAttr)          # registers per thread at launch (a register split's pool)
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
 
     KEYWORDS: ClassVar[_Keywords] = (("config", ATTR), ("platform", ATTR), ("opt_level", INT),
-                                     ("producer_warps", INT))
+                                     ("producer_warps", INT), ("maxnreg", INT))
 
     def __init__(self, name: str, arg_types: Sequence[Attribute], config: KernelConfigAttr,
                  platform: PlatformAttr, body: Region | None = None, opt_level: int | None = None,
-                 producer_warps: int | None = None):
+                 producer_warps: int | None = None, maxnreg: int | None = None):
         super().__init__(
             properties={"sym_name": StringAttr(name), "function_type": FunctionType.from_lists(arg_types, []),
                         **_props(KernelOp, config=config, platform=platform, opt_level=opt_level,
-                                 producer_warps=producer_warps)},
+                                 producer_warps=producer_warps, maxnreg=maxnreg)},
             regions=[body if body is not None else Region(Block(arg_types=arg_types))])
 
     def verify_(self) -> None:
@@ -548,99 +551,6 @@ class TensorCoreOp(_InstrOp):
                                   f"{self.precision.data!r} (it has: {shown})")
 
 
-@irdl_op_definition
-class PTXInstrOp(_InstrOp):
-    """`tessera_target.ptx_instr "cp.async.commit_group" (%ops) constraints = {...} latency = N
-    predicate = %p : (...) -> (...)`: one PTX instruction the emitter writes as is.
-
-    `constraints` maps operands to inline-asm constraint letters; `latency` is
-    a scheduling hint in cycles; `predicate` guards the instruction.
-    """
-
-    name = "tessera_target.ptx_instr"
-    instruction = prop_def(StringAttr)
-    constraints = opt_prop_def(builtin.DictionaryAttr)
-    latency = opt_prop_def(IntegerAttr)
-    args = var_operand_def()
-    predicate = opt_operand_def(i1)
-    outs = var_result_def()
-    irdl_options = (AttrSizedOperandSegments(as_property=True),)
-    traits = traits_def(HasAncestor(KernelOp))
-
-    KEYWORDS: ClassVar[_Keywords] = (("constraints", ATTR), ("latency", INT))
-    VENDOR: ClassVar[str] = "nvidia"
-
-    def __init__(self, instruction: str, args: Sequence[SSAValue] = (), result_types: Sequence[Attribute] = (),
-                 constraints: builtin.DictionaryAttr | None = None, latency: int | None = None,
-                 predicate: SSAValue | None = None):
-        super().__init__(operands=[args, [predicate] if predicate is not None else []], result_types=[result_types],
-                         properties={"instruction": StringAttr(instruction),
-                                     **_props(PTXInstrOp, constraints=constraints, latency=latency)})
-
-    def verify_(self) -> None:
-        p = _platform_of(self)
-        if p.vendor != self.VENDOR:
-            raise VerifyException(f"{self.name} {self.instruction.data!r} in a kernel for {p.arch} ({p.vendor})")
-
-    @classmethod
-    def parse(cls, parser: Parser) -> PTXInstrOp:
-        instruction = parser.parse_str_literal()
-        args = _parse_operand_list(parser)
-        props = _parse_keywords(parser, cls.KEYWORDS)
-        predicate = None
-        if parser.parse_optional_keyword("predicate") is not None:
-            parser.parse_punctuation("=")
-            predicate = parser.resolve_operand(parser.parse_unresolved_operand(), i1)
-        attrs = _parse_attr_dict(parser)
-        values, result_types = _parse_signature(parser, args)
-        op = cls(instruction, values, result_types, predicate=predicate)
-        op.properties |= props
-        op.attributes |= attrs
-        return op
-
-    def print(self, printer: Printer) -> None:
-        printer.print_string(" ")
-        printer.print_string_literal(self.instruction.data)
-        printer.print_string(" ")
-        _print_operand_list(printer, self.args)
-        _print_keywords(printer, self)
-        if self.predicate is not None:
-            printer.print_string(" predicate = ")
-            printer.print_operand(self.predicate)
-        _print_attr_dict(printer, self)
-        _print_signature(printer, self.args, self.outs)
-
-
-@irdl_op_definition
-class HIPInstrOp(_InstrOp):
-    """`tessera_target.hip_instr "v_wmma_f32_16x16x16_f16" (%ops) arch = "gfx1100"
-    constraints = {...} latency = N : (...) -> (...)`: one AMD GCN/RDNA instruction."""
-
-    name = "tessera_target.hip_instr"
-    instruction = prop_def(StringAttr)
-    arch = opt_prop_def(StringAttr)
-    constraints = opt_prop_def(builtin.DictionaryAttr)
-    latency = opt_prop_def(IntegerAttr)
-    args = var_operand_def()
-    outs = var_result_def()
-    traits = traits_def(HasAncestor(KernelOp))
-
-    KEYWORDS: ClassVar[_Keywords] = (("arch", STR), ("constraints", ATTR), ("latency", INT))
-    VENDOR: ClassVar[str] = "amd"
-
-    def __init__(self, instruction: str, args: Sequence[SSAValue] = (), result_types: Sequence[Attribute] = (),
-                 arch: str | None = None, constraints: builtin.DictionaryAttr | None = None,
-                 latency: int | None = None):
-        super().__init__(operands=[args], result_types=[result_types], properties={
-            "instruction": StringAttr(instruction),
-            **_props(HIPInstrOp, arch=arch, constraints=constraints, latency=latency)})
-
-    def verify_(self) -> None:
-        p = _platform_of(self)
-        if p.vendor != self.VENDOR or (self.arch is not None and self.arch.data != p.arch):
-            raise VerifyException(f"{self.name} {self.instruction.data!r} in a kernel for {p.arch} ({p.vendor})")
-
-
 # ---------------------------------------------------------------------------
 # Memory
 # ---------------------------------------------------------------------------
@@ -664,15 +574,18 @@ def _space(t: Attribute) -> int | None:
 
 @irdl_op_definition
 class AllocateOp(_KeywordOp):
-    """`%buf = tessera_target.allocate pool = "shared" align = 128 size = 16384 : memref<...>`."""
+    """`%buf = tessera_target.allocate pool = "shared" align = 128 size = 16384 offset = 0 : memref<...>`:
+    a buffer of `size` bytes; in shared memory, at byte `offset` of the kernel's dynamic shared
+    memory (set by the allocation pass, `tile_to_target.allocate_shared`)."""
 
     name = "tessera_target.allocate"
     pool = prop_def(StringAttr)
     align = prop_def(IntegerAttr)
     size = prop_def(IntegerAttr)
+    offset = opt_prop_def(IntegerAttr)     # bytes into dynamic shared memory (`allocate_shared`)
     result = result_def(MemRefType)
 
-    KEYWORDS: ClassVar[_Keywords] = (("pool", STR), ("align", INT), ("size", INT))
+    KEYWORDS: ClassVar[_Keywords] = (("pool", STR), ("align", INT), ("size", INT), ("offset", INT))
 
     def __init__(self, result_type: MemRefType, pool: str, size: int, align: int = 16):
         super().__init__(result_types=[result_type], properties=_props(AllocateOp, pool=pool, align=align, size=size))
@@ -781,81 +694,76 @@ class MemcpyOp(IRDLOperation):
 
 
 # ---------------------------------------------------------------------------
-# Synchronisation and debugging
+# Debugging
 # ---------------------------------------------------------------------------
 
-# Scope -> the platform feature it needs (None: every platform has it).
-SYNC_SCOPES: dict[str, str | None] = {"block": None, "warp": None, "async_group": None, "cluster": "clusters",
-                                     "mbarrier": "tma", "mma_group": "wgmma"}
-#: scopes that count groups still in flight (`pending = N`)
-_COUNTED_SCOPES = ("async_group", "mma_group")
+class _ProfileOp(IRDLOperation):
+    """`name %buffer label = "softmax" slot = N : memref<...xi64>`: a timestamp of profile region
+    `label`, which one thread per block writes into slot `slot` of `buffer`, an i64 memref
+    [grid z, grid y, grid x, slots, 2] of (begin, end) stamps (`tessera.lowering.profile`).
+    Written without a buffer (`name label = "..."`), it only marks the region."""
 
-
-@irdl_op_definition
-class SyncOp(_KeywordOp):
-    """`tessera_target.sync scope = "block"`, or `scope = "async_group" pending = N`:
-    wait until at most N committed groups of async copies are in flight, or
-    `scope = "mbarrier"`: the shared-memory stage read next waits until its TMA
-    copies have landed (its mbarrier's phase completes), or `scope = "mma_group"
-    pending = N`: wait until at most N committed groups of async mmas (wgmma) run."""
-
-    name = "tessera_target.sync"
-    scope = prop_def(StringAttr)
-    pending = opt_prop_def(IntegerAttr)
+    buffer = var_operand_def(MemRefType)
+    label = prop_def(StringAttr)
+    slot = opt_prop_def(IntegerAttr)
     traits = traits_def(HasAncestor(KernelOp))
 
-    KEYWORDS: ClassVar[_Keywords] = (("scope", STR), ("pending", INT))
+    KEYWORDS: ClassVar[_Keywords] = (("label", STR), ("slot", INT))
 
-    def __init__(self, scope: str, pending: int | None = None):
-        super().__init__(properties=_props(SyncOp, scope=scope, pending=pending))
+    def __init__(self, label: str, buffer: SSAValue | None = None, slot: int | None = None):
+        super().__init__(operands=[[buffer] if buffer is not None else []],
+                         properties=_props(type(self), label=label, slot=slot))
 
     def verify_(self) -> None:
-        scope = self.scope.data
-        _check_choice(self, "scope", scope, tuple(SYNC_SCOPES))
-        if (self.pending is not None) != (scope in _COUNTED_SCOPES):
-            raise VerifyException(f"sync: pending is required for scopes {_COUNTED_SCOPES} and only allowed there")
-        p, feature = _platform_of(self), SYNC_SCOPES[scope]
-        if feature is not None and not p.has(feature):
-            raise VerifyException(f"sync: scope {scope!r} needs {feature}, which {p.arch} does not have")
+        if len(self.buffer) > 1 or (len(self.buffer) == 1) != (self.slot is not None):
+            raise VerifyException(f"{self.name}: a buffer and a slot go together, one of each")
 
+    @classmethod
+    def parse(cls, parser: Parser):
+        buffer = parser.parse_optional_unresolved_operand()
+        props = _parse_keywords(parser, cls.KEYWORDS)
+        attrs = _parse_attr_dict(parser)
+        operands = []
+        if buffer is not None:
+            parser.parse_punctuation(":")
+            operands.append(parser.resolve_operand(buffer, parser.parse_type()))
+        op = cls.create(operands=operands, properties=props)
+        op.attributes |= attrs
+        return op
 
-class _LabelOp(_KeywordOp):
-    KEYWORDS: ClassVar[_Keywords] = (("label", STR),)
-
-    def __init__(self, label: str):
-        super().__init__(properties={"label": StringAttr(label)})
+    def print(self, printer: Printer) -> None:
+        if self.buffer:
+            printer.print_string(" ")
+            printer.print_operand(self.buffer[0])
+        _print_keywords(printer, self)
+        _print_attr_dict(printer, self)
+        if self.buffer:
+            printer.print_string(" : ")
+            printer.print_attribute(self.buffer[0].type)
 
 
 @irdl_op_definition
-class ProfileBeginOp(_LabelOp):
-    """`tessera_target.profile_begin label = "mainloop"`: start of a timed region."""
+class ProfileBeginOp(_ProfileOp):
+    """`tessera_target.profile_begin %stamps label = "mainloop" slot = 1 : memref<...>`: start of a timed region."""
 
     name = "tessera_target.profile_begin"
-    label = prop_def(StringAttr)
 
 
 @irdl_op_definition
-class ProfileEndOp(_LabelOp):
-    """`tessera_target.profile_end label = "mainloop"`: end of a timed region."""
+class ProfileEndOp(_ProfileOp):
+    """`tessera_target.profile_end %stamps label = "mainloop" slot = 1 : memref<...>`: end of a timed region."""
 
     name = "tessera_target.profile_end"
-    label = prop_def(StringAttr)
-
-
-@irdl_op_definition
-class BreakpointOp(_LabelOp):
-    """`tessera_target.breakpoint label = "before_gemm"`: a debugger trap point."""
-
-    name = "tessera_target.breakpoint"
-    label = prop_def(StringAttr)
 
 
 @irdl_op_definition
 class AssertOp(IRDLOperation):
-    """`tessera_target.assert %cond message = "..."`: trap with `message` when %cond is false."""
+    """`tessera_target.assert %cond message = "..."`: stop the kernel and report `message` (with the
+    op's `tessera.loc` and the block and thread) when %cond, an i1, is false; for an i1 tile,
+    `... : tensor<64x64xi1>`, when any element is."""
 
     name = "tessera_target.assert"
-    condition = operand_def(i1)
+    condition = operand_def()
     message = prop_def(StringAttr)
 
     KEYWORDS: ClassVar[_Keywords] = (("message", STR),)
@@ -863,11 +771,20 @@ class AssertOp(IRDLOperation):
     def __init__(self, condition: SSAValue, message: str):
         super().__init__(operands=[condition], properties={"message": StringAttr(message)})
 
+    def verify_(self) -> None:
+        t = self.condition.type
+        element = t.get_element_type() if isinstance(t, builtin.TensorType) else t
+        if element != i1:
+            raise VerifyException(f"assert: the condition must be i1 or a tile of i1, got {t}")
+
     @classmethod
     def parse(cls, parser: Parser) -> AssertOp:
-        condition = parser.resolve_operand(parser.parse_unresolved_operand(), i1)
-        op = cls.create(operands=[condition], properties=_parse_keywords(parser, cls.KEYWORDS))
-        op.attributes |= _parse_attr_dict(parser)
+        condition = parser.parse_unresolved_operand()
+        props = _parse_keywords(parser, cls.KEYWORDS)
+        attrs = _parse_attr_dict(parser)
+        condition_type = parser.parse_type() if parser.parse_optional_punctuation(":") is not None else i1
+        op = cls.create(operands=[parser.resolve_operand(condition, condition_type)], properties=props)
+        op.attributes |= attrs
         return op
 
     def print(self, printer: Printer) -> None:
@@ -875,13 +792,445 @@ class AssertOp(IRDLOperation):
         printer.print_operand(self.condition)
         _print_keywords(printer, self)
         _print_attr_dict(printer, self)
+        if self.condition.type != i1:
+            printer.print_string(" : ")
+            printer.print_attribute(self.condition.type)
+
+
+
+# ---------------------------------------------------------------------------
+# Asynchrony, modelled on MLIR's NVGPU/NVVM dialects: mbarriers, TMA tensor
+# maps and bulk tensor copies, cp.async groups, wgmma groups, fences, barriers
+# and warp specialization. Every one is made by a lowering pass
+# (tessera.lowering.async_pipelines / tile_to_target) and read by the
+# async-hazard checker (tessera.passes.check_async) and the PTX backend.
+# ---------------------------------------------------------------------------
+
+
+def _parse_angle_ints(parser) -> list[int]:
+    parser.parse_punctuation("<")
+    values = [parser.parse_integer()]
+    while parser.parse_optional_punctuation(",") is not None:
+        values.append(parser.parse_integer())
+    parser.parse_punctuation(">")
+    return values
+
+
+@irdl_attr_definition
+class MBarriersType(ParametrizedAttribute, TypeAttribute):
+    """`!tessera_target.mbarriers<N>`: N 8-byte mbarriers, one per pipeline stage, in shared memory."""
+
+    name = "tessera_target.mbarriers"
+    count: IntAttr
+
+    @classmethod
+    def parse_parameters(cls, parser) -> list[Attribute]:
+        (count,) = _parse_angle_ints(parser)
+        return [IntAttr(count)]
+
+    def print_parameters(self, printer) -> None:
+        printer.print_string(f"<{self.count.data}>")
+
+
+@irdl_attr_definition
+class TensorMapType(ParametrizedAttribute, TypeAttribute):
+    """`!tessera_target.tensor_map<f16, [4096, 4096], box = [128, 64], swizzle = 128>`: a TMA
+    descriptor of a row-major tensor (its element type and shape) copied in boxes of `box`
+    elements (outermost dim first) that land in shared memory with the given byte swizzle;
+    elements outside the tensor read as zero."""
+
+    name = "tessera_target.tensor_map"
+    element_type: Attribute
+    shape: ArrayAttr
+    box: ArrayAttr
+    swizzle: IntAttr
+
+    @staticmethod
+    def of(element_type: Attribute, shape: Sequence[int], box: Sequence[int], swizzle: int = 128) -> TensorMapType:
+        return TensorMapType(element_type, _int_array(shape), _int_array(box), IntAttr(swizzle))
+
+    @property
+    def shape_dims(self) -> tuple[int, ...]:
+        return tuple(d.data for d in self.shape.data)
+
+    @property
+    def box_dims(self) -> tuple[int, ...]:
+        return tuple(d.data for d in self.box.data)
+
+    @property
+    def box_bytes(self) -> int:
+        return math.prod(self.box_dims) * max(1, self.element_type.bitwidth // 8)
+
+    def verify(self) -> None:
+        if len(self.box_dims) != len(self.shape_dims) or min(self.box_dims, default=1) < 1 or max(self.box_dims) > 256:
+            raise VerifyException(f"tensor_map: box {list(self.box_dims)} must give 1..256 elements for each of the "
+                                  f"{len(self.shape_dims)} dims of {list(self.shape_dims)}")
+
+    @classmethod
+    def parse_parameters(cls, parser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        element = parser.parse_type()
+        parser.parse_punctuation(",")
+        shape = _int_array(_parse_int_list(parser))
+        values = {}
+        for key in ("box", "swizzle"):
+            parser.parse_punctuation(",")
+            parser.parse_keyword(key)
+            parser.parse_punctuation("=")
+            values[key] = _int_array(_parse_int_list(parser)) if key == "box" else IntAttr(parser.parse_integer())
+        parser.parse_punctuation(">")
+        return [element, shape, values["box"], values["swizzle"]]
+
+    def print_parameters(self, printer) -> None:
+        printer.print_string("<")
+        printer.print_attribute(self.element_type)
+        printer.print_string(f", {_int_list_text(self.shape_dims)}, box = {_int_list_text(self.box_dims)}, "
+                             f"swizzle = {self.swizzle.data}>")
+
+
+class _AsyncOp(IRDLOperation):
+    """An async op: only inside a kernel."""
+
+    traits = traits_def(HasAncestor(KernelOp))
+
+
+def _require(op: Operation, feature: str) -> None:
+    p = _platform_of(op)
+    if not p.has(feature):
+        raise VerifyException(f"{op.name} needs {feature}, which {p.arch} does not have")
+
+
+@irdl_op_definition
+class TensorMapOp(_AsyncOp):
+    """`%m = tessera_target.tensor_map %arg : memref<..> -> !tessera_target.tensor_map<..>`: the
+    kernel's by-value TMA descriptor of kernel argument %arg (a `.param` after the pointers; the
+    runtime encodes it from the argument's address at launch)."""
+
+    name = "tessera_target.tensor_map"
+    tensor = operand_def(MemRefType)
+    result = result_def(TensorMapType)
+
+    assembly_format = "$tensor attr-dict `:` type($tensor) `->` type($result)"
+
+    def __init__(self, tensor: SSAValue, map_type: TensorMapType):
+        super().__init__(operands=[tensor], result_types=[map_type])
+
+    def verify_(self) -> None:
+        _require(self, "tma")
+        t, m = self.tensor.type, self.result.type
+        if not isinstance(self.tensor, BlockArgument) or not isinstance(self.tensor.owner.parent_op(), KernelOp):
+            raise VerifyException("tensor_map: the tensor must be an argument of the kernel")
+        if tuple(t.get_shape()) != m.shape_dims or t.element_type != m.element_type:
+            raise VerifyException(f"tensor_map: {m} does not describe {t}")
+
+
+@irdl_op_definition
+class MBarrierAllocOp(_AsyncOp):
+    """`%b = tessera_target.mbarrier_alloc offset = 196608 : !tessera_target.mbarriers<4>`: the
+    mbarriers of one pipeline in dynamic shared memory (`offset` in bytes, set by the
+    shared-memory allocation pass)."""
+
+    name = "tessera_target.mbarrier_alloc"
+    offset = opt_prop_def(IntegerAttr[I64])
+    result = result_def(MBarriersType)
+
+    assembly_format = "(`offset` `=` $offset^)? attr-dict `:` type($result)"
+
+    def __init__(self, count: int):
+        super().__init__(result_types=[MBarriersType(IntAttr(count))])
+
+    def verify_(self) -> None:
+        _require(self, "tma")
+
+
+@irdl_op_definition
+class MBarrierInitOp(_AsyncOp):
+    """`tessera_target.mbarrier_init %b arrivals = 1 : !..mbarriers<4>`: one thread initialises every
+    mbarrier of %b to expect `arrivals` arrivals per phase (phase 0 in progress)."""
+
+    name = "tessera_target.mbarrier_init"
+    barriers = operand_def(MBarriersType)
+    arrivals = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$barriers `arrivals` `=` $arrivals attr-dict `:` type($barriers)"
+
+    def __init__(self, barriers: SSAValue, arrivals: int):
+        super().__init__(operands=[barriers], properties={"arrivals": IntegerAttr(arrivals, i64)})
+
+    def verify_(self) -> None:
+        if self.arrivals.value.data < 1:
+            raise VerifyException(f"mbarrier_init: arrivals = {self.arrivals.value.data} must be positive")
+
+
+@irdl_op_definition
+class MBarrierArriveExpectTxOp(_AsyncOp):
+    """`tessera_target.mbarrier_arrive_expect_tx %b[%stage] bytes = N : ..`: the issuing thread
+    arrives on mbarrier %stage of %b and adds N bytes to the transactions its phase waits for
+    (the bulk copies that complete on it)."""
+
+    name = "tessera_target.mbarrier_arrive_expect_tx"
+    barriers = operand_def(MBarriersType)
+    stage = operand_def(IndexType)
+    bytes = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$barriers `[` $stage `]` `bytes` `=` $bytes attr-dict `:` type($barriers)"
+
+    def __init__(self, barriers: SSAValue, stage: SSAValue, nbytes: int):
+        super().__init__(operands=[barriers, stage], properties={"bytes": IntegerAttr(nbytes, i64)})
+
+
+#: who arrives in an `mbarrier_arrive`: each thread, or one lane of each warp
+ARRIVERS = ("thread", "warp")
+
+
+@irdl_op_definition
+class MBarrierArriveOp(_AsyncOp):
+    """`tessera_target.mbarrier_arrive %b[%stage] per = "warp" : ..`: an arrival on mbarrier %stage
+    of %b from each thread, or from one lane of each warp, that runs it."""
+
+    name = "tessera_target.mbarrier_arrive"
+    barriers = operand_def(MBarriersType)
+    stage = operand_def(IndexType)
+    per = prop_def(StringAttr)
+
+    assembly_format = "$barriers `[` $stage `]` `per` `=` $per attr-dict `:` type($barriers)"
+
+    def __init__(self, barriers: SSAValue, stage: SSAValue, per: str = "warp"):
+        super().__init__(operands=[barriers, stage], properties={"per": StringAttr(per)})
+
+    def verify_(self) -> None:
+        _check_choice(self, "per", self.per.data, ARRIVERS)
+
+
+@irdl_op_definition
+class MBarrierTryWaitOp(_AsyncOp):
+    """`tessera_target.mbarrier_try_wait %b[%stage] parity %p : ..`: every thread that runs it spins
+    until the phase of mbarrier %stage with parity %p (0 or 1) has completed."""
+
+    name = "tessera_target.mbarrier_try_wait"
+    barriers = operand_def(MBarriersType)
+    stage = operand_def(IndexType)
+    parity = operand_def(i32)
+
+    assembly_format = "$barriers `[` $stage `]` `parity` $parity attr-dict `:` type($barriers)"
+
+    def __init__(self, barriers: SSAValue, stage: SSAValue, parity: SSAValue):
+        super().__init__(operands=[barriers, stage, parity])
+
+
+@irdl_op_definition
+class TmaLoadOp(_AsyncOp):
+    """`tessera_target.tma_load %map[%c0, %c1], %dst[%stage] + 16384, %b[%stage] : ..`: one bulk
+    tensor copy (`cp.async.bulk.tensor`) of the box of %map at element coordinates %c (outermost
+    first) into stage %stage of shared buffer %dst, `offset` bytes into the stage; it completes
+    on mbarrier %stage of %b, counting the box's bytes. Issued by one thread."""
+
+    name = "tessera_target.tma_load"
+    tensor_map = operand_def(TensorMapType)
+    coords = var_operand_def(IndexType)
+    dst = operand_def(MemRefType)
+    stage = operand_def(IndexType)
+    barriers = operand_def(MBarriersType)
+    barrier_stage = operand_def(IndexType)
+    offset = prop_def(IntegerAttr[I64])
+    irdl_options = (AttrSizedOperandSegments(as_property=True),)
+
+    assembly_format = ("$tensor_map `[` $coords `]` `,` $dst `[` $stage `]` `+` $offset `,` "
+                       "$barriers `[` $barrier_stage `]` attr-dict `:` type($tensor_map) `,` type($dst) `,` "
+                       "type($barriers)")
+
+    def __init__(self, tensor_map: SSAValue, coords: Sequence[SSAValue], dst: SSAValue, stage: SSAValue,
+                 offset: int, barriers: SSAValue):
+        super().__init__(operands=[tensor_map, coords, dst, stage, barriers, stage],
+                         properties={"offset": IntegerAttr(offset, i64)})
+
+    def verify_(self) -> None:
+        m: TensorMapType = self.tensor_map.type
+        if len(self.coords) != len(m.shape_dims):
+            raise VerifyException(f"tma_load: {len(self.coords)} coordinates for a {len(m.shape_dims)}-d tensor map")
+        if _space(self.dst.type) != MEMORY_SPACES["shared"]:
+            raise VerifyException(f"tma_load: destination {self.dst.type} is not in shared memory")
+        stage_bytes = memref_bytes(self.dst.type) // self.dst.type.get_shape()[0]
+        if not 0 <= self.offset.value.data <= stage_bytes - m.box_bytes:
+            raise VerifyException(f"tma_load: a {m.box_bytes}-byte box at offset {self.offset.value.data} does not "
+                                  f"fit a {stage_bytes}-byte stage of {self.dst.type}")
+
+
+class _CountedWaitOp(_AsyncOp):
+    pending = prop_def(IntegerAttr[I64])
+
+    assembly_format = "`pending` `=` $pending attr-dict"
+
+    def __init__(self, pending: int):
+        super().__init__(properties={"pending": IntegerAttr(pending, i64)})
+
+    def verify_(self) -> None:
+        if self.pending.value.data < 0:
+            raise VerifyException(f"{self.name}: pending = {self.pending.value.data} must not be negative")
+
+
+class _BareOp(_AsyncOp):
+    assembly_format = "attr-dict"
+
+    def __init__(self):
+        super().__init__()
+
+
+@irdl_op_definition
+class CpAsyncCommitOp(_BareOp):
+    """`tessera_target.cp_async_commit`: the cp.async copies this thread issued since the last
+    commit form a group."""
+
+    name = "tessera_target.cp_async_commit"
+
+
+@irdl_op_definition
+class CpAsyncWaitOp(_CountedWaitOp):
+    """`tessera_target.cp_async_wait pending = N`: wait until at most N of this thread's committed
+    cp.async groups are in flight (their data is then visible to this thread; a barrier publishes
+    it to the block)."""
+
+    name = "tessera_target.cp_async_wait"
+
+
+@irdl_op_definition
+class WgmmaFenceOp(_BareOp):
+    """`tessera_target.wgmma_fence`: orders this warpgroup's earlier register and shared-memory
+    accesses before the wgmma ops that follow."""
+
+    name = "tessera_target.wgmma_fence"
+
+    def verify_(self) -> None:
+        _require(self, "wgmma")
+
+
+@irdl_op_definition
+class WgmmaCommitOp(_BareOp):
+    """`tessera_target.wgmma_commit`: the wgmma ops issued since the last commit form a group."""
+
+    name = "tessera_target.wgmma_commit"
+
+    def verify_(self) -> None:
+        _require(self, "wgmma")
+
+
+@irdl_op_definition
+class WgmmaWaitOp(_CountedWaitOp):
+    """`tessera_target.wgmma_wait pending = N`: wait until at most N committed wgmma groups run;
+    the accumulators and shared operands of the others are then free."""
+
+    name = "tessera_target.wgmma_wait"
+
+    def verify_(self) -> None:
+        super().verify_()
+        _require(self, "wgmma")
+
+
+#: fence kinds -> the platform feature each needs
+FENCES: dict[str, str] = {"mbarrier_init": "tma"}
+
+
+@irdl_op_definition
+class FenceOp(_AsyncOp):
+    """`tessera_target.fence kind = "mbarrier_init"`: makes initialised mbarriers visible to the
+    async proxy (TMA) and the rest of the block."""
+
+    name = "tessera_target.fence"
+    kind = prop_def(StringAttr)
+
+    assembly_format = "`kind` `=` $kind attr-dict"
+
+    def __init__(self, kind: str):
+        super().__init__(properties={"kind": StringAttr(kind)})
+
+    def verify_(self) -> None:
+        _check_choice(self, "kind", self.kind.data, tuple(FENCES))
+        _require(self, FENCES[self.kind.data])
+
+
+@irdl_op_definition
+class BarrierOp(_AsyncOp):
+    """`tessera_target.barrier`: every thread of the block meets here (barrier 0), or, with
+    `id = 1 threads = 256`, the first `threads` threads meet at named barrier `id` (a warp-specialized
+    kernel's computing warps, without its producer)."""
+
+    name = "tessera_target.barrier"
+    id = opt_prop_def(IntegerAttr[I64])
+    threads = opt_prop_def(IntegerAttr[I64])
+
+    assembly_format = "(`id` `=` $id^)? (`threads` `=` $threads^)? attr-dict"
+
+    def __init__(self, id: int | None = None, threads: int | None = None):
+        props = {} if id is None else {"id": IntegerAttr(id, i64), "threads": IntegerAttr(threads, i64)}
+        super().__init__(properties=props)
+
+    def verify_(self) -> None:
+        if (self.id is None) != (self.threads is None):
+            raise VerifyException("barrier: a named barrier gives both id and threads")
+        if self.threads is not None and self.threads.value.data % 32:
+            raise VerifyException(f"barrier: threads = {self.threads.value.data} is not whole warps")
+
+
+@irdl_op_definition
+class WarpSpecializeOp(_AsyncOp):
+    """`tessera_target.warp_specialize producer_warps = 4 { producer } { consumer }`: the block's
+    last `producer_warps` warps run the producer region (after its register split, one thread of
+    them issues every copy; the others exit), the others run the consumer region. Each region
+    starts with its `setmaxnreg` where the register split applies."""
+
+    name = "tessera_target.warp_specialize"
+    producer_warps = prop_def(IntegerAttr[I64])
+    producer = region_def("single_block")
+    consumer = region_def("single_block")
+    traits = traits_def(HasAncestor(KernelOp), NoTerminator())
+
+    assembly_format = "`producer_warps` `=` $producer_warps $producer $consumer attr-dict"
+
+    def __init__(self, producer_warps: int, producer: Region, consumer: Region):
+        super().__init__(properties={"producer_warps": IntegerAttr(producer_warps, i64)},
+                         regions=[producer, consumer])
+
+
+#: setmaxnreg actions: give registers back (the producer), take them (the consumers)
+SETMAXNREG = ("dec", "inc")
+
+
+@irdl_op_definition
+class SetMaxNRegOp(_AsyncOp):
+    """`tessera_target.setmaxnreg "inc" regs = 232`: this warpgroup's registers per thread become
+    `regs`, given back to or taken from the block's pool (the register split of a
+    warp-specialized kernel)."""
+
+    name = "tessera_target.setmaxnreg"
+    action = prop_def(StringAttr)
+    regs = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$action `regs` `=` $regs attr-dict"
+
+    def __init__(self, action: str, regs: int):
+        super().__init__(properties={"action": StringAttr(action), "regs": IntegerAttr(regs, i64)})
+
+    def verify_(self) -> None:
+        _check_choice(self, "action", self.action.data, SETMAXNREG)
+        _require(self, "setmaxnreg")
+        regs = self.regs.value.data
+        if regs % 8 or not 24 <= regs <= 256:
+            raise VerifyException(f"setmaxnreg: regs = {regs} must be a multiple of 8 in 24..256")
+        if not isinstance(self.parent_op(), WarpSpecializeOp):
+            raise VerifyException("setmaxnreg: only at the start of a warp_specialize region")
+
+
+ASYNC_OPS = [TensorMapOp, MBarrierAllocOp, MBarrierInitOp, MBarrierArriveExpectTxOp, MBarrierArriveOp,
+             MBarrierTryWaitOp, TmaLoadOp, CpAsyncCommitOp, CpAsyncWaitOp, WgmmaFenceOp, WgmmaCommitOp,
+             WgmmaWaitOp, FenceOp, BarrierOp, WarpSpecializeOp, SetMaxNRegOp]
+ASYNC_TYPES = [MBarriersType, TensorMapType]
 
 
 TesseraTarget = Dialect(
     "tessera_target",
-    [KernelOp, ReturnOp, LaunchOp, TensorCoreOp, PTXInstrOp, HIPInstrOp, AllocateOp, MemcpyOp, SyncOp,
-     ProfileBeginOp, ProfileEndOp, AssertOp, BreakpointOp],
-    [PlatformAttr, KernelConfigAttr],
+    [KernelOp, ReturnOp, LaunchOp, TensorCoreOp, AllocateOp, MemcpyOp, ProfileBeginOp, ProfileEndOp, AssertOp,
+     *ASYNC_OPS],
+    [PlatformAttr, KernelConfigAttr, *ASYNC_TYPES],
 )
 
 

@@ -606,6 +606,68 @@ class ArangeOp(IRDLOperation):
                  f"result must be a 1-D i32 tile, got {t}")
 
 
+# ---------------------------------------------------------------- debugging
+
+
+@irdl_op_definition
+class AssertOp(IRDLOperation):
+    """`tsr.device_assert` in a block: every element of `cond` (an i1 tile, or an i1) must hold, else
+    the kernel stops and reports `message`, the op's `tessera.loc` and the block. Not Pure: it is
+    never dead code."""
+
+    name = "tile.assert"
+    cond = operand_def(AnyAttr())
+    message = prop_def(StringAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$cond attr-dict `:` type($cond)"
+
+    def __init__(self, cond: Value, message: str):
+        super().__init__(operands=[cond], properties={"message": StringAttr(message)})
+
+    def verify_(self) -> None:
+        _require(_element_type(self.cond.type) == i1 and not isinstance(self.cond.type, MemRefType), self,
+                 f"condition must be i1 or a tile of i1, got {self.cond.type}")
+
+
+#: the last dim of a profile buffer: a region's (begin, end) stamps
+PROFILE_STAMPS = 2
+
+
+class _ProfileOp(IRDLOperation):
+    """A timestamp of profile region `label`, written by one thread per block into slot `slot` of
+    `buffer`, an i64 memref [grid z, grid y, grid x, slots, 2] (`tessera.lowering.profile`)."""
+
+    buffer = operand_def(MemRefType)
+    label = prop_def(StringAttr)
+    slot = prop_def(IntegerAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$buffer attr-dict `:` type($buffer)"
+
+    def __init__(self, buffer: Value, label: str, slot: int):
+        super().__init__(operands=[buffer], properties={"label": StringAttr(label), "slot": _i64(slot)})
+
+    def verify_(self) -> None:
+        t = self.buffer.type
+        _require(t.get_element_type() == i64 and t.get_num_dims() == 5 and t.get_shape()[-1] == PROFILE_STAMPS,
+                 self, f"buffer must be an i64 memref [z, y, x, slots, {PROFILE_STAMPS}], got {t}")
+        _require(0 <= self.slot.value.data < t.get_shape()[3], self,
+                 f"slot {self.slot.value.data} out of range for {t.get_shape()[3]} slots")
+
+
+@irdl_op_definition
+class ProfileBeginOp(_ProfileOp):
+    """Stamps the start of region `label` (stamp 0 of its slot)."""
+
+    name = "tile.profile_begin"
+
+
+@irdl_op_definition
+class ProfileEndOp(_ProfileOp):
+    """Stamps the end of region `label` (stamp 1 of its slot)."""
+
+    name = "tile.profile_end"
+
+
 # ---------------------------------------------------------------- host side
 
 
@@ -676,6 +738,35 @@ class _TileComparison(arith.ComparisonOperation):
         expect = _mask_type(self.lhs.type)
         _require(self.result.type == expect, self, f"result type {self.result.type} must be {expect}")
 
+    # MLIR's `$predicate, $lhs, $rhs [flags] attr-dict : type($lhs)`; xDSL's printers drop the attributes
+    def print(self, printer: Printer) -> None:
+        printer.print_string(f" {self.PREDICATES[self.predicate.value.data]}, ")
+        printer.print_list((self.lhs, self.rhs), printer.print_operand)
+        self._print_flags(printer)
+        printer.print_op_attributes(self.attributes)
+        printer.print_string(" : ")
+        printer.print_attribute(self.lhs.type)
+
+    @classmethod
+    def parse(cls, parser: Parser) -> _TileComparison:
+        predicate = parser.parse_identifier()
+        parser.parse_punctuation(",")
+        operands = parser.parse_comma_separated_list(Parser.Delimiter.NONE, parser.parse_unresolved_operand)
+        flags = cls._parse_flags(parser)
+        attrs = parser.parse_optional_attr_dict()
+        parser.parse_punctuation(":")
+        pos, operand_type = parser.pos, parser.parse_type()
+        op = cls(*parser.resolve_operands(operands, [operand_type] * 2, pos), predicate, **flags)
+        op.attributes.update(attrs)
+        return op
+
+    def _print_flags(self, printer: Printer) -> None:
+        pass
+
+    @classmethod
+    def _parse_flags(cls, parser: Parser) -> dict[str, Attribute]:
+        return {}
+
 
 @irdl_op_definition
 class CmpiOp(_TileComparison):
@@ -689,9 +780,6 @@ class CmpiOp(_TileComparison):
 
     def __init__(self, lhs: Value, rhs: Value, predicate: int | str):
         self._init(lhs, rhs, predicate, {})
-
-    parse = classmethod(arith.CmpiOp.parse.__func__)
-    print = arith.CmpiOp.print
 
 
 @irdl_op_definition
@@ -709,8 +797,16 @@ class CmpfOp(_TileComparison):
                  fastmath: arith.FastMathFlagsAttr = arith.FastMathFlagsAttr("none")):
         self._init(lhs, rhs, predicate, {"fastmath": fastmath})
 
-    parse = classmethod(arith.CmpfOp.parse.__func__)
-    print = arith.CmpfOp.print
+    def _print_flags(self, printer: Printer) -> None:
+        if self.fastmath != arith.FastMathFlagsAttr("none"):
+            printer.print_string(" fastmath")
+            self.fastmath.print_parameter(printer)
+
+    @classmethod
+    def _parse_flags(cls, parser: Parser) -> dict[str, Attribute]:
+        if parser.parse_optional_keyword("fastmath") is None:
+            return {}
+        return {"fastmath": arith.FastMathFlagsAttr(arith.FastMathFlagsAttr.parse_parameter(parser))}
 
 
 @irdl_op_definition
@@ -806,7 +902,8 @@ ArithOnTiles = Dialect(
 Tile = Dialect(
     "tile",
     [KernelOp, ReturnOp, ProgramIdOp, LoadOp, StoreOp, AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp,
-     AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp],
+     AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp,
+     AssertOp, ProfileBeginOp, ProfileEndOp],
     [],
 )
 

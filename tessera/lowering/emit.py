@@ -16,9 +16,14 @@ This module solves it once.
   context's tiled axes, computed in f32 (i32 for ints, i1 for bools): group
   inputs become `tile.load`s, `arange` becomes `tile.arange`, elementwise ops
   become `arith`/`math` ops.
+
+Every op built for a graph op carries that op's provenance (`Builder.origin`): its source line
+and profile regions, for line info and profiling (`tessera.ir.provenance`).
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
@@ -28,6 +33,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from ..errors import TesseraError
 from ..ir import graph as g
+from ..ir import provenance
 from ..ir import tile as t
 
 Map = tuple  # per dim: an axis name or None
@@ -46,14 +52,28 @@ class TileCtx:
 
 
 class Builder:
-    """Appends ops to the innermost open block."""
+    """Appends ops to the innermost open block, stamped with the innermost `origin`'s provenance."""
 
     def __init__(self, block: Block):
         self.blocks = [block]
+        self.origins: list[dict[str, Attribute]] = []
 
     def __call__(self, op) -> SSAValue:
+        if self.origins:
+            op.attributes = {**self.origins[-1], **op.attributes}
         self.blocks[-1].add_op(op)
         return op.results[0] if op.results else None
+
+    @contextlib.contextmanager
+    def origin(self, graph_op: Operation, regions: bool = True) -> Iterator[None]:
+        """Ops built inside come from `graph_op`: they carry its source line and (unless `regions`
+        is False) its profile regions; what it lacks they inherit from the enclosing origin."""
+        inherited = self.origins[-1] if self.origins else {}
+        self.origins.append({**inherited, **provenance.provenance(graph_op, regions)})
+        try:
+            yield
+        finally:
+            self.origins.pop()
 
     def index(self, value: int) -> SSAValue:
         return self(arith.ConstantOp(IntegerAttr(value, IndexType())))
@@ -265,6 +285,11 @@ class Emitter:
         if v in self.params:
             return self.load(v, m, ctx)
         op = v.owner
+        # constants and aranges are built wherever they are first read, so they lend no region
+        with self.b.origin(op, regions=not isinstance(op, (g.ConstantOp, g.ArangeOp))):
+            return self._emit_op(op, v, m, ctx)
+
+    def _emit_op(self, op: Operation, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
         dt = g.tensor_type(v).dtype
         if isinstance(op, g.ConstantOp):
             return self._constant(op.value.value.data, dt, ctx.shape)
@@ -338,6 +363,30 @@ class Emitter:
         if len(covered) == len(ctx.tiled):
             return tile
         return self.b(t.BroadcastOp(tile, covered, ctx.shape))
+
+    def inside(self, m: Map, ctx: TileCtx, sizes: Sequence[int]) -> SSAValue | None:
+        """i1 tile: which elements of the tile lie inside a tensor of `sizes` whose dims walk `m`;
+        None when every tile does (tiles start at multiples of their size, as every template's do)."""
+        inside = None
+        for pos, (axis, (offset, size)) in enumerate(ctx.tiled.items()):
+            if axis not in m or sizes[m.index(axis)] % size == 0:
+                continue
+            index = self.b(t.ArangeOp(offset, size))
+            below = compare(self.b, index, self.b.splat(self.b.i32(sizes[m.index(axis)]), [size]), "slt")
+            ok = below if len(ctx.tiled) == 1 else self.b(t.BroadcastOp(below, (pos,), ctx.shape))
+            inside = ok if inside is None else self.b(arith.AndIOp(inside, ok))
+        return inside
+
+    def check(self, op: g.AssertOp, m: Map, ctx: TileCtx) -> None:
+        """`op`'s condition on the tile (its dims walking `m`) as a tile.assert; elements outside the
+        tensor (a tail tile's padding) hold."""
+        with self.b.origin(op):
+            ok = convert(self.b, self.value(op.cond, m, ctx), i1)
+            inside = self.inside(m, ctx, [g.dim_value(d, self.bindings) for d in g.tensor_type(op.cond).shape])
+            if inside is not None:
+                holds = self.b.splat(self.b(arith.ConstantOp(IntegerAttr(1, i1))), ctx.shape)
+                ok = select(self.b, inside, ok, holds)
+            self.b(t.AssertOp(ok, op.message.data))
 
     def store(self, tile: SSAValue, dst: SSAValue, dst_map: Map, ctx: TileCtx, dt) -> None:
         offsets, tile_dims, _ = self.access(dst_map, ctx)

@@ -24,7 +24,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from xdsl.dialects import scf
-from xdsl.dialects.builtin import MemRefType, ModuleOp, TensorType
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, TensorType, i64
 from xdsl.ir import Attribute
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -35,8 +35,12 @@ from xdsl.pattern_rewriter import (
 )
 
 from tessera import platforms
-from tessera.ir import target, tile
+from tessera.ir import provenance, target, tile
 from tessera.platforms import Platform
+
+from . import debug_to_target
+
+from .async_pipelines import RegisterSplit, lower_tma_pipelines
 
 
 class TargetLoweringError(ValueError):
@@ -156,11 +160,6 @@ def _grids(module: ModuleOp) -> dict[str, tuple[int, ...]]:
     return grids
 
 
-def _shared_bytes(kernel: tile.KernelOp, align: int) -> list[tuple[Attribute, int]]:
-    return [(op.result.type, _align_up(target.memref_bytes(op.result.type), align))
-            for op in kernel.walk() if isinstance(op, tile.AllocSharedOp)]
-
-
 def producer_warps(kernel: tile.KernelOp, platform: Platform) -> int:
     """The warps a warp-specialized kernel adds to issue its copies: its `producer_warps`
     attribute where `platform` copies with TMA (one thread issues a whole tile), else none."""
@@ -168,37 +167,40 @@ def producer_warps(kernel: tile.KernelOp, platform: Platform) -> int:
     return attr.value.data if attr is not None and platforms.copy_mechanism(platform) == "tma" else 0
 
 
-def kernel_configs(module: ModuleOp, platform: Platform, tensor_cores: bool = True) -> dict[str, target.KernelConfigAttr]:
-    """The launch configuration of every tile.kernel of `module` on its `kernel_platform`:
-    block = num_warps warps, shared = its tile.alloc_shared buffers (aligned),
-    grid = its tile.launch's, regs = `estimate_regs`."""
-    grids = _grids(module)
-    configs = {}
-    for kernel in (op for op in module.walk() if isinstance(op, tile.KernelOp)):
-        name = kernel.sym_name.data
-        if name not in grids:
-            raise TargetLoweringError(f"kernel @{name} has no tile.launch in the module, so its grid is unknown")
-        kp = _chosen_platform(kernel, platform, tensor_cores)
-        align = _SHARED_ALIGN[platforms.copy_mechanism(kp)]
-        warps = kernel.num_warps.value.data + producer_warps(kernel, kp)
-        threads = warps * kp.warp_size
-        if threads > kp.max_threads_per_block:
-            raise TargetLoweringError(
-                f"kernel @{name}: {warps} warps x {kp.warp_size} threads = {threads} threads, but "
-                f"{kp.arch} allows {kp.max_threads_per_block} per block")
-        buffers = _shared_bytes(kernel, align)
-        shared = sum(size for _, size in buffers)
-        if platforms.copy_mechanism(kp) == "tma":   # an 8-byte mbarrier per stage of each buffer (two when
-            barriers = 2 if producer_warps(kernel, kp) else 1   # warp-specialized: data landed, stage free)
-            shared += 8 * barriers * sum(t.get_shape()[0] for t, _ in buffers)
-        if shared > kp.max_shared_per_block:
-            shown = ", ".join(f"{t} = {size}" for t, size in buffers)
-            raise TargetLoweringError(
-                f"kernel @{name} needs {shared} bytes of shared memory ({shown}) but {kp.arch} allows "
-                f"{kp.max_shared_per_block} per block; use fewer stages or smaller tiles")
-        configs[name] = target.KernelConfigAttr.of(
-            grids[name], (threads, 1, 1), shared, estimate_regs(kernel, threads, kp, producer_warps(kernel, kp)))
-    return configs
+def _threads(kernel: tile.KernelOp, platform: Platform) -> int:
+    """The block's threads: its computing warps plus any producer warps."""
+    warps = kernel.num_warps.value.data + producer_warps(kernel, platform)
+    threads = warps * platform.warp_size
+    if threads > platform.max_threads_per_block:
+        raise TargetLoweringError(
+            f"kernel @{kernel.sym_name.data}: {warps} warps x {platform.warp_size} threads = {threads} threads, "
+            f"but {platform.arch} allows {platform.max_threads_per_block} per block")
+    return threads
+
+
+def allocate_shared(kernel: tile.KernelOp, platform: Platform) -> int:
+    """The shared-memory allocation pass: places every `allocate pool = "shared"` (in order, each at
+    its alignment) and then every `mbarrier_alloc` (8-byte mbarriers) in the kernel's dynamic
+    shared memory, writing each one's `offset`; returns the total, which the kernel config holds."""
+    total = 0
+    buffers = []
+    for op in kernel.body.block.ops:
+        if isinstance(op, target.AllocateOp) and op.pool.data == "shared":
+            offset = _align_up(total, op.align.value.data)
+            op.properties["offset"] = IntegerAttr(offset, i64)
+            total = offset + op.size.value.data
+            buffers.append((op.result.type, op.size.value.data))
+    for op in kernel.walk():
+        if isinstance(op, target.MBarrierAllocOp):
+            offset = _align_up(total, 8)
+            op.properties["offset"] = IntegerAttr(offset, i64)
+            total = offset + 8 * op.result.type.count.data
+    if total > platform.max_shared_per_block:
+        shown = ", ".join(f"{t} = {size}" for t, size in buffers)
+        raise TargetLoweringError(
+            f"kernel @{kernel.sym_name.data} needs {total} bytes of shared memory ({shown}) but {platform.arch} "
+            f"allows {platform.max_shared_per_block} per block; use fewer stages or smaller tiles")
+    return total
 
 
 # ---------------------------------------------------------------------------
@@ -208,19 +210,22 @@ def kernel_configs(module: ModuleOp, platform: Platform, tensor_cores: bool = Tr
 
 @dataclass
 class LowerKernel(RewritePattern):
-    """tile.kernel -> tessera_target.kernel with its config and the platform it was lowered for; the body moves over."""
+    """tile.kernel -> tessera_target.kernel with its config, the platform it was lowered for and
+    the registers per thread a warp-specialized kernel is launched with; the body moves over."""
 
     configs: dict[str, target.KernelConfigAttr]
     platforms: dict[str, Platform]
+    splits: dict[str, RegisterSplit | None]
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.KernelOp, rewriter: PatternRewriter) -> None:
         name = op.sym_name.data
         producers = producer_warps(op, self.platforms[name]) or None
+        split = self.splits.get(name)
         body = op.detach_region(op.body)
         rewriter.replace(op, target.KernelOp(
             name, op.function_type.inputs.data, self.configs[name], target.PlatformAttr.of(self.platforms[name]), body,
-            producer_warps=producers))
+            producer_warps=producers, maxnreg=split.launch if split else None))
 
 
 class LowerReturn(RewritePattern):
@@ -234,7 +239,9 @@ class LowerReturn(RewritePattern):
 @dataclass
 class LowerMma(RewritePattern):
     """tile.mma -> tessera_target.tensor_core with the registry's best instruction
-    for the operand dtype that covers the tile.
+    for the operand dtype that covers the tile; an asynchronous one (wgmma) between a
+    `wgmma_fence` and a `wgmma_commit`, and waited for at once (`wgmma_wait pending = 0`)
+    unless a tile.mma_wait follows before anything reads its result.
 
     A dtype with no matrix instruction at all on the platform (fp32, whose tensor-core
     path would silently be TF32) keeps its `tile.mma`. The CPU interpreter runs it
@@ -258,13 +265,30 @@ class LowerMma(RewritePattern):
                 f"tile.mma {m}x{n}x{k} on {dtype}: {self.platform.arch} has no matrix instruction that covers it"
                 f" ({'its ' + dtype + ' instructions: ' + have if have else 'no ' + dtype + ' matrix instructions'})")
         layout = "nt" if op.transpose_b is not None else "nn"
-        rewriter.replace(op, target.TensorCoreOp(
-            instr.family, op.a, op.b, op.acc, instr.fit((m, n, k)), layout, instr.operand))
+        mma = target.TensorCoreOp(instr.family, op.a, op.b, op.acc, instr.fit((m, n, k)), layout, instr.operand)
+        if instr.family != "wgmma":
+            rewriter.replace(op, mma)
+            return
+        waits = [] if _waited_for_later(op) else [target.WgmmaWaitOp(0)]
+        rewriter.replace(op, [target.WgmmaFenceOp(), mma, target.WgmmaCommitOp(), *waits], [mma.result])
+
+
+def _waited_for_later(op: tile.MmaOp) -> bool:
+    """Whether a tile.mma_wait follows `op` in its block before anything there reads its result."""
+    readers = [use.operation for use in op.result.uses if not isinstance(use.operation, scf.YieldOp)]
+    nxt = op.next_op
+    while nxt is not None:
+        if isinstance(nxt, (tile.MmaWaitOp, target.WgmmaWaitOp)):
+            return True
+        if any(r is nxt or nxt.is_ancestor(r) for r in readers):   # read here, or in a region of it
+            return False
+        nxt = nxt.next_op
+    return False
 
 
 @dataclass
 class LowerAllocShared(RewritePattern):
-    """tile.alloc_shared -> tessera_target.allocate pool = "shared"."""
+    """tile.alloc_shared -> tessera_target.allocate pool = "shared" (placed by `allocate_shared`)."""
 
     align: int
 
@@ -276,9 +300,10 @@ class LowerAllocShared(RewritePattern):
 
 @dataclass
 class LowerCopyAsync(RewritePattern):
-    """tile.copy_async -> tessera_target.memcpy global_to_shared, async, with the
-    registry's mechanism for its padding; tile_dims, padding and offsets carry
-    over so the emitter can address the tile."""
+    """tile.copy_async -> tessera_target.memcpy global_to_shared, async, copied by the block's
+    threads with the registry's mechanism for its padding (cp.async, or plain loads);
+    tile_dims, padding and offsets carry over so the emitter can address the tile. TMA
+    copies are lowered before, with their mbarriers (`async_pipelines`)."""
 
     platform: Platform
 
@@ -290,45 +315,37 @@ class LowerCopyAsync(RewritePattern):
             tuple(op.tile_dims.get_values()), op.padding))
 
 
-#: What closes a group of async copies, per copy mechanism: TMA copies of one group
-#: complete on their stage's mbarrier (armed with the group's byte count), cp.async
-#: copies form a commit group, plain loads are done when issued.
-_COMMIT = {"tma": "mbarrier.arrive.expect_tx", "cp.async": "cp.async.commit_group", "ld.global": None}
-
-
 @dataclass
 class LowerAsyncCommit(RewritePattern):
-    """tile.async_commit -> the mechanism's way of closing a group of copies (`_COMMIT`)."""
+    """tile.async_commit -> tessera_target.cp_async_commit; plain loads are done when issued."""
 
     platform: Platform
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.AsyncCommitOp, rewriter: PatternRewriter) -> None:
-        instruction = _COMMIT[platforms.copy_mechanism(self.platform)]
-        if instruction:
-            rewriter.replace(op, target.PTXInstrOp(instruction))
+        if platforms.copy_mechanism(self.platform) == "cp.async":
+            rewriter.replace(op, target.CpAsyncCommitOp())
         else:
             rewriter.erase(op)
 
 
 @dataclass
 class LowerAsyncWait(RewritePattern):
-    """tile.async_wait -> tessera_target.sync scope = "async_group" pending = N; with TMA,
-    sync scope = "mbarrier": the stage read next waits for its mbarrier's phase."""
+    """tile.async_wait -> tessera_target.cp_async_wait pending = N; plain loads are done when issued."""
 
     platform: Platform
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.AsyncWaitOp, rewriter: PatternRewriter) -> None:
-        if platforms.copy_mechanism(self.platform) == "tma":
-            rewriter.replace(op, target.SyncOp("mbarrier"))
+        if platforms.copy_mechanism(self.platform) == "cp.async":
+            rewriter.replace(op, target.CpAsyncWaitOp(op.pending.value.data))
         else:
-            rewriter.replace(op, target.SyncOp("async_group", op.pending.value.data))
+            rewriter.erase(op)
 
 
 @dataclass
 class LowerMmaWait(RewritePattern):
-    """tile.mma_wait -> tessera_target.sync scope = "mma_group" where mmas run asynchronously
+    """tile.mma_wait -> tessera_target.wgmma_wait pending = N where mmas run asynchronously
     (wgmma); elsewhere they are done when issued and the wait goes."""
 
     platform: Platform
@@ -336,42 +353,17 @@ class LowerMmaWait(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.MmaWaitOp, rewriter: PatternRewriter) -> None:
         if self.platform.has("wgmma"):
-            rewriter.replace(op, target.SyncOp("mma_group", op.pending.value.data))
+            rewriter.replace(op, target.WgmmaWaitOp(op.pending.value.data))
         else:
             rewriter.erase(op)
 
 
-@dataclass
 class LowerBarrier(RewritePattern):
-    """tile.barrier -> tessera_target.sync scope = "block". With TMA, the stage's mbarrier publishes
-    the copied data to every thread that waits on it, so a barrier that only publishes copies (right
-    after a tile.async_wait, not followed by copies into a stage it frees) goes.
-
-    Measured on an H100 (bench/run_all.py): dropping it gives the native GEMM +17% and attention
-    +4-10%; replacing the block barrier before a refill by per-warpgroup releases (the last
-    warpgroup done with a stage issues its copies) lost 15% on GEMM and 8% on causal attention."""
-
-    platform: Platform
+    """tile.barrier -> tessera_target.barrier (every thread of the block)."""
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.BarrierOp, rewriter: PatternRewriter) -> None:
-        if platforms.copy_mechanism(self.platform) == "tma" and _publishes_copies(op) and not _guards_refill(op):
-            rewriter.erase(op)
-        else:
-            rewriter.replace(op, target.SyncOp("block"))
-
-
-def _publishes_copies(op: tile.BarrierOp) -> bool:
-    """Whether `op` directly follows a tile.async_wait (or its lowering, a sync)."""
-    return isinstance(op.prev_op, (tile.AsyncWaitOp, target.SyncOp))
-
-
-def _guards_refill(op: tile.BarrierOp) -> bool:
-    """Whether the next tile op after `op` (index arithmetic aside) is a copy into shared memory."""
-    nxt = op.next_op
-    while nxt is not None and nxt.dialect_name() == "arith":
-        nxt = nxt.next_op
-    return isinstance(nxt, tile.CopyAsyncOp)
+        rewriter.replace(op, target.BarrierOp())
 
 
 @dataclass
@@ -393,23 +385,41 @@ def patterns(platform: Platform, tensor_cores: bool = True) -> Iterable[RewriteP
     return (
         LowerReturn(), *([LowerMma(platform)] if tensor_cores else []),
         LowerAllocShared(_SHARED_ALIGN[platforms.copy_mechanism(platform)]), LowerCopyAsync(platform),
-        LowerAsyncCommit(platform), LowerAsyncWait(platform), LowerMmaWait(platform), LowerBarrier(platform),
+        LowerAsyncCommit(platform), LowerAsyncWait(platform), LowerMmaWait(platform), LowerBarrier(),
+        *debug_to_target.patterns(),
     )
 
 
 def _rewrite(patterns_: Iterable[RewritePattern], region) -> None:
-    PatternRewriteWalker(GreedyRewritePatternApplier(list(patterns_))).rewrite_region(region)
+    """Applies the patterns; the ops replacing an op keep its provenance (source line, regions)."""
+    carrying = [provenance.CarryProvenance(p) for p in patterns_]
+    PatternRewriteWalker(GreedyRewritePatternApplier(carrying)).rewrite_region(region)
 
 
 def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_cores: bool = True) -> ModuleOp:
     """A Target IR copy of the tile module `module` for `platform` (a Platform or
-    an arch name); `module` itself is left unchanged."""
+    an arch name); `module` itself is left unchanged. Per kernel: its platform
+    (`kernel_platform`), the TMA pipelines' protocol (`lower_tma_pipelines`), one pattern
+    per remaining tile op, the shared-memory allocation (`allocate_shared`), and its
+    launch configuration: grid = its tile.launch's, block = its warps, shared = the
+    allocation's total, regs = `estimate_regs`."""
     p = platform if isinstance(platform, Platform) else platforms.get(platform)
     lowered = module.clone()
-    configs = kernel_configs(lowered, p, tensor_cores)
-    kernels = [op for op in lowered.ops if isinstance(op, tile.KernelOp)]
-    chosen = {k.sym_name.data: _chosen_platform(k, p, tensor_cores) for k in kernels}
-    for kernel in kernels:
-        _rewrite(patterns(chosen[kernel.sym_name.data], tensor_cores), kernel.body)
-    _rewrite([LowerKernel(configs, chosen), LowerLaunch(configs)], lowered.body)
+    grids = _grids(lowered)
+    configs: dict[str, target.KernelConfigAttr] = {}
+    chosen: dict[str, Platform] = {}
+    splits: dict[str, RegisterSplit | None] = {}
+    for kernel in [op for op in lowered.ops if isinstance(op, tile.KernelOp)]:
+        name = kernel.sym_name.data
+        if name not in grids:
+            raise TargetLoweringError(f"kernel @{name} has no tile.launch in the module, so its grid is unknown")
+        kp = chosen[name] = _chosen_platform(kernel, p, tensor_cores)
+        producers = producer_warps(kernel, kp)
+        threads = _threads(kernel, kp)
+        regs = estimate_regs(kernel, threads, kp, producers)
+        if platforms.copy_mechanism(kp) == "tma":
+            splits[name] = lower_tma_pipelines(kernel, kp, producers)
+        _rewrite(patterns(kp, tensor_cores), kernel.body)
+        configs[name] = target.KernelConfigAttr.of(grids[name], (threads, 1, 1), allocate_shared(kernel, kp), regs)
+    _rewrite([LowerKernel(configs, chosen, splits), LowerLaunch(configs)], lowered.body)
     return lowered

@@ -9,6 +9,11 @@ Rules, in the order they claim ops:
    each, with their elementwise prologue and epilogue;
 4. the remaining elementwise ops form `elementwise` kernels.
 
+`device_assert`s are planned after the rest, so that they never change which ops share a kernel:
+each goes, with the ops computing its condition, into the kernel that computes what the
+condition reads where that kernel can evaluate it on its output tile, else into a kernel of its
+own (a kernel with no output). An assert is never dropped.
+
 Cheap ops (constants, arange, transposes, reshapes that only add or drop
 size-1 dims) are never kernels of their own: each kernel that needs them gets
 its own copy, so transposes become index maps of the loads rather than copies
@@ -24,7 +29,9 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, Region, SSAValue
 
+from ..errors import TesseraError
 from ..ir import graph as g
+from ..ir import provenance
 from .. import platforms
 from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
@@ -46,7 +53,7 @@ ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)
 class Group:
     kind: str
     ops: set = field(default_factory=set)
-    output: SSAValue | None = None
+    output: SSAValue | None = None   # None: a kernel of device_asserts only
 
 
 class _Planner:
@@ -62,6 +69,19 @@ class _Planner:
         self.group_of: dict[Operation, Group] = {}
         self.groups: list[Group] = []
         self.views = [op for op in f.body.block.ops if isinstance(op, g.ReshapeOp) and not self.cheap(op)]
+        self.assert_only = self._assert_only_ops()
+
+    def _assert_only_ops(self) -> set[Operation]:
+        """device_asserts, and the elementwise and cheap ops only they read (transitively): the
+        rules plan kernels as if these were not there (`_place_asserts` places them after)."""
+        only: set[Operation] = set()
+        for op in reversed(list(self.f.body.block.ops)):
+            if isinstance(op, g.AssertOp):
+                only.add(op)
+            elif (isinstance(op, ELEMENTWISE) or self.cheap(op)) and op.results[0].uses \
+                    and all(u.operation in only for u in op.results[0].uses):
+                only.add(op)
+        return only
 
     def cheap(self, op) -> bool:
         """Recomputed inside every kernel that reads it (see the module docstring)."""
@@ -74,11 +94,19 @@ class _Planner:
         return v.owner if isinstance(v.owner, Operation) else None
 
     def users(self, v: SSAValue) -> list[Operation]:
-        return [u.operation for u in v.uses]
+        """The ops reading `v` that fusion plans around (asserts and what only they read aside)."""
+        return [u.operation for u in v.uses if u.operation not in self.assert_only]
 
     def free(self, op) -> bool:
         return (op is not None and op not in self.group_of and not self.cheap(op) and op not in self.views
-                and not isinstance(op, func.ReturnOp))
+                and op not in self.assert_only and not isinstance(op, func.ReturnOp))
+
+    def position(self, group: Group) -> int:
+        """Where a group's kernel runs among the others: at its output's producer in the trace (at
+        its last op, for a kernel of asserts only)."""
+        if group.output is None:
+            return max(self.order[op] for op in group.ops)
+        return self.order.get(self.producer(group.output), len(self.order))
 
     def strip_cheap(self, v: SSAValue) -> SSAValue:
         """Looks through transposes and unit reshapes to the value they read."""
@@ -216,9 +244,93 @@ class _Planner:
                 group = self.new_group("elementwise", [op], op.results[0])
                 self.pull_producers(group, op.operands)
         self.merge_epilogues()
+        self._place_asserts()
         self._copies_for_unproduced_results()
-        last = len(self.order)
-        return sorted(self.groups, key=lambda grp: self.order.get(self.producer(grp.output), last))
+        return sorted(self.groups, key=self.position)
+
+    # --- device asserts -----------------------------------------------------------
+    def _place_asserts(self) -> None:
+        """Puts each assert, with the ops computing its condition, into the one kernel computing
+        the values the condition reads when that kernel's template evaluates them on its output
+        tile (the condition has the output's shape), else into a kernel of its own, which reads
+        them from memory; a value that never reaches memory (inside a fused kernel) is an error."""
+        for op in self.f.body.block.ops:
+            if not isinstance(op, g.AssertOp):
+                continue
+            chain = self._assert_chain(op)
+            leaves = self._computed_leaves(chain)
+            host = self._assert_host(op, leaves)
+            if host is not None:
+                host.ops.update(chain)
+                continue
+            unwritten = [v for v in leaves if not self._materialized(v)]
+            if unwritten:
+                kernel = self.group_of[self.producer(unwritten[0])]
+                raise TesseraError(
+                    f"device_assert: its condition reads {self.producer(unwritten[0]).name} computed inside a "
+                    f"fused {kernel.kind} kernel, which never writes it to memory; assert on that kernel's "
+                    f"result instead", str(provenance.loc_of(op) or "") or None)
+            self.groups.append(Group("elementwise", set(chain)))
+
+    def _assert_chain(self, op: g.AssertOp) -> list[Operation]:
+        """The assert and the assert-only ops computing its condition."""
+        chain, work = [], [op]
+        while work:
+            x = work.pop()
+            if x in chain:
+                continue
+            chain.append(x)
+            work.extend(p for v in x.operands if (p := self.producer(v)) in self.assert_only)
+        return chain
+
+    def _computed_leaves(self, chain: list[Operation]) -> set[SSAValue]:
+        """Values the chain reads that kernels compute (not arguments; through cheap ops, which
+        every kernel recomputes)."""
+        leaves, work = set(), [v for op in chain for v in op.operands]
+        while work:
+            v = work.pop()
+            p = self.producer(v)
+            if p is None or p in chain:
+                continue
+            if self.cheap(p):
+                work.extend(p.operands)
+            else:
+                leaves.add(v)
+        return leaves
+
+    def _assert_host(self, op: g.AssertOp, leaves: set[SSAValue]) -> Group | None:
+        groups = {id(grp): grp for grp in (self.group_of.get(self.producer(v)) for v in leaves)}
+        if len(groups) != 1 or None in groups.values():
+            return None
+        (group,) = groups.values()
+        if group.output is None or self._sizes(op.cond) != self._sizes(group.output):
+            return None
+        return group if leaves <= self._result_side(group) else None
+
+    def _sizes(self, v: SSAValue) -> list[int]:
+        return [g.dim_value(d, self.bindings) for d in g.tensor_type(v).shape]
+
+    def _result_side(self, group: Group) -> set[SSAValue]:
+        """The values a kernel's template computes on its output tile: the output and, back
+        through the group's elementwise and cheap ops, what they read, up to an anchor whose
+        result the template supplies there (a matmul, a reduction); a softmax's or a norm's
+        input too, whose tile the same pass reads."""
+        seen, work = set(), [group.output]
+        while work:
+            v = work.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            op = self.producer(v)
+            if op is None or (op not in group.ops and not self.cheap(op)) or isinstance(op, (g.MatmulOp, g.ReduceOp)):
+                continue
+            work.extend(op.operands[:1] if isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp)) else op.operands)
+        return seen
+
+    def _materialized(self, v: SSAValue) -> bool:
+        """Whether `v` is in memory when kernels run: an argument, a host view, a kernel's output."""
+        producer = self.producer(v)
+        return producer is None or producer in self.views or self._written_by_kernel(v)
 
     def _copies_for_unproduced_results(self) -> None:
         """Materializes what no kernel writes: results that are arguments or cheap views of
@@ -252,12 +364,7 @@ def _clone_cheap_chain(v: SSAValue, mapping: dict, block: Block, inputs: list, p
         return mapping[v]
     op = planner.producer(v)
     if op is not None and (op in group.ops or planner.cheap(op)):
-        for operand in op.operands:
-            _clone_cheap_chain(operand, mapping, block, inputs, planner, group)
-        clone = op.clone(value_mapper=mapping)
-        block.add_op(clone)
-        for old, new in zip(op.results, clone.results):
-            mapping[old] = new
+        _clone_op(op, mapping, block, inputs, planner, group)
         return mapping[v]
     arg = block.insert_arg(v.type, len(block.args))
     inputs.append(v)
@@ -265,19 +372,34 @@ def _clone_cheap_chain(v: SSAValue, mapping: dict, block: Block, inputs: list, p
     return arg
 
 
+def _clone_op(op: Operation, mapping: dict, block: Block, inputs: list, planner: _Planner, group) -> None:
+    """Clones `op` into the kernel body, after what its operands need."""
+    for operand in op.operands:
+        _clone_cheap_chain(operand, mapping, block, inputs, planner, group)
+    clone = op.clone(value_mapper=mapping)
+    block.add_op(clone)
+    for old, new in zip(op.results, clone.results):
+        mapping[old] = new
+
+
 def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     block = Block()
     mapping: dict = {}
     inputs: list[SSAValue] = []
-    if group.ops:
-        for op in sorted(group.ops, key=planner.order.__getitem__):
+    for op in sorted(group.ops, key=planner.order.__getitem__):
+        if op.results:
             _clone_cheap_chain(op.results[0], mapping, block, inputs, planner, group)
-    out = _clone_cheap_chain(group.output, mapping, block, inputs, planner, group)
-    if out in block.args:  # a bare copy: give the kernel one op that produces its output
-        copy = g.CastOp(out, out.type)
-        block.add_op(copy)
-        out = copy.res
-    block.add_op(s.YieldOp([out]))
+        else:
+            _clone_op(op, mapping, block, inputs, planner, group)
+    outs = []
+    if group.output is not None:
+        out = _clone_cheap_chain(group.output, mapping, block, inputs, planner, group)
+        if out in block.args:  # a bare copy: give the kernel one op that produces its output
+            copy = g.CastOp(out, out.type)
+            block.add_op(copy)
+            out = copy.res
+        outs.append(out)
+    block.add_op(s.YieldOp(outs))
     features = _features(group, planner)
     params = s.default_params(group.kind, features, planner.max_shared)
     space = s.KINDS[group.kind][1]
@@ -339,7 +461,7 @@ def _features(group: Group, planner: _Planner) -> dict[str, int]:
         return {}
     lhs = g.tensor_type(matmuls[0].lhs)
     features = {"element_bytes": lhs.dtype.itemsize,
-                "epilogue_ops": sum(isinstance(op, ELEMENTWISE) for op in group.ops),
+                "epilogue_ops": sum(isinstance(op, ELEMENTWISE) and op not in planner.assert_only for op in group.ops),
                 "wgmma": int(planner.native and all(_rows_aligned(v, group, planner) for mm in matmuls
                                                     for v in (mm.lhs, mm.rhs)))}
     if group.kind == "flash_attention":
@@ -360,8 +482,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp
         groups = planner.plan()
         body = Block(arg_types=[a.type for a in f.body.block.args])
         outer = dict(zip(f.body.block.args, body.args))
-        last = len(planner.order)
-        items = [(planner.order.get(planner.producer(grp.output), last), 1, grp) for grp in groups]
+        items = [(planner.position(grp), 1, grp) for grp in groups]
         items += [(planner.order[view], 0, view) for view in planner.views]
         index = 0
         for _, _, item in sorted(items, key=lambda x: (x[0], x[1])):
@@ -373,10 +494,11 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp
             block, inputs, params, group_space = _kernel_body(item, planner, space)
             name = f"{f.sym_name.data}_{item.kind}_{index}"
             index += 1
-            kernel = s.KernelOp(name, item.kind, [outer[v] for v in inputs], [item.output.type], block,
+            outputs = [item.output] if item.output is not None else []
+            kernel = s.KernelOp(name, item.kind, [outer[v] for v in inputs], [v.type for v in outputs], block,
                                 params, group_space)
             body.add_op(kernel)
-            outer[item.output] = kernel.outputs[0]
+            outer.update(zip(outputs, kernel.outputs))
         body.add_op(func.ReturnOp(*[outer[v] for v in f.body.block.last_op.operands]))
         new = func.FuncOp(f.sym_name.data, f.function_type, Region(body))
         for key, value in f.attributes.items():

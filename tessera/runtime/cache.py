@@ -1,9 +1,10 @@
 """Caches between PTX and a launchable kernel.
 
 `CubinCache` keeps assembled cubins on disk (default ~/.cache/tessera/cubin,
-or $TESSERA_CACHE_DIR), keyed by everything that determines ptxas's output.
-Entries are written atomically and checked when read, so a crash or a full
-disk can cost a rebuild but never loads a broken cubin into the driver.
+or $TESSERA_CACHE_DIR), keyed by everything that determines ptxas's output,
+each with ptxas's log beside it, so a cached kernel still has its resource
+report. Entries are written atomically and checked when read, so a crash or a
+full disk can cost a rebuild but never loads a broken cubin into the driver.
 
 `FunctionCache` keeps loaded kernels in memory per (cubin, device, name):
 loading a module costs far more than a launch.
@@ -49,7 +50,7 @@ def is_complete_elf(data: bytes) -> bool:
 
 
 class CubinCache:
-    """An on-disk cubin store: one `<key>.cubin` file per entry."""
+    """An on-disk cubin store: per entry `<key>.cubin`, and ptxas's log as `<key>.log`."""
 
     def __init__(self, directory: str | os.PathLike | None = None,
                  assemble: Callable[[str, str, int], ptxas.Assembled] = ptxas.assemble,
@@ -64,6 +65,9 @@ class CubinCache:
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.cubin"
 
+    def log_path(self, key: str) -> Path:
+        return self.directory / f"{key}.log"
+
     def get(self, key: str) -> bytes | None:
         """The cached cubin, or None when absent or broken (a broken entry is removed)."""
         path = self.path(key)
@@ -76,32 +80,50 @@ class CubinCache:
         path.unlink(missing_ok=True)
         return None
 
-    def put(self, key: str, cubin: bytes) -> Path:
-        """Store `cubin` atomically: readers see the old entry, no entry, or the whole new one."""
+    def get_log(self, key: str) -> str | None:
+        """ptxas's log of the entry, or None when absent (an entry cached without one)."""
+        try:
+            return self.log_path(key).read_text()
+        except FileNotFoundError:
+            return None
+
+    def put(self, key: str, cubin: bytes, log: str | None = None) -> Path:
+        """Store `cubin` (and ptxas's `log`, first) atomically: readers see the old entry, no entry,
+        or the whole new one."""
         if not is_complete_elf(cubin):
             raise ValueError("refusing to cache data that is not a complete ELF cubin")
         self.directory.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{key[:16]}-", suffix=".tmp")
+        if log is not None:
+            self._write_atomically(self.log_path(key), log.encode())
+        self._write_atomically(self.path(key), cubin)
+        return self.path(key)
+
+    def _write_atomically(self, path: Path, data: bytes) -> None:
+        """Write through a temp file in the same directory, then rename it over `path`."""
+        fd, tmp = tempfile.mkstemp(dir=self.directory, prefix=f".{path.stem[:16]}-", suffix=".tmp")
         try:
             with os.fdopen(fd, "wb") as f:
-                f.write(cubin)
+                f.write(data)
                 f.flush()
                 os.fsync(f.fileno())
-            os.replace(tmp, self.path(key))
+            os.replace(tmp, path)
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-        return self.path(key)
+
+    def assembled(self, ptx: str, arch: str, opt_level: int = 3) -> ptxas.Assembled:
+        """`ptx` assembled, with ptxas's resource report: from the cache, else by ptxas and stored."""
+        key = self.key(ptx, arch, opt_level)
+        cubin, log = self.get(key), self.get_log(key)
+        if cubin is not None and log is not None:
+            return ptxas.Assembled(cubin, arch, opt_level, ptxas.parse_resources(log), log)
+        assembled = self._assemble(ptx, arch, opt_level)
+        self.put(key, assembled.cubin, assembled.log)
+        return assembled
 
     def cubin(self, ptx: str, arch: str, opt_level: int = 3) -> bytes:
         """The cubin for `ptx`: from the cache, else assembled and stored."""
-        key = self.key(ptx, arch, opt_level)
-        cached = self.get(key)
-        if cached is not None:
-            return cached
-        cubin = self._assemble(ptx, arch, opt_level).cubin
-        self.put(key, cubin)
-        return cubin
+        return self.assembled(ptx, arch, opt_level).cubin
 
 
 class FunctionCache:

@@ -1,11 +1,12 @@
 """Running a compiled function on a GPU.
 
-`GpuProgram` is built once per compiled function and device: it emits every
-kernel's PTX, assembles it (through the on-disk cubin cache), loads it, and
-turns the tile module's host function into a plan — which buffers exist
-(inputs, outputs, intermediates) and which kernel runs on which of them. A
-call then only validates its arguments, allocates outputs and intermediates in
-the caller's framework, and launches the plan on the caller's current stream.
+`GpuProgram` is built once per compiled function and device: it takes each
+kernel's cubin from the compile's cubin stage (assembled for the device's
+arch), loads it, and follows `plan`: which buffers exist (inputs, outputs,
+intermediates) and which kernel runs on which of them, each launched as its
+`KernelLaunch` says. A call then only validates its arguments, allocates
+outputs and intermediates in the caller's framework, and launches the plan on
+the caller's current stream.
 """
 from __future__ import annotations
 
@@ -16,10 +17,11 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import DTypeError, ShapeError, TesseraError
 from . import driver, interop
-from .cache import CubinCache, functions
+from .cache import functions
 
 if TYPE_CHECKING:
     from ..backends.ptx.emitter import TensorMapSpec
+    from ..compiler import Compiled, KernelLaunch
 
 #: encoded tensor maps a GpuProgram keeps; past this (callers cycling through fresh buffers) it starts over
 TENSOR_MAP_CACHE_SIZE = 256
@@ -33,17 +35,42 @@ class Buffer:
 
 @dataclass(frozen=True)
 class Step:
-    kernel: driver.Kernel
-    grid: tuple[int, int, int]
-    block: int
-    shared: int
-    buffers: tuple[int, ...]   # indices into inputs + outputs + intermediates
-    tensor_maps: tuple[TensorMapSpec, ...] = ()   # by-value params after the pointers; arg indexes `buffers`
+    """One kernel launch of a call: the kernel's launch, over these buffers."""
+
+    launch: KernelLaunch
+    buffers: tuple[int, ...]   # per pointer param: an index into inputs + outputs + intermediates
 
 
-    @property
-    def param_types(self) -> list[str]:
-        return ["u64"] * len(self.buffers) + ["tmap"] * len(self.tensor_maps)
+@dataclass(frozen=True)
+class Plan:
+    """What one call of a compiled function allocates and launches, in order."""
+
+    inputs: list[Buffer]
+    outputs: list[Buffer]
+    intermediates: list[Buffer]
+    steps: list[Step]
+
+
+def plan(compiled: Compiled) -> Plan:
+    """The buffers and launches of the tile module's host function; each step's launch is the
+    compile's `KernelLaunch` of its kernel."""
+    from ..ir import tile
+
+    host = compiled.host_function()
+    n_inputs = len(compiled.arg_names)
+    types = host.function_type.inputs.data
+    index = {arg: i for i, arg in enumerate(host.body.block.args)}
+    intermediates: list[Buffer] = []
+    steps: list[Step] = []
+    for op in host.body.block.ops:
+        if isinstance(op, tile.ViewOp):
+            index[op.result] = index[op.source]   # same memory, another shape
+        elif isinstance(op, tile.AllocGlobalOp):
+            index[op.result] = len(types) + len(intermediates)
+            intermediates.append(_buffer(op.result.type))
+        elif isinstance(op, tile.LaunchOp):
+            steps.append(Step(compiled.launches[op.kernel.string_value()], tuple(index[a] for a in op.args)))
+    return Plan([_buffer(t) for t in types[:n_inputs]], [_buffer(t) for t in types[n_inputs:]], intermediates, steps)
 
 
 def launch_args(step: Step, pointers: Sequence[int], encode: Callable[[int, TensorMapSpec], bytes]) -> list:
@@ -51,7 +78,7 @@ def launch_args(step: Step, pointers: Sequence[int], encode: Callable[[int, Tens
     a pointer per buffer, then each tensor map, encoded by `encode` over the pointer of the buffer
     it describes."""
     ptrs = [pointers[i] for i in step.buffers]
-    return ptrs + [encode(ptrs[spec.arg], spec) for spec in step.tensor_maps]
+    return ptrs + [encode(ptrs[spec.arg], spec) for spec in step.launch.tensor_maps]
 
 
 def _buffer(memref_type) -> Buffer:
@@ -60,45 +87,31 @@ def _buffer(memref_type) -> Buffer:
     return Buffer(tuple(memref_type.get_shape()), dtypes.lookup(np_dtype(memref_type)))
 
 
+def load_kernels(compiled: Compiled, device: int) -> dict[str, driver.Kernel]:
+    """Each kernel loaded on `device` from the cubin stage for the device's arch (which may differ
+    from the compile's), allowed the dynamic shared memory its launch asks for."""
+    cubins = compiled.stage("cubin", arch=driver.device_platform(device).arch)
+    kernels = {}
+    for name, launch in compiled.launches.items():
+        kernel = kernels[name] = functions.kernel(cubins[name].cubin, name, device)
+        if launch.dynamic_shared > kernel.max_dynamic_shared:
+            kernel.set_max_dynamic_shared(launch.dynamic_shared)
+    return kernels
+
+
 class GpuProgram:
     """A compiled function, loaded on one device."""
 
-    def __init__(self, compiled, device: int = 0):
-        from ..backends.ptx import emit_module
-        from ..ir import tile
-
+    def __init__(self, compiled: Compiled, device: int = 0):
         self.name = compiled.name
         self.device = device
-        arch = driver.device_platform(device).arch
-        kernels = emit_module(compiled.modules["target"])
-        cubins = CubinCache()
-        loaded = {}
-        for name, k in kernels.items():
-            kernel = functions.kernel(cubins.cubin(k.ptx, arch, compiled.options.opt_level), name, device)
-            if k.dynamic_shared > kernel.max_dynamic_shared:
-                kernel.set_max_dynamic_shared(k.dynamic_shared)
-            loaded[name] = (kernel, k)
-        host = compiled.host_function()
+        self.plan = plan(compiled)
+        self.kernels = load_kernels(compiled, device)
         self.n_inputs = len(compiled.arg_names)
         self.arg_names = compiled.arg_names
-        types = host.function_type.inputs.data
-        self.outputs = [_buffer(t) for t in types[self.n_inputs:]]
-        self.input_buffers = [_buffer(t) for t in types[:self.n_inputs]]
-        index = {arg: i for i, arg in enumerate(host.body.block.args)}
-        self.intermediates: list[Buffer] = []
-        self.steps: list[Step] = []
-        for op in host.body.block.ops:
-            if isinstance(op, tile.ViewOp):
-                index[op.result] = index[op.source]   # same memory, another shape
-            elif isinstance(op, tile.AllocGlobalOp):
-                index[op.result] = len(types) + len(self.intermediates)
-                self.intermediates.append(_buffer(op.result.type))
-            elif isinstance(op, tile.LaunchOp):
-                kernel, k = loaded[op.kernel.string_value()]
-                self.steps.append(Step(kernel, tuple(tile.int_values(op.grid)), k.threads, k.dynamic_shared,
-                                       tuple(index[a] for a in op.args), k.tensor_maps))
+        self.outputs = self.plan.outputs
         self._tensor_maps: dict[tuple[int, TensorMapSpec], bytes] = {}
-        self._shapes = [b.shape for b in (*self.input_buffers, *self.outputs, *self.intermediates)]
+        self._shapes = [b.shape for b in (*self.plan.inputs, *self.plan.outputs, *self.plan.intermediates)]
         self._torch_signature = None      # (tensor type, [(dtype, device)] per array), once a call validated
         self._per_thread = threading.local()
 
@@ -109,7 +122,7 @@ class GpuProgram:
             pointers, outputs = fast
         else:
             infos = interop.validate(dict(zip(self.arg_names, inputs)))
-            self._check_compiled_for(infos, self.input_buffers)
+            self._check_compiled_for(infos, self.plan.inputs)
             if out is not None and len(out) != len(self.outputs):
                 raise TesseraError(f"{self.name}: out= takes {len(self.outputs)} array(s), got {len(out)}")
             outputs = list(out) if out is not None else [
@@ -117,12 +130,12 @@ class GpuProgram:
             if out is not None:
                 self._check_compiled_for(interop.validate({f"out{i}": o for i, o in enumerate(outputs)}),
                                          self.outputs)
-            temps = [interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.intermediates]
+            temps = [interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.plan.intermediates]
             pointers = [i.data_ptr for i in infos.values()] + [interop.data_pointer(x) for x in outputs + temps]
             self._learn_torch_signature(inputs, outputs, temps)
         stream = driver.current_torch_stream(self.device) if fast is not None else current_stream(inputs[0], self.device)
         driver.primary_context(self.device)
-        for step, prepared in zip(self.steps, self._prepared_launches()):
+        for step, prepared in zip(self.plan.steps, self._prepared_launches()):
             prepared(stream, launch_args(step, pointers, self._tensor_map))
         return outputs
 
@@ -140,7 +153,8 @@ class GpuProgram:
         launches = getattr(self._per_thread, "launches", None)
         if launches is None:
             launches = self._per_thread.launches = [
-                driver.PreparedLaunch(s.kernel, s.grid, s.block, s.shared, s.param_types) for s in self.steps]
+                driver.PreparedLaunch(self.kernels[s.launch.name], s.launch.grid, s.launch.threads,
+                                      s.launch.dynamic_shared, s.launch.param_types) for s in self.plan.steps]
         return launches
 
     def _learn_torch_signature(self, inputs, outputs, temps) -> None:

@@ -108,15 +108,20 @@ def version() -> str:
 # Assembling
 # ---------------------------------------------------------------------------
 
-def assemble(ptx: str, arch: str, opt_level: int = 3) -> Assembled:
-    """Assemble `ptx` for `arch` ("sm_90a") at ptxas -O`opt_level`."""
+def assemble(ptx: str, arch: str, opt_level: int = 3, line_info: bool | None = None) -> Assembled:
+    """Assemble `ptx` for `arch` ("sm_90a") at ptxas -O`opt_level`, with `-lineinfo` when `line_info`
+    (by default: when the PTX has `.loc` line info, so that the PTX text alone, which the cubin
+    cache keys on, decides the cubin)."""
     if opt_level not in (0, 1, 2, 3):
         raise ValueError(f"ptxas opt_level must be 0, 1, 2 or 3, got {opt_level!r}")
+    if line_info is None:
+        line_info = has_line_info(ptx)
     with tempfile.TemporaryDirectory(prefix="tessera-ptxas-") as tmp:
         src, out = os.path.join(tmp, "kernel.ptx"), os.path.join(tmp, "kernel.cubin")
         with open(src, "w") as f:
             f.write(ptx)
-        cmd = [_tool("ptxas"), f"-arch={arch}", f"-O{opt_level}", "-v", src, "-o", out]
+        cmd = [_tool("ptxas"), f"-arch={arch}", f"-O{opt_level}", *(["-lineinfo"] if line_info else []), "-v",
+               src, "-o", out]
         proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
         log = proc.stderr.replace(src, "kernel.ptx")
         if proc.returncode != 0:
@@ -124,6 +129,14 @@ def assemble(ptx: str, arch: str, opt_level: int = 3) -> Assembled:
         with open(out, "rb") as f:
             cubin = f.read()
     return Assembled(cubin, arch, opt_level, parse_resources(log), log)
+
+
+_LOC = re.compile(r"^\s*\.loc\s", re.MULTILINE)
+
+
+def has_line_info(ptx: str) -> bool:
+    """Whether `ptx` carries `.loc` source line directives."""
+    return _LOC.search(ptx) is not None
 
 
 # ptxas -v lines. A function's properties line is indented and follows

@@ -15,6 +15,7 @@ import pytest
 import tessera as tsr
 from tessera import Tensor
 from tessera.backends.ptx.emitter import BF16, F16, F32, KernelEmitter, Staging, emit_staged_store
+from tessera.backends.ptx.paths import emitter_for
 from tessera.backends.ptx.layout import Mma
 from tessera.ir import target as tgt
 
@@ -30,7 +31,7 @@ def fresh_emitter(warps: int) -> KernelEmitter:
     """An emitter of a real native kernel that has emitted nothing yet, with `warps` warps."""
     compiled = gemm.compile(gemm.arg_specs_for(dict(M=128, K=64, N=128), "fp16"), arch="sm_90a")
     kernel = next(op for op in compiled.modules["target"].ops if isinstance(op, tgt.KernelOp))
-    e = KernelEmitter(kernel)
+    e = emitter_for(kernel)
     e.threads, e.producer_threads = 32 * warps, 0
     return e
 

@@ -10,30 +10,54 @@ from tessera.ir.target import KernelConfigAttr, PlatformAttr
 
 CONFIG = "#tessera_target.kernel_config<grid = [4, 4, 1], block = [128, 1, 1], shared = 16384, regs = 64>"
 SM80 = '#tessera_target.platform<"nvidia", "sm_80", 108>'
+SM90A = '#tessera_target.platform<"nvidia", "sm_90a", 132>'
 SHARED = "memref<2x64x32xf16, 3 : i64>"
 GLOBAL = "memref<256x128xf16>"
 TILE = "tensor<64x32xf16>"
 ACC = "tensor<64x64xf32>"
 
-# Every op of the dialect, both attributes, every optional part.
+# Every op of the dialect, every attribute and type, every optional part.
 EVERY_OP = f"""builtin.module {{
   tessera_target.kernel @k(%a: {GLOBAL}, %x: {TILE}, %y: tensor<32x64xf16>, %acc: {ACC}, %p: i1) config = {CONFIG} platform = {SM80} opt_level = 3 {{
     %c0 = arith.constant 0 : index
-    %buf = tessera_target.allocate pool = "shared" align = 128 size = 8192 : {SHARED}
+    %buf = tessera_target.allocate pool = "shared" align = 128 size = 8192 offset = 0 : {SHARED}
     tessera_target.profile_begin label = "mainloop"
     tessera_target.memcpy %buf[%c0], %a[%c0, %c0] kind = "global_to_shared" async = true mechanism = "cp.async" tile_dims = [0, 1] padding = 0.000000e+00 : f64 : {SHARED}, {GLOBAL}
-    tessera_target.ptx_instr "cp.async.commit_group" ()
-    tessera_target.sync scope = "async_group" pending = 0
-    tessera_target.sync scope = "block"
+    tessera_target.cp_async_commit
+    tessera_target.cp_async_wait pending = 0
+    tessera_target.barrier
     %d = tessera_target.tensor_core "mma.sync" (%x, %y, %acc) shape = [16, 8, 16] layout = "nn" precision = "f16" : ({TILE}, tensor<32x64xf16>, {ACC}) -> {ACC}
-    %lane = tessera_target.ptx_instr "mov.u32 $0, %laneid;" () constraints = {{r0 = "=r"}} latency = 2 predicate = %p attributes {{note = "lane"}} : () -> i32
     tessera_target.profile_end label = "mainloop"
-    tessera_target.breakpoint label = "after_mma"
     tessera_target.assert %p message = "bad tile"
     tessera_target.return
   }}
-  tessera_target.kernel @wave(%v: vector<16xf16>, %w: vector<8xf32>) config = #tessera_target.kernel_config<grid = [1, 1, 1], block = [32, 1, 1], shared = 0, regs = 32> platform = #tessera_target.platform<"amd", "gfx1100", 96> {{
-    %r = tessera_target.hip_instr "v_wmma_f32_16x16x16_f16" (%v, %v, %w) arch = "gfx1100" constraints = {{operand2 = "+v"}} : (vector<16xf16>, vector<16xf16>, vector<8xf32>) -> vector<8xf32>
+  tessera_target.kernel @hopper(%g: {GLOBAL}, %x: tensor<64x64xf16>, %acc: {ACC}) config = #tessera_target.kernel_config<grid = [1, 1, 1], block = [384, 1, 1], shared = 16400, regs = 168> platform = {SM90A} producer_warps = 4 maxnreg = 168 {{
+    %m = tessera_target.tensor_map %g : {GLOBAL} -> !tessera_target.tensor_map<f16, [256, 128], box = [64, 64], swizzle = 128>
+    %buf = tessera_target.allocate pool = "shared" align = 1024 size = 16384 offset = 0 : memref<2x64x64xf16, 3 : i64>
+    %b = tessera_target.mbarrier_alloc offset = 16384 : !tessera_target.mbarriers<2>
+    %f = tessera_target.mbarrier_alloc : !tessera_target.mbarriers<2>
+    tessera_target.mbarrier_init %b arrivals = 1 : !tessera_target.mbarriers<2>
+    tessera_target.mbarrier_init %f arrivals = 8 : !tessera_target.mbarriers<2>
+    tessera_target.fence kind = "mbarrier_init"
+    tessera_target.barrier
+    %s = arith.constant 0 : index
+    %parity = arith.constant 0 : i32
+    tessera_target.warp_specialize producer_warps = 4 {{
+      tessera_target.setmaxnreg "dec" regs = 40
+      tessera_target.mbarrier_try_wait %f[%s] parity %parity : !tessera_target.mbarriers<2>
+      tessera_target.mbarrier_arrive_expect_tx %b[%s] bytes = 8192 : !tessera_target.mbarriers<2>
+      tessera_target.tma_load %m[%s, %s], %buf[%s] + 0, %b[%s] : !tessera_target.tensor_map<f16, [256, 128], box = [64, 64], swizzle = 128>, memref<2x64x64xf16, 3 : i64>, !tessera_target.mbarriers<2>
+    }} {{
+      tessera_target.setmaxnreg "inc" regs = 232
+      tessera_target.mbarrier_try_wait %b[%s] parity %parity : !tessera_target.mbarriers<2>
+      %t = tile.load_shared %buf[%s] : memref<2x64x64xf16, 3 : i64> -> tensor<64x64xf16>
+      tessera_target.wgmma_fence
+      %r = tessera_target.tensor_core "wgmma" (%x, %t, %acc) shape = [64, 64, 16] layout = "nn" precision = "f16" : (tensor<64x64xf16>, tensor<64x64xf16>, {ACC}) -> {ACC}
+      tessera_target.wgmma_commit
+      tessera_target.wgmma_wait pending = 0
+      tessera_target.mbarrier_arrive %f[%s] per = "warp" : !tessera_target.mbarriers<2>
+      tessera_target.barrier id = 1 threads = 256
+    }}
     tessera_target.return
   }}
   func.func @main(%a: {GLOBAL}, %x: {TILE}, %y: tensor<32x64xf16>, %acc: {ACC}, %p: i1) {{
@@ -64,8 +88,8 @@ def test_attributes_print_like_the_seeds():
 def test_platform_attr_rejects_unknown_arch_and_wrong_vendor():
     with pytest.raises(Exception, match="unknown GPU architecture 'sm_42'"):
         target.parse_target_module(EVERY_OP.replace('"sm_80"', '"sm_42"'))
-    with pytest.raises(Exception, match="gfx1100 is an amd target"):
-        target.parse_target_module(EVERY_OP.replace('"amd", "gfx1100"', '"nvidia", "gfx1100"'))
+    with pytest.raises(Exception, match="sm_90a is an nvidia target"):
+        target.parse_target_module(EVERY_OP.replace('"nvidia", "sm_90a"', '"amd", "sm_90a"'))
 
 
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
@@ -124,12 +148,6 @@ def test_tensor_core_shape_and_precision_come_from_the_registry():
     assert "mma.sync on sm_80 has no shape [16, 8, 8] with precision 'f16'" in verify_error(text)
 
 
-def test_ptx_instr_in_an_amd_kernel():
-    text = EVERY_OP.replace('%r = tessera_target.hip_instr "v_wmma_f32_16x16x16_f16" (%v, %v, %w) arch = "gfx1100"',
-                            '%r = tessera_target.ptx_instr "mma" (%v, %v, %w)')
-    assert "ptx_instr 'mma' in a kernel for gfx1100 (amd)" in verify_error(text)
-
-
 def test_copy_mechanism_must_exist_on_the_platform():
     text = EVERY_OP.replace('mechanism = "cp.async"', 'mechanism = "tma"')
     assert "mechanism on sm_80" in verify_error(text)
@@ -140,14 +158,30 @@ def test_memcpy_checks_memory_spaces():
     assert "memcpy shared_to_global: src memref<256x128xf16> is not in shared memory" in verify_error(text)
 
 
-def test_cluster_sync_needs_clusters():
-    text = EVERY_OP.replace('sync scope = "block"', 'sync scope = "cluster"')
-    assert "scope 'cluster' needs clusters, which sm_80 does not have" in verify_error(text)
+def test_async_ops_need_their_features():
+    """TMA and mbarriers need `tma`, wgmma groups `wgmma`, setmaxnreg the "a" features."""
+    on_sm90 = EVERY_OP.replace(SM90A, '#tessera_target.platform<"nvidia", "sm_90", 132>')
+    assert "setmaxnreg needs setmaxnreg, which sm_90 does not have" in verify_error(on_sm90)
+    on_sm80 = EVERY_OP.replace(SM90A, '#tessera_target.platform<"nvidia", "sm_80", 108>')
+    assert "needs tma, which sm_80 does not have" in verify_error(on_sm80)
+    wgmma_wait_on_sm80 = EVERY_OP.replace("tessera_target.cp_async_wait pending = 0", "tessera_target.wgmma_wait pending = 0")
+    assert "wgmma_wait needs wgmma, which sm_80 does not have" in verify_error(wgmma_wait_on_sm80)
 
 
-def test_pending_only_for_async_group():
-    text = EVERY_OP.replace('sync scope = "block"', 'sync scope = "block" pending = 1')
-    assert "pending is required for scope" in verify_error(text)
+def test_async_op_verifiers():
+    box_too_far = EVERY_OP.replace("%buf[%s] + 0, %b[%s]", "%buf[%s] + 4096, %b[%s]")
+    assert "a 8192-byte box at offset 4096 does not fit a 8192-byte stage" in verify_error(box_too_far)
+    wrong_map = EVERY_OP.replace("tensor_map<f16, [256, 128], box", "tensor_map<f16, [256, 64], box")
+    assert "does not describe memref<256x128xf16>" in verify_error(wrong_map)
+    no_arrivals = EVERY_OP.replace("arrivals = 8", "arrivals = 0")
+    assert "arrivals = 0 must be positive" in verify_error(no_arrivals)
+    odd_regs = EVERY_OP.replace('"inc" regs = 232', '"inc" regs = 230')
+    assert "regs = 230 must be a multiple of 8" in verify_error(odd_regs)
+    negative = EVERY_OP.replace("cp_async_wait pending = 0", "cp_async_wait pending = -1")
+    assert "pending = -1 must not be negative" in verify_error(negative)
+    partial_warp = EVERY_OP.replace("id = 1 threads = 256", "id = 1 threads = 100")
+    assert "threads = 100 is not whole warps" in verify_error(partial_warp)
+    assert "per must be one of" in verify_error(EVERY_OP.replace('per = "warp"', 'per = "block"'))
 
 
 def test_launch_must_match_the_kernel_config():
@@ -179,5 +213,5 @@ def test_builders_make_verifiable_ops():
     block.add_ops([zero, shared,
                    target.MemcpyOp(shared.result, [zero.result], block.args[0], [zero.result, zero.result],
                                    "global_to_shared", True, "tma", (0, 1)),
-                   target.SyncOp("cluster"), target.ReturnOp()])
+                   target.BarrierOp(), target.ReturnOp()])
     kernel.verify()

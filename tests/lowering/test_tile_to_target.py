@@ -60,18 +60,31 @@ def test_sm80_uses_mma_sync_and_cp_async():
     (mma,) = ops(out, target.TensorCoreOp)
     assert (mma.family.data, tuple(mma.shape.iter_values()), mma.precision.data) == ("mma.sync", (16, 8, 16), "f16")
     assert {op.mechanism.data for op in ops(out, target.MemcpyOp)} == {"cp.async"}
-    assert [op.instruction.data for op in ops(out, target.PTXInstrOp)] == ["cp.async.commit_group"]
+    assert len(ops(out, target.CpAsyncCommitOp)) == 1 and len(ops(out, target.CpAsyncWaitOp)) == 1
+    assert not ops(out, target.TmaLoadOp) and not ops(out, target.MBarrierAllocOp)
 
 
 def test_sm90a_uses_wgmma_and_tma():
     out = lowered("sm_90a", k=64)
     (mma,) = ops(out, target.TensorCoreOp)
     assert (mma.family.data, tuple(mma.shape.iter_values())) == ("wgmma", (64, 64, 16))
-    assert {op.mechanism.data for op in ops(out, target.MemcpyOp)} == {"tma"}
+    assert not ops(out, target.MemcpyOp)
     assert {op.align.value.data for op in ops(out, target.AllocateOp)} == {1024}
-    assert [op.instruction.data for op in ops(out, target.PTXInstrOp)] == ["mbarrier.arrive.expect_tx"]
-    # the mbarrier wait publishes the copies: no block barrier after it
-    assert [op.scope.data for op in ops(out, target.SyncOp)] == ["mbarrier"]
+    (barriers,) = ops(out, target.MBarrierAllocOp)
+    (init,) = ops(out, target.MBarrierInitOp)
+    assert init.barriers is barriers.result and init.arrivals.value.data == 1
+    (arm,) = ops(out, target.MBarrierArriveExpectTxOp)
+    loads = ops(out, target.TmaLoadOp)
+    assert arm.bytes.value.data == sum(load.tensor_map.type.box_bytes for load in loads)
+    assert all(load.barriers is barriers.result for load in loads)
+    assert len(ops(out, target.MBarrierTryWaitOp)) >= 1
+    # the shared-memory allocation pass places the buffers, then the mbarriers after them
+    offsets = [op.offset.value.data for op in ops(out, target.AllocateOp)]
+    assert offsets[0] == 0 and barriers.offset.value.data >= offsets[-1] + ops(out, target.AllocateOp)[-1].size.value.data
+    (kernel,) = ops(out, target.KernelOp)
+    assert kernel.config.shared.data == barriers.offset.value.data + 8 * barriers.result.type.count.data
+    # the mbarrier wait publishes the copies: the only block barrier is the one after mbarrier_init
+    assert len(ops(out, target.BarrierOp)) == 1
 
 
 @pytest.mark.parametrize("gemm, why", [
@@ -96,7 +109,7 @@ def test_gfx90a_uses_mfma_with_wave64():
     assert mma.family.data == "v_mfma_f32_32x32x8bf16_1k"
     (kernel,) = ops(out, target.KernelOp)
     assert kernel.config.block_dims == (256, 1, 1)  # 4 wave64 warps
-    assert not ops(out, target.PTXInstrOp)  # no cp.async groups to commit
+    assert not ops(out, target.CpAsyncCommitOp)  # no cp.async groups to commit
 
 
 def test_kernel_config_and_launch():
@@ -187,13 +200,12 @@ def test_native_gemm_overlaps_each_wgmma_with_the_next_copies():
     tile_ops = [op.name for op in native.modules["tile"].walk()]
     assert tile_ops.count("tile.mma_wait") == 2
     loop = next(op for op in native.modules["target"].walk() if isinstance(op, scf.ForOp))
-    body = [op for op in loop.body.block.ops if isinstance(op, (target.SyncOp, target.TensorCoreOp, target.MemcpyOp))]
-    kinds = [op.scope.data if isinstance(op, target.SyncOp) else op.name.split(".")[-1] for op in body]
-    assert kinds[:3] == ["mbarrier", "tensor_core", "mma_group"]
-    assert kinds[3] == "block" and set(kinds[4:]) == {"memcpy"}
-    waits = [op.pending.value.data for op in native.modules["target"].walk()
-             if isinstance(op, target.SyncOp) and op.scope.data == "mma_group"]
+    kinds = [op.name.split(".")[-1] for op in loop.body.block.ops if op.dialect_name() == "tessera_target"]
+    assert kinds[:5] == ["mbarrier_try_wait", "wgmma_fence", "tensor_core", "wgmma_commit", "wgmma_wait"]
+    assert kinds[5] == "barrier" and kinds[6] == "mbarrier_arrive_expect_tx" and set(kinds[7:]) == {"tma_load"}
+    waits = [op.pending.value.data for op in native.modules["target"].walk() if isinstance(op, target.WgmmaWaitOp)]
     assert waits == [1, 0]
     ampere = _native_gemm("ampere").modules["target"]
-    scopes = [op.scope.data for op in ampere.walk() if isinstance(op, target.SyncOp)]
-    assert scopes == ["async_group", "block"]
+    kinds = [op.name.split(".")[-1] for op in ampere.walk()
+             if isinstance(op, (target.CpAsyncWaitOp, target.BarrierOp, target.WgmmaWaitOp))]
+    assert kinds == ["cp_async_wait", "barrier"]

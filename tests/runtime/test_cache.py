@@ -18,6 +18,11 @@ def fake_cubin(payload: bytes = b"code") -> bytes:
     return header + payload + bytes(64)
 
 
+#: ptxas -v's report of one kernel, as FakeAssembler logs it
+LOG = ("ptxas info    : Compiling entry function 'k' for 'sm_90a'\n"
+       "ptxas info    : Used 40 registers, 1024 bytes smem, 384 bytes cmem[0]\n")
+
+
 class FakeAssembler:
     """Counts assemble() calls; each returns a distinct well-formed cubin."""
 
@@ -27,7 +32,7 @@ class FakeAssembler:
     def __call__(self, ptx, arch, opt_level):
         self.calls.append((ptx, arch, opt_level))
         cubin = fake_cubin(f"{ptx}|{arch}|{opt_level}".encode())
-        return ptxas.Assembled(cubin, arch, opt_level, {}, "")
+        return ptxas.Assembled(cubin, arch, opt_level, ptxas.parse_resources(LOG), LOG)
 
 
 @pytest.fixture
@@ -53,6 +58,22 @@ def test_second_request_is_served_from_disk(store, fake):
     assert store.cubin("ptx", "sm_90a", 3) == first
     assert len(fake.calls) == 1
     assert store.path(store.key("ptx", "sm_90a", 3)).read_bytes() == first
+
+
+def test_a_cached_entry_keeps_ptxas_report(store, fake):
+    first = store.assembled("ptx", "sm_90a", 3)
+    again = store.assembled("ptx", "sm_90a", 3)
+    assert len(fake.calls) == 1
+    assert (again.cubin, again.arch, again.opt_level, again.log) == (first.cubin, "sm_90a", 3, LOG)
+    assert again.resources == first.resources == {"k": ptxas.Resources(registers=40, shared_bytes=1024)}
+
+
+def test_an_entry_without_its_log_is_rebuilt(store, fake):
+    """A cubin cached without ptxas's log (as before logs were kept) has no report: assembled again."""
+    key = store.key("ptx", "sm_90a", 3)
+    store.put(key, fake_cubin(b"old"))
+    assert store.assembled("ptx", "sm_90a", 3).resources == {"k": ptxas.Resources(registers=40, shared_bytes=1024)}
+    assert len(fake.calls) == 1 and store.get_log(key) == LOG
 
 
 def test_a_new_store_on_the_same_directory_finds_the_entry(store, fake, tmp_path):

@@ -188,7 +188,8 @@ def _propagate(kernel, keep: dict[SSAValue, Slice]) -> None:
                 links.extend([(init, arg), (arg, res), (res, yv)])
         if isinstance(op, scf.IfOp):
             for region in op.regions:
-                links.extend(zip(op.results, region.block.last_op.operands))
+                if region.blocks:
+                    links.extend(zip(op.results, region.block.last_op.operands))
     changed = True
     while changed:
         changed = False
@@ -216,47 +217,19 @@ class Regs:
         return [f"    .reg {ty.decl} %{ty.reg}<{n}>;" for ty, n in self.counts.items()]
 
 
-#: registers a producer warpgroup keeps after handing the rest to the computing warpgroups: its one
-#: issuing thread only computes copy coordinates and waits on mbarriers
-PRODUCER_REGS = 40
-
-
-@dataclass(frozen=True)
-class RegisterSplit:
-    """Per-thread register counts of a warp-specialized kernel: at launch (every warp the same), and
-    after setmaxnreg moves the producer warpgroup's spare registers to the computing warpgroups."""
-
-    launch: int
-    producer: int
-    consumer: int
-
-
-def register_split(platform, threads: int, producer_threads: int) -> RegisterSplit | None:
-    """The split for one block per SM, where the launch count is what the register file allows for
-    all `threads`; None where the target has no setmaxnreg or the consumers would gain nothing.
-    The launch count is pinned with .maxnreg: the pool setmaxnreg.inc draws from is the launch count
-    times the block's threads, and a request beyond the pool would wait forever."""
-    if (not producer_threads or not platform.has("setmaxnreg")
-            or producer_threads % 128 or threads % 128 or threads == producer_threads):
-        return None   # setmaxnreg is per warpgroup: each role must be whole warpgroups
-    launch = min(platform.max_regs_per_thread, platform.regs_per_sm // threads) // 8 * 8
-    warpgroups, producers = threads // 128, producer_threads // 128
-    spare = warpgroups * launch - producers * PRODUCER_REGS
-    consumer = min(platform.max_regs_per_thread // 8 * 8, spare // (warpgroups - producers) // 8 * 8)
-    if consumer <= launch:
-        return None
-    return RegisterSplit(launch, PRODUCER_REGS, consumer)
-
-
 class KernelEmitter:
-    def __init__(self, kernel: tgt.KernelOp):
+    """Writes one kernel's PTX with the handler table of its code path (`paths.CodePath`)."""
+
+    def __init__(self, kernel: tgt.KernelOp, handlers: dict[type, Callable], buffers: dict[str, type]):
         self.kernel = kernel
+        self.handlers = handlers
+        self.buffers = buffers                # shared tile buffer layout, by the mechanism filling it
         self.name = kernel.sym_name.data
         self.platform = kernel.platform.platform
         self.threads = kernel.config.threads
         self.producer_threads = 32 * (kernel.producer_warps.value.data if kernel.producer_warps else 0)
         self.layouts = assign_layouts(kernel, (self.threads - self.producer_threads) // 32)
-        self.role: str | None = None          # in a warp-specialized kernel: "producer" or "consumer"
+        self.role: str | None = None          # in a warp_specialize region: "producer" or "consumer"
         self.regs = Regs()
         self.lines: list[str] = []
         self.env: dict[SSAValue, object] = {}
@@ -271,8 +244,9 @@ class KernelEmitter:
         self.extra_params: list[str] = []     # .param declarations after the pointer params
         self.tensor_maps: list[TensorMapSpec] = []
         self.smem_align = 128                 # alignment the dynamic shared memory is declared with
-        self.state: dict[str, object] = {}    # per-kernel state of a backend path (e.g. its mbarriers)
-        self.exit_hooks: list[Callable] = []  # run before the kernel returns (e.g. draining copies)
+        self.state: dict[str, object] = {}    # per-kernel state of a backend path (e.g. its leader thread)
+        from .debug import KernelDebug   # (imports this module)
+        self.debug = KernelDebug.of(kernel)   # line info, asserts, profile stamps; None: the kernel has none
 
     # -- plumbing --
     def emit(self, line: str) -> None:
@@ -344,15 +318,13 @@ class KernelEmitter:
         for key in dict.fromkeys(k for lay in self.layouts.values() for k in lay.base_keys):
             self.base(key)  # at entry: a loop body must not be the first to define them (in a fixed
             # order: the PTX text must not vary from process to process, or the cubin cache misses)
-        if self.producer_threads:
-            self.specialized_block(block)
-        else:
-            self.block(block)
+        self.block(block)
         self.lines[at:at] = self.entry
         params += self.extra_params
         extern = [f".extern .shared .align {self.smem_align} .b8 tsr_smem[];", ""] if self.smem_bytes else []
-        split = register_split(self.platform, self.threads, self.producer_threads)
-        bounds = f".maxntid {self.threads}, 1, 1" + (f" .maxnreg {split.launch}" if split else "")
+        extern = (self.debug.directives() if self.debug else []) + extern
+        maxnreg = self.kernel.maxnreg
+        bounds = f".maxntid {self.threads}, 1, 1" + (f" .maxnreg {maxnreg.value.data}" if maxnreg else "")
         head = [f".visible .entry {self.name}(", ",\n".join(params), f") {bounds}", "{"]
         return "\n".join(extern + head + self.regs.declarations() + self.shared + self.lines + ["}"]) + "\n"
 
@@ -360,43 +332,10 @@ class KernelEmitter:
         for op in block.ops:
             self.op(op)
 
-    def specialized_block(self, block: Block) -> None:
-        """A warp-specialized kernel: the body once for its producer (the first thread after the
-        computing warps; the rest of its warps exit), which keeps only the copies, what their
-        indices need and the loops around them, and once for the computing warps ("consumers"),
-        which skip the copies. The role's handlers (the Hopper path's) turn the barrier that guards
-        a stage's refill into an mbarrier handshake. Shared buffers are placed before the split."""
-        consumers = self.threads - self.producer_threads
-        tid, _, _ = self.tid()
-        for op in block.ops:
-            if isinstance(op, tgt.AllocateOp):
-                self.op(op)
-        is_producer, idle = self.new(PRED), self.new(PRED)
-        to_consumers, to_exit = self.label("consumers"), self.label("idle")
-        split = register_split(self.platform, self.threads, self.producer_threads)
-        self.emit(f"setp.ge.u32 {is_producer}, {tid}, {consumers};")
-        self.emit(f"@!{is_producer} bra {to_consumers};")
-        if split:
-            self.emit(f"setmaxnreg.dec.sync.aligned.u32 {split.producer};")
-        self.emit(f"setp.ne.u32 {idle}, {tid}, {consumers};")
-        self.emit(f"@{idle} bra {to_exit};")
-        self.role = "producer"
-        self.block(block)
-        self.lines.append(f"{to_exit}:")
-        self.emit("ret;")
-        self.lines.append(f"{to_consumers}:")
-        if split:
-            self.emit(f"setmaxnreg.inc.sync.aligned.u32 {split.consumer};")
-        self.role = "consumer"
-        self.block(block)
-        self.role = None
-
     def op(self, op: Operation) -> None:
-        if self.role == "producer" and not _producer_keeps(op):
+        if self.debug is not None and self.debug.emit(self, op):
             return
-        if isinstance(op, tgt.AllocateOp) and op.result in self.env:
-            return   # placed before a warp-specialized kernel splits
-        handler = HANDLERS.get(type(op))
+        handler = self.handlers.get(type(op))
         if handler is None:
             raise UnsupportedByBackend(f"PTX backend: {op.name} is not supported yet (kernel {self.name})")
         handler(self, op)
@@ -967,7 +906,8 @@ STAGED_STORE_MECHANISM = "tma"
 def copy_mechanism(e: KernelEmitter) -> str:
     """The mechanism the kernel's copies use (Target IR gives one kernel one)."""
     if "copy_mechanism" not in e.state:
-        found = {op.mechanism.data for op in e.kernel.walk() if isinstance(op, tgt.MemcpyOp)}
+        found = {"tma" if isinstance(op, tgt.TmaLoadOp) else op.mechanism.data
+                 for op in e.kernel.walk() if isinstance(op, (tgt.MemcpyOp, tgt.TmaLoadOp))}
         e.state["copy_mechanism"] = found.pop() if len(found) == 1 else "cp.async"
     return e.state["copy_mechanism"]
 
@@ -1121,6 +1061,8 @@ def _if(e: KernelEmitter, op: scf.IfOp):
     other, end = e.label("else"), e.label("endif")
     e.emit(f"@!{e.value(op.cond)} bra.uni {other};")
     for region, label in ((op.true_region, end), (op.false_region, None)):
+        if not region.blocks:   # no else
+            continue
         block = region.block
         for inner in block.ops:
             if not isinstance(inner, scf.YieldOp):
@@ -1136,24 +1078,12 @@ def _if(e: KernelEmitter, op: scf.IfOp):
         e.env[r] = regs if is_tile(r) else regs[0]
 
 
-def _producer_keeps(op: Operation) -> bool:
-    """Whether a warp-specialized kernel's producer emits `op`: its copies and their groups, block
-    barriers (its handler waits there for a stage to be free), loops, and scalar arithmetic."""
-    if isinstance(op, (tgt.AllocateOp, tgt.MemcpyOp, tgt.PTXInstrOp, tgt.ReturnOp, scf.ForOp)):
-        return True
-    if isinstance(op, tgt.SyncOp):
-        return op.scope.data == "block"
-    return not any(is_tile(v) for v in (*op.operands, *op.results))
-
-
 def _for(e: KernelEmitter, op: scf.ForOp):
     body = op.body.block
     iv = e.new(S32)
     e.emit(f"mov.s32 {iv}, {e.value(op.lb)};")
     carried = []
     for init, arg in zip(op.iter_args, body.args[1:]):
-        if e.role == "producer" and is_tile(init):
-            continue   # the producer computes no tiles
         src = e.regs_of(init) if is_tile(init) else [e.value(init)]
         ty = ptx_type(init.type)
         regs = []
@@ -1173,7 +1103,7 @@ def _for(e: KernelEmitter, op: scf.ForOp):
         if isinstance(inner, scf.YieldOp):
             break
         e.op(inner)
-    yielded = [y for y in body.last_op.operands if not (e.role == "producer" and is_tile(y))]
+    yielded = list(body.last_op.operands)
     staged = []
     for (arg, ty, regs), y in zip(carried, yielded):
         src = e.regs_of(y) if is_tile(y) else [e.value(y)]
@@ -1191,14 +1121,11 @@ def _for(e: KernelEmitter, op: scf.ForOp):
     e.emit(f"add.s32 {iv}, {iv}, {e.value(op.step)};")
     e.emit(f"bra {top};")
     e.lines.append(f"{end}:")
-    results = [r for r in op.results if not (e.role == "producer" and is_tile(r))]
-    for (arg, ty, regs), res in zip(carried, results):
+    for (arg, ty, regs), res in zip(carried, op.results):
         e.env[res] = regs if is_tile(res) else regs[0]
 
 
 def _return(e: KernelEmitter, op) -> None:
-    for hook in e.exit_hooks:
-        hook(e)
     e.emit("ret;")
 
 
@@ -1206,18 +1133,9 @@ def _mov(ty: PtxType) -> str:
     return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", PRED: "pred", U64: "b64"}[ty]
 
 
-#: sync scope -> its handler; a backend path adds its own (the Hopper path's "mbarrier")
-SYNC: dict[str, Callable] = {
-    "block": lambda e, op: e.emit("bar.sync 0;"),
-    "async_group": lambda e, op: e.emit(f"cp.async.wait_group {op.pending.value.data if op.pending else 0};"),
-}
-
-
-def _sync(e: KernelEmitter, op: tgt.SyncOp) -> None:
-    handler = SYNC.get(op.scope.data)
-    if handler is None:
-        raise UnsupportedByBackend(f"PTX backend: sync scope {op.scope.data!r} is not supported yet")
-    handler(e, op)
+def _barrier(e: KernelEmitter, op: tgt.BarrierOp) -> None:
+    """bar.sync 0 (the block), or a named barrier of the first `threads` threads."""
+    e.emit("bar.sync 0;" if op.id is None else f"bar.sync {op.id.value.data}, {op.threads.value.data};")
 
 
 def _blocked_row(e: KernelEmitter, tc: int, wc: int, tr: int) -> str:
@@ -1273,7 +1191,8 @@ def _mma_without_tensor_cores(e: KernelEmitter, op: t.MmaOp):
         f"(x.to(tsr.fp16)), or call with NumPy arrays to run it on the CPU interpreter")
 
 
-HANDLERS: dict[type, Callable] = {
+#: every code path's handlers: scalar and tile arithmetic, loads and stores, reductions, control flow
+BASE_HANDLERS: dict[type, Callable] = {
     t.MmaOp: _mma_without_tensor_cores,
     arith.ConstantOp: _constant,
     arith.AddfOp: _binary("add.f32 {r}, {a}, {b};"),
@@ -1293,6 +1212,8 @@ HANDLERS: dict[type, Callable] = {
     arith.AndIOp: _binary(None, "and.b32 {r}, {a}, {b};", "and.pred {r}, {a}, {b};"),
     arith.OrIOp: _binary(None, "or.b32 {r}, {a}, {b};", "or.pred {r}, {a}, {b};"),
     arith.XOrIOp: _binary(None, "xor.b32 {r}, {a}, {b};", "xor.pred {r}, {a}, {b};"),
+    arith.ShLIOp: _binary(None, "shl.b32 {r}, {a}, {b};"),
+    arith.ShRUIOp: _binary(None, "shr.u32 {r}, {a}, {b};"),
     arith.IndexCastOp: lambda e, op: e.env.__setitem__(op.result, e.value(op.input)),
     arith.ExtFOp: _extf,
     arith.TruncFOp: _truncf,
@@ -1323,7 +1244,7 @@ HANDLERS: dict[type, Callable] = {
     scf.ForOp: _for,
     scf.IfOp: _if,
     tgt.ReturnOp: _return,
-    tgt.SyncOp: _sync,
+    tgt.BarrierOp: _barrier,
 }
 
 
@@ -1350,23 +1271,3 @@ class PtxKernel:
     threads: int
     dynamic_shared: int
     tensor_maps: tuple[TensorMapSpec, ...] = ()
-
-
-def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
-    """A complete PTX module (header and one .entry) for a Target IR kernel."""
-    e = KernelEmitter(kernel)
-    body = e.run()
-    platform = kernel.platform.platform
-    shared = shared_total(e, e.static_smem)
-    if shared > platform.max_shared_per_block:
-        raise UnsupportedByBackend(f"kernel {e.name} needs {shared} bytes of shared memory, "
-                                   f"but {platform.arch} allows {platform.max_shared_per_block} per block: "
-                                   f"use smaller tiles or fewer stages")
-    arch = platform.arch
-    header = f"{platforms.ptx_version(arch)}\n{platforms.ptx_target(arch)}\n.address_size 64\n\n"
-    return PtxKernel(e.name, header + body, e.threads, e.smem_bytes, tuple(e.tensor_maps))
-
-
-def emit_module(module) -> dict[str, PtxKernel]:
-    """Every kernel of a Target IR module: {kernel name: PtxKernel}."""
-    return {op.sym_name.data: emit_kernel(op) for op in module.ops if isinstance(op, tgt.KernelOp)}

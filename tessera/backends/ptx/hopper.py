@@ -8,42 +8,37 @@ Tile IR pipeline is the same one the Ampere path runs, only its ops mean more:
   (16-byte chunk c of row r at chunk c ^ (r % 8)), boxes one after another, each
   stage 1024-byte aligned. That is the canonical layout wgmma reads through a
   matrix descriptor, so no thread ever touches the tile.
-* `memcpy mechanism = "tma"` issues one `cp.async.bulk.tensor` per box from a
-  tensor map the runtime encodes for the kernel argument (`TensorMapSpec`, passed
-  by value as a 128-byte `.param`). Every box of a tile is copied, also one past
-  the tensor's end (the copy engine zero-fills what lies outside), so a tile wider
-  than the tensor (a head dim of 192 in a 256-wide tile) reads zeros, not stale data.
-* `ptx_instr "mbarrier.arrive.expect_tx"` closes the group of copies into one
-  stage: thread 0 arms the stage's mbarrier with the group's bytes, then issues
-  the copies, which complete on it. Copies for steps a loop never reads (past a
-  causal diagonal, past K) are drained before the block exits.
-* `sync scope = "mbarrier"` makes the next read of a stage wait for its
-  mbarrier's current phase (one phase bit per stage, flipped per wait).
-* In a warp-specialized kernel (`producer_warps`) one producer thread issues every
-  copy and the computing warps never meet at a block barrier: the barrier that
-  guards a stage's refill becomes, for the consumers, an arrive on the stage's
-  second ("free") mbarrier once they are done reading it, and for the producer a
-  wait on that mbarrier before it refills the stage.
+* `tensor_map` is a 128-byte by-value `.param` after the pointer params, which
+  the runtime encodes for the kernel argument (`TensorMapSpec`); `tma_load` issues
+  one `cp.async.bulk.tensor` of one box from it. Every box of a tile is copied,
+  also one past the tensor's end (the copy engine zero-fills what lies outside), so
+  a tile wider than the tensor (a head dim of 192 in a 256-wide tile) reads zeros.
+* The mbarrier ops (`mbarrier_alloc`, `_init`, `_arrive_expect_tx`, `_arrive`,
+  `_try_wait`) print as the PTX instructions of the same names, at the offsets the
+  allocation pass chose; thread 0 initialises mbarriers and (outside a producer
+  region) arms them and issues the copies. Which stage waits on which phase is the
+  Target IR's (`lowering.async_pipelines`), not this module's.
+* `warp_specialize` branches the producer warps to the producer region, where after
+  the register split (`setmaxnreg`) one thread stays to issue the copies.
 * `tensor_core "wgmma"` issues `wgmma.mma_async` m64nNk16 per warpgroup (warpgroup
   g computes accumulator rows 64g..64g+63: the Mma layout with every warp along
-  M), updating the accumulator registers in place, and commits them as a group;
-  `sync scope = "mma_group" pending = N` (a `tile.mma_wait`) waits for the groups,
-  or, in a kernel without such waits, each group is waited for where it is issued.
+  M), updating the accumulator registers in place, between the `wgmma_fence` and
+  `wgmma_commit` the lowering put around it; `wgmma_wait` waits for the groups.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
-from xdsl.dialects import arith, scf
+from xdsl.dialects import arith
 from xdsl.dialects.builtin import FloatAttr
-from xdsl.ir import BlockArgument, Operation
+from xdsl.ir import BlockArgument
 
 from ...ir import target as tgt
 from ...ir import tile as t
-from .emitter import F32, PRED, S32, SYNC, U64, KernelEmitter, TensorMapSpec, UnsupportedByBackend
+from . import tensor_core
+from .emitter import F32, PRED, S32, U64, KernelEmitter, TensorMapSpec, UnsupportedByBackend
 from .layout import Mma
-from .tensor_core import (BEFORE_READ, BUFFERS, COPIES, FAMILIES, INSTRUCTIONS, SMEM_SYMBOL, SharedTile,
-                          TileBuffer, _a_fragments, stage_address)
+from .tensor_core import SMEM_SYMBOL, SharedTile, TileBuffer, _a_fragments, stage_address
 
 #: bytes of one TMA box row and of the swizzle pattern's repeat (8 rows)
 ROW_BYTES = 128
@@ -78,301 +73,143 @@ class TmaBuffer(TileBuffer):
         return (col // self.box_cols) * self.box_bytes + row * ROW_BYTES + (col % self.box_cols) * self.elem
 
 
-@dataclass
-class Pipeline:
-    """The mbarriers of one set of buffers filled together (one per stage, in dynamic shared memory
-    after the tiles), the parity each stage's next phase completes with (bit s of `phase`), and
-    which stages have copies in flight (bit s of `armed`)."""
-
-    barriers: str                    # register: shared address of stage 0's mbarrier
-    stages: int
-    phase: str
-    armed: str
-    free: str | None = None          # warp-specialized: stage 0's "free" mbarrier (consumers arrive)
-    free_phase: str | None = None    # the producer's parity per stage of its next wait for a free stage
-    filled: str | None = None        # the producer's parity per stage of its fills (bit s: fills % 2)
-
-    def barrier(self, e: KernelEmitter, stage: str) -> str:
-        return self._at(e, self.barriers, stage)
-
-    def free_barrier(self, e: KernelEmitter, stage: str) -> str:
-        return self._at(e, self.free, stage)
-
-    @staticmethod
-    def _at(e: KernelEmitter, first: str, stage: str) -> str:
-        r = e.new(S32)
-        e.emit(f"mad.lo.s32 {r}, {stage}, 8, {first};")
-        return r
-
-
-@dataclass
-class TmaState:
-    """Per kernel: thread 0's predicate (it initialises the mbarriers), the predicate of the thread
-    that arms them and issues the copies, the pipeline of each buffer, the copies of the group
-    being issued, and whether a `sync mbarrier` wait is due."""
-
-    leader: str
-    pipelines: dict                  # buffer offset -> Pipeline
-    group: list                      # [(buffer, stage register, PTX copy, bytes)]
-    issuer: str = ""                 # predicate of the thread that issues copies (the leader, or the producer)
-    waiting: set = field(default_factory=set)    # ids of pipelines whose next read waits (`sync mbarrier`)
-    drained: bool = False
-    refill_guard: str | None = None  # warp-specialized: predicate of the stage handshake before the next copy
-
-
-def _state(e: KernelEmitter) -> TmaState:
-    """Created at the kernel's first TMA copy, with code at entry that checks the tile alignment."""
-    if "tma" not in e.state:
+def _leader(e: KernelEmitter) -> str:
+    """Thread 0's predicate (it initialises the mbarriers), computed at entry; the first call also
+    checks at entry that the dynamic shared memory sits on a 1024-byte line (the swizzle is on
+    address bits)."""
+    if "leader" not in e.state:
         tid, leader, base, low, misaligned = e.new(S32), e.new(PRED), e.new(S32), e.new(S32), e.new(PRED)
         e.at_entry(f"mov.u32 {tid}, %tid.x;")
         e.at_entry(f"setp.eq.u32 {leader}, {tid}, 0;")
         e.at_entry(f"mov.u32 {base}, {SMEM_SYMBOL};")
         e.at_entry(f"and.b32 {low}, {base}, {SWIZZLE_ATOM - 1};")
         e.at_entry(f"setp.ne.u32 {misaligned}, {low}, 0;")
-        e.at_entry(f"@{misaligned} trap;")   # the swizzle is on address bits: tiles must sit on 1024-byte lines
+        e.at_entry(f"@{misaligned} trap;")
         e.smem_align = max(e.smem_align, SWIZZLE_ATOM)
-        issuer = leader
-        if e.producer_threads:
-            issuer = e.new(PRED)
-            e.at_entry(f"setp.eq.u32 {issuer}, {tid}, {e.threads - e.producer_threads};")
-        e.state["tma"] = TmaState(leader, {}, [], issuer)
-        e.exit_hooks.append(_drain)
-    return e.state["tma"]
+        e.state["leader"] = leader
+        e.state["tid_at_entry"] = tid
+    return e.state["leader"]
 
 
-def _pipeline(e: KernelEmitter, buffers: list[TmaBuffer]) -> Pipeline:
-    """The pipeline of a group's buffers; a new one gets its mbarriers initialised at entry."""
-    st = _state(e)
-    found = {id(st.pipelines.get(b.offset)) for b in buffers}
-    if len(found) != 1:
-        raise UnsupportedByBackend("PTX backend: TMA copies filling a stage must always fill the same buffers")
-    pipe = st.pipelines.get(buffers[0].offset)
-    if pipe is not None:
-        return pipe
-    stages = buffers[0].stages
-    specialized = bool(e.producer_threads)
-    offset = -(-e.smem_bytes // 8) * 8
-    e.smem_bytes = offset + 8 * stages * (2 if specialized else 1)
-    barriers, phase, armed = e.new(S32), e.new(S32), e.new(S32)
-    e.at_entry(f"mov.u32 {barriers}, {SMEM_SYMBOL};")
-    e.at_entry(f"add.u32 {barriers}, {barriers}, {offset};")
-    for s in range(stages):
-        e.at_entry(f"@{st.leader} mbarrier.init.shared::cta.b64 [{barriers}+{8 * s}], 1;")
-    pipe = Pipeline(barriers, stages, phase, armed)
-    if specialized:   # a stage is free once every consumer warp arrived
-        pipe.free, pipe.free_phase, pipe.filled = e.new(S32), e.new(S32), e.new(S32)
-        e.at_entry(f"add.u32 {pipe.free}, {barriers}, {8 * stages};")
-        for s in range(stages):
-            e.at_entry(f"@{st.leader} mbarrier.init.shared::cta.b64 [{pipe.free}+{8 * s}], "
-                       f"{(e.threads - e.producer_threads) // 32};")
-        e.at_entry(f"mov.u32 {pipe.free_phase}, 0;")
-        e.at_entry(f"mov.u32 {pipe.filled}, 0;")
-    e.at_entry("fence.mbarrier_init.release.cluster;")
-    e.at_entry("bar.sync 0;")
-    e.at_entry(f"mov.u32 {phase}, 0;")
-    e.at_entry(f"mov.u32 {armed}, 0;")
-    for b in buffers:
-        st.pipelines[b.offset] = pipe
-    return pipe
+def _issuer(e: KernelEmitter) -> str:
+    """The predicate of the thread that arms mbarriers and issues bulk copies: thread 0, or in a
+    warp-specialized kernel's producer region its one running thread (the first producer thread)."""
+    if e.role != "producer":
+        return _leader(e)
+    if "issuer" not in e.state:
+        _leader(e)
+        issuer = e.new(PRED)
+        e.at_entry(f"setp.eq.u32 {issuer}, {e.state['tid_at_entry']}, {e.threads - e.producer_threads};")
+        e.state["issuer"] = issuer
+    return e.state["issuer"]
 
 
-def _tensor_map(e: KernelEmitter, spec: TensorMapSpec) -> str:
-    """The generic address of the kernel's tensor-map parameter for `spec` (one per distinct spec)."""
-    maps = e.state.setdefault("tensor_map_regs", {})
-    if spec not in maps:
-        name = f"{e.name}_tmap_{len(e.tensor_maps)}"
-        e.tensor_maps.append(spec)
-        e.extra_params.append(f"    .param .align 64 .b8 {name}[128]")
-        raw, generic = e.new(U64), e.new(U64)
-        e.at_entry(f"mov.u64 {raw}, {name};")
-        e.at_entry(f"cvta.param.u64 {generic}, {raw};")
-        maps[spec] = generic
-    return maps[spec]
+def _tensor_map(e: KernelEmitter, op: tgt.TensorMapOp) -> None:
+    """A by-value tensor-map `.param` after the pointer params, and its generic address."""
+    m: tgt.TensorMapType = op.result.type
+    spec = TensorMapSpec(op.tensor.index, str(m.element_type), m.shape_dims, m.box_dims, m.swizzle.data)
+    name = f"{e.name}_tmap_{len(e.tensor_maps)}"
+    e.tensor_maps.append(spec)
+    e.extra_params.append(f"    .param .align 64 .b8 {name}[128]")
+    raw, generic = e.new(U64), e.new(U64)
+    e.at_entry(f"mov.u64 {raw}, {name};")
+    e.at_entry(f"cvta.param.u64 {generic}, {raw};")
+    e.env[op.result] = generic
 
 
-def _tma_copy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
-    """One box copy per 128-byte column block of the tile, queued until the group's arrive. In a
-    warp-specialized kernel, a copy after a refill guard first hands the stage over: the consumers
-    arrive on its free mbarrier (and copy nothing), the producer waits on it."""
-    buf: TmaBuffer = e.env[op.dst]
-    (stage,) = [e.value(v) for v in op.dst_indices]
-    st = _state(e)
-    if st.refill_guard is not None:
-        _hand_over(e, st.pipelines[buf.offset], stage, st.refill_guard)
-        st.refill_guard = None
-    if e.role == "consumer":
+def _mbarrier_alloc(e: KernelEmitter, op: tgt.MBarrierAllocOp) -> None:
+    """The shared address of the group's first mbarrier, at the offset the allocation pass chose."""
+    _leader(e)
+    offset = op.offset.value.data
+    e.smem_bytes = max(e.smem_bytes, offset + 8 * op.result.type.count.data)
+    base = e.new(S32)
+    e.at_entry(f"mov.u32 {base}, {SMEM_SYMBOL};")
+    e.at_entry(f"add.u32 {base}, {base}, {offset};")
+    e.env[op.result] = base
+
+
+def _barrier_at(e: KernelEmitter, barriers, stage) -> str:
+    r = e.new(S32)
+    e.emit(f"mad.lo.s32 {r}, {e.value(stage)}, 8, {e.value(barriers)};")
+    return r
+
+
+def _mbarrier_init(e: KernelEmitter, op: tgt.MBarrierInitOp) -> None:
+    leader, first = _leader(e), e.value(op.barriers)
+    for s in range(op.barriers.type.count.data):
+        e.emit(f"@{leader} mbarrier.init.shared::cta.b64 [{first}+{8 * s}], {op.arrivals.value.data};")
+
+
+def _arrive_expect_tx(e: KernelEmitter, op: tgt.MBarrierArriveExpectTxOp) -> None:
+    e.emit(f"@{_issuer(e)} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{_barrier_at(e, op.barriers, op.stage)}], "
+           f"{op.bytes.value.data};")
+
+
+def _arrive(e: KernelEmitter, op: tgt.MBarrierArriveOp) -> None:
+    """One arrival per thread, or from lane 0 of each warp (once the warp's reads are done: wgmma
+    waits are warp-wide; one arrive per thread costs 256 shared atomics a stage)."""
+    barrier = _barrier_at(e, op.barriers, op.stage)
+    if op.per.data == "thread":
+        e.emit(f"mbarrier.arrive.shared::cta.b64 _, [{barrier}];")
         return
-    src = op.src
-    shape = tuple(src.type.get_shape())
-    rank = len(shape)
-    row_dim, _ = t.int_values(op.tile_dims)
-    box = tuple(buf.rows if d == row_dim else buf.box_cols if d == rank - 1 else 1 for d in range(rank))
-    spec = TensorMapSpec(src.index, str(src.type.get_element_type()), shape, box)
-    tmap = _tensor_map(e, spec)
-    offsets = [e.value(v) for v in op.src_indices]
-    base = stage_address(e, buf, stage)
-    for j in range(buf.boxes):
-        inner = e.new(S32)
-        e.emit(f"add.s32 {inner}, {offsets[-1]}, {j * buf.box_cols};")
-        listed = ", ".join(reversed([*offsets[:-1], inner]))
-        st.group.append((buf, stage, f"cp.async.bulk.tensor.{rank}d.shared::cluster.global.tile.mbarrier::"
-                                     f"complete_tx::bytes [{base}+{j * buf.box_bytes}], [{tmap}, {{{listed}}}], "
-                                     f"[%BAR%];", buf.box_bytes))
+    _, lane, _ = e.tid()
+    first_lane = e.new(PRED)
+    e.emit(f"setp.eq.u32 {first_lane}, {lane}, 0;")
+    e.emit(f"@{first_lane} mbarrier.arrive.shared::cta.b64 _, [{barrier}];")
 
 
-def _arrive_expect_tx(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
-    """Closes a group: the issuing thread arms the stage's mbarrier with the group's bytes, then
-    issues its boxes; every thread that runs the copies (not a warp-specialized kernel's consumers)
-    marks the stage armed."""
-    st = _state(e)
-    if e.role == "consumer":
-        return
-    stages = {stage for _, stage, *_ in st.group}
-    if len(stages) != 1:
-        raise UnsupportedByBackend("PTX backend: a group of TMA copies must fill one stage")
-    stage = stages.pop()
-    pipe = _pipeline(e, list({b.offset: b for b, *_ in st.group}.values()))
-    barrier = pipe.barrier(e, stage)
-    e.emit(f"@{st.issuer} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{barrier}], "
-           f"{sum(nbytes for *_, nbytes in st.group)};")
-    for _, _, copy, _ in st.group:
-        e.emit(f"@{st.issuer} {copy.replace('%BAR%', barrier)}")
-    bit = _stage_bit(e, stage)
-    e.emit(f"or.b32 {pipe.armed}, {pipe.armed}, {bit};")
-    if e.role == "producer":
-        e.emit(f"xor.b32 {pipe.filled}, {pipe.filled}, {bit};")
-    st.group.clear()
-
-
-def _hand_over(e: KernelEmitter, pipe: Pipeline, stage: str, guard: str) -> None:
-    """Where `guard` holds (not in a loop's first iteration, whose refill fills a stage never used):
-    each consumer warp arrives on the stage's free mbarrier (one lane, once the warp's reads are
-    done: wgmma waits are warp-wide; one arrive per thread costs 256 shared atomics a stage),
-    the producer waits for its current phase."""
-    skip = e.label("handed")
-    e.emit(f"@!{guard} bra {skip};")
-    barrier = pipe.free_barrier(e, stage)
-    if e.role == "consumer":
-        _, lane, _ = e.tid()
-        first_lane = e.new(PRED)
-        e.emit(f"setp.eq.u32 {first_lane}, {lane}, 0;")
-        e.emit(f"@{first_lane} mbarrier.arrive.shared::cta.b64 _, [{barrier}];")
-    else:
-        _wait_parity(e, pipe.free_phase, stage, barrier)
-    e.lines.append(f"{skip}:")
-
-
-def _block_sync(e: KernelEmitter, op: tgt.SyncOp) -> None:
-    """A block barrier; in a warp-specialized kernel one that guards a stage's refill becomes the
-    stage handshake (see `_hand_over`), any other one a barrier of the consumer warps alone."""
-    if e.role is None:
-        e.emit("bar.sync 0;")
-        return
-    loop = op.parent_op()
-    if _guards_refill(op) and isinstance(loop, scf.ForOp):
-        guard = e.new(PRED)
-        e.emit(f"setp.gt.s32 {guard}, {e.value(loop.body.block.args[0])}, {e.value(loop.lb)};")
-        _state(e).refill_guard = guard
-    elif e.role == "consumer":
-        e.emit(f"bar.sync 1, {e.threads - e.producer_threads};")
-
-
-def _guards_refill(op: tgt.SyncOp) -> bool:
-    """Whether the next op after `op`, index arithmetic aside, is a copy into a shared stage."""
-    nxt = op.next_op
-    while nxt is not None and nxt.dialect_name() == "arith":
-        nxt = nxt.next_op
-    return isinstance(nxt, tgt.MemcpyOp)
-
-
-def _stage_bit(e: KernelEmitter, stage: str) -> str:
-    one, bit = e.new(S32), e.new(S32)
-    e.emit(f"mov.b32 {one}, 1;")
-    e.emit(f"shl.b32 {bit}, {one}, {stage};")
-    return bit
-
-
-def _mbarrier_sync(e: KernelEmitter, op: tgt.SyncOp) -> None:
-    st = _state(e)
-    st.waiting = {id(p) for p in st.pipelines.values()}
-
-
-def _wait_phase(e: KernelEmitter, pipe: Pipeline, stage: str, barrier: str) -> None:
-    """Spins until the stage's mbarrier completes its current phase, then flips the stage's parity
-    bit and clears its armed bit."""
-    bit = _wait_parity(e, pipe.phase, stage, barrier)
-    e.emit(f"not.b32 {bit}, {bit};")
-    e.emit(f"and.b32 {pipe.armed}, {pipe.armed}, {bit};")
-
-
-def _wait_parity(e: KernelEmitter, phases: str, stage: str, barrier: str) -> str:
-    """Spins until `barrier` completes the phase whose parity is bit `stage` of register `phases`,
-    then flips that bit; returns the register holding the stage's bit."""
-    parity, done, bit = e.new(S32), e.new(PRED), _stage_bit(e, stage)
-    e.emit(f"bfe.u32 {parity}, {phases}, {stage}, 1;")
+def _try_wait(e: KernelEmitter, op: tgt.MBarrierTryWaitOp) -> None:
+    """Spins until the mbarrier completes the phase of the given parity."""
+    barrier, done = _barrier_at(e, op.barriers, op.stage), e.new(PRED)
     again = e.label("wait")
     e.lines.append(f"{again}:")
-    e.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{barrier}], {parity};")
+    e.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{barrier}], {e.value(op.parity)};")
     e.emit(f"@!{done} bra {again};")
-    e.emit(f"xor.b32 {phases}, {phases}, {bit};")
-    return bit
 
 
-def _wait_for_stage(e: KernelEmitter, tile_: SharedTile) -> None:
-    """After a `sync mbarrier`, the first read of each pipeline's buffers waits for the stage's phase."""
-    st = _state(e)
-    pipe = st.pipelines[tile_.buffer.offset]
-    if id(pipe) not in st.waiting:
-        return
-    st.waiting.discard(id(pipe))
-    _wait_phase(e, pipe, tile_.stage, pipe.barrier(e, tile_.stage))
+def _tma_load(e: KernelEmitter, op: tgt.TmaLoadOp) -> None:
+    buf: TmaBuffer = e.env[op.dst]
+    m: tgt.TensorMapType = op.tensor_map.type
+    dst = stage_address(e, buf, e.value(op.stage))
+    coords = ", ".join(reversed([e.value(c) for c in op.coords]))
+    barrier = _barrier_at(e, op.barriers, op.barrier_stage)
+    e.emit(f"@{_issuer(e)} cp.async.bulk.tensor.{len(m.shape_dims)}d.shared::cluster.global.tile.mbarrier::"
+           f"complete_tx::bytes [{dst}+{op.offset.value.data}], [{e.value(op.tensor_map)}, {{{coords}}}], "
+           f"[{barrier}];")
 
 
-def _drain(e: KernelEmitter) -> None:
-    """Before the block exits, every stage still armed (copies issued for steps the loop did not
-    reach, e.g. key blocks past a causal diagonal) is waited for: no bulk copy may still be
-    writing the shared memory of a finished block. Done once, at the first wait for all mmas
-    (after the pipelined loop) or else at the exit; ptxas serializes wgmmas whose pipeline
-    a drain after the epilogue crosses."""
-    st = _state(e)
-    if e.role == "consumer":
-        return   # consumers issue no copies; the producer waits for its own
-    if e.role == "producer":
-        _drain_fills(e, st)
-        return
-    if st.drained:
-        return
-    st.drained = True
-    for pipe in {id(p): p for p in st.pipelines.values()}.values():
-        for s in range(pipe.stages):
-            armed, skip = e.new(S32), e.new(PRED)
-            e.emit(f"bfe.u32 {armed}, {pipe.armed}, {s}, 1;")
-            e.emit(f"setp.eq.u32 {skip}, {armed}, 0;")
-            done = e.label("drained")
-            e.emit(f"@{skip} bra {done};")
-            stage = e.const_s32(s)
-            _wait_phase(e, pipe, stage, pipe.barrier(e, stage))
-            e.lines.append(f"{done}:")
+def _fence(e: KernelEmitter, op: tgt.FenceOp) -> None:
+    e.emit("fence.mbarrier_init.release.cluster;")
 
 
-def _drain_fills(e: KernelEmitter, st: TmaState) -> None:
-    """The producer's exit: for every stage it ever filled, wait until its last fill landed (the
-    parity of that fill's phase is the stage's fill count - 1), consumed or not."""
-    for pipe in {id(p): p for p in st.pipelines.values()}.values():
-        for s in range(pipe.stages):
-            used, parity, skip, done = e.new(S32), e.new(S32), e.new(PRED), e.new(PRED)
-            e.emit(f"bfe.u32 {used}, {pipe.armed}, {s}, 1;")
-            e.emit(f"setp.eq.u32 {skip}, {used}, 0;")
-            after = e.label("landed")
-            e.emit(f"@{skip} bra {after};")
-            e.emit(f"bfe.u32 {parity}, {pipe.filled}, {s}, 1;")
-            e.emit(f"xor.b32 {parity}, {parity}, 1;")
-            again = e.label("wait")
-            barrier = pipe.barrier(e, e.const_s32(s))
-            e.lines.append(f"{again}:")
-            e.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{barrier}], {parity};")
-            e.emit(f"@!{done} bra {again};")
-            e.lines.append(f"{after}:")
+def _warp_specialize(e: KernelEmitter, op: tgt.WarpSpecializeOp) -> None:
+    """The producer warps branch to the producer region; after its register split all but its first
+    thread exit, and that thread issues the copies; the other warps run the consumer region."""
+    consumers = e.threads - e.producer_threads
+    tid, _, _ = e.tid()
+    is_producer = e.new(PRED)
+    to_consumers, to_exit = e.label("consumers"), e.label("idle")
+    e.emit(f"setp.ge.u32 {is_producer}, {tid}, {consumers};")
+    e.emit(f"@!{is_producer} bra {to_consumers};")
+    e.role = "producer"
+    ops = list(op.producer.block.ops)
+    while ops and isinstance(ops[0], tgt.SetMaxNRegOp):
+        e.op(ops.pop(0))
+    idle = e.new(PRED)
+    e.emit(f"setp.ne.u32 {idle}, {tid}, {consumers};")
+    e.emit(f"@{idle} bra {to_exit};")
+    for inner in ops:
+        e.op(inner)
+    e.lines.append(f"{to_exit}:")
+    e.emit("ret;")
+    e.lines.append(f"{to_consumers}:")
+    e.role = "consumer"
+    e.block(op.consumer.block)
+    e.role = None
+
+
+def _setmaxnreg(e: KernelEmitter, op: tgt.SetMaxNRegOp) -> None:
+    e.emit(f"setmaxnreg.{op.action.data}.sync.aligned.u32 {op.regs.value.data};")
 
 
 # --- wgmma -----------------------------------------------------------------------------------------
@@ -440,7 +277,8 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     e.emit(f"setp.eq.b32 {ignore}, {one}, 0;")
     precision = op.precision.data
     per_instr = n_instr // 8 * 4           # accumulator registers one instruction writes
-    e.emit("wgmma.fence.sync.aligned;")
+    if e.state.pop("wgmma_fence", False):
+        e.emit("wgmma.fence.sync.aligned;")
     for kk in range(k_steps):
         da = _step(e, desc_a, a.buffer.start(0, 16 * kk)) if a_shared else f"{{{', '.join(fragments[kk][0])}}}"
         for n0 in range(0, cols, n_instr):
@@ -454,9 +292,6 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
             scale_d = ignore if from_zero and kk == 0 else accumulate
             e.emit(f"wgmma.mma_async.sync.aligned.m64n{n_instr}k16.f32.{precision}.{precision} "
                    f"{{{d}}}, {da}, {db}, {scale_d}, 1, 1, {trans};")
-    e.emit("wgmma.commit_group.sync.aligned;")
-    if not _waited_for_later(op):
-        e.emit("wgmma.wait_group.sync.aligned 0;")
     e.env[op.result] = list(regs)
 
 
@@ -476,43 +311,38 @@ def _defined_in_block_of(v, op) -> bool:
     return block is op.parent_block()
 
 
-def _waited_for_later(op: tgt.TensorCoreOp) -> bool:
-    """Whether a `sync scope = "mma_group"` follows `op` in its block before anything there reads
-    its result; if not, the wgmma is waited for where it is issued."""
-    readers = [use.operation for use in op.result.uses if not isinstance(use.operation, scf.YieldOp)]
-    nxt = op.next_op
-    while nxt is not None:
-        if isinstance(nxt, tgt.SyncOp) and nxt.scope.data == "mma_group":
-            return True
-        if any(r is nxt or nxt.is_ancestor(r) for r in readers):   # read here, or in a region of it
-            return False
-        nxt = nxt.next_op
-    return False
+def _wgmma_fence(e: KernelEmitter, op: tgt.WgmmaFenceOp) -> None:
+    """Written right before the next wgmma's first instruction, after the code that builds its
+    descriptors and places its accumulator registers (the writes the fence orders)."""
+    e.state["wgmma_fence"] = True
 
 
-def _wait_mmas(e: KernelEmitter, op: tgt.SyncOp) -> None:
-    """Waits for all but `pending` wgmma groups; the first wait for all of them outside any loop or
-    branch also drains the copies still in flight (one inside a loop would, every iteration, consume
-    the phase of a stage the next iteration waits for, and hang the block)."""
+def _wgmma_commit(e: KernelEmitter, op: tgt.WgmmaCommitOp) -> None:
+    e.emit("wgmma.commit_group.sync.aligned;")
+
+
+def _wgmma_wait(e: KernelEmitter, op: tgt.WgmmaWaitOp) -> None:
     e.emit(f"wgmma.wait_group.sync.aligned {op.pending.value.data};")
-    if op.pending.value.data == 0 and "tma" in e.state and not _inside_control_flow(op):
-        _drain(e)
 
 
-def _inside_control_flow(op: Operation) -> bool:
-    parent = op.parent_op()
-    while parent is not None:
-        if isinstance(parent, (scf.ForOp, scf.IfOp)):
-            return True
-        parent = parent.parent_op()
-    return False
+#: the Hopper-native path's handlers, on top of the Ampere-class path's
+HANDLERS = {
+    **tensor_core.HANDLERS,
+    tgt.TensorCoreOp: tensor_core.tensor_core_handler({**tensor_core.FAMILIES, "wgmma": _wgmma}),
+    tgt.TensorMapOp: _tensor_map,
+    tgt.MBarrierAllocOp: _mbarrier_alloc,
+    tgt.MBarrierInitOp: _mbarrier_init,
+    tgt.MBarrierArriveExpectTxOp: _arrive_expect_tx,
+    tgt.MBarrierArriveOp: _arrive,
+    tgt.MBarrierTryWaitOp: _try_wait,
+    tgt.TmaLoadOp: _tma_load,
+    tgt.FenceOp: _fence,
+    tgt.WgmmaFenceOp: _wgmma_fence,
+    tgt.WgmmaCommitOp: _wgmma_commit,
+    tgt.WgmmaWaitOp: _wgmma_wait,
+    tgt.WarpSpecializeOp: _warp_specialize,
+    tgt.SetMaxNRegOp: _setmaxnreg,
+}
 
-
-BUFFERS["tma"] = TmaBuffer
-COPIES["tma"] = _tma_copy
-INSTRUCTIONS["mbarrier.arrive.expect_tx"] = _arrive_expect_tx
-SYNC["mbarrier"] = _mbarrier_sync
-SYNC["block"] = _block_sync
-SYNC["mma_group"] = _wait_mmas
-BEFORE_READ[TmaBuffer] = _wait_for_stage
-FAMILIES["wgmma"] = _wgmma
+#: the shared tile buffers' layout, by whether bulk copies (TMA) fill them
+BUFFERS = {**tensor_core.BUFFERS, "tma": TmaBuffer}

@@ -26,8 +26,8 @@ from xdsl.dialects.builtin import MemRefType
 from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
-from .emitter import (F32, HANDLERS, PRED, S32, U64, KernelEmitter, UnsupportedByBackend, _mov_constant, _storage,
-                      copy_mechanism, ptx_type)
+from .emitter import (BASE_HANDLERS, F32, PRED, S32, U64, KernelEmitter, UnsupportedByBackend, _mov_constant,
+                      _storage, copy_mechanism, ptx_type)
 from .layout import Mma
 
 SMEM_SYMBOL = "tsr_smem"
@@ -121,12 +121,14 @@ def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
         raise UnsupportedByBackend(f"PTX backend: allocate pool={op.pool.data!r} is not supported yet")
     mt: MemRefType = op.result.type
     stages, rows, cols = mt.get_shape()
-    align = op.align.value.data
-    offset = -(-e.smem_bytes // align) * align
-    buf = BUFFERS[copy_mechanism(e)](offset, stages, rows, cols, ptx_type(mt).bytes)
-    e.smem_align = max(e.smem_align, align)
+    if op.offset is None:
+        raise UnsupportedByBackend(f"PTX backend: allocate {mt} has no offset (the shared-memory allocation pass "
+                                   f"places buffers)")
+    offset = op.offset.value.data
+    buf = e.buffers[copy_mechanism(e)](offset, stages, rows, cols, ptx_type(mt).bytes)
+    e.smem_align = max(e.smem_align, op.align.value.data)
     smem_base(e)  # defined where buffers are allocated (the kernel's top level), not inside a loop that uses it
-    e.smem_bytes = offset + buf.size
+    e.smem_bytes = max(e.smem_bytes, offset + buf.size)
     e.env[op.result] = buf
 
 
@@ -152,9 +154,10 @@ def _thread_chunks(e: KernelEmitter, rows: int, chunks_per_row: int, chunk: int)
 
 
 def _memcpy(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
-    if op.kind.data != "global_to_shared":
-        raise UnsupportedByBackend(f"PTX backend: memcpy kind {op.kind.data!r} is not supported yet")
-    COPIES[op.mechanism.data](e, op)
+    if op.kind.data != "global_to_shared" or op.mechanism.data not in ("cp.async", "ld.global"):
+        raise UnsupportedByBackend(f"PTX backend: memcpy kind {op.kind.data!r} by {op.mechanism.data!r} is not "
+                                   f"supported yet")
+    _copy_by_threads(e, op)
 
 
 def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
@@ -265,20 +268,6 @@ def _copy_element(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile: str | None
     e.emit(f"{f'@{in_tile} ' if in_tile else ''}st.shared.{_storage(ty)} [{saddr}], {r};")
 
 
-#: memcpy mechanism -> handler; the Hopper path adds "tma"
-COPIES: dict[str, object] = {"cp.async": _copy_by_threads, "ld.global": _copy_by_threads}
-
-#: ptx_instr instructions the backend writes, -> handler; the Hopper path adds its mbarrier arrive
-INSTRUCTIONS: dict[str, object] = {"cp.async.commit_group": lambda e, op: e.emit("cp.async.commit_group;")}
-
-
-def _ptx_instr(e: KernelEmitter, op: tgt.PTXInstrOp) -> None:
-    handler = INSTRUCTIONS.get(op.instruction.data)
-    if handler is None or op.args or op.outs:
-        raise UnsupportedByBackend(f"PTX backend: ptx_instr {op.instruction.data!r} is not supported yet")
-    handler(e, op)
-
-
 @dataclass(frozen=True)
 class Fragments:
     """A-operand fragments already in registers ([k step][mi] = 4 registers)."""
@@ -286,16 +275,11 @@ class Fragments:
     a: list
 
 
-#: hooks run before a stage of a buffer is read, by buffer type; the Hopper path waits on its mbarrier
-BEFORE_READ: dict[type, object] = {}
-
-
 def _load_shared(e: KernelEmitter, op: t.LoadSharedOp) -> None:
     """A stage of a shared buffer, read by the mma that uses it. An A operand loaded outside the
     loop of its mma (flash attention's Q) is read into fragments here, once, not every iteration."""
     tile_ = SharedTile(e.env[op.src], e.value(op.stage))
-    if type(tile_.buffer) in BEFORE_READ:
-        BEFORE_READ[type(tile_.buffer)](e, tile_)
+    if not isinstance(tile_.buffer, SharedBuffer):   # TMA-filled: wgmma reads it through descriptors
         e.env[op.result] = tile_
         return
     uses = [u.operation for u in op.result.uses]
@@ -407,12 +391,16 @@ def _b_fragments(e: KernelEmitter, b: SharedTile, acc: Mma, k_steps: int, wn: in
     return out
 
 
-def _tensor_core(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
-    handler = FAMILIES.get(op.family.data)
-    if handler is None or (op.family.data == "mma.sync" and t.int_values(op.shape) != (16, 8, 16)):
-        raise UnsupportedByBackend(f"PTX backend: tensor_core {op.family.data} "
-                                   f"{list(t.int_values(op.shape))} is not supported yet")
-    handler(e, op)
+def tensor_core_handler(families: dict):
+    """The tensor_core handler of a code path: `families` maps each matrix instruction family it
+    emits to its handler."""
+    def handle(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
+        handler = families.get(op.family.data)
+        if handler is None or (op.family.data == "mma.sync" and t.int_values(op.shape) != (16, 8, 16)):
+            raise UnsupportedByBackend(f"PTX backend: tensor_core {op.family.data} "
+                                       f"{list(t.int_values(op.shape))} is not supported yet")
+        handler(e, op)
+    return handle
 
 
 def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
@@ -442,14 +430,28 @@ def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     e.env[op.result] = regs
 
 
-#: tensor_core family -> handler; the Hopper path adds "wgmma"
-FAMILIES: dict[str, object] = {"mma.sync": _mma_sync}
+#: tensor_core family -> handler on this path
+FAMILIES = {"mma.sync": _mma_sync}
 
-HANDLERS.update({
+#: how a kernel's shared tile buffers are laid out, by the mechanism that fills them
+BUFFERS: dict[str, type] = {"cp.async": SharedBuffer, "ld.global": SharedBuffer}
+
+
+def _cp_async_commit(e: KernelEmitter, op: tgt.CpAsyncCommitOp) -> None:
+    e.emit("cp.async.commit_group;")
+
+
+def _cp_async_wait(e: KernelEmitter, op: tgt.CpAsyncWaitOp) -> None:
+    e.emit(f"cp.async.wait_group {op.pending.value.data};")
+
+
+#: the Ampere-class path's handlers: the base ones, shared buffers, cp.async and mma.sync
+HANDLERS = {
+    **BASE_HANDLERS,
     tgt.AllocateOp: _allocate,
     tgt.MemcpyOp: _memcpy,
-    tgt.PTXInstrOp: _ptx_instr,
+    tgt.CpAsyncCommitOp: _cp_async_commit,
+    tgt.CpAsyncWaitOp: _cp_async_wait,
     t.LoadSharedOp: _load_shared,
-    tgt.TensorCoreOp: _tensor_core,
-})
-
+    tgt.TensorCoreOp: tensor_core_handler(FAMILIES),
+}

@@ -1,0 +1,60 @@
+"""The PTX backend's code paths, composed explicitly: each is the handler table the
+emitter prints a kernel with, and the layout of the shared buffers its copies fill.
+
+    base     scalar and tile arithmetic, loads and stores, reductions, control flow (emitter.py)
+    ampere   + shared buffers, cp.async groups, ldmatrix and mma.sync       (tensor_core.py)
+    hopper   + tensor maps, mbarriers, TMA loads, wgmma, warp specialization (hopper.py)
+
+A kernel's path is chosen by what its platform has (`path_for`), never by an arch name.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable
+
+from ... import platforms
+from ...ir import target as tgt
+from . import hopper, tensor_core
+from .emitter import KernelEmitter, PtxKernel, UnsupportedByBackend, shared_total
+
+
+@dataclass(frozen=True)
+class CodePath:
+    name: str
+    handlers: dict[type, Callable]
+    buffers: dict[str, type]
+
+
+AMPERE = CodePath("ampere", tensor_core.HANDLERS, tensor_core.BUFFERS)
+HOPPER = CodePath("hopper", hopper.HANDLERS, hopper.BUFFERS)
+
+
+def path_for(platform: platforms.Platform) -> CodePath:
+    """Hopper's table where the platform has TMA (its ops only appear there), else Ampere's."""
+    return HOPPER if platform.has("tma") else AMPERE
+
+
+def emitter_for(kernel: tgt.KernelOp) -> KernelEmitter:
+    """An emitter of `kernel` with its platform's code path."""
+    path = path_for(kernel.platform.platform)
+    return KernelEmitter(kernel, path.handlers, path.buffers)
+
+
+def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
+    """A complete PTX module (header and one .entry) for a Target IR kernel."""
+    platform = kernel.platform.platform
+    e = emitter_for(kernel)
+    body = e.run()
+    shared = shared_total(e, e.static_smem)
+    if shared > platform.max_shared_per_block:
+        raise UnsupportedByBackend(f"kernel {e.name} needs {shared} bytes of shared memory, "
+                                   f"but {platform.arch} allows {platform.max_shared_per_block} per block: "
+                                   f"use smaller tiles or fewer stages")
+    arch = platform.arch
+    header = f"{platforms.ptx_version(arch)}\n{platforms.ptx_target(arch)}\n.address_size 64\n\n"
+    return PtxKernel(e.name, header + body, e.threads, e.smem_bytes, tuple(e.tensor_maps))
+
+
+def emit_module(module) -> dict[str, PtxKernel]:
+    """Every kernel of a Target IR module: {kernel name: PtxKernel}."""
+    return {op.sym_name.data: emit_kernel(op) for op in module.ops if isinstance(op, tgt.KernelOp)}

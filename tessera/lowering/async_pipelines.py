@@ -1,0 +1,548 @@
+"""Tile IR pipelines -> Target IR's explicit TMA protocol (the Hopper-native path).
+
+Tile IR says what a pipeline does: `tile.copy_async` into a stage, `tile.async_commit`
+closes a group of copies, `tile.async_wait` + `tile.barrier` make the next stage read
+safe, and a barrier before a refill frees the stage. On a target whose copies use TMA
+this module writes out *how*, as typed Target IR ops that a dump shows and the
+async-hazard checker (`tessera.passes.check_async`) reads:
+
+* per pipeline (the buffers one commit fills together), `mbarrier_alloc` +
+  `mbarrier_init arrivals = 1` (one "full" mbarrier per stage; a warp-specialized kernel
+  adds a "free" mbarrier per stage that every computing warp arrives on), a
+  `fence kind = "mbarrier_init"` and a block barrier;
+* per copy, one `tma_load` per 128-byte-wide box of the tile (from a `tensor_map`, the
+  kernel's by-value TMA descriptor of the source argument), after the group's
+  `mbarrier_arrive_expect_tx` with the group's bytes;
+* per wait, an `mbarrier_try_wait` on the stage read next, with the parity of the
+  phase it waits for. Phases are explicit i32 values: bit s of `phase` is the parity
+  stage s's next wait needs, flipped per wait; bit s of `armed` says stage s has copies
+  not yet waited for (both are carried through loops as iter_args, as CUTLASS's
+  pipeline state is). The same bits drain the copies no step read before the block
+  exits (steps past a causal diagonal, past K);
+* in a warp-specialized kernel (`producer_warps`), a `warp_specialize` op whose producer
+  region keeps the copies and the scalar code that places them, and whose consumer region
+  keeps the rest; the barrier guarding a refill becomes the consumers' `mbarrier_arrive`
+  on the stage's free mbarrier and the producer's wait on it, other block barriers become
+  a named barrier of the consumers, and `setmaxnreg` ops move the producer's spare
+  registers to the consumers (`register_split`).
+
+Measured on an H100 (bench/run_all.py): dropping the barrier that only publishes copies
+(the mbarrier does that) gives the native GEMM +17% and attention +4-10%.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from xdsl.dialects import arith, scf
+from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, TensorType, i32
+from xdsl.ir import Block, Operation, Region, SSAValue
+
+from ..ir import target, tile
+from ..platforms import Platform
+
+#: bytes of one TMA box row: one 128-byte swizzle span
+TMA_ROW_BYTES = 128
+
+#: registers a producer warpgroup keeps after handing the rest to the computing warpgroups: its one
+#: issuing thread only computes copy coordinates and waits on mbarriers
+PRODUCER_REGS = 40
+
+
+@dataclass(frozen=True)
+class RegisterSplit:
+    """Per-thread register counts of a warp-specialized kernel: at launch (every warp the same), and
+    after setmaxnreg moves the producer warpgroup's spare registers to the computing warpgroups."""
+
+    launch: int
+    producer: int
+    consumer: int
+
+
+def register_split(platform: Platform, threads: int, producer_threads: int) -> RegisterSplit | None:
+    """The split for one block per SM, where the launch count is what the register file allows for
+    all `threads`; None where the target has no setmaxnreg or the consumers would gain nothing.
+    The launch count is pinned with .maxnreg: the pool setmaxnreg.inc draws from is the launch count
+    times the block's threads, and a request beyond the pool would wait forever."""
+    if (not producer_threads or not platform.has("setmaxnreg")
+            or producer_threads % 128 or threads % 128 or threads == producer_threads):
+        return None   # setmaxnreg is per warpgroup: each role must be whole warpgroups
+    launch = min(platform.max_regs_per_thread, platform.regs_per_sm // threads) // 8 * 8
+    warpgroups, producers = threads // 128, producer_threads // 128
+    spare = warpgroups * launch - producers * PRODUCER_REGS
+    consumer = min(platform.max_regs_per_thread // 8 * 8, spare // (warpgroups - producers) // 8 * 8)
+    if consumer <= launch:
+        return None
+    return RegisterSplit(launch, PRODUCER_REGS, consumer)
+
+
+def is_tile(v: SSAValue) -> bool:
+    return isinstance(v.type, TensorType) and v.type.get_num_dims() > 0
+
+
+# ---------------------------------------------------------------------------
+# Small builders
+# ---------------------------------------------------------------------------
+
+
+class _Insert:
+    """Builds ops before a fixed op (or at the end of a block) and returns their results."""
+
+    def __init__(self, block: Block, before: Operation | None):
+        self.block, self.before = block, before
+
+    def __call__(self, op: Operation):
+        if self.before is None:
+            self.block.add_op(op)
+        else:
+            self.block.insert_op_before(op, self.before)
+        return op.results[0] if op.results else op
+
+    def i32(self, value: int) -> SSAValue:
+        return self(arith.ConstantOp(IntegerAttr(value, i32)))
+
+    def index(self, value: int) -> SSAValue:
+        return self(arith.ConstantOp(IntegerAttr(value, IndexType())))
+
+    def stage_bit(self, stage: SSAValue) -> SSAValue:
+        """1 << stage, as i32."""
+        return self(arith.ShLIOp(self.i32(1), self(arith.IndexCastOp(stage, i32))))
+
+    def bit_of(self, bits: SSAValue, stage: SSAValue) -> SSAValue:
+        """(bits >> stage) & 1."""
+        return self(arith.AndIOp(self(arith.ShRUIOp(bits, self(arith.IndexCastOp(stage, i32)))), self.i32(1)))
+
+
+# ---------------------------------------------------------------------------
+# Pipelines: the buffers one commit fills, and their mbarriers
+# ---------------------------------------------------------------------------
+
+
+@dataclass
+class _Pipe:
+    index: int
+    stages: int
+    buffers: list[SSAValue]
+    full: SSAValue | None = None      # !mbarriers<stages>: the copies of a stage landed
+    free: SSAValue | None = None      # warp-specialized: every computing warp is done with a stage
+
+
+def _pipes(kernel: tile.KernelOp) -> dict[SSAValue, _Pipe]:
+    """Each shared buffer's pipeline: the buffers the copies of one commit group fill together."""
+    by_buffer: dict[SSAValue, _Pipe] = {}
+    group: list[SSAValue] = []
+    pipes: list[_Pipe] = []
+    for op in kernel.walk():
+        if isinstance(op, tile.CopyAsyncOp):
+            group.append(op.dst)
+        elif isinstance(op, tile.AsyncCommitOp):
+            known = {id(by_buffer[b]) for b in group if b in by_buffer}
+            if len(known) > 1 or (known and any(b not in by_buffer for b in group)):
+                raise ValueError("TMA copies filling a stage must always fill the same buffers")
+            if not known and group:
+                buffers = list(dict.fromkeys(group))
+                stages = {b.type.get_shape()[0] for b in buffers}
+                if len(stages) != 1:
+                    raise ValueError("the buffers of one pipeline must have the same number of stages")
+                pipe = _Pipe(len(pipes), stages.pop(), buffers)
+                pipes.append(pipe)
+                by_buffer.update({b: pipe for b in buffers})
+            group = []
+    return by_buffer
+
+
+def _box(dst: MemRefType, src: MemRefType, tile_dims) -> tuple[int, ...]:
+    """A TMA box of `dst`'s tile: its rows along the row dim, one 128-byte span along the
+    contiguous dim, 1 along every other dim."""
+    _, rows, _ = dst.get_shape()
+    rank = src.get_num_dims()
+    row_dim = tile_dims[0]
+    box_cols = TMA_ROW_BYTES // (dst.get_element_type().bitwidth // 8)
+    return tuple(rows if d == row_dim else box_cols if d == rank - 1 else 1 for d in range(rank))
+
+
+# ---------------------------------------------------------------------------
+# The walk: one role's view of the kernel body
+# ---------------------------------------------------------------------------
+
+_NONE, _PRODUCER, _CONSUMER = None, "producer", "consumer"
+
+
+@dataclass
+class _Lowering:
+    """Rewrites one role's copy of a kernel body (the whole body without warp specialization),
+    carrying the pipeline state (`phase`, `armed`, `filled`, `free_phase` bits per pipeline)
+    through its loops."""
+
+    pipes: dict[SSAValue, _Pipe]
+    maps: dict[tuple, SSAValue]             # (kernel argument, box) -> its tensor_map
+    role: str | None
+    consumer_threads: int
+    state: dict[tuple[str, int], SSAValue] = field(default_factory=dict)
+    waiting: set[int] = field(default_factory=set)      # pipes whose next read waits for its stage
+    pending: list = field(default_factory=list)         # tma_loads of the group being issued
+    refill_guard: SSAValue | None = None                # warp-specialized: the handshake before the next copy
+    drained: bool = False
+    after_wait: bool = False                            # the op just walked was a tile.async_wait
+
+    def all_pipes(self) -> list[_Pipe]:
+        return list({p.index: p for p in self.pipes.values()}.values())
+
+    def keys(self) -> list[tuple[str, int]]:
+        return sorted(self.state)
+
+    # -- the walk --
+    def block(self, block: Block) -> None:
+        for op in list(block.ops):
+            self.op(op)
+
+    def op(self, op: Operation) -> None:
+        at = _Insert(op.parent_block(), op)
+        if isinstance(op, tile.CopyAsyncOp):
+            self.copy(op, at)
+        elif isinstance(op, tile.AsyncCommitOp):
+            self.commit(op, at)
+        elif isinstance(op, tile.AsyncWaitOp):
+            if self.role != _PRODUCER:
+                self.waiting = {p.index for p in self.all_pipes()}
+            _erase(op)
+            self.after_wait = True
+            return
+        elif isinstance(op, tile.BarrierOp):
+            self.barrier(op, at)
+        elif isinstance(op, tile.LoadSharedOp) and op.src in self.pipes:
+            self.wait_for_stage(self.pipes[op.src], op.stage, at)
+        elif isinstance(op, scf.ForOp):
+            self.loop(op)
+        elif isinstance(op, tile.MmaWaitOp):
+            if (self.role is _NONE and op.pending.value.data == 0 and not self.drained
+                    and not _inside_control_flow(op)):
+                self.drain(_Insert(op.parent_block(), op.next_op))
+        elif isinstance(op, tile.ReturnOp) and self.role is _NONE and not self.drained:
+            self.drain(at)
+        self.after_wait = False
+
+    # -- copies --
+    def copy(self, op: tile.CopyAsyncOp, at: _Insert) -> None:
+        pipe = self.pipes[op.dst]
+        if self.refill_guard is not None:
+            self.hand_over(pipe, op.stage, at)
+            self.refill_guard = None
+        if self.role == _CONSUMER:
+            _erase(op)
+            return
+        src, dst = op.src, op.dst
+        box = _box(dst.type, src.type, tile.int_values(op.tile_dims))
+        tmap = self.maps[(src, box)]
+        rows, cols = dst.type.get_shape()[1:]
+        box_cols = box[-1]
+        offsets = list(op.offsets)
+        for j in range(cols // box_cols):
+            inner = offsets[-1] if j == 0 else at(arith.AddiOp(offsets[-1], at.index(j * box_cols)))
+            self.pending.append(target.TmaLoadOp(tmap, [*offsets[:-1], inner], dst, op.stage,
+                                                 j * rows * TMA_ROW_BYTES, pipe.full))
+        _erase(op)
+
+    def commit(self, op: tile.AsyncCommitOp, at: _Insert) -> None:
+        if self.role == _CONSUMER or not self.pending:
+            _erase(op)
+            return
+        stages = {load.stage for load in self.pending}
+        if len(stages) != 1:
+            raise ValueError("a group of TMA copies must fill one stage")
+        stage = stages.pop()
+        pipe = self.pipes[self.pending[0].dst]
+        nbytes = sum(load.tensor_map.type.box_bytes for load in self.pending)
+        at(target.MBarrierArriveExpectTxOp(pipe.full, stage, nbytes))
+        for load in self.pending:
+            at(load)
+        self.pending = []
+        bit = at.stage_bit(stage)
+        self.state[("armed", pipe.index)] = at(arith.OrIOp(self.state[("armed", pipe.index)], bit))
+        if self.role == _PRODUCER:
+            self.state[("filled", pipe.index)] = at(arith.XOrIOp(self.state[("filled", pipe.index)], bit))
+        _erase(op)
+
+    # -- waits --
+    def wait_for_stage(self, pipe: _Pipe, stage: SSAValue, at: _Insert) -> None:
+        """The first read of a pipeline's stage after a `tile.async_wait` waits for its phase."""
+        if pipe.index not in self.waiting:
+            return
+        self.waiting.discard(pipe.index)
+        phase = self.state[("phase", pipe.index)]
+        at(target.MBarrierTryWaitOp(pipe.full, stage, at.bit_of(phase, stage)))
+        bit = at.stage_bit(stage)
+        self.state[("phase", pipe.index)] = at(arith.XOrIOp(phase, bit))
+        if self.role is _NONE:
+            cleared = at(arith.XOrIOp(bit, at.i32(-1)))
+            self.state[("armed", pipe.index)] = at(arith.AndIOp(self.state[("armed", pipe.index)], cleared))
+
+    def drain(self, at: _Insert) -> None:
+        """Before the block exits, every stage still armed (copies issued for steps the loop did not
+        reach) is waited for: no bulk copy may still be writing the shared memory of a finished
+        block. Placed at the first wait for all mmas after the pipelined loop (ptxas serializes
+        wgmmas whose pipeline a drain after the epilogue crosses), else at the exit."""
+        self.drained = True
+        for pipe in self.all_pipes():
+            for s in range(pipe.stages):
+                stage = at.index(s)
+                armed = at.bit_of(self.state[("armed", pipe.index)], stage)
+                cond = at(tile.CmpiOp(armed, at.i32(0), "ne"))
+                body = Block()
+                inside = _Insert(body, None)
+                parity = inside.bit_of(self.state[("phase", pipe.index)], stage)
+                inside(target.MBarrierTryWaitOp(pipe.full, stage, parity))
+                inside(scf.YieldOp())
+                at(scf.IfOp(cond, [], Region(body)))
+
+    def drain_fills(self, at: _Insert) -> None:
+        """The producer's exit: for every stage it ever filled, wait until its last fill landed (the
+        parity of that fill's phase is the stage's fill count - 1), consumed or not."""
+        for pipe in self.all_pipes():
+            for s in range(pipe.stages):
+                stage = at.index(s)
+                used = at.bit_of(self.state[("armed", pipe.index)], stage)
+                cond = at(tile.CmpiOp(used, at.i32(0), "ne"))
+                body = Block()
+                inside = _Insert(body, None)
+                parity = inside(arith.XOrIOp(inside.bit_of(self.state[("filled", pipe.index)], stage), inside.i32(1)))
+                inside(target.MBarrierTryWaitOp(pipe.full, stage, parity))
+                inside(scf.YieldOp())
+                at(scf.IfOp(cond, [], Region(body)))
+
+    # -- barriers --
+    def barrier(self, op: tile.BarrierOp, at: _Insert) -> None:
+        """A barrier that only publishes copies goes (the stage's mbarrier does that). In a
+        warp-specialized kernel, the barrier guarding a refill becomes the stage handshake at the
+        copy (`hand_over`), any other one a barrier of the computing warps alone."""
+        if self.after_wait and not _guards_refill(op):
+            _erase(op)
+            return
+        if self.role is _NONE:
+            return   # a block barrier (tile_to_target's pattern)
+        loop = op.parent_op()
+        if _guards_refill(op) and isinstance(loop, scf.ForOp):
+            self.refill_guard = at(tile.CmpiOp(loop.body.block.args[0], loop.lb, "sgt"))
+        elif self.role == _CONSUMER:
+            at(target.BarrierOp(1, self.consumer_threads))
+        _erase(op)
+
+    def hand_over(self, pipe: _Pipe, stage: SSAValue, at: _Insert) -> None:
+        """Where the guard holds (not in a loop's first iteration, whose refill fills a stage never
+        used): each computing warp arrives on the stage's free mbarrier (one lane, once the warp's
+        reads are done: one arrive per thread costs 256 shared atomics a stage), the producer waits
+        for its current phase."""
+        guard = self.refill_guard
+        body = Block()
+        inside = _Insert(body, None)
+        if self.role == _CONSUMER:
+            inside(target.MBarrierArriveOp(pipe.free, stage, "warp"))
+            inside(scf.YieldOp())
+            at(scf.IfOp(guard, [], Region(body)))
+            return
+        key = ("free_phase", pipe.index)
+        phases = self.state[key]
+        inside(target.MBarrierTryWaitOp(pipe.free, stage, inside.bit_of(phases, stage)))
+        flipped = inside(arith.XOrIOp(phases, inside.stage_bit(stage)))
+        inside(scf.YieldOp(flipped))
+        other = Block()
+        other.add_op(scf.YieldOp(phases))
+        self.state[key] = at(scf.IfOp(guard, [i32], Region(body), Region(other)))
+
+    # -- loops --
+    def loop(self, op: scf.ForOp) -> None:
+        """Walks the body with the pipeline state carried through the loop as iter_args."""
+        if not _has_async(op):
+            return
+        keys = self.keys()
+        body = op.body.block
+        n = len(op.iter_args)
+        args = [body.insert_arg(i32, len(body.args)) for _ in keys]
+        outer = dict(self.state)
+        self.state.update(zip(keys, args))
+        self.block(body)
+        yield_op = body.last_op
+        yield_op.operands = [*yield_op.operands, *(self.state[k] for k in keys)]
+        new = scf.ForOp(op.lb, op.ub, op.step, [*op.iter_args, *(outer[k] for k in keys)], op.detach_region(op.body))
+        op.parent_block().insert_op_before(new, op)
+        for old, res in zip(op.results, new.results[:n]):
+            old.replace_all_uses_with(res)
+        _erase(op)
+        self.state.update(zip(keys, new.results[n:]))
+
+
+def _erase(op: Operation, safe: bool = True) -> None:
+    op.parent_block().erase_op(op, safe_erase=safe)
+
+
+def _has_async(op: Operation) -> bool:
+    return any(isinstance(o, (tile.CopyAsyncOp, tile.AsyncCommitOp, tile.AsyncWaitOp, tile.LoadSharedOp,
+                              tile.BarrierOp)) for o in op.walk())
+
+
+def _inside_control_flow(op: Operation) -> bool:
+    parent = op.parent_op()
+    while parent is not None:
+        if isinstance(parent, (scf.ForOp, scf.IfOp)):
+            return True
+        parent = parent.parent_op()
+    return False
+
+
+def _guards_refill(op: Operation) -> bool:
+    """Whether the next op after `op`, index arithmetic aside, is a copy into a shared stage."""
+    nxt = op.next_op
+    while nxt is not None and nxt.dialect_name() == "arith":
+        nxt = nxt.next_op
+    return isinstance(nxt, tile.CopyAsyncOp)
+
+
+# ---------------------------------------------------------------------------
+# The kernel
+# ---------------------------------------------------------------------------
+
+
+def lower_tma_pipelines(kernel: tile.KernelOp, platform: Platform, producer_warps: int) -> RegisterSplit | None:
+    """Rewrites the pipelines of `kernel`, whose copies use TMA on `platform`, into the explicit
+    protocol (see the module docstring); with `producer_warps`, into a warp_specialize op.
+    Returns the register split the kernel is launched with, if any."""
+    pipes = _pipes(kernel)
+    if not pipes:
+        return None
+    block = kernel.body.block
+    if any(isinstance(op, tile.AllocSharedOp) and op.parent_block() is not block for op in kernel.walk()):
+        raise ValueError("shared buffers must be allocated at the kernel's top level")
+    allocs = [op for op in block.ops if isinstance(op, tile.AllocSharedOp)]
+    for op in allocs:   # first (they read nothing): every role of a warp-specialized kernel shares them
+        op.detach()
+    block.insert_ops_before(allocs, block.first_op)
+    at = _Insert(block, allocs[-1].next_op)
+    maps = _tensor_maps(kernel, at)
+    warps = kernel.num_warps.value.data
+    consumers = 32 * warps
+    all_pipes = list({p.index: p for p in pipes.values()}.values())
+    for pipe in all_pipes:
+        pipe.full = at(target.MBarrierAllocOp(pipe.stages))
+        at(target.MBarrierInitOp(pipe.full, 1))
+        if producer_warps:
+            pipe.free = at(target.MBarrierAllocOp(pipe.stages))
+            at(target.MBarrierInitOp(pipe.free, warps))
+    at(target.FenceOp("mbarrier_init"))
+    at(target.BarrierOp())
+    if not producer_warps:
+        lowering = _Lowering(pipes, maps, _NONE, consumers)
+        lowering.state = {(k, p.index): at.i32(0) for p in all_pipes for k in ("phase", "armed")}
+        _walk_from(lowering, block, at.before)
+        return None
+    split = register_split(platform, consumers + 32 * producer_warps, 32 * producer_warps)
+    rest = _ops_from(block, at.before)
+    regions = []
+    for role, keys in ((_PRODUCER, ("armed", "filled", "free_phase")), (_CONSUMER, ("phase",))):
+        body = Block()
+        mapping: dict = {}
+        for op in rest:
+            if not isinstance(op, tile.ReturnOp):
+                body.add_op(op.clone(mapping))
+        inside = _Insert(body, body.first_op)
+        if split:
+            inside(target.SetMaxNRegOp("dec" if role == _PRODUCER else "inc",
+                                       split.producer if role == _PRODUCER else split.consumer))
+        lowering = _Lowering(pipes, maps, role, consumers)
+        lowering.state = {(k, p.index): inside.i32(0) for p in all_pipes for k in keys}
+        lowering.block(body)
+        if role == _PRODUCER:
+            lowering.drain_fills(_Insert(body, None))
+            _drop_tiles(body)
+        _erase_dead(body)
+        regions.append(Region(body))
+    for op in reversed(rest):
+        if not isinstance(op, tile.ReturnOp):
+            _erase(op, safe=False)
+    block.insert_op_before(target.WarpSpecializeOp(producer_warps, *regions), block.last_op)
+    return split
+
+
+def _ops_from(block: Block, first: Operation | None) -> list[Operation]:
+    ops, op = [], first
+    while op is not None:
+        ops.append(op)
+        op = op.next_op
+    return ops
+
+
+def _walk_from(lowering: _Lowering, block: Block, first: Operation | None) -> None:
+    for op in _ops_from(block, first):
+        lowering.op(op)
+
+
+def _tensor_maps(kernel: tile.KernelOp, at: _Insert) -> dict[tuple, SSAValue]:
+    """A tensor_map per (kernel argument, box) the kernel's copies read, in first-use order."""
+    maps: dict[tuple, SSAValue] = {}
+    for op in kernel.walk():
+        if isinstance(op, tile.CopyAsyncOp):
+            src = op.src
+            box = _box(op.dst.type, src.type, tile.int_values(op.tile_dims))
+            if (src, box) not in maps:
+                t: MemRefType = src.type
+                maps[(src, box)] = at(target.TensorMapOp(src, target.TensorMapType.of(
+                    t.get_element_type(), t.get_shape(), box)))
+    return maps
+
+
+_KEEP_IN_PRODUCER = (scf.ForOp, scf.IfOp, scf.YieldOp)
+
+
+def _drop_tiles(block: Block) -> None:
+    """The producer computes no tiles: ops on tiles go, loops stop carrying them."""
+    for op in reversed(list(block.ops)):
+        if isinstance(op, scf.ForOp):
+            _drop_tile_iter_args(op)
+            continue
+        if isinstance(op, (tile.MmaWaitOp, tile.StoreOp)) or (
+                not isinstance(op, _KEEP_IN_PRODUCER)
+                and any(is_tile(v) for v in (*op.operands, *op.results))):
+            _erase(op, safe=False)
+
+
+def _drop_tile_iter_args(loop: scf.ForOp) -> None:
+    _drop_tiles(loop.body.block)
+    body = loop.body.block
+    keep = [i for i, v in enumerate(loop.iter_args) if not is_tile(v)]
+    if len(keep) == len(loop.iter_args):
+        return
+    yield_op = body.last_op
+    yield_op.operands = [yield_op.operands[i] for i in keep]
+    for i in reversed(range(len(loop.iter_args))):
+        if i not in keep:
+            arg = body.args[i + 1]
+            for use in list(arg.uses):
+                _erase(use.operation, safe=False)
+            body.erase_arg(arg, safe_erase=False)
+    new = scf.ForOp(loop.lb, loop.ub, loop.step, [loop.iter_args[i] for i in keep], loop.detach_region(loop.body))
+    loop.parent_block().insert_op_before(new, loop)
+    for j, i in enumerate(keep):
+        loop.results[i].replace_all_uses_with(new.results[j])
+    _erase(loop, safe=False)
+
+
+_PURE = (arith.ConstantOp, arith.AddiOp, arith.SubiOp, arith.MuliOp, arith.DivSIOp, arith.RemSIOp, arith.MinSIOp,
+         arith.MaxSIOp, arith.AndIOp, arith.OrIOp, arith.XOrIOp, arith.ShLIOp, arith.ShRUIOp, arith.IndexCastOp,
+         tile.ProgramIdOp, tile.CmpiOp, tile.SelectOp)
+
+
+def _erase_dead(block: Block) -> None:
+    """Scalar arithmetic nothing reads (a role's share of code computed for the other) goes."""
+    changed = True
+    while changed:
+        changed = False
+        for op in reversed([o for o in _walk_ops(block)]):
+            if isinstance(op, _PURE) and all(not r.uses for r in op.results) and op.parent is not None:
+                _erase(op)
+                changed = True
+
+
+def _walk_ops(block: Block):
+    for op in block.ops:
+        yield op
+        for region in op.regions:
+            for b in region.blocks:
+                yield from _walk_ops(b)
