@@ -1,7 +1,8 @@
 """The `tessera` command line (also `python -m tessera`).
 
     tessera compile FILE.py[:FUNC] --shape B=2,S=128 [--dtype fp16] [--arch sm_90a] [--dump-ir=all] [-o DIR]
-    tessera run     FILE.py[:FUNC] --shape B=2,S=128 [--dtype fp16] [--seed N] [--device auto]
+    tessera run     FILE.py[:FUNC] --shape B=2,S=128 [--dtype fp16] [--seed N] [--device auto] [--profile]
+    tessera profile FILE.py[:FUNC] --shape B=2,S=128 ...: run with profiling; cycles per profile region
     tessera opt     FILE.mlir [--passes=fuse,lower-to-tile] [--verify-only]
     tessera targets [--arch sm_90a]
     tessera demo    flash attention from examples/: compile, run, check, report
@@ -33,6 +34,7 @@ from .dtypes import DType
 from .errors import TesseraError
 from .frontend.function import Function
 from .frontend.trace import ArgSpec
+from .runtime.profile import profile_report, reset_profile
 
 DEFAULT_DTYPE = "fp16"
 DEFAULT_OUT = Path("tessera_out")
@@ -133,7 +135,8 @@ def compile_function(fn: Function, args: argparse.Namespace, device: "Device | N
     arch = device.arch() if device is not None and device.arch is not None else args.arch
     platforms.get(arch)
     specs = fn.arg_specs_for(parse_shape(args.shape), parse_dtype(args.dtype))
-    return fn.compile(specs, arch=arch, path=args.path), specs
+    debugging = {"line_info": getattr(args, "line_info", False), "profile": getattr(args, "profile", False)}
+    return fn.compile(specs, arch=arch, path=args.path, **debugging), specs
 
 
 @dataclass(frozen=True)
@@ -399,9 +402,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     fn = load_function(args.target)
     device = pick_device(args.device)
     compiled, specs = compile_function(fn, args, device)
+    reset_profile()
     result = check(compiled, specs, device, args.seed)
     print(f"{fn.name} for {compiled.arch} on {device.name} ({args.dtype}, {_shape_text(args)}, seed {args.seed})")
     print_fields(_check_rows(compiled, result))
+    if args.profile:   # per kernel, the median over blocks of each region's time and share
+        print(profile_report())
     return 0 if result.passed else 1
 
 
@@ -459,12 +465,18 @@ def _cse(module, args):
     return module
 
 
+def _check_async(module, args):
+    from .passes.check_async import opt_pass
+    return opt_pass(module, args)
+
+
 PASSES: dict[str, Pass] = {
     "fuse": Pass("graph", "Graph IR -> Schedule IR (fusion groups)", _stage("schedule")),
     "lower-to-tile": Pass("schedule", "Schedule IR -> Tile IR (block programs)", _stage("tile")),
     "lower-to-target": Pass("tile", "Tile IR -> Target IR for --arch", _stage("target")),
     "canonicalize": Pass(None, "xDSL canonicalization (folds, dead code), in place", _canonicalize),
     "cse": Pass(None, "xDSL common subexpression elimination, in place", _cse),
+    "check-async": Pass("target", "async-hazard checker: prints each hazard, fails on any", _check_async),
 }
 
 #: A module's level is that of the lowest-level dialect it uses (schedule kernels hold graph ops).
@@ -621,13 +633,24 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"stages to write, comma-separated from {', '.join(DUMP_STAGES)}, or all (default all)")
     p.add_argument("-o", "--output", metavar="DIR", help=f"where to write the IR, each kernel's .ptx and, with ptxas, its .cubin "
                         f"(default {DEFAULT_OUT}/FUNC)")
+    p.add_argument("--line-info", action="store_true",
+                   help="PTX with .loc line info of your source lines, assembled with ptxas -lineinfo")
     p.set_defaults(command=cmd_compile)
 
     p = sub.add_parser("run", parents=[common], help="compile, run on random inputs, check against NumPy")
     p.add_argument("target", metavar="FILE.py[:FUNC]")
     _function_options(p)
     _run_options(p)
+    p.add_argument("--profile", action="store_true", help="time the tsr.profile_region()s and report them")
     p.set_defaults(command=cmd_run)
+
+    p = sub.add_parser("profile", parents=[common],
+                       help="run with profiling: per kernel and profile region, cycles (median over blocks) "
+                            "and share of the kernel's time")
+    p.add_argument("target", metavar="FILE.py[:FUNC]")
+    _function_options(p)
+    _run_options(p)
+    p.set_defaults(command=cmd_run, profile=True)
 
     p = sub.add_parser("opt", parents=[common], help="parse, verify and transform MLIR of any Tessera level")
     p.add_argument("file", metavar="FILE.mlir", help="`-` reads stdin")

@@ -82,7 +82,11 @@ def _tile(schedule, options: Options):
 
 def _target(tile, options: Options):
     from .lowering.tile_to_target import lower_tile_to_target
-    return lower_tile_to_target(tile, options.platform(), tensor_cores=options.tensor_cores)
+    target = lower_tile_to_target(tile, options.platform(), tensor_cores=options.tensor_cores)
+    if os.environ.get("TESSERA_CHECK_ASYNC") == "1":   # the async-hazard checker (tests/conftest.py sets it)
+        from .passes.check_async import require_no_hazards
+        require_no_hazards(target)
+    return target
 
 
 def _ptx(target, options: Options):

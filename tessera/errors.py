@@ -47,6 +47,9 @@ class DeviceAssertError(TesseraError, AssertionError):
                          location)
         self.user_message, self.block, self.element = message, block, element
 
+    def __str__(self) -> str:
+        return self.message   # which names the location already
+
 
 _TOOLING = (os.sep + "_pytest" + os.sep, os.sep + "pluggy" + os.sep, "<frozen")
 

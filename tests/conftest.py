@@ -14,6 +14,9 @@ import os
 # This has to happen before NumPy is first imported.
 for _var in ("OPENBLAS_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS"):
     os.environ.setdefault(_var, "1")
+# Every Target IR module a test builds goes through the async-hazard checker (tessera.passes.check_async):
+# the target stage raises on a hazard.
+os.environ.setdefault("TESSERA_CHECK_ASYNC", "1")
 
 import numpy as np  # noqa: E402
 import pytest  # noqa: E402

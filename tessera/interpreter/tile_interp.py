@@ -604,9 +604,9 @@ def _assert(c: Compiler, op: tile.AssertOp) -> Step:
 def _profile_stamp(which: int):
     """A step writing host nanoseconds into stamp `which` (0: begin, 1: end) of the op's slot for this program."""
     def build(c: Compiler, op: tile.ProfileBeginOp | tile.ProfileEndOp) -> Step:
-        buffer, slot = c.slot(op.buffer), op.slot.value.data
+        buffer, slot, words = c.slot(op.buffer), op.slot.value.data, slice(2 * which, 2 * which + 2)
 
-        def step(f): f[buffer][f[2], f[1], f[0], slot, which] = time.perf_counter_ns()
+        def step(f): f[buffer][f[2], f[1], f[0], slot, words] = np.array([time.perf_counter_ns()]).view(np.int32)
         return step
     return build
 
@@ -619,10 +619,10 @@ def _launch(c: Compiler, op: tile.LaunchOp) -> Step:
     if labels is None:
         def step(f): kernel.launch([f[a] for a in args], grid)
         return step
+    from tessera.runtime import profile
 
     def profiled(f):
         kernel.launch([f[a] for a in args], grid)
-        from tessera.runtime import profile
         profile.record(name, labels, f[args[-1]], "ns")   # the stamps are the kernel's last argument
     return profiled
 

@@ -698,9 +698,9 @@ class MemcpyOp(IRDLOperation):
 # ---------------------------------------------------------------------------
 
 class _ProfileOp(IRDLOperation):
-    """`name %buffer label = "softmax" slot = N : memref<...xi64>`: a timestamp of profile region
-    `label`, which one thread per block writes into slot `slot` of `buffer`, an i64 memref
-    [grid z, grid y, grid x, slots, 2] of (begin, end) stamps (`tessera.lowering.profile`).
+    """`name %buffer label = "softmax" slot = N : memref<...xi32>`: a timestamp of profile region
+    `label`, which one thread per block writes into slot `slot` of `buffer`, an i32 memref
+    [grid z, grid y, grid x, slots, 4]: (begin, end) 64-bit stamps (`tessera.lowering.profile`).
     Written without a buffer (`name label = "..."`), it only marks the region."""
 
     buffer = var_operand_def(MemRefType)

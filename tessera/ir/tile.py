@@ -629,13 +629,15 @@ class AssertOp(IRDLOperation):
                  f"condition must be i1 or a tile of i1, got {self.cond.type}")
 
 
-#: the last dim of a profile buffer: a region's (begin, end) stamps
-PROFILE_STAMPS = 2
+#: the last dim of a profile buffer: a slot's (begin, end) stamps, each a 64-bit count held in two
+#: i32 words, low first (i32: a type every runtime allocates)
+PROFILE_WORDS = 4
 
 
 class _ProfileOp(IRDLOperation):
     """A timestamp of profile region `label`, written by one thread per block into slot `slot` of
-    `buffer`, an i64 memref [grid z, grid y, grid x, slots, 2] (`tessera.lowering.profile`)."""
+    `buffer`, an i32 memref [grid z, grid y, grid x, slots, 4] (`PROFILE_WORDS`;
+    `tessera.lowering.profile`)."""
 
     buffer = operand_def(MemRefType)
     label = prop_def(StringAttr)
@@ -648,8 +650,8 @@ class _ProfileOp(IRDLOperation):
 
     def verify_(self) -> None:
         t = self.buffer.type
-        _require(t.get_element_type() == i64 and t.get_num_dims() == 5 and t.get_shape()[-1] == PROFILE_STAMPS,
-                 self, f"buffer must be an i64 memref [z, y, x, slots, {PROFILE_STAMPS}], got {t}")
+        _require(t.get_element_type() == i32 and t.get_num_dims() == 5 and t.get_shape()[-1] == PROFILE_WORDS,
+                 self, f"buffer must be an i32 memref [z, y, x, slots, {PROFILE_WORDS}], got {t}")
         _require(0 <= self.slot.value.data < t.get_shape()[3], self,
                  f"slot {self.slot.value.data} out of range for {t.get_shape()[3]} slots")
 

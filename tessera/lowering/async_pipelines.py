@@ -350,10 +350,13 @@ class _Lowering:
 
     # -- loops --
     def loop(self, op: scf.ForOp) -> None:
-        """Walks the body with the pipeline state carried through the loop as iter_args."""
-        if not _has_async(op):
+        """Walks the body with the state of the pipelines it touches carried through the loop as
+        iter_args."""
+        touched = {self.pipes[v].index for inner in op.walk() for v in inner.operands if v in self.pipes}
+        keys = [k for k in self.keys() if k[1] in touched]
+        if not keys:
+            self.block(op.body.block)
             return
-        keys = self.keys()
         body = op.body.block
         n = len(op.iter_args)
         args = [body.insert_arg(i32, len(body.args)) for _ in keys]
@@ -372,11 +375,6 @@ class _Lowering:
 
 def _erase(op: Operation, safe: bool = True) -> None:
     op.parent_block().erase_op(op, safe_erase=safe)
-
-
-def _has_async(op: Operation) -> bool:
-    return any(isinstance(o, (tile.CopyAsyncOp, tile.AsyncCommitOp, tile.AsyncWaitOp, tile.LoadSharedOp,
-                              tile.BarrierOp)) for o in op.walk())
 
 
 def _inside_control_flow(op: Operation) -> bool:

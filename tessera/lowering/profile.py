@@ -1,10 +1,11 @@
 """Profile regions in Tile IR: the timestamps a profiled kernel records.
 
-A kernel built with profiling on gets one more parameter, an i64 buffer
-[grid z, grid y, grid x, slots, 2], and `tile.profile_begin`/`tile.profile_end` ops that
-write the (begin, end) stamps of each slot for their block (one thread per block on a GPU,
-`%clock64` cycles; host nanoseconds on the CPU interpreter). Slot 0 spans the whole kernel;
-slot i spans the region that `tessera.profile` (the kernel's attribute) names at index i.
+A kernel built with profiling on gets one more parameter, a buffer [grid z, grid y, grid x,
+slots, 4] of i32 (`tile.PROFILE_WORDS`), and `tile.profile_begin`/`tile.profile_end` ops that
+write the (begin, end) stamps of each slot for their block, each a 64-bit count in two words
+(one thread per block on a GPU, `%clock64` cycles; host nanoseconds on the CPU interpreter).
+Slot 0 spans the whole kernel; slot i spans the region that `tessera.profile` (the kernel's
+attribute) names at index i.
 
 A region's span is the smallest run of the kernel's top-level ops that holds every op generated
 from a graph op traced inside the region (`tessera.regions`, carried by fusion and the tile
@@ -13,8 +14,9 @@ measured once per block, never inside a loop: a region with an op in a loop span
 """
 from __future__ import annotations
 
-from xdsl.dialects.builtin import ArrayAttr, FunctionType, MemRefType, StringAttr, i64
+from xdsl.dialects.builtin import ArrayAttr, FunctionType, MemRefType, StringAttr, i32
 from xdsl.ir import Block, Operation
+from xdsl.traits import IsTerminator
 
 from ..ir import provenance
 from ..ir import tile as t
@@ -26,7 +28,7 @@ def instrument(kernel: t.KernelOp, grid: tuple[int, int, int]) -> MemRefType:
     body = kernel.body.block
     spans = region_spans(body)
     labels = [kernel.sym_name.data, *spans]
-    buffer_type = MemRefType(i64, [grid[2], grid[1], grid[0], len(labels), t.PROFILE_STAMPS])
+    buffer_type = MemRefType(i32, [grid[2], grid[1], grid[0], len(labels), t.PROFILE_WORDS])
     buffer = body.insert_arg(buffer_type, len(body.args))
     kernel.properties["function_type"] = FunctionType.from_lists(body.arg_types, [])
     body.insert_op_before(t.ProfileBeginOp(buffer, labels[0], 0), body.first_op)
@@ -39,10 +41,12 @@ def instrument(kernel: t.KernelOp, grid: tuple[int, int, int]) -> MemRefType:
 
 
 def region_spans(body: Block) -> dict[str, tuple[Operation, Operation]]:
-    """Per region, in order of first appearance: the first and last top-level op of `body` that is
-    or holds an op of the region."""
+    """Per region, in order of first appearance: the first and last top-level op of `body` (its
+    terminator aside) that is or holds an op of the region."""
     spans: dict[str, tuple[Operation, Operation]] = {}
     for top in body.ops:
+        if top.has_trait(IsTerminator):
+            continue
         for op in top.walk():
             for label in provenance.regions_of(op):
                 first = spans.get(label, (top, top))[0]

@@ -51,7 +51,7 @@ class KernelBuild:
     kernel: t.KernelOp
     b: Builder
     em: Emitter
-    out: SSAValue
+    out: SSAValue | None       # the output param (None: a kernel of device_asserts only)
     bindings: dict
     params: dict
     #: global buffers the template needs besides its output (kernel params between the inputs and
@@ -193,8 +193,9 @@ def lower_asserts(kb: KernelBuild) -> tuple[int, int, int]:
     (check,) = kb.op(g.AssertOp)
     cond_t = g.tensor_type(check.cond)
     if cond_t.rank == 0:
+        loc = provenance.loc_of(check)
         raise TesseraError(f"{kb.sk.sym_name.data}: device_assert of a rank-0 condition is not supported yet; "
-                           f"keep a dim (e.g. keepdim=True)", str(provenance.loc_of(check) or "") or None)
+                           f"keep a dim (e.g. keepdim=True)", str(loc) if loc else None)
     axes = _axes("d", cond_t.rank)
     ctx, grid = _output_tile(kb, axes, [kb.size(d) for d in cond_t.shape], kb.params["block_m"],
                              kb.params["block_n"])

@@ -9,7 +9,8 @@ bits rather than guessing them from the IR's shape.
 
 The model (a concrete abstract interpreter):
 
-* Each kernel runs for three blocks (program ids first, middle and last of its grid). Scalar
+* Each kernel runs for a few blocks (`program_ids`: first, middle and last of its grid, and
+  their neighbours). Scalar
   `arith`/`scf` ops are evaluated (compilation is specialised to shapes, so every loop bound,
   stage index and parity is a number); tile data is not. A tensor value is a *marker* of who
   wrote it: a wgmma group (`("wg", agent, group, op)`), registers written at clock t
@@ -45,8 +46,8 @@ import sys
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from xdsl.dialects import arith, builtin
-from xdsl.ir import Operation
+from xdsl.dialects import builtin
+from xdsl.ir import BlockArgument, Operation
 from xdsl.printer import Printer
 
 from ..errors import TesseraError
@@ -63,6 +64,8 @@ KINDS: dict[str, str] = {
     "hang": "a wait that no agent can satisfy",
     "in-flight-at-exit": "a TMA copy nobody waits on before the block exits",
     "mbarrier-init": "an mbarrier used before its init is fenced (fence mbarrier_init) and published (barrier)",
+    "register-overwrite": "(a) a loop overwrites registers a wgmma still reads (its A operand or accumulator) before "
+                          "a wgmma_wait retires it",
     "wgmma-fence": "a wgmma with no wgmma_fence between it and the register writes it reads",
     "barrier-threads": "a barrier whose thread count does not match the threads that reach it",
 }
@@ -103,6 +106,7 @@ class _Agent:
     wg_commits: int = 0
     cp_commits: int = 0
     fence_at: int = -1                             # clock of the last wgmma_fence
+    wgmma_reads: dict = field(default_factory=dict)  # loop iter_arg -> (group, wgmma) of the last wgmma reading it
     waits: dict = field(default_factory=dict)      # mbarrier -> its last try_wait if that acquired nothing new
     stale_wait: Operation | None = None            # the last try_wait, if it acquired nothing new
 
@@ -229,10 +233,10 @@ _PREDICATES = {0: lambda a, b: a == b, 1: lambda a, b: a != b, 2: lambda a, b: a
                4: lambda a, b: a > b, 5: lambda a, b: a >= b}
 
 
-def _compare(predicate: int, a: int, b: int) -> int:
-    """arith.cmpi: predicates 0..5 eq ne slt sle sgt sge, 6..9 ult ule ugt uge (on 64-bit patterns)."""
+def _compare(predicate: int, a: int, b: int, bits: int) -> int:
+    """arith.cmpi: predicates 0..5 eq ne slt sle sgt sge, 6..9 ult ule ugt uge."""
     if predicate >= 6:
-        predicate, a, b = predicate - 4, a & (1 << 64) - 1, b & (1 << 64) - 1
+        predicate, a, b = predicate - 4, a & (1 << bits) - 1, b & (1 << bits) - 1
     return int(_PREDICATES[predicate](a, b))
 
 
@@ -243,13 +247,14 @@ def _tdiv(a: int, b: int) -> int:
 
 _BINARY = {
     "arith.addi": lambda a, b: a + b, "arith.subi": lambda a, b: a - b, "arith.muli": lambda a, b: a * b,
-    "arith.divsi": _tdiv, "arith.divui": lambda a, b: a // b, "arith.floordivsi": lambda a, b: a // b,
-    "arith.ceildivsi": lambda a, b: -(-a // b), "arith.remsi": lambda a, b: a - b * _tdiv(a, b),
-    "arith.remui": lambda a, b: a % b, "arith.andi": lambda a, b: a & b, "arith.ori": lambda a, b: a | b,
-    "arith.xori": lambda a, b: a ^ b, "arith.shli": lambda a, b: a << b, "arith.shrui": lambda a, b: a >> b,
-    "arith.shrsi": lambda a, b: a >> b, "arith.maxsi": max, "arith.minsi": min, "arith.maxui": max,
-    "arith.minui": min,
+    "arith.divsi": _tdiv, "arith.floordivsi": lambda a, b: a // b, "arith.ceildivsi": lambda a, b: -(-a // b),
+    "arith.remsi": lambda a, b: a - b * _tdiv(a, b), "arith.andi": lambda a, b: a & b, "arith.ori": lambda a, b: a | b,
+    "arith.xori": lambda a, b: a ^ b, "arith.shli": lambda a, b: a << b, "arith.shrsi": lambda a, b: a >> b,
+    "arith.maxsi": max, "arith.minsi": min,
 }
+#: unsigned ops, on operands taken as unsigned numbers of their width
+_UNSIGNED = {"arith.divui": lambda a, b: a // b, "arith.remui": lambda a, b: a % b, "arith.shrui": lambda a, b: a >> b,
+             "arith.maxui": max, "arith.minui": min}
 _CASTS = ("arith.index_cast", "arith.index_castui", "arith.extui", "arith.extsi", "arith.trunci")
 
 
@@ -275,14 +280,13 @@ def _wrap(v: int, bits: int) -> int:
 class _Run:
     """Runs one kernel for one program id and collects its hazards into `report`."""
 
-    def __init__(self, kernel: tgt.KernelOp, pid: tuple[int, ...], report):
-        self.kernel, self.pid, self._report = kernel, pid, report
+    def __init__(self, kernel: tgt.KernelOp, pid: tuple[int, ...], report, plans: dict):
+        self.kernel, self.pid, self._report, self.plans = kernel, pid, report, plans
         self.env: dict = {}
         self.clock = 0
         self.agents: list[_Agent] = []
         self.barriers: list[_MBarrier] = []
         self.buffers = 0
-        self.hung = False
 
     def hazard(self, kind: str, op: Operation, message: str) -> None:
         self._report(kind, op, message, self.pid)
@@ -312,7 +316,6 @@ class _Run:
         for t in stuck:
             if isinstance(t.wait, _Wait):
                 self._hang(t.wait)
-        self.hung = bool(stuck)
         if not stuck:
             self._check_exit()
 
@@ -323,19 +326,19 @@ class _Run:
 
     def _exec(self, agent: _Agent, block, skip_terminator: bool = False):
         """Runs the ops of `block` (a generator: it yields where the agent waits or arrives)."""
-        ops = list(block.ops)
-        if skip_terminator:
-            ops = ops[:-1]
-        for op in ops:
-            step = _STEPS.get(op.name)
-            if step is not None:
-                step(self, agent, op)
-                continue
-            flow = _FLOWS.get(op.name)
-            if flow is not None:
-                yield from flow(self, agent, op)
+        for step, flow in self._plan(block, skip_terminator):
+            if flow is None:
+                step(self, agent)
             else:
-                self._generic(agent, op)
+                yield from flow(self, agent)
+
+    def _plan(self, block, skip_terminator: bool) -> list:
+        """(step, flow) for each op of `block` to run (`_compile`), made once per kernel."""
+        plan = self.plans.get(block)
+        if plan is None:
+            ops = list(block.ops)[:-1] if skip_terminator else list(block.ops)
+            plan = self.plans[block] = [_compile(op) for op in ops]
+        return plan
 
     # values
 
@@ -346,38 +349,18 @@ class _Run:
                                   f"cannot compute ({v!r})")
         return v
 
-    def _generic(self, agent: _Agent, op: Operation) -> None:
-        """Any op on tiles or floats: a register read of each operand, a register write of each result."""
-        for v in op.operands:
+    def read_registers(self, agent: _Agent, op: Operation, operands) -> None:
+        """A register read of each operand: a wgmma result must be retired first."""
+        for v in operands:
             m = self.env.get(v)
             if type(m) is tuple and m[0] == "wg":
                 self._read_accumulator(agent, op, m)
+
+    def write_registers(self, results) -> None:
         self.clock += 1
-        for r in op.results:
-            self.env[r] = ("reg", self.clock)
-
-    def _integer(self, agent: _Agent, op: Operation) -> None:
-        """arith on integer scalars is evaluated; on tiles it is a register op."""
-        bits = _width(op.results[0].type)
-        values = [self.env.get(v) for v in op.operands]
-        if bits is None or not all(isinstance(v, int) for v in values):
-            return self._generic(agent, op)
-        name = op.name
-        if name == "arith.cmpi":
-            v = _compare(op.predicate.value.data, *values)
-        elif name == "arith.select":
-            v = values[1] if values[0] else values[2]
-        elif name in _CASTS:
-            v = values[0]
-        else:
-            v = _BINARY[name](*values)
-        self.env[op.results[0]] = _wrap(v, bits)
-
-    def _constant(self, agent: _Agent, op: Operation) -> None:
-        if _width(op.result.type) is not None and isinstance(op.value, builtin.IntegerAttr):
-            self.env[op.result] = _wrap(op.value.value.data, _width(op.result.type))
-        else:
-            self._generic(agent, op)
+        marker = ("reg", self.clock)
+        for r in results:
+            self.env[r] = marker
 
     def _program_id(self, agent: _Agent, op: Operation) -> None:
         self.env[op.results[0]] = self.pid[op.axis.value.data]
@@ -394,7 +377,19 @@ class _Run:
             self.env.update(zip(args, values))
             yield from self._exec(agent, body, skip_terminator=True)
             values = [self.env[v] for v in body.last_op.operands]
+            self._check_overwrite(agent, body.last_op, args, values)
         self.env.update(zip(op.results, values))
+
+    def _check_overwrite(self, agent: _Agent, yield_op: Operation, args, values) -> None:
+        """A loop-carried value lives in the same registers every iteration (as the PTX backend
+        emits it), so yielding a new one overwrites what a running wgmma may still read, unless
+        it is that wgmma's own accumulator (updated in place)."""
+        for arg, value in zip(args, values):
+            group, mma = agent.wgmma_reads.get(arg, (0, None))
+            if agent.own["wgmma"] < group and value is not self.env[arg] and value is not self.env[mma.result]:
+                self.hazard("register-overwrite", yield_op, f"overwrites the registers of a loop-carried value that "
+                            f"the wgmma of group {group} still reads ({agent.wg_commits} committed, "
+                            f"{agent.own['wgmma']} retired)")
 
     def _if(self, agent: _Agent, op: Operation):
         region = op.true_region if self.scalar(op.cond, op) else op.false_region
@@ -409,15 +404,13 @@ class _Run:
         consumer = self._agent("consumer", agent.threads - 32 * op.producer_warps.value.data, agent.known)
         yield _Fork([(producer, self._exec(producer, op.producer.block)),
                      (consumer, self._exec(consumer, op.consumer.block))])
-        _merge(agent.known, producer.known)
-        _merge(agent.known, consumer.known)
 
     # shared memory
 
     def _allocate(self, agent: _Agent, op: tgt.AllocateOp) -> None:
         t = op.result.type
         if tgt._space(t) != tgt.MEMORY_SPACES["shared"]:
-            return self._generic(agent, op)
+            return self.write_registers(op.results)
         name = f"buffer #{self.buffers} ({t})"
         self.buffers += 1
         self.env[op.result] = [_Stage(f"stage {s} of {name}") for s in range(t.get_shape()[0])]
@@ -425,11 +418,11 @@ class _Run:
     def _stage(self, buffer, stage, op) -> _Stage:
         return self.env[buffer][self.scalar(stage, op)]
 
-    def _load_shared(self, agent: _Agent, op: Operation) -> None:
-        """A read of a stage into registers; a wgmma operand is read by the wgmma itself."""
+    def _load_shared(self, agent: _Agent, op: Operation, synchronous: bool) -> None:
+        """A read of a stage into registers (`synchronous`), or a wgmma operand, which the wgmma reads."""
         stage = self._stage(op.src, op.stage, op)
         self.env[op.result] = ("sh", stage)
-        if any(not _is_wgmma(use.operation) for use in op.result.uses):
+        if synchronous:
             self._check_read(agent, op, stage)
             agent.own["read"] += 1
             stage.reads[(agent.name, "read")] = agent.own["read"]
@@ -616,7 +609,6 @@ class _Run:
         for bar in self.barriers:
             w = bar.last_copy
             if w is not None and all(a.known.get(("tma", bar), 0) <= w.seq for a in self.agents):
-                bar.settle()
                 self.hazard("in-flight-at-exit", w.op, f"its copy into {bar.name}'s phase {w.seq} is still in "
                             f"flight when the block exits: no agent waits for it")
 
@@ -625,7 +617,8 @@ class _Run:
     def _tensor_core(self, agent: _Agent, op: tgt.TensorCoreOp) -> None:
         """wgmma: reads its shared operands and registers, writes its accumulator, until retired."""
         if not _is_wgmma(op):
-            return self._generic(agent, op)
+            self.read_registers(agent, op, op.operands)
+            return self.write_registers(op.results)
         group = agent.wg_commits + 1
         if agent.fence_at < 0:
             self.hazard("wgmma-fence", op, f"no wgmma_fence in the {agent.name} before its first wgmma")
@@ -638,6 +631,8 @@ class _Run:
                 self._read_accumulator(agent, op, m)
             elif m[0] == "reg" and m[1] > agent.fence_at >= 0:
                 self.hazard("wgmma-fence", op, f"its {role} registers were written after the last wgmma_fence")
+            if m[0] != "sh" and isinstance(value, BlockArgument):
+                agent.wgmma_reads[value] = (group, op)
         self.env[op.result] = ("wg", agent, group, op)
 
     def _read_accumulator(self, agent: _Agent, op: Operation, marker) -> None:
@@ -667,10 +662,7 @@ def _nothing(run: _Run, agent: _Agent, op: Operation) -> None:
 
 #: ops that never wait: op name -> handler(run, agent, op)
 _STEPS = {
-    "arith.constant": _Run._constant, **{name: _Run._integer for name in (*_BINARY, *_CASTS, "arith.cmpi",
-                                                                         "arith.select")},
     "tile.program_id": _Run._program_id,
-    "tile.load_shared": _Run._load_shared,
     "tessera_target.allocate": _Run._allocate,
     "tessera_target.memcpy": _Run._memcpy,
     "tessera_target.cp_async_commit": _Run._cp_commit,
@@ -698,6 +690,70 @@ _FLOWS = {
     "tessera_target.mbarrier_try_wait": _Run._try_wait,
 }
 
+_SCALAR_OPS = {*_BINARY, *_UNSIGNED, *_CASTS, "arith.constant", "arith.cmpi", "arith.select"}
+
+
+def _compile(op: Operation):
+    """(step, flow): a closure step(run, agent) for an op that never waits, else a generator
+    flow(run, agent). Scalar arith and register ops, most of what runs, get closures holding
+    their operands, so the interpreter does not look properties up every iteration."""
+    if op.name in _FLOWS:
+        flow = _FLOWS[op.name]
+        return None, lambda run, agent: flow(run, agent, op)
+    if op.name == "tile.load_shared":
+        synchronous = any(not _is_wgmma(use.operation) for use in op.result.uses)
+        return (lambda run, agent: run._load_shared(agent, op, synchronous)), None
+    if op.name in _STEPS:
+        step = _STEPS[op.name]
+        return (lambda run, agent: step(run, agent, op)), None
+    return (_scalar_step(op) if op.name in _SCALAR_OPS else None) or _register_step(op), None
+
+
+def _register_step(op: Operation):
+    """Any op on tiles or floats: reads its operands' registers, writes its results'."""
+    operands, results = tuple(op.operands), tuple(op.results)
+
+    def step(run: _Run, agent: _Agent) -> None:
+        run.read_registers(agent, op, operands)
+        run.write_registers(results)
+    return step
+
+
+def _scalar_step(op: Operation):
+    """arith on integer scalars, evaluated (on tiles, or a non-integer constant: None)."""
+    bits = _width(op.results[0].type)
+    result, operands = op.results[0], tuple(op.operands)
+    if bits is None or (op.name == "arith.constant" and not isinstance(op.value, builtin.IntegerAttr)):
+        return None
+    if op.name == "arith.constant":
+        value = _wrap(op.value.value.data, bits)
+        return lambda run, agent: run.env.__setitem__(result, value)
+    if op.name == "arith.cmpi":
+        predicate, width = op.predicate.value.data, _width(op.operands[0].type)
+        fn = lambda a, b: _compare(predicate, a, b, width)   # noqa: E731
+    elif op.name == "arith.select":
+        fn = lambda c, a, b: a if c else b                   # noqa: E731
+    elif op.name in ("arith.extui", "arith.index_castui"):
+        mask = (1 << _width(op.operands[0].type)) - 1
+        fn = lambda a: a & mask                              # noqa: E731
+    elif op.name in _CASTS:
+        fn = lambda a: a                                     # noqa: E731
+    elif op.name in _UNSIGNED:
+        unsigned, mask = _UNSIGNED[op.name], (1 << bits) - 1
+        fn = lambda a, b: unsigned(a & mask, b & mask)       # noqa: E731
+    else:
+        fn = _BINARY[op.name]
+    fallback = _register_step(op)
+
+    def step(run: _Run, agent: _Agent) -> None:
+        values = [run.env.get(v) for v in operands]
+        if all(type(v) is int for v in values):
+            run.env[result] = _wrap(fn(*values), bits)
+        else:
+            fallback(run, agent)
+    return step
+
+
 #: ops one of which a kernel needs to have anything to check: shared memory or async matrix ops
 _ASYNC_OPS = {"tile.load_shared", "tessera_target.memcpy", "tessera_target.tma_load", "tessera_target.mbarrier_alloc",
               "tessera_target.tensor_core"}
@@ -707,10 +763,13 @@ _ASYNC_OPS = {"tile.load_shared", "tessera_target.memcpy", "tessera_target.tma_l
 
 
 def program_ids(kernel: tgt.KernelOp) -> list[tuple[int, ...]]:
-    """The blocks a kernel is checked for: first, middle and last of its grid (on every axis)."""
+    """The blocks a kernel is checked for: the first two, the middle one and the last two along
+    every grid axis at once. Blocks differ in trip counts (a causal attention's query block sees
+    more key blocks the later it is, a persistent GEMM's last blocks take fewer tiles), and so in
+    which stages end armed: neighbours catch trip counts one apart, the middle one the common case."""
     grid = kernel.config.grid_dims
-    return list(dict.fromkeys(tuple(pick(g) for g in grid) for pick in (lambda g: 0, lambda g: g // 2,
-                                                                       lambda g: g - 1)))
+    picks = (lambda g: 0, lambda g: min(1, g - 1), lambda g: g // 2, lambda g: max(g - 2, 0), lambda g: g - 1)
+    return list(dict.fromkeys(tuple(pick(g) for g in grid) for pick in picks))
 
 
 def check_kernel(kernel: tgt.KernelOp) -> list[Hazard]:
@@ -722,8 +781,9 @@ def check_kernel(kernel: tgt.KernelOp) -> list[Hazard]:
     def report(kind: str, op: Operation, message: str, pid: tuple[int, ...]) -> None:
         found.setdefault((kind, id(op)), Hazard(kind, kernel.sym_name.data, op, message, pid))
 
+    plans: dict = {}   # block -> its ops' handlers, shared by the blocks' runs
     for pid in program_ids(kernel):
-        _Run(kernel, pid, report).run()
+        _Run(kernel, pid, report, plans).run()
     return list(found.values())
 
 
@@ -734,8 +794,9 @@ def check_async(module: builtin.ModuleOp) -> list[Hazard]:
     if not hazards:
         return []
     lines, text = _op_lines(module)
-    return [Hazard(h.kind, h.kernel, h.op, h.message, h.block, lines.get(h.op), text[lines[h.op] - 1].strip()
-                   if h.op in lines else h.op.name) for h in hazards]
+    located = [Hazard(h.kind, h.kernel, h.op, h.message, h.block, lines.get(h.op), text[lines[h.op] - 1].strip()
+                      if h.op in lines else h.op.name) for h in hazards]
+    return sorted(located, key=lambda h: h.line or 0)
 
 
 class _LinePrinter(Printer):
@@ -757,12 +818,30 @@ def _op_lines(module: builtin.ModuleOp) -> tuple[dict[Operation, int], list[str]
     return printer.lines, out.getvalue().splitlines()
 
 
-def opt_pass(module: builtin.ModuleOp, args: argparse.Namespace | None = None) -> builtin.ModuleOp:
-    """`tessera opt --passes=check-async`: prints each hazard to stderr and fails, or passes the module on."""
+class AsyncHazardError(TesseraError):
+    """Hazards found by `require_no_hazards`: a summary line, then each hazard."""
+
+    def __init__(self, hazards: list[Hazard], location: str | None = None):
+        self.hazards = hazards
+        kinds = ", ".join(sorted({h.kind for h in hazards}))
+        super().__init__(f"check-async: {len(hazards)} async hazard(s) ({kinds})\n" + "\n".join(map(str, hazards)),
+                         location)
+
+
+def require_no_hazards(module: builtin.ModuleOp, location: str | None = None) -> None:
+    """Raises AsyncHazardError naming every hazard of `module` (the target stage's TESSERA_CHECK_ASYNC hook)."""
     hazards = check_async(module)
-    for h in hazards:
-        print(h, file=sys.stderr)
     if hazards:
-        raise TesseraError(f"check-async: {len(hazards)} async hazard(s) "
-                           f"({', '.join(sorted({h.kind for h in hazards}))})", "")
+        raise AsyncHazardError(hazards, location)
+
+
+def opt_pass(module: builtin.ModuleOp, args: argparse.Namespace | None = None) -> builtin.ModuleOp:
+    """`tessera opt --passes=check-async`: each hazard on stderr, then the failure; a clean module passes on.
+    (The CLI prints an error's first line only, so the hazards are printed here.)"""
+    try:
+        require_no_hazards(module, "")
+    except AsyncHazardError as err:
+        for h in err.hazards:
+            print(h, file=sys.stderr)
+        raise
     return module

@@ -263,13 +263,13 @@ class _Planner:
             if host is not None:
                 host.ops.update(chain)
                 continue
-            unwritten = [v for v in leaves if not self._materialized(v)]
+            unwritten = [self.producer(v) for v in leaves if not self._materialized(v)]
             if unwritten:
-                kernel = self.group_of[self.producer(unwritten[0])]
+                loc = provenance.loc_of(op)
                 raise TesseraError(
-                    f"device_assert: its condition reads {self.producer(unwritten[0]).name} computed inside a "
-                    f"fused {kernel.kind} kernel, which never writes it to memory; assert on that kernel's "
-                    f"result instead", str(provenance.loc_of(op) or "") or None)
+                    f"device_assert: its condition reads {unwritten[0].name} computed inside a fused "
+                    f"{self.group_of[unwritten[0]].kind} kernel, which never writes it to memory; assert on "
+                    f"that kernel's result instead", str(loc) if loc else None)
             self.groups.append(Group("elementwise", set(chain)))
 
     def _assert_chain(self, op: g.AssertOp) -> list[Operation]:
@@ -330,7 +330,7 @@ class _Planner:
     def _materialized(self, v: SSAValue) -> bool:
         """Whether `v` is in memory when kernels run: an argument, a host view, a kernel's output."""
         producer = self.producer(v)
-        return producer is None or producer in self.views or self._written_by_kernel(v)
+        return producer is None or producer in self.views or any(grp.output is v for grp in self.groups)
 
     def _copies_for_unproduced_results(self) -> None:
         """Materializes what no kernel writes: results that are arguments or cheap views of

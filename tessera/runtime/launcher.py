@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from ..errors import DTypeError, ShapeError, TesseraError
-from . import driver, interop
+from . import driver, interop, profile
 from .cache import functions
 
 if TYPE_CHECKING:
@@ -114,10 +114,11 @@ class GpuProgram:
         self._shapes = [b.shape for b in (*self.plan.inputs, *self.plan.outputs, *self.plan.intermediates)]
         self._torch_signature = None      # (tensor type, [(dtype, device)] per array), once a call validated
         self._per_thread = threading.local()
+        self.profiled = profile.profiled_launches(compiled)   # kernels whose stamps each call reads back
 
     def __call__(self, *inputs, out: Sequence | None = None) -> list:
         """Runs on the inputs' current stream; `out` (optional) receives the results in place."""
-        fast = self._torch_fast_path(inputs, out)
+        fast = self._torch_fast_path(inputs, out) if not self.profiled else None   # (keeps no intermediates)
         if fast is not None:
             pointers, outputs = fast
         else:
@@ -137,6 +138,8 @@ class GpuProgram:
         driver.primary_context(self.device)
         for step, prepared in zip(self.plan.steps, self._prepared_launches()):
             prepared(stream, launch_args(step, pointers, self._tensor_map))
+        if self.profiled:
+            profile.record_launches(self.profiled, temps)
         return outputs
 
     def _check_compiled_for(self, infos: dict, buffers: list[Buffer]) -> None:

@@ -49,8 +49,10 @@ class KernelProfile:
 
 
 def summarize(kernel: str, labels: Sequence[str], stamps: np.ndarray, unit: str) -> KernelProfile:
-    """A kernel's profile from its stamps, an array [z, y, x, slots, 2] (slot 0: the kernel)."""
-    per_block = np.asarray(stamps, dtype=np.int64).reshape(-1, len(labels), 2).astype(np.float64)
+    """A kernel's profile from its stamp buffer, i32 [z, y, x, slots, 4]: per slot (slot 0: the
+    kernel) its begin and end stamps, each a 64-bit count in two words, low first."""
+    words = np.ascontiguousarray(stamps, dtype=np.int32)
+    per_block = words.view(np.int64).reshape(-1, len(labels), 2).astype(np.float64)
     begin, end = per_block[:, :, 0], per_block[:, :, 1]
     total = end[:, 0] - begin[:, 0]
     regions = []
@@ -75,10 +77,13 @@ _recorded = threading.local()
 
 
 def record(kernel: str, labels: Sequence[str], stamps, unit: str) -> KernelProfile:
-    """Summarizes a profiled kernel's stamps (a NumPy array, or anything with `.cpu().numpy()`)
-    and keeps the result for `profile_report`; the latest launch of a kernel replaces earlier ones."""
+    """Summarizes a profiled kernel's stamps (a NumPy array, a torch tensor or a CuPy array; reading
+    a GPU one waits for the kernel) and keeps the result for `profile_report`; the latest launch of
+    a kernel replaces earlier ones."""
     if hasattr(stamps, "cpu"):
         stamps = stamps.cpu().numpy()
+    elif hasattr(stamps, "get"):
+        stamps = stamps.get()
     summary = summarize(kernel, labels, stamps, unit)
     report = profile_report()
     report.pop(kernel, None)

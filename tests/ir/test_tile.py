@@ -24,8 +24,10 @@ from tessera.ir import tile
 
 EVERY_OP = """\
 builtin.module {
-  tile.kernel @every_op(%a: memref<77x100xf16>, %b: memref<45x100xf16>, %c: memref<77x45xf32>, %n: i32) \
-attributes {num_warps = 4 : i64, num_stages = 2 : i64} {
+  tile.kernel @every_op(%a: memref<77x100xf16>, %b: memref<45x100xf16>, %c: memref<77x45xf32>, %n: i32, \
+%stamps: memref<1x2x3x2x4xi32>) attributes {num_warps = 4 : i64, num_stages = 2 : i64, \
+tessera.profile = ["every_op", "mainloop"]} {
+    tile.profile_begin %stamps {label = "every_op", slot = 0 : i64} : memref<1x2x3x2x4xi32>
     %pm = tile.program_id {axis = 0 : i64}
     %pn = tile.program_id {axis = 1 : i64}
     %c0 = arith.constant 0 : index
@@ -36,6 +38,7 @@ attributes {num_warps = 4 : i64, num_stages = 2 : i64} {
     %on = arith.muli %pn, %c32 : index
     %sa = tile.alloc_shared : memref<2x32x16xf16, 3 : i64>
     %zero = arith.constant dense<0.000000e+00> : tensor<32x32xf32>
+    tile.profile_begin %stamps {label = "mainloop", slot = 1 : i64} : memref<1x2x3x2x4xi32>
     %acc = scf.for %k = %c0 to %c2 step %c1 iter_args(%acc_1 = %zero) -> (tensor<32x32xf32>) {
       %ko = arith.muli %k, %c32 : index
       tile.copy_async %a[%om, %ko], %sa[%k] {tile_dims = array<i64: 0, 1>} : memref<77x100xf16>, memref<2x32x16xf16, 3 : i64>
@@ -51,27 +54,33 @@ attributes {num_warps = 4 : i64, num_stages = 2 : i64} {
       scf.yield %q : tensor<32x32xf32>
     }
     tile.mma_wait {pending = 0 : i64}
+    tile.profile_end %stamps {label = "mainloop", slot = 1 : i64} : memref<1x2x3x2x4xi32>
     %rmax = tile.reduce %acc {kind = "max", axis = 1 : i64} : tensor<32x32xf32> -> tensor<32xf32>
     %bmax = tile.broadcast %rmax {dims = array<i64: 0>} : tensor<32xf32> -> tensor<32x32xf32>
     %idx = tile.arange %on : tensor<32xi32>
     %nv = tile.broadcast %n {dims = array<i64>} : i32 -> tensor<32xi32>
     %in = arith.cmpi slt, %idx, %nv : tensor<32xi32>
     %inb = tile.broadcast %in {dims = array<i64: 1>} : tensor<32xi1> -> tensor<32x32xi1>
-    %pos = arith.cmpf ogt, %acc, %bmax : tensor<32x32xf32>
+    %pos = arith.cmpf ogt, %acc, %bmax {tessera.loc = "/src/model.py:12"} : tensor<32x32xf32>
     %both = arith.andi %inb, %pos : tensor<32x32xi1>
+    tile.assert %both {tessera.loc = "/src/model.py:12", tessera.regions = ["epilogue"], message = "in range"} \
+: tensor<32x32xi1>
     %sel = arith.select %both, %acc, %bmax : tensor<32x32xi1>, tensor<32x32xf32>
     %fi = arith.fptosi %sel : tensor<32x32xf32> to tensor<32x32xi32>
     %fb = arith.sitofp %fi : tensor<32x32xi32> to tensor<32x32xf32>
     %true = arith.constant true
     %any = arith.select %true, %fb, %sel : tensor<32x32xf32>
     tile.store %any, %c[%om, %on] {tile_dims = array<i64: 0, 1>} : tensor<32x32xf32>, memref<77x45xf32>
+    tile.profile_end %stamps {label = "every_op", slot = 0 : i64} : memref<1x2x3x2x4xi32>
     tile.return
   }
   func.func @main(%a: memref<77x100xf16>, %b: memref<45x100xf16>, %c: memref<77x45xf32>) {
     %n = arith.constant 45 : i32
     %tmp = tile.alloc_global : memref<77x45xf32>
     %flat = tile.view %tmp : memref<77x45xf32> -> memref<3465xf32>
-    tile.launch @every_op(%a, %b, %tmp, %n) {grid = array<i64: 3, 2, 1>} : memref<77x100xf16>, memref<45x100xf16>, memref<77x45xf32>, i32
+    %stamps = tile.alloc_global : memref<1x2x3x2x4xi32>
+    tile.launch @every_op(%a, %b, %tmp, %n, %stamps) {grid = array<i64: 3, 2, 1>} : memref<77x100xf16>, \
+memref<45x100xf16>, memref<77x45xf32>, i32, memref<1x2x3x2x4xi32>
     func.return
   }
 }

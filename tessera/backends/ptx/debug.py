@@ -12,7 +12,8 @@ first for every op, which
   false a call of CUDA's `__assertfail(message, file, line, function, char size)`, which prints
   "file:line: function: block: [..], thread: [..] Assertion `message` failed." and traps;
 * writes `tessera_target.profile_begin/end`: a `%clock64` read that thread 0 of the block stores
-  into its slot of the stamp buffer ([grid z, y, x, slots, 2] of u64, a kernel parameter).
+  into its slot of the stamp buffer (a kernel parameter: [grid z, y, x, slots] of (begin, end)
+  u64 stamps, typed as i32 words, `tile.PROFILE_WORDS`).
 """
 from __future__ import annotations
 
@@ -99,7 +100,7 @@ class KernelDebug:
         """(thread 0's predicate, the address of this block's slots in the stamp buffer), computed at
         the kernel's entry the first time a stamp asks."""
         if self.stamps is None:
-            gz, gy, gx, slots, stamps = buffer.type.get_shape()
+            gz, gy, gx, slots, words = buffer.type.get_shape()
             tid, leader, linear = e.new(S32), e.new(PRED), e.new(S32)
             ctaid = [e.new(S32) for _ in range(3)]
             address = e.new(U64)
@@ -109,7 +110,7 @@ class KernelDebug:
                 e.at_entry(f"mov.u32 {r}, %ctaid.{axis};")
             e.at_entry(f"mad.lo.s32 {linear}, {ctaid[2]}, {gy}, {ctaid[1]};")
             e.at_entry(f"mad.lo.s32 {linear}, {linear}, {gx}, {ctaid[0]};")
-            e.at_entry(f"mul.wide.u32 {address}, {linear}, {slots * stamps * 8};")
+            e.at_entry(f"mul.wide.u32 {address}, {linear}, {slots * words * 4};")
             e.at_entry(f"add.s64 {address}, {e.value(buffer)}, {address};")
             self.stamps = (leader, address)
         return self.stamps
@@ -148,7 +149,8 @@ def _assert(d: KernelDebug, e: KernelEmitter, op: tgt.AssertOp) -> None:
 
 
 def _stamp(which: int) -> Callable:
-    """A profile stamp: thread 0 stores `%clock64` into stamp `which` (0: begin, 1: end) of its slot."""
+    """A profile stamp: thread 0 stores `%clock64` into stamp `which` (0: begin, 1: end) of its slot,
+    8 bytes each."""
     def handle(d: KernelDebug, e: KernelEmitter, op: tgt.ProfileBeginOp | tgt.ProfileEndOp) -> None:
         if not op.buffer:
             raise UnsupportedByBackend(f"PTX backend: {op.name} {op.label.data!r} has no stamp buffer "
@@ -156,7 +158,7 @@ def _stamp(which: int) -> Callable:
         leader, slots = d.stamp_slots(e, op.buffer[0])
         clock = e.new(U64)
         e.emit(f"mov.u64 {clock}, %clock64;")
-        e.emit(f"@{leader} st.global.u64 [{slots}+{(op.slot.value.data * 2 + which) * 8}], {clock};")
+        e.emit(f"@{leader} st.global.u64 [{slots}+{8 * (2 * op.slot.value.data + which)}], {clock};")
     return handle
 
 

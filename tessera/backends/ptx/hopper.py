@@ -128,10 +128,22 @@ def _mbarrier_alloc(e: KernelEmitter, op: tgt.MBarrierAllocOp) -> None:
     e.env[op.result] = base
 
 
-def _barrier_at(e: KernelEmitter, barriers, stage) -> str:
-    r = e.new(S32)
-    e.emit(f"mad.lo.s32 {r}, {e.value(stage)}, 8, {e.value(barriers)};")
-    return r
+def _in_block(e: KernelEmitter, op, key: tuple, compute) -> str:
+    """`compute()`'s register, computed once per (op's block, key): a group's copies share their
+    stage's address and mbarrier (ptxas does not merge the copies' uniform address arithmetic)."""
+    memo = e.state.setdefault("in_block", {})
+    full = (op.parent_block(), *key)
+    if full not in memo:
+        memo[full] = compute()
+    return memo[full]
+
+
+def _barrier_at(e: KernelEmitter, op, barriers, stage) -> str:
+    def compute():
+        r = e.new(S32)
+        e.emit(f"mad.lo.s32 {r}, {e.value(stage)}, 8, {e.value(barriers)};")
+        return r
+    return _in_block(e, op, ("mbarrier", barriers, stage), compute)
 
 
 def _mbarrier_init(e: KernelEmitter, op: tgt.MBarrierInitOp) -> None:
@@ -141,14 +153,14 @@ def _mbarrier_init(e: KernelEmitter, op: tgt.MBarrierInitOp) -> None:
 
 
 def _arrive_expect_tx(e: KernelEmitter, op: tgt.MBarrierArriveExpectTxOp) -> None:
-    e.emit(f"@{_issuer(e)} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{_barrier_at(e, op.barriers, op.stage)}], "
+    e.emit(f"@{_issuer(e)} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{_barrier_at(e, op, op.barriers, op.stage)}], "
            f"{op.bytes.value.data};")
 
 
 def _arrive(e: KernelEmitter, op: tgt.MBarrierArriveOp) -> None:
     """One arrival per thread, or from lane 0 of each warp (once the warp's reads are done: wgmma
     waits are warp-wide; one arrive per thread costs 256 shared atomics a stage)."""
-    barrier = _barrier_at(e, op.barriers, op.stage)
+    barrier = _barrier_at(e, op, op.barriers, op.stage)
     if op.per.data == "thread":
         e.emit(f"mbarrier.arrive.shared::cta.b64 _, [{barrier}];")
         return
@@ -160,7 +172,7 @@ def _arrive(e: KernelEmitter, op: tgt.MBarrierArriveOp) -> None:
 
 def _try_wait(e: KernelEmitter, op: tgt.MBarrierTryWaitOp) -> None:
     """Spins until the mbarrier completes the phase of the given parity."""
-    barrier, done = _barrier_at(e, op.barriers, op.stage), e.new(PRED)
+    barrier, done = _barrier_at(e, op, op.barriers, op.stage), e.new(PRED)
     again = e.label("wait")
     e.lines.append(f"{again}:")
     e.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{barrier}], {e.value(op.parity)};")
@@ -170,9 +182,9 @@ def _try_wait(e: KernelEmitter, op: tgt.MBarrierTryWaitOp) -> None:
 def _tma_load(e: KernelEmitter, op: tgt.TmaLoadOp) -> None:
     buf: TmaBuffer = e.env[op.dst]
     m: tgt.TensorMapType = op.tensor_map.type
-    dst = stage_address(e, buf, e.value(op.stage))
+    dst = _in_block(e, op, ("stage", op.dst, op.stage), lambda: stage_address(e, buf, e.value(op.stage)))
     coords = ", ".join(reversed([e.value(c) for c in op.coords]))
-    barrier = _barrier_at(e, op.barriers, op.barrier_stage)
+    barrier = _barrier_at(e, op, op.barriers, op.barrier_stage)
     e.emit(f"@{_issuer(e)} cp.async.bulk.tensor.{len(m.shape_dims)}d.shared::cluster.global.tile.mbarrier::"
            f"complete_tx::bytes [{dst}+{op.offset.value.data}], [{e.value(op.tensor_map)}, {{{coords}}}], "
            f"[{barrier}];")

@@ -1,0 +1,352 @@
+"""The async-hazard checker (`tessera.passes.check_async`) on the kernels Tessera compiles.
+
+1. Every real kernel is clean: GEMM (pipelined, warp-specialized, one stage, persistent, without
+   mma_async) and attention (plain, causal, warp-specialized, scores ahead, one stage), on the
+   Hopper-native path (TMA + mbarriers + wgmma) and the Ampere path (cp.async + mma.sync).
+2. Mutation tests: each synchronization op of each kernel deleted in turn, and each perturbed (a
+   try_wait's parity flipped through a new `arith.subi 1, %p`, a wait's pending count moved by one,
+   an init's arrivals, an expect_tx's bytes, an arrive's `per`). `expected` says which mutants are
+   real hazards; every harmless one is harmless for a reason it names, and the checker must agree
+   on every mutant.
+3. `tessera opt FILE --passes=check-async`, and the TESSERA_CHECK_ASYNC hook of the target stage.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pytest
+from xdsl.dialects import arith, scf
+from xdsl.dialects.builtin import IntegerAttr, StringAttr, i32, i64
+
+import tessera as tsr
+from tessera import Tensor
+from tessera import cli
+from tessera.errors import TesseraError
+from tessera.ir import print_ir
+from tessera.ir import target as tgt
+from tessera.passes.check_async import KINDS, check_async, check_kernel
+
+from seed_kernels import causal_attention, flash_attention
+
+
+@tsr.function
+def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]) -> Tensor["M", "N"]:
+    return tsr.matmul(a, b)
+
+
+@dataclass(frozen=True)
+class Case:
+    fn: object
+    dims: dict
+    space: dict
+    path: str = "native"
+
+
+GEMM, ATTN = dict(M=256, K=384, N=256), dict(B=1, H=1, S=640, D=64)
+CASES = {
+    "gemm": Case(gemm, GEMM, {}),
+    "gemm-ampere": Case(gemm, GEMM, {}, "ampere"),
+    "gemm-ws": Case(gemm, GEMM, {"warp_specialize": [1]}),
+    "gemm-1stage": Case(gemm, GEMM, {"num_stages": [1]}),
+    "gemm-1stage-ampere": Case(gemm, GEMM, {"num_stages": [1]}, "ampere"),
+    "gemm-sync-mma": Case(gemm, GEMM, {"mma_async": [0]}),
+    "gemm-persistent": Case(gemm, dict(M=512, K=384, N=512), {"persistent": [1], "programs": [3]}),
+    "gemm-persistent-ampere": Case(gemm, dict(M=512, K=384, N=512), {"persistent": [1], "programs": [3]}, "ampere"),
+    "attn": Case(flash_attention, ATTN, {}),
+    "attn-ampere": Case(flash_attention, ATTN, {}, "ampere"),
+    "causal": Case(causal_attention, ATTN, {}),
+    "causal-ampere": Case(causal_attention, ATTN, {}, "ampere"),
+    "attn-ws": Case(flash_attention, ATTN, {"warp_specialize": [1], "num_stages": [3]}),
+    "causal-ws": Case(causal_attention, ATTN, {"warp_specialize": [1], "num_stages": [3]}),
+    "attn-ahead": Case(flash_attention, ATTN, {"qk_ahead": [1], "num_stages": [3]}),
+    "causal-ahead-ampere": Case(causal_attention, ATTN, {"qk_ahead": [1], "num_stages": [3]}, "ampere"),
+    "causal-ahead-ws": Case(causal_attention, ATTN, {"qk_ahead": [1], "num_stages": [3], "warp_specialize": [1]}),
+    "attn-1stage": Case(flash_attention, ATTN, {"num_stages": [1]}),
+    "attn-1stage-ampere": Case(flash_attention, ATTN, {"num_stages": [1]}, "ampere"),
+}
+
+
+@dataclass
+class Compiled:
+    module: object
+    params: dict          # the schedule kernel's params
+    kernel: tgt.KernelOp
+
+    @property
+    def specialized(self) -> bool:
+        return any(isinstance(op, tgt.WarpSpecializeOp) for op in self.kernel.walk())
+
+
+_COMPILED: dict[str, Compiled] = {}
+
+
+def compiled(name: str) -> Compiled:
+    """Case `name` compiled to Target IR (once per session); its one kernel and schedule params."""
+    if name not in _COMPILED:
+        case = CASES[name]
+        c = case.fn.compile(case.fn.arg_specs_for(case.dims, "fp16"), arch="sm_90a", path=case.path,
+                            space=case.space)
+        (sk,) = [op for op in c.modules["schedule"].walk() if op.name == "schedule.kernel"]
+        params = {k: v.value.data for k, v in sk.params.data.items()}
+        (kernel,) = [op for op in c.modules["target"].ops if isinstance(op, tgt.KernelOp)]
+        _COMPILED[name] = Compiled(c.modules["target"], params, kernel)
+    return _COMPILED[name]
+
+
+# --- 1. real kernels are clean ------------------------------------------------------------------
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_real_kernels_have_no_hazard(name):
+    c = compiled(name)
+    wanted = "wgmma" if CASES[name].path == "native" else "mma.sync"
+    assert f'"{wanted}"' in print_ir(c.kernel), f"{name} is not on the path it is meant to test"
+    assert c.specialized == bool(CASES[name].space.get("warp_specialize")) or CASES[name].path == "ampere"
+    if "persistent" in name:
+        assert math.prod(c.kernel.config.grid_dims) == 3, "a persistent GEMM walks its 8 tiles on 3 blocks"
+    assert check_async(c.module) == []
+
+
+# --- 2. mutations ---------------------------------------------------------------------------------
+
+SYNC_OPS = ("mbarrier_init", "fence", "barrier", "mbarrier_arrive_expect_tx", "mbarrier_arrive", "mbarrier_try_wait",
+            "cp_async_commit", "cp_async_wait", "wgmma_fence", "wgmma_commit", "wgmma_wait")
+SYNC_NAMES = {f"tessera_target.{n}" for n in SYNC_OPS}
+
+
+def sync_ops(module) -> list:
+    return [op for op in module.walk() if op.name in SYNC_NAMES]
+
+
+def _short(op) -> str:
+    return op.name.removeprefix("tessera_target.")
+
+
+def mutations(module) -> list[tuple[int, str]]:
+    """(index of the sync op, mutation) for every mutant of `module`."""
+    out = []
+    for i, op in enumerate(sync_ops(module)):
+        out.append((i, "delete"))
+        name = _short(op)
+        if name == "mbarrier_try_wait":
+            out.append((i, "flip parity"))
+        elif name in ("wgmma_wait", "cp_async_wait"):
+            out += [(i, "pending+1")] + ([(i, "pending-1")] if op.pending.value.data else [])
+        elif name == "mbarrier_init":
+            out += [(i, "arrivals+1")] + ([(i, "arrivals-1")] if op.arrivals.value.data > 1 else [])
+        elif name == "mbarrier_arrive_expect_tx":
+            out += [(i, "bytes+16"), (i, "bytes-16")]
+        elif name == "mbarrier_arrive":
+            out.append((i, "per thread"))
+    return out
+
+
+def mutate(module, index: int, mutation: str):
+    """A copy of `module` with sync op `index` mutated."""
+    m = module.clone()
+    op = sync_ops(m)[index]
+    if mutation == "delete":
+        op.detach()
+        op.erase()
+    elif mutation == "flip parity":
+        one = arith.ConstantOp(IntegerAttr(1, i32))
+        flipped = arith.SubiOp(one.result, op.parity)
+        op.parent_block().insert_ops_before([one, flipped], op)
+        op.operands[2] = flipped.result
+    elif mutation.startswith(("pending", "arrivals", "bytes")):
+        prop = mutation.rstrip("+-0123456789")
+        delta = int(mutation[len(prop):])
+        op.properties[prop] = IntegerAttr(op.properties[prop].value.data + delta, i64)
+    elif mutation == "per thread":
+        op.per = StringAttr("thread")
+    else:
+        raise ValueError(mutation)
+    return m
+
+
+# Which mutants are real hazards. A sync op guards something only where it runs and nothing else
+# guards the same thing; the exceptions below say what else does, or why the op never runs.
+
+def _loop_of(op):
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, scf.ForOp):
+        parent = parent.parent_op()
+    return parent
+
+
+def _is_drain(op) -> bool:
+    """A wait for the copies still in flight when the pipelined loops are done: a try_wait on a
+    constant stage, in an scf.if outside every loop."""
+    return (isinstance(op, tgt.MBarrierTryWaitOp) and isinstance(op.parent_op(), scf.IfOp)
+            and _loop_of(op) is None and isinstance(op.stage.owner, arith.ConstantOp))
+
+
+def _steps_per_block(name: str, c: Compiled) -> set[int]:
+    """The pipeline steps a block reads (its main loop's trip count), over every block of the grid.
+    A GEMM with fewer blocks than output tiles is persistent: block b takes tiles b, b + blocks, ...,
+    and its steps count on across them."""
+    dims, p = CASES[name].dims, c.params
+    if CASES[name].fn is gemm:
+        k_steps = math.ceil(dims["K"] / p["block_k"])
+        tiles = math.ceil(dims["M"] / p["block_m"]) * math.ceil(dims["N"] / p["block_n"])
+        blocks = math.prod(c.kernel.config.grid_dims)
+        return {math.ceil((tiles - b) / blocks) * k_steps for b in range(blocks)}
+    keys = math.ceil(dims["S"] / p["block_n"])
+    if CASES[name].fn is causal_attention:
+        return {math.ceil(min(dims["S"], (q + 1) * p["block_m"]) / p["block_n"])
+                for q in range(math.ceil(dims["S"] / p["block_m"]))}
+    return {keys}
+
+
+def _unread_stages(name: str, c: Compiled) -> set[int]:
+    """Stages of the main pipeline holding a fill no step waits for, in some block. A pipeline of S
+    stages reading n steps issues steps up to n + S - 2 (S - 1 ahead of the last); with scores
+    ahead, the loop also waits for step n (its last iteration's next key block, masked out)."""
+    stages = c.params["num_stages"]
+    if stages == 1:
+        return set()   # copy, wait, compute: nothing is issued ahead
+    ahead = int(bool(c.params.get("qk_ahead")))
+    return {step % stages for n in _steps_per_block(name, c) for step in range(n + ahead, n + stages - 1)}
+
+
+def _drain_verdict(name: str, c: Compiled, op, mutation: str) -> bool | str:
+    """Deleting or flipping a drain wait is a hazard iff it waits for a fill no step read (copies
+    in flight at exit). A warp-specialized producer drains every stage it filled; deleting its wait
+    for a fill the consumers read is harmless, but a flipped one waits for a phase that never comes."""
+    stage = op.stage.owner.value.value.data
+    if op.barriers.type.count.data != c.params["num_stages"] or stage not in _unread_stages(name, c):
+        if c.specialized and mutation == "flip parity":
+            return True
+        return ("the drain of a stage whose last fill a step read: " +
+                ("the consumers waited for it" if c.specialized else "its scf.if never runs"))
+    return True
+
+
+def _unused_group(op) -> bool:
+    return all(isinstance(use.operation, tgt.MBarrierInitOp) for use in op.barriers.uses)
+
+
+def _retired_at_loop_end(loop) -> bool:
+    """Whether every iteration of `loop` ends with all wgmma groups retired: its body's last
+    wgmma_wait waits for all (pending = 0) and no wgmma follows it."""
+    ops = list(loop.walk())
+    waits = [i for i, o in enumerate(ops) if isinstance(o, tgt.WgmmaWaitOp)]
+    mmas = [i for i, o in enumerate(ops) if isinstance(o, tgt.TensorCoreOp) and o.family.data == "wgmma"]
+    return bool(waits) and ops[waits[-1]].pending.value.data == 0 and (not mmas or mmas[-1] < waits[-1])
+
+
+def expected(name: str, c: Compiled, op, mutation: str) -> bool | str:
+    """True where the mutant is a real hazard, else the reason it is harmless."""
+    kind = _short(op)
+    if mutation == "pending-1":
+        return "waiting for one more group only waits longer"
+    if kind == "mbarrier_init" and _unused_group(op):
+        return "nothing arrives on or waits for this mbarrier group (a free mbarrier of a stage never refilled)"
+    if _is_drain(op):
+        return _drain_verdict(name, c, op, mutation)
+    loop = _loop_of(op)
+    if kind == "wgmma_wait" and mutation in ("delete", "pending+1"):
+        if isinstance(op.prev_op, scf.ForOp) and _retired_at_loop_end(op.prev_op):
+            return "every iteration of the loop before it already ends with all wgmma groups retired"
+        first_wait = loop is not None and next(o for o in loop.body.block.ops if isinstance(o, tgt.WgmmaWaitOp)) is op
+        if first_wait and c.params.get("qk_ahead") and op.pending.value.data == 1 and _retired_at_loop_end(loop):
+            return ("scores ahead: the refill's wait is implied by the wait for all groups that ends the previous "
+                    "iteration (the next P overwrites the registers P @ V reads)")
+    if kind == "barrier" and c.params.get("qk_ahead") and loop is not None and mutation == "delete":
+        barriers = [o for o in loop.body.block.ops if isinstance(o, tgt.BarrierOp)]
+        if len(barriers) == 2 and barriers[1] is op:
+            return ("scores ahead: the stage refilled in iteration i was last read in iteration i - 1, before "
+                    "iteration i's first barrier")
+    return True
+
+
+def _mutation_matrix(name: str):
+    c = compiled(name)
+    rows = []
+    for index, mutation in mutations(c.module):
+        op = sync_ops(c.module)[index]
+        verdict = expected(name, c, op, mutation)
+        (kernel,) = [k for k in mutate(c.module, index, mutation).ops if isinstance(k, tgt.KernelOp)]
+        hazards = check_kernel(kernel)   # check_async without printing the module to locate them
+        rows.append((index, _short(op), mutation, verdict, hazards))
+    return rows
+
+
+@pytest.mark.parametrize("name", CASES)
+def test_mutants_are_flagged_exactly_when_they_are_hazards(name):
+    rows = _mutation_matrix(name)
+    wrong = [f"#{i} {op} {mutation}: expected {'a hazard' if verdict is True else 'none (' + verdict + ')'}, got "
+             f"{[h.kind for h in hazards] or 'none'}"
+             for i, op, mutation, verdict, hazards in rows if (verdict is True) != bool(hazards)]
+    assert not wrong, "\n".join(wrong)
+    covered = {op for _, op, mutation, verdict, hazards in rows if mutation == "delete" and verdict is True}
+    wanted = ({"mbarrier_init", "fence", "barrier", "mbarrier_arrive_expect_tx", "mbarrier_try_wait", "wgmma_fence",
+               "wgmma_commit", "wgmma_wait"} if CASES[name].path == "native"
+              else {"cp_async_commit", "cp_async_wait", "barrier"})
+    if compiled(name).specialized:
+        wanted.add("mbarrier_arrive")
+    assert wanted <= covered, f"no deletion of {wanted - covered} is a hazard in {name}"
+
+
+def test_a_flipped_parity_is_a_wrong_phase():
+    """The consumer's wait on a full mbarrier, parity flipped: it returns at once (the phase before,
+    of the other parity, is complete) and the wgmma reads the stage while its copy is in flight,
+    or, once the copy landed, waits for a phase no copy will complete."""
+    c = compiled("gemm")
+    (index, wait), *_ = [(i, op) for i, op in enumerate(sync_ops(c.module))
+                         if isinstance(op, tgt.MBarrierTryWaitOp) and _loop_of(op) is not None]
+    (h,) = check_async(mutate(c.module, index, "flip parity"))
+    assert h.kind == "wrong-phase" and h.text.startswith("tessera_target.mbarrier_try_wait")
+
+
+def test_hazards_name_their_kind_op_and_line():
+    c = compiled("attn-ws")
+    arrive = next(i for i, op in enumerate(sync_ops(c.module)) if isinstance(op, tgt.MBarrierArriveOp))
+    mutant = mutate(c.module, arrive, "per thread")
+    (h, *_) = check_async(mutant)
+    assert h.kind == "arrive-count" and h.kind in KINDS
+    assert "256 arrival(s)" in h.message and "arrivals = 8" in h.message
+    assert print_ir(mutant).splitlines()[h.line - 1].strip() == h.text
+    assert str(h).startswith(f"line {h.line}: arrive-count: @{c.kernel.sym_name.data} block [")
+
+
+def test_a_block_barrier_in_a_warp_specialized_region_hangs():
+    c = compiled("gemm-ws")
+    m = c.module.clone()
+    ws = next(op for op in m.walk() if isinstance(op, tgt.WarpSpecializeOp))
+    consumer = ws.consumer.block
+    consumer.insert_op_before(tgt.BarrierOp(), consumer.last_op)
+    consumer.insert_op_before(tgt.BarrierOp(1, 128), consumer.last_op)
+    assert {h.kind for h in check_async(m)} == {"hang", "barrier-threads"}
+
+
+# --- 3. the command line and the compile hook -------------------------------------------------------
+
+
+def test_opt_check_async_passes_a_clean_kernel(tmp_path, capsys):
+    path = tmp_path / "target.mlir"
+    path.write_text(print_ir(compiled("gemm").module))
+    assert cli.main(["opt", str(path), "--passes=check-async", "--verify-only"]) == 0
+
+
+def test_opt_check_async_prints_each_hazard_and_fails(tmp_path, capsys):
+    c = compiled("gemm")
+    index = next(i for i, op in enumerate(sync_ops(c.module)) if isinstance(op, tgt.BarrierOp) and _loop_of(op))
+    path = tmp_path / "target.mlir"
+    path.write_text(print_ir(mutate(c.module, index, "delete")))
+    assert cli.main(["opt", str(path), "--passes=check-async"]) == 1
+    err = capsys.readouterr().err
+    assert "refill-race" in err and "tessera_target.tma_load" in err
+    assert err.splitlines()[-1].startswith("error: check-async: ")
+
+
+def test_the_target_stage_checks_when_asked(monkeypatch):
+    """TESSERA_CHECK_ASYNC=1 (tests/conftest.py sets it) makes the target stage fail on a hazard."""
+    monkeypatch.setenv("TESSERA_CHECK_ASYNC", "1")
+    case = CASES["gemm"]
+    fresh = case.fn.compile(case.fn.arg_specs_for(case.dims, "fp16"), arch="sm_90a", space={"num_stages": [2]})
+    bad = mutate(compiled("gemm").module, 0, "delete")
+    monkeypatch.setattr("tessera.lowering.tile_to_target.lower_tile_to_target", lambda *a, **k: bad)
+    with pytest.raises(TesseraError, match="mbarrier-init"):
+        fresh.stage("target")
