@@ -1226,11 +1226,136 @@ ASYNC_OPS = [TensorMapOp, MBarrierAllocOp, MBarrierInitOp, MBarrierArriveExpectT
 ASYNC_TYPES = [MBarriersType, TensorMapType]
 
 
+
+# ---------------------------------------------------------------------------
+# Register layouts: which thread holds which elements of a tile value
+# (tessera.ir.layouts), attached to the ops that make tiles by the
+# `assign-layouts` pass (tessera.lowering.assign_layouts).
+# ---------------------------------------------------------------------------
+
+#: the attribute on an op holding one layout per result (`#builtin.unit` for a non-tile result)
+RESULT_LAYOUTS = "tessera_target.layouts"
+#: the attribute on an scf.for holding one layout per argument of its body (the induction variable's unit)
+ARG_LAYOUTS = "tessera_target.arg_layouts"
+
+
+def _pair(values: Sequence[int]) -> str:
+    return _int_list_text(values)
+
+
+@irdl_attr_definition
+class BlockedLayoutAttr(ParametrizedAttribute):
+    """`#tessera_target.blocked<[128, 64], vec = 8, lanes = [4, 8], warps = [4, 1]>`: each thread holds
+    `vec` consecutive columns; lanes span [rows, cols] of a warp's patch, warps [rows, cols] of the
+    block's; the pattern repeats to cover the tile (Triton's blocked layout)."""
+
+    name = "tessera_target.blocked"
+    shape: ArrayAttr
+    vec: IntAttr
+    lanes: ArrayAttr
+    warps: ArrayAttr
+
+    @classmethod
+    def parse_parameters(cls, parser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        shape = _int_array(_parse_int_list(parser))
+        fields = {}
+        for key in ("vec", "lanes", "warps"):
+            parser.parse_punctuation(",")
+            parser.parse_keyword(key)
+            parser.parse_punctuation("=")
+            fields[key] = IntAttr(parser.parse_integer()) if key == "vec" else _int_array(_parse_int_list(parser))
+        parser.parse_punctuation(">")
+        return [shape, fields["vec"], fields["lanes"], fields["warps"]]
+
+    def print_parameters(self, printer) -> None:
+        ints = lambda a: [x.data for x in a.data]   # noqa: E731
+        printer.print_string(f"<{_pair(ints(self.shape))}, vec = {self.vec.data}, lanes = {_pair(ints(self.lanes))}, "
+                             f"warps = {_pair(ints(self.warps))}>")
+
+
+@irdl_attr_definition
+class MmaLayoutAttr(ParametrizedAttribute):
+    """`#tessera_target.mma<[128, 256], warps = [8, 1]>`: the accumulator fragments of m16n8k16 matrix
+    instructions (mma.sync's, and wgmma's per warp), warps split [rows, cols] over the tile."""
+
+    name = "tessera_target.mma"
+    shape: ArrayAttr
+    warps: ArrayAttr
+
+    @classmethod
+    def parse_parameters(cls, parser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        shape = _int_array(_parse_int_list(parser))
+        parser.parse_punctuation(",")
+        parser.parse_keyword("warps")
+        parser.parse_punctuation("=")
+        warps = _int_array(_parse_int_list(parser))
+        parser.parse_punctuation(">")
+        return [shape, warps]
+
+    def print_parameters(self, printer) -> None:
+        printer.print_string(f"<{_pair([x.data for x in self.shape.data])}, "
+                             f"warps = {_pair([x.data for x in self.warps.data])}>")
+
+
+@irdl_attr_definition
+class SliceLayoutAttr(ParametrizedAttribute):
+    """`#tessera_target.slice<1, #tessera_target.mma<...>>`: a rank-1 tile along dim 1 (or 0) of its
+    rank-2 parent layout (a row statistic, a column vector)."""
+
+    name = "tessera_target.slice"
+    keep: IntAttr
+    parent: Attribute
+
+    @classmethod
+    def parse_parameters(cls, parser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        keep = IntAttr(parser.parse_integer())
+        parser.parse_punctuation(",")
+        parent = parser.parse_attribute()
+        parser.parse_punctuation(">")
+        return [keep, parent]
+
+    def print_parameters(self, printer) -> None:
+        printer.print_string(f"<{self.keep.data}, ")
+        printer.print_attribute(self.parent)
+        printer.print_string(">")
+
+
+def layout_attr(layout) -> Attribute:
+    """The attribute of a `tessera.ir.layouts` layout."""
+    from . import layouts as ly
+    if isinstance(layout, ly.Blocked):
+        return BlockedLayoutAttr(_int_array(layout.shape), IntAttr(layout.vec), _int_array((layout.tr, layout.tc)),
+                                 _int_array((layout.wr, layout.wc)))
+    if isinstance(layout, ly.Mma):
+        return MmaLayoutAttr(_int_array(layout.shape), _int_array((layout.wm, layout.wn)))
+    return SliceLayoutAttr(IntAttr(layout.keep), layout_attr(layout.parent))
+
+
+def layout_of(attr: Attribute):
+    """The `tessera.ir.layouts` layout an attribute describes."""
+    from . import layouts as ly
+    ints = lambda a: tuple(x.data for x in a.data)   # noqa: E731
+    if isinstance(attr, BlockedLayoutAttr):
+        (tr, tc), (wr, wc) = ints(attr.lanes), ints(attr.warps)
+        return ly.Blocked(ints(attr.shape), attr.vec.data, tc, tr, wc, wr)
+    if isinstance(attr, MmaLayoutAttr):
+        return ly.Mma(ints(attr.shape), *ints(attr.warps))
+    if isinstance(attr, SliceLayoutAttr):
+        return ly.Slice(layout_of(attr.parent), attr.keep.data)
+    raise ValueError(f"{attr} is not a register layout")
+
+
+LAYOUT_ATTRS = [BlockedLayoutAttr, MmaLayoutAttr, SliceLayoutAttr]
+
+
 TesseraTarget = Dialect(
     "tessera_target",
     [KernelOp, ReturnOp, LaunchOp, TensorCoreOp, AllocateOp, MemcpyOp, ProfileBeginOp, ProfileEndOp, AssertOp,
      *ASYNC_OPS],
-    [PlatformAttr, KernelConfigAttr, *ASYNC_TYPES],
+    [PlatformAttr, KernelConfigAttr, *ASYNC_TYPES, *LAYOUT_ATTRS],
 )
 
 

@@ -34,11 +34,12 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 
 from xdsl.dialects import arith, scf
-from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, TensorType, i32
+from xdsl.dialects.builtin import IndexType, IntegerAttr, MemRefType, i32
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from ..ir import target, tile
 from ..platforms import Platform
+from .assign_layouts import is_tile
 
 #: bytes of one TMA box row: one 128-byte swizzle span
 TMA_ROW_BYTES = 128
@@ -73,10 +74,6 @@ def register_split(platform: Platform, threads: int, producer_threads: int) -> R
     if consumer <= launch:
         return None
     return RegisterSplit(launch, PRODUCER_REGS, consumer)
-
-
-def is_tile(v: SSAValue) -> bool:
-    return isinstance(v.type, TensorType) and v.type.get_num_dims() > 0
 
 
 # ---------------------------------------------------------------------------

@@ -40,6 +40,7 @@ from tessera.platforms import Platform
 
 from . import debug_to_target
 
+from .assign_layouts import annotate_layouts
 from .async_pipelines import RegisterSplit, lower_tma_pipelines
 
 
@@ -400,9 +401,10 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
     """A Target IR copy of the tile module `module` for `platform` (a Platform or
     an arch name); `module` itself is left unchanged. Per kernel: its platform
     (`kernel_platform`), the TMA pipelines' protocol (`lower_tma_pipelines`), one pattern
-    per remaining tile op, the shared-memory allocation (`allocate_shared`), and its
-    launch configuration: grid = its tile.launch's, block = its warps, shared = the
-    allocation's total, regs = `estimate_regs`."""
+    per remaining tile op, the shared-memory allocation (`allocate_shared`), its
+    launch configuration (grid = its tile.launch's, block = its warps, shared = the
+    allocation's total, regs = `estimate_regs`) and, on NVIDIA targets, its register
+    layouts (`annotate_layouts`)."""
     p = platform if isinstance(platform, Platform) else platforms.get(platform)
     lowered = module.clone()
     grids = _grids(lowered)
@@ -422,4 +424,7 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
         _rewrite(patterns(kp, tensor_cores), kernel.body)
         configs[name] = target.KernelConfigAttr.of(grids[name], (threads, 1, 1), allocate_shared(kernel, kp), regs)
     _rewrite([LowerKernel(configs, chosen, splits), LowerLaunch(configs)], lowered.body)
+    for kernel in lowered.ops:
+        if isinstance(kernel, target.KernelOp) and kernel.platform.vendor.data == "nvidia":
+            annotate_layouts(kernel)
     return lowered

@@ -10,9 +10,8 @@ bits rather than guessing them from the IR's shape.
 The model (a concrete abstract interpreter):
 
 * Each kernel runs for a few blocks (`program_ids`: first, middle and last of its grid, and
-  their neighbours). Scalar
-  `arith`/`scf` ops are evaluated (compilation is specialised to shapes, so every loop bound,
-  stage index and parity is a number); tile data is not. A tensor value is a *marker* of who
+  their neighbours). Scalar `arith`/`scf` ops are evaluated (compilation is specialised to
+  shapes, so every loop bound, stage index and parity is a number); tile data is not. A tensor value is a *marker* of who
   wrote it: a wgmma group (`("wg", agent, group, op)`), registers written at clock t
   (`("reg", t)`), or a shared stage a wgmma reads through a descriptor (`("sh", stage)`).
 * Agents: the block (its threads run alike, as Tile IR promises); inside `warp_specialize`, the

@@ -16,7 +16,7 @@ import tessera as tsr
 from tessera import Tensor
 from tessera.backends.ptx.emitter import BF16, F16, F32, KernelEmitter, Staging, emit_staged_store
 from tessera.backends.ptx.paths import emitter_for
-from tessera.backends.ptx.layout import Mma
+from tessera.ir.layouts import Mma
 from tessera.ir import target as tgt
 
 DST = 1 << 40   # the output tensor's address

@@ -45,7 +45,8 @@ from ...errors import TesseraError
 from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
-from .layout import Blocked, Layout, Mma, Slice
+from ...ir.layouts import Blocked, Layout, Mma, Slice
+from ...lowering.assign_layouts import UnsupportedLayout, is_tile, kernel_layouts
 
 
 class UnsupportedByBackend(TesseraError):
@@ -91,116 +92,6 @@ def f32_literal(x: float) -> str:
 
 # --- layouts ---------------------------------------------------------------------------------------
 
-def is_tile(v: SSAValue) -> bool:
-    """A distributed register tile; rank-0 tensors are uniform per program, held like scalars."""
-    return isinstance(v.type, TensorType) and v.type.get_num_dims() > 0
-
-
-def _tensor_values(kernel) -> list[SSAValue]:
-    out = []
-    for op in kernel.walk():
-        for v in (*op.results, *[a for r in op.regions for b in r.blocks for a in b.args]):
-            if is_tile(v):
-                out.append(v)
-    return out
-
-
-def _mma_warps(kernel, num_warps: int, shapes2) -> tuple[int, int]:
-    """Warp grid for accumulator tiles: all warps along M when rows are reduced
-    (attention's softmax keeps each row inside one warp) or when wgmma computes
-    them (warp w of a warpgroup holds rows 16w..16w+15 of its 64), else as square as fits."""
-    whole_rows = any(isinstance(op, t.ReduceOp) or (isinstance(op, tgt.TensorCoreOp) and op.family.data == "wgmma")
-                       for op in kernel.walk())
-    options = [(num_warps // wn, wn) for wn in (1, 2, 4, 8, 16) if wn <= num_warps]
-    if not whole_rows:
-        options.sort(key=lambda w: abs(w[0] - w[1]))
-    for wm, wn in options:
-        if whole_rows and wn != 1:
-            continue
-        if all(Mma.fits(shape, wm, wn) for shape in shapes2):
-            return wm, wn
-    raise UnsupportedByBackend(f"PTX backend: {num_warps} warps cannot tile {sorted(shapes2)} with mma.sync "
-                               f"fragments; not supported yet")
-
-
-def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
-    """Every register tile's layout (see the module docstring).
-
-    Kernels with tensor-core ops put every rank-2 tile in accumulator (`Mma`) layout;
-    others use one `Blocked` layout. Rank-1 tiles become `Slice`s of the layout their
-    reductions and broadcasts touch, spread through elementwise ops and loops.
-    """
-    values = [v for v in _tensor_values(kernel) if not isinstance(v.owner, t.LoadSharedOp)]
-    shapes2 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 2}
-    shapes1 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 1}
-    if any(v.type.get_num_dims() > 2 for v in values):
-        raise UnsupportedByBackend("PTX backend: tiles of rank above 2 are not supported yet")
-    if any(isinstance(op, tgt.TensorCoreOp) for op in kernel.walk()):
-        wm, wn = _mma_warps(kernel, num_warps, shapes2)
-        rank2 = {shape: Mma(shape, wm, wn) for shape in shapes2}
-    elif len(shapes2) == 1:
-        rank2 = {next(iter(shapes2)): Blocked.choose(next(iter(shapes2)), num_warps, _vector_width(kernel))}
-    elif not shapes2 and len(shapes1) == 1:
-        rank2 = {}
-        only = Blocked.choose((1, next(iter(shapes1))[0]), num_warps, _vector_width(kernel))
-    else:
-        raise UnsupportedByBackend(f"PTX backend: kernels with several 2-D tile shapes ({sorted(shapes2)}) "
-                                   f"are not supported yet")
-    layouts: dict[SSAValue, Layout] = {v: rank2[tuple(v.type.get_shape())] for v in values
-                                       if v.type.get_num_dims() == 2}
-    slices: dict[SSAValue, Slice] = {}
-    for op in kernel.walk():
-        if isinstance(op, t.ReduceOp) and op.x in layouts:
-            slices[op.result] = Slice(layouts[op.x], 1 - op.axis.value.data)
-        if isinstance(op, t.BroadcastOp) and is_tile(op.x):
-            (d,) = t.int_values(op.dims)
-            slices[op.x] = Slice(layouts[op.result], d)
-    _propagate(kernel, slices)
-    for v in values:
-        if v.type.get_num_dims() == 1:
-            if v in slices:
-                layouts[v] = slices[v]
-            elif rank2:
-                raise UnsupportedByBackend("PTX backend: a 1-D tile that is neither reduced nor broadcast")
-            else:
-                layouts[v] = Slice(only, 1)
-    return layouts
-
-
-def _vector_width(kernel) -> int:
-    """Elements per thread along a row: one 16-byte access of the narrowest element the kernel moves."""
-    sizes = [ptx_type(a.type).bytes for a in kernel.body.block.args if isinstance(a.type, MemRefType)]
-    return 16 // min(sizes, default=4)
-
-
-def _propagate(kernel, keep: dict[SSAValue, Slice]) -> None:
-    """Spreads rank-1 slice layouts through elementwise ops and loop-carried values until stable."""
-    links: list[tuple[SSAValue, SSAValue]] = []
-    for op in kernel.walk():
-        tensors = [v for v in (*op.operands, *op.results) if is_tile(v)
-                   and v.type.get_num_dims() == 1]
-        if isinstance(op, (t.ReduceOp, t.BroadcastOp, t.LoadOp, t.StoreOp)):
-            continue
-        links.extend(zip(tensors, tensors[1:]))
-        if isinstance(op, scf.ForOp):
-            body = op.body.block
-            for init, arg, res, yv in zip(op.iter_args, body.args[1:], op.results, body.last_op.operands):
-                links.extend([(init, arg), (arg, res), (res, yv)])
-        if isinstance(op, scf.IfOp):
-            for region in op.regions:
-                if region.blocks:
-                    links.extend(zip(op.results, region.block.last_op.operands))
-    changed = True
-    while changed:
-        changed = False
-        for a, b in links:
-            for x, y in ((a, b), (b, a)):
-                if x in keep and y not in keep:
-                    keep[y] = keep[x]
-                    changed = True
-                elif x in keep and y in keep and keep[x] != keep[y]:
-                    raise UnsupportedByBackend("PTX backend: a 1-D tile is used both as a row and a column vector")
-
 
 # --- the emitter -------------------------------------------------------------------------------------
 
@@ -228,7 +119,10 @@ class KernelEmitter:
         self.platform = kernel.platform.platform
         self.threads = kernel.config.threads
         self.producer_threads = 32 * (kernel.producer_warps.value.data if kernel.producer_warps else 0)
-        self.layouts = assign_layouts(kernel, (self.threads - self.producer_threads) // 32)
+        try:
+            self.layouts = kernel_layouts(kernel)
+        except UnsupportedLayout as e:
+            raise UnsupportedByBackend(f"PTX backend: {e.message}") from None
         self.role: str | None = None          # in a warp_specialize region: "producer" or "consumer"
         self.regs = Regs()
         self.lines: list[str] = []

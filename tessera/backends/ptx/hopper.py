@@ -37,7 +37,7 @@ from ...ir import target as tgt
 from ...ir import tile as t
 from . import tensor_core
 from .emitter import F32, PRED, S32, U64, KernelEmitter, TensorMapSpec, UnsupportedByBackend
-from .layout import Mma
+from ...ir.layouts import Mma
 from .tensor_core import SMEM_SYMBOL, SharedTile, TileBuffer, _a_fragments, stage_address
 
 #: bytes of one TMA box row and of the swizzle pattern's repeat (8 rows)

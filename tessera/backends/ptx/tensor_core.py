@@ -28,7 +28,7 @@ from ...ir import target as tgt
 from ...ir import tile as t
 from .emitter import (BASE_HANDLERS, F32, PRED, S32, U64, KernelEmitter, UnsupportedByBackend, _mov_constant,
                       _storage, copy_mechanism, ptx_type)
-from .layout import Mma
+from ...ir.layouts import Mma
 
 SMEM_SYMBOL = "tsr_smem"
 
