@@ -465,6 +465,15 @@ def _cse(module, args):
     return module
 
 
+def _assign_layouts(module, args):
+    from .ir import target
+    from .lowering.assign_layouts import annotate_layouts
+    for kernel in module.walk():
+        if isinstance(kernel, target.KernelOp) and kernel.platform.vendor.data == "nvidia":
+            annotate_layouts(kernel)
+    return module
+
+
 def _check_async(module, args):
     from .passes.check_async import opt_pass
     return opt_pass(module, args)
@@ -476,6 +485,8 @@ PASSES: dict[str, Pass] = {
     "lower-to-target": Pass("tile", "Tile IR -> Target IR for --arch", _stage("target")),
     "canonicalize": Pass(None, "xDSL canonicalization (folds, dead code), in place", _canonicalize),
     "cse": Pass(None, "xDSL common subexpression elimination, in place", _cse),
+    "assign-layouts": Pass("target", "(re)writes every register tile's layout (part of lower-to-target)",
+                           _assign_layouts),
     "check-async": Pass("target", "async-hazard checker: prints each hazard, fails on any", _check_async),
 }
 

@@ -94,3 +94,18 @@ def test_a_kernel_without_layouts_says_why_at_emission():
     module.verify()
     with pytest.raises(UnsupportedByBackend, match="have no layout; run the assign-layouts pass"):
         emit_module(module)
+
+
+def test_tessera_opt_runs_the_pass_on_target_ir(tmp_path, capsys):
+    """`tessera opt FILE --passes=assign-layouts` writes the layouts the target stage writes."""
+    from tessera.cli import main
+    module, kernel = target_kernel(softmax, dict(M=64, N=256), "sm_80")
+    expected = print_ir(module)
+    for op in kernel.walk():
+        op.attributes.pop(tgt.RESULT_LAYOUTS, None)
+        op.attributes.pop(tgt.ARG_LAYOUTS, None)
+    path = tmp_path / "target.mlir"
+    path.write_text(print_ir(module))
+    assert "tessera_target.layouts" not in path.read_text()
+    assert main(["opt", str(path), "--passes=assign-layouts"]) == 0
+    assert capsys.readouterr().out.strip() == expected.strip()
