@@ -35,7 +35,7 @@ import numpy as np
 from .errors import TesseraError
 
 if TYPE_CHECKING:
-    from .backends.ptx.emitter import TensorMapSpec
+    from .backends.ptx import TensorMapSpec
 
 DEFAULT_ARCH = "sm_90a"
 

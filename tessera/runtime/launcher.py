@@ -20,7 +20,7 @@ from . import driver, interop, profile
 from .cache import functions
 
 if TYPE_CHECKING:
-    from ..backends.ptx.emitter import TensorMapSpec
+    from ..backends.ptx import TensorMapSpec
     from ..compiler import Compiled, KernelLaunch
 
 #: encoded tensor maps a GpuProgram keeps; past this (callers cycling through fresh buffers) it starts over

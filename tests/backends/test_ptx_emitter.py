@@ -11,7 +11,8 @@ from hypothesis import strategies as st
 import tessera as tsr
 from tessera import Tensor
 from tessera.backends.ptx import UnsupportedByBackend, emit_module
-from tessera.backends.ptx.emitter import Staging, unsigned_magic
+from tessera.backends.ptx.arithmetic import unsigned_magic
+from tessera.backends.ptx.memory import Staging
 
 from tessera.runtime.ptxas import find_tool, sass
 

@@ -14,8 +14,10 @@ import pytest
 
 import tessera as tsr
 from tessera import Tensor
-from tessera.backends.ptx.emitter import BF16, F16, F32, KernelEmitter, Staging, emit_staged_store
+from tessera.backends.ptx.core import KernelEmitter
+from tessera.backends.ptx.memory import Staging, emit_staged_store
 from tessera.backends.ptx.paths import emitter_for
+from tessera.backends.ptx.types import BF16, F16, F32
 from tessera.ir.layouts import Mma
 from tessera.ir import target as tgt
 

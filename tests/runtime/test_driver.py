@@ -4,7 +4,7 @@ import ctypes
 
 import pytest
 
-from tessera.backends.ptx.emitter import TensorMapSpec
+from tessera.backends.ptx import TensorMapSpec
 from tessera.runtime.driver import TENSOR_MAP_BYTES, ArgumentError, PackedArgs, check_tensor_map
 
 PTR = 0x7F0000000000

@@ -6,7 +6,7 @@ import pytest
 
 import tessera as tsr
 from tessera import Tensor
-from tessera.backends.ptx.emitter import TensorMapSpec
+from tessera.backends.ptx import TensorMapSpec
 from tessera.compiler import KernelLaunch
 from tessera.runtime import driver, launcher, ptxas
 from tessera.runtime.launcher import Step, launch_args

@@ -19,13 +19,18 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from xdsl.ir import Operation
 
 from ...ir import provenance
 from ...ir import target as tgt
 from ...ir.provenance import Loc
-from .emitter import PRED, S32, U64, KernelEmitter, UnsupportedByBackend, is_tile
+from ...lowering.assign_layouts import is_tile
+from .types import PRED, S32, U64, UnsupportedByBackend
+
+if TYPE_CHECKING:
+    from .core import KernelEmitter   # (which imports this module)
 
 #: CUDA's device-side assert, as nvcc declares it (checked against `nvcc -ptx` of `assert(x)`)
 ASSERTFAIL = """.extern .func __assertfail

@@ -35,10 +35,11 @@ from xdsl.ir import BlockArgument
 
 from ...ir import target as tgt
 from ...ir import tile as t
-from . import tensor_core
-from .emitter import F32, PRED, S32, U64, KernelEmitter, TensorMapSpec, UnsupportedByBackend
 from ...ir.layouts import Mma
+from . import tensor_core
+from .core import KernelEmitter, TensorMapSpec
 from .tensor_core import SMEM_SYMBOL, SharedTile, TileBuffer, _a_fragments, stage_address
+from .types import F32, PRED, S32, U64, UnsupportedByBackend
 
 #: bytes of one TMA box row and of the swizzle pattern's repeat (8 rows)
 ROW_BYTES = 128
@@ -337,9 +338,9 @@ def _wgmma_wait(e: KernelEmitter, op: tgt.WgmmaWaitOp) -> None:
     e.emit(f"wgmma.wait_group.sync.aligned {op.pending.value.data};")
 
 
-#: the Hopper-native path's handlers, on top of the Ampere-class path's
+#: the Hopper-native path's handlers, on top of the Ampere-class path's (`paths.HOPPER`); its
+#: tensor_core handler emits wgmma besides mma.sync
 HANDLERS = {
-    **tensor_core.HANDLERS,
     tgt.TensorCoreOp: tensor_core.tensor_core_handler({**tensor_core.FAMILIES, "wgmma": _wgmma}),
     tgt.TensorMapOp: _tensor_map,
     tgt.MBarrierAllocOp: _mbarrier_alloc,
@@ -356,5 +357,5 @@ HANDLERS = {
     tgt.SetMaxNRegOp: _setmaxnreg,
 }
 
-#: the shared tile buffers' layout, by whether bulk copies (TMA) fill them
-BUFFERS = {**tensor_core.BUFFERS, "tma": TmaBuffer}
+#: the layout of the shared tile buffers bulk copies (TMA) fill
+BUFFERS = {"tma": TmaBuffer}

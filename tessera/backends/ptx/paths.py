@@ -1,7 +1,8 @@
 """The PTX backend's code paths, composed explicitly: each is the handler table the
 emitter prints a kernel with, and the layout of the shared buffers its copies fill.
 
-    base     scalar and tile arithmetic, loads and stores, reductions, control flow (emitter.py)
+    base     control flow, coordinates, broadcasts (core.py), scalar and per-element arithmetic
+             (arithmetic.py), global loads and stores (memory.py), row reductions (reductions.py)
     ampere   + shared buffers, cp.async groups, ldmatrix and mma.sync       (tensor_core.py)
     hopper   + tensor maps, mbarriers, TMA loads, wgmma, warp specialization (hopper.py)
 
@@ -14,8 +15,9 @@ from typing import Callable
 
 from ... import platforms
 from ...ir import target as tgt
-from . import hopper, tensor_core
-from .emitter import KernelEmitter, PtxKernel, UnsupportedByBackend, shared_total
+from . import arithmetic, core, hopper, memory, reductions, tensor_core
+from .core import KernelEmitter, PtxKernel, shared_total
+from .types import UnsupportedByBackend
 
 
 @dataclass(frozen=True)
@@ -25,8 +27,12 @@ class CodePath:
     buffers: dict[str, type]
 
 
-AMPERE = CodePath("ampere", tensor_core.HANDLERS, tensor_core.BUFFERS)
-HOPPER = CodePath("hopper", hopper.HANDLERS, hopper.BUFFERS)
+#: every code path's handlers (no two of these tables handle the same op)
+BASE: dict[type, Callable] = {**core.HANDLERS, **arithmetic.HANDLERS, **memory.HANDLERS, **reductions.HANDLERS}
+
+AMPERE = CodePath("ampere", {**BASE, **tensor_core.HANDLERS}, tensor_core.BUFFERS)
+HOPPER = CodePath("hopper", {**BASE, **tensor_core.HANDLERS, **hopper.HANDLERS},
+                  {**tensor_core.BUFFERS, **hopper.BUFFERS})
 
 
 def path_for(platform: platforms.Platform) -> CodePath:

@@ -26,9 +26,9 @@ from xdsl.dialects.builtin import MemRefType
 from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
-from .emitter import (BASE_HANDLERS, F32, PRED, S32, U64, KernelEmitter, UnsupportedByBackend, _mov_constant,
-                      _storage, copy_mechanism, ptx_type)
 from ...ir.layouts import Mma
+from .core import KernelEmitter, copy_mechanism
+from .types import F32, PRED, S32, U64, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
 SMEM_SYMBOL = "tsr_smem"
 
@@ -263,9 +263,9 @@ def _cp_async(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile: str | None) ->
 
 def _copy_element(e: KernelEmitter, gbase, gbyte, saddr, ok, in_tile: str | None, ty, padding) -> None:
     r = e.new(ty)
-    e.emit(_mov_constant(ty, r, padding))
-    e.emit(f"@{ok} ld.global.{_storage(ty)} {r}, [{gbase}+{gbyte}];")
-    e.emit(f"{f'@{in_tile} ' if in_tile else ''}st.shared.{_storage(ty)} [{saddr}], {r};")
+    e.emit(mov_constant(ty, r, padding))
+    e.emit(f"@{ok} ld.global.{storage_suffix(ty)} {r}, [{gbase}+{gbyte}];")
+    e.emit(f"{f'@{in_tile} ' if in_tile else ''}st.shared.{storage_suffix(ty)} [{saddr}], {r};")
 
 
 @dataclass(frozen=True)
@@ -433,9 +433,6 @@ def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
 #: tensor_core family -> handler on this path
 FAMILIES = {"mma.sync": _mma_sync}
 
-#: how a kernel's shared tile buffers are laid out, by the mechanism that fills them
-BUFFERS: dict[str, type] = {"cp.async": SharedBuffer, "ld.global": SharedBuffer}
-
 
 def _cp_async_commit(e: KernelEmitter, op: tgt.CpAsyncCommitOp) -> None:
     e.emit("cp.async.commit_group;")
@@ -445,9 +442,19 @@ def _cp_async_wait(e: KernelEmitter, op: tgt.CpAsyncWaitOp) -> None:
     e.emit(f"cp.async.wait_group {op.pending.value.data};")
 
 
-#: the Ampere-class path's handlers: the base ones, shared buffers, cp.async and mma.sync
+def _mma_without_tensor_cores(e: KernelEmitter, op: t.MmaOp):
+    """A `tile.mma` the target lowering kept: its operands have no matrix instruction (fp32), or
+    tensor cores were turned off. There is no CUDA-core matmul in this backend yet."""
+    raise UnsupportedByBackend(
+        f"PTX backend: kernel {e.name} has a matmul of {op.a.type.get_element_type()} operands without "
+        f"tensor cores, which it cannot run on the GPU yet; give the matmul fp16 or bf16 operands "
+        f"(x.to(tsr.fp16)), or call with NumPy arrays to run it on the CPU interpreter")
+
+
+#: the Ampere-class path's handlers (on top of `paths.BASE`): shared buffers, cp.async, mma.sync, and
+#: the error of a tile.mma left without tensor cores
 HANDLERS = {
-    **BASE_HANDLERS,
+    t.MmaOp: _mma_without_tensor_cores,
     tgt.AllocateOp: _allocate,
     tgt.MemcpyOp: _memcpy,
     tgt.CpAsyncCommitOp: _cp_async_commit,

@@ -1,0 +1,313 @@
+"""Scalar and per-element arithmetic: the arith and math dialects' ops, comparisons, selects and
+casts, on scalars (one register) or tiles (per register, `KernelEmitter.elementwise`). f32 math
+functions are short sequences of approximate instructions (exp through ex2, erf by Abramowitz and
+Stegun); a never-negative scalar divided by a constant takes a shift, mask or multiply-high.
+"""
+from __future__ import annotations
+
+from typing import Callable
+
+from xdsl.dialects import arith, scf
+from xdsl.dialects import math as mathd
+from xdsl.dialects.builtin import TensorType
+from xdsl.ir import BlockArgument
+
+from ...ir import index_facts
+from ...ir import tile as t
+from ...lowering.assign_layouts import is_tile
+from .core import KernelEmitter
+from .types import F16, F32, PRED, S32, UnsupportedByBackend, f32_literal, ptx_type
+
+
+def _unary(ty_of: Callable, template: str):
+    def handle(e: KernelEmitter, op):
+        ty = ty_of(op)
+
+        def build(args):
+            r = e.new(ty)
+            e.emit(template.format(r=r, a=args[0], t=ty.op))
+            return r
+        e.elementwise(op, build)
+    return handle
+
+
+def _fma(e: KernelEmitter, op):
+    def build(args):
+        r = e.new(F32)
+        e.emit(f"fma.rn.f32 {r}, {args[0]}, {args[1]}, {args[2]};")
+        return r
+    e.elementwise(op, build)
+
+
+def _binary(template_f: str | None, template_i: str | None = None, template_p: str | None = None):
+    """Per-element binary op; the template is chosen by the result's register type."""
+    templates = {F32: template_f, S32: template_i, PRED: template_p}
+
+    def handle(e: KernelEmitter, op):
+        ty = ptx_type(op.results[0].type)
+        template = templates.get(ty)
+        if template is None:
+            raise UnsupportedByBackend(f"PTX backend: {op.name} on {ty.op}")
+
+        carried = _updatable_in_place(e, op)
+        if carried is not None:
+            others = e._as_list(op.operands[1], len(carried))
+            for r, b in zip(carried, others):
+                e.emit(template.format(r=r, a=r, b=b, t=ty.op))
+            e.env[op.results[0]] = list(carried)
+            return
+
+        def build(args):
+            r = e.new(ty)
+            e.emit(template.format(r=r, a=args[0], b=args[1], t=ty.op))
+            return r
+        e.elementwise(op, build)
+    return handle
+
+
+def _updatable_in_place(e: KernelEmitter, op) -> list[str] | None:
+    """The registers of `op`'s first operand when `op` may overwrite them: a tile a loop carries
+    (an iteration argument), of the result's type, that nothing else reads. Then a wgmma that
+    accumulates into the result updates the loop's own registers, and the loop carries them to
+    the next iteration without copies (copying an accumulator a wgmma is still writing would make
+    ptxas serialize the wgmmas)."""
+    x, result = op.operands[0], op.results[0]
+    if not (is_tile(result) and isinstance(x, BlockArgument) and x.index > 0
+            and isinstance(x.block.parent_op(), scf.ForOp) and x.type == result.type and len(list(x.uses)) == 1):
+        return None
+    regs = e.env.get(x)
+    return regs if isinstance(regs, list) and len(set(regs)) == len(regs) else None
+
+
+def unsigned_magic(divisor: int) -> tuple[int, int]:
+    """(m, shift) with x // divisor == mulhi(x, m) >> shift for every 0 <= x < 2**31 (a
+    non-negative s32), divisor >= 2 not a power of two: m = ceil(2**(31 + l) / divisor) with
+    l = ceil(log2(divisor)) fits 32 bits, and m * divisor exceeds 2**(31 + l) by less than 2**l,
+    which keeps the quotient exact over 31-bit dividends (Granlund and Montgomery, 1994)."""
+    l = (divisor - 1).bit_length()
+    return -(-(1 << (31 + l)) // divisor), l - 1
+
+
+def _divide_by_constant(e: KernelEmitter, instr: str, x: str, divisor: int) -> str:
+    """x / divisor or x % divisor for a non-negative x, without a divide: a shift or mask for a power
+    of two, else a multiply-high by a magic number (ptxas, given the divisor as an immediate, builds
+    the reciprocal at run time through MUFU.RCP, every time the expression is evaluated)."""
+    r = e.new(S32)
+    if divisor & (divisor - 1) == 0:
+        shift = divisor.bit_length() - 1
+        e.emit(f"shr.u32 {r}, {x}, {shift};" if instr == "div" else f"and.b32 {r}, {x}, {divisor - 1};")
+        return r
+    m, shift = unsigned_magic(divisor)
+    q = e.new(S32) if instr == "rem" else r
+    e.emit(f"mul.hi.u32 {q}, {x}, {m};")
+    if shift:
+        e.emit(f"shr.u32 {q}, {q}, {shift};")
+    if instr == "rem":
+        e.emit(f"mad.lo.s32 {r}, {q}, {-divisor}, {x};")
+    return r
+
+
+def _signed_or_not(instr: str):
+    """div/rem: by a positive constant, of a value never negative, a shift, mask or multiply-high
+    (`_divide_by_constant`); unsigned where both operands are never negative; else signed."""
+    signed = _binary(None, f"{instr}.s32 {{r}}, {{a}}, {{b}};")
+    unsigned = _binary(None, f"{instr}.u32 {{r}}, {{a}}, {{b}};")
+
+    def handle(e: KernelEmitter, op):
+        both = index_facts.is_non_negative(op.lhs) and index_facts.is_non_negative(op.rhs)
+        divisor = index_facts.constant_value(op.rhs)
+        if both and divisor and not is_tile(op.result):
+            e.env[op.result] = _divide_by_constant(e, instr, e.value(op.lhs), divisor)
+            return
+        (unsigned if both else signed)(e, op)
+    return handle
+
+
+def _result_type(op):
+    return ptx_type(op.results[0].type)
+
+
+def _f32_chain(*steps: str):
+    """A per-element f32 instruction sequence: `{a}`/`{b}` are the operands, `{t0}`, `{t1}`, ...
+    fresh temporaries in order; the last instruction's destination is the result."""
+    def handle(e: KernelEmitter, op):
+        def build(args):
+            temps = [e.new(F32) for _ in steps]
+            names = {"a": args[0], "b": args[1] if len(args) > 1 else None}
+            for i, step in enumerate(steps):
+                e.emit(step.format(**names, **{f"t{j}": r for j, r in enumerate(temps)}, r=temps[i]))
+            return temps[-1]
+        e.elementwise(op, build)
+    return handle
+
+
+_LOG2E, _LN2 = f32_literal(1.4426950408889634), f32_literal(0.6931471805599453)
+_exp = _f32_chain(f"mul.f32 {{r}}, {{a}}, {_LOG2E};", "ex2.approx.ftz.f32 {r}, {t0};")
+_log = _f32_chain("lg2.approx.ftz.f32 {r}, {a};", f"mul.f32 {{r}}, {{t0}}, {_LN2};")
+_pow = _f32_chain("lg2.approx.ftz.f32 {r}, {a};", "mul.f32 {r}, {t0}, {b};", "ex2.approx.ftz.f32 {r}, {t1};")
+
+
+def _tanh(e: KernelEmitter, op):
+    """tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)): accurate to ~1e-7 absolute, unlike tanh.approx."""
+    def build(args):
+        a, y, z, q, r = (e.new(F32) for _ in range(5))
+        e.emit(f"abs.f32 {a}, {args[0]};")
+        e.emit(f"mul.f32 {y}, {a}, {f32_literal(2 * 1.4426950408889634)};")
+        e.emit(f"ex2.approx.ftz.f32 {z}, {y};")
+        e.emit(f"add.f32 {z}, {z}, 0f3F800000;")
+        e.emit(f"div.rn.f32 {q}, 0f40000000, {z};")
+        e.emit(f"sub.f32 {r}, 0f3F800000, {q};")
+        e.emit(f"copysign.f32 {r}, {args[0]}, {r};")
+        return r
+    e.elementwise(op, build)
+
+
+_ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429, 0.3275911)
+
+
+def _erf(e: KernelEmitter, op):
+    """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)."""
+    a1, a2, a3, a4, a5, p = _ERF
+
+    def build(args):
+        x = args[0]
+        ax, den, tt, poly, x2, ex, r = (e.new(F32) for _ in range(7))
+        e.emit(f"abs.f32 {ax}, {x};")
+        e.emit(f"fma.rn.f32 {den}, {ax}, {f32_literal(p)}, 0f3F800000;")
+        e.emit(f"rcp.rn.f32 {tt}, {den};")
+        e.emit(f"mov.f32 {poly}, {f32_literal(a5)};")
+        for c in (a4, a3, a2, a1):
+            e.emit(f"fma.rn.f32 {poly}, {poly}, {tt}, {f32_literal(c)};")
+        e.emit(f"mul.f32 {poly}, {poly}, {tt};")
+        e.emit(f"mul.f32 {x2}, {ax}, {ax};")
+        e.emit(f"mul.f32 {x2}, {x2}, {f32_literal(-1.4426950408889634)};")
+        e.emit(f"ex2.approx.ftz.f32 {ex}, {x2};")
+        e.emit(f"mul.f32 {poly}, {poly}, {ex};")
+        e.emit(f"sub.f32 {r}, 0f3F800000, {poly};")
+        e.emit(f"copysign.f32 {r}, {x}, {r};")
+        return r
+    e.elementwise(op, build)
+
+
+_CMPF = {"oeq": "eq", "ogt": "gt", "oge": "ge", "olt": "lt", "ole": "le", "one": "ne", "ord": "num",
+         "ueq": "equ", "ugt": "gtu", "uge": "geu", "ult": "ltu", "ule": "leu", "une": "neu", "uno": "nan"}
+_CMPI = {"eq": "eq.s32", "ne": "ne.s32", "slt": "lt.s32", "sle": "le.s32", "sgt": "gt.s32", "sge": "ge.s32",
+         "ult": "lt.u32", "ule": "le.u32", "ugt": "gt.u32", "uge": "ge.u32"}
+
+
+def _cmp(e: KernelEmitter, op):
+    float_cmp = isinstance(op, t.CmpfOp)
+    names = t.CmpfOp.PREDICATES if float_cmp else t.CmpiOp.PREDICATES
+    pred = names[op.predicate.value.data]
+    suffix = f"{_CMPF[pred]}.f32" if float_cmp else _CMPI[pred]
+
+    def build(args):
+        r = e.new(PRED)
+        e.emit(f"setp.{suffix} {r}, {args[0]}, {args[1]};")
+        return r
+    e.elementwise(op, build)
+
+
+def _select(e: KernelEmitter, op):
+    ty = ptx_type(op.result.type)
+
+    def build(args):
+        c, a, b = args
+        r = e.new(ty)
+        if ty is PRED:
+            x, y = e.new(PRED), e.new(PRED)
+            e.emit(f"and.pred {x}, {c}, {a};")
+            e.emit(f"not.pred {y}, {c};")
+            e.emit(f"and.pred {y}, {y}, {b};")
+            e.emit(f"or.pred {r}, {x}, {y};")
+        else:
+            e.emit(f"selp.{'f32' if ty is F32 else 'b32'} {r}, {a}, {b}, {c};")
+        return r
+    e.elementwise(op, build)
+
+
+def _extf(e: KernelEmitter, op):
+    src = ptx_type(op.input.type)
+
+    def build(args):
+        r = e.new(F32)
+        if src is F16:
+            e.emit(f"cvt.f32.f16 {r}, {args[0]};")
+        else:
+            wide = e.new(S32)
+            e.emit(f"cvt.u32.u16 {wide}, {args[0]};")
+            e.emit(f"shl.b32 {wide}, {wide}, 16;")
+            e.emit(f"mov.b32 {r}, {wide};")
+        return r
+    e.elementwise(op, build)
+
+
+def _truncf(e: KernelEmitter, op):
+    dst = ptx_type(op.result.type)
+
+    def build(args):
+        r = e.new(dst)
+        e.emit(f"cvt.rn.{dst.op}.f32 {r}, {args[0]};")
+        return r
+    e.elementwise(op, build)
+
+
+def _constant(e: KernelEmitter, op: arith.ConstantOp):
+    ty = ptx_type(op.result.type)
+    value = op.value
+    if isinstance(op.result.type, TensorType):
+        raise UnsupportedByBackend("PTX backend: tensor constants (use a broadcast scalar)")
+    if ty is F32:
+        e.env[op.result] = e.const_f32(value.value.data)
+    elif ty is PRED:
+        r = e.new(PRED)
+        e.emit(f"setp.ne.s32 {r}, {int(value.value.data) & 1}, 0;")
+        e.env[op.result] = r
+    else:
+        e.env[op.result] = e.const_s32(int(value.value.data))
+
+
+#: the arith and math dialects' ops, tile comparisons, selects and casts
+HANDLERS: dict[type, Callable] = {
+    arith.ConstantOp: _constant,
+    arith.AddfOp: _binary("add.f32 {r}, {a}, {b};"),
+    arith.SubfOp: _binary("sub.f32 {r}, {a}, {b};"),
+    arith.MulfOp: _binary("mul.f32 {r}, {a}, {b};"),
+    arith.DivfOp: _binary("div.rn.f32 {r}, {a}, {b};"),
+    arith.MaximumfOp: _binary("max.NaN.f32 {r}, {a}, {b};"),
+    arith.MinimumfOp: _binary("min.NaN.f32 {r}, {a}, {b};"),
+    arith.NegfOp: _unary(_result_type, "neg.f32 {r}, {a};"),
+    arith.AddiOp: _binary(None, "add.s32 {r}, {a}, {b};"),
+    arith.SubiOp: _binary(None, "sub.s32 {r}, {a}, {b};"),
+    arith.MuliOp: _binary(None, "mul.lo.s32 {r}, {a}, {b};"),
+    arith.DivSIOp: _signed_or_not("div"),
+    arith.RemSIOp: _signed_or_not("rem"),
+    arith.MaxSIOp: _binary(None, "max.s32 {r}, {a}, {b};"),
+    arith.MinSIOp: _binary(None, "min.s32 {r}, {a}, {b};"),
+    arith.AndIOp: _binary(None, "and.b32 {r}, {a}, {b};", "and.pred {r}, {a}, {b};"),
+    arith.OrIOp: _binary(None, "or.b32 {r}, {a}, {b};", "or.pred {r}, {a}, {b};"),
+    arith.XOrIOp: _binary(None, "xor.b32 {r}, {a}, {b};", "xor.pred {r}, {a}, {b};"),
+    arith.ShLIOp: _binary(None, "shl.b32 {r}, {a}, {b};"),
+    arith.ShRUIOp: _binary(None, "shr.u32 {r}, {a}, {b};"),
+    arith.IndexCastOp: lambda e, op: e.env.__setitem__(op.result, e.value(op.input)),
+    arith.ExtFOp: _extf,
+    arith.TruncFOp: _truncf,
+    t.SIToFPOp: _unary(lambda op: F32, "cvt.rn.f32.s32 {r}, {a};"),
+    t.FPToSIOp: _unary(lambda op: S32, "cvt.rzi.s32.f32 {r}, {a};"),
+    t.CmpfOp: _cmp,
+    t.CmpiOp: _cmp,
+    t.SelectOp: _select,
+    mathd.ExpOp: _exp,
+    mathd.Exp2Op: _unary(lambda op: F32, "ex2.approx.ftz.f32 {r}, {a};"),
+    mathd.FmaOp: _fma,
+    mathd.LogOp: _log,
+    mathd.Log2Op: _unary(lambda op: F32, "lg2.approx.ftz.f32 {r}, {a};"),
+    mathd.TanhOp: _tanh,
+    mathd.SqrtOp: _unary(lambda op: F32, "sqrt.rn.f32 {r}, {a};"),
+    mathd.RsqrtOp: _unary(lambda op: F32, "rsqrt.approx.ftz.f32 {r}, {a};"),
+    mathd.SinOp: _unary(lambda op: F32, "sin.approx.ftz.f32 {r}, {a};"),
+    mathd.CosOp: _unary(lambda op: F32, "cos.approx.ftz.f32 {r}, {a};"),
+    mathd.AbsFOp: _unary(lambda op: F32, "abs.f32 {r}, {a};"),
+    mathd.ErfOp: _erf,
+    mathd.PowFOp: _pow,
+}

@@ -1,0 +1,410 @@
+"""The kernel emitter: one `tessera_target.kernel` becomes one `.entry`.
+
+`KernelEmitter` walks the kernel's ops once, printing each with the handler table of its code
+path (`paths.py`). Scalars are one register; a tile is a list of registers, one per element the
+thread holds, in the layout the assign-layouts pass wrote on the IR (`kernel_layouts`). The emitter
+keeps the registers, labels, the code run at entry and each layout's per-thread bases (from %tid);
+`emit_kernel` (paths.py) returns its PTX as a `PtxKernel`, with the `TensorMapSpec`s it takes.
+
+Besides, every code path's handlers for control flow (scf.for, scf.if, return, barriers), program
+ids, index tiles (arange) and broadcasts, which move no data: they reuse register names.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable
+
+from xdsl.dialects import scf
+from xdsl.dialects.builtin import MemRefType
+from xdsl.ir import Block, Operation, SSAValue
+
+from ...ir import target as tgt
+from ...ir import tile as t
+from ...ir.layouts import Layout, Slice
+from ...lowering.assign_layouts import UnsupportedLayout, is_tile, kernel_layouts
+from .debug import KernelDebug
+from .types import F32, PRED, S32, U64, PtxType, UnsupportedByBackend, f32_literal, mov_suffix, ptx_type
+
+
+# --- a kernel's PTX ------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class TensorMapSpec:
+    """A TMA tensor map a kernel takes by value (a 128-byte `.param`, after its pointer params):
+    the tile box it copies out of kernel argument `arg`, a row-major tensor of `shape` with
+    elements of tessera dtype `dtype`. Boxes are 128 bytes wide along the innermost dim and
+    land in shared memory with the 128-byte swizzle; out-of-bounds elements read as zero."""
+
+    arg: int
+    dtype: str
+    shape: tuple[int, ...]
+    box: tuple[int, ...]       # per dim, outermost first, like `shape`
+    swizzle: int = 128
+
+
+@dataclass(frozen=True)
+class PtxKernel:
+    """One kernel's PTX module and what launching it needs besides the grid."""
+
+    name: str
+    ptx: str
+    threads: int
+    dynamic_shared: int
+    tensor_maps: tuple[TensorMapSpec, ...] = ()
+
+
+# --- the emitter ---------------------------------------------------------------------------------
+
+@dataclass
+class Regs:
+    counts: dict[PtxType, int] = field(default_factory=dict)
+
+    def new(self, ty: PtxType) -> str:
+        n = self.counts.get(ty, 0)
+        self.counts[ty] = n + 1
+        return f"%{ty.reg}{n}"
+
+    def declarations(self) -> list[str]:
+        return [f"    .reg {ty.decl} %{ty.reg}<{n}>;" for ty, n in self.counts.items()]
+
+
+class KernelEmitter:
+    """Writes one kernel's PTX with the handler table of its code path (`paths.CodePath`)."""
+
+    def __init__(self, kernel: tgt.KernelOp, handlers: dict[type, Callable], buffers: dict[str, type]):
+        self.kernel = kernel
+        self.handlers = handlers
+        self.buffers = buffers                # shared tile buffer layout, by the mechanism filling it
+        self.name = kernel.sym_name.data
+        self.platform = kernel.platform.platform
+        self.threads = kernel.config.threads
+        self.producer_threads = 32 * (kernel.producer_warps.value.data if kernel.producer_warps else 0)
+        try:
+            self.layouts = kernel_layouts(kernel)
+        except UnsupportedLayout as e:
+            raise UnsupportedByBackend(f"PTX backend: {e.message}") from None
+        self.role: str | None = None          # in a warp_specialize region: "producer" or "consumer"
+        self.regs = Regs()
+        self.lines: list[str] = []
+        self.env: dict[SSAValue, object] = {}
+        self.shared: list[str] = []
+        self._labels = 0
+        self.smem_bytes = 0          # dynamic shared memory the kernel needs
+        self.static_smem = 0         # .shared arrays the kernel declares (reductions, staged stores)
+        self.smem_base: str | None = None    # register holding the dynamic shared memory's address
+        self._tid_regs: tuple[str, str, str] | None = None
+        self._bases: dict[tuple, str] = {}
+        self.entry: list[str] = []            # lines run once at entry, before the body (`at_entry`)
+        self.extra_params: list[str] = []     # .param declarations after the pointer params
+        self.tensor_maps: list[TensorMapSpec] = []
+        self.smem_align = 128                 # alignment the dynamic shared memory is declared with
+        self.state: dict[str, object] = {}    # per-kernel state of a backend path (e.g. its leader thread)
+        self.debug = KernelDebug.of(kernel)   # line info, asserts, profile stamps; None: the kernel has none
+
+    # -- plumbing --
+    def emit(self, line: str) -> None:
+        self.lines.append("    " + line)
+
+    def at_entry(self, line: str) -> None:
+        """Emits `line` at the kernel's entry, after the parameter loads and before the body,
+        whatever op asks for it (so registers it defines are live in every loop)."""
+        self.entry.append("    " + line)
+
+    def new(self, ty: PtxType) -> str:
+        return self.regs.new(ty)
+
+    def label(self, stem: str) -> str:
+        self._labels += 1
+        return f"$L_{stem}_{self._labels}"
+
+    def const_s32(self, value: int) -> str:
+        r = self.new(S32)
+        self.emit(f"mov.s32 {r}, {value};")
+        return r
+
+    def const_f32(self, value: float) -> str:
+        r = self.new(F32)
+        self.emit(f"mov.f32 {r}, {f32_literal(value)};")
+        return r
+
+    # -- thread coordinates --
+    def base(self, key: tuple) -> str:
+        """The register holding a layout's per-thread base along one dim, computed once."""
+        if key not in self._bases:
+            self._bases[key] = BASES[key[0]](self, *key[1:])
+        return self._bases[key]
+
+    def tid(self) -> tuple[str, str, str]:
+        """(thread id, lane, warp), computed once at the kernel's entry."""
+        if self._tid_regs is None:
+            tid, lane, warp = self.new(S32), self.new(S32), self.new(S32)
+            self.emit(f"mov.u32 {tid}, %tid.x;")
+            self.emit(f"and.b32 {lane}, {tid}, 31;")
+            self.emit(f"shr.u32 {warp}, {tid}, 5;")
+            self._tid_regs = (tid, lane, warp)
+        return self._tid_regs
+
+    def divmod(self, x: str, n: int) -> tuple[str, str]:
+        """(x % n, x / n) for a power of two n."""
+        lo, hi = self.new(S32), self.new(S32)
+        self.emit(f"and.b32 {lo}, {x}, {n - 1};")
+        self.emit(f"shr.u32 {hi}, {x}, {n.bit_length() - 1};")
+        return lo, hi
+
+    def coords(self, layout: Layout) -> tuple[list[str], list[tuple[int, ...]]]:
+        """Base registers per tile dim and the per-register constant offsets."""
+        return [self.base(k) for k in layout.base_keys], layout.offsets
+
+    # -- driver --
+    def run(self) -> str:
+        block = self.kernel.body.block
+        params = []
+        for i, arg in enumerate(block.args):
+            if not isinstance(arg.type, MemRefType):
+                raise UnsupportedByBackend(f"PTX backend: kernel parameter of type {arg.type}")
+            params.append(f"    .param .u64 {self.name}_param_{i}")
+            raw, ptr = self.new(U64), self.new(U64)
+            self.emit(f"ld.param.u64 {raw}, [{self.name}_param_{i}];")
+            self.emit(f"cvta.to.global.u64 {ptr}, {raw};")
+            self.env[arg] = ptr
+        at = len(self.lines)
+        for key in dict.fromkeys(k for lay in self.layouts.values() for k in lay.base_keys):
+            self.base(key)  # at entry: a loop body must not be the first to define them (in a fixed
+            # order: the PTX text must not vary from process to process, or the cubin cache misses)
+        self.block(block)
+        self.lines[at:at] = self.entry
+        params += self.extra_params
+        extern = [f".extern .shared .align {self.smem_align} .b8 tsr_smem[];", ""] if self.smem_bytes else []
+        extern = (self.debug.directives() if self.debug else []) + extern
+        maxnreg = self.kernel.maxnreg
+        bounds = f".maxntid {self.threads}, 1, 1" + (f" .maxnreg {maxnreg.value.data}" if maxnreg else "")
+        head = [f".visible .entry {self.name}(", ",\n".join(params), f") {bounds}", "{"]
+        return "\n".join(extern + head + self.regs.declarations() + self.shared + self.lines + ["}"]) + "\n"
+
+    def block(self, block: Block) -> None:
+        for op in block.ops:
+            self.op(op)
+
+    def op(self, op: Operation) -> None:
+        if self.debug is not None and self.debug.emit(self, op):
+            return
+        handler = self.handlers.get(type(op))
+        if handler is None:
+            raise UnsupportedByBackend(f"PTX backend: {op.name} is not supported yet (kernel {self.name})")
+        handler(self, op)
+
+    # -- values --
+    def value(self, v: SSAValue):
+        return self.env[v]
+
+    def regs_of(self, v: SSAValue) -> list[str]:
+        return self._as_list(v, len(self.layouts[v].offsets))
+
+    def elementwise(self, op: Operation, build: Callable[[list[str]], str]) -> None:
+        """Applies `build(operand registers) -> result register` to every element."""
+        result = op.results[0]
+        if not is_tile(result):
+            self.env[result] = build([self.env[v] for v in op.operands])
+            return
+        n = len(self.layouts[result].offsets)
+        columns = [self._as_list(v, n) for v in op.operands]
+        self.env[result] = [build([c[i] for c in columns]) for i in range(n)]
+
+    def _as_list(self, v: SSAValue, n: int) -> list[str]:
+        x = self.env[v]
+        return x if isinstance(x, list) else [x] * n
+
+
+def copy_mechanism(e: KernelEmitter) -> str:
+    """The mechanism the kernel's copies use (Target IR gives one kernel one)."""
+    if "copy_mechanism" not in e.state:
+        found = {"tma" if isinstance(op, tgt.TmaLoadOp) else op.mechanism.data
+                 for op in e.kernel.walk() if isinstance(op, (tgt.MemcpyOp, tgt.TmaLoadOp))}
+        e.state["copy_mechanism"] = found.pop() if len(found) == 1 else "cp.async"
+    return e.state["copy_mechanism"]
+
+
+def shared_total(e: KernelEmitter, static: int) -> int:
+    """A block's shared memory with `static` bytes of .shared arrays: ptxas places them before the
+    dynamic shared memory, rounded up to its alignment."""
+    return -(-static // e.smem_align) * e.smem_align + e.smem_bytes if e.smem_bytes else static
+
+
+# --- per-thread layout bases (from %tid) ---------------------------------------------------------
+
+def _blocked_row(e: KernelEmitter, tc: int, wc: int, tr: int) -> str:
+    _, lane, warp = e.tid()
+    _, lane_r = e.divmod(lane, tc)
+    _, warp_r = e.divmod(warp, wc)
+    r = e.new(S32)
+    e.emit(f"mad.lo.s32 {r}, {warp_r}, {tr}, {lane_r};")
+    return r
+
+
+def _blocked_col(e: KernelEmitter, tc: int, wc: int, vec: int) -> str:
+    _, lane, warp = e.tid()
+    lane_c, _ = e.divmod(lane, tc)
+    warp_c, _ = e.divmod(warp, wc)
+    r = e.new(S32)
+    e.emit(f"mad.lo.s32 {r}, {warp_c}, {tc}, {lane_c};")
+    e.emit(f"mul.lo.s32 {r}, {r}, {vec};")
+    return r
+
+
+def _mma_row(e: KernelEmitter, wn: int, warp_rows: int) -> str:
+    _, lane, warp = e.tid()
+    _, warp_m = e.divmod(warp, wn)
+    _, group = e.divmod(lane, 4)
+    r = e.new(S32)
+    e.emit(f"mad.lo.s32 {r}, {warp_m}, {warp_rows}, {group};")
+    return r
+
+
+def _mma_col(e: KernelEmitter, wn: int, warp_cols: int) -> str:
+    _, lane, warp = e.tid()
+    warp_n, _ = e.divmod(warp, wn)
+    quad, _ = e.divmod(lane, 4)
+    r, q2 = e.new(S32), e.new(S32)
+    e.emit(f"shl.b32 {q2}, {quad}, 1;")
+    e.emit(f"mad.lo.s32 {r}, {warp_n}, {warp_cols}, {q2};")
+    return r
+
+
+#: base key kind -> how to compute it from %tid
+BASES: dict[str, Callable] = {
+    "blocked_row": _blocked_row, "blocked_col": _blocked_col, "mma_row": _mma_row, "mma_col": _mma_col,
+}
+
+
+# --- program ids, index tiles, broadcasts --------------------------------------------------------
+
+def _program_id(e: KernelEmitter, op: t.ProgramIdOp):
+    r = e.new(S32)
+    e.emit(f"mov.u32 {r}, %ctaid.{'xyz'[op.axis.value.data]};")
+    e.env[op.result] = r
+
+
+def _arange(e: KernelEmitter, op: t.ArangeOp):
+    layout = e.layouts[op.result]
+    (base,), offsets = e.coords(layout)
+    start = e.value(op.start)
+    first = e.new(S32)
+    e.emit(f"add.s32 {first}, {start}, {base};")
+    regs = []
+    for (off,) in offsets:
+        r = e.new(S32)
+        e.emit(f"add.s32 {r}, {first}, {off};")
+        regs.append(r)
+    e.env[op.result] = regs
+
+
+def _broadcast(e: KernelEmitter, op: t.BroadcastOp):
+    out = e.layouts[op.result]
+    if not is_tile(op.x):
+        e.env[op.result] = e.env[op.x]
+        return
+    src = e.layouts[op.x]
+    (dim,) = t.int_values(op.dims)
+    mapping = src.registers_for(out, dim) if isinstance(src, Slice) else None
+    if mapping is None:
+        raise UnsupportedByBackend(f"PTX backend: broadcast from {src} to {out} is not supported yet")
+    regs = e.env[op.x]
+    e.env[op.result] = [regs[i] for i in mapping]
+
+
+# --- control flow --------------------------------------------------------------------------------
+
+def _if(e: KernelEmitter, op: scf.IfOp):
+    """A uniform branch (the condition is the same in every thread): each side ends by moving
+    its yielded values into the if's result registers."""
+    results = []
+    for r in op.results:
+        ty = ptx_type(r.type)
+        results.append((ty, [e.new(ty) for _ in (e.layouts[r].offsets if is_tile(r) else [0])]))
+    other, end = e.label("else"), e.label("endif")
+    e.emit(f"@!{e.value(op.cond)} bra.uni {other};")
+    for region, label in ((op.true_region, end), (op.false_region, None)):
+        if not region.blocks:   # no else
+            continue
+        block = region.block
+        for inner in block.ops:
+            if not isinstance(inner, scf.YieldOp):
+                e.op(inner)
+        for (ty, regs), y in zip(results, block.last_op.operands):
+            for dst, src in zip(regs, e.regs_of(y) if is_tile(y) else [e.value(y)]):
+                e.emit(f"mov.{mov_suffix(ty)} {dst}, {src};")
+        if label is not None:
+            e.emit(f"bra.uni {end};")
+            e.lines.append(f"{other}:")
+    e.lines.append(f"{end}:")
+    for r, (_, regs) in zip(op.results, results):
+        e.env[r] = regs if is_tile(r) else regs[0]
+
+
+def _for(e: KernelEmitter, op: scf.ForOp):
+    body = op.body.block
+    iv = e.new(S32)
+    e.emit(f"mov.s32 {iv}, {e.value(op.lb)};")
+    carried = []
+    for init, arg in zip(op.iter_args, body.args[1:]):
+        src = e.regs_of(init) if is_tile(init) else [e.value(init)]
+        ty = ptx_type(init.type)
+        regs = []
+        for s in src:
+            r = e.new(ty)
+            e.emit(f"mov.{mov_suffix(ty)} {r}, {s};")
+            regs.append(r)
+        e.env[arg] = regs if is_tile(init) else regs[0]
+        carried.append((arg, ty, regs))
+    e.env[body.args[0]] = iv
+    top, end = e.label("loop"), e.label("done")
+    done = e.new(PRED)
+    e.lines.append(f"{top}:")
+    e.emit(f"setp.ge.s32 {done}, {iv}, {e.value(op.ub)};")
+    e.emit(f"@{done} bra {end};")
+    for inner in body.ops:
+        if isinstance(inner, scf.YieldOp):
+            break
+        e.op(inner)
+    yielded = list(body.last_op.operands)
+    staged = []
+    for (arg, ty, regs), y in zip(carried, yielded):
+        src = e.regs_of(y) if is_tile(y) else [e.value(y)]
+        if list(src) == list(regs):
+            continue   # updated in place (an async wgmma accumulator must not be touched here)
+        tmp = []
+        for s in src:
+            r = e.new(ty)
+            e.emit(f"mov.{mov_suffix(ty)} {r}, {s};")
+            tmp.append(r)
+        staged.append((ty, regs, tmp))
+    for ty, regs, tmp in staged:
+        for dst, s in zip(regs, tmp):
+            e.emit(f"mov.{mov_suffix(ty)} {dst}, {s};")
+    e.emit(f"add.s32 {iv}, {iv}, {e.value(op.step)};")
+    e.emit(f"bra {top};")
+    e.lines.append(f"{end}:")
+    for (arg, ty, regs), res in zip(carried, op.results):
+        e.env[res] = regs if is_tile(res) else regs[0]
+
+
+def _return(e: KernelEmitter, op) -> None:
+    e.emit("ret;")
+
+
+def _barrier(e: KernelEmitter, op: tgt.BarrierOp) -> None:
+    """bar.sync 0 (the block), or a named barrier of the first `threads` threads."""
+    e.emit("bar.sync 0;" if op.id is None else f"bar.sync {op.id.value.data}, {op.threads.value.data};")
+
+
+#: control flow, coordinates and broadcasts: every code path's (`paths.BASE`)
+HANDLERS: dict[type, Callable] = {
+    scf.ForOp: _for,
+    scf.IfOp: _if,
+    tgt.ReturnOp: _return,
+    tgt.BarrierOp: _barrier,
+    t.ProgramIdOp: _program_id,
+    t.ArangeOp: _arange,
+    t.BroadcastOp: _broadcast,
+}
+

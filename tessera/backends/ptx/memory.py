@@ -1,0 +1,330 @@
+"""Tile loads and stores in global memory, predicated per element against the tensor bounds (tails)
+and the tile extent, in vectors of up to 16 bytes where registers hold consecutive elements. In
+kernels whose copies are TMA's, an accumulator tile is stored through a shared buffer per warp
+where the buffers fit, in 16-byte row-contiguous stores (`Staging`, `emit_staged_store`).
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Callable
+
+from xdsl.dialects.builtin import MemRefType
+from xdsl.ir import SSAValue
+
+from ... import platforms
+from ...ir import index_facts
+from ...ir import tile as t
+from ...ir.layouts import Layout, Mma
+from ...lowering.assign_layouts import is_tile
+from .core import KernelEmitter, copy_mechanism, shared_total
+from .types import PRED, S32, U64, PtxType, mov_constant, ptx_type, storage_suffix
+
+
+def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout):
+    """Per element: byte offset from a per-thread base address, and a predicate (in bounds and in tile)."""
+    mt: MemRefType = memref.type
+    shape = mt.get_shape()
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    elem = ptx_type(mt).bytes
+    bases, offs = e.coords(layout)
+    linear = e.new(S32)
+    e.emit(f"mov.s32 {linear}, 0;")
+    for d, off in enumerate(offsets):
+        e.emit(f"mad.lo.s32 {linear}, {e.value(off)}, {strides[d]}, {linear};")
+    for k, d in enumerate(tile_dims):
+        e.emit(f"mad.lo.s32 {linear}, {bases[k]}, {strides[d]}, {linear};")
+    addr = e.new(U64)
+    e.emit(f"mul.wide.s32 {addr}, {linear}, {elem};")
+    e.emit(f"add.s64 {addr}, {e.value(memref)}, {addr};")
+    # bounds: coordinate along each tiled memory dim = offset + base + const
+    starts = []
+    for k, d in enumerate(tile_dims):
+        s = e.new(S32)
+        e.emit(f"add.s32 {s}, {e.value(offsets[d])}, {bases[k]};")
+        starts.append(s)
+    preds: dict[tuple, str] = {}
+    result = []
+    extents = layout.shape
+    for off in offs:
+        key = tuple(off)
+        if key not in preds:
+            p = None
+            for k, d in enumerate(tile_dims):
+                lim_mem = shape[d] - off[k]
+                q = e.new(PRED)
+                e.emit(f"setp.lt.s32 {q}, {starts[k]}, {lim_mem};")
+                if layout.over_covers(k):
+                    q2 = e.new(PRED)
+                    e.emit(f"setp.lt.s32 {q2}, {bases[k]}, {extents[k] - off[k]};")
+                    e.emit(f"and.pred {q}, {q}, {q2};")
+                if p is not None:
+                    e.emit(f"and.pred {q}, {q}, {p};")
+                p = q
+            preds[key] = p
+        byte = sum(o * strides[d] for o, d in zip(off, tile_dims)) * elem
+        result.append((byte, preds[key]))
+    return addr, result
+
+
+def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
+    """A rank-0 tile: one element, the same for the whole program (e.g. a per-head ALiBi slope)."""
+    shape = op.src.type.get_shape()
+    linear = e.new(S32)
+    e.emit(f"mov.s32 {linear}, 0;")
+    for d, off in enumerate(op.offsets):
+        e.emit(f"mad.lo.s32 {linear}, {e.value(off)}, {math.prod(shape[d + 1:])}, {linear};")
+    ty = ptx_type(op.result.type)
+    addr, r = e.new(U64), e.new(ty)
+    e.emit(f"mul.wide.s32 {addr}, {linear}, {ty.bytes};")
+    e.emit(f"add.s64 {addr}, {e.value(op.src)}, {addr};")
+    e.emit(f"ld.global.{storage_suffix(ty)} {r}, [{addr}];")
+    e.env[op.result] = r
+
+
+def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType) -> int:
+    """How many consecutive registers each access may move at once (16 bytes at most).
+
+    Registers i..i+w-1 must hold consecutive elements of the tensor's innermost dim,
+    whose length (and so every row start) is a multiple of w: a run is then wholly
+    inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
+    """
+    shape = memref.type.get_shape()
+    if not tile_dims or tile_dims[-1] != len(shape) - 1:
+        return 1
+    width = 16 // ty.bytes
+    offsets = layout.offsets
+    while width > 1:
+        if shape[-1] % width == 0 and len(offsets) % width == 0 and all(
+                offsets[i + j][:-1] == offsets[i][:-1] and offsets[i + j][-1] == offsets[i][-1] + j
+                and offsets[i][-1] % width == 0
+                for i in range(0, len(offsets), width) for j in range(width)):
+            return width
+        width //= 2
+    return 1
+
+
+def _vector_suffix(ty: PtxType, width: int) -> tuple[str, int]:
+    """(ld/st type with vector prefix, registers packed per 32-bit word) for a run of `width` elements."""
+    if ty.bytes == 2 and width >= 2:
+        words = width // 2
+        return (f"v{words}.b32" if words > 1 else "b32"), 2
+    return (f"v{width}.{storage_suffix(ty)}" if width > 1 else storage_suffix(ty)), 1
+
+
+def _load(e: KernelEmitter, op: t.LoadOp):
+    if not is_tile(op.result):
+        return _load_scalar(e, op)
+    layout = e.layouts[op.result]
+    ty = ptx_type(op.result.type)
+    tile_dims = t.int_values(op.tile_dims)
+    addr, elems = _memory_access(e, op.src, list(op.offsets), tile_dims, layout)
+    pad = op.padding.value.data
+    width = _vector_runs(op.src, tile_dims, layout, ty)
+    suffix, pack = _vector_suffix(ty, width)
+    regs = []
+    for i in range(0, len(elems), width):
+        byte, pred = elems[i]
+        run = [e.new(ty) for _ in range(width)]
+        for r in run:
+            e.emit(mov_constant(ty, r, pad))
+        if pack == 1:
+            targets = run
+        else:
+            targets = [e.new(S32) for _ in range(width // 2)]
+            for w, (lo, hi) in zip(targets, zip(run[::2], run[1::2])):
+                e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
+        e.emit(f"@{pred} ld.global.{suffix} {_braced(targets)}, [{addr}+{byte}];")
+        if pack == 2:
+            for w, (lo, hi) in zip(targets, zip(run[::2], run[1::2])):
+                e.emit(f"mov.b32 {{{lo}, {hi}}}, {w};")
+        regs.extend(run)
+    e.env[op.result] = regs
+
+
+def _braced(regs: list[str]) -> str:
+    return regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
+
+
+def _store(e: KernelEmitter, op: t.StoreOp):
+    layout = e.layouts[op.value]
+    ty = ptx_type(op.value.type)
+    tile_dims = t.int_values(op.tile_dims)
+    staging = _staging(e, op.dst, list(op.offsets), tile_dims, layout, ty)
+    if staging is not None:
+        return _store_staged(e, op, staging)
+    addr, elems = _memory_access(e, op.dst, list(op.offsets), tile_dims, layout)
+    width = _vector_runs(op.dst, tile_dims, layout, ty)
+    suffix, pack = _vector_suffix(ty, width)
+    regs = e.regs_of(op.value)
+    for i in range(0, len(elems), width):
+        byte, pred = elems[i]
+        run = regs[i:i + width]
+        if pack == 2:
+            words = [e.new(S32) for _ in range(width // 2)]
+            for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
+                e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
+            run = words
+        e.emit(f"@{pred} st.global.{suffix} [{addr}+{byte}], {_braced(run)};")
+
+
+# --- staged stores -------------------------------------------------------------------------------
+
+@dataclass(frozen=True)
+class Staging:
+    """How an accumulator tile is stored through a warp's own shared buffer: `cols` columns at
+    a time (one 128-byte row when the warp tile is that wide), each buffer row `pitch` bytes (16
+    more than it holds, so the fragments' eight rows fall in different banks), read back as
+    16-byte vectors of `vec` elements, `lanes_per_row` lanes to a row."""
+
+    cols: int
+    pitch: int
+    vec: int
+    lanes_per_row: int
+
+    @property
+    def buffer_bytes(self) -> int:
+        return 16 * self.pitch
+
+    @staticmethod
+    def of(elem_bytes: int, warp_cols: int) -> Staging | None:
+        """The staging of a warp's 16-row slab `warp_cols` wide, or None where its rows are not
+        whole 16-byte vectors spread over a power-of-two number of lanes."""
+        vec = 16 // elem_bytes
+        cols = min(128 // elem_bytes, warp_cols)
+        lanes_per_row = cols // vec
+        if cols % vec or warp_cols % cols or lanes_per_row < 2 or 32 % lanes_per_row:
+            return None
+        return Staging(cols, cols * elem_bytes + 16, vec, lanes_per_row)
+
+
+#: Stores are staged through shared memory in kernels whose copies use this mechanism (the native
+#: path's), where the buffers leave the blocks per SM as they were: a persistent GEMM's one block
+#: per SM idles its tensor cores while it stores. The mma.sync path runs several blocks per SM,
+#: which hide one another's stores (measured there: within 2%, on an H100).
+STAGED_STORE_MECHANISM = "tma"
+
+
+def _staging(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout,
+             ty: PtxType) -> Staging | None:
+    """A Staging for storing an mma accumulator tile with 16-byte row-contiguous stores, or None
+    where the direct per-fragment stores stay (another layout, a row length that is not a whole
+    number of 16-byte vectors, not enough shared memory).
+
+    Why: a fragment store writes 4 (fp16) or 8 (fp32) bytes per thread, eight rows per
+    instruction: half-filled sectors, and many more memory instructions than the bytes need. A
+    persistent GEMM's block stores each tile in a burst while its tensor cores wait; staged, the
+    stores are fewer, whole lines, and quickly off the warp's hands."""
+    shape = memref.type.get_shape()
+    if (not isinstance(layout, Mma) or copy_mechanism(e) != STAGED_STORE_MECHANISM
+            or list(tile_dims) != [len(shape) - 2, len(shape) - 1] or ty.bytes not in (2, 4)):
+        return None
+    staging = Staging.of(ty.bytes, layout.warp_tile[1])
+    if (staging is None or shape[-1] % staging.vec
+            or index_facts.known_multiple(offsets[-1]) % staging.vec):   # 16-byte aligned columns
+        return None
+    used = shared_total(e, e.static_smem)
+    staged = shared_total(e, e.static_smem + _storing_warps(e) * staging.buffer_bytes)
+    # the buffers must not lower the blocks per SM: attention's two per SM already overlap one's
+    # stores with the other's work
+    if (staged > e.platform.max_shared_per_block
+            or platforms.blocks_per_sm_by_shared(e.platform, staged) < platforms.blocks_per_sm_by_shared(e.platform, used)):
+        return None
+    return staging
+
+
+def _storing_warps(e: KernelEmitter) -> int:
+    """Warps that store tiles: a warp-specialized kernel's producer warps (the last) store none."""
+    return (e.threads - e.producer_threads) // 32
+
+
+def _store_staged(e: KernelEmitter, op: t.StoreOp, st: Staging) -> None:
+    emit_staged_store(e, e.layouts[op.value], ptx_type(op.value.type), op.dst.type.get_shape(),
+                      e.regs_of(op.value), e.value(op.dst), [e.value(o) for o in op.offsets], st)
+
+
+def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, shape, regs: list[str], dst: str,
+                      offsets: list[str], st: Staging) -> None:
+    """Stores the accumulator tile `regs` (laid out as `layout`) at `offsets` of the `shape` tensor
+    at `dst`. Each warp writes its fragments for 16 rows x `st.cols` columns into its own shared
+    buffer, then reads them back a row-contiguous 16 bytes per lane and stores those to global
+    memory; warp barriers order the buffer's reuse (no block barrier: warps store independently)."""
+    row_dim, col_dim = len(shape) - 2, len(shape) - 1
+    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    warps = _storing_warps(e)
+    _, lane, warp = e.tid()
+
+    buf = f"stage_{len(e.shared)}"
+    e.emit(f"// staged store: per warp, 16 rows x {st.cols} columns at a time through {buf}")
+    e.shared.append(f"    .shared .align 16 .b8 {buf}[{warps * st.buffer_bytes}];")
+    e.static_smem += warps * st.buffer_bytes
+    mine = e.new(S32)
+    e.emit(f"mov.u32 {mine}, {buf};")
+    e.emit(f"mad.lo.s32 {mine}, {warp}, {st.buffer_bytes}, {mine};")
+    quad, group = e.divmod(lane, 4)
+    frag = e.new(S32)   # this lane's fragment slot: row lane/4, columns 2 (lane % 4) and + 1
+    e.emit(f"mad.lo.s32 {frag}, {group}, {st.pitch}, {mine};")
+    e.emit(f"mad.lo.s32 {frag}, {quad}, {2 * ty.bytes}, {frag};")
+    piece, row_in = e.divmod(lane, st.lanes_per_row)
+    vec_at = e.new(S32)  # this lane's 16-byte vector in the buffer: row lane / lanes_per_row
+    e.emit(f"mad.lo.s32 {vec_at}, {row_in}, {st.pitch}, {mine};")
+    e.emit(f"mad.lo.s32 {vec_at}, {piece}, 16, {vec_at};")
+
+    # the warp's origin in the tile: the layout's bases less their lane parts
+    bases, _ = e.coords(layout)
+    row0, col0 = e.new(S32), e.new(S32)
+    e.emit(f"sub.s32 {row0}, {bases[0]}, {group};")
+    e.emit(f"mad.lo.s32 {col0}, {quad}, -2, {bases[1]};")
+    row, col = e.new(S32), e.new(S32)   # this lane's first global row and column
+    e.emit(f"add.s32 {row}, {row0}, {row_in};")
+    e.emit(f"add.s32 {row}, {row}, {offsets[row_dim]};")
+    e.emit(f"mad.lo.s32 {col}, {piece}, {st.vec}, {col0};")
+    e.emit(f"add.s32 {col}, {col}, {offsets[col_dim]};")
+    linear = e.new(S32)
+    e.emit(f"mul.lo.s32 {linear}, {row}, {strides[row_dim]};")
+    e.emit(f"add.s32 {linear}, {linear}, {col};")
+    for d in range(row_dim):
+        e.emit(f"mad.lo.s32 {linear}, {offsets[d]}, {strides[d]}, {linear};")
+    addr = e.new(U64)
+    e.emit(f"mul.wide.s32 {addr}, {linear}, {ty.bytes};")
+    e.emit(f"add.s64 {addr}, {dst}, {addr};")
+
+    rows_per_pass = 32 // st.lanes_per_row
+    mi_n, ni_n = layout.fragments
+    per_chunk = st.cols // 8
+    row_ok: dict[int, str] = {}
+    for mi in range(mi_n):
+        for chunk in range(layout.warp_tile[1] // st.cols):
+            for n in range(per_chunk):
+                ni = chunk * per_chunk + n
+                for half in range(2):
+                    pair = [regs[layout.register(mi, ni, 2 * half + c)] for c in range(2)]
+                    at = 8 * half * st.pitch + 8 * n * ty.bytes
+                    if ty.bytes == 2:
+                        word = e.new(S32)
+                        e.emit(f"mov.b32 {word}, {{{pair[0]}, {pair[1]}}};")
+                        e.emit(f"st.shared.b32 [{frag}+{at}], {word};")
+                    else:
+                        e.emit(f"st.shared.v2.{storage_suffix(ty)} [{frag}+{at}], {{{pair[0]}, {pair[1]}}};")
+            e.emit("bar.warp.sync -1;")
+            col_ok = e.new(PRED)
+            e.emit(f"setp.lt.s32 {col_ok}, {col}, {shape[col_dim] - chunk * st.cols};")
+            for p in range(16 // rows_per_pass):
+                r = 16 * mi + p * rows_per_pass
+                if r not in row_ok:
+                    q = row_ok[r] = e.new(PRED)
+                    e.emit(f"setp.lt.s32 {q}, {row}, {shape[row_dim] - r};")
+                ok = e.new(PRED)
+                e.emit(f"and.pred {ok}, {row_ok[r]}, {col_ok};")
+                words = [e.new(S32) for _ in range(4)]
+                e.emit(f"ld.shared.v4.b32 {_braced(words)}, [{vec_at}+{p * rows_per_pass * st.pitch}];")
+                byte = (r * strides[row_dim] + chunk * st.cols) * ty.bytes
+                e.emit(f"@{ok} st.global.v4.b32 [{addr}+{byte}], {_braced(words)};")
+            e.emit("bar.warp.sync -1;")
+
+
+#: tile loads and stores (a rank-0 tile's load is one scalar)
+HANDLERS: dict[type, Callable] = {
+    t.LoadOp: _load,
+    t.StoreOp: _store,
+}

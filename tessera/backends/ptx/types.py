@@ -1,0 +1,79 @@
+"""PTX register types (`PtxType`: F32, F16, BF16, S32, PRED, U64), the type of an MLIR value's
+registers (`ptx_type`), literals and instruction suffixes, and the backend's error
+(`UnsupportedByBackend`: Target IR this backend has no form for yet, sm_100's tcgen05 say).
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass
+
+from xdsl.dialects.builtin import (
+    BFloat16Type,
+    Float16Type,
+    Float32Type,
+    IndexType,
+    IntegerType,
+    MemRefType,
+    TensorType,
+)
+from xdsl.ir import Attribute
+
+from ...errors import TesseraError
+
+
+class UnsupportedByBackend(TesseraError):
+    """The kernel uses an op this PTX backend cannot emit yet."""
+
+
+@dataclass(frozen=True)
+class PtxType:
+    reg: str        # register class prefix and declaration type: ("f", ".f32")
+    decl: str
+    op: str         # type suffix for arithmetic / ld / st
+    bytes: int
+
+
+F32 = PtxType("f", ".f32", "f32", 4)
+F16 = PtxType("h", ".b16", "f16", 2)
+BF16 = PtxType("hb", ".b16", "bf16", 2)
+S32 = PtxType("r", ".b32", "s32", 4)
+PRED = PtxType("p", ".pred", "pred", 1)
+U64 = PtxType("rd", ".b64", "u64", 8)
+
+
+def ptx_type(t: Attribute) -> PtxType:
+    element = t.get_element_type() if isinstance(t, (TensorType, MemRefType)) else t
+    if isinstance(element, Float32Type):
+        return F32
+    if isinstance(element, Float16Type):
+        return F16
+    if isinstance(element, BFloat16Type):
+        return BF16
+    if isinstance(element, IndexType):
+        return S32
+    if isinstance(element, IntegerType):
+        return PRED if element.width.data == 1 else S32
+    raise UnsupportedByBackend(f"PTX backend: element type {element} is not supported yet")
+
+
+def f32_literal(x: float) -> str:
+    return "0f" + struct.pack(">f", x).hex().upper()
+
+
+def storage_suffix(ty: PtxType) -> str:
+    return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32"}[ty]
+
+
+def mov_suffix(ty: PtxType) -> str:
+    return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", PRED: "pred", U64: "b64"}[ty]
+
+
+def mov_constant(ty: PtxType, r: str, value: float) -> str:
+    if ty is F32:
+        return f"mov.f32 {r}, {f32_literal(value)};"
+    if ty in (F16, BF16):
+        import numpy as np
+        import ml_dtypes
+        bits = np.array(value, dtype=np.float16 if ty is F16 else ml_dtypes.bfloat16).view(np.uint16)
+        return f"mov.b16 {r}, {int(bits)};"
+    return f"mov.b32 {r}, {int(value)};"
