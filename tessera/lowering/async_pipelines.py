@@ -279,6 +279,18 @@ class _Lowering:
         block. Placed at the first wait for all mmas after the pipelined loop (ptxas serializes
         wgmmas whose pipeline a drain after the epilogue crosses), else at the exit."""
         self.drained = True
+        self._wait_armed_stages(at, lambda inside, pipe, stage: inside.bit_of(self.state[("phase", pipe.index)], stage))
+
+    def drain_fills(self, at: _Insert) -> None:
+        """The producer's exit: for every stage it ever filled, wait until its last fill landed (the
+        parity of that fill's phase is the stage's fill count - 1), consumed or not."""
+        def last_fill(inside, pipe, stage):
+            return inside(arith.XOrIOp(inside.bit_of(self.state[("filled", pipe.index)], stage), inside.i32(1)))
+        self._wait_armed_stages(at, last_fill)
+
+    def _wait_armed_stages(self, at: _Insert, parity_of) -> None:
+        """For each stage of each pipeline whose `armed` bit is set, a wait on the phase of parity
+        `parity_of(builder, pipe, stage)`."""
         for pipe in self.all_pipes():
             for s in range(pipe.stages):
                 stage = at.index(s)
@@ -286,23 +298,7 @@ class _Lowering:
                 cond = at(tile.CmpiOp(armed, at.i32(0), "ne"))
                 body = Block()
                 inside = _Insert(body, None)
-                parity = inside.bit_of(self.state[("phase", pipe.index)], stage)
-                inside(target.MBarrierTryWaitOp(pipe.full, stage, parity))
-                inside(scf.YieldOp())
-                at(scf.IfOp(cond, [], Region(body)))
-
-    def drain_fills(self, at: _Insert) -> None:
-        """The producer's exit: for every stage it ever filled, wait until its last fill landed (the
-        parity of that fill's phase is the stage's fill count - 1), consumed or not."""
-        for pipe in self.all_pipes():
-            for s in range(pipe.stages):
-                stage = at.index(s)
-                used = at.bit_of(self.state[("armed", pipe.index)], stage)
-                cond = at(tile.CmpiOp(used, at.i32(0), "ne"))
-                body = Block()
-                inside = _Insert(body, None)
-                parity = inside(arith.XOrIOp(inside.bit_of(self.state[("filled", pipe.index)], stage), inside.i32(1)))
-                inside(target.MBarrierTryWaitOp(pipe.full, stage, parity))
+                inside(target.MBarrierTryWaitOp(pipe.full, stage, parity_of(inside, pipe, stage)))
                 inside(scf.YieldOp())
                 at(scf.IfOp(cond, [], Region(body)))
 
