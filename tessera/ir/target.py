@@ -556,6 +556,9 @@ class TensorCoreOp(_InstrOp):
 # ---------------------------------------------------------------------------
 
 POOLS = ("shared", "global", "register", "tmem")
+#: shared tile buffer layouts: TMA's [rows, 64] boxes in its 128-byte swizzle (what wgmma descriptors
+#: read), or rows of 16-byte chunks XOR-swizzled by row (threads' cp.async writes, ldmatrix reads)
+SWIZZLES = ("tma_128b", "xor_16b")
 # Memory space of each memref endpoint a memcpy kind names (builtin memref
 # memory space attribute; global has none).
 MEMORY_SPACES: dict[str, int | None] = {"global": None, "shared": 3}
@@ -574,24 +577,30 @@ def _space(t: Attribute) -> int | None:
 
 @irdl_op_definition
 class AllocateOp(_KeywordOp):
-    """`%buf = tessera_target.allocate pool = "shared" align = 128 size = 16384 offset = 0 : memref<...>`:
-    a buffer of `size` bytes; in shared memory, at byte `offset` of the kernel's dynamic shared
-    memory (set by the allocation pass, `tile_to_target.allocate_shared`)."""
+    """`%buf = tessera_target.allocate pool = "shared" align = 128 size = 16384 offset = 0 swizzle = "xor_16b"
+    : memref<...>`: a buffer of `size` bytes; in shared memory, at byte `offset` of the kernel's dynamic
+    shared memory (set by the allocation pass, `tile_to_target.allocate_shared`), its stages laid
+    out as `swizzle` says."""
 
     name = "tessera_target.allocate"
     pool = prop_def(StringAttr)
     align = prop_def(IntegerAttr)
     size = prop_def(IntegerAttr)
     offset = opt_prop_def(IntegerAttr)     # bytes into dynamic shared memory (`allocate_shared`)
+    swizzle = opt_prop_def(StringAttr)     # how a shared tile buffer's stages are laid out (SWIZZLES)
     result = result_def(MemRefType)
 
-    KEYWORDS: ClassVar[_Keywords] = (("pool", STR), ("align", INT), ("size", INT), ("offset", INT))
+    KEYWORDS: ClassVar[_Keywords] = (("pool", STR), ("align", INT), ("size", INT), ("offset", INT),
+                                     ("swizzle", STR))
 
-    def __init__(self, result_type: MemRefType, pool: str, size: int, align: int = 16):
-        super().__init__(result_types=[result_type], properties=_props(AllocateOp, pool=pool, align=align, size=size))
+    def __init__(self, result_type: MemRefType, pool: str, size: int, align: int = 16, swizzle: str | None = None):
+        super().__init__(result_types=[result_type], properties=_props(AllocateOp, pool=pool, align=align, size=size,
+                                                                       swizzle=swizzle))
 
     def verify_(self) -> None:
         _check_choice(self, "pool", self.pool.data, POOLS)
+        if self.swizzle is not None:
+            _check_choice(self, "swizzle", self.swizzle.data, SWIZZLES)
         align, size = self.align.value.data, self.size.value.data
         if align < 1 or align & (align - 1):
             raise VerifyException(f"allocate: align = {align} is not a power of two")

@@ -11,11 +11,12 @@ shared memory through descriptors) are used where every copy and mma of the
 kernel has a form they take; a kernel that has one they don't (a copy padded
 with -inf, an mma B operand in registers, a tile not a whole 128-byte swizzle
 wide) gets the platform with them masked, i.e. the mma.sync + cp.async path.
-The launch configuration of each kernel is computed once, up front
-(`kernel_configs`), because both the kernel and its host-side launch carry it;
-then one small rewrite pattern per tile op does the translation. Ops with no
-platform choice in them (loads, stores, reductions, arith, math, scf) stay as
-they are.
+TMA kernels get their pipelines' protocol as typed ops (`async_pipelines`);
+then one small rewrite pattern per tile op does the translation (ops with no
+platform choice in them, such as loads, stores, reductions, arith, math and scf,
+stay as they are), a pass places shared memory (`allocate_shared`) and one
+writes the register layouts (`assign_layouts`). `lower_tile_to_target` lists
+the steps.
 """
 from __future__ import annotations
 
@@ -41,16 +42,18 @@ from tessera.platforms import Platform
 from . import debug_to_target
 
 from .assign_layouts import annotate_layouts
-from .async_pipelines import RegisterSplit, lower_tma_pipelines
+from .async_pipelines import TMA_ROW_BYTES, RegisterSplit, lower_tma_pipelines
 
 
 class TargetLoweringError(ValueError):
     """A tile module that the chosen platform cannot run as written."""
 
 
-# Alignment of shared buffers per copy mechanism: TMA's 128-byte swizzle repeats
-# every 1024 bytes, cp.async moves 16-byte chunks.
-_SHARED_ALIGN = {"tma": 1024, "cp.async": 128, "ld.global": 16}
+#: How a shared tile buffer is laid out, per the mechanism that fills it: (alignment, swizzle).
+#: TMA writes [rows, 64] boxes in its 128-byte swizzle, which repeats every 1024 bytes (and is
+#: what wgmma's descriptors read); threads write 16-byte chunks XOR-swizzled by row, which ldmatrix
+#: reads without bank conflicts.
+_SHARED_LAYOUT = {"tma": (1024, "tma_128b"), "cp.async": (128, "xor_16b"), "ld.global": (16, "xor_16b")}
 
 # Register estimate: per-thread registers for indices, addresses and loop
 # counters, before any tile data.
@@ -83,8 +86,7 @@ def estimate_regs(kernel: tile.KernelOp, threads: int, platform: Platform, produ
 
 NATIVE = platforms.HOPPER_NATIVE
 
-#: A TMA box row is one 128-byte swizzle span; wgmma reads 16-bit operands through descriptors.
-_TMA_ROW_BYTES = 128
+#: wgmma reads 16-bit operands through descriptors.
 _WGMMA_ELEMENT_BITS = 16
 
 
@@ -119,7 +121,7 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
         (tuple(op.tile_dims.get_values())[1] == src.get_num_dims() - 1,
          "a copy whose tile rows do not run along the tensor's contiguous dim"),
         (src.get_shape()[-1] * bits // 8 % 16 == 0, "a tensor whose rows are not 16-byte aligned"),
-        (cols * bits // 8 % _TMA_ROW_BYTES == 0, f"a tile {cols} elements wide (not whole 128-byte rows)"),
+        (cols * bits // 8 % TMA_ROW_BYTES == 0, f"a tile {cols} elements wide (not whole 128-byte rows)"),
         (rows <= 256, f"a tile of {rows} rows (a TMA box has at most 256)"),
     ]
     return [why for ok, why in checks if not ok]
@@ -289,14 +291,16 @@ def _waited_for_later(op: tile.MmaOp) -> bool:
 
 @dataclass
 class LowerAllocShared(RewritePattern):
-    """tile.alloc_shared -> tessera_target.allocate pool = "shared" (placed by `allocate_shared`)."""
+    """tile.alloc_shared -> tessera_target.allocate pool = "shared" with the alignment and swizzle of
+    the platform's copy mechanism (`_SHARED_LAYOUT`); `allocate_shared` then places it."""
 
-    align: int
+    platform: Platform
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.AllocSharedOp, rewriter: PatternRewriter) -> None:
         t: MemRefType = op.result.type
-        rewriter.replace(op, target.AllocateOp(t, "shared", target.memref_bytes(t), self.align))
+        align, swizzle = _SHARED_LAYOUT[platforms.copy_mechanism(self.platform)]
+        rewriter.replace(op, target.AllocateOp(t, "shared", target.memref_bytes(t), align, swizzle))
 
 
 @dataclass
@@ -385,7 +389,7 @@ def patterns(platform: Platform, tensor_cores: bool = True) -> Iterable[RewriteP
     `tensor_cores`, every tile.mma stays on the CUDA cores."""
     return (
         LowerReturn(), *([LowerMma(platform)] if tensor_cores else []),
-        LowerAllocShared(_SHARED_ALIGN[platforms.copy_mechanism(platform)]), LowerCopyAsync(platform),
+        LowerAllocShared(platform), LowerCopyAsync(platform),
         LowerAsyncCommit(platform), LowerAsyncWait(platform), LowerMmaWait(platform), LowerBarrier(),
         *debug_to_target.patterns(),
     )

@@ -33,7 +33,7 @@ EVERY_OP = f"""builtin.module {{
   }}
   tessera_target.kernel @hopper(%g: {GLOBAL}, %x: tensor<64x64xf16>, %acc: {ACC}) config = #tessera_target.kernel_config<grid = [1, 1, 1], block = [384, 1, 1], shared = 16400, regs = 168> platform = {SM90A} producer_warps = 4 maxnreg = 168 {{
     %m = tessera_target.tensor_map %g : {GLOBAL} -> !tessera_target.tensor_map<f16, [256, 128], box = [64, 64], swizzle = 128>
-    %buf = tessera_target.allocate pool = "shared" align = 1024 size = 16384 offset = 0 : memref<2x64x64xf16, 3 : i64>
+    %buf = tessera_target.allocate pool = "shared" align = 1024 size = 16384 offset = 0 swizzle = "tma_128b" : memref<2x64x64xf16, 3 : i64>
     %b = tessera_target.mbarrier_alloc offset = 16384 : !tessera_target.mbarriers<2>
     %f = tessera_target.mbarrier_alloc : !tessera_target.mbarriers<2>
     tessera_target.mbarrier_init %b arrivals = 1 : !tessera_target.mbarriers<2>
@@ -182,6 +182,7 @@ def test_async_op_verifiers():
     partial_warp = EVERY_OP.replace("id = 1 threads = 256", "id = 1 threads = 100")
     assert "threads = 100 is not whole warps" in verify_error(partial_warp)
     assert "per must be one of" in verify_error(EVERY_OP.replace('per = "warp"', 'per = "block"'))
+    assert "swizzle must be one of" in verify_error(EVERY_OP.replace('swizzle = "tma_128b"', 'swizzle = "64b"'))
 
 
 def test_launch_must_match_the_kernel_config():

@@ -105,4 +105,5 @@ def test_shared_memory_is_placed_by_the_allocation_pass():
         assert bars.offset.value.data >= end
         end = bars.offset.value.data + 8 * bars.result.type.count.data
     assert kernel.config.shared.data == end
+    assert {b.swizzle.data for b in buffers} == {"tma_128b"}     # the layout wgmma's descriptors read
     assert not ops(kernel, tile.CopyAsyncOp) and not ops(kernel, tgt.MemcpyOp)

@@ -61,6 +61,7 @@ def test_sm80_uses_mma_sync_and_cp_async():
     assert (mma.family.data, tuple(mma.shape.iter_values()), mma.precision.data) == ("mma.sync", (16, 8, 16), "f16")
     assert {op.mechanism.data for op in ops(out, target.MemcpyOp)} == {"cp.async"}
     assert len(ops(out, target.CpAsyncCommitOp)) == 1 and len(ops(out, target.CpAsyncWaitOp)) == 1
+    assert {op.swizzle.data for op in ops(out, target.AllocateOp)} == {"xor_16b"}
     assert not ops(out, target.TmaLoadOp) and not ops(out, target.MBarrierAllocOp)
 
 

@@ -74,7 +74,7 @@ class KernelEmitter:
     def __init__(self, kernel: tgt.KernelOp, handlers: dict[type, Callable], buffers: dict[str, type]):
         self.kernel = kernel
         self.handlers = handlers
-        self.buffers = buffers                # shared tile buffer layout, by the mechanism filling it
+        self.buffers = buffers                # shared tile buffer layout, by the allocate's swizzle
         self.name = kernel.sym_name.data
         self.platform = kernel.platform.platform
         self.threads = kernel.config.threads
@@ -89,7 +89,7 @@ class KernelEmitter:
         self.env: dict[SSAValue, object] = {}
         self.shared: list[str] = []
         self._labels = 0
-        self.smem_bytes = 0          # dynamic shared memory the kernel needs
+        self.smem_bytes = kernel.config.shared.data   # dynamic shared memory, as the allocation pass placed it
         self.static_smem = 0         # .shared arrays the kernel declares (reductions, staged stores)
         self.smem_base: str | None = None    # register holding the dynamic shared memory's address
         self._tid_regs: tuple[str, str, str] | None = None

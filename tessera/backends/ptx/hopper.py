@@ -36,13 +36,14 @@ from xdsl.ir import BlockArgument
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Mma
+from ...lowering.async_pipelines import TMA_ROW_BYTES
 from . import tensor_core
 from .core import KernelEmitter, TensorMapSpec
 from .tensor_core import SMEM_SYMBOL, SharedTile, TileBuffer, _a_fragments, stage_address
 from .types import F32, PRED, S32, U64, UnsupportedByBackend
 
-#: bytes of one TMA box row and of the swizzle pattern's repeat (8 rows)
-ROW_BYTES = 128
+#: bytes of one TMA box row (`async_pipelines.TMA_ROW_BYTES`) and of the swizzle pattern's repeat (8 rows)
+ROW_BYTES = TMA_ROW_BYTES
 SWIZZLE_ATOM = 8 * ROW_BYTES
 #: wgmma descriptor fields: bits 16-29 leading byte offset, 32-45 stride byte offset, 62-63 swizzle (1 = 128B)
 SWIZZLE_128B = 1 << 62
@@ -122,7 +123,6 @@ def _mbarrier_alloc(e: KernelEmitter, op: tgt.MBarrierAllocOp) -> None:
     """The shared address of the group's first mbarrier, at the offset the allocation pass chose."""
     _leader(e)
     offset = op.offset.value.data
-    e.smem_bytes = max(e.smem_bytes, offset + 8 * op.result.type.count.data)
     base = e.new(S32)
     e.at_entry(f"mov.u32 {base}, {SMEM_SYMBOL};")
     e.at_entry(f"add.u32 {base}, {base}, {offset};")
@@ -358,4 +358,4 @@ HANDLERS = {
 }
 
 #: the layout of the shared tile buffers bulk copies (TMA) fill
-BUFFERS = {"tma": TmaBuffer}
+BUFFERS = {"tma_128b": TmaBuffer}

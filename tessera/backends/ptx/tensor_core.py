@@ -27,7 +27,7 @@ from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Mma
-from .core import KernelEmitter, copy_mechanism
+from .core import KernelEmitter
 from .types import F32, PRED, S32, U64, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
 SMEM_SYMBOL = "tsr_smem"
@@ -111,9 +111,8 @@ def stage_address(e: KernelEmitter, buf: SharedBuffer, stage: str) -> str:
     return r
 
 
-#: how a kernel's shared tile buffers are laid out, by the mechanism that fills them; the
-#: Hopper path adds TMA's (`hopper.TmaBuffer`)
-BUFFERS: dict[str, type] = {"cp.async": SharedBuffer, "ld.global": SharedBuffer}
+#: shared tile buffer layout per `allocate` swizzle; the Hopper path adds TMA's (`hopper.TmaBuffer`)
+BUFFERS: dict[str, type] = {"xor_16b": SharedBuffer}
 
 
 def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
@@ -125,10 +124,15 @@ def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
         raise UnsupportedByBackend(f"PTX backend: allocate {mt} has no offset (the shared-memory allocation pass "
                                    f"places buffers)")
     offset = op.offset.value.data
-    buf = e.buffers[copy_mechanism(e)](offset, stages, rows, cols, ptx_type(mt).bytes)
+    if op.swizzle is None or op.swizzle.data not in e.buffers:
+        raise UnsupportedByBackend(f"PTX backend: allocate {mt} has no buffer layout this code path lays out "
+                                   f"(swizzle = {op.swizzle.data if op.swizzle else None!r})")
+    buf = e.buffers[op.swizzle.data](offset, stages, rows, cols, ptx_type(mt).bytes)
+    if buf.size > op.size.value.data:   # the layout must fit what the allocation pass placed
+        raise UnsupportedByBackend(f"PTX backend: a {type(buf).__name__} of {mt} takes {buf.size} bytes, more than "
+                                   f"the {op.size.value.data} its allocate holds")
     e.smem_align = max(e.smem_align, op.align.value.data)
     smem_base(e)  # defined where buffers are allocated (the kernel's top level), not inside a loop that uses it
-    e.smem_bytes = max(e.smem_bytes, offset + buf.size)
     e.env[op.result] = buf
 
 
