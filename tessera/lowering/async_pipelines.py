@@ -419,50 +419,51 @@ def lower_tma_pipelines(kernel: tile.KernelOp, platform: Platform, producer_warp
             at(target.MBarrierInitOp(pipe.free, warps))
     at(target.FenceOp("mbarrier_init"))
     at(target.BarrierOp())
+    rest = _ops_from(at.before)
     if not producer_warps:
         lowering = _Lowering(pipes, maps, _NONE, consumers)
         lowering.state = {(k, p.index): at.i32(0) for p in all_pipes for k in ("phase", "armed")}
-        _walk_from(lowering, block, at.before)
+        for op in rest:
+            lowering.op(op)
         return None
     split = register_split(platform, consumers + 32 * producer_warps, 32 * producer_warps)
-    rest = _ops_from(block, at.before)
-    regions = []
-    for role, keys in ((_PRODUCER, ("armed", "filled", "free_phase")), (_CONSUMER, ("phase",))):
-        body = Block()
-        mapping: dict = {}
-        for op in rest:
-            if not isinstance(op, tile.ReturnOp):
-                body.add_op(op.clone(mapping))
-        inside = _Insert(body, body.first_op)
-        if split:
-            inside(target.SetMaxNRegOp("dec" if role == _PRODUCER else "inc",
-                                       split.producer if role == _PRODUCER else split.consumer))
-        lowering = _Lowering(pipes, maps, role, consumers)
-        lowering.state = {(k, p.index): inside.i32(0) for p in all_pipes for k in keys}
-        lowering.block(body)
-        if role == _PRODUCER:
-            lowering.drain_fills(_Insert(body, None))
-            _drop_tiles(body)
-        _erase_dead(body)
-        regions.append(Region(body))
-    for op in reversed(rest):
-        if not isinstance(op, tile.ReturnOp):
-            _erase(op, safe=False)
+    body = [op for op in rest if not isinstance(op, tile.ReturnOp)]
+    regions = [_role_region(body, role, keys, _Lowering(pipes, maps, role, consumers), all_pipes, split)
+               for role, keys in ((_PRODUCER, ("armed", "filled", "free_phase")), (_CONSUMER, ("phase",)))]
+    for op in reversed(body):
+        _erase(op, safe=False)
     block.insert_op_before(target.WarpSpecializeOp(producer_warps, *regions), block.last_op)
     return split
 
 
-def _ops_from(block: Block, first: Operation | None) -> list[Operation]:
+def _role_region(ops: list[Operation], role: str, keys: tuple[str, ...], lowering: _Lowering,
+                 pipes: list[_Pipe], split: RegisterSplit | None) -> Region:
+    """A warp_specialize region: a copy of `ops` lowered for `role`, starting with its register
+    split; the producer's keeps no tiles and ends waiting for its last fills."""
+    body = Block()
+    mapping: dict = {}
+    for op in ops:
+        body.add_op(op.clone(mapping))
+    inside = _Insert(body, body.first_op)
+    if split:
+        producer = role == _PRODUCER
+        inside(target.SetMaxNRegOp("dec" if producer else "inc", split.producer if producer else split.consumer))
+    lowering.state = {(k, p.index): inside.i32(0) for p in pipes for k in keys}
+    lowering.block(body)
+    if role == _PRODUCER:
+        lowering.drain_fills(_Insert(body, None))
+        _drop_tiles(body)
+    _erase_dead(body)
+    return Region(body)
+
+
+def _ops_from(first: Operation | None) -> list[Operation]:
+    """`first` and the ops after it in its block."""
     ops, op = [], first
     while op is not None:
         ops.append(op)
         op = op.next_op
     return ops
-
-
-def _walk_from(lowering: _Lowering, block: Block, first: Operation | None) -> None:
-    for op in _ops_from(block, first):
-        lowering.op(op)
 
 
 def _tensor_maps(kernel: tile.KernelOp, at: _Insert) -> dict[tuple, SSAValue]:
@@ -525,15 +526,7 @@ def _erase_dead(block: Block) -> None:
     changed = True
     while changed:
         changed = False
-        for op in reversed([o for o in _walk_ops(block)]):
-            if isinstance(op, _PURE) and all(not r.uses for r in op.results) and op.parent is not None:
+        for op in reversed(list(block.walk())):
+            if isinstance(op, _PURE) and all(not r.uses for r in op.results):
                 _erase(op)
                 changed = True
-
-
-def _walk_ops(block: Block):
-    for op in block.ops:
-        yield op
-        for region in op.regions:
-            for b in region.blocks:
-                yield from _walk_ops(b)
