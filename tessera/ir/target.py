@@ -1360,11 +1360,75 @@ def layout_of(attr: Attribute):
 LAYOUT_ATTRS = [BlockedLayoutAttr, MmaLayoutAttr, SliceLayoutAttr]
 
 
+# ---------------------------------------------------------------------------
+# Shared memory an op needs for itself, placed by the allocation pass
+# (tessera.lowering.shared_memory) after the tile buffers and mbarriers.
+# ---------------------------------------------------------------------------
+
+#: the attribute on an op that uses shared memory of its own: where the allocation pass put it
+SCRATCH = "tessera_target.scratch"
+#: the attribute on a tile.store the allocation pass stages through per-warp shared buffers
+STAGING = "tessera_target.staging"
+
+
+class _FieldsAttr(ParametrizedAttribute):
+    """Attributes written `<key = int, ...>`, one integer per parameter, in declaration order."""
+
+    FIELDS: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def of(cls, **values: int):
+        return cls(*(IntAttr(values[k]) for k in cls.FIELDS))
+
+    @classmethod
+    def parse_parameters(cls, parser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        values = []
+        for i, key in enumerate(cls.FIELDS):
+            if i:
+                parser.parse_punctuation(",")
+            parser.parse_keyword(key)
+            parser.parse_punctuation("=")
+            values.append(IntAttr(parser.parse_integer()))
+        parser.parse_punctuation(">")
+        return values
+
+    def print_parameters(self, printer) -> None:
+        printer.print_string("<" + ", ".join(f"{k} = {getattr(self, k).data}" for k in self.FIELDS) + ">")
+
+
+@irdl_attr_definition
+class ScratchAttr(_FieldsAttr):
+    """`#tessera_target.scratch<offset = 98304, size = 18432>`: `size` bytes at byte `offset` of the
+    kernel's dynamic shared memory, the op's own (a row reduction exchanging partials between warps,
+    a staged store's per-warp buffers)."""
+
+    name = "tessera_target.scratch"
+    offset: IntAttr
+    size: IntAttr
+    FIELDS: ClassVar[tuple[str, ...]] = ("offset", "size")
+
+
+@irdl_attr_definition
+class StagingAttr(_FieldsAttr):
+    """`#tessera_target.staging<cols = 64, pitch = 144>`: the store writes each warp's accumulator
+    fragments into its own shared buffer 16 rows x `cols` columns at a time, rows `pitch` bytes
+    apart, and reads them back as row-contiguous 16-byte vectors (`shared_memory.Staging`)."""
+
+    name = "tessera_target.staging"
+    cols: IntAttr
+    pitch: IntAttr
+    FIELDS: ClassVar[tuple[str, ...]] = ("cols", "pitch")
+
+
+SHARED_ATTRS = [ScratchAttr, StagingAttr]
+
+
 TesseraTarget = Dialect(
     "tessera_target",
     [KernelOp, ReturnOp, LaunchOp, TensorCoreOp, AllocateOp, MemcpyOp, ProfileBeginOp, ProfileEndOp, AssertOp,
      *ASYNC_OPS],
-    [PlatformAttr, KernelConfigAttr, *ASYNC_TYPES, *LAYOUT_ATTRS],
+    [PlatformAttr, KernelConfigAttr, *ASYNC_TYPES, *LAYOUT_ATTRS, *SHARED_ATTRS],
 )
 
 

@@ -142,13 +142,14 @@ def computing_warps(kernel: tgt.KernelOp) -> int:
     return kernel.config.threads // 32 - producers
 
 
-def annotate_layouts(kernel: tgt.KernelOp) -> None:
-    """The pass: writes every tile value's layout on the op or loop that makes it. A kernel no
-    layout can hold is left without them (`kernel_layouts` then says why)."""
+def annotate_layouts(kernel, num_warps: int | None = None) -> dict[SSAValue, Layout] | None:
+    """The pass: writes every tile value's layout on the op or loop that makes it, for `num_warps`
+    warps holding tiles (by default a Target IR kernel's `computing_warps`), and returns them. A
+    kernel no layout can hold is left without them (`kernel_layouts` then says why): None."""
     try:
-        layouts = assign_layouts(kernel, computing_warps(kernel))
+        layouts = assign_layouts(kernel, computing_warps(kernel) if num_warps is None else num_warps)
     except UnsupportedLayout:
-        return
+        return None
     unit = UnitAttr()
     for op in kernel.walk():
         if any(is_tile(r) for r in op.results):
@@ -157,6 +158,7 @@ def annotate_layouts(kernel: tgt.KernelOp) -> None:
         if isinstance(op, scf.ForOp) and any(is_tile(a) for a in op.body.block.args):
             op.attributes[tgt.ARG_LAYOUTS] = ArrayAttr([tgt.layout_attr(layouts[a]) if a in layouts else unit
                                                         for a in op.body.block.args])
+    return layouts
 
 
 def kernel_layouts(kernel: tgt.KernelOp) -> dict[SSAValue, Layout]:

@@ -14,9 +14,9 @@ wide) gets the platform with them masked, i.e. the mma.sync + cp.async path.
 TMA kernels get their pipelines' protocol as typed ops (`async_pipelines`);
 then one small rewrite pattern per tile op does the translation (ops with no
 platform choice in them, such as loads, stores, reductions, arith, math and scf,
-stay as they are), a pass places shared memory (`allocate_shared`) and one
-writes the register layouts (`assign_layouts`). `lower_tile_to_target` lists
-the steps.
+stay as they are), one pass writes the register layouts (`assign_layouts`) and
+one places shared memory (`shared_memory`). `lower_tile_to_target` lists the
+steps.
 """
 from __future__ import annotations
 
@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from xdsl.dialects import scf
-from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, TensorType, i64
+from xdsl.dialects.builtin import MemRefType, ModuleOp, TensorType
 from xdsl.ir import Attribute
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -39,21 +39,12 @@ from tessera import platforms
 from tessera.ir import provenance, target, tile
 from tessera.platforms import Platform
 
-from . import debug_to_target
+from . import TargetLoweringError, debug_to_target
 
 from .assign_layouts import annotate_layouts
+from .shared_memory import SHARED_LAYOUT, allocate_shared
 from .async_pipelines import TMA_ROW_BYTES, RegisterSplit, lower_tma_pipelines
 
-
-class TargetLoweringError(ValueError):
-    """A tile module that the chosen platform cannot run as written."""
-
-
-#: How a shared tile buffer is laid out, per the mechanism that fills it: (alignment, swizzle).
-#: TMA writes [rows, 64] boxes in its 128-byte swizzle, which repeats every 1024 bytes (and is
-#: what wgmma's descriptors read); threads write 16-byte chunks XOR-swizzled by row, which ldmatrix
-#: reads without bank conflicts.
-_SHARED_LAYOUT = {"tma": (1024, "tma_128b"), "cp.async": (128, "xor_16b"), "ld.global": (16, "xor_16b")}
 
 # Register estimate: per-thread registers for indices, addresses and loop
 # counters, before any tile data.
@@ -181,31 +172,6 @@ def _threads(kernel: tile.KernelOp, platform: Platform) -> int:
     return threads
 
 
-def allocate_shared(kernel: tile.KernelOp, platform: Platform) -> int:
-    """The shared-memory allocation pass: places every `allocate pool = "shared"` (in order, each at
-    its alignment) and then every `mbarrier_alloc` (8-byte mbarriers) in the kernel's dynamic
-    shared memory, writing each one's `offset`; returns the total, which the kernel config holds."""
-    total = 0
-    buffers = []
-    for op in kernel.body.block.ops:
-        if isinstance(op, target.AllocateOp) and op.pool.data == "shared":
-            offset = _align_up(total, op.align.value.data)
-            op.properties["offset"] = IntegerAttr(offset, i64)
-            total = offset + op.size.value.data
-            buffers.append((op.result.type, op.size.value.data))
-    for op in kernel.walk():
-        if isinstance(op, target.MBarrierAllocOp):
-            offset = _align_up(total, 8)
-            op.properties["offset"] = IntegerAttr(offset, i64)
-            total = offset + 8 * op.result.type.count.data
-    if total > platform.max_shared_per_block:
-        shown = ", ".join(f"{t} = {size}" for t, size in buffers)
-        raise TargetLoweringError(
-            f"kernel @{kernel.sym_name.data} needs {total} bytes of shared memory ({shown}) but {platform.arch} "
-            f"allows {platform.max_shared_per_block} per block; use fewer stages or smaller tiles")
-    return total
-
-
 # ---------------------------------------------------------------------------
 # One pattern per tile op
 # ---------------------------------------------------------------------------
@@ -292,14 +258,14 @@ def _waited_for_later(op: tile.MmaOp) -> bool:
 @dataclass
 class LowerAllocShared(RewritePattern):
     """tile.alloc_shared -> tessera_target.allocate pool = "shared" with the alignment and swizzle of
-    the platform's copy mechanism (`_SHARED_LAYOUT`); `allocate_shared` then places it."""
+    the platform's copy mechanism (`SHARED_LAYOUT`); `allocate_shared` then places it."""
 
     platform: Platform
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.AllocSharedOp, rewriter: PatternRewriter) -> None:
         t: MemRefType = op.result.type
-        align, swizzle = _SHARED_LAYOUT[platforms.copy_mechanism(self.platform)]
+        align, swizzle = SHARED_LAYOUT[platforms.copy_mechanism(self.platform)]
         rewriter.replace(op, target.AllocateOp(t, "shared", target.memref_bytes(t), align, swizzle))
 
 
@@ -405,10 +371,11 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
     """A Target IR copy of the tile module `module` for `platform` (a Platform or
     an arch name); `module` itself is left unchanged. Per kernel: its platform
     (`kernel_platform`), the TMA pipelines' protocol (`lower_tma_pipelines`), one pattern
-    per remaining tile op, the shared-memory allocation (`allocate_shared`), its
-    launch configuration (grid = its tile.launch's, block = its warps, shared = the
-    allocation's total, regs = `estimate_regs`) and, on NVIDIA targets, its register
-    layouts (`annotate_layouts`)."""
+    per remaining tile op, on NVIDIA targets its register layouts (`annotate_layouts`),
+    the shared-memory allocation (`allocate_shared`, which needs the layouts to size
+    the scratch of reductions and staged stores) and its launch configuration (grid =
+    its tile.launch's, block = its warps, shared = the allocation's total, regs =
+    `estimate_regs`)."""
     p = platform if isinstance(platform, Platform) else platforms.get(platform)
     lowered = module.clone()
     grids = _grids(lowered)
@@ -426,9 +393,9 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
         if platforms.copy_mechanism(kp) == "tma":
             splits[name] = lower_tma_pipelines(kernel, kp, producers)
         _rewrite(patterns(kp, tensor_cores), kernel.body)
-        configs[name] = target.KernelConfigAttr.of(grids[name], (threads, 1, 1), allocate_shared(kernel, kp), regs)
+        warps = threads // 32 - producers
+        layouts = annotate_layouts(kernel, warps) if kp.vendor == "nvidia" else None
+        shared = allocate_shared(kernel, kp, layouts, warps)
+        configs[name] = target.KernelConfigAttr.of(grids[name], (threads, 1, 1), shared, regs)
     _rewrite([LowerKernel(configs, chosen, splits), LowerLaunch(configs)], lowered.body)
-    for kernel in lowered.ops:
-        if isinstance(kernel, target.KernelOp) and kernel.platform.vendor.data == "nvidia":
-            annotate_layouts(kernel)
     return lowered

@@ -12,7 +12,8 @@ import tessera as tsr
 from tessera import Tensor
 from tessera.backends.ptx import UnsupportedByBackend, emit_module
 from tessera.backends.ptx.arithmetic import unsigned_magic
-from tessera.backends.ptx.memory import Staging
+from tessera.ir import target as tgt
+from tessera.lowering.shared_memory import Staging
 
 from tessera.runtime.ptxas import find_tool, sass
 
@@ -235,14 +236,16 @@ def test_native_gemm_stores_whole_lines_through_each_warps_shared_buffer(fn, dim
     """The native GEMM's tile leaves through a shared buffer per warp (16 rows, each padded by 16
     bytes), in 16-byte global stores only, ordered by warp barriers, not block barriers."""
     compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_90a")
+    (store,) = [op for op in compiled.modules["target"].walk() if tgt.STAGING in op.attributes]
+    scratch = store.attributes[tgt.SCRATCH]
     (kernel,) = emit_module(compiled.modules["target"]).values()
-    (size,) = map(int, re.findall(r"\.shared \.align 16 \.b8 stage_\d+\[(\d+)\];", kernel.ptx))
-    assert size == kernel.threads // 32 * 16 * (128 + 16)
+    assert scratch.size.data == kernel.threads // 32 * 16 * (128 + 16)
+    assert scratch.offset.data + scratch.size.data == kernel.dynamic_shared   # the last claim on shared memory
+    assert "staged store" in kernel.ptx and not re.search(r"^\s+\.shared", kernel.ptx, re.M)   # none the IR lacks
     assert "st.global.v4.b32" in kernel.ptx and not NARROW_STORE.search(kernel.ptx)
     assert kernel.ptx.count("bar.warp.sync") % 2 == 0 and "bar.warp.sync" in kernel.ptx
     report, _ = assemble(kernel.ptx, "sm_90a", tmp_path)
     assert "0 bytes spill stores" in report and "serialized" not in report
-    assert f"{size} bytes smem" in report
 
 
 @pytest.mark.parametrize("fn,dims,path", [(gemm_nt, dict(M=77, K=64, N=45), "native"),   # rows of 90 bytes
@@ -251,8 +254,9 @@ def test_stores_stay_direct_where_staging_does_not_apply(fn, dims, path):
     """No staging where a row is not whole 16-byte vectors, nor on the mma.sync path (its several
     blocks per SM hide one another's stores)."""
     compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_90a", path=path)
+    assert not any(tgt.STAGING in op.attributes for op in compiled.modules["target"].walk())
     (kernel,) = emit_module(compiled.modules["target"]).values()
-    assert "stage_" not in kernel.ptx and NARROW_STORE.search(kernel.ptx)
+    assert "staged store" not in kernel.ptx and NARROW_STORE.search(kernel.ptx)
 
 
 @pytest.mark.parametrize("elem,warp_cols", [(2, 256), (2, 64), (2, 32), (2, 16), (4, 128), (4, 16)])

@@ -15,11 +15,12 @@ import pytest
 import tessera as tsr
 from tessera import Tensor
 from tessera.backends.ptx.core import KernelEmitter
-from tessera.backends.ptx.memory import Staging, emit_staged_store
+from tessera.backends.ptx.memory import emit_staged_store
 from tessera.backends.ptx.paths import emitter_for
 from tessera.backends.ptx.types import BF16, F16, F32
 from tessera.ir.layouts import Mma
 from tessera.ir import target as tgt
+from tessera.lowering.shared_memory import Staging
 
 DST = 1 << 40   # the output tensor's address
 
@@ -71,7 +72,7 @@ class Warp:
         x = x.strip()
         if x.startswith("%"):
             return regs[x]
-        return 0 if x.startswith("stage_") else int(x)
+        return int(x)
 
     def run(self, line: str) -> None:
         if line.startswith("//"):
@@ -140,10 +141,10 @@ def run_staged_store(ty, tile, wm, wn, shape, offsets) -> dict[int, tuple[int, i
     assert staging is not None
     e = fresh_emitter(wm * wn)
     regs = [f"%acc{i}" for i in range(len(layout.offsets))]
-    emit_staged_store(e, layout, ty, shape, regs, "%dst", [f"%off{d}" for d in range(len(shape))], staging)
+    emit_staged_store(e, layout, ty, shape, regs, "%dst", [f"%off{d}" for d in range(len(shape))], staging, 0)
     shared, written = {}, {}
     for warp in range(wm * wn):
-        lanes = [{"%dst": DST, **{f"%off{d}": o for d, o in enumerate(offsets)},
+        lanes = [{"%dst": DST, e.smem_base(): 0, **{f"%off{d}": o for d, o in enumerate(offsets)},
                   **dict(zip(regs, accumulator_coords(layout, warp, lane)))} for lane in range(32)]
         runner = Warp(warp, lanes, shared, written, staging.buffer_bytes, ty.bytes)
         for line in e.lines:

@@ -94,7 +94,8 @@ def _walk(block):
 
 
 def test_shared_memory_is_placed_by_the_allocation_pass():
-    """Buffers in order at their alignment, then the mbarriers; the kernel config holds the total."""
+    """Buffers in order at their alignment, then the mbarriers, then the output's staging buffers;
+    the kernel config holds the total."""
     kernel = kernel_of(causal_attention, dict(B=1, H=2, S=512, D=64))
     buffers = ops(kernel, tgt.AllocateOp)
     end = 0
@@ -104,6 +105,10 @@ def test_shared_memory_is_placed_by_the_allocation_pass():
     for bars in ops(kernel, tgt.MBarrierAllocOp):
         assert bars.offset.value.data >= end
         end = bars.offset.value.data + 8 * bars.result.type.count.data
-    assert kernel.config.shared.data == end
+    (store,) = [op for op in kernel.walk() if tgt.SCRATCH in op.attributes]
+    scratch = store.attributes[tgt.SCRATCH]
+    assert isinstance(store, tile.StoreOp) and tgt.STAGING in store.attributes
+    assert scratch.offset.data == -(-end // 16) * 16
+    assert kernel.config.shared.data == scratch.offset.data + scratch.size.data
     assert {b.swizzle.data for b in buffers} == {"tma_128b"}     # the layout wgmma's descriptors read
     assert not ops(kernel, tile.CopyAsyncOp) and not ops(kernel, tgt.MemcpyOp)

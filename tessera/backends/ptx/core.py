@@ -25,6 +25,9 @@ from ...lowering.assign_layouts import UnsupportedLayout, is_tile, kernel_layout
 from .debug import KernelDebug
 from .types import F32, PRED, S32, U64, PtxType, UnsupportedByBackend, f32_literal, mov_suffix, ptx_type
 
+#: the kernel's dynamic shared memory, which holds every shared byte it uses
+SMEM_SYMBOL = "tsr_smem"
+
 
 # --- a kernel's PTX ------------------------------------------------------------------------------
 
@@ -87,11 +90,9 @@ class KernelEmitter:
         self.regs = Regs()
         self.lines: list[str] = []
         self.env: dict[SSAValue, object] = {}
-        self.shared: list[str] = []
         self._labels = 0
         self.smem_bytes = kernel.config.shared.data   # dynamic shared memory, as the allocation pass placed it
-        self.static_smem = 0         # .shared arrays the kernel declares (reductions, staged stores)
-        self.smem_base: str | None = None    # register holding the dynamic shared memory's address
+        self._smem_base: str | None = None   # register holding the dynamic shared memory's address
         self._tid_regs: tuple[str, str, str] | None = None
         self._bases: dict[tuple, str] = {}
         self.entry: list[str] = []            # lines run once at entry, before the body (`at_entry`)
@@ -112,6 +113,14 @@ class KernelEmitter:
 
     def new(self, ty: PtxType) -> str:
         return self.regs.new(ty)
+
+    def smem_base(self) -> str:
+        """The register holding the dynamic shared memory's address (set at entry): every shared
+        byte of a kernel is there, at an offset the allocation pass chose."""
+        if self._smem_base is None:
+            self._smem_base = self.new(S32)
+            self.at_entry(f"mov.u32 {self._smem_base}, {SMEM_SYMBOL};")
+        return self._smem_base
 
     def label(self, stem: str) -> str:
         self._labels += 1
@@ -174,12 +183,12 @@ class KernelEmitter:
         self.block(block)
         self.lines[at:at] = self.entry
         params += self.extra_params
-        extern = [f".extern .shared .align {self.smem_align} .b8 tsr_smem[];", ""] if self.smem_bytes else []
+        extern = [f".extern .shared .align {self.smem_align} .b8 {SMEM_SYMBOL}[];", ""] if self.smem_bytes else []
         extern = (self.debug.directives() if self.debug else []) + extern
         maxnreg = self.kernel.maxnreg
         bounds = f".maxntid {self.threads}, 1, 1" + (f" .maxnreg {maxnreg.value.data}" if maxnreg else "")
         head = [f".visible .entry {self.name}(", ",\n".join(params), f") {bounds}", "{"]
-        return "\n".join(extern + head + self.regs.declarations() + self.shared + self.lines + ["}"]) + "\n"
+        return "\n".join(extern + head + self.regs.declarations() + self.lines + ["}"]) + "\n"
 
     def block(self, block: Block) -> None:
         for op in block.ops:
@@ -222,12 +231,6 @@ def copy_mechanism(e: KernelEmitter) -> str:
                  for op in e.kernel.walk() if isinstance(op, (tgt.MemcpyOp, tgt.TmaLoadOp))}
         e.state["copy_mechanism"] = found.pop() if len(found) == 1 else "cp.async"
     return e.state["copy_mechanism"]
-
-
-def shared_total(e: KernelEmitter, static: int) -> int:
-    """A block's shared memory with `static` bytes of .shared arrays: ptxas places them before the
-    dynamic shared memory, rounded up to its alignment."""
-    return -(-static // e.smem_align) * e.smem_align + e.smem_bytes if e.smem_bytes else static
 
 
 # --- per-thread layout bases (from %tid) ---------------------------------------------------------

@@ -39,7 +39,7 @@ from ...ir.layouts import Mma
 from ...lowering.async_pipelines import TMA_ROW_BYTES
 from . import tensor_core
 from .core import KernelEmitter, TensorMapSpec
-from .tensor_core import SMEM_SYMBOL, SharedTile, TileBuffer, _a_fragments, stage_address
+from .tensor_core import SharedTile, TileBuffer, _a_fragments, stage_address
 from .types import F32, PRED, S32, U64, UnsupportedByBackend
 
 #: bytes of one TMA box row (`async_pipelines.TMA_ROW_BYTES`) and of the swizzle pattern's repeat (8 rows)
@@ -80,11 +80,10 @@ def _leader(e: KernelEmitter) -> str:
     checks at entry that the dynamic shared memory sits on a 1024-byte line (the swizzle is on
     address bits)."""
     if "leader" not in e.state:
-        tid, leader, base, low, misaligned = e.new(S32), e.new(PRED), e.new(S32), e.new(S32), e.new(PRED)
+        tid, leader, low, misaligned = e.new(S32), e.new(PRED), e.new(S32), e.new(PRED)
         e.at_entry(f"mov.u32 {tid}, %tid.x;")
         e.at_entry(f"setp.eq.u32 {leader}, {tid}, 0;")
-        e.at_entry(f"mov.u32 {base}, {SMEM_SYMBOL};")
-        e.at_entry(f"and.b32 {low}, {base}, {SWIZZLE_ATOM - 1};")
+        e.at_entry(f"and.b32 {low}, {e.smem_base()}, {SWIZZLE_ATOM - 1};")
         e.at_entry(f"setp.ne.u32 {misaligned}, {low}, 0;")
         e.at_entry(f"@{misaligned} trap;")
         e.smem_align = max(e.smem_align, SWIZZLE_ATOM)
@@ -124,8 +123,7 @@ def _mbarrier_alloc(e: KernelEmitter, op: tgt.MBarrierAllocOp) -> None:
     _leader(e)
     offset = op.offset.value.data
     base = e.new(S32)
-    e.at_entry(f"mov.u32 {base}, {SMEM_SYMBOL};")
-    e.at_entry(f"add.u32 {base}, {base}, {offset};")
+    e.at_entry(f"add.u32 {base}, {e.smem_base()}, {offset};")
     e.env[op.result] = base
 
 

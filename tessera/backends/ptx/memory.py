@@ -1,24 +1,24 @@
 """Tile loads and stores in global memory, predicated per element against the tensor bounds (tails)
-and the tile extent, in vectors of up to 16 bytes where registers hold consecutive elements. In
-kernels whose copies are TMA's, an accumulator tile is stored through a shared buffer per warp
-where the buffers fit, in 16-byte row-contiguous stores (`Staging`, `emit_staged_store`).
+and the tile extent, in vectors of up to 16 bytes where registers hold consecutive elements. A
+store the allocation pass staged (`tessera_target.staging`, `lowering.shared_memory`) writes an
+accumulator tile through a shared buffer per warp, in 16-byte row-contiguous stores
+(`emit_staged_store`).
 """
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
 from typing import Callable
 
 from xdsl.dialects.builtin import MemRefType
 from xdsl.ir import SSAValue
 
-from ... import platforms
-from ...ir import index_facts
+from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Layout, Mma
 from ...lowering.assign_layouts import is_tile
-from .core import KernelEmitter, copy_mechanism, shared_total
-from .types import PRED, S32, U64, PtxType, mov_constant, ptx_type, storage_suffix
+from ...lowering.shared_memory import Staging
+from .core import KernelEmitter
+from .types import B8, PRED, S32, U64, PtxType, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
 
 def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout):
@@ -78,8 +78,28 @@ def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
     addr, r = e.new(U64), e.new(ty)
     e.emit(f"mul.wide.s32 {addr}, {linear}, {ty.bytes};")
     e.emit(f"add.s64 {addr}, {e.value(op.src)}, {addr};")
+    if ty is PRED:
+        e.env[op.result] = _load_bool(e, addr, 0, None, 0.0)
+        return
     e.emit(f"ld.global.{storage_suffix(ty)} {r}, [{addr}];")
     e.env[op.result] = r
+
+
+def _load_bool(e: KernelEmitter, addr: str, byte: int, pred: str | None, pad: float) -> str:
+    """A bool element: PTX has no predicate loads, so its byte is loaded (`pad` where `pred` is false)
+    and compared with zero."""
+    b, r = e.new(B8), e.new(PRED)
+    e.emit(f"mov.u16 {b}, {int(pad != 0)};")
+    e.emit(f"{f'@{pred} ' if pred else ''}ld.global.u8 {b}, [{addr}+{byte}];")
+    e.emit(f"setp.ne.u16 {r}, {b}, 0;")
+    return r
+
+
+def _store_bool(e: KernelEmitter, addr: str, byte: int, pred: str, value: str) -> None:
+    """A bool element as the byte 0 or 1 (NumPy's and torch's bool storage)."""
+    b = e.new(B8)
+    e.emit(f"selp.u16 {b}, 1, 0, {value};")
+    e.emit(f"@{pred} st.global.u8 [{addr}+{byte}], {b};")
 
 
 def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType) -> int:
@@ -120,6 +140,9 @@ def _load(e: KernelEmitter, op: t.LoadOp):
     tile_dims = t.int_values(op.tile_dims)
     addr, elems = _memory_access(e, op.src, list(op.offsets), tile_dims, layout)
     pad = op.padding.value.data
+    if ty is PRED:
+        e.env[op.result] = [_load_bool(e, addr, byte, pred, pad) for byte, pred in elems]
+        return
     width = _vector_runs(op.src, tile_dims, layout, ty)
     suffix, pack = _vector_suffix(ty, width)
     regs = []
@@ -150,13 +173,16 @@ def _store(e: KernelEmitter, op: t.StoreOp):
     layout = e.layouts[op.value]
     ty = ptx_type(op.value.type)
     tile_dims = t.int_values(op.tile_dims)
-    staging = _staging(e, op.dst, list(op.offsets), tile_dims, layout, ty)
-    if staging is not None:
-        return _store_staged(e, op, staging)
+    if tgt.STAGING in op.attributes:
+        return _store_staged(e, op)
     addr, elems = _memory_access(e, op.dst, list(op.offsets), tile_dims, layout)
+    regs = e.regs_of(op.value)
+    if ty is PRED:
+        for (byte, pred), value in zip(elems, regs):
+            _store_bool(e, addr, byte, pred, value)
+        return
     width = _vector_runs(op.dst, tile_dims, layout, ty)
     suffix, pack = _vector_suffix(ty, width)
-    regs = e.regs_of(op.value)
     for i in range(0, len(elems), width):
         byte, pred = elems[i]
         run = regs[i:i + width]
@@ -170,67 +196,17 @@ def _store(e: KernelEmitter, op: t.StoreOp):
 
 # --- staged stores -------------------------------------------------------------------------------
 
-@dataclass(frozen=True)
-class Staging:
-    """How an accumulator tile is stored through a warp's own shared buffer: `cols` columns at
-    a time (one 128-byte row when the warp tile is that wide), each buffer row `pitch` bytes (16
-    more than it holds, so the fragments' eight rows fall in different banks), read back as
-    16-byte vectors of `vec` elements, `lanes_per_row` lanes to a row."""
-
-    cols: int
-    pitch: int
-    vec: int
-    lanes_per_row: int
-
-    @property
-    def buffer_bytes(self) -> int:
-        return 16 * self.pitch
-
-    @staticmethod
-    def of(elem_bytes: int, warp_cols: int) -> Staging | None:
-        """The staging of a warp's 16-row slab `warp_cols` wide, or None where its rows are not
-        whole 16-byte vectors spread over a power-of-two number of lanes."""
-        vec = 16 // elem_bytes
-        cols = min(128 // elem_bytes, warp_cols)
-        lanes_per_row = cols // vec
-        if cols % vec or warp_cols % cols or lanes_per_row < 2 or 32 % lanes_per_row:
-            return None
-        return Staging(cols, cols * elem_bytes + 16, vec, lanes_per_row)
-
-
-#: Stores are staged through shared memory in kernels whose copies use this mechanism (the native
-#: path's), where the buffers leave the blocks per SM as they were: a persistent GEMM's one block
-#: per SM idles its tensor cores while it stores. The mma.sync path runs several blocks per SM,
-#: which hide one another's stores (measured there: within 2%, on an H100).
-STAGED_STORE_MECHANISM = "tma"
-
-
-def _staging(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout,
-             ty: PtxType) -> Staging | None:
-    """A Staging for storing an mma accumulator tile with 16-byte row-contiguous stores, or None
-    where the direct per-fragment stores stay (another layout, a row length that is not a whole
-    number of 16-byte vectors, not enough shared memory).
-
-    Why: a fragment store writes 4 (fp16) or 8 (fp32) bytes per thread, eight rows per
-    instruction: half-filled sectors, and many more memory instructions than the bytes need. A
-    persistent GEMM's block stores each tile in a burst while its tensor cores wait; staged, the
-    stores are fewer, whole lines, and quickly off the warp's hands."""
-    shape = memref.type.get_shape()
-    if (not isinstance(layout, Mma) or copy_mechanism(e) != STAGED_STORE_MECHANISM
-            or list(tile_dims) != [len(shape) - 2, len(shape) - 1] or ty.bytes not in (2, 4)):
-        return None
-    staging = Staging.of(ty.bytes, layout.warp_tile[1])
-    if (staging is None or shape[-1] % staging.vec
-            or index_facts.known_multiple(offsets[-1]) % staging.vec):   # 16-byte aligned columns
-        return None
-    used = shared_total(e, e.static_smem)
-    staged = shared_total(e, e.static_smem + _storing_warps(e) * staging.buffer_bytes)
-    # the buffers must not lower the blocks per SM: attention's two per SM already overlap one's
-    # stores with the other's work
-    if (staged > e.platform.max_shared_per_block
-            or platforms.blocks_per_sm_by_shared(e.platform, staged) < platforms.blocks_per_sm_by_shared(e.platform, used)):
-        return None
-    return staging
+def _store_staged(e: KernelEmitter, op: t.StoreOp) -> None:
+    """A store the allocation pass staged (`tessera_target.staging`), through the per-warp buffers
+    of its scratch."""
+    scratch = op.attributes.get(tgt.SCRATCH)
+    if scratch is None:
+        raise UnsupportedByBackend("PTX backend: a staged tile.store has no tessera_target.scratch (the "
+                                   "shared-memory allocation pass places its buffers)")
+    ty = ptx_type(op.value.type)
+    emit_staged_store(e, e.layouts[op.value], ty, op.dst.type.get_shape(), e.regs_of(op.value), e.value(op.dst),
+                      [e.value(o) for o in op.offsets], Staging.of_attr(op.attributes[tgt.STAGING], ty.bytes),
+                      scratch.offset.data)
 
 
 def _storing_warps(e: KernelEmitter) -> int:
@@ -238,29 +214,23 @@ def _storing_warps(e: KernelEmitter) -> int:
     return (e.threads - e.producer_threads) // 32
 
 
-def _store_staged(e: KernelEmitter, op: t.StoreOp, st: Staging) -> None:
-    emit_staged_store(e, e.layouts[op.value], ptx_type(op.value.type), op.dst.type.get_shape(),
-                      e.regs_of(op.value), e.value(op.dst), [e.value(o) for o in op.offsets], st)
-
-
 def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, shape, regs: list[str], dst: str,
-                      offsets: list[str], st: Staging) -> None:
+                      offsets: list[str], st: Staging, scratch: int) -> None:
     """Stores the accumulator tile `regs` (laid out as `layout`) at `offsets` of the `shape` tensor
     at `dst`. Each warp writes its fragments for 16 rows x `st.cols` columns into its own shared
     buffer, then reads them back a row-contiguous 16 bytes per lane and stores those to global
-    memory; warp barriers order the buffer's reuse (no block barrier: warps store independently)."""
+    memory; warp barriers order the buffer's reuse (no block barrier: warps store independently).
+    The buffers lie one after another from byte `scratch` of the dynamic shared memory."""
     row_dim, col_dim = len(shape) - 2, len(shape) - 1
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     warps = _storing_warps(e)
     _, lane, warp = e.tid()
 
-    buf = f"stage_{len(e.shared)}"
-    e.emit(f"// staged store: per warp, 16 rows x {st.cols} columns at a time through {buf}")
-    e.shared.append(f"    .shared .align 16 .b8 {buf}[{warps * st.buffer_bytes}];")
-    e.static_smem += warps * st.buffer_bytes
+    e.emit(f"// staged store: per warp, 16 rows x {st.cols} columns at a time through shared bytes "
+           f"{scratch}..{scratch + warps * st.buffer_bytes}")
     mine = e.new(S32)
-    e.emit(f"mov.u32 {mine}, {buf};")
-    e.emit(f"mad.lo.s32 {mine}, {warp}, {st.buffer_bytes}, {mine};")
+    e.emit(f"mad.lo.s32 {mine}, {warp}, {st.buffer_bytes}, {scratch};")
+    e.emit(f"add.s32 {mine}, {mine}, {e.smem_base()};")
     quad, group = e.divmod(lane, 4)
     frag = e.new(S32)   # this lane's fragment slot: row lane/4, columns 2 (lane % 4) and + 1
     e.emit(f"mad.lo.s32 {frag}, {group}, {st.pitch}, {mine};")

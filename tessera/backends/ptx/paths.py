@@ -16,8 +16,7 @@ from typing import Callable
 from ... import platforms
 from ...ir import target as tgt
 from . import arithmetic, core, hopper, memory, reductions, tensor_core
-from .core import KernelEmitter, PtxKernel, shared_total
-from .types import UnsupportedByBackend
+from .core import KernelEmitter, PtxKernel
 
 
 @dataclass(frozen=True)
@@ -51,11 +50,6 @@ def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
     platform = kernel.platform.platform
     e = emitter_for(kernel)
     body = e.run()
-    shared = shared_total(e, e.static_smem)
-    if shared > platform.max_shared_per_block:
-        raise UnsupportedByBackend(f"kernel {e.name} needs {shared} bytes of shared memory, "
-                                   f"but {platform.arch} allows {platform.max_shared_per_block} per block: "
-                                   f"use smaller tiles or fewer stages")
     arch = platform.arch
     header = f"{platforms.ptx_version(arch)}\n{platforms.ptx_target(arch)}\n.address_size 64\n\n"
     return PtxKernel(e.name, header + body, e.threads, e.smem_bytes, tuple(e.tensor_maps))

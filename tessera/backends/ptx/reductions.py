@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from typing import Callable
 
+from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Blocked, Slice
 from .core import KernelEmitter
@@ -41,15 +42,19 @@ def _reduce(e: KernelEmitter, op: t.ReduceOp):
     if src.warps_along(1) > 1:
         if not isinstance(src, Blocked):
             raise UnsupportedByBackend("PTX backend: reducing accumulator rows across warps is not supported yet")
-        partial = _reduce_across_warps(e, src, out, partial, ty, combine)
+        partial = _reduce_across_warps(e, op, src, out, partial, ty, combine)
     e.env[op.result] = partial
 
 
-def _reduce_across_warps(e: KernelEmitter, src: Blocked, out: Slice, partial, ty, combine):
+def _reduce_across_warps(e: KernelEmitter, op: t.ReduceOp, src: Blocked, out: Slice, partial, ty, combine):
+    """The warps' partials of each row meet in the reduction's scratch (`tessera_target.scratch`,
+    4 bytes per row per warp, placed by the allocation pass) between two block barriers."""
     rows = src.cover[0] * src.reps[0]
-    buf = f"red_{len(e.shared)}"
-    e.shared.append(f"    .shared .align 4 .b8 {buf}[{4 * rows * src.wc}];")
-    e.static_smem += 4 * rows * src.wc
+    scratch = op.attributes.get(tgt.SCRATCH)
+    if scratch is None or scratch.size.data < 4 * rows * src.wc:
+        raise UnsupportedByBackend(f"PTX backend: a row reduction across {src.wc} warps needs "
+                                   f"{4 * rows * src.wc} bytes of tessera_target.scratch (the shared-memory "
+                                   f"allocation pass places it), got {scratch}")
     tid, lane, warp = e.tid()
     lane_c, _ = e.divmod(lane, src.tc)
     warp_c, _ = e.divmod(warp, src.wc)
@@ -59,7 +64,8 @@ def _reduce_across_warps(e: KernelEmitter, src: Blocked, out: Slice, partial, ty
     base = e.new(S32)
     e.emit(f"mad.lo.s32 {base}, {warp_c}, {rows}, {row};")
     addr = e.new(U64)
-    e.emit(f"mov.u64 {addr}, {buf};")
+    e.emit(f"cvt.u64.u32 {addr}, {e.smem_base()};")
+    e.emit(f"add.s64 {addr}, {addr}, {scratch.offset.data};")
     mine = e.new(U64)
     e.emit(f"mul.wide.s32 {mine}, {base}, 4;")
     e.emit(f"add.s64 {mine}, {addr}, {mine};")

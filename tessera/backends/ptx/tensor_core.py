@@ -30,8 +30,6 @@ from ...ir.layouts import Mma
 from .core import KernelEmitter
 from .types import F32, PRED, S32, U64, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
-SMEM_SYMBOL = "tsr_smem"
-
 
 @dataclass(frozen=True)
 class TileBuffer:
@@ -97,17 +95,10 @@ class SharedTile:
     stage: str
 
 
-def smem_base(e: KernelEmitter) -> str:
-    if e.smem_base is None:
-        e.smem_base = e.new(S32)
-        e.emit(f"mov.u32 {e.smem_base}, {SMEM_SYMBOL};")
-    return e.smem_base
-
-
 def stage_address(e: KernelEmitter, buf: SharedBuffer, stage: str) -> str:
     r = e.new(S32)
     e.emit(f"mad.lo.s32 {r}, {stage}, {buf.stage_bytes}, {buf.offset};")
-    e.emit(f"add.s32 {r}, {r}, {smem_base(e)};")
+    e.emit(f"add.s32 {r}, {r}, {e.smem_base()};")
     return r
 
 
@@ -132,7 +123,6 @@ def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
         raise UnsupportedByBackend(f"PTX backend: a {type(buf).__name__} of {mt} takes {buf.size} bytes, more than "
                                    f"the {op.size.value.data} its allocate holds")
     e.smem_align = max(e.smem_align, op.align.value.data)
-    smem_base(e)  # defined where buffers are allocated (the kernel's top level), not inside a loop that uses it
     e.env[op.result] = buf
 
 
