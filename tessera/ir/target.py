@@ -513,7 +513,9 @@ class TensorCoreOp(_InstrOp):
 
     `shape` is one instruction's shape, `precision` the MLIR element type of a
     and b; layout "nt" means b is N x K. The verifier accepts only a
-    (family, shape, precision) the enclosing kernel's platform has.
+    (family, shape, precision) the enclosing kernel's platform has. A wgmma
+    reads b, and a unless a is a register tile, through `wgmma_descriptor`s;
+    every other family reads register tiles.
     """
 
     name = "tessera_target.tensor_core"
@@ -535,6 +537,11 @@ class TensorCoreOp(_InstrOp):
         super().__init__(operands=[a, b, acc], result_types=[acc.type], properties={
             "family": StringAttr(family), **_props(TensorCoreOp, shape=shape, layout=layout, precision=precision)})
 
+    def operand_shape(self, v: SSAValue) -> tuple[int, ...]:
+        """The [rows, cols] of operand a or b, a register tile or a descriptor's stage, as stored."""
+        t = v.type
+        return t.shape_dims if isinstance(t, WgmmaDescriptorType) else tuple(t.get_shape())
+
     def verify_(self) -> None:
         _check_choice(self, "layout", self.layout.data, LAYOUTS)
         if self.result.type != self.acc.type:
@@ -549,6 +556,11 @@ class TensorCoreOp(_InstrOp):
             shown = ", ".join(f"{list(i.shape)} {i.operand}" for i in same_family)
             raise VerifyException(f"tensor_core: {family} on {p.arch} has no shape {list(shape)} with precision "
                                   f"{self.precision.data!r} (it has: {shown})")
+        described = [isinstance(v.type, WgmmaDescriptorType) for v in (self.a, self.b)]
+        if family == "wgmma" and not described[1]:
+            raise VerifyException("tensor_core wgmma: b must be a !tessera_target.wgmma_descriptor")
+        if family != "wgmma" and any(described):
+            raise VerifyException(f"tensor_core {family}: reads register tiles, not wgmma descriptors")
 
 
 # ---------------------------------------------------------------------------
@@ -897,6 +909,52 @@ class TensorMapType(ParametrizedAttribute, TypeAttribute):
                              f"swizzle = {self.swizzle.data}>")
 
 
+#: how a wgmma operand is stored in shared memory: its contraction dim contiguous ("k"), or its M/N dim
+MAJORS = ("k", "mn")
+
+
+@irdl_attr_definition
+class WgmmaDescriptorType(ParametrizedAttribute, TypeAttribute):
+    """`!tessera_target.wgmma_descriptor<f16, [128, 64], major = k>`: a 64-bit wgmma matrix
+    descriptor of one stage ([rows, cols] elements, as stored) of a shared tile buffer, stored
+    K-major or M/N-major."""
+
+    name = "tessera_target.wgmma_descriptor"
+    element_type: Attribute
+    shape: ArrayAttr
+    major: StringAttr
+
+    @staticmethod
+    def of(element_type: Attribute, shape: Sequence[int], major: str) -> WgmmaDescriptorType:
+        return WgmmaDescriptorType(element_type, _int_array(shape), StringAttr(major))
+
+    @property
+    def shape_dims(self) -> tuple[int, ...]:
+        return tuple(d.data for d in self.shape.data)
+
+    def verify(self) -> None:
+        if self.major.data not in MAJORS:
+            raise VerifyException(f"wgmma_descriptor: major must be one of {', '.join(MAJORS)}, got {self.major.data!r}")
+
+    @classmethod
+    def parse_parameters(cls, parser) -> list[Attribute]:
+        parser.parse_punctuation("<")
+        element = parser.parse_type()
+        parser.parse_punctuation(",")
+        shape = _int_array(_parse_int_list(parser))
+        parser.parse_punctuation(",")
+        parser.parse_keyword("major")
+        parser.parse_punctuation("=")
+        major = StringAttr(parser.parse_identifier())
+        parser.parse_punctuation(">")
+        return [element, shape, major]
+
+    def print_parameters(self, printer) -> None:
+        printer.print_string("<")
+        printer.print_attribute(self.element_type)
+        printer.print_string(f", {_int_list_text(self.shape_dims)}, major = {self.major.data}>")
+
+
 class _AsyncOp(IRDLOperation):
     """An async op: only inside a kernel."""
 
@@ -1065,6 +1123,55 @@ class TmaLoadOp(_AsyncOp):
                                   f"fit a {stage_bytes}-byte stage of {self.dst.type}")
 
 
+#: the 128-byte swizzle, the only one Tessera's TMA buffers use (`allocate swizzle = "tma_128b"`)
+WGMMA_SWIZZLES = (128,)
+
+
+@irdl_op_definition
+class WgmmaDescriptorOp(_AsyncOp):
+    """`%d = tessera_target.wgmma_descriptor %buf[%stage] leading = 16 stride = 1024 swizzle = 128
+    per_warpgroup = 8192 : memref<..> -> !tessera_target.wgmma_descriptor<..>`: the matrix
+    descriptor through which wgmma reads stage %stage of shared buffer %buf: the stage's address,
+    plus `per_warpgroup` bytes for each warpgroup before the reader's (an A operand, whose rows
+    the warpgroups split; 0 for B), with the leading and stride byte offsets and the swizzle of
+    the buffer's layout. The wgmma steps along K and N from it."""
+
+    name = "tessera_target.wgmma_descriptor"
+    buffer = operand_def(MemRefType)
+    stage = operand_def(IndexType)
+    leading = prop_def(IntegerAttr[I64])
+    stride = prop_def(IntegerAttr[I64])
+    swizzle = prop_def(IntegerAttr[I64])
+    per_warpgroup = prop_def(IntegerAttr[I64])
+    result = result_def(WgmmaDescriptorType)
+
+    assembly_format = ("$buffer `[` $stage `]` `leading` `=` $leading `stride` `=` $stride `swizzle` `=` $swizzle "
+                       "`per_warpgroup` `=` $per_warpgroup attr-dict `:` type($buffer) `->` type($result)")
+
+    def __init__(self, buffer: SSAValue, stage: SSAValue, major: str, leading: int, stride: int, swizzle: int,
+                 per_warpgroup: int = 0):
+        t: MemRefType = buffer.type
+        super().__init__(operands=[buffer, stage], result_types=[WgmmaDescriptorType.of(
+            t.element_type, t.get_shape()[1:], major)], properties={
+            "leading": IntegerAttr(leading, i64), "stride": IntegerAttr(stride, i64),
+            "swizzle": IntegerAttr(swizzle, i64), "per_warpgroup": IntegerAttr(per_warpgroup, i64)})
+
+    def verify_(self) -> None:
+        _require(self, "wgmma")
+        t, d = self.buffer.type, self.result.type
+        if _space(t) != MEMORY_SPACES["shared"]:
+            raise VerifyException(f"wgmma_descriptor: {t} is not in shared memory")
+        if tuple(t.get_shape()[1:]) != d.shape_dims or t.element_type != d.element_type:
+            raise VerifyException(f"wgmma_descriptor: {d} does not describe a stage of {t}")
+        for key in ("leading", "stride", "per_warpgroup"):
+            value = getattr(self, key).value.data
+            if value % 16 or not 0 <= value < 1 << 18:   # 14-bit fields of 16-byte units
+                raise VerifyException(f"wgmma_descriptor: {key} = {value} is not a multiple of 16 below 2^18")
+        if self.swizzle.value.data not in WGMMA_SWIZZLES:
+            raise VerifyException(f"wgmma_descriptor: swizzle = {self.swizzle.value.data} is not one of "
+                                  f"{', '.join(map(str, WGMMA_SWIZZLES))}")
+
+
 class _CountedWaitOp(_AsyncOp):
     pending = prop_def(IntegerAttr[I64])
 
@@ -1230,9 +1337,9 @@ class SetMaxNRegOp(_AsyncOp):
 
 
 ASYNC_OPS = [TensorMapOp, MBarrierAllocOp, MBarrierInitOp, MBarrierArriveExpectTxOp, MBarrierArriveOp,
-             MBarrierTryWaitOp, TmaLoadOp, CpAsyncCommitOp, CpAsyncWaitOp, WgmmaFenceOp, WgmmaCommitOp,
+             MBarrierTryWaitOp, TmaLoadOp, WgmmaDescriptorOp, CpAsyncCommitOp, CpAsyncWaitOp, WgmmaFenceOp, WgmmaCommitOp,
              WgmmaWaitOp, FenceOp, BarrierOp, WarpSpecializeOp, SetMaxNRegOp]
-ASYNC_TYPES = [MBarriersType, TensorMapType]
+ASYNC_TYPES = [MBarriersType, TensorMapType, WgmmaDescriptorType]
 
 
 

@@ -208,7 +208,8 @@ class LowerReturn(RewritePattern):
 @dataclass
 class LowerMma(RewritePattern):
     """tile.mma -> tessera_target.tensor_core with the registry's best instruction
-    for the operand dtype that covers the tile; an asynchronous one (wgmma) between a
+    for the operand dtype that covers the tile; an asynchronous one (wgmma) reading its
+    shared operands through `wgmma_descriptor`s (the `tile.load_shared`s go), between a
     `wgmma_fence` and a `wgmma_commit`, and waited for at once (`wgmma_wait pending = 0`)
     unless a tile.mma_wait follows before anything reads its result.
 
@@ -234,12 +235,34 @@ class LowerMma(RewritePattern):
                 f"tile.mma {m}x{n}x{k} on {dtype}: {self.platform.arch} has no matrix instruction that covers it"
                 f" ({'its ' + dtype + ' instructions: ' + have if have else 'no ' + dtype + ' matrix instructions'})")
         layout = "nt" if op.transpose_b is not None else "nn"
-        mma = target.TensorCoreOp(instr.family, op.a, op.b, op.acc, instr.fit((m, n, k)), layout, instr.operand)
         if instr.family != "wgmma":
-            rewriter.replace(op, mma)
+            rewriter.replace(op, target.TensorCoreOp(instr.family, op.a, op.b, op.acc, instr.fit((m, n, k)), layout,
+                                                     instr.operand))
             return
+        loads = [v.owner for v in (op.a, op.b) if isinstance(v.owner, tile.LoadSharedOp)]
+        descriptors = {load.result: _wgmma_descriptor(load, is_a=load.result is op.a, b_major_k=layout == "nt")
+                       for load in loads}
+        mma = target.TensorCoreOp(instr.family, descriptors[op.a].result if op.a in descriptors else op.a,
+                                  descriptors[op.b].result, op.acc, instr.fit((m, n, k)), layout, instr.operand)
         waits = [] if _waited_for_later(op) else [target.WgmmaWaitOp(0)]
-        rewriter.replace(op, [target.WgmmaFenceOp(), mma, target.WgmmaCommitOp(), *waits], [mma.result])
+        rewriter.replace(op, [*descriptors.values(), target.WgmmaFenceOp(), mma, target.WgmmaCommitOp(), *waits],
+                         [mma.result])
+        for load in loads:
+            if not load.result.uses:
+                rewriter.erase(load)
+
+
+def _wgmma_descriptor(load: tile.LoadSharedOp, is_a: bool, b_major_k: bool) -> target.WgmmaDescriptorOp:
+    """The descriptor of a TMA-filled stage (`SHARED_LAYOUT["tma"]`: boxes of 128-byte rows in the
+    128-byte swizzle, which repeats every 8 rows, so 8-row groups are 1024 bytes apart: the stride
+    byte offset). An operand stored K-major has one box along K per 64 elements, which the wgmma
+    steps through itself (leading offset unused: 16); stored M/N-major, its 64-column blocks are a
+    box apart (leading offset: one box's bytes). A's rows are split over the warpgroups, 64 each."""
+    major = "k" if is_a or b_major_k else "mn"
+    rows = load.src.type.get_shape()[1]
+    leading = 16 if major == "k" else rows * TMA_ROW_BYTES
+    return target.WgmmaDescriptorOp(load.src, load.stage, major, leading, 8 * TMA_ROW_BYTES, TMA_ROW_BYTES,
+                                    64 * TMA_ROW_BYTES if is_a else 0)
 
 
 def _waited_for_later(op: tile.MmaOp) -> bool:

@@ -417,6 +417,10 @@ class _Run:
     def _stage(self, buffer, stage, op) -> _Stage:
         return self.env[buffer][self.scalar(stage, op)]
 
+    def _wgmma_descriptor(self, agent: _Agent, op: tgt.WgmmaDescriptorOp) -> None:
+        """A descriptor of a stage: the wgmma that reads through it reads the stage."""
+        self.env[op.result] = ("sh", self._stage(op.buffer, op.stage, op))
+
     def _load_shared(self, agent: _Agent, op: Operation, synchronous: bool) -> None:
         """A read of a stage into registers (`synchronous`), or a wgmma operand, which the wgmma reads."""
         stage = self._stage(op.src, op.stage, op)
@@ -671,6 +675,7 @@ _STEPS = {
     "tessera_target.mbarrier_init": _Run._mbarrier_init,
     "tessera_target.fence": _Run._fence,
     "tessera_target.tma_load": _Run._tma_load,
+    "tessera_target.wgmma_descriptor": _Run._wgmma_descriptor,
     "tessera_target.tensor_core": _Run._tensor_core,
     "tessera_target.wgmma_fence": _Run._wgmma_fence,
     "tessera_target.wgmma_commit": _Run._wgmma_commit,

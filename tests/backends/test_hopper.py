@@ -11,7 +11,8 @@ from tessera import Tensor
 from tessera import platforms
 from tessera.backends.ptx import emit_module
 from tessera.lowering.async_pipelines import RegisterSplit, register_split
-from tessera.backends.ptx.hopper import SWIZZLE_128B, TmaBuffer
+from tessera.backends.ptx.hopper import TmaBuffer
+from tessera.ir import target as tgt
 from tessera.runtime.ptxas import assemble, find_tool
 
 needs_ptxas = pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
@@ -44,8 +45,12 @@ def test_descriptors_of_a_k_major_a_and_an_n_major_b():
     """A [128, 64] is K-major: 8-row groups 1024 bytes apart, no leading offset (1). B [64, 256]
     is N-major: 1024 bytes between 8-row K groups, one box (64 rows x 128 bytes) between 64-column blocks."""
     compiled = gemm.compile(gemm.arg_specs_for(dict(M=512, K=512, N=512), "fp16"), arch="sm_90a")
+    descriptors = [op for op in compiled.modules["target"].walk() if isinstance(op, tgt.WgmmaDescriptorOp)]
+    assert sorted((op.result.type.major.data, op.result.type.shape_dims, op.leading.value.data, op.stride.value.data,
+                   op.per_warpgroup.value.data) for op in descriptors) == [
+        ("k", (128, 64), 16, 1024, 64 * 128),        # A: each warpgroup's 64 rows start 8 KB on
+        ("mn", (64, 256), 64 * 128, 1024, 0)]
     (kernel,) = emit_module(compiled.modules["target"]).values()
-    assert SWIZZLE_128B >> 62 == 1
     assert _descriptor_fields(kernel.ptx) == {(1, 1024 >> 4, 1), (1, 1024 >> 4, (64 * 128) >> 4)}
     assert re.search(r"wgmma\.mma_async\.sync\.aligned\.m64n256k16\.f32\.f16\.f16 .*, 1, 1, 0, 1;", kernel.ptx)
 

@@ -17,6 +17,8 @@ TILE = "tensor<64x32xf16>"
 ACC = "tensor<64x64xf32>"
 
 # Every op of the dialect, every attribute and type, every optional part.
+DESC = "!tessera_target.wgmma_descriptor<f16, [64, 64], major = mn>"
+
 EVERY_OP = f"""builtin.module {{
   tessera_target.kernel @k(%a: {GLOBAL}, %x: {TILE}, %y: tensor<32x64xf16>, %acc: {ACC}, %p: i1) config = {CONFIG} platform = {SM80} opt_level = 3 {{
     %c0 = arith.constant 0 : index
@@ -50,9 +52,9 @@ EVERY_OP = f"""builtin.module {{
     }} {{
       tessera_target.setmaxnreg "inc" regs = 232
       tessera_target.mbarrier_try_wait %b[%s] parity %parity : !tessera_target.mbarriers<2>
-      %t = tile.load_shared %buf[%s] : memref<2x64x64xf16, 3 : i64> -> tensor<64x64xf16>
+      %t = tessera_target.wgmma_descriptor %buf[%s] leading = 8192 stride = 1024 swizzle = 128 per_warpgroup = 0 : memref<2x64x64xf16, 3 : i64> -> {DESC}
       tessera_target.wgmma_fence
-      %r = tessera_target.tensor_core "wgmma" (%x, %t, %acc) shape = [64, 64, 16] layout = "nn" precision = "f16" : (tensor<64x64xf16>, tensor<64x64xf16>, {ACC}) -> {ACC}
+      %r = tessera_target.tensor_core "wgmma" (%x, %t, %acc) shape = [64, 64, 16] layout = "nn" precision = "f16" : (tensor<64x64xf16>, {DESC}, {ACC}) -> {ACC}
       tessera_target.wgmma_commit
       tessera_target.wgmma_wait pending = 0
       tessera_target.mbarrier_arrive %f[%s] per = "warp" : !tessera_target.mbarriers<2>
@@ -135,12 +137,25 @@ def test_wgmma_is_not_available_on_sm80():
     assert "'wgmma' is not available on sm_80 (available: mma.sync, wmma)" in verify_error(text)
 
 
-def test_wgmma_verifies_on_sm90a():
+def test_wgmma_reads_b_through_a_descriptor():
     text = EVERY_OP.replace('tensor_core "mma.sync" (%x, %y, %acc) shape = [16, 8, 16]',
                             'tensor_core "wgmma" (%x, %y, %acc) shape = [64, 64, 16]')
     text = text.replace(SM80, '#tessera_target.platform<"nvidia", "sm_90a", 132>')
     text = text.replace('mechanism = "cp.async"', 'mechanism = "tma"')
-    target.parse_target_module(text).verify()
+    assert "tensor_core wgmma: b must be a !tessera_target.wgmma_descriptor" in verify_error(text)
+    described_mma_sync = EVERY_OP.replace('"wgmma" (%x, %t, %acc) shape = [64, 64, 16]',
+                                          '"mma.sync" (%x, %t, %acc) shape = [16, 8, 16]')
+    assert "tensor_core mma.sync: reads register tiles, not wgmma descriptors" in verify_error(described_mma_sync)
+
+
+def test_wgmma_descriptor_verifier():
+    wrong_stage = EVERY_OP.replace("wgmma_descriptor<f16, [64, 64], major = mn>",
+                                   "wgmma_descriptor<f16, [64, 32], major = mn>")
+    assert "does not describe a stage of memref<2x64x64xf16, 3 : i64>" in verify_error(wrong_stage)
+    assert "leading = 8200 is not a multiple of 16" in verify_error(EVERY_OP.replace("leading = 8192", "leading = 8200"))
+    assert "swizzle = 64 is not one of 128" in verify_error(EVERY_OP.replace("swizzle = 128 per", "swizzle = 64 per"))
+    with pytest.raises(VerifyException, match="major must be one of k, mn"):
+        target.parse_target_module(EVERY_OP.replace("major = mn", "major = m"))
 
 
 def test_tensor_core_shape_and_precision_come_from_the_registry():

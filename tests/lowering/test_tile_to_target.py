@@ -202,8 +202,9 @@ def test_native_gemm_overlaps_each_wgmma_with_the_next_copies():
     assert tile_ops.count("tile.mma_wait") == 2
     loop = next(op for op in native.modules["target"].walk() if isinstance(op, scf.ForOp))
     kinds = [op.name.split(".")[-1] for op in loop.body.block.ops if op.dialect_name() == "tessera_target"]
-    assert kinds[:5] == ["mbarrier_try_wait", "wgmma_fence", "tensor_core", "wgmma_commit", "wgmma_wait"]
-    assert kinds[5] == "barrier" and kinds[6] == "mbarrier_arrive_expect_tx" and set(kinds[7:]) == {"tma_load"}
+    assert kinds[:7] == ["mbarrier_try_wait", "wgmma_descriptor", "wgmma_descriptor", "wgmma_fence", "tensor_core",
+                         "wgmma_commit", "wgmma_wait"]
+    assert kinds[7] == "barrier" and kinds[8] == "mbarrier_arrive_expect_tx" and set(kinds[9:]) == {"tma_load"}
     waits = [op.pending.value.data for op in native.modules["target"].walk() if isinstance(op, target.WgmmaWaitOp)]
     assert waits == [1, 0]
     ampere = _native_gemm("ampere").modules["target"]

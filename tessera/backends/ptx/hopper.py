@@ -39,14 +39,14 @@ from ...ir.layouts import Mma
 from ...lowering.async_pipelines import TMA_ROW_BYTES
 from . import tensor_core
 from .core import KernelEmitter, TensorMapSpec
-from .tensor_core import SharedTile, TileBuffer, _a_fragments, stage_address
+from .tensor_core import TileBuffer, _a_fragments, stage_address
 from .types import F32, PRED, S32, U64, UnsupportedByBackend
 
 #: bytes of one TMA box row (`async_pipelines.TMA_ROW_BYTES`) and of the swizzle pattern's repeat (8 rows)
 ROW_BYTES = TMA_ROW_BYTES
 SWIZZLE_ATOM = 8 * ROW_BYTES
-#: wgmma descriptor fields: bits 16-29 leading byte offset, 32-45 stride byte offset, 62-63 swizzle (1 = 128B)
-SWIZZLE_128B = 1 << 62
+#: a wgmma descriptor's swizzle field (bits 62-63) per swizzle width in bytes
+_SWIZZLE_MODE = {128: 1}
 
 
 @dataclass(frozen=True)
@@ -225,21 +225,29 @@ def _setmaxnreg(e: KernelEmitter, op: tgt.SetMaxNRegOp) -> None:
 
 # --- wgmma -----------------------------------------------------------------------------------------
 
-def _descriptor(e: KernelEmitter, tile_: SharedTile, k_major: bool, extra: str | None = None) -> str:
-    """The 64-bit matrix descriptor of a stage (plus `extra` bytes, a register), without per-step
-    offsets: 128-byte swizzle; 8-row groups 1024 bytes apart (stride byte offset); for operands
-    stored M/N-major, 64-element column blocks one box apart (leading byte offset)."""
-    buf: TmaBuffer = tile_.buffer
-    addr = stage_address(e, buf, tile_.stage)
-    if extra is not None:
-        e.emit(f"add.s32 {addr}, {addr}, {extra};")
-    leading = 1 if k_major else buf.box_bytes >> 4
-    fields = SWIZZLE_128B | ((SWIZZLE_ATOM >> 4) << 32) | (leading << 16)
+def _wgmma_descriptor(e: KernelEmitter, op: tgt.WgmmaDescriptorOp) -> None:
+    """The 64-bit descriptor of the op's stage: address / 16 in bits 0-13, the leading and stride
+    byte offsets / 16 in bits 16-29 and 32-45, the swizzle in bits 62-63; a warpgroup's A rows
+    start `per_warpgroup` bytes further per warpgroup before it."""
+    buf: TmaBuffer = e.env[op.buffer]
+    if not isinstance(buf, TmaBuffer):
+        raise UnsupportedByBackend("PTX backend: wgmma descriptors describe TMA-filled (tma_128b) buffers only")
+    rows = None
+    if op.per_warpgroup.value.data:
+        _, _, warp = e.tid()
+        group, rows = e.new(S32), e.new(S32)
+        e.emit(f"shr.u32 {group}, {warp}, 2;")
+        e.emit(f"mul.lo.s32 {rows}, {group}, {op.per_warpgroup.value.data};")
+    addr = stage_address(e, buf, e.value(op.stage))
+    if rows is not None:
+        e.emit(f"add.s32 {addr}, {addr}, {rows};")
+    fields = (_SWIZZLE_MODE[op.swizzle.value.data] << 62 | (op.stride.value.data >> 4) << 32
+              | (op.leading.value.data >> 4) << 16)
     desc = e.new(U64)
     e.emit(f"cvt.u64.u32 {desc}, {addr};")
     e.emit(f"shr.u64 {desc}, {desc}, 4;")
     e.emit(f"or.b64 {desc}, {desc}, {fields};")
-    return desc
+    e.env[op.result] = (desc, buf)
 
 
 def _step(e: KernelEmitter, desc: str, byte_offset: int) -> str:
@@ -251,28 +259,22 @@ def _step(e: KernelEmitter, desc: str, byte_offset: int) -> str:
 
 
 def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
+    """m64nNk16 instructions over the tile, stepping each descriptor along K (and B's along N) by
+    its buffer's layout (`TmaBuffer.start`); A from its descriptor or, in accumulator layout (attention's
+    probabilities), from registers as mma.sync's A fragments."""
     acc: Mma = e.layouts[op.acc]
-    a, b = e.env[op.a], e.env[op.b]
-    a_shared = isinstance(a, SharedTile)
-    if not (isinstance(b, SharedTile) and isinstance(b.buffer, TmaBuffer)
-            and (not a_shared or isinstance(a.buffer, TmaBuffer))):
-        raise UnsupportedByBackend("PTX backend: wgmma reads B (and A, unless in registers) from TMA-filled "
-                                   "shared tiles")
+    a_shared = isinstance(op.a.type, tgt.WgmmaDescriptorType)
     rows, cols = acc.shape
     if acc.wn != 1 or acc.warp_tile[0] != 16:
         raise UnsupportedByBackend(f"PTX backend: wgmma needs one 64-row slice per warpgroup, got {acc}")
     _, n_instr, _ = t.int_values(op.shape)
-    k_steps = op.a.type.get_shape()[1] // 16
-    b_k_major = op.layout.data == "nt"     # B stored [N, K]; "nn" stores it [K, N] (N-major)
+    k_steps = op.operand_shape(op.a)[1] // 16
+    b_k_major = op.b.type.major.data == "k"     # B stored [N, K]; else [K, N] (N-major)
     if a_shared:
-        _, _, warp = e.tid()
-        group, a_rows = e.new(S32), e.new(S32)
-        e.emit(f"shr.u32 {group}, {warp}, 2;")
-        e.emit(f"mul.lo.s32 {a_rows}, {group}, {64 * ROW_BYTES};")
-        desc_a = _descriptor(e, a, k_major=True, extra=a_rows)
-    else:   # registers in accumulator layout (attention's probabilities): per warp, mma.sync's A fragments
+        desc_a, a_buf = e.env[op.a]
+    else:
         fragments = _a_fragments(e, (e.regs_of(op.a), e.layouts[op.a]), acc, k_steps, 1)
-    desc_b = _descriptor(e, b, k_major=b_k_major)
+    desc_b, b_buf = e.env[op.b]
     regs = e.regs_of(op.acc)
     from_zero = _is_zero_fill(op.acc)
     if from_zero:        # D = A @ B: fresh registers, the first step ignores them (scale-d false)
@@ -291,12 +293,12 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     if e.state.pop("wgmma_fence", False):
         e.emit("wgmma.fence.sync.aligned;")
     for kk in range(k_steps):
-        da = _step(e, desc_a, a.buffer.start(0, 16 * kk)) if a_shared else f"{{{', '.join(fragments[kk][0])}}}"
+        da = _step(e, desc_a, a_buf.start(0, 16 * kk)) if a_shared else f"{{{', '.join(fragments[kk][0])}}}"
         for n0 in range(0, cols, n_instr):
             if b_k_major:
-                db = _step(e, desc_b, b.buffer.start(n0, 16 * kk))
+                db = _step(e, desc_b, b_buf.start(n0, 16 * kk))
             else:
-                db = _step(e, desc_b, b.buffer.start(16 * kk, n0))
+                db = _step(e, desc_b, b_buf.start(16 * kk, n0))
             first = n0 // 8 * 4
             d = ", ".join(regs[first:first + per_instr])
             trans = f"{'0, ' if a_shared else ''}{0 if b_k_major else 1}"   # A in registers has no transpose
@@ -347,6 +349,7 @@ HANDLERS = {
     tgt.MBarrierArriveOp: _arrive,
     tgt.MBarrierTryWaitOp: _try_wait,
     tgt.TmaLoadOp: _tma_load,
+    tgt.WgmmaDescriptorOp: _wgmma_descriptor,
     tgt.FenceOp: _fence,
     tgt.WgmmaFenceOp: _wgmma_fence,
     tgt.WgmmaCommitOp: _wgmma_commit,

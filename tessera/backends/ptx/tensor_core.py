@@ -273,9 +273,9 @@ def _load_shared(e: KernelEmitter, op: t.LoadSharedOp) -> None:
     """A stage of a shared buffer, read by the mma that uses it. An A operand loaded outside the
     loop of its mma (flash attention's Q) is read into fragments here, once, not every iteration."""
     tile_ = SharedTile(e.env[op.src], e.value(op.stage))
-    if not isinstance(tile_.buffer, SharedBuffer):   # TMA-filled: wgmma reads it through descriptors
-        e.env[op.result] = tile_
-        return
+    if not isinstance(tile_.buffer, SharedBuffer):
+        raise UnsupportedByBackend(f"PTX backend: a {type(tile_.buffer).__name__} is read by wgmma through "
+                                   f"descriptors (tessera_target.wgmma_descriptor), not by tile.load_shared")
     uses = [u.operation for u in op.result.uses]
     if (len(uses) == 1 and isinstance(uses[0], tgt.TensorCoreOp) and uses[0].a is op.result
             and uses[0].parent_block() is not op.parent_block()):
