@@ -39,6 +39,8 @@ BF16 = PtxType("hb", ".b16", "bf16", 2)
 S32 = PtxType("r", ".b32", "s32", 4)
 PRED = PtxType("p", ".pred", "pred", 1)
 U64 = PtxType("rd", ".b64", "u64", 8)
+#: a byte in a 16-bit register: how a bool (PRED) element is loaded from and stored to memory
+B8 = PtxType("rs", ".b16", "u8", 1)
 
 
 def ptx_type(t: Attribute) -> PtxType:
