@@ -9,15 +9,14 @@ an op the target cannot run (wgmma on sm_80, 200 KB of shared memory on sm_86)
 is rejected here, before PTX is written.
 
 Ops print in the seeds' style: a head (symbol, instruction string, operands),
-then `keyword = value` properties, then ` : types`. The keyword part is driven
-by each op's `KEYWORDS` table, shared by its printer and parser.
+then `keyword = value` properties, then ` : types`, each written as an xDSL
+declarative `assembly_format` (one text definition for printer and parser).
 """
 from __future__ import annotations
 
 import dataclasses
 import math
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from typing import ClassVar
 
 from xdsl.context import Context
@@ -29,6 +28,7 @@ from xdsl.dialects.builtin import (
     FunctionType,
     IndexType,
     IntAttr,
+    I1,
     I64,
     IntegerAttr,
     MemRefType,
@@ -53,6 +53,13 @@ from xdsl.irdl import (
     result_def,
     traits_def,
     var_operand_def,
+)
+from xdsl.irdl.declarative_assembly_format import (
+    CustomDirective,
+    ParsingState,
+    PrintingState,
+    TypeDirective,
+    irdl_custom_directive,
 )
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -194,148 +201,41 @@ _CONFIG_FIELDS: tuple[tuple[str, Callable], ...] = (
 )
 
 
-# ---------------------------------------------------------------------------
-# Keyword properties: `name = value`, one printer and parser per value kind
-# ---------------------------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class _Kind:
-    """How one kind of property value reads in op text."""
-
-    print: Callable[[Printer, Attribute], None]
-    parse: Callable[[Parser], Attribute]
-
-
-INT = _Kind(lambda pr, a: pr.print_string(str(a.value.data)),
-            lambda pa: IntegerAttr(pa.parse_integer(), i64))
-STR = _Kind(lambda pr, a: pr.print_string_literal(a.data),
-            lambda pa: StringAttr(pa.parse_str_literal()))
-BOOL = _Kind(lambda pr, a: pr.print_string("true" if a.value.data else "false"),
-             lambda pa: IntegerAttr.from_bool(pa.parse_boolean()))
-INTS = _Kind(lambda pr, a: pr.print_string(_int_list_text(a.iter_values())),
-             lambda pa: DenseArrayBase.from_list(i64, _parse_int_list(pa)))
-ATTR = _Kind(lambda pr, a: pr.print_attribute(a), lambda pa: pa.parse_attribute())
-
-# An op's keyword properties, in print order: (property name, value kind).
-_Keywords = tuple[tuple[str, _Kind], ...]
-
-
-def _print_keywords(printer: Printer, op: IRDLOperation) -> None:
-    for key, kind in op.KEYWORDS:
-        if (value := op.properties.get(key)) is not None:
-            printer.print_string(f" {key} = ")
-            kind.print(printer, value)
-
-
-def _parse_keywords(parser: Parser, keywords: _Keywords) -> dict[str, Attribute]:
-    kinds = dict(keywords)
-    props: dict[str, Attribute] = {}
-    while (key := parser.parse_optional_keyword_in(kinds)) is not None:
-        parser.parse_punctuation("=")
-        props[key] = kinds[key].parse(parser)
-    return props
-
-
-def _print_attr_dict(printer: Printer, op: Operation) -> None:
-    printer.print_op_attributes(op.attributes, print_keyword=True)
-
-
-def _parse_attr_dict(parser: Parser) -> dict[str, Attribute]:
-    attrs = parser.parse_optional_attr_dict_with_keyword()
-    return dict(attrs.data) if attrs is not None else {}
-
-
-def _print_operand_list(printer: Printer, values: Sequence[SSAValue], open_: str = "(", close: str = ")"):
-    printer.print_string(open_)
-    printer.print_list(values, printer.print_operand)
-    printer.print_string(close)
-
-
-def _parse_operand_list(parser: Parser, delimiter=Parser.Delimiter.PAREN):
-    return parser.parse_comma_separated_list(delimiter, parser.parse_unresolved_operand)
-
-
-def _print_signature(printer: Printer, operands: Sequence[SSAValue], results: Sequence[SSAValue]) -> None:
-    if operands or results:
-        printer.print_string(" : ")
-        printer.print_function_type([o.type for o in operands], [r.type for r in results])
-
-
-def _parse_signature(parser: Parser, operands) -> tuple[list[SSAValue], list[Attribute]]:
-    """Parse an optional ` : (ins) -> outs` and resolve `operands` against it."""
-    if parser.parse_optional_punctuation(":") is None:
-        return [], []
-    pos = parser.pos
-    signature = parser.parse_function_type()
-    return (list(parser.resolve_operands(operands, signature.inputs.data, pos)),
-            list(signature.outputs.data))
-
-
-def _set(value: int | str | bool | Sequence[int] | Attribute | None, kind: _Kind) -> Attribute | None:
-    """A Python value as the property attribute `kind` stores."""
-    if value is None or isinstance(value, Attribute):
-        return value
-    if kind is STR:
-        return StringAttr(value)
-    if kind is BOOL:
-        return IntegerAttr.from_bool(value)
-    if kind is INTS:
-        return DenseArrayBase.from_list(i64, list(value))
-    return IntegerAttr(value, i64)
-
-
-def _props(op_cls, **values) -> dict[str, Attribute]:
-    kinds = dict(op_cls.KEYWORDS)
-    return {k: _set(v, kinds[k]) for k, v in values.items() if v is not None}
-
-
 def _check_choice(op: Operation, what: str, value: str, allowed: Sequence[str]) -> None:
     if value not in allowed:
         raise VerifyException(f"{op.name}: {what} must be one of {', '.join(map(repr, allowed))}, got {value!r}")
 
 
-class _KeywordOp(IRDLOperation):
-    """Ops whose text is `name kw = v ... attributes {...}` with no operands."""
-
-    KEYWORDS: ClassVar[_Keywords] = ()
-
-    @classmethod
-    def parse(cls, parser: Parser):
-        op = cls.create(properties=_parse_keywords(parser, cls.KEYWORDS))
-        op.attributes |= _parse_attr_dict(parser)
-        return op
-
-    def print(self, printer: Printer) -> None:
-        _print_keywords(printer, self)
-        _print_attr_dict(printer, self)
+def _i64(value: int) -> IntegerAttr:
+    return IntegerAttr(value, i64)
 
 
-class _InstrOp(IRDLOperation):
-    """Ops whose text is `name "instr" (%operands) kw = v ... : (ins) -> outs`."""
+def _i64s(values: Sequence[int]) -> DenseArrayBase:
+    return DenseArrayBase.from_list(i64, list(values))
 
-    KEYWORDS: ClassVar[_Keywords] = ()
-    HEAD: ClassVar[str] = "instruction"
 
-    @classmethod
-    def parse(cls, parser: Parser):
-        head = StringAttr(parser.parse_str_literal())
-        operands = _parse_operand_list(parser)
-        props = _parse_keywords(parser, cls.KEYWORDS)
-        attrs = _parse_attr_dict(parser)
-        values, result_types = _parse_signature(parser, operands)
-        op = cls.create(operands=values, result_types=result_types, properties={cls.HEAD: head, **props})
-        op.attributes |= attrs
-        return op
+def _present(**values: Attribute | None) -> dict[str, Attribute]:
+    """The properties given a value: optional properties are absent, not None."""
+    return {k: v for k, v in values.items() if v is not None}
 
-    def print(self, printer: Printer) -> None:
-        printer.print_string(" ")
-        printer.print_string_literal(self.properties[self.HEAD].data)
-        printer.print_string(" ")
-        _print_operand_list(printer, self.operands)
-        _print_keywords(printer, self)
-        _print_attr_dict(printer, self)
-        _print_signature(printer, self.operands, self.results)
+
+@irdl_custom_directive
+class TypeUnlessI1(CustomDirective):
+    """` : type` of a value, written only when it is not i1 (an assert's condition: a scalar
+    needs no type, a tile of i1 does); without it, the value parses as an i1."""
+
+    value_type: TypeDirective
+
+    def parse(self, parser: Parser, state: ParsingState) -> None:
+        has_type = parser.parse_optional_punctuation(":") is not None
+        self.value_type.set(state, (parser.parse_type() if has_type else i1,))
+
+    def print(self, printer: Printer, state: PrintingState, op: IRDLOperation) -> None:
+        (t,) = self.value_type.get(op)
+        if t != i1:
+            state.print_whitespace(printer)
+            printer.print_string(": ")
+            printer.print_attribute(t)
 
 
 # ---------------------------------------------------------------------------
@@ -358,31 +258,36 @@ def _platform_of(op: Operation) -> Platform:
     return kernel.platform.platform
 
 
+#: a kernel's optional integer properties, in print order
+_KERNEL_INTS = ("opt_level", "producer_warps", "maxnreg")
+
+
 @irdl_op_definition
 class KernelOp(IRDLOperation):
-    """`tessera_target.kernel @name(%args) config = #... platform = #... { ... }`."""
+    """`tessera_target.kernel @name(%args) config = #... platform = #... { ... }`.
+
+    Hand-written parse/print: the `(%a: T)` head declares the block arguments of the region
+    parsed last, and xDSL's declarative format has no directive to carry them there.
+    """
 
     name = "tessera_target.kernel"
     sym_name = prop_def(SymbolNameConstraint())
     function_type = prop_def(FunctionType)
     config = prop_def(KernelConfigAttr)
     platform = prop_def(PlatformAttr)
-    opt_level = opt_prop_def(IntegerAttr)
-    producer_warps = opt_prop_def(IntegerAttr)   # of the config's block: warps that only issue copies
-    maxnreg = opt_prop_def(IntegerAttr)          # registers per thread at launch (a register split's pool)
+    opt_level = opt_prop_def(IntegerAttr[I64])
+    producer_warps = opt_prop_def(IntegerAttr[I64])   # of the config's block: warps that only issue copies
+    maxnreg = opt_prop_def(IntegerAttr[I64])          # registers per thread at launch (a register split's pool)
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
-
-    KEYWORDS: ClassVar[_Keywords] = (("config", ATTR), ("platform", ATTR), ("opt_level", INT),
-                                     ("producer_warps", INT), ("maxnreg", INT))
 
     def __init__(self, name: str, arg_types: Sequence[Attribute], config: KernelConfigAttr,
                  platform: PlatformAttr, body: Region | None = None, opt_level: int | None = None,
                  producer_warps: int | None = None, maxnreg: int | None = None):
+        ints = {k: v for k, v in zip(_KERNEL_INTS, (opt_level, producer_warps, maxnreg)) if v is not None}
         super().__init__(
             properties={"sym_name": StringAttr(name), "function_type": FunctionType.from_lists(arg_types, []),
-                        **_props(KernelOp, config=config, platform=platform, opt_level=opt_level,
-                                 producer_warps=producer_warps, maxnreg=maxnreg)},
+                        "config": config, "platform": platform, **{k: _i64(v) for k, v in ints.items()}},
             regions=[body if body is not None else Region(Block(arg_types=arg_types))])
 
     def verify_(self) -> None:
@@ -407,36 +312,46 @@ class KernelOp(IRDLOperation):
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:
-        name = parser.parse_symbol_name().data
+        name = parser.parse_symbol_name()
         args = parser.parse_comma_separated_list(parser.Delimiter.PAREN, parser.parse_argument)
-        props = _parse_keywords(parser, cls.KEYWORDS)
-        attrs = _parse_attr_dict(parser)
-        body = parser.parse_region(args)
-        op = cls.create(properties={"sym_name": StringAttr(name),
-                                    "function_type": FunctionType.from_lists([a.type for a in args], []),
-                                    **props},
-                        regions=[body])
-        op.attributes |= attrs
-        return op
+        props = {"sym_name": name, "function_type": FunctionType.from_lists([a.type for a in args], [])}
+        for key in ("config", "platform"):
+            parser.parse_keyword(key)
+            parser.parse_punctuation("=")
+            props[key] = parser.parse_attribute()
+        for key in _KERNEL_INTS:
+            if parser.parse_optional_keyword(key) is not None:
+                parser.parse_punctuation("=")
+                props[key] = _i64(parser.parse_integer())
+        attrs = parser.parse_optional_attr_dict_with_keyword()
+        return cls.create(properties=props, attributes=dict(attrs.data) if attrs is not None else {},
+                          regions=[parser.parse_region(args)])
 
     def print(self, printer: Printer) -> None:
         printer.print_string(" ")
         printer.print_symbol_name(self.sym_name.data)
-        printer.print_string("(")
-        printer.print_list(self.body.block.args, printer.print_block_argument)
-        printer.print_string(")")
-        _print_keywords(printer, self)
-        _print_attr_dict(printer, self)
+        with printer.in_parens():
+            printer.print_list(self.body.block.args, printer.print_block_argument)
+        printer.print_string(" config = ")
+        printer.print_attribute(self.config)
+        printer.print_string(" platform = ")
+        printer.print_attribute(self.platform)
+        for key in _KERNEL_INTS:
+            if (value := self.properties.get(key)) is not None:
+                printer.print_string(f" {key} = {value.value.data}")
+        printer.print_op_attributes(self.attributes, print_keyword=True)
         printer.print_string(" ")
         printer.print_region(self.body, print_entry_block_args=False)
 
 
 @irdl_op_definition
-class ReturnOp(_KeywordOp):
+class ReturnOp(IRDLOperation):
     """`tessera_target.return`: the end of a kernel."""
 
     name = "tessera_target.return"
     traits = traits_def(HasParent(KernelOp), IsTerminator())
+
+    assembly_format = "attr-dict-with-keyword"
 
 
 class _LaunchSymbolUser(SymbolUserOpInterface):
@@ -463,40 +378,18 @@ class LaunchOp(IRDLOperation):
 
     name = "tessera_target.launch"
     kernel = prop_def(SymbolRefAttr)
-    grid = prop_def(DenseArrayBase)
-    block = prop_def(DenseArrayBase)
-    shared = prop_def(IntegerAttr)
+    grid = prop_def(DenseArrayBase[I64])
+    block = prop_def(DenseArrayBase[I64])
+    shared = prop_def(IntegerAttr[I64])
     args = var_operand_def()
     traits = traits_def(_LaunchSymbolUser())
 
-    KEYWORDS: ClassVar[_Keywords] = (("grid", INTS), ("block", INTS), ("shared", INT))
+    assembly_format = ("$kernel `(` $args `)` `grid` `=` $grid `block` `=` $block `shared` `=` $shared "
+                       "attr-dict-with-keyword `:` type($args)")
 
     def __init__(self, kernel: str, args: Sequence[SSAValue], grid: Sequence[int], block: Sequence[int], shared: int):
         super().__init__(operands=[args], properties={
-            "kernel": SymbolRefAttr(kernel), **_props(LaunchOp, grid=grid, block=block, shared=shared)})
-
-    @classmethod
-    def parse(cls, parser: Parser) -> LaunchOp:
-        kernel = parser.parse_symbol_name()
-        operands = _parse_operand_list(parser)
-        props = _parse_keywords(parser, cls.KEYWORDS)
-        attrs = _parse_attr_dict(parser)
-        parser.parse_punctuation(":")
-        pos = parser.pos
-        types = parser.parse_comma_separated_list(parser.Delimiter.NONE, parser.parse_type) if operands else []
-        op = cls.create(operands=list(parser.resolve_operands(operands, types, pos)),
-                        properties={"kernel": SymbolRefAttr(kernel), **props})
-        op.attributes |= attrs
-        return op
-
-    def print(self, printer: Printer) -> None:
-        printer.print_string(" ")
-        printer.print_symbol_name(self.kernel.root_reference.data)
-        _print_operand_list(printer, self.args)
-        _print_keywords(printer, self)
-        _print_attr_dict(printer, self)
-        printer.print_string(" : ")
-        printer.print_list(self.args.types, printer.print_attribute)
+            "kernel": SymbolRefAttr(kernel), "grid": _i64s(grid), "block": _i64s(block), "shared": _i64(shared)})
 
 
 # ---------------------------------------------------------------------------
@@ -507,7 +400,7 @@ LAYOUTS = ("nn", "nt")
 
 
 @irdl_op_definition
-class TensorCoreOp(_InstrOp):
+class TensorCoreOp(IRDLOperation):
     """`%d = tessera_target.tensor_core "mma.sync" (%a, %b, %acc) shape = [m, n, k] layout = "nt"
     precision = "f16" : (...) -> acc type`: acc + a @ b on the platform's matrix units.
 
@@ -520,7 +413,7 @@ class TensorCoreOp(_InstrOp):
 
     name = "tessera_target.tensor_core"
     family = prop_def(StringAttr)
-    shape = prop_def(DenseArrayBase)
+    shape = prop_def(DenseArrayBase[I64])
     layout = prop_def(StringAttr)
     precision = prop_def(StringAttr)
     a = operand_def()
@@ -529,13 +422,14 @@ class TensorCoreOp(_InstrOp):
     result = result_def()
     traits = traits_def(HasAncestor(KernelOp))
 
-    HEAD: ClassVar[str] = "family"
-    KEYWORDS: ClassVar[_Keywords] = (("shape", INTS), ("layout", STR), ("precision", STR))
+    assembly_format = ("$family ` ` `(` $a `,` $b `,` $acc `)` `shape` `=` $shape `layout` `=` $layout "
+                       "`precision` `=` $precision attr-dict-with-keyword `:` functional-type(operands, results)")
 
     def __init__(self, family: str, a: SSAValue, b: SSAValue, acc: SSAValue, shape: Sequence[int],
                  layout: str, precision: str):
         super().__init__(operands=[a, b, acc], result_types=[acc.type], properties={
-            "family": StringAttr(family), **_props(TensorCoreOp, shape=shape, layout=layout, precision=precision)})
+            "family": StringAttr(family), "shape": _i64s(shape), "layout": StringAttr(layout),
+            "precision": StringAttr(precision)})
 
     def operand_shape(self, v: SSAValue) -> tuple[int, ...]:
         """The [rows, cols] of operand a or b, a register tile or a descriptor's stage, as stored."""
@@ -588,7 +482,7 @@ def _space(t: Attribute) -> int | None:
 
 
 @irdl_op_definition
-class AllocateOp(_KeywordOp):
+class AllocateOp(IRDLOperation):
     """`%buf = tessera_target.allocate pool = "shared" align = 128 size = 16384 offset = 0 swizzle = "xor_16b"
     : memref<...>`: a buffer of `size` bytes; in shared memory, at byte `offset` of the kernel's dynamic
     shared memory (set by the allocation pass, `tile_to_target.allocate_shared`), its stages laid
@@ -596,18 +490,19 @@ class AllocateOp(_KeywordOp):
 
     name = "tessera_target.allocate"
     pool = prop_def(StringAttr)
-    align = prop_def(IntegerAttr)
-    size = prop_def(IntegerAttr)
-    offset = opt_prop_def(IntegerAttr)     # bytes into dynamic shared memory (`allocate_shared`)
-    swizzle = opt_prop_def(StringAttr)     # how a shared tile buffer's stages are laid out (SWIZZLES)
+    align = prop_def(IntegerAttr[I64])
+    size = prop_def(IntegerAttr[I64])
+    offset = opt_prop_def(IntegerAttr[I64])     # bytes into dynamic shared memory (`allocate_shared`)
+    swizzle = opt_prop_def(StringAttr)          # how a shared tile buffer's stages are laid out (SWIZZLES)
     result = result_def(MemRefType)
 
-    KEYWORDS: ClassVar[_Keywords] = (("pool", STR), ("align", INT), ("size", INT), ("offset", INT),
-                                     ("swizzle", STR))
+    assembly_format = ("`pool` `=` $pool `align` `=` $align `size` `=` $size (`offset` `=` $offset^)? "
+                       "(`swizzle` `=` $swizzle^)? attr-dict-with-keyword `:` type($result)")
 
     def __init__(self, result_type: MemRefType, pool: str, size: int, align: int = 16, swizzle: str | None = None):
-        super().__init__(result_types=[result_type], properties=_props(AllocateOp, pool=pool, align=align, size=size,
-                                                                       swizzle=swizzle))
+        super().__init__(result_types=[result_type], properties=_present(
+            pool=StringAttr(pool), align=_i64(align), size=_i64(size),
+            swizzle=StringAttr(swizzle) if swizzle is not None else None))
 
     def verify_(self) -> None:
         _check_choice(self, "pool", self.pool.data, POOLS)
@@ -619,20 +514,6 @@ class AllocateOp(_KeywordOp):
         if self.result.type.has_static_shape() and size < memref_bytes(self.result.type):
             raise VerifyException(f"allocate: size = {size} bytes is less than the "
                                   f"{memref_bytes(self.result.type)} bytes of {self.result.type}")
-
-    @classmethod
-    def parse(cls, parser: Parser) -> AllocateOp:
-        props = _parse_keywords(parser, cls.KEYWORDS)
-        attrs = _parse_attr_dict(parser)
-        parser.parse_punctuation(":")
-        op = cls.create(result_types=[parser.parse_type()], properties=props)
-        op.attributes |= attrs
-        return op
-
-    def print(self, printer: Printer) -> None:
-        super().print(printer)
-        printer.print_string(" : ")
-        printer.print_attribute(self.result.type)
 
 
 @irdl_op_definition
@@ -651,21 +532,24 @@ class MemcpyOp(IRDLOperation):
     src = operand_def(MemRefType)
     src_indices = var_operand_def(IndexType)
     kind = prop_def(StringAttr)
-    is_async = prop_def(IntegerAttr, prop_name="async")
+    is_async = prop_def(IntegerAttr[I1], prop_name="async")
     mechanism = prop_def(StringAttr)
-    tile_dims = opt_prop_def(DenseArrayBase)
+    tile_dims = opt_prop_def(DenseArrayBase[I64])
     padding = opt_prop_def(FloatAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(HasAncestor(KernelOp))
 
-    KEYWORDS: ClassVar[_Keywords] = (("kind", STR), ("async", BOOL), ("mechanism", STR), ("tile_dims", INTS),
-                                     ("padding", ATTR))
+    assembly_format = ("$dst `[` $dst_indices `]` `,` $src `[` $src_indices `]` `kind` `=` $kind "
+                       "`async` `=` $async `mechanism` `=` $mechanism (`tile_dims` `=` $tile_dims^)? "
+                       "(`padding` `=` $padding^)? attr-dict-with-keyword `:` type($dst) `,` type($src)")
 
     def __init__(self, dst: SSAValue, dst_indices: Sequence[SSAValue], src: SSAValue,
                  src_indices: Sequence[SSAValue], kind: str, is_async: bool, mechanism: str,
                  tile_dims: Sequence[int] | None = None, padding: FloatAttr | None = None):
-        super().__init__(operands=[dst, dst_indices, src, src_indices], properties=_props(
-            MemcpyOp, kind=kind, mechanism=mechanism, tile_dims=tile_dims, padding=padding, **{"async": is_async}))
+        super().__init__(operands=[dst, dst_indices, src, src_indices], properties=_present(
+            kind=StringAttr(kind), mechanism=StringAttr(mechanism), padding=padding,
+            tile_dims=_i64s(tile_dims) if tile_dims is not None else None,
+            **{"async": IntegerAttr.from_bool(is_async)}))
 
     def verify_(self) -> None:
         _check_choice(self, "kind", self.kind.data, MEMCPY_KINDS)
@@ -676,42 +560,6 @@ class MemcpyOp(IRDLOperation):
         p, padding = _platform_of(self), self.padding.value.data if self.padding is not None else 0.0
         _check_choice(self, f"mechanism on {p.arch} for padding {padding}", self.mechanism.data,
                       platforms.copy_mechanisms(p, padding))
-
-    @classmethod
-    def parse(cls, parser: Parser) -> MemcpyOp:
-        dst = parser.parse_unresolved_operand()
-        dst_indices = _parse_operand_list(parser, parser.Delimiter.SQUARE)
-        parser.parse_punctuation(",")
-        src = parser.parse_unresolved_operand()
-        src_indices = _parse_operand_list(parser, parser.Delimiter.SQUARE)
-        props = _parse_keywords(parser, cls.KEYWORDS)
-        attrs = _parse_attr_dict(parser)
-        parser.parse_punctuation(":")
-        pos = parser.pos
-        dst_type = parser.parse_type()
-        parser.parse_punctuation(",")
-        src_type = parser.parse_type()
-        index = IndexType()
-        dst_v, src_v = parser.resolve_operands([dst, src], [dst_type, src_type], pos)
-        op = cls.create(
-            operands=[dst_v, *parser.resolve_operands(dst_indices, [index] * len(dst_indices), pos),
-                      src_v, *parser.resolve_operands(src_indices, [index] * len(src_indices), pos)],
-            properties={**props, "operandSegmentSizes": DenseArrayBase.from_list(
-                builtin.i32, [1, len(dst_indices), 1, len(src_indices)])})
-        op.attributes |= attrs
-        return op
-
-    def print(self, printer: Printer) -> None:
-        printer.print_string(" ")
-        printer.print_operand(self.dst)
-        _print_operand_list(printer, self.dst_indices, "[", "]")
-        printer.print_string(", ")
-        printer.print_operand(self.src)
-        _print_operand_list(printer, self.src_indices, "[", "]")
-        _print_keywords(printer, self)
-        _print_attr_dict(printer, self)
-        printer.print_string(" : ")
-        printer.print_list((self.dst.type, self.src.type), printer.print_attribute)
 
 
 # ---------------------------------------------------------------------------
@@ -726,41 +574,19 @@ class _ProfileOp(IRDLOperation):
 
     buffer = var_operand_def(MemRefType)
     label = prop_def(StringAttr)
-    slot = opt_prop_def(IntegerAttr)
+    slot = opt_prop_def(IntegerAttr[I64])
     traits = traits_def(HasAncestor(KernelOp))
 
-    KEYWORDS: ClassVar[_Keywords] = (("label", STR), ("slot", INT))
+    assembly_format = ("$buffer `label` `=` $label (`slot` `=` $slot^)? attr-dict-with-keyword "
+                       "(`:` type($buffer)^)?")
 
     def __init__(self, label: str, buffer: SSAValue | None = None, slot: int | None = None):
-        super().__init__(operands=[[buffer] if buffer is not None else []],
-                         properties=_props(type(self), label=label, slot=slot))
+        super().__init__(operands=[[buffer] if buffer is not None else []], properties=_present(
+            label=StringAttr(label), slot=_i64(slot) if slot is not None else None))
 
     def verify_(self) -> None:
         if len(self.buffer) > 1 or (len(self.buffer) == 1) != (self.slot is not None):
             raise VerifyException(f"{self.name}: a buffer and a slot go together, one of each")
-
-    @classmethod
-    def parse(cls, parser: Parser):
-        buffer = parser.parse_optional_unresolved_operand()
-        props = _parse_keywords(parser, cls.KEYWORDS)
-        attrs = _parse_attr_dict(parser)
-        operands = []
-        if buffer is not None:
-            parser.parse_punctuation(":")
-            operands.append(parser.resolve_operand(buffer, parser.parse_type()))
-        op = cls.create(operands=operands, properties=props)
-        op.attributes |= attrs
-        return op
-
-    def print(self, printer: Printer) -> None:
-        if self.buffer:
-            printer.print_string(" ")
-            printer.print_operand(self.buffer[0])
-        _print_keywords(printer, self)
-        _print_attr_dict(printer, self)
-        if self.buffer:
-            printer.print_string(" : ")
-            printer.print_attribute(self.buffer[0].type)
 
 
 @irdl_op_definition
@@ -787,7 +613,8 @@ class AssertOp(IRDLOperation):
     condition = operand_def()
     message = prop_def(StringAttr)
 
-    KEYWORDS: ClassVar[_Keywords] = (("message", STR),)
+    assembly_format = "$condition `message` `=` $message attr-dict-with-keyword custom<TypeUnlessI1>(type($condition))"
+    custom_directives = (TypeUnlessI1,)
 
     def __init__(self, condition: SSAValue, message: str):
         super().__init__(operands=[condition], properties={"message": StringAttr(message)})
@@ -797,26 +624,6 @@ class AssertOp(IRDLOperation):
         element = t.get_element_type() if isinstance(t, builtin.TensorType) else t
         if element != i1:
             raise VerifyException(f"assert: the condition must be i1 or a tile of i1, got {t}")
-
-    @classmethod
-    def parse(cls, parser: Parser) -> AssertOp:
-        condition = parser.parse_unresolved_operand()
-        props = _parse_keywords(parser, cls.KEYWORDS)
-        attrs = _parse_attr_dict(parser)
-        condition_type = parser.parse_type() if parser.parse_optional_punctuation(":") is not None else i1
-        op = cls.create(operands=[parser.resolve_operand(condition, condition_type)], properties=props)
-        op.attributes |= attrs
-        return op
-
-    def print(self, printer: Printer) -> None:
-        printer.print_string(" ")
-        printer.print_operand(self.condition)
-        _print_keywords(printer, self)
-        _print_attr_dict(printer, self)
-        if self.condition.type != i1:
-            printer.print_string(" : ")
-            printer.print_attribute(self.condition.type)
-
 
 
 # ---------------------------------------------------------------------------
