@@ -10,6 +10,7 @@
 
 Importing tessera is cheap: xDSL (the IR machinery) loads on the first compile.
 """
+from .autodiff import grad, vjp
 from .dtypes import bf16, bool_, fp8_e4m3, fp8_e5m2, fp16, fp32, int32
 from .errors import DeviceAssertError, DTypeError, ShapeError, TesseraError
 from .frontend.debug import device_assert, profile_begin, profile_end, profile_region
@@ -20,10 +21,13 @@ from .frontend.ops import (
     reshape, rms_norm, rsqrt, sigmoid, silu, sin, softmax, sqrt, sub, sum, tanh, transpose, unsqueeze, where,
 )
 from .frontend.tensor import SymInt, Tensor, TensorSpec
+from .frontend.torch_ops import (
+    ValuesIndices, argmax, argmin, cat, clamp, clip, concat, einsum, expand, flatten, floor_divide, log_softmax,
+    logsumexp, masked_fill, max, min, remainder, stack, std, tril, triu, var,
+)
 from .runtime.profile import profile_report, reset_profile
 
 float32, float16, bfloat16, half = fp32, fp16, bf16, fp16
-max, min = amax, amin
 to = cast
 
 __version__ = "0.1.0"
@@ -38,25 +42,36 @@ __all__ = [
     "Tensor",
     "TensorSpec",
     "TesseraError",
+    "ValuesIndices",
     "__version__",
     "abs",
     "add",
     "amax",
     "amin",
     "arange",
+    "argmax",
+    "argmin",
     "bf16",
     "bfloat16",
     "bool_",
     "cast",
+    "cat",
+    "clamp",
+    "clip",
+    "concat",
     "cos",
     "device_assert",
     "div",
+    "einsum",
     "eq",
     "erf",
     "exp",
     "exp2",
+    "expand",
+    "flatten",
     "float16",
     "float32",
+    "floor_divide",
     "fp16",
     "fp32",
     "fp8_e4m3",
@@ -64,6 +79,7 @@ __all__ = [
     "function",
     "ge",
     "gelu",
+    "grad",
     "gt",
     "half",
     "int32",
@@ -72,10 +88,13 @@ __all__ = [
     "le",
     "log",
     "log2",
+    "log_softmax",
     "logical_and",
     "logical_not",
     "logical_or",
+    "logsumexp",
     "lt",
+    "masked_fill",
     "matmul",
     "max",
     "maximum",
@@ -91,8 +110,9 @@ __all__ = [
     "profile_end",
     "profile_region",
     "profile_report",
-    "reset_profile",
     "relu",
+    "remainder",
+    "reset_profile",
     "reshape",
     "rms_norm",
     "rsqrt",
@@ -101,11 +121,17 @@ __all__ = [
     "sin",
     "softmax",
     "sqrt",
+    "stack",
+    "std",
     "sub",
     "sum",
     "tanh",
     "to",
     "transpose",
+    "tril",
+    "triu",
     "unsqueeze",
+    "var",
+    "vjp",
     "where",
 ]

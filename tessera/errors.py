@@ -33,6 +33,10 @@ class DTypeError(TesseraError, TypeError):
     """Element types that do not agree or are unsupported."""
 
 
+class ArgumentKindError(TesseraError, TypeError):
+    """A value of the wrong kind: a number or an object where a tensor is needed, or the reverse."""
+
+
 class DeviceAssertError(TesseraError, AssertionError):
     """A `tsr.device_assert` that failed: while tracing (a Python bool), or on the CPU interpreter
     (a tensor), where `block` is the program id and `element` the first failing element's index in
@@ -65,13 +69,13 @@ def user_frame() -> tuple[str, int] | None:
     Walks frames without formatting them (the tracer asks for every op it records)."""
     frame = sys._getframe(1)
     while frame is not None:
-        if not _is_internal(frame.f_code.co_filename):
+        if not is_internal(frame.f_code.co_filename):
             return frame.f_code.co_filename, frame.f_lineno
         frame = frame.f_back
     return None
 
 
 @functools.lru_cache(maxsize=256)
-def _is_internal(filename: str) -> bool:
+def is_internal(filename: str) -> bool:
     path = os.path.abspath(filename)
     return path.startswith(_PACKAGE_DIR + os.sep) or any(t in path for t in _TOOLING)

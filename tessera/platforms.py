@@ -333,7 +333,8 @@ def shared_reserved_per_block(platform: Platform | str) -> int:
 def blocks_per_sm_by_shared(platform: Platform | str, shared_bytes: int) -> int:
     """Blocks using `shared_bytes` each (static and dynamic) that one SM's shared memory holds."""
     p = _platform(platform)
-    return p.max_shared_per_sm // (shared_bytes + shared_reserved_per_block(p))
+    per_block = shared_bytes + shared_reserved_per_block(p)
+    return p.max_blocks_per_sm if per_block == 0 else p.max_shared_per_sm // per_block
 
 
 def occupancy(platform: Platform | str, threads: int, regs: int, shared_bytes: int) -> tuple[int, tuple[str, ...]]:

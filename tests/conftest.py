@@ -3,7 +3,8 @@
 - `random_inputs(specs, seed)`: fresh standard-normal arrays for a function's arg specs;
 - `assert_close(out, ref, dtype=None, what=..., tolerance=None)`: compares in float64 with per-dtype
   tolerances (or an explicit `(relative, max-abs)` pair);
-- `assert_matches_reference(compiled, arrays)`: tile interpreter vs the Graph IR oracle.
+- `assert_matches_reference(compiled, arrays)`: tile interpreter vs the Graph IR oracle (exact, float64),
+  with the oracle's tolerance for each output (`tessera.interpreter.reference.output_tolerances`).
 """
 from __future__ import annotations
 
@@ -24,7 +25,8 @@ import pytest  # noqa: E402
 from tessera import dtypes  # noqa: E402
 
 #: dtype name -> (relative error bound ||out - ref|| / ||ref||, max-abs bound as a fraction of max(1, max|ref|)).
-#: fp16/bf16 kernels compute in f32 but the oracle rounds every op's result to the storage type.
+#: For `assert_close` against references of the test's own; `assert_matches_reference` takes the
+#: oracle's tolerance, from the output's dtype and reduction length.
 TOLERANCES = {
     "fp32": (1e-5, 1e-4),
     "fp16": (1e-2, 2e-2),
@@ -97,14 +99,17 @@ def assert_close():
 @pytest.fixture(scope="session")
 def assert_matches_reference():
     def check(compiled, arrays, dtype=None) -> list[np.ndarray]:
-        """Runs the tile interpreter and the oracle; tolerance = loosest of inputs' and each output's dtype."""
+        """Runs the tile interpreter and the exact (float64) oracle; each output's tolerance is the
+        oracle's `output_tolerances` (its least precise dtype and reduction length), or `dtype`'s."""
+        from tessera.interpreter.reference import output_tolerances, tolerance
+
         outs = compiled.run(*arrays)
         refs = compiled.reference(*arrays)
         assert len(outs) == len(refs)
-        in_dts = [a.dtype for a in arrays]
-        for i, (o, r) in enumerate(zip(outs, refs)):
-            dts = [dtype] if dtype is not None else [*in_dts, o.dtype]
-            worst = max(dts, key=lambda d: _tolerance(d))
-            _assert_close(o, r, worst, what=f"{compiled.name} output {i}")
+        tols = output_tolerances(next(iter(compiled.graph.ops)))
+        for i, (o, r, tol) in enumerate(zip(outs, refs, tols)):
+            if dtype is not None:
+                tol = tolerance(dtype)
+            _assert_close(o, r, what=f"{compiled.name} output {i}", tolerance=(tol.relative, tol.max_abs))
         return outs
     return check

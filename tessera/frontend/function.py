@@ -1,7 +1,8 @@
 """`@tessera.function` and `@tessera.kernel`: the user's entry points.
 
 A `Function` compiles lazily, once per call signature (shapes, dtypes,
-constant arguments, target), and keeps the result in an in-memory cache, so
+constant arguments, target, and the values of the globals and closure
+variables it reads: `captures.py`), and keeps the result in an in-memory cache, so
 the steady-state call path is a dict lookup plus the launch: no tracing and no
 xDSL work. On CUDA tensors a call first looks up the GPU program an earlier
 call of the same signature ran (`_gpu_call_key`), skipping the argument
@@ -16,24 +17,33 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import dtypes
-from ..errors import TesseraError
+from ..errors import ArgumentKindError, ShapeError, TesseraError
+from ..runtime import interop
+from .captures import Captures
 from .tensor import TensorSpec
-from .trace import ArgSpec, bind_dims, trace
+from .trace import ArgSpec, bind_dims, declared_returns, trace
+from .zero_size import ZeroSizeCall
 
 
 def _is_array(x) -> bool:
     return hasattr(x, "shape") and hasattr(x, "dtype") and not isinstance(x, (int, float, bool))
 
 
+def _kind(x) -> str:
+    """What a wrong argument is, for an error message: `a float (1.0)`, `a 0-d ndarray`."""
+    if _is_array(x):
+        return f"a {len(x.shape)}-d {type(x).__name__}"
+    return f"a {type(x).__name__} ({x!r:.40})"
+
+
+def _zero_size(tensors) -> bool:
+    """A call with a zero-size dim: nothing to launch (`ZeroSizeCall`)."""
+    return any(0 in tuple(x.shape) for _, x in tensors)
+
+
 def _on_gpu(x) -> bool:
     """A CUDA tensor (torch, or anything with __cuda_array_interface__ such as CuPy)."""
     return bool(getattr(x, "is_cuda", False)) or hasattr(x, "__cuda_array_interface__")
-
-
-def _to_numpy(x) -> np.ndarray:
-    if type(x).__module__.startswith("torch"):
-        return x.detach().numpy()
-    return np.asarray(x)
 
 
 def _gpu_options(tensors, options: dict) -> tuple[int, dict]:
@@ -78,22 +88,47 @@ class Function:
         self._cache: dict[tuple, Any] = {}
         self._tuned: dict[tuple, dict] = {}   # call signature -> the tuner's schedule
         self._programs: dict[tuple, tuple] = {}   # GPU call key -> (program, tensor positions, out positions)
+        self.captures = Captures(fn)   # the globals and closure variables it reads: part of every key
 
     # --- specialisation ------------------------------------------------------------
     def _split_args(self, args: Sequence) -> tuple[list, dict[str, Any]]:
-        params = list(self.signature.parameters)
-        if len(args) != len(params):
-            raise TesseraError(f"{self.name} takes {len(params)} arguments ({', '.join(params)}), got {len(args)}")
+        """(tensor arguments, constant arguments) by name; parameters left out take their defaults."""
+        params = self.signature.parameters
+        names = list(params)
+        if len(args) > len(names):
+            raise TesseraError(f"{self.name} takes {len(names)} arguments ({', '.join(names)}), got {len(args)}")
+        missing = [n for n in names[len(args):] if params[n].default is inspect.Parameter.empty]
+        if missing:
+            raise TesseraError(f"{self.name} takes {len(names)} arguments ({', '.join(names)}), got {len(args)}: "
+                               f"{', '.join(map(repr, missing))} missing")
+        values = [*args, *(params[n].default for n in names[len(args):])]
         tensors, constants = [], {}
-        for name, x in zip(params, args):
-            if _is_array(x):
+        for name, x in zip(names, values):
+            if _is_array(x) and len(x.shape) > 0:
                 tensors.append((name, x))
-            elif isinstance(x, (int, float, bool)):
-                constants[name] = x
             else:
-                raise TesseraError(f"{self.name}: argument {name!r} must be an array or a Python number, "
-                                   f"got {type(x).__name__}")
+                constants[name] = self._constant(name, x)
         return tensors, constants
+
+    def _constant(self, name: str, x):
+        """A non-tensor argument as the Python value the trace sees: numbers, bools, strings and None;
+        a NumPy scalar or 0-d host array becomes its number."""
+        spec = self.annotations.get(name)
+        if spec is not None:
+            raise ArgumentKindError(f"{self.name}: argument {name!r} is annotated {spec} but got {_kind(x)}")
+        if _is_array(x) and _on_gpu(x):
+            raise ArgumentKindError(f"{self.name}: argument {name!r} is a 0-d CUDA tensor; pass a Python number "
+                                    f"({name}.item()), which becomes a constant of the kernels")
+        if _is_array(x):
+            try:
+                return np.asarray(x).item()
+            except (TypeError, ValueError, RuntimeError) as e:
+                raise ArgumentKindError(f"{self.name}: argument {name!r} is a 0-d {type(x).__name__} that is not "
+                                        f"a number ({e})") from None
+        if x is None or isinstance(x, (int, float, bool, str)):
+            return x
+        raise ArgumentKindError(f"{self.name}: argument {name!r} must be an array, a number, a string or None, "
+                                f"got {_kind(x)}")
 
     def arg_specs(self, tensors: Sequence[tuple[str, Any]]) -> tuple[dict[str, int], list[ArgSpec]]:
         return bind_dims(self.name, [(n, self.annotations.get(n), tuple(int(s) for s in x.shape),
@@ -117,11 +152,12 @@ class Function:
         return specs
 
     def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None):
-        """Graph IR module for these argument specs."""
+        """Graph IR module for these argument specs, its results checked against the return annotation."""
         bindings, checked = bind_dims(self.name, [(a.name, self.annotations.get(a.name), a.shape, a.dtype)
                                                   for a in args])
         outputs = [a.name for a in args] if self.writes_outputs else ()
-        module, _ = trace(self.fn, self.name, checked, bindings, constants or {}, outputs)
+        returns = None if self.writes_outputs else declared_returns(self.signature.return_annotation)
+        module, _ = trace(self.fn, self.name, checked, bindings, constants or {}, outputs, returns)
         return module
 
     def compile(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None, **options):
@@ -130,32 +166,43 @@ class Function:
 
         if self.space is not None:
             options.setdefault("space", self.space)
+        empty = [f"{a.name!r} {list(a.shape)}" for a in args if 0 in a.shape]
+        if empty:
+            raise ShapeError(f"{self.name}: argument {empty[0]} has a zero-size dim, which leaves no kernel to "
+                             f"compile; a call with it returns empty results and launches nothing")
         return compile_module(self.trace(args, constants), **options)
 
     # --- calling -------------------------------------------------------------------------
-    @staticmethod
-    def _cache_key(tensors, constants, options: dict) -> tuple:
-        """What a compile depends on: shapes, dtypes, constants and options (a space's lists frozen)."""
+    def _cache_key(self, tensors, constants, options: dict) -> tuple:
+        """What a compile depends on: shapes, dtypes, constants, options (a space's lists frozen) and
+        the values of the globals and closure variables the function reads."""
         frozen = {name: tuple(sorted((p, tuple(vals)) for p, vals in value.items())) if name == "space" else value
                   for name, value in options.items()}
         return (tuple((tuple(x.shape), str(x.dtype)) for _, x in tensors),
-                tuple(sorted(constants.items())), tuple(sorted(frozen.items())))
+                tuple(sorted(constants.items())), tuple(sorted(frozen.items())), self.captures.key())
 
     def _compiled_for(self, tensors, constants, options: dict):
+        """The compile for this call, from the cache or made now; a call with a zero-size dim gets a
+        `ZeroSizeCall`, which computes its results without kernels."""
         key = self._cache_key(tensors, constants, options)
         compiled = self._cache.get(key)
         if compiled is None:
             _, specs = self.arg_specs(tensors)
-            compiled = self.compile(specs, constants, **options)
+            if _zero_size(tensors):
+                compiled = ZeroSizeCall(self.trace(specs, constants))
+            else:
+                compiled = self.compile(specs, constants, **options)
             self._cache[key] = compiled
+            # A trace may change what it reads (appending to a list it captured): what it left is keyed too.
+            self._cache.setdefault(self._cache_key(tensors, constants, options), compiled)
         return compiled
 
     def _tuned_options(self, tensors, constants, options: dict, device: int) -> dict:
         """`options` with the autotuner's schedule for this call (measured on its first call)."""
-        if self.tuner is None or "space" in options:
+        if self.tuner is None or "space" in options or _zero_size(tensors):
             return options
         call = (tuple((tuple(x.shape), str(x.dtype)) for _, x in tensors), tuple(sorted(constants.items())),
-                device, tuple(sorted(options.items())))
+                device, tuple(sorted(options.items())), self.captures.key())
         if call not in self._tuned:   # the steady state skips the key's JSON and the tuner's lookup
             self._tuned[call] = self._tuned_space(tensors, constants, options, device)
         return {**options, "space": self._tuned[call]}
@@ -219,8 +266,15 @@ class Function:
         self._programs[key] = (program, tuple(names.index(n) for n, _ in tensors),
                                tuple(names.index(n) for n in out_names))
 
-    def __call__(self, *args, **options):
+    def _call_key(self, args, options: dict) -> tuple | None:
+        """`_gpu_call_key` with the values of the globals and closure variables read."""
         key = self._gpu_call_key(args, options)
+        return None if key is None else (key, self.captures.key())
+
+    def __call__(self, *args, **options):
+        """Runs on the arguments' device; results come back in the first tensor argument's kind
+        (torch in, torch out, on the CPU too; NumPy in, NumPy out; CuPy in, CuPy out)."""
+        key = self._call_key(args, options)
         known = self._programs.get(key) if key is not None else None
         if known is not None:
             program, inputs, _ = known
@@ -235,7 +289,8 @@ class Function:
             self._remember_program(key, program, tensors)
         else:
             compiled = self._compiled_for(tensors, constants, options)
-            outs = compiled.run(*[_to_numpy(x) for _, x in tensors])
+            outs = compiled.run(*[interop.host_array(x) for _, x in tensors])
+            outs = [interop.host_like(tensors[0][1], o) for o in outs] if tensors else outs
         return outs[0] if len(outs) == 1 else tuple(outs)
 
 
@@ -245,7 +300,7 @@ class Kernel(Function):
     writes_outputs = True
 
     def __call__(self, *args, **options):
-        key = self._gpu_call_key(args, options)
+        key = self._call_key(args, options)
         known = self._programs.get(key) if key is not None else None
         if known is not None:
             program, inputs, outs = known
@@ -258,17 +313,38 @@ class Kernel(Function):
             options = self._tuned_options(tensors, constants, options, device)
             compiled = self._compiled_for(tensors, constants, options)
             program = compiled.gpu_program(device)
+            if _reads_an_output(compiled):
+                program = _OutputsThroughCopies(program)
             program(*[x for _, x in tensors], out=[arrays[n] for n in compiled.result_names])
             self._remember_program(key, program, tensors, compiled.result_names)
             return None
         compiled = self._compiled_for(tensors, constants, options)
-        outs = compiled.run(*[_to_numpy(x) for _, x in tensors])
+        outs = compiled.run(*[interop.host_array(x) for _, x in tensors])
         for name, value in zip(compiled.result_names, outs):
-            target = arrays[name]
-            if not isinstance(target, np.ndarray):
-                raise TesseraError(f"{self.name}: output {name!r} must be a writable NumPy array on the CPU")
-            target[...] = value
+            interop.write_host(arrays[name], value, f"{self.name}: output {name!r}")
         return None
+
+
+def _reads_an_output(compiled) -> bool:
+    """Whether a @kernel reads (the old contents of) an argument it also writes: `C[:] = C @ B`."""
+    if isinstance(compiled, ZeroSizeCall):
+        return False
+    args = dict(zip(compiled.arg_names, next(iter(compiled.graph.ops)).body.block.args))
+    return any(args[name].uses for name in compiled.result_names)
+
+
+class _OutputsThroughCopies:
+    """A @kernel's GPU program writing into fresh arrays that are then copied into its outputs: for
+    a kernel that reads an output it writes (`C[:] = C @ B`), whose blocks would otherwise read
+    parts of C that other blocks already overwrote."""
+
+    def __init__(self, program):
+        self.program = program
+
+    def __call__(self, *inputs, out: Sequence) -> Sequence:
+        for target, result in zip(out, self.program(*inputs), strict=True):
+            interop.copy_on_device(target, result)
+        return out
 
 
 def function(fn: Callable | None = None, **kw):

@@ -12,9 +12,11 @@ from typing import Sequence
 
 import builtins
 
+import numpy as np
+
 from .. import dtypes
 from ..dtypes import DType
-from ..errors import DTypeError, ShapeError, TesseraError
+from ..errors import ArgumentKindError, DTypeError, ShapeError, TesseraError
 from .tensor import SymInt, Tensor
 from .trace import current_trace
 
@@ -75,11 +77,19 @@ def _operands(xs: Sequence) -> list[Tensor]:
     for x in xs:
         if isinstance(x, Tensor):
             out.append(x)
-        elif isinstance(x, (bool, int, float)):
+        elif isinstance(x, (bool, int, float, np.bool_, np.number)) and np.ndim(x) == 0:
+            x = x.item() if isinstance(x, np.generic) else x
             out.append(constant(x, _scalar_dtype(x, like)))
         else:
-            raise TypeError(f"tessera ops take Tensors and Python numbers, got {type(x).__name__}")
+            raise ArgumentKindError(f"tessera ops take traced Tensors and Python numbers, got {_kind(x)}")
     return out
+
+
+def _kind(x) -> str:
+    """What a value the ops cannot take is, for an error message."""
+    if hasattr(x, "shape") and hasattr(x, "dtype"):
+        return f"a {type(x).__name__} of shape {tuple(x.shape)} (arrays are passed as arguments, not captured)"
+    return f"a {type(x).__name__} ({x!r:.40})"
 
 
 def _broadcast(xs: Sequence[Tensor], what: str) -> tuple:
@@ -92,12 +102,25 @@ def _broadcast(xs: Sequence[Tensor], what: str) -> tuple:
         raise ShapeError(f"{what}: shapes do not broadcast: {names}") from e
 
 
+#: ops torch refuses on bool operands, with what it says to use instead
+_NOT_ON_BOOL = {"neg": "to invert a mask use ~x or tsr.logical_not(x)",
+                "sub": "use tsr.ne(a, b) (exclusive or) or cast to int32 first",
+                "floor_divide": "cast to int32 first", "remainder": "cast to int32 first"}
+
+
 def elementwise(kind: str, *xs) -> Tensor:
     g = _graph()
     operands = _operands(xs)
     entry = g.ELEMENTWISE[kind]
     if kind == "where" and operands[0].dtype != dtypes.bool_:
         raise DTypeError(f"where: the condition must be bool, got {operands[0].dtype}")
+    if kind in _NOT_ON_BOOL and all(x.dtype == dtypes.bool_ for x in operands):
+        names = " and ".join(f"{_label(x)}" for x in operands)
+        raise DTypeError(f"{kind} of bool {names} is not supported (as in torch): {_NOT_ON_BOOL[kind]}")
+    for x in operands:
+        if x.dtype.is_float and x.dtype.bits == 8:
+            raise DTypeError(f"{kind} of {x.dtype} {_label(x)}: fp8 is a storage type (torch has no arithmetic "
+                             f"on it either); cast to a wider float first with .to(tsr.fp32)")
     dims = _broadcast(operands, kind)
     dt = g.elementwise_result_dtype(entry, [x.dtype for x in operands])
     op = current_trace().add(g.ELEMENTWISE_OPS[kind]([x.value for x in operands], g.TensorType.of(dims, dt)))
@@ -141,7 +164,7 @@ def _in_fp32(composite):
         if isinstance(x, Tensor) and x.dtype.is_float and x.dtype.bits < 32:
             return cast(composite(cast(x, dtypes.fp32), *args, **kwargs), x.dtype)
         return composite(x, *args, **kwargs)
-    wrapper.__name__, wrapper.__doc__ = composite.__name__, composite.__doc__
+    wrapper.__name__, wrapper.__doc__, wrapper.__module__ = composite.__name__, composite.__doc__, composite.__module__
     return wrapper
 
 
@@ -189,7 +212,7 @@ def permute(x: Tensor, *perm) -> Tensor:
         raise ShapeError(f"permute: {list(perm)} is not a permutation of the {x.ndim} dims of {_label(x)}")
     dims = tuple(x.dims[p] for p in perm)
     op = current_trace().add(g.TransposeOp(x.value, perm, g.TensorType.of(dims, x.dtype)))
-    return _make(op.res, dims, x.dtype, _label(x))
+    return _view(x, _make(op.res, dims, x.dtype, _label(x)), lambda base: permute(base, *perm))
 
 
 def transpose(x: Tensor, d0: int, d1: int) -> Tensor:
@@ -220,7 +243,7 @@ def reshape(x: Tensor, *shape) -> Tensor:
         else:
             dims.append(size)
     op = trace.add(g.ReshapeOp(x.value, g.TensorType.of(dims, x.dtype)))
-    return _make(op.res, tuple(dims), x.dtype, _label(x))
+    return _view(x, _make(op.res, tuple(dims), x.dtype, _label(x)), lambda base: _reshape_dims(base, dims))
 
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:
@@ -231,12 +254,22 @@ def unsqueeze(x: Tensor, dim: int) -> Tensor:
 def _reshape_dims(x: Tensor, dims) -> Tensor:
     g = _graph()
     op = current_trace().add(g.ReshapeOp(x.value, g.TensorType.of(dims, x.dtype)))
-    return _make(op.res, tuple(dims), x.dtype, _label(x))
+    return _view(x, _make(op.res, tuple(dims), x.dtype, _label(x)), lambda base: _reshape_dims(base, dims))
+
+
+def _view(x: Tensor, view: Tensor, remake) -> Tensor:
+    """`view`, registered as a view of `x` that `remake(x)` makes again: a store into `x` reaches
+    it, as it reaches a NumPy or PyTorch view."""
+    current_trace().note_view(x, view, remake)
+    return view
 
 
 def getitem(x: Tensor, index) -> Tensor:
     """NumPy-style indexing with `None` (new axis), `:` and `...`."""
     items = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(i, int) or (isinstance(i, slice) and i != slice(None)) for i in items):
+        from .torch_ops import index as index_static   # ints and ranges: a window of x
+        return _view(x, index_static(x, items), lambda base: index_static(base, items))   # stores reach it
     if builtins.sum(1 for i in items if i is Ellipsis) > 1:
         raise ShapeError("indexing: at most one '...'")
     consumed = builtins.sum(1 for i in items if i is not None and i is not Ellipsis)
@@ -261,17 +294,101 @@ def getitem(x: Tensor, index) -> Tensor:
 
 
 def setitem(x: Tensor, index, value) -> None:
-    """`C[:] = expr` in a @kernel: the destination-passing output store."""
+    """`x[index] = value`, as in NumPy: every later read of `x` (and of the views taken of it)
+    sees the store. In a @kernel a store into an argument makes it an output (`C[:] = ...`);
+    anywhere else the store changes the traced value only (a @function returns its results).
+    The value broadcasts to the indexed part; a partial store (`x[0] = v`, `x[:, 2:5] = v`)
+    becomes `where(in the part, v, x)`."""
     trace = current_trace()
-    if index not in (slice(None), Ellipsis) and index != (slice(None),) * x.ndim:
-        raise TesseraError("kernel outputs are written whole: use C[:] = ... or C[...] = ...")
-    name = getattr(x, "label", None)
-    if not any(a.type == x.value.type and a is x.value for a in trace.block.args):
-        raise TesseraError("only kernel arguments can be assigned to (destination-passing outputs)")
+    parent = trace.view_parent.get(id(x))
+    if parent is not None:
+        raise TesseraError(f"store into a view of {_label(parent)} (a transpose, reshape, window or [None] of it): "
+                           f"store into {_label(parent)} itself")
     value = _operands([value])[0] if not isinstance(value, Tensor) else value
-    if tuple(trace.size(d) for d in value.dims) != tuple(trace.size(d) for d in x.dims):
-        raise ShapeError(f"store to {name!r}: value {_show(value)} does not match {_show(x)}")
-    trace.stored[name] = cast(value, x.dtype)
+    region = _store_region(x, index)
+    stored = cast(_placed(x, region, value), x.dtype)
+    mask = _region_mask(x, region)
+    trace.rebind(x, stored if mask is None else elementwise("where", mask, stored, x))
+    name = getattr(x, "argument", None)
+    if name is not None:
+        trace.stored[name] = x
+
+
+def _store_region(x: Tensor, index) -> list:
+    """Per dim of `x`, what a store index selects: slice(None) (all of it), an int, or a
+    (start, stop) range. Supports ints, unit-step slices and one '...'."""
+    items = list(index) if isinstance(index, tuple) else [index]
+    if builtins.sum(1 for i in items if i is Ellipsis) > 1:
+        raise ShapeError("store: at most one '...' in the index")
+    if Ellipsis in items:
+        at = items.index(Ellipsis)
+        items[at:at + 1] = [slice(None)] * (x.ndim - len(items) + 1)
+    if len(items) > x.ndim:
+        raise ShapeError(f"store into {_label(x)} {_show(x)}: {len(items)} indices for rank {x.ndim}")
+    items += [slice(None)] * (x.ndim - len(items))
+    region = []
+    for axis, item in enumerate(items):
+        size = current_trace().size(x.dims[axis])
+        dim = _dim_str(x.dims[axis], current_trace())
+        if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer, slice)):
+            raise TesseraError(f"store into {_label(x)}: index {item!r} of dim {axis} ({dim}) is not supported; "
+                               f"use ints, unit-step slices and '...'")
+        if not isinstance(item, slice):
+            if not -size <= item < size:
+                raise ShapeError(f"store into {_label(x)}: index {item} is out of range for dim {axis} ({dim})")
+            region.append(int(item) % size)
+            continue
+        start, stop, step = item.indices(size)
+        if step != 1:
+            raise TesseraError(f"store into {_label(x)}: slice {item.start}:{item.stop}:{item.step} of dim {axis} "
+                               f"({dim}) has a step; only unit-step slices can be stored to")
+        region.append(slice(None) if (start, stop) == (0, size) else (start, max(start, stop)))
+    return region
+
+
+def _placed(x: Tensor, region: list, value: Tensor) -> Tensor:
+    """`value` broadcast (NumPy's rule) to the shape `x[region]` has, as a tensor of `x`'s rank:
+    an int index's dim kept as size 1. Inside a part of a dim, the value must be constant along
+    it (size 1): placing a varying value at an offset needs a shift no op expresses."""
+    trace = current_trace()
+    kept = [axis for axis, r in enumerate(region) if not isinstance(r, int)]
+    sizes = {axis: (trace.size(x.dims[axis]) if r == slice(None) else r[1] - r[0])
+             for axis, r in enumerate(region) if not isinstance(r, int)}
+    if value.ndim > len(kept):
+        raise ShapeError(f"store into {_label(x)} {_show(x)}: value {_show(value)} has more dims than the "
+                         f"part stored to")
+    leading = len(kept) - value.ndim
+    dims: list = [1] * x.ndim
+    for i, d in enumerate(value.dims):
+        axis = kept[leading + i]
+        size = trace.size(d)
+        if size not in (1, sizes[axis]):
+            raise ShapeError(f"store into {_label(x)} {_show(x)}: value {_show(value)} does not broadcast to "
+                             f"the {sizes[axis]} elements of dim {axis} ({_dim_str(x.dims[axis], trace)}) stored to")
+        if size != 1 and region[axis] != slice(None):
+            raise TesseraError(f"store into {_label(x)}: the value varies along dim {axis} "
+                               f"({_dim_str(x.dims[axis], trace)}) but fills only part of it; store a value of "
+                               f"size 1 there, or a whole dim")
+        dims[axis] = d
+    placed = value if tuple(dims) == value.dims else _reshape_dims(value, dims)
+    whole = all(r == slice(None) for r in region)
+    if whole and [trace.size(d) for d in dims] != [trace.size(d) for d in x.dims]:   # a broadcast value
+        return elementwise("where", constant(True, dtypes.bool_), placed, x)
+    return placed
+
+
+def _region_mask(x: Tensor, region: list) -> Tensor | None:
+    """The bool tensor that holds where `region` lies in `x` (broadcast over the whole dims), or
+    None for all of `x`."""
+    mask = None
+    for axis, r in enumerate(region):
+        if r == slice(None):
+            continue
+        positions = arange(x.shape[axis])
+        inside = eq(positions, r) if isinstance(r, int) else logical_and(ge(positions, r[0]), lt(positions, r[1]))
+        shaped = _reshape_dims(inside, (1,) * axis + inside.dims + (1,) * (x.ndim - axis - 1))
+        mask = shaped if mask is None else logical_and(mask, shaped)
+    return mask
 
 
 # --- matmul and reductions ------------------------------------------------------------
@@ -280,8 +397,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     """Batched matrix product with broadcast batch dims, like torch.matmul for rank >= 2."""
     g = _graph()
     trace = current_trace()
-    if not isinstance(a, Tensor) or not isinstance(b, Tensor):
-        raise TypeError("matmul takes two Tensors")
+    for name, x in (("first", a), ("second", b)):
+        if not isinstance(x, Tensor):
+            raise ArgumentKindError(f"matmul: the {name} operand must be a traced Tensor, got {_kind(x)}")
     if a.ndim < 2 or b.ndim < 2:
         raise ShapeError(f"matmul needs rank >= 2 operands: {_label(a)} {_show(a)}, {_label(b)} {_show(b)}")
     ka, kb = a.dims[-1], b.dims[-2]
@@ -307,7 +425,9 @@ def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
     """One graph.reduce per reduced dim, each keeping its dim; the requested shape is a view at the end.
 
     A rank-1 input is viewed as one row ([1, N]) first, so every reduction has rows to spread over
-    programs; `x.sum()` of any tensor works the same way and ends in a rank-0 view.
+    programs; `x.sum()` of any tensor works the same way and ends in a rank-0 view. A sum or mean
+    over several dims of a 16-bit float keeps its partial results in fp32, as PyTorch's single
+    reduction does (rounding each partial to fp16 cost 2% on a 257-element fp16 sum the fuzzer drew).
     """
     g = _graph()
     axes = range(x.ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
@@ -320,10 +440,12 @@ def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
     label = f"{kind} of {_label(x)}"
     if x.ndim == 1:
         x, axes = _reshape_dims(x, (1, x.dims[0])), [1]
-    for axis in axes:
+    partial_dt = dtypes.fp32 if kind in ("sum", "mean") and out_dt.is_float and out_dt.bits < 32 else out_dt
+    for i, axis in enumerate(axes):
         dims = x.dims[:axis] + (1,) + x.dims[axis + 1:]
-        op = current_trace().add(g.ReduceOp(x.value, kind, axis, True, g.TensorType.of(dims, out_dt)))
-        x = _make(op.res, dims, out_dt, label)
+        dt = out_dt if i == len(axes) - 1 else partial_dt
+        op = current_trace().add(g.ReduceOp(x.value, kind, axis, True, g.TensorType.of(dims, dt)))
+        x = _make(op.res, dims, dt, label)
     return x if x.dims == final else _reshape_dims(x, final)
 
 
@@ -401,3 +523,9 @@ def arange(n) -> Tensor:
     dim = n.name if isinstance(n, SymInt) and n.name else int(n)
     op = current_trace().add(g.ArangeOp(g.TensorType.of((dim,), dtypes.int32)))
     return _make(op.res, (dim,), dtypes.int32, "arange")
+
+
+from .torch_ops import (  # noqa: E402  (PyTorch's ops, built from the primitives above)
+    ValuesIndices, argmax, argmin, cat, clamp, clip, concat, einsum, expand, flatten, floor_divide, log_softmax,
+    logsumexp, masked_fill, mT, remainder, stack, std, tril, triu, var,
+)

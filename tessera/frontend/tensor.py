@@ -132,11 +132,62 @@ class Tensor:
     def mean(self, dim=None, keepdim: bool = False) -> "Tensor":
         return _ops().mean(self, dim, keepdim)
 
-    def max(self, dim=None, keepdim: bool = False) -> "Tensor":
+    def max(self, dim=None, keepdim: bool = False):
+        """torch.Tensor.max: the largest element; with `dim`, a (values, indices) named tuple; with
+        a tensor, the elementwise maximum (`tsr.max`)."""
+        return _torch_ops().max(self, dim, keepdim)
+
+    def min(self, dim=None, keepdim: bool = False):
+        """torch.Tensor.min: as `max`, for the smallest."""
+        return _torch_ops().min(self, dim, keepdim)
+
+    def amax(self, dim=None, keepdim: bool = False) -> "Tensor":
         return _ops().amax(self, dim, keepdim)
 
-    def min(self, dim=None, keepdim: bool = False) -> "Tensor":
+    def amin(self, dim=None, keepdim: bool = False) -> "Tensor":
         return _ops().amin(self, dim, keepdim)
+
+    def argmax(self, dim=None, keepdim: bool = False) -> "Tensor":
+        return _torch_ops().argmax(self, dim, keepdim)
+
+    def argmin(self, dim=None, keepdim: bool = False) -> "Tensor":
+        return _torch_ops().argmin(self, dim, keepdim)
+
+    def var(self, dim=None, *, correction=1, keepdim: bool = False) -> "Tensor":
+        return _torch_ops().var(self, dim, correction=correction, keepdim=keepdim)
+
+    def std(self, dim=None, *, correction=1, keepdim: bool = False) -> "Tensor":
+        return _torch_ops().std(self, dim, correction=correction, keepdim=keepdim)
+
+    def logsumexp(self, dim, keepdim: bool = False) -> "Tensor":
+        return _torch_ops().logsumexp(self, dim, keepdim)
+
+    def log_softmax(self, dim: int = -1) -> "Tensor":
+        return _torch_ops().log_softmax(self, dim)
+
+    def clamp(self, min=None, max=None) -> "Tensor":
+        return _torch_ops().clamp(self, min, max)
+
+    clip = clamp
+
+    def masked_fill(self, mask, value) -> "Tensor":
+        return _torch_ops().masked_fill(self, mask, value)
+
+    def tril(self, diagonal: int = 0) -> "Tensor":
+        return _torch_ops().tril(self, diagonal)
+
+    def triu(self, diagonal: int = 0) -> "Tensor":
+        return _torch_ops().triu(self, diagonal)
+
+    def flatten(self, start_dim: int = 0, end_dim: int = -1) -> "Tensor":
+        return _torch_ops().flatten(self, start_dim, end_dim)
+
+    def expand(self, *sizes) -> "Tensor":
+        return _torch_ops().expand(self, *sizes)
+
+    @property
+    def mT(self) -> "Tensor":
+        return _torch_ops().mT(self)
 
     def softmax(self, dim: int = -1) -> "Tensor":
         return _ops().softmax(self, dim)
@@ -159,6 +210,27 @@ class Tensor:
     def __setitem__(self, index, value) -> None:
         _ops().setitem(self, index, value)
 
+    # --- in place, as in NumPy: `x += y` stores into x, which every name of it (and its views) sees
+    def __iadd__(self, o): self[...] = self + o; return self
+    def __isub__(self, o): self[...] = self - o; return self
+    def __imul__(self, o): self[...] = self * o; return self
+    def __itruediv__(self, o): self[...] = self / o; return self
+    def __ifloordiv__(self, o): self[...] = self // o; return self
+    def __imod__(self, o): self[...] = self % o; return self
+    def __ipow__(self, o): self[...] = self ** o; return self
+    def __imatmul__(self, o): self[...] = self @ o; return self
+    def __iand__(self, o): self[...] = self & o; return self
+    def __ior__(self, o): self[...] = self | o; return self
+
+    # --- NumPy's functions on a traced tensor (np.exp(x), np.where(...)): tessera ops, or refused
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from . import numpy_compat
+        return numpy_compat.array_ufunc(ufunc, method, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        from . import numpy_compat
+        return numpy_compat.array_function(func, args, kwargs)
+
     # --- operators -------------------------------------------------------------------
     def __add__(self, o): return _ops().add(self, o)
     def __radd__(self, o): return _ops().add(o, self)
@@ -168,12 +240,16 @@ class Tensor:
     def __rmul__(self, o): return _ops().mul(o, self)
     def __truediv__(self, o): return _ops().div(self, o)
     def __rtruediv__(self, o): return _ops().div(o, self)
+    def __floordiv__(self, o): return _torch_ops().floor_divide(self, o)
+    def __rfloordiv__(self, o): return _torch_ops().floor_divide(o, self)
+    def __mod__(self, o): return _torch_ops().remainder(self, o)
+    def __rmod__(self, o): return _torch_ops().remainder(o, self)
     def __pow__(self, o): return _ops().pow(self, o)
     def __rpow__(self, o): return _ops().pow(o, self)
     def __matmul__(self, o): return _ops().matmul(self, o)
     def __rmatmul__(self, o): return _ops().matmul(o, self)
     def __neg__(self): return _ops().neg(self)
-    def __pos__(self): return self
+    def __pos__(self): return Tensor(self._trace, self.value, self.dims, self.dtype)   # a copy, as in NumPy
     def __abs__(self): return _ops().abs(self)
     def __lt__(self, o): return _ops().lt(self, o)
     def __le__(self, o): return _ops().le(self, o)
@@ -190,6 +266,11 @@ class Tensor:
 def _ops():
     from . import ops
     return ops
+
+
+def _torch_ops():
+    from . import torch_ops
+    return torch_ops
 
 
 def check_dtype(name: str, want: DType | None, got: DType) -> None:

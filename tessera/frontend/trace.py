@@ -9,12 +9,14 @@ from __future__ import annotations
 
 import contextvars
 import inspect
+import linecache
 import os
+import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..dtypes import DType
-from ..errors import ShapeError, TesseraError, user_frame
+from ..errors import DTypeError, ShapeError, TesseraError, user_frame
 from .tensor import Tensor, TensorSpec, check_dtype
 
 _CURRENT: contextvars.ContextVar["Trace | None"] = contextvars.ContextVar("tessera_trace", default=None)
@@ -48,6 +50,10 @@ class Trace:
         self.block = Block()
         self.stored: dict[str, Tensor] = {}
         self.regions: list[str] = []
+        # id(tensor) -> [(view, remake)]: the views taken of it, re-made from it after a store
+        self.views: dict[int, list[tuple[Tensor, Callable[[Tensor], Tensor]]]] = {}
+        self.view_parent: dict[int, Tensor] = {}   # id(view) -> the tensor it views
+        self._remaking = False
 
     def size(self, d: str | int) -> int:
         return d if isinstance(d, int) else self.bindings[d]
@@ -60,6 +66,26 @@ class Trace:
         op.attributes |= provenance.loc_attributes(source_loc(), self.regions)
         self.block.add_op(op)
         return op
+
+    def note_view(self, parent: Tensor, view: Tensor, remake: Callable[[Tensor], Tensor]) -> None:
+        """Records that `view` is `remake(parent)` without a copy (a transpose, a reshape), so a
+        store into `parent` reaches it as a store reaches a NumPy view."""
+        if self._remaking:   # a view re-made after a store stays registered under its first making
+            return
+        self.views.setdefault(id(parent), []).append((view, remake))
+        self.view_parent[id(view)] = parent
+
+    def rebind(self, x: Tensor, new: Tensor) -> None:
+        """A store: `x` (the Python object every name of it holds) now has `new`'s value, and each
+        view taken of it is re-made from that value, so every later read sees the store."""
+        x.value, x.dims, x.dtype = new.value, new.dims, new.dtype
+        for view, remake in self.views.get(id(x), ()):
+            outer, self._remaking = self._remaking, True
+            try:
+                remade = remake(x)
+            finally:
+                self._remaking = outer
+            self.rebind(view, remade)
 
 
 def source_loc():
@@ -105,8 +131,9 @@ def bind_dims(fn_name: str, specs: Sequence[tuple[str, TensorSpec | None, tuple[
 
 
 def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[str, int],
-          constants: dict[str, Any], outputs: Sequence[str] = ()):
-    """Run `fn` on traced tensors; return the graph module and the output arg names it stored to."""
+          constants: dict[str, Any], outputs: Sequence[str] = (), returns: Sequence[TensorSpec] | None = None):
+    """Run `fn` on traced tensors; return the graph module and the output arg names it stored to.
+    `returns`: what the return annotation declares, checked against the results."""
     from xdsl.dialects import func
     from xdsl.dialects.builtin import ModuleOp
     from xdsl.ir import Region
@@ -118,7 +145,7 @@ def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[st
     for a in args:
         value = t.block.insert_arg(graph.TensorType.of(a.dims, a.dtype), len(t.block.args))
         params[a.name] = Tensor(t, value, a.dims, a.dtype)
-        params[a.name].label = a.name
+        params[a.name].label = params[a.name].argument = a.name
     token = _CURRENT.set(t)
     try:
         ordered = [params[name] for name in inspect.signature(fn).parameters]
@@ -132,7 +159,10 @@ def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[st
     for r in results:
         if not isinstance(r, Tensor):
             raise TesseraError(f"{fn_name} must return tensors computed from its arguments, got {type(r).__name__}")
+    if returns is not None:
+        check_returns(fn, fn_name, results, returns, t)
     t.block.add_op(func.ReturnOp(*[r.value for r in results]))
+    _drop_dead_ops(t.block)
     ftype = ([a.type for a in t.block.args], [r.value.type for r in results])
     f = func.FuncOp(fn_name, ftype, Region(t.block))
     f.attributes["tessera.dims"] = graph.dims_attr(t.bindings)
@@ -152,6 +182,66 @@ def _collect_results(fn_name, result, t: Trace, outputs) -> list:
     if result is None:
         raise TesseraError(f"{fn_name} returned None; a @tessera.function returns its result tensors")
     return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def declared_returns(annotation) -> list[TensorSpec] | None:
+    """The `Tensor[...]`s a return annotation declares (`-> Tensor[...]`, `-> tuple[Tensor[...], ...]`),
+    or None when it declares none to check (no annotation, a bare `Tensor`, a tuple of any length)."""
+    if isinstance(annotation, TensorSpec):
+        return [annotation]
+    items = typing.get_args(annotation) if typing.get_origin(annotation) is tuple else annotation
+    if isinstance(items, tuple) and items and all(isinstance(i, TensorSpec) for i in items):
+        return list(items)
+    return None
+
+
+def check_returns(fn: Callable, fn_name: str, results: Sequence[Tensor], declared: Sequence[TensorSpec],
+                  t: Trace) -> None:
+    """The results against the return annotation: their count, each one's rank, dims (a declared
+    name must have the size it is bound to; one bound nowhere else binds here) and dtype. Errors
+    point at the annotation's `def` line and name the dims as the user wrote them."""
+    where = _def_location(fn)
+    if len(results) != len(declared):
+        raise ShapeError(f"{fn_name} is annotated to return {len(declared)} tensor(s) but returns {len(results)}",
+                         where)
+    bound = dict(t.bindings)   # plus dims only the annotation names, bound by the first result using them
+    for i, (r, spec) in enumerate(zip(results, declared)):
+        what = f"{fn_name}: result {i}" if len(results) > 1 else f"{fn_name}: the result"
+        got = "[" + ", ".join(f"{d}={t.size(d)}" if isinstance(d, str) else str(d) for d in r.dims) + "]"
+        if len(spec.dims) != len(r.dims):
+            raise ShapeError(f"{what} is annotated {spec} (rank {len(spec.dims)}) but is {got} (rank {len(r.dims)})",
+                             where)
+        for axis, (want, have) in enumerate(zip(spec.dims, r.dims)):
+            size = t.size(have)
+            expected = want if isinstance(want, int) else bound.setdefault(want, size)
+            if size != expected:
+                named = want if isinstance(want, int) else f"{want}={expected}"
+                raise ShapeError(f"{what} is annotated {spec} but is {got}: dim {axis} is {size} where the "
+                                 f"annotation says {named}", where)
+        if spec.dtype is not None and spec.dtype != r.dtype:
+            raise DTypeError(f"{what} is annotated {spec.dtype.name} but is {r.dtype.name} ({spec}); "
+                             f"cast it with .to(tsr.{spec.dtype.name})", where)
+
+
+def _def_location(fn: Callable) -> str | None:
+    """`file:line` of `fn`'s `def` line, where its annotations are (its code starts at the first
+    decorator)."""
+    code = getattr(fn, "__code__", None)
+    if code is None:
+        return None
+    for line in range(code.co_firstlineno, code.co_firstlineno + 32):
+        if linecache.getline(code.co_filename, line).lstrip().startswith(("def ", "async def ")):
+            return f"{code.co_filename}:{line}"
+    return f"{code.co_filename}:{code.co_firstlineno}"
+
+
+def _drop_dead_ops(block) -> None:
+    """Erases ops whose results nothing reads (a value computed and never used, a view re-made
+    after a store that nobody reads again), so no kernel computes them. Ops without results
+    (asserts) stay."""
+    for op in reversed(list(block.ops)):
+        if op.results and all(not r.uses for r in op.results):
+            block.erase_op(op)
 
 
 def _str_array(names: Sequence[str]):

@@ -1,15 +1,30 @@
 """The oracle: a NumPy interpreter of Graph IR.
 
-Every graph op is evaluated in float64 (int64 for integers) and rounded to its
-result dtype, as PyTorch rounds each op's result. CPU tests and GPU tests both
-compare generated kernels against this.
+Every graph op is evaluated in float64 (int64 for integers) on the same,
+dtype-rounded, inputs the kernels get, and a float op's result stays float64:
+only an explicit `graph.cast` rounds (to its destination type, as the kernels'
+casts do), integer and bool results keep their dtype's values, and each result
+is rounded once to its dtype at the end. So the reference is the exact answer
+for the inputs, never less accurate than a fused kernel that computes in fp32
+registers and rounds at its store (rounding every op's result to bf16, as the
+oracle once did, made it less accurate than the kernel: 8e-2 against 2e-3 on
+bf16 ALiBi attention). `run_graph(..., exact=False)` is the per-op-rounded
+evaluation of old, PyTorch's eager semantics, for sensitivity estimates.
+
+`tolerance` and `output_tolerances` give the accuracy a kernel's output must
+have against it, from the output's dtype and its reduction length. `tessera
+run`, `tessera demo` and the tests compare against this.
 """
 from __future__ import annotations
 
-from typing import Callable, Sequence
+import math
+from dataclasses import dataclass
+from typing import Callable, Iterable, Sequence
 
 import numpy as np
 
+from .. import dtypes
+from ..dtypes import DType
 from ..errors import DeviceAssertError
 from ..ir import graph as g
 from ..ir import provenance
@@ -19,12 +34,13 @@ def _wide(x: np.ndarray) -> np.ndarray:
     if x.dtype == np.bool_:
         return x
     if np.issubdtype(x.dtype, np.integer):
-        return x.astype(np.int64)
-    return x.astype(np.float64)
+        return x.astype(np.int64, copy=False)
+    return x.astype(np.float64, copy=False)
 
 
 def _softmax(x: np.ndarray, axis: int) -> np.ndarray:
-    m = np.max(x, axis=axis, keepdims=True)
+    """Softmax about the row max; a row of no elements is an empty softmax (as in torch), not an error."""
+    m = np.max(x, axis=axis, keepdims=True, initial=-np.inf)
     with np.errstate(invalid="ignore"):
         e = np.exp(x - m)
         return e / np.sum(e, axis=axis, keepdims=True)
@@ -77,8 +93,11 @@ _RULES: dict[type, Callable] = {
     g.ArangeOp: lambda op, bindings: np.arange(_concrete(op.res.type, bindings)[0], dtype=np.int64),
     g.ConstantOp: lambda op: np.array(op.value.value.data),
     g.CastOp: lambda op, x: x,
+    g.SliceOp: lambda op, x, bindings: x[tuple(slice(s, s + n) for s, n in
+                                               zip(op.offsets, _concrete(op.res.type, bindings)))],
+    g.ConcatOp: lambda op, *xs: np.concatenate(xs, axis=op.axis.data),
 }
-_NEEDS_BINDINGS = {g.ReshapeOp, g.ArangeOp}
+_NEEDS_BINDINGS = {g.ReshapeOp, g.ArangeOp, g.SliceOp}
 
 
 def _check(op: g.AssertOp, cond: np.ndarray) -> None:
@@ -89,22 +108,121 @@ def _check(op: g.AssertOp, cond: np.ndarray) -> None:
         raise DeviceAssertError(op.message.data, str(loc) if loc else None, element=element)
 
 
-def run_graph(func_op, inputs: Sequence[np.ndarray]) -> list[np.ndarray]:
-    """Evaluate a graph `func.func` on NumPy inputs; returns one array per result."""
+def run_graph(func_op, inputs: Sequence[np.ndarray], exact: bool = True) -> list[np.ndarray]:
+    """Evaluate a graph `func.func` on NumPy inputs; returns one array per result, of its dtype.
+
+    `exact`: float intermediates stay float64 (casts still round); each result is rounded to its
+    dtype once, at the end. Otherwise every op's result is rounded to its dtype (eager PyTorch)."""
     from xdsl.dialects import func
 
     bindings = g.dim_bindings(func_op.body.block.first_op) if func_op.body.block.first_op else {}
     env: dict = {}
     for arg, x in zip(func_op.body.block.args, inputs, strict=True):
         env[arg] = np.asarray(x)
-    for op in func_op.body.block.ops:
+    ops = list(func_op.body.block.ops)
+    last_use = {v: i for i, op in enumerate(ops) for v in op.operands}
+    for i, op in enumerate(ops):
+        if i:   # float64 intermediates are big (S x S scores): each goes after its last read
+            for v in ops[i - 1].operands:
+                if last_use[v] == i - 1:
+                    env.pop(v, None)
         if isinstance(op, func.ReturnOp):
-            return [env[v] for v in op.arguments]
+            with np.errstate(all="ignore"):
+                return [np.asarray(env[v]).astype(g.tensor_type(v).dtype.np) for v in op.arguments]
         if isinstance(op, g.AssertOp):
             _check(op, env[op.cond])
             continue
         out = _evaluate(op, [_wide(env[v]) for v in op.operands], bindings)
         dt = g.tensor_type(op.results[0]).dtype
         with np.errstate(all="ignore"):
-            env[op.results[0]] = np.asarray(out).astype(dt.np)
+            if exact and dt.is_float and not isinstance(op, g.CastOp):
+                env[op.results[0]] = np.asarray(out, dtype=np.float64)
+            else:   # casts round as the kernels' do; integers wrap and bools stay bools
+                env[op.results[0]] = np.asarray(out).astype(dt.np)
     raise ValueError("graph function has no return")
+
+
+# --- how close a kernel's output must be ------------------------------------------------------
+
+@dataclass(frozen=True)
+class Tolerance:
+    """What an output may differ from the reference by, both measured in float64."""
+
+    relative: float   # ||out - ref|| / ||ref||
+    max_abs: float    # max |out - ref|, as a fraction of max(1, max |ref|)
+
+
+#: Relative error an output may have, in units of its dtype's roundoff (half an ulp of 1): its
+#: own rounding, its intermediates' roundings where a kernel boundary stores them, fp32's
+#: approximate instructions (ex2.approx, lg2.approx, ...) in the fp32 math of every dtype.
+ROUNDOFF_UNITS = {"fp32": 128, "fp16": 16, "bf16": 8, "fp8_e4m3": 4, "fp8_e5m2": 4}
+#: Plus this many fp32 roundoffs times sqrt(reduction length): kernels accumulate in fp32.
+ACCUMULATION_UNITS = 16
+#: The max-abs bound is this times the relative one.
+MAX_ABS_FACTOR = 2.0
+
+
+def roundoff(dt: DType) -> float:
+    """Unit roundoff: half the distance from 1 to the next value of `dt`."""
+    import ml_dtypes
+    return float(ml_dtypes.finfo(dt.np).eps) / 2
+
+
+def tolerance(dt, reduction: int = 1) -> Tolerance:
+    """How close an output of float dtype `dt` computed over `reduction` accumulated terms (a matmul's
+    K, a softmax's row, ... summed over its chain of reductions) must be to the exact answer.
+    Integer and bool outputs must be exact."""
+    dt = dtypes.lookup(dt)
+    if not dt.is_float:
+        return Tolerance(0.0, 0.0)
+    if dt.name not in ROUNDOFF_UNITS:
+        raise ValueError(f"no accuracy tolerance for {dt}; checks cover {', '.join(ROUNDOFF_UNITS)}")
+    rel = (ROUNDOFF_UNITS[dt.name] * roundoff(dt)
+           + ACCUMULATION_UNITS * roundoff(dtypes.fp32) * math.sqrt(max(1, reduction)))
+    return Tolerance(rel, MAX_ABS_FACTOR * rel)
+
+
+def least_precise(dts: Iterable[DType]) -> DType | None:
+    """The float dtype with the largest roundoff among `dts` (None when none is a float)."""
+    floats = [dtypes.lookup(d) for d in dts if dtypes.lookup(d).is_float]
+    return max(floats, key=roundoff, default=None)
+
+
+def reduction_length(op, bindings: dict[str, int]) -> int:
+    """How many terms one result element of `op` accumulates (0 for ops that accumulate none)."""
+    def size(v, axis):
+        return g.dim_value(g.tensor_type(v).shape[axis], bindings)
+    if isinstance(op, g.MatmulOp):
+        return size(op.operands[0], -1)
+    if isinstance(op, (g.ReduceOp, g.SoftmaxOp)):
+        return size(op.operands[0], op.axis.data)
+    if isinstance(op, (g.LayerNormOp, g.RmsNormOp)):
+        return size(op.operands[0], -1)
+    return 0
+
+
+def output_tolerances(func_op) -> list[Tolerance]:
+    """Each result's tolerance: for the least precise float dtype among the values it is computed
+    from (itself, intermediates, inputs: a kernel may store an intermediate in its dtype) and the
+    sum of the reduction lengths of the ops it depends on."""
+    from xdsl.dialects import func
+    from xdsl.ir import Operation
+
+    bindings = g.dim_bindings(func_op.body.block.first_op) if func_op.body.block.first_op else {}
+    ret = next(op for op in func_op.body.block.ops if isinstance(op, func.ReturnOp))
+    out = []
+    for result in ret.arguments:
+        seen, stack, types, length = set(), [result], [], 0
+        while stack:
+            v = stack.pop()
+            if v in seen:
+                continue
+            seen.add(v)
+            types.append(g.tensor_type(v).dtype)
+            owner = v.owner
+            if isinstance(owner, Operation):
+                length += reduction_length(owner, bindings)
+                stack.extend(owner.operands)
+        dt = least_precise(types) if g.tensor_type(result).dtype.is_float else g.tensor_type(result).dtype
+        out.append(tolerance(dt or dtypes.fp32, length))
+    return out

@@ -207,7 +207,8 @@ class Elementwise:
 
 
 def _erf(x):
-    return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype)
+    """math.erf per element, in x's float type (float64 for ints and bools, as np.exp would be)."""
+    return np.frompyfunc(math.erf, 1, 1)(x).astype(x.dtype if x.dtype.kind == "f" else np.float64)
 
 
 def _rsqrt(x):
@@ -235,6 +236,8 @@ ELEMENTWISE: dict[str, Elementwise] = {e.name: e for e in [
     Elementwise("maximum", 2, np.maximum),
     Elementwise("minimum", 2, np.minimum),
     Elementwise("pow", 2, np.power, "float"),
+    Elementwise("floor_divide", 2, np.floor_divide),
+    Elementwise("remainder", 2, np.remainder),
     Elementwise("lt", 2, np.less, "bool"),
     Elementwise("le", 2, np.less_equal, "bool"),
     Elementwise("gt", 2, np.greater, "bool"),
@@ -534,6 +537,70 @@ class CastOp(_OneTensorOp):
 
 
 @irdl_op_definition
+class SliceOp(IRDLOperation):
+    """`res[i, j, ...] = input[starts[0] + i, starts[1] + j, ...]`: a window of unit step (`x[:, 1:3]`,
+    `x[..., 2]` before its dim is dropped). Kernels read it by shifting their tile, never by copying."""
+
+    name = "graph.slice"
+    input = operand_def(TensorType)
+    starts = prop_def(ArrayAttr)
+    res = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($res)"
+
+    def __init__(self, x: SSAValue, starts: Sequence[int], result_type: TensorType):
+        super().__init__(operands=[x], result_types=[result_type], properties={"starts": _ints(starts)})
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        return tuple(s.data for s in self.starts.data)
+
+    def verify_(self) -> None:
+        src, out = tensor_type(self.input), tensor_type(self.res)
+        if len(self.offsets) != src.rank or out.rank != src.rank:
+            raise VerifyException(f"slice: {len(self.offsets)} starts and a rank-{out.rank} result for a "
+                                  f"rank-{src.rank} input")
+        bindings = dim_bindings(self)
+        for d, (start, n, m) in enumerate(zip(self.offsets, src.shape, out.shape)):
+            n, m = dim_value(n, bindings), dim_value(m, bindings)
+            if start < 0 or (n is not None and m is not None and start + m > n):
+                raise VerifyException(f"slice: dim {d} takes [{start}, {start}+{m}) of a dim of size {n}")
+
+
+@irdl_op_definition
+class ConcatOp(IRDLOperation):
+    """`torch.cat(inputs, axis)`: the inputs one after another along `axis`, the other dims equal.
+    One kernel computes it, each element read from the input whose range holds it."""
+
+    name = "graph.concat"
+    inputs = var_operand_def(TensorType)
+    axis = prop_def(IntAttr)
+    res = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$inputs attr-dict `:` type($inputs) `->` type($res)"
+
+    def __init__(self, inputs: Sequence[SSAValue], axis: int, result_type: TensorType):
+        super().__init__(operands=[list(inputs)], result_types=[result_type], properties={"axis": IntAttr(axis)})
+
+    def verify_(self) -> None:
+        out, axis, bindings = tensor_type(self.res), self.axis.data, dim_bindings(self)
+        if not 0 <= axis < out.rank:
+            raise VerifyException(f"concat: axis {axis} out of range for rank {out.rank}")
+        total = 0
+        for i, v in enumerate(self.inputs):
+            shape = tensor_type(v).shape
+            if len(shape) != out.rank or not all(same_dim(a, b, bindings) for d, (a, b) in
+                                                 enumerate(zip(shape, out.shape)) if d != axis):
+                raise VerifyException(f"concat: input {i} {list(shape)} does not match {list(out.shape)} "
+                                      f"off axis {axis}")
+            n = dim_value(shape[axis], bindings)
+            total = None if n is None or total is None else total + n
+        n = dim_value(out.shape[axis], bindings)
+        if total is not None and n is not None and total != n:
+            raise VerifyException(f"concat: the inputs' sizes along axis {axis} add to {total}, not {n}")
+
+
+@irdl_op_definition
 class AssertOp(IRDLOperation):
     """`tsr.device_assert`: every element of the bool tensor `cond` must hold, else the kernel stops
     and reports `message`. No result, and no Pure trait: nothing may drop it as dead."""
@@ -553,6 +620,6 @@ class AssertOp(IRDLOperation):
 
 
 STRUCTURAL_OPS = [MatmulOp, TransposeOp, ReshapeOp, ReduceOp, SoftmaxOp, LayerNormOp, RmsNormOp,
-                  ArangeOp, ConstantOp, CastOp, AssertOp]
+                  ArangeOp, ConstantOp, CastOp, SliceOp, ConcatOp, AssertOp]
 
 Graph = Dialect("graph", [*ELEMENTWISE_OPS.values(), *STRUCTURAL_OPS], [TensorType])

@@ -85,7 +85,7 @@ def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
     for op in kernel.walk():
         if isinstance(op, t.ReduceOp) and op.x in layouts:
             slices[op.result] = Slice(layouts[op.x], 1 - op.axis.value.data)
-        if isinstance(op, t.BroadcastOp) and is_tile(op.x):
+        if isinstance(op, t.BroadcastOp) and is_tile(op.x) and op.result in layouts:  # (not 1-D to 1-D)
             (d,) = t.int_values(op.dims)
             slices[op.x] = Slice(layouts[op.result], d)
     _propagate(kernel, slices)

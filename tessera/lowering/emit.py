@@ -161,6 +161,22 @@ def _abs(b: Builder, x):
     return b(math.AbsFOp(x) if x.type.get_element_type() == f32 else math.AbsIOp(x))
 
 
+def _floor_divide(b: Builder, x, y):
+    """Python's and torch's `//`: the quotient rounded down (towards -inf, not towards zero)."""
+    if x.type.get_element_type() == f32:
+        return b(math.FloorOp(b(arith.DivfOp(x, y))))
+    return b(arith.FloorDivSIOp(x, y))
+
+
+def _remainder(b: Builder, x, y):
+    """Python's and torch's `%`: x - (x // y) * y, so the sign follows the divisor's (one fma for
+    floats, whose product is then not rounded before the subtraction)."""
+    q = _floor_divide(b, x, y)
+    if x.type.get_element_type() == f32:
+        return b(math.FmaOp(b(arith.NegfOp(q)), y, x))
+    return b(arith.SubiOp(x, b(arith.MuliOp(q, y))))
+
+
 def _compare(fpred: str, ipred: str):
     def build(b: Builder, x, y):
         return compare(b, x, y, fpred if x.type.get_element_type() == f32 else ipred)
@@ -193,6 +209,8 @@ ELEMENTWISE: dict[str, Callable] = {
     "maximum": _float_or_int(arith.MaximumfOp, arith.MaxSIOp),
     "minimum": _float_or_int(arith.MinimumfOp, arith.MinSIOp),
     "pow": lambda b, x, y: b(math.PowFOp(x, y)),
+    "floor_divide": _floor_divide,
+    "remainder": _remainder,
     "lt": _compare("olt", "slt"),
     "le": _compare("ole", "sle"),
     "gt": _compare("ogt", "sgt"),
@@ -206,15 +224,19 @@ ELEMENTWISE: dict[str, Callable] = {
 
 
 def operand_compute_type(op: g.ElementwiseOp) -> Attribute:
-    """The type an elementwise op computes in: its result's, or for comparisons its operands'."""
+    """The type an elementwise op computes in: its result's, or for comparisons its operands'.
+    Arithmetic on bools (`a + b`, `maximum`, `a < b`) computes on 0/1 in i32, as NumPy's and torch's
+    do; the i1 result is the i32 one compared with zero wherever it is converted or stored."""
     entry = g.ELEMENTWISE[op.kind]
     operand_dts = [g.tensor_type(v).dtype for v in op.inputs]
     if entry.result == "bool" and op.kind not in ("logical_and", "logical_or", "logical_not"):
         promoted = operand_dts[0]
         for d in operand_dts[1:]:
             promoted = g.dtypes.promote(promoted, d)
-        return compute_element(promoted)
-    return compute_element(g.tensor_type(op.res).dtype)
+        element = compute_element(promoted)
+    else:
+        element = compute_element(g.tensor_type(op.res).dtype)
+    return i32 if element == i1 else element
 
 
 # --- index maps ----------------------------------------------------------------------------
@@ -266,6 +288,7 @@ class Emitter:
         self.bindings = bindings
         self.overrides: dict[SSAValue, SSAValue] = {}
         self._memo: dict = {}
+        self._contexts: dict = {}     # shifted tile contexts of slices and concatenations
 
     def value(self, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
         """`v` (whose dims walk the axes in `m`) as a compute tile over `ctx`."""
@@ -295,6 +318,10 @@ class Emitter:
             return self._constant(op.value.value.data, dt, ctx.shape)
         if isinstance(op, g.ArangeOp):
             return self._arange(m[0], ctx)
+        if isinstance(op, g.SliceOp):
+            return self.value(op.input, *self._sliced(op, m, ctx))
+        if isinstance(op, g.ConcatOp):
+            return self._concat(op, m, ctx)
         operands = [self.value(x, xm, ctx) for x, xm in zip(op.operands, operand_maps(op, m, self.bindings))]
         if isinstance(op, (g.TransposeOp, g.ReshapeOp)):
             return operands[0]
@@ -312,6 +339,60 @@ class Emitter:
                 args = [convert(self.b, a, want) for a in args]
             return ELEMENTWISE[op.kind](self.b, *args)
         raise TesseraError(f"{op.name} cannot be computed inside a fused elementwise region")
+
+    def _shifted(self, ctx: TileCtx, shifts: dict, fixed: dict, clamp: dict | None = None) -> TileCtx:
+        """`ctx` with axis a's index moved by shifts[a] (tiles start there, scalars are there) and
+        the new scalar axes in `fixed` (name -> index); a shifted scalar axis in `clamp` (name ->
+        extent) stays inside [0, extent), as the tile it picks is then unused. Built once per
+        (ctx, shifts): the tiles computed in it are memoized by its identity."""
+        key = (id(ctx), tuple(sorted(shifts.items())), tuple(sorted(fixed.items())),
+               tuple(sorted((clamp or {}).items())))
+        if key not in self._contexts:
+            def moved(index, by, axis):
+                index = self.b(arith.AddiOp(index, self.b.index(by))) if by else index
+                if clamp and axis in clamp:
+                    index = self.b(arith.MaxSIOp(index, self.b.index(0)))
+                    index = self.b(arith.MinSIOp(index, self.b.index(clamp[axis] - 1)))
+                return index
+            tiled = {a: (moved(o, shifts.get(a, 0), None), n) for a, (o, n) in ctx.tiled.items()}
+            scalars = {a: moved(i, shifts.get(a, 0), a) for a, i in ctx.scalars.items()}
+            scalars.update({a: self.b.index(i) for a, i in fixed.items()})
+            self._contexts[key] = (ctx, TileCtx(tiled, scalars))   # (keeps ctx, so its id stays unique)
+        return self._contexts[key][1]
+
+    def _sliced(self, op: g.SliceOp, m: Map, ctx: TileCtx) -> tuple[Map, TileCtx]:
+        """The map and context a slice's operand is read in: each sliced axis starts `start` further
+        on; a dim the result has only one element of (so no axis) reads the fixed index `start`."""
+        src = [g.dim_value(d, self.bindings) for d in g.tensor_type(op.input).shape]
+        inner, shifts, fixed = list(m), {}, {}
+        for d, (axis, start) in enumerate(zip(m, op.offsets)):
+            if axis is None and src[d] != 1:
+                inner[d] = f"slice{len(self._contexts)}_{d}"
+                fixed[inner[d]] = start
+            elif axis is not None and start:
+                shifts[axis] = start
+        return tuple(inner), self._shifted(ctx, shifts, fixed)
+
+    def _concat(self, op: g.ConcatOp, m: Map, ctx: TileCtx) -> SSAValue:
+        """Each element from the input whose range along the axis holds it: every input is read in
+        a context shifted back by its start (tiles partly before an input's start load padding,
+        scalar indices outside it are clamped), and selects pick by the axis index."""
+        axis_dim = op.axis.data
+        axis = m[axis_dim]
+        sizes = [g.dim_value(g.tensor_type(v).shape[axis_dim], self.bindings) for v in op.inputs]
+        element = compute_element(g.tensor_type(op.res).dtype)
+        starts = [sum(sizes[:i]) for i in range(len(sizes))]
+        if axis is None:   # one element along the axis: it is the first input's with an element
+            (first,) = [v for v, n in zip(op.inputs, sizes) if n]
+            return convert(self.b, self.value(first, m, ctx), element)
+        tiles = [convert(self.b, self.value(v, m, self._shifted(ctx, {axis: -start}, {}, {axis: n})), element)
+                 for v, start, n in zip(op.inputs, starts, sizes)]
+        index = self._arange(axis, ctx)
+        out = tiles[-1]
+        for tile, end in reversed(list(zip(tiles[:-1], starts[1:]))):
+            below = compare(self.b, index, self.b.splat(self.b.i32(end), ctx.shape), "slt")
+            out = select(self.b, below, tile, out)
+        return out
 
     def _constant(self, value: float, dt, shape) -> SSAValue:
         element = compute_element(dt)

@@ -45,7 +45,10 @@ def is_unit_reshape(op: g.ReshapeOp, bindings: dict[str, int]) -> bool:
     if not sizes[1]:  # to rank 0: kernels need a dim to tile, so this stays a host view
         return False
     return [s for s in sizes[0] if s != 1] == [s for s in sizes[1] if s != 1]
-ELEMENTWISE = (g.ElementwiseOp, g.CastOp)
+#: ops that read their operands elsewhere than at their own element (a shifted tile): they fuse into
+#: the kernels that load them, never into an epilogue, which has only the output tile in registers
+WINDOWS = (g.SliceOp, g.ConcatOp)
+ELEMENTWISE = (g.ElementwiseOp, g.CastOp, *WINDOWS)
 ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)
 
 
@@ -134,6 +137,8 @@ class _Planner:
             op = self.producer(self.strip_cheap(work.pop()))
             if not self.free(op) or not isinstance(op, ELEMENTWISE):
                 continue
+            if group.kind == "flash_attention" and isinstance(op, WINDOWS):
+                continue
             if all(u in group.ops for u in self.users(op.results[0])):
                 self.claim(group, [op])
                 work.extend(op.operands)
@@ -166,6 +171,8 @@ class _Planner:
             if any(u not in consumer.ops for u in self.users(value)):
                 continue
             if g.tensor_type(consumer.output).shape != g.tensor_type(value).shape:
+                continue
+            if any(isinstance(o, WINDOWS) for o in consumer.ops):
                 continue
             self.claim(producer, consumer.ops)
             producer.output = consumer.output
@@ -203,7 +210,8 @@ class _Planner:
                     return [], None
                 m1 = op
                 continue
-            if isinstance(op, ELEMENTWISE) and self.free(op) and self._depends_on_matmul(op):
+            if isinstance(op, ELEMENTWISE) and not isinstance(op, WINDOWS) and self.free(op) \
+                    and self._depends_on_matmul(op):
                 region.append(op)
                 work.extend(op.operands)
         if m1 is None or len(self.users(m1.res)) != 1:

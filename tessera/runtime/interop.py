@@ -334,3 +334,87 @@ def empty_like_framework(template, shape, dtype) -> Any:
     if allocate is None:
         raise NotATensorError(f"cannot allocate outputs like a {framework} array: pass torch tensors or CuPy arrays")
     return allocate(template, tuple(int(d) for d in shape), dtypes.lookup(dtype))
+
+
+# ---------------------------------------------------------------------------
+# Results in the caller's kind
+# ---------------------------------------------------------------------------
+
+# Tessera dtype -> the integer type of its width: NumPy lacks bf16 and fp8 (ml_dtypes has them), so
+# they cross between torch and NumPy as bits.
+_TORCH_BITS = {"bf16": "int16", "fp8_e4m3": "int8", "fp8_e5m2": "int8"}
+
+
+def host_array(x) -> np.ndarray:
+    """A host array's data as a NumPy array, without a copy: a torch CPU tensor's (bf16 and fp8
+    through their bits), or anything `np.asarray` reads."""
+    if not _is_torch(x):
+        return np.asarray(x)
+    dt, _ = _torch_type(x.dtype)
+    t = x.detach()
+    if dt is not None and dt.name in _TORCH_BITS:
+        import torch
+        return t.view(getattr(torch, _TORCH_BITS[dt.name])).numpy().view(dt.np)
+    return t.numpy()
+
+
+def host_like(template, array: np.ndarray):
+    """`array` as the kind of host array `template` is: a torch CPU tensor for a torch tensor
+    (sharing the memory), else the NumPy array itself."""
+    if not _is_torch(template):
+        return array
+    import torch
+    dt = dtypes.lookup(array.dtype)
+    if dt.name in _TORCH_BITS:
+        bits = torch.from_numpy(np.ascontiguousarray(array).view(np.dtype(_TORCH_BITS[dt.name])))
+        return bits.view(getattr(torch, _TORCH_DTYPES[dt.name]))
+    return torch.from_numpy(np.ascontiguousarray(array))
+
+
+def write_host(target, value: np.ndarray, what: str) -> None:
+    """Stores `value` into the host array `target` (a NumPy array or a torch CPU tensor), in place."""
+    if isinstance(target, np.ndarray) or _is_torch(target):
+        view = host_array(target)
+        if view.flags.writeable:
+            view[...] = value
+            return
+    raise NotATensorError(f"{what} must be a writable NumPy array or torch tensor on the CPU, "
+                          f"got {type(target).__name__}")
+
+
+def device_to_host(x) -> np.ndarray:
+    """A CUDA array's contents as a NumPy array (a copy)."""
+    if _is_torch(x):
+        return host_array(x.detach().cpu())
+    if _framework(x) == "cupy":
+        return x.get()
+    raise NotATensorError(f"cannot read a {type(x).__name__} back from the GPU: pass torch tensors or CuPy arrays")
+
+
+def device_like(template, array: np.ndarray):
+    """A CUDA array of `template`'s framework, on its device, holding `array`."""
+    out = empty_like_framework(template, array.shape, array.dtype)
+    copy_to_device(out, array)
+    return out
+
+
+def copy_to_device(target, array: np.ndarray) -> None:
+    """Writes `array` into the CUDA array `target` (torch or CuPy), in place."""
+    if _is_torch(target):
+        target.copy_(host_like(target, array))
+    elif _framework(target) == "cupy":
+        target.set(np.ascontiguousarray(array))
+    else:
+        raise NotATensorError(f"cannot write a {type(target).__name__} on the GPU: pass torch tensors or CuPy arrays")
+
+
+def copy_on_device(target, source) -> None:
+    """Copies the CUDA array `source` into `target` (same framework, shape and dtype), on the
+    framework's current stream."""
+    if _is_torch(target):
+        target.copy_(source)
+    elif _framework(target) == "cupy":
+        target[...] = source
+    else:
+        raise NotATensorError(f"cannot copy into a {type(target).__name__} on the GPU: pass torch tensors or "
+                              f"CuPy arrays")

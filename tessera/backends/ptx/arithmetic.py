@@ -123,6 +123,26 @@ def _signed_or_not(instr: str):
     return handle
 
 
+def _floor_div_si(e: KernelEmitter, op):
+    """Signed division rounded down: div.s32 rounds towards zero, so a quotient with a nonzero
+    remainder whose sign differs from the divisor's is one less."""
+    def build(args):
+        a, b = args
+        q, r, s, q1 = (e.new(S32) for _ in range(4))
+        inexact, opposite = e.new(PRED), e.new(PRED)
+        e.emit(f"div.s32 {q}, {a}, {b};")
+        e.emit(f"mul.lo.s32 {r}, {q}, {b};")
+        e.emit(f"sub.s32 {r}, {a}, {r};")
+        e.emit(f"setp.ne.s32 {inexact}, {r}, 0;")
+        e.emit(f"xor.b32 {s}, {r}, {b};")
+        e.emit(f"setp.lt.s32 {opposite}, {s}, 0;")
+        e.emit(f"and.pred {inexact}, {inexact}, {opposite};")
+        e.emit(f"sub.s32 {q1}, {q}, 1;")
+        e.emit(f"selp.b32 {q}, {q1}, {q}, {inexact};")
+        return q
+    e.elementwise(op, build)
+
+
 def _result_type(op):
     return ptx_type(op.results[0].type)
 
@@ -144,7 +164,37 @@ def _f32_chain(*steps: str):
 _LOG2E, _LN2 = f32_literal(1.4426950408889634), f32_literal(0.6931471805599453)
 _exp = _f32_chain(f"mul.f32 {{r}}, {{a}}, {_LOG2E};", "ex2.approx.ftz.f32 {r}, {t0};")
 _log = _f32_chain("lg2.approx.ftz.f32 {r}, {a};", f"mul.f32 {{r}}, {{t0}}, {_LN2};")
-_pow = _f32_chain("lg2.approx.ftz.f32 {r}, {a};", "mul.f32 {r}, {t0}, {b};", "ex2.approx.ftz.f32 {r}, {t1};")
+_pow_magnitude = ("abs.f32 {r}, {a};", "lg2.approx.ftz.f32 {r}, {t0};", "mul.f32 {r}, {t1}, {b};",
+                  "ex2.approx.ftz.f32 {r}, {t2};")
+
+
+def _pow(e: KernelEmitter, op):
+    """x ** y as NumPy and torch define it: 2 ** (y log2 |x|), negated for a negative x and an odd
+    integer y, NaN for a negative x and a fractional y, and 1 for y == 0 (even 0 ** 0 and NaN ** 0)."""
+    def build(args):
+        x, y = args
+        temps = [e.new(F32) for _ in _pow_magnitude]
+        for i, step in enumerate(_pow_magnitude):
+            e.emit(step.format(a=x, b=y, r=temps[i], **{f"t{j}": r for j, r in enumerate(temps)}))
+        whole, half, neg_r, r = (e.new(F32) for _ in range(4))
+        is_int, odd, negative, flip, nan, zero = (e.new(PRED) for _ in range(6))
+        e.emit(f"cvt.rzi.f32.f32 {whole}, {y};")
+        e.emit(f"setp.eq.f32 {is_int}, {whole}, {y};")
+        e.emit(f"mul.f32 {half}, {y}, 0f3F000000;")
+        e.emit(f"cvt.rzi.f32.f32 {whole}, {half};")
+        e.emit(f"setp.ne.f32 {odd}, {whole}, {half};")
+        e.emit(f"and.pred {odd}, {odd}, {is_int};")
+        e.emit(f"setp.lt.f32 {negative}, {x}, 0f00000000;")
+        e.emit(f"and.pred {flip}, {negative}, {odd};")
+        e.emit(f"neg.f32 {neg_r}, {temps[-1]};")
+        e.emit(f"selp.f32 {r}, {neg_r}, {temps[-1]}, {flip};")
+        e.emit(f"not.pred {nan}, {is_int};")
+        e.emit(f"and.pred {nan}, {nan}, {negative};")
+        e.emit(f"selp.f32 {r}, 0f7FC00000, {r}, {nan};")
+        e.emit(f"setp.eq.f32 {zero}, {y}, 0f00000000;")
+        e.emit(f"selp.f32 {r}, 0f3F800000, {r}, {zero};")
+        return r
+    e.elementwise(op, build)
 
 
 def _tanh(e: KernelEmitter, op):
@@ -308,6 +358,9 @@ HANDLERS: dict[type, Callable] = {
     mathd.SinOp: _unary(lambda op: F32, "sin.approx.ftz.f32 {r}, {a};"),
     mathd.CosOp: _unary(lambda op: F32, "cos.approx.ftz.f32 {r}, {a};"),
     mathd.AbsFOp: _unary(lambda op: F32, "abs.f32 {r}, {a};"),
+    mathd.AbsIOp: _unary(lambda op: S32, "abs.s32 {r}, {a};"),
+    mathd.FloorOp: _unary(lambda op: F32, "cvt.rmi.f32.f32 {r}, {a};"),
+    arith.FloorDivSIOp: _floor_div_si,
     mathd.ErfOp: _erf,
     mathd.PowFOp: _pow,
 }

@@ -12,6 +12,7 @@ from typing import Callable
 from xdsl.dialects.builtin import MemRefType
 from xdsl.ir import SSAValue
 
+from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Layout, Mma
@@ -43,6 +44,8 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
         s = e.new(S32)
         e.emit(f"add.s32 {s}, {e.value(offsets[d])}, {bases[k]};")
         starts.append(s)
+    # a tile may start before the tensor only where a concatenation shifts it back
+    below = [k for k, d in enumerate(tile_dims) if not index_facts.is_non_negative(offsets[d])]
     preds: dict[tuple, str] = {}
     result = []
     extents = layout.shape
@@ -58,6 +61,10 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
                     q2 = e.new(PRED)
                     e.emit(f"setp.lt.s32 {q2}, {bases[k]}, {extents[k] - off[k]};")
                     e.emit(f"and.pred {q}, {q}, {q2};")
+                if k in below:
+                    q3 = e.new(PRED)
+                    e.emit(f"setp.ge.s32 {q3}, {starts[k]}, {-off[k]};")
+                    e.emit(f"and.pred {q}, {q}, {q3};")
                 if p is not None:
                     e.emit(f"and.pred {q}, {q}, {p};")
                 p = q
@@ -102,20 +109,22 @@ def _store_bool(e: KernelEmitter, addr: str, byte: int, pred: str, value: str) -
     e.emit(f"@{pred} st.global.u8 [{addr}+{byte}], {b};")
 
 
-def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType) -> int:
+def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner_offset: SSAValue) -> int:
     """How many consecutive registers each access may move at once (16 bytes at most).
 
     Registers i..i+w-1 must hold consecutive elements of the tensor's innermost dim,
-    whose length (and so every row start) is a multiple of w: a run is then wholly
-    inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
+    whose length (and so every row start) is a multiple of w, from a tile whose offset
+    along it (`inner_offset`) is one too (a slice's shifted tile may not be): a run is
+    then wholly inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
     """
     shape = memref.type.get_shape()
     if not tile_dims or tile_dims[-1] != len(shape) - 1:
         return 1
     width = 16 // ty.bytes
     offsets = layout.offsets
+    aligned = index_facts.known_multiple(inner_offset)
     while width > 1:
-        if shape[-1] % width == 0 and len(offsets) % width == 0 and all(
+        if shape[-1] % width == 0 and len(offsets) % width == 0 and aligned % width == 0 and all(
                 offsets[i + j][:-1] == offsets[i][:-1] and offsets[i + j][-1] == offsets[i][-1] + j
                 and offsets[i][-1] % width == 0
                 for i in range(0, len(offsets), width) for j in range(width)):
@@ -143,7 +152,7 @@ def _load(e: KernelEmitter, op: t.LoadOp):
     if ty is PRED:
         e.env[op.result] = [_load_bool(e, addr, byte, pred, pad) for byte, pred in elems]
         return
-    width = _vector_runs(op.src, tile_dims, layout, ty)
+    width = _vector_runs(op.src, tile_dims, layout, ty, op.offsets[-1])
     suffix, pack = _vector_suffix(ty, width)
     regs = []
     for i in range(0, len(elems), width):
@@ -181,7 +190,7 @@ def _store(e: KernelEmitter, op: t.StoreOp):
         for (byte, pred), value in zip(elems, regs):
             _store_bool(e, addr, byte, pred, value)
         return
-    width = _vector_runs(op.dst, tile_dims, layout, ty)
+    width = _vector_runs(op.dst, tile_dims, layout, ty, op.offsets[-1])
     suffix, pack = _vector_suffix(ty, width)
     for i in range(0, len(elems), width):
         byte, pred = elems[i]

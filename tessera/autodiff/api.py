@@ -1,0 +1,201 @@
+"""`tsr.vjp` and `tsr.grad`, in JAX's conventions, over `@tsr.function`s.
+
+    out, f_vjp = tsr.vjp(f, x, w)       # out = f(x, w)
+    dx, dw = f_vjp(dout)                # one gradient per argument of f (None for non-floats)
+    dloss = tsr.grad(loss, argnums=(0, 1))
+    dx, dw = dloss(x, w)                # loss returns one 0-d float tensor
+
+The derivatives are `Derivative`s: `Function`s whose trace is the backward graph of the
+forward's trace (`backward.backward_graph`), so they compile once per call signature, are
+cached, dump their IR (`TESSERA_DUMP_IR`), and run like any function: on the CPU interpreter
+with NumPy arrays, as PTX with CUDA tensors, results in the arguments' kind.
+
+Where Tessera differs from JAX, for want of what Tessera's calls take:
+- a 0-d array or a Python number passed to `f` is a constant of its trace, so it has no
+  gradient: `f_vjp` gives None for it, and `tsr.grad` refuses it as an `argnums`;
+- an int or bool array gets None from `f_vjp` (JAX gives a float0 zero); `tsr.grad` refuses
+  one as an `argnums`, as JAX does;
+- the cotangent of an int or bool output is ignored (pass None); a float output's cotangent
+  must have its shape and dtype, as in JAX.
+"""
+from __future__ import annotations
+
+import inspect
+from typing import Any, Sequence
+
+from .. import dtypes
+from ..errors import ArgumentKindError, DTypeError, ShapeError, TesseraError
+from ..frontend.function import Function, Kernel
+from ..frontend.trace import ArgSpec
+
+
+class Derivative(Function):
+    """The backward of a `Function` as a `Function` of its own: the forward's parameters, then one
+    cotangent per float output (`tsr.vjp`), or no cotangents and the gradient of the one scalar
+    output (`tsr.grad`, `argnums`). Its trace is the backward graph of the forward's trace."""
+
+    def __init__(self, forward: Function, argnums: int | Sequence[int] | None = None,
+                 cotangent_names: Sequence[str] = ()):
+        super().__init__(forward.fn, space=forward.space)
+        self.forward, self.argnums, self.cotangent_names = forward, argnums, tuple(cotangent_names)
+        self.seed_ones = argnums is not None
+        self.name = self.__name__ = f"{forward.name}_{'grad' if self.seed_ones else 'vjp'}"
+        self.captures = forward.captures
+        self.annotations = dict(forward.annotations)
+        # keyword-only, so they may follow parameters with defaults; calls still pass them positionally
+        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in self.cotangent_names]
+        self.signature = forward.signature.replace(parameters=[*forward.signature.parameters.values(), *extra])
+
+    def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None):
+        """The backward graph for these argument specs (the forward's, then the cotangents')."""
+        from .backward import backward_graph, differentiable_args, forward_function
+
+        primal = [a for a in args if a.name not in self.cotangent_names]
+        module = self.forward.trace(primal, constants)
+        f = forward_function(module)
+        if self.seed_ones:
+            _check_scalar_output(f, self.forward.name)
+            wrt = self._argnum_positions(f, primal, constants or {})
+        else:
+            _check_cotangents(f, [a for a in args if a.name in self.cotangent_names], self.forward.name)
+            wrt = differentiable_args(f)
+        return backward_graph(module, wrt, self.seed_ones, self.name, self.cotangent_names)
+
+    def _argnum_positions(self, f, primal: Sequence[ArgSpec], constants: dict) -> list[int]:
+        """The graph argument positions of `argnums`, each a float tensor argument."""
+        params = list(self.forward.signature.parameters)
+        tensor_names = [a.name for a in primal]
+        positions = []
+        for n in _as_tuple(self.argnums):
+            if not -len(params) <= n < len(params):
+                raise TesseraError(f"grad of {self.forward.name}: argnums {n} is out of range for its "
+                                   f"{len(params)} parameters")
+            name = params[n]
+            if name not in tensor_names:
+                raise ArgumentKindError(f"grad of {self.forward.name}: argument {name!r} (argnums {n}) is "
+                                        f"{constants.get(name)!r}, a constant of the trace, which has no "
+                                        f"gradient; pass an array of rank >= 1")
+            spec = primal[tensor_names.index(name)]
+            if not spec.dtype.is_float:
+                raise DTypeError(f"grad of {self.forward.name} requires float inputs; argument {name!r} "
+                                 f"(argnums {n}) is {spec.dtype}")
+            positions.append(tensor_names.index(name))
+        return positions
+
+    def __call__(self, *args, **options):
+        grads = super().__call__(*args, **options)
+        if isinstance(self.argnums, int) or not self.seed_ones:
+            return grads
+        return grads if isinstance(grads, tuple) else (grads,)
+
+
+def _as_tuple(argnums) -> tuple[int, ...]:
+    return (argnums,) if isinstance(argnums, int) else tuple(argnums)
+
+
+def _check_scalar_output(f, name: str) -> None:
+    from ..ir import graph as g
+
+    types = [g.tensor_type(v) for v in f.body.block.last_op.operands]
+    if len(types) != 1 or types[0].rank != 0 or not types[0].dtype.is_float:
+        shown = ", ".join(f"{t.dtype}{list(t.shape)}" for t in types)
+        raise ShapeError(f"grad of {name}: the function must return one 0-d float tensor (a loss, such as "
+                         f"x.mean()), it returns {shown}; use tsr.vjp for other outputs")
+
+
+def _check_cotangents(f, cotangents: Sequence[ArgSpec], name: str) -> None:
+    """Each float output's cotangent has the output's shape and dtype (a 0-d output's: [1])."""
+    from ..ir import graph as g
+    from .backward import float_results
+
+    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    results = f.body.block.last_op.operands
+    for i, spec in zip(float_results(f), cotangents, strict=True):
+        t = g.tensor_type(results[i])
+        shape = tuple(g.dim_value(d, bindings) for d in t.shape) or (1,)
+        if spec.shape != shape:
+            raise ShapeError(f"vjp of {name}: the cotangent of output {i} has shape {list(spec.shape)}, "
+                             f"the output {list(shape) if t.shape else []}")
+        if spec.dtype != t.dtype:
+            raise DTypeError(f"vjp of {name}: the cotangent of output {i} is {spec.dtype}, the output "
+                             f"{t.dtype}; cotangents have their output's dtype")
+
+
+# --- the API --------------------------------------------------------------------------------------
+
+def _require_function(fn, what: str) -> None:
+    if isinstance(fn, Kernel):
+        raise TesseraError(f"{what} takes a @tsr.function; {fn.name} is a @tsr.kernel, which writes its outputs "
+                           f"into its arguments")
+    if not isinstance(fn, Function):
+        raise TypeError(f"{what} takes a @tsr.function, got {type(fn).__name__}; decorate it with @tsr.function")
+
+
+def grad(fn: Function, argnums: int | Sequence[int] = 0) -> Derivative:
+    """The gradient of `fn`, a function of one 0-d float output, with respect to the arguments
+    `argnums` (an int: one gradient; a tuple: a tuple of them), as JAX's `grad`. The result is a
+    `Function` (`Derivative`): call it with `fn`'s arguments."""
+    _require_function(fn, "grad")
+    if not isinstance(argnums, int) and not (isinstance(argnums, (tuple, list)) and argnums
+                                             and all(isinstance(n, int) for n in argnums)):
+        raise TypeError(f"grad: argnums must be an int or a non-empty tuple of ints, got {argnums!r}")
+    return Derivative(fn, argnums=argnums if isinstance(argnums, int) else tuple(argnums))
+
+
+def _vjp_function(fn: Function, float_outputs: tuple[int, ...]) -> Derivative:
+    """fn's vjp `Derivative` for outputs whose floats are at `float_outputs`, kept on fn so that
+    repeated vjps (a training loop) reuse its compiles."""
+    from .backward import cotangent_name
+
+    known = vars(fn).setdefault("_vjp_derivatives", {})
+    if float_outputs not in known:
+        taken = set(fn.signature.parameters)
+        known[float_outputs] = Derivative(fn, cotangent_names=[cotangent_name(i, taken) for i in float_outputs])
+    return known[float_outputs]
+
+
+def _is_float(x) -> bool:
+    try:
+        return dtypes.lookup(x.dtype).is_float
+    except (TypeError, KeyError, AttributeError):
+        return False
+
+
+def vjp(fn: Function, *args):
+    """`(fn(*args), vjp_fn)` as JAX's `vjp`: `vjp_fn(cotangents)` (one per output, a tuple when
+    `fn` returns a tuple) returns a tuple with one gradient per argument of `fn`: None for
+    arguments that have none (ints, bools, numbers and 0-d arrays: module doc)."""
+    _require_function(fn, "vjp")
+    outputs = fn(*args)
+    outs = outputs if isinstance(outputs, tuple) else (outputs,)
+    floats = tuple(i for i, o in enumerate(outs) if _is_float(o))
+    backward = _vjp_function(fn, floats)
+    full = _with_defaults(fn, args)
+    tensors, _ = fn._split_args(full)
+    differentiable = {name for name, x in tensors if _is_float(x)}
+
+    def vjp_fn(cotangents):
+        given = cotangents if isinstance(outputs, tuple) else (cotangents,)
+        if len(given) != len(outs):
+            raise TesseraError(f"vjp of {fn.name}: {len(given)} cotangents for {len(outs)} outputs")
+        if not differentiable:   # nothing to differentiate: no backward to compile
+            return (None,) * len(full)
+        grads = backward(*full, *(_as_argument(given[i], i, fn.name) for i in floats))
+        grads = iter(grads if isinstance(grads, tuple) else (grads,))
+        return tuple(next(grads) if name in differentiable else None for name in fn.signature.parameters)
+    return outputs, vjp_fn
+
+
+def _with_defaults(fn: Function, args: Sequence) -> list:
+    """`args` with the defaults of the parameters left out (cotangents follow all of them)."""
+    params = list(fn.signature.parameters.values())
+    return [*args, *(p.default for p in params[len(args):])]
+
+
+def _as_argument(ct, output: int, name: str):
+    """A cotangent as a call argument: arrays as they are, a 0-d one as shape [1] (a 0-d array would
+    be a constant of the trace)."""
+    if not (hasattr(ct, "shape") and hasattr(ct, "dtype")):
+        raise ArgumentKindError(f"vjp of {name}: the cotangent of output {output} must be an array of the "
+                                f"output's shape and dtype, got {type(ct).__name__}")
+    return ct.reshape(1) if len(ct.shape) == 0 else ct

@@ -1,0 +1,207 @@
+"""Vector-Jacobian products of the Graph IR ops, as one table: `VJP_RULES[rule_key(op)]`.
+
+A rule is `rule(op, g, y, *xs) -> one gradient (or None) per operand of op`: `op` the forward
+op (for its properties), `g` the cotangent of its result, `y` its result and `xs` its operands,
+all traced `Tensor`s of the backward function being built. Rules are written with the frontend's
+ops (`tsr.mul`, `tsr.sum`, `tsr.matmul`, ...), so a backward graph is made of the same Graph IR
+ops as any traced function and goes through the same fusion, lowering and targets.
+
+A rule may return a gradient in the broadcast shape of the op's result (an elementwise op's
+`g * b`, a batched matmul's broadcast batch dims) and in any float dtype: the caller sums it back
+to the operand's shape and casts it to the operand's dtype (`backward.fit`).
+
+None means no gradient: comparisons, logical ops, `floor_divide` (piecewise constant), `where`'s
+condition. Ops whose results are not floats (comparisons, argmax's int32 indices, aranges) are
+never differentiated at all. Ties follow torch: `maximum`/`minimum` split the gradient in half
+between equal operands; `amax`/`amin` (`graph.reduce` max/min) split it evenly among the
+elements equal to the extreme; `abs` has gradient 0 at 0.
+"""
+from __future__ import annotations
+
+import math
+from typing import Callable, Sequence
+
+from .. import dtypes
+from ..frontend import ops, torch_ops
+from ..frontend.tensor import Tensor
+
+Rule = Callable[..., Sequence["Tensor | None"]]
+
+
+def rule_key(op) -> str:
+    """The table key of a forward op: its name, with the kind of a reduction (`graph.reduce.max`)."""
+    return f"{op.name}.{op.kind.data}" if op.name == "graph.reduce" else op.name
+
+
+# --- helpers ------------------------------------------------------------------------------------
+
+def full(shape: Sequence[int], value: float, dt) -> Tensor:
+    """`value` in every element of `shape` (a broadcast constant: it fuses into its readers)."""
+    return torch_ops.expand(ops.constant(value, dt), *shape)
+
+
+def _wide(x: Tensor) -> Tensor:
+    """16-bit floats computed in fp32, as the forward's composites are (`ops._in_fp32`)."""
+    return ops.cast(x, dtypes.fp32) if x.dtype.is_float and x.dtype.bits < 32 else x
+
+
+def _with_axis(g: Tensor, x: Tensor, axis: int, keepdim: bool) -> Tensor:
+    """A reduction's `g` with the reduced axis kept (size 1), broadcast to x's shape."""
+    if not keepdim:
+        g = ops.unsqueeze(g, axis)
+    return torch_ops.expand(g, *x.shape)
+
+
+# --- elementwise ops -----------------------------------------------------------------------------
+
+def _abs(op, g, y, x):
+    return (ops.where(x > 0, g, ops.where(x < 0, -g, 0.0)),)
+
+
+def _extreme(larger: bool):
+    """maximum / minimum: the gradient goes to the chosen operand, halved between equal ones (torch)."""
+    def rule(op, g, y, a, b):
+        share = ops.where(a == b, g * 0.5, g)
+        a_loses, b_loses = (a < b, b < a) if larger else (a > b, b > a)
+        return ops.where(a_loses, 0.0, share), ops.where(b_loses, 0.0, share)
+    return rule
+
+
+def _pow(op, g, y, a, b):
+    """torch's pow: no gradient to the base where the exponent is 0, none to the exponent where the
+    base is 0 and the exponent is >= 0 (where log(base) is -inf or nan)."""
+    da = ops.where(b == 0, 0.0, g * b * a ** (b - 1.0))
+    db = ops.where((a == 0) & (b >= 0), 0.0, g * y * ops.log(a))
+    return da, db
+
+
+_ELEMENTWISE: dict[str, Rule] = {
+    "neg": lambda op, g, y, x: (-g,),
+    "abs": _abs,
+    "exp": lambda op, g, y, x: (g * y,),
+    "exp2": lambda op, g, y, x: (g * y * math.log(2.0),),
+    "log": lambda op, g, y, x: (g / x,),
+    "log2": lambda op, g, y, x: (g / (x * math.log(2.0)),),
+    "tanh": lambda op, g, y, x: (g * (1.0 - y * y),),
+    "sqrt": lambda op, g, y, x: (g * 0.5 / y,),
+    "rsqrt": lambda op, g, y, x: (g * -0.5 * y * y * y,),
+    "sin": lambda op, g, y, x: (g * ops.cos(x),),
+    "cos": lambda op, g, y, x: (-g * ops.sin(x),),
+    "erf": lambda op, g, y, x: (g * (2.0 / math.sqrt(math.pi)) * ops.exp(-(x * x)),),
+    "add": lambda op, g, y, a, b: (g, g),
+    "sub": lambda op, g, y, a, b: (g, -g),
+    "mul": lambda op, g, y, a, b: (g * b, g * a),
+    "div": lambda op, g, y, a, b: (g / b, -g * y / b),
+    "maximum": _extreme(larger=True),
+    "minimum": _extreme(larger=False),
+    "pow": _pow,
+    "floor_divide": lambda op, g, y, a, b: (None, None),
+    "remainder": lambda op, g, y, a, b: (g, -g * torch_ops.floor_divide(a, b)),
+    "where": lambda op, g, y, c, a, b: (None, ops.where(c, g, 0.0), ops.where(c, 0.0, g)),
+}
+
+
+# --- views and casts -----------------------------------------------------------------------------
+
+def _transpose(op, g, y, x):
+    inverse = [0] * len(op.permutation)
+    for i, p in enumerate(op.permutation):
+        inverse[p] = i
+    return (ops.permute(g, *inverse),)
+
+
+def _slice(op, g, y, x):
+    """The window's gradient placed back in x's shape: zeros before and after it along each
+    sliced dim (a concat, which one kernel computes)."""
+    for axis, start in enumerate(op.offsets):
+        size, taken = int(x.shape[axis]), int(g.shape[axis])
+        pieces = []
+        for count in (start, size - start - taken):
+            shape = [*g.shape[:axis], count, *g.shape[axis + 1:]]
+            pieces.append(full(shape, 0.0, g.dtype) if count else None)
+        parts = [p for p in (pieces[0], g, pieces[1]) if p is not None]
+        g = torch_ops.cat(parts, axis) if len(parts) > 1 else g
+    return (g,)
+
+
+def _concat(op, g, y, *xs):
+    axis, start, grads = op.axis.data, 0, []
+    for x in xs:
+        starts = [start if d == axis else 0 for d in range(g.ndim)]
+        sizes = [x.shape[d] if d == axis else g.shape[d] for d in range(g.ndim)]
+        grads.append(torch_ops._window(g, starts, sizes))
+        start += int(x.shape[axis])
+    return grads
+
+
+# --- reductions ----------------------------------------------------------------------------------
+
+def _reduce_sum(op, g, y, x):
+    return (_with_axis(g, x, op.axis.data, op.keepdim.data),)
+
+
+def _reduce_mean(op, g, y, x):
+    return (_with_axis(g / float(x.shape[op.axis.data]), x, op.axis.data, op.keepdim.data),)
+
+
+def _reduce_extreme(op, g, y, x):
+    """amax / amin as torch: the gradient split evenly among the elements equal to the extreme."""
+    axis, keepdim = op.axis.data, op.keepdim.data
+    extreme = y if keepdim else ops.unsqueeze(y, axis)
+    hit = x == extreme
+    ties = ops.sum(ops.cast(hit, g.dtype), axis, keepdim=True)
+    share = (g if keepdim else ops.unsqueeze(g, axis)) / ties
+    return (ops.where(hit, share, 0.0),)
+
+
+# --- matmul, softmax, norms ----------------------------------------------------------------------
+
+def _matmul(op, g, y, a, b):
+    """dA = dC @ B^T, dB = A^T @ dC; broadcast batch dims are summed back by the caller."""
+    return ops.matmul(g, torch_ops.mT(b)), ops.matmul(torch_ops.mT(a), g)
+
+
+def _softmax(op, g, y, x):
+    axis = op.axis.data
+    g, y = _wide(g), _wide(y)
+    return (y * (g - ops.sum(g * y, axis, keepdim=True)),)
+
+
+def _layer_norm(op, g, y, x, *params):
+    """The row's mean and 1/std are recomputed here (issue 14: the forward could save them)."""
+    g, x = _wide(g), _wide(x)
+    centered = x - ops.mean(x, -1, keepdim=True)
+    rstd = ops.rsqrt(ops.mean(centered * centered, -1, keepdim=True) + op.eps.value.data)
+    normalized = centered * rstd
+    gn = g * _wide(params[0]) if op.weight is not None else g
+    dx = rstd * (gn - ops.mean(gn, -1, keepdim=True) - normalized * ops.mean(gn * normalized, -1, keepdim=True))
+    weight = [g * normalized] if op.weight is not None else []
+    bias = [g] if op.bias is not None else []
+    return (dx, *weight, *bias)
+
+
+def _rms_norm(op, g, y, x, *params):
+    g, x = _wide(g), _wide(x)
+    rstd = ops.rsqrt(ops.mean(x * x, -1, keepdim=True) + op.eps.value.data)
+    normalized = x * rstd
+    gn = g * _wide(params[0]) if op.weight is not None else g
+    dx = rstd * (gn - normalized * ops.mean(gn * normalized, -1, keepdim=True))
+    return (dx, g * normalized) if op.weight is not None else (dx,)
+
+
+VJP_RULES: dict[str, Rule] = {
+    **{f"graph.{kind}": rule for kind, rule in _ELEMENTWISE.items()},
+    "graph.cast": lambda op, g, y, x: (g,),
+    "graph.transpose": _transpose,
+    "graph.reshape": lambda op, g, y, x: (ops._reshape_dims(g, x.dims),),
+    "graph.slice": _slice,
+    "graph.concat": _concat,
+    "graph.reduce.sum": _reduce_sum,
+    "graph.reduce.mean": _reduce_mean,
+    "graph.reduce.max": _reduce_extreme,
+    "graph.reduce.min": _reduce_extreme,
+    "graph.matmul": _matmul,
+    "graph.softmax": _softmax,
+    "graph.layer_norm": _layer_norm,
+    "graph.rms_norm": _rms_norm,
+}

@@ -1,0 +1,161 @@
+"""The Python values a traced function reads besides its arguments, as part of its compile key.
+
+A trace runs the user's function once and keeps what it computed: a global
+`scale`, a closure variable or a config object's attribute read during the
+trace is baked into the kernels. So a call keys its compile cache on the
+values of every global and closure variable the function's code (and its
+nested functions', and the same module's helper functions') names, read
+afresh per call: a changed value re-traces. Values are keyed as they compare:
+numbers, strings, dtypes and containers of them by value, an object by the
+values of its attributes, a module, class or function by identity. A value no
+key can stand for (a large array, a tensor of another framework) is refused
+with the variable's name instead of being frozen silently.
+"""
+from __future__ import annotations
+
+import enum
+import types
+from typing import Any, Callable
+
+import numpy as np
+
+from ..dtypes import DType
+from ..errors import ArgumentKindError
+
+#: Values keyed as they are (they hash and compare by value).
+_VALUES = (type(None), bool, int, float, complex, str, bytes, DType, np.generic, np.dtype, enum.Enum, range)
+#: Values keyed by identity: what they are, not what they hold, is what a trace uses.
+_IDENTITIES = (types.ModuleType, type, types.FunctionType, types.BuiltinFunctionType, types.MethodType,
+               types.BuiltinMethodType, types.MethodWrapperType, types.WrapperDescriptorType, property)
+#: Limits past which a value is refused rather than keyed (a key is built on every call).
+MAX_ARRAY_BYTES = 4096
+MAX_ITEMS = 1024
+MAX_DEPTH = 4
+
+_MISSING = object()
+
+
+class Captures:
+    """The globals and closure variables `fn` reads; `key()` is their values, frozen for a dict key."""
+
+    def __init__(self, fn: Callable):
+        self.fn = fn
+        self._plan: list[tuple[str, Callable[[], Any], Any]] | None = None
+
+    def key(self) -> tuple:
+        """The values now, frozen; re-plans when a helper function it looked into was rebound."""
+        if self._plan is None:
+            self._plan = _plan(self.fn)
+        values = []
+        for label, read, helper in self._plan:
+            value = read()
+            if helper is not None and value is not helper:
+                self._plan = None
+                return self.key()
+            values.append(freeze(value, label))
+        return tuple(values)
+
+
+def _plan(fn: Callable) -> list[tuple[str, Callable[[], Any], Any]]:
+    """(label, reader, helper) per variable `fn` reads: its closure cells, the globals its code
+    names (nested code objects included), and, through helper functions of its own module, theirs.
+    `helper` is the function looked into, whose rebinding changes the plan."""
+    plan: list = []
+    seen_code: set = set()
+    seen_vars: set = set()
+
+    def visit(f) -> None:
+        if f.__code__ in seen_code:
+            return
+        seen_code.add(f.__code__)
+        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+            add(("cell", id(cell)), f"{fn.__name__} reads closure variable {name!r}{through(f)}",
+                _cell_reader(cell), _cell_value(cell))
+        module_globals = f.__globals__
+        for name in _global_names(f.__code__):
+            if name in module_globals:
+                add(("global", id(module_globals), name), f"{fn.__name__} reads global {name!r}{through(f)}",
+                    _global_reader(module_globals, name), module_globals[name])
+
+    def through(f) -> str:
+        return "" if f is fn else f" (in {f.__name__})"
+
+    def add(identity, label, read, value) -> None:
+        if identity in seen_vars:
+            return
+        seen_vars.add(identity)
+        helper = value if _is_helper(value, fn) else None
+        plan.append((label, read, helper))
+        if helper is not None:
+            visit(helper)
+
+    visit(fn)
+    return plan
+
+
+def _global_names(code: types.CodeType) -> list[str]:
+    """The names `code` and the code objects nested in it (lambdas, inner functions, comprehensions)
+    load, in order: globals, and attribute names, which match no global or one read needlessly."""
+    names = dict.fromkeys(code.co_names)
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            names.update(dict.fromkeys(_global_names(const)))
+    return list(names)
+
+
+def _is_helper(value, fn) -> bool:
+    """A plain function of the traced function's own module: the trace runs its code too."""
+    return isinstance(value, types.FunctionType) and value.__module__ == fn.__module__
+
+
+def _cell_value(cell):
+    try:
+        return cell.cell_contents
+    except ValueError:   # not yet assigned
+        return _MISSING
+
+
+def _cell_reader(cell) -> Callable[[], Any]:
+    return lambda: _cell_value(cell)
+
+
+def _global_reader(module_globals: dict, name: str) -> Callable[[], Any]:
+    return lambda: module_globals.get(name, _MISSING)
+
+
+def freeze(value, label: str, depth: int = 0):
+    """A hashable stand-in for `value` that differs when the trace could differ."""
+    if isinstance(value, _VALUES) or value is _MISSING:
+        return (type(value), value)
+    if isinstance(value, slice):   # (hashable only from Python 3.12)
+        return (slice, freeze(value.start, label), freeze(value.stop, label), freeze(value.step, label))
+    if isinstance(value, _IDENTITIES) or callable(value) and not hasattr(value, "__dict__"):
+        return value
+    if depth >= MAX_DEPTH:
+        raise _refused(label, value, "nests too deeply")
+    if isinstance(value, (tuple, list, set, frozenset)):
+        if len(value) > MAX_ITEMS:
+            raise _refused(label, value, f"holds {len(value)} items")
+        items = sorted(value, key=repr) if isinstance(value, (set, frozenset)) else value
+        return (type(value), tuple(freeze(v, label, depth + 1) for v in items))
+    if isinstance(value, dict):
+        if len(value) > MAX_ITEMS:
+            raise _refused(label, value, f"holds {len(value)} items")
+        return (dict, tuple((freeze(k, label, depth + 1), freeze(v, label, depth + 1)) for k, v in value.items()))
+    if isinstance(value, np.ndarray):
+        if value.nbytes > MAX_ARRAY_BYTES:
+            raise _refused(label, value, f"is an array of {value.nbytes} bytes")
+        return (np.ndarray, value.shape, str(value.dtype), value.tobytes())
+    if hasattr(value, "shape") and hasattr(value, "dtype"):
+        raise _refused(label, value, "is a tensor")
+    if type(value).__hash__ not in (None, object.__hash__) and type(value).__eq__ is not object.__eq__:
+        return (type(value), value)   # a value type (a frozen dataclass, torch.float16)
+    if depth == 0 and hasattr(value, "__dict__") and not type(value).__module__.startswith("tessera."):
+        return (type(value), id(value), freeze(vars(value), label, depth + 1))   # a config object
+    return value   # an object inside another, a Tessera function: by identity
+
+
+def _refused(label: str, value, why: str) -> ArgumentKindError:
+    return ArgumentKindError(f"{label}, which {why} ({type(value).__name__}): its value "
+                             f"would be frozen into the compiled kernels, so Tessera does not key its compile cache "
+                             f"on it; pass it as an argument")

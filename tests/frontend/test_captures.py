@@ -1,0 +1,131 @@
+"""Captured Python values are part of the compile key, or refused by name (issue 13, item 2)."""
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.errors import ArgumentKindError
+from tessera.frontend.captures import Captures, freeze
+
+X = np.ones(4, np.float32)
+scale = 0.1
+OFFSET = 1.0
+TABLE = np.arange(4, dtype=np.float32)
+BIG = np.zeros(10_000, np.float32)
+
+
+def test_a_changed_global_retraces():
+    global scale
+
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return x * scale
+
+    np.testing.assert_allclose(f(X), X * 0.1)
+    scale = 0.2
+    try:
+        np.testing.assert_allclose(f(X), X * 0.2)
+    finally:
+        scale = 0.1
+    np.testing.assert_allclose(f(X), X * 0.1)
+    assert len({id(c) for c in f._cache.values()}) == 2   # back to 0.1: the first compile again
+
+
+def test_a_changed_closure_variable_retraces():
+    factor = 2.0
+
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return x * factor
+
+    np.testing.assert_allclose(f(X), X * 2)
+    factor = 3.0
+    np.testing.assert_allclose(f(X), X * 3)
+
+
+def _add_offset(x):
+    return x + OFFSET
+
+
+def test_a_global_read_by_a_helper_function_retraces():
+    global OFFSET
+
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return _add_offset(x)
+
+    np.testing.assert_allclose(f(X), X + 1)
+    OFFSET = 5.0
+    try:
+        np.testing.assert_allclose(f(X), X + 5)
+    finally:
+        OFFSET = 1.0
+
+
+def test_a_config_objects_attribute_retraces():
+    @dataclasses.dataclass
+    class Config:
+        scale: float
+
+    cfg = Config(2.0)
+
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return x * cfg.scale
+
+    np.testing.assert_allclose(f(X), X * 2)
+    cfg.scale = 4.0
+    np.testing.assert_allclose(f(X), X * 4)
+
+
+def test_a_small_captured_array_is_keyed_by_its_contents():
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return x * float(TABLE[1])
+
+    np.testing.assert_allclose(f(X), X * 1)
+    TABLE[1] = 7.0
+    try:
+        np.testing.assert_allclose(f(X), X * 7)
+    finally:
+        TABLE[1] = 1.0
+
+
+def test_a_large_captured_array_is_refused_by_name():
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return x * float(BIG[0])
+
+    with pytest.raises(ArgumentKindError, match="f reads global 'BIG', which is an array of 40000 bytes"):
+        f(X)
+
+
+def test_default_arguments_are_constants_of_the_key():
+    @tsr.function
+    def f(x: Tensor["N"], alpha=2.0, mode="scale"):
+        return x * alpha if mode == "scale" else x + alpha
+
+    np.testing.assert_allclose(f(X), X * 2)
+    np.testing.assert_allclose(f(X, 3.0), X * 3)
+    np.testing.assert_allclose(f(X, 3.0, "shift"), X + 3)
+
+
+def test_what_the_key_holds():
+    """Numbers by type and value, modules and functions by identity, containers item by item."""
+    assert freeze(1, "v") != freeze(1.0, "v") != freeze(True, "v")
+    assert freeze(np, "v") is np
+    assert freeze([1, (2.0, "a")], "v") == freeze([1, (2.0, "a")], "v")
+    assert freeze({"s": 0.1}, "v") != freeze({"s": 0.2}, "v")
+    assert freeze(slice(1, 3), "v") == freeze(slice(1, 3), "v")
+    hash(freeze(slice(1, 3), "v"))
+
+
+def test_the_key_reads_only_the_globals_the_code_names():
+    def f(x):
+        return tsr.exp(x) * scale
+
+    assert Captures(f).key() == (tsr, (float, 0.1))   # `exp` is an attribute; `x` a local

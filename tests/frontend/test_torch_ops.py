@@ -1,0 +1,196 @@
+"""PyTorch's ops (issue 13, item 9) against NumPy in float64 on awkward shapes, how they fuse,
+their torch semantics and their errors (their PTX: tests/backends/test_torch_ops_ptx.py)."""
+import numpy as np
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.backends.ptx import emit_module
+from tessera.errors import DTypeError, ShapeError
+
+from torch_op_cases import CASES_BY_NAME, DTYPE_CASES, IDS, SHAPES, check, function, inputs, reference
+
+@pytest.mark.parametrize("shape", SHAPES, ids=lambda s: "x".join(map(str, s.values())))
+@pytest.mark.parametrize("case,dt", DTYPE_CASES, ids=IDS)
+def test_op_matches_numpy(case, dt, shape):
+    fn = function(case, dt)
+    arrays = inputs(case, dt, shape, np.random.default_rng(11))
+    check(fn(*arrays), reference(case, arrays))
+
+
+# --- torch's semantics -----------------------------------------------------------------------------
+
+def _run(f, *arrays):
+    return tsr.function(f)(*arrays)
+
+
+def test_max_and_min_take_torch_forms():
+    """max(x): a tensor; max(x, dim): (values, indices) with the first index of a tie; max(a, b): maximum."""
+    x = np.array([[1.0, 3.0, 3.0, -1.0], [2.0, 2.0, 0.5, 7.0]], np.float32)
+
+    def f(x: Tensor["M", "N"]):
+        r = tsr.max(x, 1)
+        assert isinstance(r, tsr.ValuesIndices) and r.values is r[0]
+        return tsr.max(x), r.values, r.indices, x.min(dim=0).indices, tsr.max(x, x[:, :1])
+    top, values, indices, low, both = _run(f, x)
+    assert float(top) == 7.0 and values.tolist() == [3.0, 7.0] and indices.tolist() == [1, 3]
+    assert indices.dtype == np.int32 and low.tolist() == [0, 1, 1, 0]
+    np.testing.assert_array_equal(both, np.maximum(x, x[:, :1]))
+
+
+def test_argmax_of_a_row_with_nan_is_the_first_nan():
+    x = np.array([[1.0, np.nan, 5.0, np.nan], [np.inf, 1.0, np.inf, 0.0]], np.float32)
+
+    def f(x: Tensor["M", "N"]):
+        return tsr.argmax(x, 1), tsr.argmin(x, 1)
+    hi, lo = _run(f, x)
+    assert hi.tolist() == [1, 0] and lo.tolist() == [1, 3]
+
+
+def test_var_defaults_to_bessels_correction():
+    x = np.random.default_rng(0).standard_normal((5, 9)).astype(np.float32)
+
+    def f(x: Tensor["M", "N"]):
+        return x.var(1), x.var(1, correction=0), tsr.std(x, 1, correction=1)
+    v1, v0, s1 = _run(f, x)
+    np.testing.assert_allclose(v1, x.astype(np.float64).var(1, ddof=1), rtol=1e-5)
+    np.testing.assert_allclose(v0, x.astype(np.float64).var(1, ddof=0), rtol=1e-5)
+    np.testing.assert_allclose(s1, x.astype(np.float64).std(1, ddof=1), rtol=1e-5)
+
+
+def test_var_of_one_element_is_nan_as_in_torch():
+    def f(x: Tensor["M", "N"]):
+        return x.var(1)
+    out = _run(f, np.ones((3, 1), np.float32))
+    assert np.isnan(out).all()
+
+
+def test_logsumexp_of_infinite_rows():
+    x = np.array([[-np.inf, -np.inf, -np.inf], [np.inf, 0.0, 1.0], [1000.0, 1000.0, -5.0]], np.float32)
+
+    def f(x: Tensor["M", "N"]):
+        return tsr.logsumexp(x, 1)
+    out = _run(f, x)
+    assert out[0] == -np.inf and out[1] == np.inf
+    np.testing.assert_allclose(out[2], 1000.0 + np.log(2.0), rtol=1e-6)
+
+
+def test_floor_division_and_remainder_round_down_as_python():
+    a = np.array([[-7, 7, -7, 7, 0, -1]], np.int32)
+    b = np.array([[2, -2, -2, 2, 3, 5]], np.int32)
+
+    def f(a: Tensor["M", "N"], b: Tensor["M", "N"]):
+        return a // b, a % b, a.float() // b.float(), a.float() % b.float()
+    q, r, qf, rf = _run(f, a, b)
+    assert q.tolist() == [[-4, -4, 3, 3, 0, -1]] and r.tolist() == [[1, -1, -1, 1, 0, 4]]
+    assert qf.tolist() == q.tolist() and rf.tolist() == r.tolist()
+
+
+# --- fusion ----------------------------------------------------------------------------------------
+
+def _kinds(fn, dims, dtype="fp16"):
+    compiled = fn.compile(fn.arg_specs_for(dims, dtype))
+    schedule = compiled.ir("schedule")
+    return [line.split('"')[3] for line in schedule.splitlines() if "schedule.kernel" in line]
+
+
+def test_clamp_and_masked_fill_fuse_into_a_gemm_epilogue():
+    @tsr.function
+    def f(a: Tensor["M", "K"], b: Tensor["K", "N"], m: Tensor["M", "N", tsr.bool_]):
+        return (a @ b).clamp(-1.0, 1.0).masked_fill(m, 0.0)
+    assert _kinds(f, dict(M=77, K=64, N=45)) == ["gemm"]
+
+
+def test_masked_fill_and_clamp_are_attention_score_modifications():
+    @tsr.function
+    def f(q: Tensor["B", "S", "D"], k: Tensor["B", "S", "D"], v: Tensor["B", "S", "D"]):
+        s = (q @ k.mT).clamp(-30.0, 30.0)
+        i = tsr.arange(q.shape[1])
+        s = s.masked_fill(i[:, None] < i[None, :], -float("inf"))
+        return tsr.softmax(s, -1) @ v
+    assert _kinds(f, dict(B=2, S=100, D=64)) == ["flash_attention"]
+
+
+def test_alibi_with_integer_abs_is_one_attention_kernel():
+    @tsr.function
+    def f(q: Tensor["B", "S", "D"], k: Tensor["B", "S", "D"], v: Tensor["B", "S", "D"]):
+        i = tsr.arange(q.shape[1])
+        s = q @ k.mT - tsr.abs(i[:, None] - i[None, :]).to(q.dtype) * 0.5
+        return tsr.softmax(s, -1) @ v
+    assert _kinds(f, dict(B=2, S=100, D=64)) == ["flash_attention"]
+    compiled = f.compile(f.arg_specs_for(dict(B=2, S=100, D=64), "fp16"), arch="sm_80")
+    assert all("abs.s32" in k.ptx for k in emit_module(compiled.modules["target"]).values())
+
+
+def test_log_softmax_and_logsumexp_are_row_reductions():
+    @tsr.function
+    def f(x: Tensor["M", "N"]):
+        return tsr.log_softmax(x, -1)
+    kinds = _kinds(f, dict(M=7, N=1000))
+    assert kinds.count("row_reduction") == 2 and set(kinds) <= {"row_reduction", "elementwise"}
+
+
+def test_tril_and_expand_read_no_mask_from_memory():
+    """The triangle's mask is two aranges and expand a broadcast: one kernel each, inputs only x."""
+    @tsr.function
+    def f(x: Tensor["M", "N"]):
+        return x.tril(-1) + 1.0, x[None].expand(4, -1, -1) * 2.0
+    assert _kinds(f, dict(M=7, N=13)) == ["elementwise", "elementwise"]
+
+
+def test_cat_along_a_free_dim_is_one_kernel_writing_both_halves():
+    @tsr.function
+    def f(x: Tensor["M", "N"], y: Tensor["M", "K"]):
+        return tsr.cat([tsr.exp(x), y * 2.0], -1)
+    assert _kinds(f, dict(M=7, N=13, K=5)) == ["elementwise"]
+
+
+def test_slices_fuse_into_a_reduction_prologue_but_never_an_epilogue():
+    """A window reads other elements than its own, so it fuses where its operand is loaded (a
+    row reduction's prologue reads x shifted) but not into a GEMM's epilogue (registers hold only
+    the output tile): there it reads the GEMM's result from memory."""
+    @tsr.function
+    def prologue(x: Tensor["M", "N"]):
+        return tsr.softmax(x[:, 3:] * 2.0, -1)
+
+    @tsr.function
+    def epilogue(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+        return (a @ b)[:, 1:] * 2.0
+    assert _kinds(prologue, dict(M=7, N=1000)) == ["row_reduction"]
+    assert _kinds(epilogue, dict(M=77, K=64, N=45)) == ["gemm", "elementwise"]
+    a, b = (np.random.default_rng(2).standard_normal(s).astype(np.float32) for s in ((77, 64), (64, 45)))
+    np.testing.assert_allclose(epilogue(a, b), (a.astype(np.float64) @ b)[:, 1:] * 2.0, rtol=1e-4, atol=1e-4)
+
+
+# --- errors ----------------------------------------------------------------------------------------
+
+@pytest.mark.parametrize("body,error,match", [
+    (lambda x: x.expand(3, 5), ShapeError, r"dim 0 of x \[M=7, N=13\] has size 7"),
+    (lambda x: x.flatten(1, 0), ShapeError, "start_dim 1 comes after end_dim 0"),
+    (lambda x: tsr.einsum("ij,jk->ik", x, x[:, :1]), ShapeError, "index 'j'"),
+    (lambda x: tsr.einsum("ii->i", x), ShapeError, "diagonals"),
+    (lambda x: x.to(tsr.int32).var(), DTypeError, "var of int32"),
+    (lambda x: x.masked_fill(x, 0.0), DTypeError, "mask must be a bool"),
+    (lambda x: (x > 0) - (x < 0), DTypeError, "sub of bool"),
+    (lambda x: -(x > 0), DTypeError, "neg of bool"),
+    (lambda x: x.tril().sum(0).tril(), ShapeError, "at least 2 dims"),
+    (lambda x: tsr.clamp(x), ValueError, "at least one of min and max"),
+    (lambda x: x[:, 20], ShapeError, r"index 20 is out of range for dim 1 of x \[M=7, N=13\]"),
+    (lambda x: x[3:3], ShapeError, "selects nothing from dim 0"),
+    (lambda x: x[::-1], ShapeError, "steps must be positive"),
+    (lambda x: tsr.cat([x, x.T], 1), ShapeError, "tensor 1 .* does not match tensor 0"),
+    (lambda x: tsr.stack([x, x[1:]]), ShapeError, "stack: the tensors' shapes differ"),
+])
+def test_mistakes_are_reported_in_the_users_terms(body, error, match):
+    def f(x: Tensor["M", "N"]):
+        return body(x)
+    fn = tsr.function(f)
+    with pytest.raises(error, match=match):
+        fn.trace(fn.arg_specs_for(dict(M=7, N=13)))
+
+
+def test_every_new_op_is_exported():
+    for name in ["cat", "stack", "clamp", "clip", "masked_fill", "tril", "triu", "einsum", "var", "std",
+                 "log_softmax", "logsumexp", "argmax", "argmin", "flatten", "expand", "floor_divide",
+                 "remainder", "max", "min"]:
+        assert name in tsr.__all__ and callable(getattr(tsr, name))

@@ -1,0 +1,181 @@
+"""Issue 13 on the GPU: zero-size dims launch nothing and come back shaped, stores read in program
+order (a kernel reading an output it writes too), captured values re-trace, and results come back
+in the inputs' kind (torch CUDA and CPU, CuPy)."""
+import numpy as np
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.frontend.zero_size import ZeroSizeCall
+
+SCALE = 0.25
+
+
+@tsr.function
+def bias_relu(x: Tensor["S", "D"], b: Tensor["D"]):
+    return tsr.relu(x * 2.0 + b)
+
+
+@tsr.function
+def matmul(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+    return a @ b
+
+
+@tsr.function
+def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    return tsr.softmax(q @ k.transpose(-2, -1) * 0.125, dim=-1) @ v
+
+
+@tsr.kernel
+def matmul_into(a: Tensor["M", "K"], b: Tensor["K", "N"], c: Tensor["M", "N"]):
+    c[:] = a @ b
+
+
+@tsr.kernel
+def accumulate(a: Tensor["M", "M"], c: Tensor["M", "M"]):
+    c[:] = c @ a
+
+
+@tsr.kernel
+def store_then_read(a: Tensor["M", "N"], b: Tensor["M", "N"], c: Tensor["M", "N"]):
+    b[:] = a * 2.0
+    c[:] = a * 2.0
+    c[:] = c + b
+
+
+@tsr.function
+def scaled(x: Tensor["S", "D"]):
+    return x * SCALE
+
+
+def cuda(torch, shape, dtype=None, seed=0):
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    return torch.randn(shape, generator=gen, device="cuda", dtype=torch.float32).to(dtype or torch.float16)
+
+
+def relative_error(out, ref) -> float:
+    out64, ref64 = out.double(), ref.double()
+    return float((out64 - ref64).norm() / max(ref64.norm(), 1e-30))
+
+
+# --- zero-size dims ---------------------------------------------------------------------------
+
+def test_zero_size_elementwise(torch_cuda):
+    torch = torch_cuda
+    x, b = cuda(torch, (0, 64)), cuda(torch, (64,))
+    out = bias_relu(x, b)
+    assert out.is_cuda and out.shape == (0, 64) and out.dtype == torch.float16
+    assert bias_relu(x, b).shape == (0, 64)   # again, through the remembered program
+
+
+@pytest.mark.parametrize("shape", [(1, 4, 0, 64), (0, 4, 128, 64)])
+def test_zero_size_attention(torch_cuda, shape):
+    torch = torch_cuda
+    q = cuda(torch, shape)
+    out = attention(q, q, q)
+    assert out.is_cuda and tuple(out.shape) == shape and out.dtype == torch.float16
+    assert all(isinstance(c, ZeroSizeCall) for c in attention._cache.values())   # nothing compiled
+
+
+@pytest.mark.parametrize("m,k,n", [(0, 64, 128), (128, 64, 0), (128, 0, 64)])
+def test_zero_size_matmul(torch_cuda, m, k, n):
+    torch = torch_cuda
+    out = matmul(cuda(torch, (m, k)), cuda(torch, (k, n)))
+    assert out.is_cuda and tuple(out.shape) == (m, n) and out.dtype == torch.float16
+    assert torch.equal(out, torch.zeros(m, n, device="cuda", dtype=torch.float16))   # K = 0: zeros
+
+
+def test_zero_size_kernel_writes_zeros_over_an_empty_k(torch_cuda):
+    torch = torch_cuda
+    c = torch.full((64, 32), float("nan"), device="cuda", dtype=torch.float16)
+    matmul_into(cuda(torch, (64, 0)), cuda(torch, (0, 32)), c)
+    torch.cuda.synchronize()
+    assert torch.equal(c, torch.zeros_like(c))
+
+
+# --- stores ------------------------------------------------------------------------------------
+
+def test_a_kernel_reading_the_output_it_writes(torch_cuda):
+    """`c[:] = c @ a` reads the old c: blocks must not see tiles others already overwrote."""
+    torch = torch_cuda
+    a, c = cuda(torch, (256, 256), seed=1), cuda(torch, (256, 256), seed=2)
+    expected = c.float() @ a.float()
+    accumulate(a, c)
+    torch.cuda.synchronize()
+    assert relative_error(c, expected) < 1e-2
+    c2 = cuda(torch, (256, 256), seed=3)
+    expected = c2.float() @ a.float()
+    accumulate(a, c2)   # the remembered program, through the same copies
+    torch.cuda.synchronize()
+    assert relative_error(c2, expected) < 1e-2
+
+
+def test_reads_after_stores_see_them(torch_cuda):
+    torch = torch_cuda
+    a = cuda(torch, (100, 70))
+    b = torch.full_like(a, float("nan"))
+    c = torch.full_like(a, float("nan"))
+    store_then_read(a, b, c)
+    torch.cuda.synchronize()
+    assert relative_error(b, a.float() * 2) < 1e-3
+    assert relative_error(c, a.float() * 4) < 1e-3
+
+
+# --- captured values -------------------------------------------------------------------------
+
+def test_a_changed_global_retraces_on_the_gpu_call_path(torch_cuda):
+    global SCALE
+    torch = torch_cuda
+    x = cuda(torch, (64, 64))
+    first = scaled(x)
+    SCALE = 0.5
+    try:
+        second = scaled(x)
+    finally:
+        SCALE = 0.25
+    third = scaled(x)
+    torch.cuda.synchronize()
+    assert relative_error(first, x.float() * 0.25) < 1e-3
+    assert relative_error(second, x.float() * 0.5) < 1e-3
+    assert relative_error(third, x.float() * 0.25) < 1e-3
+
+
+# --- results in kind ---------------------------------------------------------------------------
+
+def test_torch_cuda_in_torch_cuda_out(torch_cuda):
+    torch = torch_cuda
+    x, b = cuda(torch, (33, 64)), cuda(torch, (64,))
+    out = bias_relu(x, b)
+    assert isinstance(out, torch.Tensor) and out.is_cuda
+    assert relative_error(out, torch.relu(x.float() * 2 + b.float())) < 1e-2
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+def test_torch_cpu_in_torch_cpu_out(dtype):
+    torch = pytest.importorskip("torch")
+    dt = getattr(torch, dtype)
+    x = torch.randn(9, 16).to(dt)
+    b = torch.randn(16).to(dt)
+    out = bias_relu(x, b)
+    assert isinstance(out, torch.Tensor) and out.device.type == "cpu" and out.dtype == dt
+    assert relative_error(out, torch.relu(x.float() * 2 + b.float())) < 2e-2
+
+
+def test_a_kernel_writes_torch_cpu_outputs():
+    torch = pytest.importorskip("torch")
+    a, b = torch.randn(8, 16), torch.randn(16, 4)
+    c = torch.full((8, 4), float("nan"))
+    matmul_into(a, b, c)
+    assert relative_error(c, a @ b) < 1e-5
+
+
+def test_cupy_in_cupy_out(cuda_device):
+    cupy = pytest.importorskip("cupy")
+    x = cupy.asarray(np.random.default_rng(0).standard_normal((33, 64)).astype(np.float16))
+    b = cupy.asarray(np.random.default_rng(1).standard_normal(64).astype(np.float16))
+    out = bias_relu(x, b)
+    assert isinstance(out, cupy.ndarray)
+    expected = np.maximum(cupy.asnumpy(x).astype(np.float32) * 2 + cupy.asnumpy(b).astype(np.float32), 0)
+    np.testing.assert_allclose(cupy.asnumpy(out).astype(np.float32), expected, rtol=1e-2, atol=1e-2)
+    empty = bias_relu(cupy.zeros((0, 64), np.float16), b)
+    assert isinstance(empty, cupy.ndarray) and empty.shape == (0, 64)
