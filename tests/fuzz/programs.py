@@ -799,6 +799,11 @@ def programs(draw, device: str = "cpu", families: Sequence[str] = tuple(FAMILIES
 
 # --- GPU compiles, shared across processes -----------------------------------------------------------
 
+def has_zero_size(program: Program) -> bool:
+    """A program with a zero-size dim: a call of it launches nothing, so there is nothing to compile."""
+    return any(n == 0 for _, n in program.sizes)
+
+
 def compile_for_gpu(program: Program, arch: str, sm_count: int | None, path: str):
     """The program compiled for a GPU through its cubins (which land in the on-disk cubin cache)."""
     fn = function(program)

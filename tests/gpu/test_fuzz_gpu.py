@@ -5,7 +5,7 @@ evaluation, with 0 wrong results. A failure shrinks (hypothesis) to a minimal pr
 To fit a few minutes: the programs are drawn first (the same derandomized hypothesis run, collecting
 only), compiled in parallel by a process pool so that their cubins land in the on-disk cubin cache,
 then the hypothesis run checks each one, compiling in-process again from that cache (no ptxas) and
-launching. TESSERA_FUZZ_GPU_EXAMPLES sets the number of examples hypothesis draws (default 3,200; some
+launching. TESSERA_FUZZ_GPU_EXAMPLES sets the number of examples hypothesis draws (default 3,700; some
 repeat a program with other inputs), of which at least 2,000 must be distinct programs (source and shapes).
 Needs hypothesis (the test extras; scripts/gpu_check.sh installs it from .whl/ where the machine lacks it).
 """
@@ -23,9 +23,9 @@ from hypothesis import HealthCheck, given, settings, strategies as st  # noqa: E
 
 from fuzz import programs as P  # noqa: E402
 
-EXAMPLES = int(os.environ.get("TESSERA_FUZZ_GPU_EXAMPLES", "3200"))
+EXAMPLES = int(os.environ.get("TESSERA_FUZZ_GPU_EXAMPLES", "3700"))
 #: distinct programs (source and shapes) the run must check
-MIN_PROGRAMS = 2000 if EXAMPLES >= 3200 else EXAMPLES // 2
+MIN_PROGRAMS = 2000 if EXAMPLES >= 3700 else EXAMPLES // 2
 #: compiled programs kept loaded (a repeated program is not compiled again)
 KEEP_COMPILED = 512
 #: code paths, drawn per program: the native one (TMA + wgmma on Hopper) more often than mma.sync + cp.async
@@ -71,10 +71,15 @@ def run_on_gpu(program, seed: int, path: str) -> None:
     torch = _Run.torch
     inputs = P.random_inputs(program, seed)
     try:
-        gpu = _compiled(program, path).gpu_program(0)
-        outs = [torch.full(b.shape, float("nan"), device="cuda", dtype=getattr(torch, _TORCH[b.dtype.name]))
-                for b in gpu.outputs]
-        gpu(*[_to_torch(a, torch) for a in inputs], out=outs)
+        if P.has_zero_size(program):   # the user's call: no kernel, results of the inputs' kind and device
+            outs = P.function(program)(*[_to_torch(a, torch) for a in inputs], path=path)
+            outs = list(outs) if isinstance(outs, (tuple, list)) else [outs]
+            assert all(o.is_cuda for o in outs), "a zero-size call's results left the GPU"
+        else:
+            gpu = _compiled(program, path).gpu_program(0)
+            outs = [torch.full(b.shape, float("nan"), device="cuda", dtype=getattr(torch, _TORCH[b.dtype.name]))
+                    for b in gpu.outputs]
+            gpu(*[_to_torch(a, torch) for a in inputs], out=outs)
         torch.cuda.synchronize()
     except Exception as e:   # a compiler or launch error on a valid program is a bug too: show the program
         raise AssertionError(f"{type(e).__name__}: {e}\n\nminimal program ({path} path):\n"
@@ -110,7 +115,7 @@ def test_fuzz_gpu(torch_cuda, cuda_device, tmp_path_factory, monkeypatch):
     start = time.perf_counter()
     _fuzz()
     jobs = list({(P.source(p), p.sizes, path): (p, platform.arch, platform.sm_count, path)
-                 for p, path in _Run.collected}.values())
+                 for p, path in _Run.collected if not P.has_zero_size(p)}.values())
     _precompile(jobs)
     compiled = time.perf_counter()
     _Run.mode = "check"
