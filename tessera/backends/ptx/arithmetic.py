@@ -16,7 +16,7 @@ from ...ir import index_facts
 from ...ir import tile as t
 from ...lowering.assign_layouts import is_tile
 from .core import KernelEmitter
-from .types import F16, F32, PRED, S32, UnsupportedByBackend, f32_literal, ptx_type
+from .types import F16, F32, FP8, PRED, S32, PtxType, UnsupportedByBackend, f32_literal, ptx_type
 
 
 def _unary(ty_of: Callable, template: str):
@@ -276,8 +276,63 @@ def _select(e: KernelEmitter, op):
     e.elementwise(op, build)
 
 
+def _fp8_conversions(e: KernelEmitter) -> None:
+    if not e.platform.has("fp8"):
+        raise UnsupportedByBackend(f"PTX backend: fp8 conversions (cvt .e4m3x2/.e5m2x2) need sm_89 or later; "
+                                   f"{e.platform.arch} has no fp8")
+
+
+def _extf_fp8(e: KernelEmitter, op, src: PtxType) -> None:
+    """fp8 -> f16 (or on to f32): `cvt.rn.f16x2.e4m3x2` widens the register's two bytes; ours is the low one."""
+    _fp8_conversions(e)
+    dst = ptx_type(op.result.type)
+    if dst not in (F16, F32):
+        raise UnsupportedByBackend(f"PTX backend: {src.op} to {dst.op} (fp8 widens to f16 or f32)")
+
+    def build(args):
+        pair, lo, hi = e.new(S32), e.new(F16), e.new(F16)
+        e.emit(f"cvt.rn.f16x2.{src.op}x2 {pair}, {args[0]};")
+        e.emit(f"mov.b32 {{{lo}, {hi}}}, {pair};")
+        if dst is F16:
+            return lo
+        r = e.new(F32)
+        e.emit(f"cvt.f32.f16 {r}, {lo};")
+        return r
+    e.elementwise(op, build)
+
+
+#: per fp8 type: (the comparison and |x| past which rounding to nearest overflows, the byte an overflow
+#: gives for +x and for -x): E4M3FN has no infinity (NaN, as ml_dtypes and torch give), E5M2 has (+-inf)
+_FP8_OVERFLOW = {"e4m3": ("gt", 464.0, 0x7F, 0xFF), "e5m2": ("ge", 61440.0, 0x7C, 0xFC)}
+
+
+def _truncf_fp8(e: KernelEmitter, op, dst: PtxType) -> None:
+    """f32 -> fp8, rounded to nearest even. PTX converts only with .satfinite (an overflow becomes the
+    largest finite value), so an overflow is then replaced by what the CPU interpreter and torch give
+    (`_FP8_OVERFLOW`); NaN stays NaN. Both bytes of the register get the value; stores take the low one."""
+    _fp8_conversions(e)
+    if ptx_type(op.input.type) is not F32:
+        raise UnsupportedByBackend(f"PTX backend: {ptx_type(op.input.type).op} to {dst.op} (fp8 narrows from f32)")
+    compare, bound, positive, negative = _FP8_OVERFLOW[dst.op]
+
+    def build(args):
+        x = args[0]
+        saturated, overflow_byte, r = e.new(dst), e.new(dst), e.new(dst)
+        magnitude, over, below_zero = e.new(F32), e.new(PRED), e.new(PRED)
+        e.emit(f"cvt.rn.satfinite.{dst.op}x2.f32 {saturated}, {x}, {x};")
+        e.emit(f"abs.f32 {magnitude}, {x};")
+        e.emit(f"setp.{compare}.f32 {over}, {magnitude}, {f32_literal(bound)};")
+        e.emit(f"setp.lt.f32 {below_zero}, {x}, 0f00000000;")
+        e.emit(f"selp.b16 {overflow_byte}, {negative}, {positive}, {below_zero};")
+        e.emit(f"selp.b16 {r}, {overflow_byte}, {saturated}, {over};")
+        return r
+    e.elementwise(op, build)
+
+
 def _extf(e: KernelEmitter, op):
     src = ptx_type(op.input.type)
+    if src in FP8:
+        return _extf_fp8(e, op, src)
 
     def build(args):
         r = e.new(F32)
@@ -294,6 +349,8 @@ def _extf(e: KernelEmitter, op):
 
 def _truncf(e: KernelEmitter, op):
     dst = ptx_type(op.result.type)
+    if dst in FP8:
+        return _truncf_fp8(e, op, dst)
 
     def build(args):
         r = e.new(dst)

@@ -152,7 +152,7 @@ def _load(e: KernelEmitter, op: t.LoadOp):
     if ty is PRED:
         e.env[op.result] = [_load_bool(e, addr, byte, pred, pad) for byte, pred in elems]
         return
-    width = _vector_runs(op.src, tile_dims, layout, ty, op.offsets[-1])
+    width = _vector_runs(op.src, tile_dims, layout, ty, op.offsets[-1]) if ty.bytes > 1 else 1   # fp8: bytes
     suffix, pack = _vector_suffix(ty, width)
     regs = []
     for i in range(0, len(elems), width):
@@ -190,7 +190,7 @@ def _store(e: KernelEmitter, op: t.StoreOp):
         for (byte, pred), value in zip(elems, regs):
             _store_bool(e, addr, byte, pred, value)
         return
-    width = _vector_runs(op.dst, tile_dims, layout, ty, op.offsets[-1])
+    width = _vector_runs(op.dst, tile_dims, layout, ty, op.offsets[-1]) if ty.bytes > 1 else 1   # fp8: bytes
     suffix, pack = _vector_suffix(ty, width)
     for i in range(0, len(elems), width):
         byte, pred = elems[i]

@@ -9,6 +9,8 @@ from dataclasses import dataclass
 
 from xdsl.dialects.builtin import (
     BFloat16Type,
+    Float8E4M3FNType,
+    Float8E5M2Type,
     Float16Type,
     Float32Type,
     IndexType,
@@ -41,6 +43,11 @@ PRED = PtxType("p", ".pred", "pred", 1)
 U64 = PtxType("rd", ".b64", "u64", 8)
 #: a byte in a 16-bit register: how a bool (PRED) element is loaded from and stored to memory
 B8 = PtxType("rs", ".b16", "u8", 1)
+#: fp8 elements (OCP E4M3FN, E5M2): one byte in the low half of a 16-bit register; kernels only load,
+#: store and convert them (`cvt ... .e4m3x2` / `.e5m2x2`, sm_89+), as the frontend allows no arithmetic on fp8
+E4M3 = PtxType("q", ".b16", "e4m3", 1)
+E5M2 = PtxType("qe", ".b16", "e5m2", 1)
+FP8 = (E4M3, E5M2)
 
 
 def ptx_type(t: Attribute) -> PtxType:
@@ -51,6 +58,10 @@ def ptx_type(t: Attribute) -> PtxType:
         return F16
     if isinstance(element, BFloat16Type):
         return BF16
+    if isinstance(element, Float8E4M3FNType):
+        return E4M3
+    if isinstance(element, Float8E5M2Type):
+        return E5M2
     if isinstance(element, IndexType):
         return S32
     if isinstance(element, IntegerType):
@@ -63,19 +74,22 @@ def f32_literal(x: float) -> str:
 
 
 def storage_suffix(ty: PtxType) -> str:
-    return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32"}[ty]
+    return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", E4M3: "u8", E5M2: "u8"}[ty]
 
 
 def mov_suffix(ty: PtxType) -> str:
-    return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", PRED: "pred", U64: "b64"}[ty]
+    return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", PRED: "pred", U64: "b64", E4M3: "b16",
+            E5M2: "b16"}[ty]
 
 
 def mov_constant(ty: PtxType, r: str, value: float) -> str:
     if ty is F32:
         return f"mov.f32 {r}, {f32_literal(value)};"
-    if ty in (F16, BF16):
+    if ty in (F16, BF16, *FP8):
         import numpy as np
         import ml_dtypes
-        bits = np.array(value, dtype=np.float16 if ty is F16 else ml_dtypes.bfloat16).view(np.uint16)
+        np_type = {F16: np.float16, BF16: ml_dtypes.bfloat16, E4M3: ml_dtypes.float8_e4m3fn,
+                   E5M2: ml_dtypes.float8_e5m2}[ty]
+        bits = np.array(value, dtype=np_type).view(np.uint16 if ty.bytes == 2 else np.uint8)
         return f"mov.b16 {r}, {int(bits)};"
     return f"mov.b32 {r}, {int(value)};"
