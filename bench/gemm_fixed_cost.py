@@ -12,11 +12,15 @@ how the native GEMM's direct fragment stores were found (bench/RESULTS.md, sessi
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import numpy as np
 import torch
 
-from run_all import gemm, median_ms, on_path   # this folder's shared pieces: the GEMM and how it is timed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tessera.bench.cases import gemm, on_path  # noqa: E402  (the benchmarks' shared pieces)
+from tessera.bench.timing import median_ms  # noqa: E402
 
 N = 4096
 KS = (256, 512, 1024, 2048, 4096, 8192)

@@ -7,7 +7,7 @@ Prints two ceilings next to cuBLAS (torch.matmul, which uses wgmma on a Hopper G
   accumulate) from registers, on every SM, at several warps per SM;
 - Triton's own matmul on the mma.sync path (Triton compiles `tl.dot` to mma.sync when DISABLE_MMA_V3=1),
   best of a set of tilings, on the same 4096^3 / 8192^3 problems, next to Tessera's mma.sync GEMM.
-(bench/triton_mma_sync.py holds that peer.)
+(tessera/bench/triton_mma_sync.py holds that peer.)
 Each line also gives the SM clock and board power while that kernel runs back to back (nvidia-smi,
 sampled every 50 ms), and the work done per SM per clock: a GPU that runs at its power limit trades
 clock for work per clock, so TFLOP/s alone does not say how well a kernel uses the tensor cores.
@@ -20,13 +20,13 @@ import sys
 import time
 from pathlib import Path
 
-from triton_mma_sync import best_triton_matmul  # noqa: I001 (first: it sets DISABLE_MMA_V3 for Triton)
-import cupy
-import torch
-import triton
-import triton.testing
-
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tessera.bench.triton_mma_sync import best_triton_matmul  # noqa: E402,I001 (first: it sets DISABLE_MMA_V3)
+import cupy  # noqa: E402
+import torch  # noqa: E402
+import triton  # noqa: E402
+import triton.testing  # noqa: E402
 
 import tessera as tsr  # noqa: E402
 from tessera import Tensor  # noqa: E402

@@ -10,12 +10,15 @@ triton.testing.do_bench).
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 
-from run_all import gemm, median_ms   # this folder's shared pieces: the GEMM and how it is timed
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-import tessera as tsr  # noqa: E402  (run_all put the repository on the path)
+import tessera as tsr  # noqa: E402
+from tessera.bench.cases import gemm  # noqa: E402  (the benchmarks' shared pieces)
+from tessera.bench.timing import median_ms  # noqa: E402
 
 
 def main() -> int:

@@ -6,17 +6,21 @@ For each shape (fp16), on both code paths: cuBLAS (torch.matmul), Tessera as a p
 it (the split the compiler derives), Tessera pinned to split_k = 1, and the fastest split_k of
 SPLITS, each output checked against cuBLAS first. Two timings, both medians: "gpu" replays the
 call from a CUDA graph (the kernels' own time: these GEMMs take about as long as launching them
-from Python), "call" is a plain call per iteration (run_all.median_ms), launch overhead included.
+from Python), "call" is a plain call per iteration (tessera.bench.timing.median_ms), launch overhead included.
 Ratios are cuBLAS time / Tessera time (above 1: Tessera is faster).
 """
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 import torch
 import triton
 
-from run_all import gemm, median_ms, on_path, rel_err   # this folder's shared pieces
+sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+
+from tessera.bench.cases import gemm, on_path  # noqa: E402  (the benchmarks' shared pieces)
+from tessera.bench.timing import median_ms, rel_err  # noqa: E402
 
 #: (M, K, N): one-row-block and square few-tile problems with long K loops, and one that fills the GPU
 SHAPES = [(128, 4096, 4096), (256, 4096, 4096), (4096, 4096, 256), (64, 8192, 8192),

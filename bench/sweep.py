@@ -12,7 +12,6 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
-import math
 import os
 import sys
 from pathlib import Path
@@ -23,16 +22,9 @@ import triton.testing
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 import tessera as tsr  # noqa: E402
-from tessera import Tensor  # noqa: E402
+from tessera.bench import cases  # noqa: E402  (the benchmarks' functions)
 
-
-def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * scale, dim=-1), v)
-
-
-def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
-    return tsr.matmul(a, b)
+attention, gemm = cases.attention.fn, cases.gemm.fn   # plain Python functions: each variant wraps its own
 
 
 def variants(grid: dict) -> list[dict]:

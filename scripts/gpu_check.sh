@@ -47,7 +47,25 @@ section "GPU tests"
 python3 -m pytest -q -o addopts= tests/gpu -rs || status=1
 
 section "Benchmarks"
-python3 bench/run_all.py || status=1
+# Tessera and its peers, 7 rounds per case; the JSON (device, driver, versions, commit, per-case median,
+# MAD, IQR) goes to $OUT/bench.json when $OUT is set, else bench/results/bench.json. Against the
+# device's baseline where the repository keeps one (exit 1 on a regression beyond the measured noise).
+bench_json="${OUT:-bench/results}/bench.json"
+baseline=$(python3 -c "from tessera.bench.results import baseline_path; from tessera.bench.environment import gpu; print(baseline_path(gpu()[0] or 'unknown'))" 2>/dev/null)
+if [[ -n "$baseline" && -f "$baseline" ]]; then
+    python3 -m tessera bench --json "$bench_json" --compare "$baseline" || status=1
+else
+    echo "(no baseline ${baseline:-for this device}; record one with: python3 -m tessera bench --write-baseline)"
+    python3 -m tessera bench --json "$bench_json" || status=1
+fi
+
+# Per kernel: time, TFLOP/s, GB/s, fraction of the roofline, occupancy (and ncu's metrics where ncu is on PATH).
+section "Profile"
+# (The run checks against a float64 NumPy reference, so the shape stays where that takes seconds.)
+plot=()
+python3 -c "import matplotlib" 2>/dev/null && mkdir -p "${OUT:-bench/results}" && plot=(--plot "${OUT:-bench/results}/roofline.png")
+python3 -m tessera profile examples/flash_attention.py:causal_flash_attention --shape B=2,H=16,S=2048,D=128 "${plot[@]}" \
+    || status=1
 
 # What the mma.sync path can reach here (instruction ceiling, clocks and power at the card's limit)
 # and what persistent GEMM tiles change, on both paths.

@@ -14,7 +14,7 @@ from .autodiff import grad, vjp
 from .dtypes import bf16, bool_, fp8_e4m3, fp8_e5m2, fp16, fp32, int32
 from .errors import DeviceAssertError, DTypeError, ShapeError, TesseraError
 from .frontend.debug import device_assert, profile_begin, profile_end, profile_region
-from .frontend.function import Function, Kernel, function, kernel
+from .frontend.function import Function, Kernel, function, kernel, torch_op
 from .frontend.ops import (
     abs, add, amax, amin, arange, cast, cos, div, eq, erf, exp, exp2, ge, gelu, gt, layer_norm, le, log, log2,
     logical_and, logical_not, logical_or, lt, matmul, maximum, mean, minimum, mul, ne, neg, permute, pow, relu,
@@ -29,6 +29,14 @@ from .runtime.profile import profile_report, reset_profile
 
 float32, float16, bfloat16, half = fp32, fp16, bf16, fp16
 to = cast
+
+
+def load(path):
+    """The AOT package `tessera package` wrote in directory `path` (runtime/package.py): its
+    functions, callable on CUDA tensors with no compiler (no xDSL, no ptxas) behind them."""
+    from .runtime.package import load as load_package
+    return load_package(path)
+
 
 __version__ = "0.1.0"
 
@@ -86,6 +94,7 @@ __all__ = [
     "kernel",
     "layer_norm",
     "le",
+    "load",
     "log",
     "log2",
     "log_softmax",
@@ -127,6 +136,7 @@ __all__ = [
     "sum",
     "tanh",
     "to",
+    "torch_op",
     "transpose",
     "tril",
     "triu",

@@ -2,8 +2,11 @@
 
     tessera compile FILE.py[:FUNC] --shape B=2,S=128 [--dtype fp16] [--arch sm_90a] [--dump-ir=all] [-o DIR]
     tessera run     FILE.py[:FUNC] --shape B=2,S=128 [--dtype fp16] [--seed N] [--device auto] [--profile]
-    tessera profile FILE.py[:FUNC] --shape B=2,S=128 ...: run with profiling; cycles per profile region
+    tessera profile FILE.py[:FUNC] --shape B=2,S=128 ... [--plot roofline.png]: profile regions, then per
+                    kernel time, TFLOP/s, GB/s, roofline fraction, occupancy (and ncu's metrics)
+    tessera bench   [--filter REGEX] [--compare BASELINE.json] [--report RUN.json ...]: the benchmarks
     tessera opt     FILE.mlir [--passes=fuse,lower-to-tile] [--verify-only]
+    tessera package FILE.py[:FUNC]... --arch sm_80,sm_90a --shape B=2,S=128 [--shape ...] -o DIR
     tessera targets [--arch sm_90a]
     tessera demo    flash attention from examples/: compile, run, check, report
 
@@ -410,6 +413,30 @@ def _schedule_text(compiled: Compiled, name: str) -> str:
     return " ".join(f"{k}={v}" for k, v in params.get(name, {}).items()) or "-"
 
 
+def cmd_package(args: argparse.Namespace) -> int:
+    """Compiles each function for every --shape and every --arch, and writes them as an AOT package
+    (manifest.json, cubins and PTX) that `tessera.load` runs with no compiler behind it."""
+    from .runtime import package, ptxas
+
+    if not ptxas.available():
+        raise TesseraError("tessera package assembles cubins, which needs ptxas (the CUDA toolkit, or "
+                           "pip install nvidia-cuda-nvcc)")
+    archs = [a.strip() for a in args.arch.split(",") if a.strip()]
+    for arch in archs:
+        if platforms.get(arch).vendor not in BACKENDS:
+            raise TesseraError(f"no backend for {arch}: a package holds PTX and cubins for NVIDIA GPUs only")
+    functions = [load_function(target) for target in args.targets]
+    shapes = [parse_shape(s) for s in args.shape]
+    artifacts = package.build(functions, shapes, archs, parse_dtype(args.dtype), args.path)
+    manifest = package.write(args.output, artifacts)
+    for a in artifacts:
+        shapes_text = ", ".join(f"{x['name']} {x['dtype']}{x['shape']}" for x in a.record["arguments"])
+        print(f"  {a.name} for {a.record['arch']}: {shapes_text} ({len(a.record['kernels'])} kernels)")
+    print(f"wrote {_show_path(manifest)} ({len(artifacts)} specializations, "
+          f"{len(set().union(*(a.files for a in artifacts)))} image files)")
+    return 0
+
+
 def cmd_run(args: argparse.Namespace) -> int:
     """Compiles, runs on random inputs and checks against the reference; exit 1 on a mismatch."""
     fn = load_function(args.target)
@@ -422,6 +449,12 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.profile:   # per kernel, the median over blocks of each region's time and share
         print(profile_report())
     return 0 if result.passed else 1
+
+
+def _cmd_profile(args: argparse.Namespace) -> int:
+    """`tessera profile`: tessera/bench/profile_command.py."""
+    from .bench.profile_command import cmd_profile
+    return cmd_profile(args)
 
 
 def cmd_demo(args: argparse.Namespace) -> int:
@@ -669,12 +702,31 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(command=cmd_run)
 
     p = sub.add_parser("profile", parents=[common],
-                       help="run with profiling: per kernel and profile region, cycles (median over blocks) "
-                            "and share of the kernel's time")
+                       help="run with profiling: per profile region, cycles (median over blocks) and share of "
+                            "the kernel's time; per kernel, time, TFLOP/s, GB/s, roofline fraction, occupancy")
     p.add_argument("target", metavar="FILE.py[:FUNC]")
     _function_options(p)
     _run_options(p)
-    p.set_defaults(command=cmd_run, profile=True)
+    p.add_argument("--plot", metavar="FILE.png", help="draw the kernels on the device's roofline (needs "
+                                                       "matplotlib: pip install 'tessera[plot]')")
+    p.add_argument("--no-ncu", action="store_true", help="skip Nsight Compute's metrics even where ncu is installed")
+    p.set_defaults(command=_cmd_profile, profile=True)
+
+    from .bench.command import add_parser as add_bench_parser
+    add_bench_parser(sub, [common])
+
+    p = sub.add_parser("package", parents=[common],
+                       help="compile functions for several archs and shapes into a package tessera.load runs")
+    p.add_argument("targets", nargs="+", metavar="FILE.py[:FUNC]")
+    p.add_argument("--shape", action="append", required=True, metavar="B=2,S=128,...",
+                   help="values of the symbolic dims; repeat for more specializations")
+    p.add_argument("--arch", default=DEFAULT_ARCH, metavar="ARCH,...",
+                   help=f"comma-separated targets, each getting its cubins and PTX (default {DEFAULT_ARCH})")
+    p.add_argument("--dtype", default=DEFAULT_DTYPE,
+                   help=f"dtype of arguments not annotated with one (default {DEFAULT_DTYPE})")
+    p.add_argument("--path", choices=["ampere", "native"], default="native", help="code path (as for compile)")
+    p.add_argument("-o", "--output", required=True, metavar="DIR", help="the package directory")
+    p.set_defaults(command=cmd_package)
 
     p = sub.add_parser("opt", parents=[common], help="parse, verify and transform MLIR of any Tessera level")
     p.add_argument("file", metavar="FILE.mlir", help="`-` reads stdin")

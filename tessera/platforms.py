@@ -437,6 +437,42 @@ def from_device_properties(cc_major: int, cc_minor: int, sm_count: int, smem_opt
                                **{k: v for k, v in reported.items() if v is not None})
 
 
+# ---------------------------------------------------------------------------
+# Peak arithmetic rates (the roofline's ceiling in `tessera profile`)
+# ---------------------------------------------------------------------------
+
+#: Dense peak TFLOP/s of each NVIDIA arch's reference part (the one its registry row's SM count is
+#: of), at boost clock: tensor-core rates with fp32 accumulation for fp16/bf16 (without the 2:4
+#: sparsity datasheets also quote), and plain fp32 (CUDA cores). Sources:
+_PEAK_TFLOPS: dict[str, dict[str, float]] = {
+    # V100 SXM2 datasheet: 125 tensor (fp16), 15.7 fp32
+    "sm_70": {"fp16": 125.0, "fp32": 15.7},
+    # T4 datasheet: 65 fp16 tensor (mixed precision), 8.1 fp32
+    "sm_75": {"fp16": 65.0, "fp32": 8.1},
+    # A100 SXM datasheet: 312 fp16/bf16 tensor (624 sparse), 19.5 fp32
+    "sm_80": {"fp16": 312.0, "bf16": 312.0, "fp32": 19.5},
+    # A40 datasheet (84 SMs, as the row): 149.7 fp16/bf16 tensor (299.4 sparse), 37.4 fp32
+    "sm_86": {"fp16": 149.7, "bf16": 149.7, "fp32": 37.4},
+    # Ada whitepaper appendix, RTX 4090: 165.2 fp16/bf16 tensor with fp32 accumulate, 82.6 fp32
+    "sm_89": {"fp16": 165.2, "bf16": 165.2, "fp32": 82.6},
+    # H100 SXM5 datasheet / Hopper whitepaper: 989.4 fp16/bf16 tensor (1,979 sparse), 66.9 fp32
+    "sm_90": {"fp16": 989.4, "bf16": 989.4, "fp32": 66.9},
+    "sm_90a": {"fp16": 989.4, "bf16": 989.4, "fp32": 66.9},
+    # HGX B200 datasheet, per GPU: 2,250 fp16/bf16 tensor (4,500 sparse), 80 fp32
+    "sm_100": {"fp16": 2250.0, "bf16": 2250.0, "fp32": 80.0},
+    "sm_100a": {"fp16": 2250.0, "bf16": 2250.0, "fp32": 80.0},
+}
+
+
+def peak_tflops(platform: Platform | str, dtype_name: str) -> float | None:
+    """The dense peak TFLOP/s of `platform` for arithmetic on `dtype_name` ("fp16", "bf16": tensor
+    cores; "fp32": CUDA cores), scaled from the reference part by SM count (a device with fewer SMs,
+    an H100 PCIe, gets fewer; its lower clocks are not modelled). None where the registry has no rate."""
+    p = _platform(platform)
+    rate = _PEAK_TFLOPS.get(p.arch, {}).get(dtype_name)
+    return None if rate is None else rate * p.sm_count / get(p.arch).sm_count
+
+
 #: The Hopper-native kernel path: TMA copies feeding wgmma (a kernel takes both or neither).
 HOPPER_NATIVE = frozenset({"tma", "wgmma"})
 

@@ -35,6 +35,11 @@ MAX_DEPTH = 4
 _MISSING = object()
 
 
+class ObjectIdentity(int):
+    """The id() of a config object in a key: it compares as the int, but marks a part of the key
+    that holds only within this process, which a key meant for disk (runtime/warm.py) leaves out."""
+
+
 class Captures:
     """The globals and closure variables `fn` reads; `key()` is their values, frozen for a dict key."""
 
@@ -151,7 +156,7 @@ def freeze(value, label: str, depth: int = 0):
     if type(value).__hash__ not in (None, object.__hash__) and type(value).__eq__ is not object.__eq__:
         return (type(value), value)   # a value type (a frozen dataclass, torch.float16)
     if depth == 0 and hasattr(value, "__dict__") and not type(value).__module__.startswith("tessera."):
-        return (type(value), id(value), freeze(vars(value), label, depth + 1))   # a config object
+        return (type(value), ObjectIdentity(id(value)), freeze(vars(value), label, depth + 1))   # a config object
     return value   # an object inside another, a Tessera function: by identity
 
 

@@ -61,6 +61,31 @@ def _gpu_options(tensors, options: dict) -> tuple[int, dict]:
     return device, options
 
 
+def _torch_path(args) -> bool:
+    """Whether a call takes the torch autograd / torch.compile path (`torch_autograd.wanted`).
+    One attribute read per argument; torch is asked only when an argument has `requires_grad`
+    (a torch tensor), so calls on other arrays import nothing."""
+    grad = None
+    for x in args:
+        requires = getattr(x, "requires_grad", None)
+        if requires is not None:
+            grad = grad or requires
+    if grad is None:
+        return False
+    wanted = _torch_wanted or _load_torch_wanted()
+    return wanted(grad)
+
+
+_torch_wanted = None   # torch_autograd.wanted, once a torch tensor was passed
+
+
+def _load_torch_wanted():
+    global _torch_wanted
+    from .torch_autograd import wanted
+    _torch_wanted = wanted
+    return wanted
+
+
 def _signature(fn: Callable) -> inspect.Signature:
     """`fn`'s signature with string annotations (`from __future__ import annotations`) evaluated
     in its module, so `Tensor["B", "S"]` means the same either way."""
@@ -88,6 +113,7 @@ class Function:
         self._cache: dict[tuple, Any] = {}
         self._tuned: dict[tuple, dict] = {}   # call signature -> the tuner's schedule
         self._programs: dict[tuple, tuple] = {}   # GPU call key -> (program, tensor positions, out positions)
+        self._warm: dict[tuple, tuple] = {}       # (warm-start key, device) -> what _gpu_program returns
         self.captures = Captures(fn)   # the globals and closure variables it reads: part of every key
 
     # --- specialisation ------------------------------------------------------------
@@ -171,6 +197,10 @@ class Function:
             raise ShapeError(f"{self.name}: argument {empty[0]} has a zero-size dim, which leaves no kernel to "
                              f"compile; a call with it returns empty results and launches nothing")
         return compile_module(self.trace(args, constants), **options)
+
+    def torch_op(self, *example_args):
+        """This function as a torch custom op: `tsr.torch_op(self, *example_args)`."""
+        return torch_op(self, *example_args)
 
     # --- calling -------------------------------------------------------------------------
     def _cache_key(self, tensors, constants, options: dict) -> tuple:
@@ -266,6 +296,42 @@ class Function:
         self._programs[key] = (program, tuple(names.index(n) for n, _ in tensors),
                                tuple(names.index(n) for n in out_names))
 
+    def _gpu_program(self, tensors, constants, options: dict, device: int) -> tuple:
+        """(program, result names, whether it reads an output it writes) for a GPU call: this
+        process's compile, else the warm-start cache's artifact (runtime/warm.py: no trace, no
+        xDSL, no ptxas), else a compile now, whose artifact the cache keeps for later processes."""
+        from ..runtime import warm
+
+        disk_key = None
+        if warm.enabled() and not _zero_size(tensors) and \
+                self._cache_key(tensors, constants, options) not in self._cache:
+            disk_key = warm.function_key(self, tensors, constants, options)
+            found = self._warm.get((disk_key, device)) if disk_key else None
+            if found is not None:
+                return found
+            artifact = warm.load(disk_key) if disk_key else None
+            if artifact is not None:
+                found = self._warm[(disk_key, device)] = (
+                    artifact.program(device), artifact.result_names, artifact.record["reads_outputs"])
+                return found
+        compiled = self._compiled_for(tensors, constants, options)
+        program = compiled.gpu_program(device)
+        reads_outputs = self.writes_outputs and _reads_an_output(compiled)
+        if disk_key is not None:
+            warm.store_quietly(disk_key, lambda: self._artifact(compiled, tensors, constants, device, reads_outputs))
+        return program, compiled.result_names, reads_outputs
+
+    def _artifact(self, compiled, tensors, constants, device: int, reads_outputs: bool):
+        """The serialized form of this call's compile, with cubins for the device's arch."""
+        from ..runtime import driver
+        from ..runtime.artifact import Artifact
+
+        dims, specs = self.arg_specs(tensors)
+        return Artifact.from_compiled(compiled, specs, dims=dims, constants=constants,
+                                      kind="kernel" if self.writes_outputs else "function",
+                                      reads_outputs=reads_outputs,
+                                      cubin_archs=(driver.device_platform(device).arch,))
+
     def _call_key(self, args, options: dict) -> tuple | None:
         """`_gpu_call_key` with the values of the globals and closure variables read."""
         key = self._gpu_call_key(args, options)
@@ -273,7 +339,12 @@ class Function:
 
     def __call__(self, *args, **options):
         """Runs on the arguments' device; results come back in the first tensor argument's kind
-        (torch in, torch out, on the CPU too; NumPy in, NumPy out; CuPy in, CuPy out)."""
+        (torch in, torch out, on the CPU too; NumPy in, NumPy out; CuPy in, CuPy out). Torch
+        tensors that require grad, and torch.compile, go through the function's torch op
+        (`torch_autograd`)."""
+        if _torch_path(args):
+            from . import torch_autograd
+            return torch_autograd.call(self, args, options)
         key = self._call_key(args, options)
         known = self._programs.get(key) if key is not None else None
         if known is not None:
@@ -284,7 +355,7 @@ class Function:
         if any(_on_gpu(x) for _, x in tensors):
             device, options = _gpu_options(tensors, options)
             options = self._tuned_options(tensors, constants, options, device)
-            program = self._compiled_for(tensors, constants, options).gpu_program(device)
+            program, _, _ = self._gpu_program(tensors, constants, options, device)
             outs = program(*[x for _, x in tensors])
             self._remember_program(key, program, tensors)
         else:
@@ -311,12 +382,11 @@ class Kernel(Function):
         if any(_on_gpu(x) for _, x in tensors):
             device, options = _gpu_options(tensors, options)
             options = self._tuned_options(tensors, constants, options, device)
-            compiled = self._compiled_for(tensors, constants, options)
-            program = compiled.gpu_program(device)
-            if _reads_an_output(compiled):
+            program, result_names, reads_outputs = self._gpu_program(tensors, constants, options, device)
+            if reads_outputs:
                 program = _OutputsThroughCopies(program)
-            program(*[x for _, x in tensors], out=[arrays[n] for n in compiled.result_names])
-            self._remember_program(key, program, tensors, compiled.result_names)
+            program(*[x for _, x in tensors], out=[arrays[n] for n in result_names])
+            self._remember_program(key, program, tensors, result_names)
             return None
         compiled = self._compiled_for(tensors, constants, options)
         outs = compiled.run(*[interop.host_array(x) for _, x in tensors])
@@ -345,6 +415,17 @@ class _OutputsThroughCopies:
         for target, result in zip(out, self.program(*inputs), strict=True):
             interop.copy_on_device(target, result)
         return out
+
+
+def torch_op(fn: Function, *example_args):
+    """`fn` as a torch custom op, `tessera::<fn's name>`, for the argument kinds of `example_args`
+    (tensors, numbers, strings, None: one op per list of kinds), with its fake (shape inference)
+    and autograd implementations registered: what torch autograd and `torch.compile` call
+    (`torch_autograd`'s module doc). Calls of `fn` with torch tensors that require grad, or
+    under torch.compile, register it themselves; this returns it (a `torch.library.CustomOpDef`)
+    to call, inspect (`torch.library.opcheck`) or register ahead of a dynamic-shape trace."""
+    from .torch_autograd import torch_op as register
+    return register(fn, *example_args)
 
 
 def function(fn: Callable | None = None, **kw):

@@ -91,30 +91,51 @@ def load_kernels(compiled: Compiled, device: int) -> dict[str, driver.Kernel]:
     """Each kernel loaded on `device` from the cubin stage for the device's arch (which may differ
     from the compile's), allowed the dynamic shared memory its launch asks for."""
     cubins = compiled.stage("cubin", arch=driver.device_platform(device).arch)
-    kernels = {}
-    for name, launch in compiled.launches.items():
-        kernel = kernels[name] = functions.kernel(cubins[name].cubin, name, device)
+    return load_images({name: functions.kernel(cubins[name].cubin, name, device)
+                        for name in compiled.launches}, compiled.launches)
+
+
+def load_images(kernels: dict[str, driver.Kernel], launches: dict[str, KernelLaunch]) -> dict[str, driver.Kernel]:
+    """`kernels` (loaded from cubins or PTX), each allowed the dynamic shared memory its launch
+    asks for: the one step a compile and a serialized artifact (runtime/artifact.py) share."""
+    for name, launch in launches.items():
+        kernel = kernels[name]
         if launch.dynamic_shared > kernel.max_dynamic_shared:
             kernel.set_max_dynamic_shared(launch.dynamic_shared)
     return kernels
 
 
 class GpuProgram:
-    """A compiled function, loaded on one device."""
+    """A compiled function, loaded on one device: from a `Compiled`, or (`from_parts`) from a
+    serialized artifact, which needs neither xDSL nor ptxas."""
 
     def __init__(self, compiled: Compiled, device: int = 0):
-        self.name = compiled.name
+        self._setup(compiled.name, plan(compiled), load_kernels(compiled, device), compiled.arg_names,
+                    profile.profiled_launches(compiled), device)
+
+    @classmethod
+    def from_parts(cls, name: str, call_plan: Plan, kernels: dict[str, driver.Kernel], arg_names: list[str],
+                   profiled: list[profile.ProfiledLaunch], device: int = 0) -> GpuProgram:
+        """A program from what a compile would give: its plan, its loaded kernels, its argument names
+        and its profiled launches (`tessera.runtime.artifact` reads them from disk)."""
+        program = cls.__new__(cls)
+        program._setup(name, call_plan, kernels, arg_names, profiled, device)
+        return program
+
+    def _setup(self, name: str, call_plan: Plan, kernels: dict, arg_names: list[str], profiled: list,
+               device: int) -> None:
+        self.name = name
         self.device = device
-        self.plan = plan(compiled)
-        self.kernels = load_kernels(compiled, device)
-        self.n_inputs = len(compiled.arg_names)
-        self.arg_names = compiled.arg_names
+        self.plan = call_plan
+        self.kernels = kernels
+        self.n_inputs = len(arg_names)
+        self.arg_names = arg_names
         self.outputs = self.plan.outputs
         self._tensor_maps: dict[tuple[int, TensorMapSpec], bytes] = {}
         self._shapes = [b.shape for b in (*self.plan.inputs, *self.plan.outputs, *self.plan.intermediates)]
         self._torch_signature = None      # (tensor type, [(dtype, device)] per array), once a call validated
         self._per_thread = threading.local()
-        self.profiled = profile.profiled_launches(compiled)   # kernels whose stamps each call reads back
+        self.profiled = profiled   # kernels whose stamps each call reads back
 
     def __call__(self, *inputs, out: Sequence | None = None) -> list:
         """Runs on the inputs' current stream; `out` (optional) receives the results in place."""

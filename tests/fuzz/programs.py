@@ -408,6 +408,18 @@ def _staged_reduction(node: Node, x: np.ndarray, dtype: str) -> np.ndarray:
     return y if keepdim else y.reshape([n for i, n in enumerate(y.shape) if i not in axes])
 
 
+def _layer_norm_with_mean_error(x, w=None, b=None, eps=1e-5):
+    """layer_norm as a kernel computes it, for the sensitivity estimate: its row mean, accumulated in
+    fp32, is off by up to ~log2(n) units of fp32 roundoff of the row's largest |x|, and x - mean
+    amplifies that by 1 / sqrt(var + eps) (a constant row: 316x, at eps = 1e-5)."""
+    n = x.shape[-1]
+    if n == 0:
+        return _layer_norm(x, w, b, eps)
+    slip = np.abs(x).max(axis=-1, keepdims=True) * 2.0 ** -24 * (math.log2(n) + 1)
+    amplified = slip / np.sqrt(np.var(x, axis=-1, keepdims=True) + eps) * (np.abs(w) if w is not None else 1.0)
+    return _layer_norm(x, w, b, eps) + amplified
+
+
 def evaluate(program: Program, inputs: Sequence[np.ndarray], rounded: bool = False,
              every_value: bool = False) -> list[np.ndarray]:
     """Each output in float64 from the (dtype-valued) inputs; `rounded`: every node's result rounded to
@@ -419,6 +431,8 @@ def evaluate(program: Program, inputs: Sequence[np.ndarray], rounded: bool = Fal
             args = [values[a] for a in node.args]
             if rounded and node.kind == "reduce":
                 v = _staged_reduction(node, args[0], program.dtype)
+            elif rounded and node.kind == "norm" and node.op == "layer_norm":
+                v = _layer_norm_with_mean_error(*args)
             else:
                 v = np.asarray(_node_value(node, args), dtype=np.float64)
             values.append(_round(v, program.dtype) if rounded else v)

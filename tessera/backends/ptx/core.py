@@ -22,6 +22,7 @@ from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Layout, Slice
 from ...lowering.assign_layouts import UnsupportedLayout, is_tile, kernel_layouts
+from ...runtime.tensor_maps import TensorMapSpec
 from .debug import KernelDebug
 from .types import F32, PRED, S32, U64, PtxType, UnsupportedByBackend, f32_literal, mov_suffix, ptx_type
 
@@ -30,20 +31,6 @@ SMEM_SYMBOL = "tsr_smem"
 
 
 # --- a kernel's PTX ------------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class TensorMapSpec:
-    """A TMA tensor map a kernel takes by value (a 128-byte `.param`, after its pointer params):
-    the tile box it copies out of kernel argument `arg`, a row-major tensor of `shape` with
-    elements of tessera dtype `dtype`. Boxes are 128 bytes wide along the innermost dim and
-    land in shared memory with the 128-byte swizzle; out-of-bounds elements read as zero."""
-
-    arg: int
-    dtype: str
-    shape: tuple[int, ...]
-    box: tuple[int, ...]       # per dim, outermost first, like `shape`
-    swizzle: int = 128
-
 
 @dataclass(frozen=True)
 class PtxKernel:

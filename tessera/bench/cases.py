@@ -1,0 +1,225 @@
+"""The benchmark cases: Tessera's kernels and the peers each is timed against, by suite.
+
+A `Case` is declared without touching a GPU (its name, suite, unit and work are plain numbers), so
+`tessera bench --list` and `--filter` work anywhere; its `build` makes the CUDA inputs and returns the
+callables to check and time (`Prepared`). Suites:
+
+- rows: layer_norm and softmax over fp16 rows (GB/s of one read and one write), and the host cost of a
+  small call (us/call, wall clock);
+- gemm: fp16/bf16 square GEMMs on both code paths ("(native)": what a plain call runs, TMA + wgmma on an
+  H100; "(ampere)": mma.sync + cp.async) against cuBLAS, the mma.sync one also against Triton's matmul
+  compiled to mma.sync at its fastest tiling;
+- attention: flash attention, plain and causal, B * S = 32 * 2048 tokens, both paths, against torch
+  SDPA's flash backend (and cuDNN's for the native path);
+- variants: the schedule switches that change a GEMM's kernel: `persistent` on and off, and `split_k`
+  as derived against none on GEMMs with too few output tiles to fill the GPU.
+"""
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, field
+from typing import Callable
+
+import tessera as tsr
+from tessera import Tensor
+
+SUITES = ("rows", "gemm", "attention", "variants")
+
+
+@tsr.function
+def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * scale, dim=-1), v)
+
+
+@tsr.function
+def causal_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    i = tsr.arange(q.shape[-2])
+    s = tsr.where(i[:, None] >= i[None, :], s, -math.inf)
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+@tsr.function
+def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+    return tsr.matmul(a, b)
+
+
+@tsr.function
+def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    return tsr.layer_norm(x, (x.shape[-1],), w, b)
+
+
+@tsr.function
+def softmax(x: Tensor["M", "N"]):
+    return tsr.softmax(x, dim=-1)
+
+
+@dataclass
+class Prepared:
+    """A case on the GPU: Tessera's call and its peers', each a no-argument callable returning its output.
+    Tessera's output is checked against the first peer that runs (`reference` names another)."""
+
+    ours: Callable[[], object]
+    peers: dict[str, Callable[[], object]]
+    reference: str | None = None
+    notes: dict[str, str] = field(default_factory=dict)   # peers that could not be built, and why
+
+
+@dataclass(frozen=True)
+class Case:
+    """One benchmark: how it is reported (unit, work: FLOPs or bytes) and how it is built on a GPU."""
+
+    name: str
+    suite: str
+    unit: str                     # TFLOP/s, GB/s or us/call
+    work: float | None
+    build: Callable[[], Prepared] = field(compare=False, repr=False)
+    timer: str = "device"         # "device": do_bench-style rounds; "host": wall clock per call
+
+
+def on_path(fn, path: str, dims: dict[str, int], dtype: str, space: dict | None = None):
+    """`fn` compiled for `dims` on one code path ("native": what a plain call runs; "ampere": the
+    mma.sync + cp.async path), with the schedule `space` pins if given, as a callable returning its
+    one output."""
+    from tessera.runtime import driver
+    platform = driver.Device(0).platform()
+    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=platform.arch, sm_count=platform.sm_count, path=path,
+                          **({"space": space} if space else {}))
+    program = compiled.gpu_program(0)
+    return lambda *xs: program(*xs)[0]
+
+
+def _randn(*shape, dtype="float16"):
+    import torch
+    return torch.randn(*shape, device="cuda", dtype=getattr(torch, dtype))
+
+
+# --- rows ----------------------------------------------------------------------------------------
+
+def _row_case(name: str, m: int, n: int) -> Case:
+    def build() -> Prepared:
+        import torch
+        x, w, b = _randn(m, n), _randn(n), _randn(n)
+        if name == "layer_norm":
+            return Prepared(lambda: layer_norm(x, w, b),
+                            {"torch.layer_norm": lambda: torch.nn.functional.layer_norm(x, (n,), w, b)})
+        return Prepared(lambda: softmax(x), {"torch.softmax": lambda: torch.softmax(x, dim=-1)})
+    return Case(f"{name} {m}x{n} fp16", "rows", "GB/s", 2 * m * n * 2, build)
+
+
+def _overhead_case() -> Case:
+    def build() -> Prepared:
+        import torch
+        x, w, b = _randn(64, 256), _randn(256), _randn(256)
+        return Prepared(lambda: layer_norm(x, w, b),
+                        {"torch.layer_norm": lambda: torch.nn.functional.layer_norm(x, (256,), w, b)})
+    return Case("call overhead: layer_norm 64x256 fp16", "rows", "us/call", None, build, timer="host")
+
+
+def rows_cases(quick: bool) -> list[Case]:
+    m, n = (4096, 8192) if quick else (16384, 8192)
+    return [_row_case("layer_norm", m, n), _row_case("softmax", m, n), _overhead_case()]
+
+
+# --- gemm ------------------------------------------------------------------------------------------
+
+def _triton_peer(a, b, ref):
+    """Triton's mma.sync matmul at its fastest tiling here (a peer for the mma.sync path)."""
+    from .timing import median_ms, rel_err
+    from .triton_mma_sync import best_triton_matmul
+    return best_triton_matmul(a, b, ref, rel_err, median_ms)[2]
+
+
+def _gemm_case(m: int, k: int, n: int, dtype: str, path: str, label: str, space: dict | None = None,
+               suite: str = "gemm") -> Case:
+    def build() -> Prepared:
+        import torch
+        a, b = _randn(m, k, dtype=dtype), _randn(k, n, dtype=dtype)
+        ours = on_path(gemm, path, dict(M=m, K=k, N=n), _TESSERA_DTYPES[dtype], space)
+        peers = {"torch.matmul": lambda: torch.matmul(a, b)}
+        if path == "ampere" and suite == "gemm":
+            peers["triton mma.sync"] = _triton_peer(a, b, torch.matmul(a, b))
+        return Prepared(lambda: ours(a, b), peers)
+    return Case(label, suite, "TFLOP/s", 2 * m * n * k, build)
+
+
+_TESSERA_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
+
+
+def gemm_cases(quick: bool) -> list[Case]:
+    return [_gemm_case(n, n, n, dt, path, f"gemm {n}^3 {_TESSERA_DTYPES[dt]} ({path})")
+            for n in ([4096] if quick else [4096, 8192]) for dt in _TESSERA_DTYPES for path in ("native", "ampere")]
+
+
+# --- attention ---------------------------------------------------------------------------------------
+
+def _sdpa(backend_name: str, q, k, v, causal: bool):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    backend = getattr(SDPBackend, backend_name)
+
+    def run():
+        with sdpa_kernel(backend):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+    return run
+
+
+def _attention_case(s: int, causal: bool, path: str) -> Case:
+    b, h, d = max(1, 32 * 2048 // s), 12, 128
+
+    def build() -> Prepared:
+        q, k, v = (_randn(b, h, s, d) for _ in range(3))
+        ours = on_path(causal_attention if causal else attention, path, dict(B=b, H=h, S=s, D=d), "fp16")
+        backends = {"sdpa-flash": "FLASH_ATTENTION", "sdpa-cudnn": "CUDNN_ATTENTION"}
+        if path == "ampere":   # against flash (FA2), itself an mma.sync kernel
+            del backends["sdpa-cudnn"]
+        return Prepared(lambda: ours(q, k, v), {name: _sdpa(be, q, k, v, causal) for name, be in backends.items()})
+    name = f"attention B={b} H={h} S={s} D={d} fp16{' causal' if causal else ''} ({path})"
+    return Case(name, "attention", "TFLOP/s", attention_flops(b, h, s, s, d, causal), build)
+
+
+def attention_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool) -> float:
+    """4 B H Sq Sk D: two matmuls of 2 B H Sq Sk D each; a causal mask skips half of them."""
+    return 4 * b * h * s_q * s_k * d * (0.5 if causal else 1.0)
+
+
+def attention_cases(quick: bool) -> list[Case]:
+    return [_attention_case(s, causal, path) for s in ([2048] if quick else [2048, 4096, 8192])
+            for causal in (False, True) for path in ("native", "ampere")]
+
+
+# --- variants ----------------------------------------------------------------------------------------
+
+#: GEMMs with too few output tiles to fill the GPU (M, K, N), where the derived split_k matters
+FEW_TILE_GEMMS = ((128, 4096, 4096), (64, 8192, 8192))
+
+
+def variant_cases(quick: bool) -> list[Case]:
+    n = 4096
+    cases = [_gemm_case(n, n, n, "float16", path, f"gemm {n}^3 fp16 ({path}, persistent={p})",
+                        {"persistent": [p]}, "variants")
+             for path in ("native", "ampere") for p in (0, 1)]
+    for m, k, n in FEW_TILE_GEMMS[:1] if quick else FEW_TILE_GEMMS:
+        cases += [_gemm_case(m, k, n, "float16", "native", f"gemm {m}x{k}x{n} fp16 (native, split_k={label})",
+                             space, "variants")
+                  for label, space in (("derived", None), ("1", {"split_k": [1]}))]
+    return cases
+
+
+SUITE_CASES: dict[str, Callable[[bool], list[Case]]] = {
+    "rows": rows_cases, "gemm": gemm_cases, "attention": attention_cases, "variants": variant_cases}
+
+
+def all_cases(quick: bool = False, suites: tuple[str, ...] = SUITES) -> list[Case]:
+    """Every case of the named suites, in suite order."""
+    return [c for s in suites for c in SUITE_CASES[s](quick)]
+
+
+def select(cases: list[Case], pattern: str | None) -> list[Case]:
+    """The cases whose name or suite `pattern` (a regular expression) matches somewhere."""
+    if not pattern:
+        return list(cases)
+    regex = re.compile(pattern)
+    return [c for c in cases if regex.search(c.name) or regex.search(c.suite)]

@@ -1,0 +1,249 @@
+"""Ahead-of-time packages: compiled functions as a directory a deployment loads without the compiler.
+
+    tessera package model.py:attention --arch sm_80,sm_90a --shape B=2,H=8,S=1024,D=64 -o pkg/
+    attention = tessera.load("pkg/").attention      # NumPy + cuda-bindings: no xDSL, no ptxas
+    out = attention(q, k, v)                         # torch / CuPy CUDA tensors
+
+A package is `manifest.json` plus one file per image (cubins, PTX), each named by its sha256.
+The manifest (docs/PACKAGES.md) lists each function's arguments and its specializations, one per
+(shapes, arch), each the `Artifact` record (runtime/artifact.py) a warm-start entry holds too,
+and every file's size and sha256. `load` verifies the manifest's format and every checksum
+without touching the GPU; a function checks the device's arch on its first call.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+
+from .. import dtypes
+from ..errors import DTypeError, ShapeError, TesseraError
+from . import driver, interop
+from .artifact import FORMAT_VERSION, Artifact, ArtifactError, parse_arch, sha256, verify_blob
+
+MANIFEST = "manifest.json"
+
+
+# --- writing ------------------------------------------------------------------------------------
+
+def manifest(artifacts: Sequence[Artifact]) -> dict:
+    """The manifest of a package holding `artifacts` (several specializations of a function are
+    grouped under its name; its arguments' names and symbolic dims come from its first)."""
+    import tessera
+
+    functions: dict[str, dict] = {}
+    for a in artifacts:
+        entry = functions.setdefault(a.name, {
+            "kind": a.record["kind"],
+            "arguments": [{"name": x["name"], "dims": x["dims"]} for x in a.record["arguments"]],
+            "results": a.result_names,
+            "specializations": []})
+        entry["specializations"].append(a.record)
+    files = {name: {"sha256": sha256(data), "size": len(data)} for a in artifacts for name, data in a.files.items()}
+    return {"format": FORMAT_VERSION, "tessera": tessera.__version__, "functions": functions,
+            "files": dict(sorted(files.items()))}
+
+
+def write(directory: str | os.PathLike, artifacts: Sequence[Artifact]) -> Path:
+    """Writes the package: every image file, then `manifest.json` last (each through a temp file
+    and a rename), so a reader never sees a manifest naming a file not yet written."""
+    directory = Path(directory)
+    directory.mkdir(parents=True, exist_ok=True)
+    for a in artifacts:
+        for name, data in a.files.items():
+            _write_atomically(directory / name, data)
+    path = directory / MANIFEST
+    _write_atomically(path, json.dumps(manifest(artifacts), indent=1, sort_keys=True).encode())
+    return path
+
+
+def _write_atomically(path: Path, data: bytes) -> None:
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name[:16]}-", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+# --- loading ------------------------------------------------------------------------------------
+
+def read_manifest(directory: Path) -> dict:
+    try:
+        found = json.loads((directory / MANIFEST).read_text())
+    except FileNotFoundError:
+        raise ArtifactError(f"{directory} is not a Tessera package: no {MANIFEST}") from None
+    except (ValueError, UnicodeDecodeError) as e:
+        raise ArtifactError(f"{directory / MANIFEST} is not valid JSON ({e})") from None
+    if not isinstance(found, dict) or found.get("format") != FORMAT_VERSION:
+        raise ArtifactError(f"{directory / MANIFEST}: package format "
+                            f"{found.get('format') if isinstance(found, dict) else None!r}, "
+                            f"this Tessera reads {FORMAT_VERSION}")
+    return found
+
+
+def read_files(directory: Path, listed: Mapping[str, Mapping]) -> dict[str, bytes]:
+    """Every file the manifest lists, each checked against its size and sha256."""
+    files = {}
+    for name, ref in listed.items():
+        if Path(name).name != name:
+            raise ArtifactError(f"{directory / MANIFEST} names a file outside the package: {name!r}")
+        try:
+            data = (directory / name).read_bytes()
+        except FileNotFoundError:
+            data = None
+        try:
+            verify_blob(name, data, ref["sha256"], ref["size"])
+        except ArtifactError as e:
+            raise ArtifactError(f"package {directory}: {e}") from None
+        files[name] = data
+    return files
+
+
+def load(directory: str | os.PathLike) -> Package:
+    """The package in `directory`, verified (format, every file's checksum, every record), with
+    one callable per function. Touches no GPU: the arch is checked on a function's first call."""
+    directory = Path(directory)
+    found = read_manifest(directory)
+    try:
+        files = read_files(directory, found["files"])
+        functions = {}
+        for name, entry in found["functions"].items():
+            artifacts = [Artifact(record, files) for record in entry["specializations"]]
+            for a in artifacts:
+                a.verify()
+            functions[name] = PackagedFunction(name, entry["kind"], [a["name"] for a in entry["arguments"]],
+                                               artifacts)
+    except (KeyError, TypeError, AttributeError) as e:
+        raise ArtifactError(f"{directory / MANIFEST} is malformed ({type(e).__name__}: {e})") from None
+    return Package(directory, functions)
+
+
+class Package(Mapping):
+    """A loaded package: its functions by name (`pkg["f"]` or `pkg.f`)."""
+
+    def __init__(self, directory: Path, functions: dict[str, PackagedFunction]):
+        self.directory = directory
+        self.functions = functions
+
+    def __getitem__(self, name: str) -> PackagedFunction:
+        return self.functions[name]
+
+    def __getattr__(self, name: str) -> PackagedFunction:
+        try:
+            return self.__dict__["functions"][name]
+        except KeyError:
+            raise AttributeError(f"package {self.__dict__.get('directory')} has no function {name!r}") from None
+
+    def __iter__(self):
+        return iter(self.functions)
+
+    def __len__(self) -> int:
+        return len(self.functions)
+
+
+def _describe(x, name: str):
+    """(shape, tessera dtype (or the framework's name of a dtype Tessera lacks), device) of a CUDA
+    tensor argument (torch, CuPy, DLPack)."""
+    info = interop.describe(x, f"argument {name!r}")
+    if info.device is None:
+        raise interop.DeviceError(f"argument {name!r} must be a CUDA tensor, but is on {info.place}: "
+                                  f"a package runs on the GPU only")
+    return info.shape, info.dtype or info.type_name, info.device
+
+
+def _signature_text(names: Iterable[str], specs: Iterable) -> str:
+    return ", ".join(f"{n}: {getattr(d, 'name', d)}{list(s)}" for n, (s, d) in zip(names, specs))
+
+
+class PackagedFunction:
+    """One function of a package: called with CUDA tensors, it runs the specialization compiled for
+    their shapes and dtypes whose images fit the device (a cubin for its arch, a compatible cubin,
+    else PTX the driver compiles), loaded on first use."""
+
+    def __init__(self, name: str, kind: str, arg_names: list[str], artifacts: list[Artifact]):
+        self.name, self.kind, self.arg_names, self.artifacts = name, kind, arg_names, artifacts
+        self._programs: dict[tuple, tuple] = {}   # (signature, device) -> (program, result positions)
+
+    @property
+    def specializations(self) -> list[tuple[str, tuple]]:
+        """(arch, ((shape, dtype name) per argument)) per specialization."""
+        return [(a.record["arch"], tuple((tuple(x["shape"]), x["dtype"]) for x in a.record["arguments"]))
+                for a in self.artifacts]
+
+    def __call__(self, *args):
+        """Results of a function (one array, or a tuple); None for a kernel, which writes its outputs."""
+        if len(args) != len(self.arg_names):
+            raise TesseraError(f"{self.name} takes {len(self.arg_names)} tensors ({', '.join(self.arg_names)}), "
+                               f"got {len(args)}")
+        described = [_describe(x, n) for x, n in zip(args, self.arg_names)]
+        signature = tuple((s, d) for s, d, _ in described)
+        device = described[0][2]
+        known = self._programs.get((signature, device))
+        if known is None:
+            known = self._programs[(signature, device)] = self._load(signature, device)
+        program, result_positions = known
+        if self.kind == "kernel":
+            program(*args, out=[args[i] for i in result_positions])
+            return None
+        outs = program(*args)
+        return outs[0] if len(outs) == 1 else tuple(outs)
+
+    def _load(self, signature: tuple, device: int) -> tuple:
+        """The program of the specialization for `signature` that runs on `device`'s arch."""
+        from ..frontend.function import _OutputsThroughCopies
+
+        matching = [a for a in self.artifacts if self._matches(a, signature)]
+        if not matching:
+            raise self._no_specialization(signature)
+        arch = driver.device_platform(device).arch
+        runnable = [a for a in matching if a.runs_on(arch)]
+        if not runnable:
+            matching[0].require_runs_on(arch)
+        best = max(runnable, key=lambda a: (a.record["arch"] == arch, parse_arch(a.record["arch"])[:2]))
+        program = best.program(device)
+        if best.record["reads_outputs"]:
+            program = _OutputsThroughCopies(program)
+        return program, tuple(self.arg_names.index(n) for n in best.result_names) if self.kind == "kernel" else ()
+
+    @staticmethod
+    def _matches(a: Artifact, signature: tuple) -> bool:
+        return [(tuple(x["shape"]), dtypes.lookup(x["dtype"])) for x in a.record["arguments"]] == list(signature)
+
+    def _no_specialization(self, signature: tuple) -> TesseraError:
+        """A DTypeError when some specialization has the shapes (the dtypes are wrong), else a
+        ShapeError; either names what was given and what the package holds."""
+        given = _signature_text(self.arg_names, signature)
+        packaged = "; ".join(f"({_signature_text(self.arg_names, [(s, dtypes.lookup(d)) for s, d in args])}) "
+                             f"for {arch}" for arch, args in self.specializations)
+        shapes_fit = any([s for s, _ in args] == [s for s, _ in signature] for _, args in self.specializations)
+        kind = DTypeError if shapes_fit else ShapeError
+        return kind(f"{self.name}: no packaged specialization for ({given}); the package holds {packaged}")
+
+    def __repr__(self) -> str:
+        return f"<packaged {self.kind} {self.name}: {len(self.artifacts)} specialization(s)>"
+
+
+# --- building (the compiler's side: `tessera package`) ------------------------------------------
+
+def build(functions: Sequence, shapes: Sequence[Mapping[str, int]], archs: Sequence[str], dtype,
+          path: str = "native") -> list[Artifact]:
+    """An artifact per function, shape and arch: each compiled for the arch (on code path `path`,
+    arguments not annotated with a dtype taking `dtype`) with its PTX and the arch's cubins."""
+    from ..frontend.function import _reads_an_output
+
+    artifacts = []
+    for fn in functions:
+        for dims in shapes:
+            specs = fn.arg_specs_for(dict(dims), dtype)
+            bound = {d: dims[d] for s in specs for d in s.dims if isinstance(d, str)}
+            for arch in archs:
+                compiled = fn.compile(specs, arch=arch, path=path)
+                artifacts.append(Artifact.from_compiled(
+                    compiled, specs, dims=bound, kind="kernel" if fn.writes_outputs else "function",
+                    reads_outputs=fn.writes_outputs and _reads_an_output(compiled)))
+    return artifacts

@@ -1,0 +1,89 @@
+"""Running cases with recorded timings: the check before timing, peers that cannot run, failures."""
+from __future__ import annotations
+
+import pytest
+
+from tessera.bench.cases import Case, Prepared, all_cases, select
+from tessera.bench.runner import TOLERANCE, Instruments, run_case, run_cases
+
+
+def recorded(samples_by_output):
+    """Instruments whose rounds are recorded per callable output, and whose error is |out - ref|."""
+    timed = []
+
+    def rounds(fn, timer):
+        timed.append((fn(), timer))
+        return samples_by_output[fn()]
+    return Instruments(rounds, lambda out, ref: abs(out - ref)), timed
+
+
+def fixed(name, ours, peers, timer="device"):
+    return Case(name, "rows", "GB/s", 1e9, lambda: Prepared(lambda: ours, {k: (lambda v=v: v) for k, v in peers.items()}),
+                timer)
+
+
+def test_checked_then_timed_with_each_peer():
+    instruments, timed = recorded({1.0: [0.2, 0.3, 0.25], 1.001: [0.5, 0.5, 0.5]})
+    result = run_case(fixed("c", 1.0, {"peer": 1.001}, timer="host"), instruments)
+    assert result.status == "ok" and result.error == pytest.approx(0.001)
+    assert result.tessera.median == 0.25 and result.peers["peer"].stats.median == 0.5
+    assert [t for _, t in timed] == ["host", "host"]
+
+
+def test_a_wrong_output_is_not_timed():
+    instruments, timed = recorded({})
+    result = run_case(fixed("c", 1.0, {"peer": 1.0 + 10 * TOLERANCE}), instruments)
+    assert result.status == "wrong" and result.tessera is None and not timed
+    assert "against peer: not timed" in result.note
+
+
+def test_a_peer_that_cannot_run_is_noted_and_the_next_is_the_reference():
+    def broken():
+        raise RuntimeError("No available kernel.  Aborting execution.\nmore")
+
+    case = Case("c", "attention", "TFLOP/s", 1.0,
+                lambda: Prepared(lambda: 2.0, {"sdpa-cudnn": broken, "sdpa-flash": lambda: 2.0}))
+    instruments, _ = recorded({2.0: [1.0, 1.0, 1.0]})
+    result = run_case(case, instruments)
+    assert result.status == "ok" and result.error == 0.0
+    assert result.peers["sdpa-cudnn"].note == "unavailable: No available kernel.  Aborting execution."
+    assert result.peers["sdpa-cudnn"].stats is None and result.peers["sdpa-flash"].stats.median == 1.0
+
+
+def test_a_case_no_peer_could_check_is_timed_and_says_so():
+    def broken():
+        raise RuntimeError("no cuDNN")
+
+    case = Case("c", "attention", "TFLOP/s", 1.0, lambda: Prepared(lambda: 2.0, {"sdpa-cudnn": broken}))
+    result = run_case(case, recorded({2.0: [1.0, 1.0, 1.0]})[0])
+    assert (result.status, result.error, result.note) == ("ok", None, "unchecked: no peer ran")
+
+
+def test_a_case_that_fails_to_build_is_recorded_and_the_run_goes_on():
+    def fails():
+        raise ValueError("too much shared memory\ndetails")
+
+    lines = []
+    results = run_cases([Case("bad", "gemm", "TFLOP/s", 1.0, fails), fixed("good", 1.0, {"p": 1.0})],
+                        recorded({1.0: [1.0, 1.0, 1.0]})[0], log=lines.append)
+    assert [r.status for r in results] == ["error", "ok"]
+    assert results[0].note == "ValueError: too much shared memory"
+    assert lines[0] == "  bad: ERROR ValueError: too much shared memory"
+
+
+def test_cases_are_declared_without_a_gpu_and_keep_run_alls_names():
+    names = [c.name for c in all_cases()]
+    assert len(names) == len(set(names))
+    assert {"gemm 8192^3 bf16 (ampere)", "attention B=8 H=12 S=8192 D=128 fp16 causal (native)",
+            "layer_norm 16384x8192 fp16", "call overhead: layer_norm 64x256 fp16"} <= set(names)
+    gemm = next(c for c in all_cases() if c.name == "gemm 8192^3 bf16 (ampere)")
+    assert gemm.work == 2 * 8192 ** 3 and gemm.unit == "TFLOP/s"
+    causal = next(c for c in all_cases() if c.name == "attention B=8 H=12 S=8192 D=128 fp16 causal (native)")
+    assert causal.work == 4 * 8 * 12 * 8192 * 8192 * 128 / 2
+
+
+def test_filter_matches_names_and_suites():
+    cases = all_cases(quick=True)
+    assert {c.suite for c in select(cases, "^variants$")} == {"variants"}
+    assert [c.name for c in select(cases, r"causal \(native\)")] == ["attention B=32 H=12 S=2048 D=128 fp16 causal (native)"]
+    assert select(cases, None) == cases
