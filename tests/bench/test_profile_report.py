@@ -172,7 +172,6 @@ def test_profile_prints_ncu_metrics_per_kernel(monkeypatch, capsys):
 
 
 def test_plot_draws_the_measured_kernels(tmp_path):
-    pytest.importorskip("matplotlib")
     work = roofline.KernelWork("gemm_0", "gemm", 2 * 4096 ** 3, 3 * 2 * 4096 ** 2, "fp16")
     roofline.plot([roofline.KernelPerf(work, 0.2, ROOF)], ROOF, str(tmp_path / "r.png"))
     assert (tmp_path / "r.png").read_bytes()[:4] == b"\x89PNG"
