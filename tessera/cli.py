@@ -416,7 +416,7 @@ def _schedule_text(compiled: Compiled, name: str) -> str:
 def cmd_package(args: argparse.Namespace) -> int:
     """Compiles each function for every --shape and every --arch, and writes them as an AOT package
     (manifest.json, cubins and PTX) that `tessera.load` runs with no compiler behind it."""
-    from .runtime import package, ptxas
+    from .runtime import cpp_package, package, ptxas
 
     if not ptxas.available():
         raise TesseraError("tessera package assembles cubins, which needs ptxas (the CUDA toolkit, or "
@@ -429,12 +429,29 @@ def cmd_package(args: argparse.Namespace) -> int:
     shapes = [parse_shape(s) for s in args.shape]
     artifacts = package.build(functions, shapes, archs, parse_dtype(args.dtype), args.path)
     manifest = package.write(args.output, artifacts)
+    cpp_package.write(args.output, artifacts, _package_references(functions, shapes, archs[0], args),
+                      seed=args.seed)
     for a in artifacts:
         shapes_text = ", ".join(f"{x['name']} {x['dtype']}{x['shape']}" for x in a.record["arguments"])
         print(f"  {a.name} for {a.record['arch']}: {shapes_text} ({len(a.record['kernels'])} kernels)")
     print(f"wrote {_show_path(manifest)} ({len(artifacts)} specializations, "
           f"{len(set().union(*(a.files for a in artifacts)))} image files)")
     return 0
+
+
+def _package_references(functions, shapes, arch: str, args: argparse.Namespace) -> dict:
+    """Per function, per argument signature (`cpp_package.groups`' key): (inputs, outputs,
+    tolerances) of one run on the CPU interpreter on random inputs for `--seed`, which the package's
+    C++ example checks the GPU against."""
+    out: dict = {}
+    for fn in functions:
+        for dims in shapes:
+            specs = fn.arg_specs_for(dict(dims), parse_dtype(args.dtype))
+            compiled = fn.compile(specs, arch=arch, path=args.path)
+            inputs = [random_input(np.random.default_rng(args.seed), s) for s in specs]
+            key = tuple((tuple(s.shape), s.dtype.name) for s in specs)
+            out.setdefault(compiled.name, {})[key] = (inputs, _run_on_cpu(compiled, inputs), tolerances(compiled))
+    return out
 
 
 def cmd_run(args: argparse.Namespace) -> int:
@@ -726,6 +743,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help=f"dtype of arguments not annotated with one (default {DEFAULT_DTYPE})")
     p.add_argument("--path", choices=["ampere", "native"], default="native", help="code path (as for compile)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="the package directory")
+    p.add_argument("--seed", type=int, default=0,
+                   help="seed of the reference inputs the C++ example checks against (default 0)")
     p.set_defaults(command=cmd_package)
 
     p = sub.add_parser("opt", parents=[common], help="parse, verify and transform MLIR of any Tessera level")

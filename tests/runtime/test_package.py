@@ -54,7 +54,10 @@ def manifest(directory: Path) -> dict:
 def test_the_package_holds_the_manifest_and_every_file_it_lists_with_its_checksum(built):
     m = manifest(built)
     assert m["format"] == artifact.FORMAT_VERSION and m["tessera"] == tsr.__version__
-    assert {p.name for p in built.iterdir()} == {"manifest.json", *m["files"]}
+    cpp = {"CMakeLists.txt", "reference", "tessera_package_runtime.h", "tessera_package_runtime.cpp",
+           "tessera_package_runtime_internal.h", "tessera_flash_attention.h", "tessera_flash_attention.cpp",
+           "example_flash_attention.cpp"}   # the C/C++ side: tests/runtime/test_cpp_package.py
+    assert {p.name for p in built.iterdir()} == {"manifest.json", *m["files"], *cpp}
     for name, ref in m["files"].items():
         data = (built / name).read_bytes()
         assert hashlib.sha256(data).hexdigest() == ref["sha256"] and len(data) == ref["size"]
