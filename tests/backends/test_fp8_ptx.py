@@ -4,28 +4,13 @@ import re
 
 import pytest
 
-import tessera as tsr
-from tessera import Tensor
+from fp8_cases import narrow, widen
 from tessera.backends.ptx import UnsupportedByBackend, emit_module
 from tessera.runtime.ptxas import assemble, find_tool
 
 needs_ptxas = pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
 FP8 = ["fp8_e4m3", "fp8_e5m2"]
 WIDE = ["fp32", "fp16", "bf16"]
-
-
-def widen(to: str):
-    @tsr.function
-    def up(x: Tensor["N", "C"]):
-        return x.to(getattr(tsr, to)) * 2.0
-    return up
-
-
-def narrow(to: str):
-    @tsr.function
-    def down(x: Tensor["N", "C"]):
-        return (x * 2.0).to(getattr(tsr, to))
-    return down
 
 
 def ptx_of(fn, dtype: str, arch: str = "sm_90a") -> str:

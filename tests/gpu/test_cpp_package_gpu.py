@@ -13,36 +13,10 @@ from tessera import cli
 from tessera.runtime import ptxas
 
 REPO = Path(__file__).resolve().parents[2]
-KERNELS = '''
-import tessera as tsr
-from tessera import Tensor
+from cpp_package_cases import FUNCS, KERNELS, cuda_root  # noqa: E402
 
 
-@tsr.kernel
-def add_into(a: Tensor["N", "N"], b: Tensor["N", "N"], c: Tensor["N", "N"]):
-    c[:] = a + b
-
-
-@tsr.kernel
-def accumulate(a: Tensor["N", "N"], c: Tensor["N", "N"]):
-    c[:] = tsr.matmul(c, a)
-
-
-@tsr.function
-def scaled(a: Tensor["N", "N"], b: Tensor["N", "N"]):
-    return tsr.matmul(a, b) * 0.5
-'''
-
-
-def _cuda_root() -> str | None:
-    nvcc = shutil.which("nvcc")
-    for root in ([Path(nvcc).resolve().parent.parent] if nvcc else []) + [Path("/usr/local/cuda")]:
-        if (root / "include" / "cuda.h").is_file():
-            return str(root)
-    return None
-
-
-@pytest.mark.skipif(shutil.which("cmake") is None or _cuda_root() is None, reason="cmake or the CUDA toolkit missing")
+@pytest.mark.skipif(shutil.which("cmake") is None or cuda_root() is None, reason="cmake or the CUDA toolkit missing")
 @pytest.mark.skipif(not ptxas.available(), reason="ptxas not installed")
 @pytest.mark.parametrize("own_arch", [True, False], ids=["own-arch-cubin", "sm_80-only"])
 def test_the_generated_examples_build_run_and_match_the_reference(cuda_device, arch, tmp_path, own_arch):
@@ -50,7 +24,7 @@ def test_the_generated_examples_build_run_and_match_the_reference(cuda_device, a
     source.write_text(KERNELS)
     pkg = tmp_path / "pkg"
     archs = ",".join(dict.fromkeys([arch, "sm_80"] if own_arch else ["sm_80"]))
-    targets = [f"{source}:{f}" for f in ("add_into", "accumulate", "scaled")]
+    targets = [f"{source}:{f}" for f in FUNCS]
     assert cli.main(["package", *targets, "--arch", archs, "--shape", "N=128", "--shape", "N=64",
                      "-o", str(pkg)]) == 0
     flash = tmp_path / "flash"
@@ -58,7 +32,7 @@ def test_the_generated_examples_build_run_and_match_the_reference(cuda_device, a
                      "--shape", "B=1,H=2,S=256,D=64", "-o", str(flash)]) == 0
     for directory in (pkg, flash):
         build = directory / "build"
-        for cmd in (["cmake", "-S", str(directory), "-B", str(build), f"-DCUDAToolkit_ROOT={_cuda_root()}"],
+        for cmd in (["cmake", "-S", str(directory), "-B", str(build), f"-DCUDAToolkit_ROOT={cuda_root()}"],
                     ["cmake", "--build", str(build), "-j8"]):
             done = subprocess.run(cmd, capture_output=True, text=True, timeout=300)
             assert done.returncode == 0, done.stdout + done.stderr

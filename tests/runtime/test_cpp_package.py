@@ -15,26 +15,7 @@ from tessera.runtime import ptxas
 
 pytestmark = pytest.mark.skipif(not ptxas.available(), reason="ptxas not installed")
 
-KERNELS = '''
-import tessera as tsr
-from tessera import Tensor
-
-
-@tsr.kernel
-def add_into(a: Tensor["N", "N"], b: Tensor["N", "N"], c: Tensor["N", "N"]):
-    c[:] = a + b
-
-
-@tsr.kernel
-def accumulate(a: Tensor["N", "N"], c: Tensor["N", "N"]):
-    c[:] = tsr.matmul(c, a)
-
-
-@tsr.function
-def scaled(a: Tensor["N", "N"], b: Tensor["N", "N"]):
-    return tsr.matmul(a, b) * 0.5
-'''
-FUNCS = ["add_into", "accumulate", "scaled"]
+from cpp_package_cases import FUNCS, KERNELS, cuda_root
 
 
 @pytest.fixture(scope="module")
@@ -90,21 +71,13 @@ def test_the_reference_data_is_the_cpu_interpreters(pkg):
     assert set(kernel_refs["inputs"]) == {"a", "c"} and [o["name"] for o in kernel_refs["outputs"]] == ["c"]
 
 
-def _cuda_root() -> Path | None:
-    nvcc = shutil.which("nvcc")
-    for root in ([Path(nvcc).resolve().parent.parent] if nvcc else []) + [Path("/usr/local/cuda")]:
-        if (root / "include" / "cuda.h").is_file():
-            return root
-    return None
-
-
 def build(pkg: Path, build_dir: Path, stub_dir: Path) -> subprocess.CompletedProcess:
     """Configures and builds the package's CMake project; the examples link against a stub
     libcuda.so holding every cu* symbol the objects use (each returning an error)."""
     stub_dir.mkdir()
     stub = stub_dir / "libcuda.so"
     run = lambda *cmd: subprocess.run(cmd, capture_output=True, text=True, timeout=60)  # noqa: E731
-    done = run("cmake", "-S", str(pkg), "-B", str(build_dir), f"-DCUDAToolkit_ROOT={_cuda_root()}",
+    done = run("cmake", "-S", str(pkg), "-B", str(build_dir), f"-DCUDAToolkit_ROOT={cuda_root()}",
                f"-DCUDA_cuda_driver_LIBRARY={stub}")
     assert done.returncode == 0, done.stdout + done.stderr
     done = run("cmake", "--build", str(build_dir), "-j8", "--target", "tessera_package")
@@ -112,7 +85,7 @@ def build(pkg: Path, build_dir: Path, stub_dir: Path) -> subprocess.CompletedPro
     objects = [str(p) for p in build_dir.rglob("*.o")]
     for example in pkg.glob("example_*.cpp"):   # the examples' own driver calls
         obj = stub_dir / f"{example.stem}.o"
-        done = run("g++", "-std=c++17", "-c", str(example), "-I", str(pkg), "-I", str(_cuda_root() / "include"),
+        done = run("g++", "-std=c++17", "-c", str(example), "-I", str(pkg), "-I", str(cuda_root() / "include"),
                    "-o", str(obj))
         assert done.returncode == 0, done.stderr
         objects.append(str(obj))
@@ -125,7 +98,7 @@ def build(pkg: Path, build_dir: Path, stub_dir: Path) -> subprocess.CompletedPro
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None, reason="cmake not installed")
-@pytest.mark.skipif(_cuda_root() is None, reason="CUDA toolkit headers not installed")
+@pytest.mark.skipif(cuda_root() is None, reason="CUDA toolkit headers not installed")
 def test_the_cmake_project_builds_and_the_examples_link(pkg, tmp_path):
     done = build(pkg, tmp_path / "build", tmp_path / "stub")
     assert done.returncode == 0, done.stdout + done.stderr
