@@ -59,7 +59,7 @@ print(json.dumps({"attention": err(out, ref), "accumulate": err(c, expected), "x
 def run(tmp_path: Path, *argv: str) -> dict:
     env = {**os.environ, "TESSERA_CACHE_DIR": str(tmp_path / "cubin"),
            "TESSERA_FUNCTION_CACHE_DIR": str(tmp_path / "functions"),
-           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO)])}
+           "PYTHONPATH": os.pathsep.join([str(tmp_path), str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     env.pop("TESSERA_WARM_CACHE", None)
     done = subprocess.run([sys.executable, "-c", SCRIPT, *argv], cwd=tmp_path, env=env, capture_output=True,
                           text=True, timeout=600)
