@@ -399,18 +399,21 @@ def kernel_report(compiled: Compiled, launch: KernelLaunch, resources) -> str:
 
 
 def _schedule_text(compiled: Compiled, name: str) -> str:
-    """The Schedule IR params a kernel was built from. A split-K GEMM's schedule.kernel becomes two
-    kernels: `<name>_partials` runs its tiling over K splits, `<name>` only sums their products."""
+    """The Schedule IR params a kernel was built from. A split-K GEMM's or split-KV attention's
+    schedule.kernel becomes two kernels: `<name>_partials` runs its tiling over the splits,
+    `<name>` only combines their results."""
     from .ir import schedule
-    from .lowering.schedule_to_tile import SPLIT_K_PARTIALS
+    from .lowering.schedule_to_tile import SPLIT_PARTIALS
 
-    params = {op.sym_name.data: op.param_values for op in compiled.modules["schedule"].walk()
-              if isinstance(op, schedule.KernelOp)}
-    if name + SPLIT_K_PARTIALS in compiled.kernel_names:
-        return f"sums the fp32 partial products of {name}{SPLIT_K_PARTIALS} in split order, then the epilogue"
-    if name not in params and name.endswith(SPLIT_K_PARTIALS):
-        name = name.removesuffix(SPLIT_K_PARTIALS)
-    return " ".join(f"{k}={v}" for k, v in params.get(name, {}).items()) or "-"
+    kernels = {op.sym_name.data: op for op in compiled.modules["schedule"].walk() if isinstance(op, schedule.KernelOp)}
+    if name + SPLIT_PARTIALS in compiled.kernel_names:
+        if kernels[name].kind.data == "flash_attention":
+            return (f"combines the outputs of {name}{SPLIT_PARTIALS}'s key splits by their row log-sum-exp, in "
+                    f"split order, then the epilogue")
+        return f"sums the fp32 partial products of {name}{SPLIT_PARTIALS} in split order, then the epilogue"
+    if name not in kernels and name.endswith(SPLIT_PARTIALS):
+        name = name.removesuffix(SPLIT_PARTIALS)
+    return " ".join(f"{k}={v}" for k, v in kernels[name].param_values.items()) if name in kernels else "-"
 
 
 def cmd_package(args: argparse.Namespace) -> int:

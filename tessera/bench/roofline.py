@@ -95,9 +95,10 @@ def kernel_work(compiled) -> list[KernelWork]:
 
 
 def launched_by(group: str, kernel_names: Sequence[str]) -> list[str]:
-    """The kernels a fusion group launches: itself, and for a split-K GEMM its `_partials` kernel."""
-    from ..lowering.schedule_to_tile import SPLIT_K_PARTIALS
-    return [n for n in (group + SPLIT_K_PARTIALS, group) if n in kernel_names]
+    """The kernels a fusion group launches: itself, and for a split-K GEMM or a split-KV attention
+    its `_partials` kernel."""
+    from ..lowering.schedule_to_tile import SPLIT_PARTIALS
+    return [n for n in (group + SPLIT_PARTIALS, group) if n in kernel_names]
 
 
 @dataclass(frozen=True)

@@ -28,9 +28,10 @@ from xdsl.utils.exceptions import VerifyException
 #: Kernel templates, each with its default tiling and the space the autotuner searches.
 KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "flash_attention": (
-        {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0, "warp_specialize": 0},
+        {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0, "warp_specialize": 0,
+         "split_kv": 1},
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
-         "qk_ahead": [0, 1], "warp_specialize": [0, 1]},
+         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32]},
     ),
     "gemm": (
         {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8,
@@ -63,8 +64,10 @@ SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent"})
 #: Params the fusion pass derives from the target rather than a template's defaults, which a space
 #: may still pin: `programs`, the blocks of a persistent GEMM (the SMs times the blocks one holds);
 #: `split_k`, the ways a GEMM with too few output tiles to fill the GPU splits its K steps (a first
-#: kernel writes fp32 partial products, a second adds them in order and applies the epilogue).
-DERIVED = frozenset({"programs", "split_k"})
+#: kernel writes fp32 partial products, a second adds them in order and applies the epilogue);
+#: `split_kv`, the same for an attention with too few query blocks (a decode step): its key blocks
+#: split across blocks, whose outputs and log-sum-exps a second kernel combines (flash-decoding).
+DERIVED = frozenset({"programs", "split_k", "split_kv"})
 
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.

@@ -709,8 +709,9 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
     return (tiles_m * tiles_n, gemm.batch_programs, 1)
 
 
-#: the name of a split-K GEMM's first kernel is the GEMM's with this suffix
-SPLIT_K_PARTIALS = "_partials"
+#: the name of a split kernel's first kernel (a split-K GEMM's partial products, a split-KV
+#: attention's partial outputs) is the kernel's with this suffix
+SPLIT_PARTIALS = "_partials"
 
 #: the tile of a split-K GEMM's second kernel, which sums the partial products and applies the epilogue
 SPLIT_K_SUM_TILE = {"m": 4, "n": 256}
@@ -723,7 +724,7 @@ def _split_k_gemm(kb: KernelBuild, gemm: _Gemm, splits: int, per_split: int) -> 
     [splits, *batch, M, N]; `kb`'s kernel then adds the splits in order (so results do not depend
     on timing) and applies the epilogue, as an elementwise kernel over the output."""
     partials_type = MemRefType(f32, [splits, *(sz for _, sz in gemm.batch), gemm.sizes["m"], gemm.sizes["n"]])
-    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_K_PARTIALS, partials_type)
+    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type)
     part.limit_warps(gemm.warps)
     scalars = part.batch_indices(part.pid(1), gemm.batch)
     split = part.pid(2)
@@ -824,22 +825,79 @@ def _grouped_tile(kb: KernelBuild, pid: SSAValue, tiles_m: int, tiles_n: int, gr
 
 # --- flash attention ------------------------------------------------------------------------------
 
+@dataclass
+class _AttentionShape:
+    """What a flash-attention kernel computes: the output's axes (batch..., m, e), every axis's
+    size (n: keys, d: head dim) and the tile."""
+
+    axes: tuple[str, ...]
+    sizes: dict[str, int]
+    tile: dict[str, int]
+
+    @classmethod
+    def of(cls, kb: KernelBuild) -> _AttentionShape:
+        m1, _ = kb.op(g.MatmulOp)
+        out_t = g.tensor_type(kb.result)
+        axes = (*_axes("b", out_t.rank - 2), "m", "e")
+        sizes = {a: kb.size(d) for a, d in zip(axes, out_t.shape)}
+        sizes["n"] = kb.size(g.tensor_type(m1.res).shape[-1])
+        sizes["d"] = kb.size(g.tensor_type(m1.lhs).shape[-1])
+        p = kb.params
+        tile = {"m": min(p["block_m"], pow2_at_least(sizes["m"])), "n": min(p["block_n"], pow2_at_least(sizes["n"])),
+                "d": pow2_at_least(sizes["d"]), "e": pow2_at_least(sizes["e"])}
+        return cls(axes, sizes, tile)
+
+    @property
+    def batch(self) -> list[tuple[str, int]]:
+        return [(a, self.sizes[a]) for a in self.axes[:-2]]
+
+    @property
+    def key_blocks(self) -> int:
+        return cdiv(self.sizes["n"], self.tile["n"])
+
+    def grid(self, splits: int = 1) -> tuple[int, int, int]:
+        return cdiv(self.sizes["m"], self.tile["m"]), math.prod(sz for _, sz in self.batch), splits
+
+
+@dataclass
+class _AttentionRows:
+    """A query block's online-softmax state after its loop over key blocks: the unnormalized
+    output `acc` [BM, E], the row max `m_i` of the scores x and the row sum `l_i` of
+    exp(scale * (x - m_i)), with the block's origin `m0` and batch indices `scalars`."""
+
+    acc: SSAValue
+    m_i: SSAValue
+    l_i: SSAValue
+    scale: float
+    m0: SSAValue
+    scalars: dict[str, SSAValue]
+
+
 def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
+    shape = _AttentionShape.of(kb)
+    splits, _ = s.split_k_splits(shape.key_blocks, kb.params.get("split_kv", 1))
+    if splits > 1:
+        return _split_kv_attention(kb, shape, splits)
+    rows = _attention_rows(kb, shape)
+    tile = shape.tile
+    inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [tile["m"]]), rows.l_i))   # one division per row, not per element
+    out = kb.b(arith.MulfOp(rows.acc, _broadcast_rows(kb.b, inv_l, [tile["m"], tile["e"]])))
+    ctx = TileCtx({"m": (rows.m0, tile["m"]), "e": (kb.b.index(0), tile["e"])}, rows.scalars)
+    kb.em.overrides[kb.op(g.MatmulOp)[1].res] = out
+    kb.store_result(shape.axes, ctx)
+    return shape.grid()
+
+
+def _attention_rows(kb: KernelBuild, att: _AttentionShape,
+                    split: tuple[SSAValue, int] | None = None) -> _AttentionRows:
+    """The loop of a flash-attention kernel over the key blocks its query block sees (grid axis 0:
+    query blocks, axis 1: batch); with `split` = (index, splits), over the index-th of `splits`
+    equal runs of them (grid axis 2), copies past the run reading padding."""
     m1, m2 = kb.op(g.MatmulOp)
     (sm,) = kb.op(g.SoftmaxOp)
-    out_t = g.tensor_type(kb.result)
-    rank = out_t.rank
-    axes = (*_axes("b", rank - 2), "m", "e")
-    sizes = {a: kb.size(d) for a, d in zip(axes, out_t.shape)}
-    sizes["n"] = kb.size(g.tensor_type(m1.res).shape[-1])
-    sizes["d"] = kb.size(g.tensor_type(m1.lhs).shape[-1])
-    p = kb.params
-    tile = {"m": min(p["block_m"], pow2_at_least(sizes["m"])), "n": min(p["block_n"], pow2_at_least(sizes["n"])),
-            "d": pow2_at_least(sizes["d"]), "e": pow2_at_least(sizes["e"])}
+    axes, sizes, tile, p = att.axes, att.sizes, att.tile, kb.params
     kb.limit_warps(tile["m"] // 16)
-    batch = [(a, sizes[a]) for a in axes[:-2]]
-    grid = (cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch), 1)
-    scalars = kb.batch_indices(kb.pid(1), batch)
+    scalars = kb.batch_indices(kb.pid(1), att.batch)
     m0, zero = kb.mul(kb.pid(0), tile["m"]), kb.b.index(0)
 
     p_map, v_map = matmul_operand_maps(m2, axes, "n", kb.bindings)
@@ -854,15 +912,16 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     kb.b(t.AsyncWaitOp(0))
     kb.b(t.BarrierOp())
     q_tile = kb.b(t.LoadSharedOp(q_smem, zero))
-    shape = [tile["m"], tile["n"]]
+    block = [tile["m"], tile["n"]]
 
     bounds = column_bounds(sm.input, p_map, "m", "n", kb.bindings)
     where = sm.input.owner if bounds != ColumnBounds(None, None) else None   # where(cond, s, -inf)
     tail = sizes["n"] % tile["n"] != 0   # the last key block is partial
+    scales: list[float] = []             # the constant the scores are scaled by (one per block, all equal)
 
     def scores(k_tile):
         with kb.b.origin(m1):
-            return kb.b(t.MmaOp(q_tile, k_tile, kb.b.full(0.0, shape), transpose_b=operand_layout(k, ("d", "n"))))
+            return kb.b(t.MmaOp(q_tile, k_tile, kb.b.full(0.0, block), transpose_b=operand_layout(k, ("d", "n"))))
 
     def masked(iv, s, key_limit):
         """The score mods applied to key block iv's scores `s`: (x, c) with softmax input = c * x, and
@@ -875,6 +934,7 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
             value, value_map = where.inputs[1], operand_maps(where, p_map, kb.bindings)[1]
         scaled = kb.em.value(value, value_map, ctx)
         x, scale = _positive_scale(scaled)
+        scales.append(scale)
         _erase_unused(scaled, keep=x)
         kb.em.forget_erased()
         if where is None and key_limit is None:
@@ -886,16 +946,16 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
                 cond = kb.em.value(where.inputs[0], operand_maps(where, p_map, kb.bindings)[0], ctx)
                 keep.append(convert(kb.b, cond, i1))
             if key_limit is not None:
-                keep.append(_col_mask(kb, n0, tile["n"], key_limit, shape))
+                keep.append(_col_mask(kb, n0, tile["n"], key_limit, block))
             keep_all = keep[0] if len(keep) == 1 else kb.b(arith.AndIOp(keep[0], keep[1]))
-            return [select(kb.b, keep_all, x, kb.b.full(-math.inf, shape))]
+            return [select(kb.b, keep_all, x, kb.b.full(-math.inf, block))]
         inside = _block_unmasked(kb, n0, m0, tile, bounds if where is not None else None, key_limit)
         (x,) = _if(kb.b, inside, lambda: [x], mask)
         return x, scale
 
     def absorb(x, scale, m_i, l_i):
         """Online softmax of one block: (new max, new sum, rescale factor, probabilities in f32)."""
-        m_new, alpha, probs = _softmax_step(kb, x, m_i, shape, scale)
+        m_new, alpha, probs = _softmax_step(kb, x, m_i, block, scale)
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(probs, "sum", 1))))
         return m_new, l_new, alpha, probs
 
@@ -911,7 +971,7 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
     steps = _key_blocks(kb, bounds, m0, tile, sizes["n"])
     fixed = {"d": zero, "e": zero}
-    if p.get("qk_ahead") and p["num_stages"] >= 3:
+    if split is None and p.get("qk_ahead") and p["num_stages"] >= 3:
         key_limit = _key_limit(kb, steps[1], tile["n"], sizes["n"])
 
         def head(iv, k_tile, acc, m_i, l_i):
@@ -927,20 +987,100 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
                                                 m_i, l_i)
             kb.b(t.MmaWaitOp(0))             # ... through this softmax, not past it: the next P replaces
             return [acc, m_new, l_new, alpha, stored(probs)]   # the registers P @ V reads
-        acc, _, l_i, _, _ = _pipelined_loop_ahead(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed,
-                                                  scalars, inits, head, ahead)
+        acc, m_i, l_i, _, _ = _pipelined_loop_ahead(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed,
+                                                    scalars, inits, head, ahead)
     else:
         def compute(iv, tiles, acc, m_i, l_i):
             k_tile, v_tile = tiles
             m_new, l_new, alpha, probs = absorb(*masked(iv, scores(k_tile), sizes["n"] if tail else None), m_i, l_i)
             return [accumulate(acc, alpha, stored(probs), v_tile), m_new, l_new]
-        acc, _, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed, scalars, inits,
-                                      compute)
-    inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [tile["m"]]), l_i))   # one division per row, not per element
-    out = kb.b(arith.MulfOp(acc, _broadcast_rows(kb.b, inv_l, [tile["m"], tile["e"]])))
-    ctx = TileCtx({"m": (m0, tile["m"]), "e": (zero, tile["e"])}, scalars)
-    kb.em.overrides[m2.res] = out
-    kb.store_result(axes, ctx)
+        past_end = None
+        if split is not None:   # a run of the key blocks; copies the pipeline issues past it read padding
+            steps, past_end = _split_run(kb, steps, *split), att.key_blocks * tile["n"]
+        acc, m_i, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed, scalars, inits,
+                                        compute, past_end=past_end)
+    return _AttentionRows(acc, m_i, l_i, scales[0] if scales else 1.0, m0, scalars)
+
+
+#: the tile of a split-KV attention's second kernel, which combines the splits' outputs
+SPLIT_KV_COMBINE_TILE = {"m": 16, "e": 128}
+
+
+def _split_run(kb: KernelBuild, steps: tuple, split: SSAValue, splits: int) -> tuple[SSAValue, SSAValue]:
+    """[lo, hi) of key blocks [first, end) for split `split` of `splits`: equal runs of
+    ceil((end - first) / splits) blocks (the last shorter, and empty where a mask leaves a query
+    block fewer blocks than splits)."""
+    b = kb.b
+    first, end = (b.index(x) if isinstance(x, int) else x for x in steps)
+    if all(isinstance(x, int) for x in steps):
+        per: SSAValue = b.index(cdiv(steps[1] - steps[0], splits))
+    else:
+        count = b(arith.MaxSIOp(b(arith.SubiOp(end, first)), b.index(0)))
+        per = b(arith.DivSIOp(b(arith.AddiOp(count, b.index(splits - 1))), b.index(splits)))
+    lo = b(arith.AddiOp(first, b(arith.MuliOp(split, per))))
+    return lo, b(arith.MinSIOp(b(arith.AddiOp(lo, per)), end))
+
+
+def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> tuple[int, int, int]:
+    """Flash-decoding: an attention whose query blocks are too few to fill the GPU (a decode step's
+    one query against 100k keys makes one block per head) splits its key blocks `splits` ways. A
+    first kernel runs the usual loop over split s's run of key blocks (grid axis 2) and writes its
+    normalized output (0 where the run saw no key) to an fp32 buffer [splits, *batch, M, E] and
+    each row's log-sum-exp (base 2, -inf for no key) to [splits, *batch, M]; `kb`'s kernel then
+    combines the splits row by row, in split order (results do not depend on timing), and applies
+    the epilogue."""
+    batch_sizes = [sz for _, sz in att.batch]
+    lse_type = MemRefType(f32, [splits, *batch_sizes, att.sizes["m"]])
+    out_type = MemRefType(f32, [splits, *batch_sizes, att.sizes["m"], att.sizes["e"]])
+    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, out_type)
+    part_lse = part.add_scratch(lse_type)
+    split = part.pid(2)
+    rows = _attention_rows(part, att, (split, splits))
+    b, bm, be = part.b, att.tile["m"], att.tile["e"]
+    has_keys = compare(b, rows.l_i, b.full(0.0, [bm]), "ogt")
+    inv_l = select(b, has_keys, b(arith.DivfOp(b.full(1.0, [bm]), rows.l_i)), b.full(0.0, [bm]))
+    out = b(arith.MulfOp(rows.acc, _broadcast_rows(b, inv_l, [bm, be])))
+    lse = b(arith.AddfOp(b(arith.MulfOp(rows.m_i, b.full(rows.scale * LOG2E, [bm]))), b(mathd.Log2Op(rows.l_i))))
+    scalars = {**rows.scalars, "s": split}
+    part.em.store(out, part.out, ("s", *att.axes), TileCtx({"m": (rows.m0, bm), "e": (b.index(0), be)}, scalars),
+                  dtypes.fp32)
+    part.em.store(lse, part_lse, ("s", *att.axes[:-1]), TileCtx({"m": (rows.m0, bm)}, scalars), dtypes.fp32)
+    kb.before.append((_finish(part), att.grid(splits)))
+    return _combine_splits(kb, att, kb.add_scratch(lse_type), kb.add_scratch(out_type), splits)
+
+
+def _combine_splits(kb: KernelBuild, att: _AttentionShape, lse: SSAValue, partials: SSAValue,
+                    splits: int) -> tuple[int, int, int]:
+    """`kb`'s kernel as a split-KV attention's second kernel: per output tile, the splits' outputs
+    O_s weighted by 2^(lse_s - max_s lse_s) and divided by the weights' sum, taken in split order
+    with a running max (as the first kernel's loop takes key blocks), then the epilogue and the
+    store. A row no split saw a key of comes out NaN, as softmax over no key does in one kernel."""
+    kb.kernel.attributes.pop(t.PRODUCER_WARPS, None)
+    kb.kernel.properties["num_stages"] = IntegerAttr(1, 64)
+    ctx, grid = _output_tile(kb, att.axes, [att.sizes[a] for a in att.axes], SPLIT_KV_COMBINE_TILE["m"],
+                             SPLIT_KV_COMBINE_TILE["e"])
+    kb.limit_warps(max(1, math.prod(ctx.shape) // 256))
+    b, (bm, be) = kb.b, ctx.shape
+
+    def combine(index, m_i, total, acc):
+        at = TileCtx(ctx.tiled, {**ctx.scalars, "s": index})
+        offsets, tile_dims, _ = kb.em.access(("s", *att.axes[:-1]), at)
+        lse_s = b(t.LoadOp(lse, offsets, tile_dims, [bm]))
+        offsets, tile_dims, _ = kb.em.access(("s", *att.axes), at)
+        out_s = b(t.LoadOp(partials, offsets, tile_dims, [bm, be]))
+        m_new = b(arith.MaximumfOp(m_i, lse_s))
+        safe = _safe_max(kb, m_new, bm)
+        alpha = b(mathd.Exp2Op(b(arith.SubfOp(m_i, safe))))
+        weight = b(mathd.Exp2Op(b(arith.SubfOp(lse_s, safe))))
+        total = b(arith.AddfOp(b(arith.MulfOp(total, alpha)), weight))
+        acc = b(mathd.FmaOp(_broadcast_rows(b, weight, [bm, be]), out_s,
+                            b(arith.MulfOp(acc, _broadcast_rows(b, alpha, [bm, be])))))
+        return [m_new, total, acc]
+    _, total, acc = _for(b, 0, splits, 1, [b.full(-math.inf, [bm]), b.full(0.0, [bm]), b.full(0.0, [bm, be])],
+                         combine)
+    inv_total = b(arith.DivfOp(b.full(1.0, [bm]), total))
+    kb.em.overrides[kb.op(g.MatmulOp)[1].res] = b(arith.MulfOp(acc, _broadcast_rows(b, inv_total, [bm, be])))
+    kb.store_result(att.axes, ctx)
     return grid
 
 

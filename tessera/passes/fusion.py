@@ -139,9 +139,15 @@ class _Planner:
                 continue
             if group.kind == "flash_attention" and isinstance(op, WINDOWS):
                 continue
-            if all(u in group.ops for u in self.users(op.results[0])):
+            if self.read_only_by(group, op.results[0]):
                 self.claim(group, [op])
                 work.extend(op.operands)
+
+    def read_only_by(self, group: Group, v: SSAValue) -> bool:
+        """Whether every user of `v` is in `group`, directly or through cheap ops (a causal mask's
+        `rows + offset` read as `rows[:, None]`), which each kernel recomputes."""
+        return all(u in group.ops or (self.cheap(u) and self.read_only_by(group, u.results[0]))
+                   for u in self.users(v))
 
     def inputs_of(self, group: Group) -> set[SSAValue]:
         """Values the group reads that other groups produce (arguments and cheap ops excluded)."""
@@ -423,6 +429,8 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         # a split GEMM's partial products neither walk tiles nor warp-specialize: a pin of either wins
         wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize"))
         params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
+    if group.kind == "flash_attention" and planner.platform and "split_kv" not in pinned:
+        params["split_kv"] = _split_kv(group, planner, params, features)
     return block, inputs, params, space
 
 
@@ -447,6 +455,29 @@ def _split_k(group: Group, planner: _Planner, params: dict[str, int], features: 
     if 2 * tiles > slots:
         return 1
     return max(1, min(slots // tiles, -(-k // tile["k"]) // MIN_SPLIT_STEPS))
+
+
+#: the fewest key blocks each split of a split-KV attention gets: fewer, and the combining kernel's
+#: launch and the partial outputs' traffic cost more than the split gains
+MIN_SPLIT_KEY_BLOCKS = 4
+
+
+def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> int:
+    """How many ways to split an attention's key blocks (flash-decoding): enough for its query
+    blocks' blocks to fill the GPU's block slots when they alone fill at most half of them (one
+    query per head of a decode step makes one block per head and batch), each split keeping at
+    least MIN_SPLIT_KEY_BLOCKS blocks. The slots count the blocks an SM holds by shared memory at
+    the query tile the kernel really uses (16 rows for a decode step, not `block_m`)."""
+    m1 = min((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
+    dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]
+    rows = min(params["block_m"], max(16, 1 << max(0, dims[-2] - 1).bit_length()))
+    keys = min(params["block_n"], max(16, 1 << max(0, dims[-1] - 1).bit_length()))
+    programs = math.prod(dims[:-2]) * -(-dims[-2] // rows)
+    shared = s.shared_bytes(group.kind, {**params, "block_m": rows, "block_n": keys}, features)
+    slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))
+    if 2 * programs > slots:
+        return 1
+    return max(1, min(slots // programs, -(-dims[-1] // keys) // MIN_SPLIT_KEY_BLOCKS))
 
 
 def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:

@@ -81,7 +81,7 @@ def test_copies_past_the_loop_are_drained_after_it():
     too; the drain of copies the loop issued but never read (a wait on each stage still armed)
     must come after the loop, not at that wait: there it would consume a phase the next iteration
     waits for, and the block would hang."""
-    ahead = tsr.function(attention.fn, space=dict(num_stages=[3], qk_ahead=[1]))
+    ahead = tsr.function(attention.fn, space=dict(num_stages=[3], qk_ahead=[1], split_kv=[1]))
     compiled = ahead.compile(ahead.arg_specs_for(dict(B=1, H=1, S=1000, D=64), "fp16"), arch="sm_90a")
     assert "qk_ahead = 1" in compiled.ir("schedule")
     (kernel,) = [op for op in compiled.modules["target"].ops if isinstance(op, target.KernelOp)]
@@ -120,7 +120,7 @@ def test_warp_specialized_attention_moves_the_producers_registers_to_the_consume
     D=128 need more. The producer gives its spare registers back (setmaxnreg.dec to 40) and both
     computing warpgroups take them (setmaxnreg.inc to 232), the launch count pinned at 168 so the
     pool they draw from is known: without it this kernel spilled and serialized its wgmmas."""
-    ws = tsr.function(attention.fn, space=dict(block_n=[128], num_stages=[3], warp_specialize=[1],
+    ws = tsr.function(attention.fn, space=dict(block_n=[128], num_stages=[3], warp_specialize=[1], split_kv=[1],
                                                qk_ahead=[1]))
     compiled = ws.compile(ws.arg_specs_for(dict(B=1, H=2, S=1000, D=128), "fp16"), arch="sm_90a")
     (kernel,) = emit_module(compiled.modules["target"]).values()

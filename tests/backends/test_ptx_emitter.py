@@ -188,7 +188,7 @@ def test_native_attention_assembles_for_sm90a(d, tmp_path):
     """Attention on sm_90a: Q @ K^T with both operands behind descriptors, P @ V with P in registers
     (wgmma's register-A form), Q, K, V as 4-D TMA boxes; no spills, no serialized wgmma."""
     compiled = causal_attention.compile(causal_attention.arg_specs_for(dict(B=1, H=2, S=1000, D=d), "fp16"),
-                                        arch="sm_90a")
+                                        arch="sm_90a", space={"split_kv": [1]})
     (kernel,) = emit_module(compiled.modules["target"]).values()
     assert re.search(r"wgmma\.mma_async\S+ \{[^}]+\}, %rd\d+, %rd\d+", kernel.ptx)     # A and B descriptors
     assert re.search(r"wgmma\.mma_async\S+ \{[^}]+\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd", kernel.ptx)  # A regs
@@ -291,7 +291,7 @@ def test_tensor_core_kernels_assemble_without_spills(fn, dims, dtype, arch, tmp_
 @pytest.mark.parametrize("fn,dims", MMA_CASES[::2], ids=["gemm", "attention"])
 def test_tensor_core_sass(fn, dims, tmp_path):
     """HMMA from mma.sync, LDSM from ldmatrix, LDGSTS from cp.async: the Ampere path, really there."""
-    compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_80")
+    compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_80", space={"split_kv": [1]})
     (kernel,) = emit_module(compiled.modules["target"]).values()
     _, cubin = assemble(kernel.ptx, "sm_90", tmp_path)
     counts = collections.Counter(re.findall(r"\b(HMMA\.16816\.F32|LDSM\.16\.M88|LDGSTS\.E\.BYPASS\.128)",

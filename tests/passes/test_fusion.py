@@ -414,3 +414,36 @@ def test_split_k_fills_the_gpu_when_output_tiles_cannot(dims, options, expected)
     """The derived `split_k`: output tiles times splits fill the target's block slots (SMs times
     the blocks one holds) when the tiles alone fill less than half, each split keeping 16+ K steps."""
     assert split_k_of(dims, **options) == expected
+
+
+# --- split-KV (flash-decoding) --------------------------------------------------------------------------------
+
+def split_kv_of(fn, dims, **options) -> int:
+    c = fn.compile(fn.arg_specs_for(dims, "fp16"), **options)
+    (kernel,) = schedule_kernels(c)
+    return kernel.param_values["split_kv"]
+
+
+@pytest.mark.parametrize("dims,options,expected", [
+    # 32 one-query blocks; a 16-row query tile and 64-key blocks of D=128 hold 3 blocks per SM: 396 slots
+    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a"), 12),
+    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a", sm_count=66), 6),   # half the SMs
+    (dict(B=1, H=32, M=1, N=1024, D=128), dict(arch="sm_90a"), 4),      # 16 key blocks: 4 runs of 4
+    (dict(B=1, H=32, M=1, N=192, D=128), dict(arch="sm_90a"), 1),       # 3 key blocks: too few to split
+    (dict(B=8, H=32, M=1, N=32768, D=128), dict(arch="sm_90a"), 1),     # 256 blocks fill half the slots
+    (dict(B=1, H=8, M=4096, N=4096, D=128), dict(arch="sm_90a"), 1),    # prefill: query blocks enough
+    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a", space=dict(split_kv=[1])), 1),   # pinned
+])
+def test_split_kv_fills_the_gpu_when_query_blocks_cannot(dims, options, expected):
+    """The derived `split_kv`: query blocks times splits fill the target's block slots when the
+    query blocks alone fill at most half, each split keeping 4+ key blocks."""
+    from decode_attention import decode_attention
+    assert split_kv_of(decode_attention, dims, **options) == expected
+
+
+def test_a_decode_mask_with_an_offset_is_inside_the_attention_kernel():
+    """`rows + (N - M)` (the queries' positions) is read through `rows[:, None]`, a view each kernel
+    recomputes: it goes into the attention kernel, not a kernel of its own before it."""
+    from decode_attention import decode_attention
+    c = decode_attention.compile(decode_attention.arg_specs_for(dict(B=1, H=2, M=3, N=100, D=64), "fp16"))
+    assert [k.kind.data for k in schedule_kernels(c)] == ["flash_attention"]

@@ -1,0 +1,116 @@
+"""Decode attention: a few queries against a long KV cache (issue 16), Tessera against torch SDPA.
+
+    python3 bench/decode_attention.py [--quick] [--splits 1,4,16]
+
+Llama-3-style heads (32 query heads; 8 KV heads for GQA, 32 for MHA), D = 128, bf16, one query
+(M = 1) per sequence, for B in {1, 8, 64} and N in {8k, 32k, 128k} keys (cases whose KV cache
+exceeds 16 GB are left out). Tessera runs examples/decode_attention.py as written: the split of
+the key blocks is the one the compiler derives (`split_kv`), and rows pinned to other splits
+(--splits) show what the derivation leaves on the table. Peers: torch SDPA through cuDNN and
+through FlashAttention (`enable_gqa` for GQA), on the same inputs; every output is checked
+against SDPA's math backend in fp32 before timing.
+
+Times are medians of CUDA-graph replays (triton's do_bench_cudagraph: the kernels' time without
+Python's launch cost, which a serving loop hides in a graph too), in us. "KV GB/s" is the K and V
+bytes read per second; "of copy" is that against the device's copy bandwidth (a 1 GiB
+device-to-device copy, read + write bytes), the issue's goal being 0.9; "vs best" is the best
+peer's time over Tessera's (above 1: Tessera is faster).
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
+
+from decode_attention import gqa_decode_attention  # noqa: E402
+from tessera.bench.timing import copy_bandwidth, rel_err  # noqa: E402
+
+HEADS, D = 32, 128
+KV_HEADS = {"GQA 32/8": 8, "MHA": 32}
+MAX_KV_BYTES = 16 << 30
+
+
+def graph_us(fn) -> float:
+    return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def sdpa(backend, q, k, v):
+    from torch.nn.attention import sdpa_kernel
+    with sdpa_kernel(backend):
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
+
+
+def derived_split(dims: dict) -> int:
+    """The split_kv a plain call derives for these dims on this GPU (from its compile's schedule)."""
+    from tessera.runtime import driver
+    platform = driver.Device(0).platform()
+    compiled = gqa_decode_attention.compile(gqa_decode_attention.arg_specs_for(dims, "bf16"), arch=platform.arch,
+                                            sm_count=platform.sm_count)
+    host = next(iter(compiled.modules["schedule"].ops))
+    (kernel,) = (op for op in host.body.block.ops if op.name == "schedule.kernel")
+    return kernel.param_values["split_kv"]
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="B in {1, 8}, N in {32k, 128k}, GQA only")
+    parser.add_argument("--splits", default="1", help="split_kv values to pin besides the derived one")
+    args = parser.parse_args()
+    pins = [int(x) for x in args.splits.split(",") if x]
+    copy = copy_bandwidth()
+    print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {copy:.0f} GB/s; "
+          f"bf16, {HEADS} query heads, D={D}, one query; CUDA-graph medians in us")
+    print(f"{'case':<34} {'split':>6} {'tessera':>9} {'KV GB/s':>8} {'of copy':>8} {'cudnn':>9} {'flash':>9} "
+          f"{'vs best':>8} {'rel err':>8}")
+    status = 0
+    batches, lengths, kinds = ([1, 8], [32768, 131072], ["GQA 32/8"]) if args.quick else \
+        ([1, 8, 64], [8192, 32768, 131072], list(KV_HEADS))
+    for kind in kinds:
+        hk = KV_HEADS[kind]
+        for b in batches:
+            for n in lengths:
+                kv_bytes = 2 * b * hk * n * D * 2
+                if kv_bytes > MAX_KV_BYTES:
+                    continue
+                q = torch.randn(b, HEADS, 1, D, device="cuda", dtype=torch.bfloat16)
+                k = torch.randn(b, hk, n, D, device="cuda", dtype=torch.bfloat16)
+                v = torch.randn(b, hk, n, D, device="cuda", dtype=torch.bfloat16)
+                ref = sdpa(torch.nn.attention.SDPBackend.MATH, q.float(), k.float(), v.float())
+                peers = {}
+                for name, backend in (("cudnn", torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
+                                      ("flash", torch.nn.attention.SDPBackend.FLASH_ATTENTION)):
+                    try:
+                        assert rel_err(sdpa(backend, q, k, v), ref) < 2e-2
+                        peers[name] = graph_us(lambda: sdpa(backend, q, k, v))
+                    except (RuntimeError, AssertionError):   # a backend that refuses these inputs
+                        peers[name] = None
+                dims = dict(B=b, Hk=hk, G=HEADS // hk, M=1, N=n, D=D)
+                qg, kg, vg = q.view(b, hk, HEADS // hk, 1, D), k.view(b, hk, 1, n, D), v.view(b, hk, 1, n, D)
+                derived = derived_split(dims)
+                for split in [derived, *(p for p in pins if p != derived)]:
+                    fn = gqa_decode_attention if split == derived else \
+                        type(gqa_decode_attention)(gqa_decode_attention.fn, space={"split_kv": [split]})
+                    out = fn(qg, kg, vg)
+                    err = rel_err(out.view(b, HEADS, 1, D), ref)
+                    if err > 2e-2:
+                        status = 1
+                    us = graph_us(lambda: fn(qg, kg, vg))
+                    gbs = kv_bytes / us / 1e3
+                    best = min((t for t in peers.values() if t), default=None)
+                    label = f"{kind} B={b} N={n}" + ("" if split == derived else " (pinned)")
+                    print(f"{label:<34} {split:>6} {us:9.1f} {gbs:8.0f} {gbs / copy:8.2f} "
+                          + " ".join(f"{peers[p]:9.1f}" if peers[p] else f"{'n/a':>9}" for p in ("cudnn", "flash"))
+                          + f" {best / us if best else float('nan'):8.2f} {err:8.1e}")
+                del q, k, v, qg, kg, vg
+                torch.cuda.empty_cache()
+    return status
+
+
+if __name__ == "__main__":
+    sys.exit(main())
