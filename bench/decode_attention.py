@@ -1,6 +1,6 @@
 """Decode attention: a few queries against a long KV cache (issue 16), Tessera against torch SDPA.
 
-    python3 bench/decode_attention.py [--quick] [--splits 1,4,16]
+    python3 bench/decode_attention.py [--quick] [--splits 1,4,16] [--space block_n=32,...] [--kinds MHA]
 
 Llama-3-style heads (32 query heads; 8 KV heads for GQA, 32 for MHA), D = 128, bf16, one query
 (M = 1) per sequence, for B in {1, 8, 64} and N in {8k, 32k, 128k} keys (cases whose KV cache
@@ -8,7 +8,7 @@ exceeds 16 GB are left out). Tessera runs examples/decode_attention.py as writte
 the key blocks is the one the compiler derives (`split_kv`), and rows pinned to other splits
 (--splits) show what the derivation leaves on the table. Peers: torch SDPA through cuDNN and
 through FlashAttention (`enable_gqa` for GQA), on the same inputs; every output is checked
-against SDPA's math backend in fp32 before timing.
+against an fp32 reference before timing.
 
 Times are medians of CUDA-graph replays (triton's do_bench_cudagraph: the kernels' time without
 Python's launch cost, which a serving loop hides in a graph too), in us. "KV GB/s" is the K and V
@@ -28,6 +28,7 @@ import triton
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
+import tessera as tsr  # noqa: E402
 from decode_attention import gqa_decode_attention  # noqa: E402
 from tessera.bench.timing import copy_bandwidth, rel_err  # noqa: E402
 
@@ -46,12 +47,26 @@ def sdpa(backend, q, k, v):
         return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
 
 
-def derived_split(dims: dict) -> int:
-    """The split_kv a plain call derives for these dims on this GPU (from its compile's schedule)."""
+def reference(q, k, v):
+    """Attention in fp32, one sequence at a time (an fp32 copy of the whole cache may not fit),
+    with the query heads of each KV head broadcast against it (no copy of K and V per head)."""
+    b, h, m, d = q.shape
+    hk = k.shape[1]
+    out = []
+    for i in range(b):
+        qf = q[i].float().view(hk, h // hk, m, d)
+        kf, vf = k[i].float().unsqueeze(1), v[i].float().unsqueeze(1)
+        p = torch.softmax(qf @ kf.transpose(-1, -2) / d ** 0.5, dim=-1)
+        out.append((p @ vf).reshape(h, m, d))
+    return torch.stack(out)
+
+
+def derived_split(dims: dict, space: dict) -> int:
+    """The split_kv a call derives for these dims on this GPU (from its compile's schedule)."""
     from tessera.runtime import driver
     platform = driver.Device(0).platform()
     compiled = gqa_decode_attention.compile(gqa_decode_attention.arg_specs_for(dims, "bf16"), arch=platform.arch,
-                                            sm_count=platform.sm_count)
+                                            sm_count=platform.sm_count, **({"space": space} if space else {}))
     host = next(iter(compiled.modules["schedule"].ops))
     (kernel,) = (op for op in host.body.block.ops if op.name == "schedule.kernel")
     return kernel.param_values["split_kv"]
@@ -59,18 +74,22 @@ def derived_split(dims: dict) -> int:
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--quick", action="store_true", help="B in {1, 8}, N in {32k, 128k}, GQA only")
+    parser.add_argument("--quick", action="store_true", help="B in {1, 8} and N in {32k, 128k} only")
     parser.add_argument("--splits", default="1", help="split_kv values to pin besides the derived one")
+    parser.add_argument("--space", default="", help="schedule params pinned in every Tessera run, e.g. "
+                        "block_n=32,num_stages=3 (the split is still derived, or pinned by --splits)")
+    parser.add_argument("--kinds", default=",".join(KV_HEADS), help=f"of {', '.join(KV_HEADS)}")
     args = parser.parse_args()
     pins = [int(x) for x in args.splits.split(",") if x]
+    pinned = {k: [int(v)] for k, v in (item.split("=") for item in args.space.split(",") if item)}
     copy = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {copy:.0f} GB/s; "
           f"bf16, {HEADS} query heads, D={D}, one query; CUDA-graph medians in us")
     print(f"{'case':<34} {'split':>6} {'tessera':>9} {'KV GB/s':>8} {'of copy':>8} {'cudnn':>9} {'flash':>9} "
           f"{'vs best':>8} {'rel err':>8}")
     status = 0
-    batches, lengths, kinds = ([1, 8], [32768, 131072], ["GQA 32/8"]) if args.quick else \
-        ([1, 8, 64], [8192, 32768, 131072], list(KV_HEADS))
+    batches, lengths = ([1, 8], [32768, 131072]) if args.quick else ([1, 8, 64], [8192, 32768, 131072])
+    kinds = [k.strip() for k in args.kinds.split(",")]
     for kind in kinds:
         hk = KV_HEADS[kind]
         for b in batches:
@@ -81,7 +100,7 @@ def main() -> int:
                 q = torch.randn(b, HEADS, 1, D, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, hk, n, D, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn(b, hk, n, D, device="cuda", dtype=torch.bfloat16)
-                ref = sdpa(torch.nn.attention.SDPBackend.MATH, q.float(), k.float(), v.float())
+                ref = reference(q, k, v)
                 peers = {}
                 for name, backend in (("cudnn", torch.nn.attention.SDPBackend.CUDNN_ATTENTION),
                                       ("flash", torch.nn.attention.SDPBackend.FLASH_ATTENTION)):
@@ -92,10 +111,10 @@ def main() -> int:
                         peers[name] = None
                 dims = dict(B=b, Hk=hk, G=HEADS // hk, M=1, N=n, D=D)
                 qg, kg, vg = q.view(b, hk, HEADS // hk, 1, D), k.view(b, hk, 1, n, D), v.view(b, hk, 1, n, D)
-                derived = derived_split(dims)
+                derived = derived_split(dims, pinned)
                 for split in [derived, *(p for p in pins if p != derived)]:
-                    fn = gqa_decode_attention if split == derived else \
-                        type(gqa_decode_attention)(gqa_decode_attention.fn, space={"split_kv": [split]})
+                    space = {**pinned, **({} if split == derived else {"split_kv": [split]})}
+                    fn = tsr.function(gqa_decode_attention.fn, space=space) if space else gqa_decode_attention
                     out = fn(qg, kg, vg)
                     err = rel_err(out.view(b, HEADS, 1, D), ref)
                     if err > 2e-2:

@@ -79,5 +79,8 @@ python3 bench/gemm_fixed_cost.py || status=1
 # GEMMs with too few output tiles for the GPU: the split_k the compiler derives against none and the best.
 section "Split-K GEMM"
 python3 bench/split_k_gemm.py || status=1
+# Decode attention (one query against a long KV cache): the split-KV kernels against cuDNN and FlashAttention.
+section "Decode attention"
+python3 bench/decode_attention.py || status=1
 
 exit "$status"

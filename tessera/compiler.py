@@ -321,6 +321,33 @@ def _dump_request(dump) -> tuple[str, ...]:
     return requested
 
 
+#: the longest dim a kernel takes: one dim's indices, and a tile's reach past the end, are 32-bit
+#: integers in the generated code (a whole tensor may have more elements: addresses are 64-bit)
+MAX_DIM = 2 ** 31 - 2 ** 16
+
+
+def _check_dims_index_in_32_bits(f) -> None:
+    """A clear error for a dim of MAX_DIM or more elements (argument or computed value), which the
+    kernels' 32-bit indices would wrap past."""
+    from .errors import ShapeError
+    from .ir import graph as g
+
+    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    names = [a.data for a in f.attributes["tessera.arg_names"].data]
+    values = [(f"argument {name!r}", a) for name, a in zip(names, f.body.block.args)]
+    values += [(f"the result of {op.name} (tessera.loc {op.attributes.get('tessera.loc')})", r)
+               for op in f.body.block.ops for r in op.results]
+    for what, v in values:
+        if not isinstance(v.type, g.TensorType):
+            continue
+        for axis, d in enumerate(v.type.shape):
+            size = g.dim_value(d, bindings)
+            if size >= MAX_DIM:
+                raise ShapeError(f"{f.sym_name.data}: dim {axis} of {what} has {size} elements; kernels index one "
+                                 f"dim with 32-bit integers, so a dim must stay under {MAX_DIM}: view it as two "
+                                 f"dims (the same memory, e.g. [{size}] as [{size} / 1024, 1024])")
+
+
 def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None = None,
                    tensor_cores: bool = True, opt_level: int = 3, path: str = "native",
                    sm_count: int | None = None, line_info: bool = False, profile: bool = False,
@@ -333,6 +360,7 @@ def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None
                       profile=profile or _env_on("TESSERA_PROFILE"))
     stages = _dump_request(dump)
     f = next(iter(graph_module.ops))
+    _check_dims_index_in_32_bits(f)
     compiled = Compiled(
         name=f.sym_name.data, graph=graph_module, options=options,
         arg_names=[a.data for a in f.attributes["tessera.arg_names"].data],

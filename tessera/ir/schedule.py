@@ -132,6 +132,38 @@ def split_k_splits(steps: int, split_k: int) -> tuple[int, int]:
     return -(-steps // per_split), per_split
 
 
+#: the rows of one tensor-core fragment: a query block has at least this many rows, real or not
+MMA_ROWS = 16
+
+
+def attention_row_dim(sizes: Sequence[int], shared: Sequence[bool]) -> int:
+    """Which dim of an attention's output [*batch, M, E] its kernel tiles as query rows: M, unless
+    M is under one fragment's MMA_ROWS and a batch dim along which K and V do not vary (`shared`:
+    grouped-query attention's query heads of one KV head) is longer. A decode step's one query
+    per head then fills a block's rows with the G heads that share K and V, which the block reads
+    once for all of them, where one block per head would read them G times and compute 15 of
+    every 16 rows on padding."""
+    rows = len(sizes) - 2
+    if sizes[rows] >= MMA_ROWS:
+        return rows
+    longer = [i for i, ok in enumerate(shared) if ok and sizes[i] > sizes[rows]]
+    return max(longer, key=lambda i: sizes[i], default=rows)
+
+
+def attention_rows_of(m1, m2, bindings) -> int:
+    """`attention_row_dim` of the attention softmax(m1) @ V = m2 (Graph IR matmuls)."""
+    from . import graph as g
+
+    out = [g.dim_value(d, bindings) for d in g.tensor_type(m2.res).shape]
+    batch = len(out) - 2
+
+    def varies(v, i: int) -> bool:   # operand v's batch dims are right-aligned with the output's
+        dims = g.tensor_type(v).shape[:-2]
+        j = i - (batch - len(dims))
+        return j >= 0 and g.dim_value(dims[j], bindings) != 1
+    return attention_row_dim(out, [not (varies(m1.rhs, i) or varies(m2.rhs, i)) for i in range(batch)])
+
+
 def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) -> int:
     """Shared memory of a kind's pipeline (the PTX backend swizzles tiles, so they take no padding)."""
     elem = features.get("element_bytes", 2)

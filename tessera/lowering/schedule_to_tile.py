@@ -836,9 +836,13 @@ class _AttentionShape:
 
     @classmethod
     def of(cls, kb: KernelBuild) -> _AttentionShape:
-        m1, _ = kb.op(g.MatmulOp)
+        m1, m2 = kb.op(g.MatmulOp)
         out_t = g.tensor_type(kb.result)
-        axes = (*_axes("b", out_t.rank - 2), "m", "e")
+        rows = out_t.rank - 2
+        if out_t.shape == g.tensor_type(m2.res).shape:   # (not through a transpose of P @ V)
+            rows = s.attention_rows_of(m1, m2, kb.bindings)
+        batch = iter(_axes("b", out_t.rank - 2))
+        axes = tuple("e" if i == out_t.rank - 1 else "m" if i == rows else next(batch) for i in range(out_t.rank))
         sizes = {a: kb.size(d) for a, d in zip(axes, out_t.shape)}
         sizes["n"] = kb.size(g.tensor_type(m1.res).shape[-1])
         sizes["d"] = kb.size(g.tensor_type(m1.lhs).shape[-1])
@@ -849,7 +853,8 @@ class _AttentionShape:
 
     @property
     def batch(self) -> list[tuple[str, int]]:
-        return [(a, self.sizes[a]) for a in self.axes[:-2]]
+        """The axes a block takes one index of (grid axis 1), in the output's order."""
+        return [(a, self.sizes[a]) for a in self.axes if a not in ("m", "e")]
 
     @property
     def key_blocks(self) -> int:
@@ -1025,13 +1030,12 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
     """Flash-decoding: an attention whose query blocks are too few to fill the GPU (a decode step's
     one query against 100k keys makes one block per head) splits its key blocks `splits` ways. A
     first kernel runs the usual loop over split s's run of key blocks (grid axis 2) and writes its
-    normalized output (0 where the run saw no key) to an fp32 buffer [splits, *batch, M, E] and
-    each row's log-sum-exp (base 2, -inf for no key) to [splits, *batch, M]; `kb`'s kernel then
+    normalized output (0 where the run saw no key) to an fp32 buffer [splits, *output dims] and
+    each row's log-sum-exp (base 2, -inf for no key) to [splits, *output dims but E]; `kb`'s kernel then
     combines the splits row by row, in split order (results do not depend on timing), and applies
     the epilogue."""
-    batch_sizes = [sz for _, sz in att.batch]
-    lse_type = MemRefType(f32, [splits, *batch_sizes, att.sizes["m"]])
-    out_type = MemRefType(f32, [splits, *batch_sizes, att.sizes["m"], att.sizes["e"]])
+    lse_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes[:-1])])
+    out_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes)])
     part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, out_type)
     part_lse = part.add_scratch(lse_type)
     split = part.pid(2)

@@ -468,11 +468,14 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     query per head of a decode step makes one block per head and batch), each split keeping at
     least MIN_SPLIT_KEY_BLOCKS blocks. The slots count the blocks an SM holds by shared memory at
     the query tile the kernel really uses (16 rows for a decode step, not `block_m`)."""
-    m1 = min((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
-    dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]
-    rows = min(params["block_m"], max(16, 1 << max(0, dims[-2] - 1).bit_length()))
+    m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
+    dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]   # [*batch, M, N]
+    query = dims[:-1]
+    if g.tensor_type(group.output).shape == g.tensor_type(m2.res).shape:   # as the template tiles it
+        query.append(query.pop(s.attention_rows_of(m1, m2, planner.bindings)))
+    rows = min(params["block_m"], max(16, 1 << max(0, query[-1] - 1).bit_length()))
     keys = min(params["block_n"], max(16, 1 << max(0, dims[-1] - 1).bit_length()))
-    programs = math.prod(dims[:-2]) * -(-dims[-2] // rows)
+    programs = math.prod(query[:-1]) * -(-query[-1] // rows)
     shared = s.shared_bytes(group.kind, {**params, "block_m": rows, "block_n": keys}, features)
     slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))
     if 2 * programs > slots:

@@ -382,3 +382,30 @@ def test_split_k_gemm_kernels_assemble(arch, path, dims, tmp_path):
     for kernel in kernels.values():
         report, _ = assemble(kernel.ptx, arch, tmp_path)
         assert "0 bytes spill stores" in report
+
+
+@tsr.function
+def doubled(x: Tensor["M", "N"]):
+    return x * 2.0
+
+
+@needs_ptxas
+@pytest.mark.parametrize("fn,dims,path", [
+    (doubled, dict(M=2 ** 15 + 1, N=2 ** 16 - 1), "native"),                   # loads and stores
+    (causal_attention, dict(B=1, H=1, S=2 ** 24 + 3, D=128), "ampere"),         # cp.async copies of K, V
+], ids=["elementwise", "attention-copies"])
+def test_tensors_of_2_31_elements_or_more_address_in_64_bits(fn, dims, path, tmp_path):
+    """An element index past 2^31 - 1 wraps in 32-bit arithmetic to an address outside the
+    tensor (an illegal access on the GPU, or a wrong element): such tensors sum 64-bit products
+    (mad.wide), and smaller ones keep the 32-bit sum (the elementwise kernel at 10 x 1000). One
+    dim of 2^31 elements is refused before anything compiles."""
+    compiled = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_90a", path=path, space={"split_kv": [1]})
+    for kernel in emit_module(compiled.modules["target"]).values():
+        assert "mad.wide.s32" in kernel.ptx
+        report, _ = assemble(kernel.ptx, "sm_90a", tmp_path)
+        assert "0 bytes spill stores" in report
+    small = doubled.compile(doubled.arg_specs_for(dict(M=10, N=1000), "fp16"), arch="sm_90a")
+    (kernel,) = emit_module(small.modules["target"]).values()
+    assert "mad.wide.s32" not in kernel.ptx and "mul.wide.s32" in kernel.ptx
+    with pytest.raises(tsr.ShapeError, match=r"dim 1 of argument 'x' has 2147483648 elements"):
+        doubled.compile(doubled.arg_specs_for(dict(M=1, N=2 ** 31), "fp16"), arch="sm_90a")

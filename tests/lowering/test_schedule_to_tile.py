@@ -258,12 +258,13 @@ def test_split_kv_attention_matches_float64(split, stages, m, n):
     """Key blocks split `split` ways (32-key blocks: 1000 keys make 32 blocks, 97 keys 4, so 64
     ways leaves most splits empty, and a causal query block can see fewer blocks than splits):
     a first kernel's per-split outputs and log-sum-exps, combined by a second, equal attention
-    in one kernel; GQA through a broadcast head dim, soft-capping and the decode offset mask."""
+    in one kernel; GQA through a broadcast head dim (its 6 heads a block's query rows where
+    M < 6), soft-capping and the decode offset mask."""
     from decode_attention import decode_attention
     rng = np.random.default_rng(split * 1000 + m)
     space = dict(split_kv=[split], block_n=[32], num_stages=[stages])
     for fn, shape in ((decode_attention, dict(B=2, H=3, M=m, N=n, D=64)),
-                      (capped_gqa, dict(B=1, Hk=2, G=3, M=m, N=n, D=64))):
+                      (capped_gqa, dict(B=1, Hk=2, G=6, M=m, N=n, D=64))):   # rows: G for M < 6
         fn = tsr.function(fn.fn, space=space)
         specs = fn.arg_specs_for(shape, "fp32")
         compiled = fn.compile(specs, arch="sm_90a")
@@ -300,3 +301,19 @@ def test_a_split_reads_only_its_own_key_blocks(monkeypatch):
     args = [np.ones(spec.shape, np.float32) for spec in specs]
     np.testing.assert_allclose(compiled.run(*args)[0], np.ones((1, 1, 1, 64)), rtol=1e-6)
     assert sorted(k for k in key_offsets if k < 1024) == sorted(2 * list(range(0, 1024, 32)))
+
+
+@pytest.mark.parametrize("g,m,rows", [(4, 1, "G"), (8, 3, "G"), (4, 5, "M"), (32, 16, "M")])
+def test_grouped_query_heads_are_the_query_rows_of_a_decode_block(g, m, rows):
+    """With fewer queries than a fragment's 16 rows, the query heads sharing one KV head are a
+    block's rows: the Q tile is copied along G, and K and V are read once per KV head."""
+    from decode_attention import gqa_decode_attention
+    dims = dict(B=2, Hk=3, G=g, M=m, N=512, D=64)
+    compiled = gqa_decode_attention.compile(gqa_decode_attention.arg_specs_for(dims, "fp16"), arch="sm_90a",
+                                            space=dict(split_kv=[1]))
+    (kernel,) = [op for op in compiled.modules["tile"].ops if isinstance(op, tile.KernelOp)]
+    (q_copy,) = [op for op in kernel.walk() if isinstance(op, tile.CopyAsyncOp) and op.src.type.get_shape()[2] == g]
+    assert tuple(q_copy.tile_dims.get_values())[0] == (2 if rows == "G" else 3)
+    host = compiled.ir("tile").split("func.func")[-1]
+    programs = 2 * 3 * (m if rows == "G" else g)
+    assert f"grid = array<i64: 1, {programs}, 1>" in host

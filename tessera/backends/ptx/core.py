@@ -147,6 +147,31 @@ class KernelEmitter:
         self.emit(f"shr.u32 {hi}, {x}, {n.bit_length() - 1};")
         return lo, hi
 
+    def element_address(self, base: str, terms: list[tuple[str, int]], elem_bytes: int, elements: int) -> str:
+        """A u64 register holding base + elem_bytes * sum(index * stride) over `terms` (s32 index
+        registers, constant element strides), the address of an element of a tensor of `elements`
+        elements at `base`. Below 2^31 elements the sum is taken in 32-bit integers and widened
+        once; a larger tensor (an 8 x 32 x 131072 x 128 KV cache has 2^32) sums 64-bit products,
+        which a 32-bit sum would wrap into an address outside the tensor."""
+        addr = self.new(U64)
+        if elements < 2 ** 31:
+            linear = self.new(S32)
+            self.emit(f"mov.s32 {linear}, 0;")
+            for index, stride in terms:
+                self.emit(f"mad.lo.s32 {linear}, {index}, {stride}, {linear};")
+            self.emit(f"mul.wide.s32 {addr}, {linear}, {elem_bytes};")
+            self.emit(f"add.s64 {addr}, {base}, {addr};")
+            return addr
+        self.emit(f"mov.b64 {addr}, {base};")
+        for index, stride in terms:
+            if stride * elem_bytes < 2 ** 31:
+                self.emit(f"mad.wide.s32 {addr}, {index}, {stride * elem_bytes}, {addr};")
+            else:
+                wide = self.new(U64)
+                self.emit(f"cvt.s64.s32 {wide}, {index};")
+                self.emit(f"mad.lo.s64 {addr}, {wide}, {stride * elem_bytes}, {addr};")
+        return addr
+
     def coords(self, layout: Layout) -> tuple[list[str], list[tuple[int, ...]]]:
         """Base registers per tile dim and the per-register constant offsets."""
         return [self.base(k) for k in layout.base_keys], layout.offsets

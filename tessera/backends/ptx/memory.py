@@ -19,7 +19,7 @@ from ...ir.layouts import Layout, Mma
 from ...lowering.assign_layouts import is_tile
 from ...lowering.shared_memory import Staging
 from .core import KernelEmitter
-from .types import B8, PRED, S32, U64, PtxType, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
+from .types import B8, PRED, S32, PtxType, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
 
 def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout):
@@ -29,15 +29,9 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     elem = ptx_type(mt).bytes
     bases, offs = e.coords(layout)
-    linear = e.new(S32)
-    e.emit(f"mov.s32 {linear}, 0;")
-    for d, off in enumerate(offsets):
-        e.emit(f"mad.lo.s32 {linear}, {e.value(off)}, {strides[d]}, {linear};")
-    for k, d in enumerate(tile_dims):
-        e.emit(f"mad.lo.s32 {linear}, {bases[k]}, {strides[d]}, {linear};")
-    addr = e.new(U64)
-    e.emit(f"mul.wide.s32 {addr}, {linear}, {elem};")
-    e.emit(f"add.s64 {addr}, {e.value(memref)}, {addr};")
+    terms = [(e.value(off), strides[d]) for d, off in enumerate(offsets)]
+    terms += [(bases[k], strides[d]) for k, d in enumerate(tile_dims)]
+    addr = e.element_address(e.value(memref), terms, elem, math.prod(shape))
     # bounds: coordinate along each tiled memory dim = offset + base + const
     starts = []
     for k, d in enumerate(tile_dims):
@@ -77,14 +71,9 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
 def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
     """A rank-0 tile: one element, the same for the whole program (e.g. a per-head ALiBi slope)."""
     shape = op.src.type.get_shape()
-    linear = e.new(S32)
-    e.emit(f"mov.s32 {linear}, 0;")
-    for d, off in enumerate(op.offsets):
-        e.emit(f"mad.lo.s32 {linear}, {e.value(off)}, {math.prod(shape[d + 1:])}, {linear};")
     ty = ptx_type(op.result.type)
-    addr, r = e.new(U64), e.new(ty)
-    e.emit(f"mul.wide.s32 {addr}, {linear}, {ty.bytes};")
-    e.emit(f"add.s64 {addr}, {e.value(op.src)}, {addr};")
+    terms = [(e.value(off), math.prod(shape[d + 1:])) for d, off in enumerate(op.offsets)]
+    addr, r = e.element_address(e.value(op.src), terms, ty.bytes, math.prod(shape)), e.new(ty)
     if ty is PRED:
         e.env[op.result] = _load_bool(e, addr, 0, None, 0.0)
         return
@@ -259,14 +248,8 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, shape, regs: l
     e.emit(f"add.s32 {row}, {row}, {offsets[row_dim]};")
     e.emit(f"mad.lo.s32 {col}, {piece}, {st.vec}, {col0};")
     e.emit(f"add.s32 {col}, {col}, {offsets[col_dim]};")
-    linear = e.new(S32)
-    e.emit(f"mul.lo.s32 {linear}, {row}, {strides[row_dim]};")
-    e.emit(f"add.s32 {linear}, {linear}, {col};")
-    for d in range(row_dim):
-        e.emit(f"mad.lo.s32 {linear}, {offsets[d]}, {strides[d]}, {linear};")
-    addr = e.new(U64)
-    e.emit(f"mul.wide.s32 {addr}, {linear}, {ty.bytes};")
-    e.emit(f"add.s64 {addr}, {dst}, {addr};")
+    terms = [(row, strides[row_dim]), (col, 1), *((offsets[d], strides[d]) for d in range(row_dim))]
+    addr = e.element_address(dst, terms, ty.bytes, math.prod(shape))
 
     rows_per_pass = 32 // st.lanes_per_row
     mi_n, ni_n = layout.fragments

@@ -174,15 +174,8 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     row, col, offsets, overhang = _thread_chunks(e, buf.rows, buf.cols // chunk, chunk)
     offs = [e.value(v) for v in op.src_indices]
     # global element index of this thread's first chunk, and its coordinates along the two tile dims
-    linear = e.new(S32)
-    e.emit(f"mov.s32 {linear}, 0;")
-    for d, off in enumerate(offs):
-        e.emit(f"mad.lo.s32 {linear}, {off}, {strides[d]}, {linear};")
-    e.emit(f"mad.lo.s32 {linear}, {row}, {strides[dims[0]]}, {linear};")
-    e.emit(f"mad.lo.s32 {linear}, {col}, {strides[dims[1]]}, {linear};")
-    gbase = e.new(U64)
-    e.emit(f"mul.wide.s32 {gbase}, {linear}, {elem};")
-    e.emit(f"add.s64 {gbase}, {e.value(src)}, {gbase};")
+    terms = [*((off, strides[d]) for d, off in enumerate(offs)), (row, strides[dims[0]]), (col, strides[dims[1]])]
+    gbase = e.element_address(e.value(src), terms, elem, math.prod(shape))
     sbase = stage_address(e, buf, stage)
     first = _shared_slot(e, buf, sbase, row, 0, col, 0)
 
