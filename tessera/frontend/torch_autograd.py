@@ -46,6 +46,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
+import sys
 from typing import Any, Sequence
 
 import torch
@@ -196,7 +197,22 @@ class _Layout:
         self.shape, self.dtype = shape, dtype
 
 
-@torch._dynamo.assume_constant_result
+#: the attribute `torch._dynamo.assume_constant_result` sets on a function, all it does (torch
+#: 2.11-2.13, torch/_dynamo/decorators.py; tests/frontend/test_torch_autograd.py checks it)
+DYNAMO_CONSTANT_MARK = "_dynamo_marked_constant"
+
+
+def _assume_constant_result(fn):
+    """`torch._dynamo.assume_constant_result(fn)` without importing Dynamo where it is not imported
+    yet: the import costs 1-5 s, which every process passing a torch tensor to a Tessera function
+    would pay for a marker only torch.compile reads (by then Dynamo is imported)."""
+    if "torch._dynamo" in sys.modules:
+        return torch._dynamo.assume_constant_result(fn)
+    setattr(fn, DYNAMO_CONSTANT_MARK, True)
+    return fn
+
+
+@_assume_constant_result
 def _register_while_tracing(fn_id: int, kinds: tuple[str, ...], layout: tuple) -> str:
     """The op's name, registering the op first: what Dynamo does with a call whose op is not yet
     registered. Marked as a constant result, so Dynamo runs it at trace time rather than tracing

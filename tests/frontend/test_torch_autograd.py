@@ -239,3 +239,35 @@ def test_derivatives_for_different_inputs_have_different_compile_keys():
     assert len(derivatives) == 2
     assert derivatives[0].signature == derivatives[1].signature
     assert derivatives[0].captures.key() != derivatives[1].captures.key()
+
+
+def test_the_dynamo_constant_mark_is_what_torchs_decorator_sets():
+    """torch_autograd marks its registration as a Dynamo constant without importing Dynamo (1-5 s at
+    a process's first torch call), by setting the attribute torch's decorator sets: still all it sets."""
+    import torch._dynamo
+
+    from tessera.frontend.torch_autograd import DYNAMO_CONSTANT_MARK
+
+    def f():
+        return 0
+    assert torch._dynamo.assume_constant_result(f) is f and vars(f) == {DYNAMO_CONSTANT_MARK: True}
+
+
+def test_a_torch_call_does_not_import_dynamo():
+    """A call with torch tensors (no grad) in a fresh process imports neither Dynamo nor sympy."""
+    import subprocess
+    import sys
+    code = """
+import sys, torch, tessera as tsr
+from tessera import Tensor
+
+@tsr.function
+def double(x: Tensor["N"]):
+    return x * 2.0
+
+assert double(torch.ones(4)).tolist() == [2.0] * 4
+print("torch._dynamo" in sys.modules, "sympy" in sys.modules)
+"""
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.split() == ["False", "False"]
