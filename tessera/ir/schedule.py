@@ -116,12 +116,16 @@ def default_params(kind: str, features: dict[str, int], max_shared: int | None =
     return params
 
 
+def fit_block(block: int, size: int) -> int:
+    """A tile's extent along a dim of `size`: the param's `block`, cut to the size rounded up to a
+    power of two (16 at least, the tensor cores' granule)."""
+    return min(block, max(16, 1 << max(0, size - 1).bit_length()))
+
+
 def gemm_tile(params: dict[str, int], m: int, n: int, k: int) -> dict[str, int]:
-    """The tile a GEMM kernel computes for an M x N output over K: the params' blocks, each cut to
-    the problem's size rounded up to a power of two (16 at least, the tensor cores' granule)."""
-    def fit(block: int, size: int) -> int:
-        return min(block, max(16, 1 << max(0, size - 1).bit_length()))
-    return {"m": fit(params["block_m"], m), "n": fit(params["block_n"], n), "k": fit(params["block_k"], k)}
+    """The tile a GEMM kernel computes for an M x N output over K (`fit_block` of each)."""
+    return {"m": fit_block(params["block_m"], m), "n": fit_block(params["block_n"], n),
+            "k": fit_block(params["block_k"], k)}
 
 
 def split_k_splits(steps: int, split_k: int) -> tuple[int, int]:

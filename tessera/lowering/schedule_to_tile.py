@@ -847,7 +847,7 @@ class _AttentionShape:
         sizes["n"] = kb.size(g.tensor_type(m1.res).shape[-1])
         sizes["d"] = kb.size(g.tensor_type(m1.lhs).shape[-1])
         p = kb.params
-        tile = {"m": min(p["block_m"], pow2_at_least(sizes["m"])), "n": min(p["block_n"], pow2_at_least(sizes["n"])),
+        tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": s.fit_block(p["block_n"], sizes["n"]),
                 "d": pow2_at_least(sizes["d"]), "e": pow2_at_least(sizes["e"])}
         return cls(axes, sizes, tile)
 

@@ -473,8 +473,7 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     query = dims[:-1]
     if g.tensor_type(group.output).shape == g.tensor_type(m2.res).shape:   # as the template tiles it
         query.append(query.pop(s.attention_rows_of(m1, m2, planner.bindings)))
-    rows = min(params["block_m"], max(16, 1 << max(0, query[-1] - 1).bit_length()))
-    keys = min(params["block_n"], max(16, 1 << max(0, dims[-1] - 1).bit_length()))
+    rows, keys = s.fit_block(params["block_m"], query[-1]), s.fit_block(params["block_n"], dims[-1])
     programs = math.prod(query[:-1]) * -(-query[-1] // rows)
     shared = s.shared_bytes(group.kind, {**params, "block_m": rows, "block_n": keys}, features)
     slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))

@@ -18,6 +18,7 @@ from tessera import cli
 from tessera.runtime import artifact, interop, ptxas
 
 import warm_fakes as fakes
+from cpp_package_cases import KERNELS
 
 pytestmark = pytest.mark.skipif(not ptxas.available(), reason="ptxas not installed")
 
@@ -213,27 +214,11 @@ def test_package_needs_a_known_nvidia_arch(tmp_path, capsys):
     assert not (tmp_path / "manifest.json").exists()
 
 
-KERNELS = '''
-import tessera as tsr
-from tessera import Tensor
-
-
-@tsr.kernel
-def add_into(a: Tensor["N", "N"], b: Tensor["N", "N"], c: Tensor["N", "N"]):
-    c[:] = a + b
-
-
-@tsr.kernel
-def accumulate(a: Tensor["N", "N"], c: Tensor["N", "N"]):
-    c[:] = tsr.matmul(c, a)
-'''
-
-
 def test_a_packaged_kernel_writes_into_its_output_arguments(tmp_path, monkeypatch):
     """A @kernel's specialization says which arguments it writes and whether it reads one of them
     first (then it runs into fresh arrays copied over them); a call passes the outputs as out=."""
     source = tmp_path / "kernels.py"
-    source.write_text(KERNELS)
+    source.write_text(KERNELS)   # tests/cpp_package_cases.py
     out = tmp_path / "pkg"
     assert cli.main(["package", f"{source}:add_into", f"{source}:accumulate", "--arch", "sm_90a",
                      "--shape", "N=128", "-o", str(out)]) == 0
