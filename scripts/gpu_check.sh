@@ -83,4 +83,8 @@ python3 bench/split_k_gemm.py || status=1
 section "Decode attention"
 python3 bench/decode_attention.py || status=1
 
+# Attention backward (flash_chain kernels, no S x S tensor) against SDPA's FlashAttention-2 and cuDNN, and FlexAttention.
+section "Attention backward"
+python3 bench/attention_backward.py || status=1
+
 exit "$status"

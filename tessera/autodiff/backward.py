@@ -13,7 +13,9 @@ How it is built, in one trace:
    (the forward's `tessera.loc`s come with them). What the backward reads of the forward is
    recomputed, not saved: the forward stays the function the user wrote (no extra outputs, no
    buffers kept between the calls), and fusion is free to fuse the recomputed forward into the
-   backward's kernels (a softmax's probabilities into the matmuls that read them). Issue 14's
+   backward's kernels (a softmax's probabilities into the matmuls that read them). An
+   attention's softmax is recomputed as exp(scores - logsumexp(scores)) (`softmax_from_logsumexp`),
+   so that each of its readers fuses into one kernel over score blocks. Issue 14's
    next step is the compiler choosing what a forward saves instead (attention's row log-sum-exp,
    norms' mean and rstd), which turns these clones into extra forward outputs and backward
    inputs;
@@ -41,8 +43,9 @@ import inspect
 from contextlib import contextmanager
 from typing import Sequence
 
+from .. import dtypes
 from ..errors import TesseraError
-from ..frontend import ops
+from ..frontend import ops, torch_ops
 from ..frontend.tensor import Tensor
 from ..frontend.trace import ArgSpec, current_trace, trace
 from .rules import VJP_RULES, full, rule_key
@@ -156,6 +159,12 @@ class _Reverse:
         mapping = {a: p.value for a, p in zip(args, primals)}
         self.values.update(zip(args, primals))
         for op in body:
+            if is_score_softmax(op):
+                with _provenance_of(op):
+                    probs = softmax_from_logsumexp(self.values[op.input], op.axis.data)
+                mapping[op.res] = probs.value
+                self.values[op.res] = probs
+                continue
             clone = op.clone(value_mapper=mapping)
             t.block.add_op(clone)
             for old, new in zip(op.results, clone.results):
@@ -217,6 +226,40 @@ class _Reverse:
             grad = ops.where(True, grad, grad)
         returned.append(grad)
         return grad
+
+
+def is_score_softmax(op) -> bool:
+    """An attention's softmax: over the last axis of scores computed (through elementwise ops:
+    scaling, masks, soft-capping) from a matmul."""
+    from xdsl.ir import Operation
+
+    from ..ir import graph as g
+
+    if not isinstance(op, g.SoftmaxOp) or op.axis.data != g.tensor_type(op.input).rank - 1:
+        return False
+    work, seen = [op.input], set()
+    while work:
+        producer = work.pop().owner
+        if producer in seen or not isinstance(producer, Operation):
+            continue
+        seen.add(producer)
+        if isinstance(producer, g.MatmulOp):
+            return True
+        if isinstance(producer, (g.ElementwiseOp, g.CastOp, g.TransposeOp, g.ReshapeOp)):
+            work.extend(producer.operands)
+    return False
+
+
+def softmax_from_logsumexp(x: Tensor, axis: int) -> Tensor:
+    """softmax(x) recomputed as exp(x - logsumexp(x)), in fp32, rounded to x's dtype as the
+    forward's softmax is. An attention backward reads the probabilities in three places (dV, and
+    dP * P twice); in this form each reader recomputes them from the scores and a row's
+    log-sum-exp (one number per row), so fusion makes every reader one kernel looping over key
+    blocks (`passes/recompute.py`) and the S x S probabilities never reach memory. (A forward that
+    saves the log-sum-exp would pass it in here: issue 14.)"""
+    wide = ops.cast(x, dtypes.fp32) if x.dtype.bits < 32 else x
+    lse = torch_ops._logsumexp(wide, axis)
+    return ops.cast(ops.exp(wide - lse), x.dtype)
 
 
 def _views_an_argument(x: Tensor) -> bool:

@@ -33,6 +33,10 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
          "qk_ahead": [0, 1], "warp_specialize": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32]},
     ),
+    "flash_chain": (
+        {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2},
+        {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3]},
+    ),
     "gemm": (
         {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8,
          "mma_async": 0, "warp_specialize": 0, "persistent": 0, "split_k": 1},
@@ -180,6 +184,10 @@ def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) ->
     if kind == "flash_attention":
         d = 1 << (features.get("head_dim", 128) - 1).bit_length()   # tiles span the head dim's power of two
         return tile(p["block_m"], d) + 2 * tile(p["block_n"], d, p["num_stages"])
+    if kind == "flash_chain":   # a resident row tile per score matmul, every column operand pipelined
+        d = 1 << (features.get("head_dim", 128) - 1).bit_length()
+        scores = features.get("score_matmuls", 1)
+        return scores * tile(p["block_m"], d) + (scores + 1) * tile(p["block_n"], d, p["num_stages"])
     return 0
 
 

@@ -38,12 +38,19 @@ def _tensor_values(kernel) -> list[SSAValue]:
     return out
 
 
+def _in_registers(v: SSAValue) -> bool:
+    """A register tile computed in the kernel, not one read from shared memory for an mma."""
+    return is_tile(v) and not isinstance(v.owner, t.LoadSharedOp)
+
+
 def _mma_warps(kernel, num_warps: int, shapes2) -> tuple[int, int]:
     """Warp grid for accumulator tiles: all warps along M when rows are reduced
-    (attention's softmax keeps each row inside one warp) or when wgmma computes
-    them (warp w of a warpgroup holds rows 16w..16w+15 of its 64), else as square as fits."""
-    whole_rows = any(isinstance(op, t.ReduceOp) or (isinstance(op, tgt.TensorCoreOp) and op.family.data == "wgmma")
-                       for op in kernel.walk())
+    (attention's softmax keeps each row inside one warp), when wgmma computes
+    them (warp w of a warpgroup holds rows 16w..16w+15 of its 64), or when an mma
+    takes a tile computed in registers as its A operand (a warp repacks its own
+    accumulator rows: attention's P @ V, a flash_chain's dS @ K), else as square as fits."""
+    whole_rows = any(isinstance(op, t.ReduceOp) or (isinstance(op, tgt.TensorCoreOp) and (
+        op.family.data == "wgmma" or _in_registers(op.a))) for op in kernel.walk())
     options = [(num_warps // wn, wn) for wn in (1, 2, 4, 8, 16) if wn <= num_warps]
     if not whole_rows:
         options.sort(key=lambda w: abs(w[0] - w[1]))

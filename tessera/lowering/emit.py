@@ -33,10 +33,10 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from ..errors import TesseraError
 from ..ir import graph as g
+from ..ir.index_maps import Map, operand_maps
 from ..ir import provenance
 from ..ir import tile as t
 
-Map = tuple  # per dim: an axis name or None
 
 
 @dataclass
@@ -237,44 +237,6 @@ def operand_compute_type(op: g.ElementwiseOp) -> Attribute:
     else:
         element = compute_element(g.tensor_type(op.res).dtype)
     return i32 if element == i1 else element
-
-
-# --- index maps ----------------------------------------------------------------------------
-
-def _size(d, bindings) -> int:
-    return g.dim_value(d, bindings)
-
-
-def operand_maps(op, result_map: Map, bindings) -> list[Map]:
-    """Index maps of an op's operands, given its result's map."""
-    if isinstance(op, (g.ElementwiseOp, g.CastOp)):
-        out_shape = g.tensor_type(op.results[0]).shape
-        maps = []
-        for v in op.operands:
-            shape = g.tensor_type(v).shape
-            lead = len(out_shape) - len(shape)
-            maps.append(tuple(None if _size(d, bindings) == 1 and _size(out_shape[lead + j], bindings) != 1
-                              else result_map[lead + j] for j, d in enumerate(shape)))
-        return maps
-    if isinstance(op, g.TransposeOp):
-        m = [None] * len(result_map)
-        for i, p in enumerate(op.permutation):
-            m[p] = result_map[i]
-        return [tuple(m)]
-    if isinstance(op, g.ReshapeOp):
-        return [_unsqueeze_map(op, result_map, bindings)]
-    raise TesseraError(f"{op.name} cannot be computed inside this kernel")
-
-
-def _unsqueeze_map(op: g.ReshapeOp, result_map: Map, bindings) -> Map:
-    src = [_size(d, bindings) for d in g.tensor_type(op.input).shape]
-    dst = [_size(d, bindings) for d in g.tensor_type(op.res).shape]
-    kept = [m for m, size in zip(result_map, dst) if size != 1]
-    if [s for s in src if s != 1] != [s for s in dst if s != 1]:
-        raise TesseraError(f"reshape {src} -> {dst} inside a fused kernel is not supported yet "
-                           f"(only adding or removing size-1 dims is)")
-    it = iter(kept)
-    return tuple(None if s == 1 else next(it) for s in src)
 
 
 # --- the emitter ---------------------------------------------------------------------------

@@ -16,7 +16,7 @@ from dataclasses import dataclass
 from xdsl.ir import SSAValue
 
 from ..ir import graph as g
-from .emit import Map, operand_maps
+from ..ir.index_maps import Map, operand_maps
 
 #: comparison -> (relation of `col` to `row` when the column index is on the left, when it is on the right)
 _RELATION = {"le": ("le", "ge"), "lt": ("lt", "gt"), "ge": ("ge", "le"), "gt": ("gt", "lt")}
@@ -67,8 +67,14 @@ def column_bounds(softmax_input: SSAValue, m: Map, row_axis: str, col_axis: str,
     fill = _constant(op.inputs[2])
     if fill is None or not (math.isinf(fill) and fill < 0):
         return none
-    cond_map = operand_maps(op, m, bindings)[0]
-    cmp = op.inputs[0].owner
+    return condition_bounds(op.inputs[0], operand_maps(op, m, bindings)[0], row_axis, col_axis, bindings)
+
+
+def condition_bounds(cond: SSAValue, cond_map: Map, row_axis: str, col_axis: str, bindings) -> ColumnBounds:
+    """The columns a condition `col REL row + c` holds at, for each row (unbounded when it is not
+    such a comparison)."""
+    none = ColumnBounds(None, None)
+    cmp = cond.owner
     if not (isinstance(cmp, g.ElementwiseOp) and cmp.kind in _RELATION):
         return none
     left, right = (index_expression(v, vm, bindings) for v, vm in zip(cmp.inputs, operand_maps(cmp, cond_map, bindings)))
@@ -82,3 +88,43 @@ def column_bounds(softmax_input: SSAValue, m: Map, row_axis: str, col_axis: str,
         return none
     return {"le": ColumnBounds(None, c), "lt": ColumnBounds(None, c - 1),
             "ge": ColumnBounds(c, None), "gt": ColumnBounds(c + 1, None)}[relation]
+
+
+def masked_value(v: SSAValue, cond: SSAValue, memo: dict | None = None) -> float | None:
+    """The constant `v` holds wherever `cond` is false, when the ops between them say (else None):
+    `where(cond, x, c)` is c there, and the value passes through views, casts, exp (of -inf: 0), products
+    (with 0), sums and differences (of -inf with a finite value, of 0 with 0), assuming the other
+    operands finite. This is what lets a flash_chain kernel skip the blocks a causal or window mask
+    removes whole: an attention backward's probabilities exp(where(mask, s, -inf) - lse) and its
+    dS = where(mask, dX, 0) * scale are 0 there. (A row the mask removes whole then gets zero
+    gradients where the unskipped arithmetic gives NaN.)"""
+    memo = {} if memo is None else memo
+    if v in memo:
+        return memo[v]
+    memo[v] = None
+    op = v.owner
+    value = None
+    if isinstance(op, (g.CastOp, g.TransposeOp, g.ReshapeOp)):
+        value = masked_value(op.operands[0], cond, memo)
+    elif isinstance(op, g.ElementwiseOp):
+        if op.kind == "where" and op.inputs[0] is cond:
+            value = _constant(op.inputs[2])
+        else:
+            inner = [masked_value(x, cond, memo) for x in op.inputs]
+            value = _through(op.kind, inner)
+    memo[v] = value
+    return value
+
+
+def _through(kind: str, inner: list) -> float | None:
+    if kind == "exp" and inner[0] == -math.inf:
+        return 0.0
+    if kind == "mul" and 0.0 in inner:
+        return 0.0
+    if kind in ("add", "sub") and inner[0] == -math.inf and (kind == "add" or inner[1] is None):
+        return -math.inf if inner[1] is None or inner[1] == -math.inf else None
+    if kind in ("add", "sub") and inner[0] == 0.0 and inner[1] == 0.0:
+        return 0.0
+    if kind == "neg" and inner[0] == 0.0:
+        return 0.0
+    return None

@@ -26,8 +26,10 @@ from ..ir import provenance
 from ..ir import schedule as s
 from ..ir import tile as t
 from . import profile
-from .emit import Builder, Emitter, Map, TileCtx, compare, convert, operand_maps, select, to_storage
-from .masks import ColumnBounds, column_bounds
+from ..ir import index_maps
+from ..ir.index_maps import Map, matmul_operand_maps, operand_maps
+from .emit import Builder, Emitter, TileCtx, compare, convert, select, to_storage
+from .masks import ColumnBounds, column_bounds, condition_bounds, masked_value
 
 
 def cdiv(a: int, b: int) -> int:
@@ -115,7 +117,7 @@ class KernelBuild:
 #: the graph op a kernel kind is built around: the ops of its template with no graph op of their
 #: own (loops, copies, index arithmetic) take its source line and profile regions
 ANCHORS = {"row_reduction": (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp), "gemm": g.MatmulOp,
-           "flash_attention": g.SoftmaxOp}
+           "flash_attention": g.SoftmaxOp, "flash_chain": (g.ReduceOp, g.MatmulOp)}
 
 
 def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefType | None = None) -> KernelBuild:
@@ -416,19 +418,6 @@ def _erase_unused(v: SSAValue, keep: SSAValue) -> None:
 
 
 # --- matmul operands ------------------------------------------------------------------------------
-
-def matmul_operand_maps(op: g.MatmulOp, result_map: Map, k_axis: str, bindings) -> tuple[Map, Map]:
-    """Maps of a matmul's operands: batch dims right-aligned (broadcasting), then (m, k) and (k, n)."""
-    batch_map = result_map[:-2]
-    out_batch = g.tensor_type(op.res).shape[:-2]
-
-    def batch_part(v):
-        shape = g.tensor_type(v).shape[:-2]
-        lead = len(out_batch) - len(shape)
-        return tuple(None if g.dim_value(d, bindings) == 1 and g.dim_value(out_batch[lead + j], bindings) != 1
-                     else batch_map[lead + j] for j, d in enumerate(shape))
-    return ((*batch_part(op.lhs), result_map[-2], k_axis), (*batch_part(op.rhs), k_axis, result_map[-1]))
-
 
 def source_of(kb: KernelBuild, v: SSAValue, m: Map) -> tuple[SSAValue, Map]:
     """Follows views back to the kernel parameter a matmul operand reads, carrying its map."""
@@ -1145,11 +1134,155 @@ def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_k
     return first, end
 
 
+# --- flash chains -----------------------------------------------------------------------------
+
+def _chain_sink(kb: KernelBuild) -> Operation:
+    """The reduction or matmul a flash_chain kernel's result is computed from (through its
+    elementwise epilogue): the first one met walking back from the result."""
+    work, seen = [kb.result], set()
+    while work:
+        op = work.pop().owner
+        if op in seen or not isinstance(op, Operation):
+            continue
+        seen.add(op)
+        if isinstance(op, (g.ReduceOp, g.MatmulOp)):
+            return op
+        work.extend(op.operands)
+    raise TesseraError(f"{kb.sk.sym_name.data}: a flash_chain kernel reduces with a matmul or a reduction")
+
+
+def _computed_operand(kb: KernelBuild, sink: Operation) -> SSAValue:
+    """The sink's operand computed in the kernel (the other is read from memory)."""
+    if isinstance(sink, g.ReduceOp):
+        return sink.input
+    (computed,) = [v for v in (sink.lhs, sink.rhs) if _read_from(kb, v) is None]
+    return computed
+
+
+def _read_from(kb: KernelBuild, v: SSAValue) -> SSAValue | None:
+    """The kernel input `v` views (through transposes and reshapes), or None if computed here."""
+    while v not in kb.em.params:
+        if not isinstance(v.owner, (g.TransposeOp, g.ReshapeOp)):
+            return None
+        v = v.owner.input
+    return v
+
+
+def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
+    """A reduction over the last two dims of a tile computed from score matmuls (`recompute.py`):
+    a program takes block_m rows of the tile (axis m) and loops over its columns (axis n) in blocks
+    of block_n; per block, each score matmul's tile is recomputed on tensor cores (its row operand
+    resident in shared memory, its column operand streamed through the pipeline), the elementwise
+    ops between them and the sink run on it (columns past the end masked to the reduction's
+    neutral value), and the sink folds it into its accumulator: a row sum/max/min, or a matmul
+    with a [n, e] tile of its other operand (e: the output's columns, all of them). The attention
+    backward's kernels: rowsum(dP * P), dV = P^T dO, dQ = dS K and dK = dS^T Q."""
+    sink = _chain_sink(kb)
+    computed = _computed_operand(kb, sink)
+    tiling = index_maps.chain_tile(sink, computed, set(kb.group_block.ops), kb.bindings)
+    if tiling is None:
+        raise TesseraError(f"{kb.sk.sym_name.data}: a score matmul is not read along the kernel's tile")
+    sizes = _chain_sizes(kb, sink, computed, tiling)
+    p, zero = kb.params, kb.b.index(0)
+    tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": s.fit_block(p["block_n"], sizes["n"])}
+    if "e" in sizes:
+        tile["e"] = pow2_at_least(sizes["e"])
+    kb.limit_warps(tile["m"] // 16)
+    batch = [(a, sizes[a]) for a in tiling.result_map if a not in (None, "m", "e")]
+    scalars = kb.batch_indices(kb.pid(1), batch)
+    m0 = kb.mul(kb.pid(0), tile["m"])
+
+    rows: list[SSAValue] = []         # per score matmul: its resident row operand's tile
+    streamed: list[Operand] = []      # per score matmul its column operand, then a matmul sink's other one
+    transposed: list[bool] = []
+    for i, (mm, rm) in enumerate(tiling.scores.items()):
+        k = f"k{i}"
+        tile[k] = pow2_at_least(kb.size(g.tensor_type(mm.lhs).shape[-1]))
+        lhs_map, rhs_map = matmul_operand_maps(mm, rm, k, kb.bindings)
+        (a_value, a_map), (b_value, b_map) = ((mm.lhs, lhs_map), (mm.rhs, rhs_map)) if rm[-2] == "m" else \
+            ((mm.rhs, rhs_map), (mm.lhs, lhs_map))
+        a = operand(kb, a_value, a_map, ("m", k), tile)
+        a.order = ("m", k)            # a row operand stored k-major is read transposed by the copy
+        smem = kb.b(t.AllocSharedOp([1, *a.shape], g.tensor_type(a.value).element))
+        _copy(kb, a, smem, zero, {"m": m0, k: zero}, scalars)
+        rows.append(smem)
+        b = operand(kb, b_value, b_map, (k, "n"), tile)
+        streamed.append(b)
+        transposed.append(operand_layout(b, (k, "n")))
+    if isinstance(sink, g.MatmulOp):
+        lhs_map, rhs_map = matmul_operand_maps(sink, tiling.result_map, "n", kb.bindings)
+        other, other_map = (sink.rhs, rhs_map) if computed is sink.lhs else (sink.lhs, lhs_map)
+        streamed.append(operand(kb, other, other_map, ("n", "e"), tile))
+    kb.b(t.AsyncCommitOp())
+    kb.b(t.AsyncWaitOp(0))
+    kb.b(t.BarrierOp())
+    rows = [kb.b(t.LoadSharedOp(smem, zero)) for smem in rows]
+
+    block = [tile["m"], tile["n"]]
+    tail = sizes["n"] % tile["n"] != 0
+    reduce_kind = sink.kind.data if isinstance(sink, g.ReduceOp) else None
+    fill = NEUTRAL[reduce_kind] if reduce_kind else 0.0
+
+    def compute(iv, tiles, acc):
+        n0 = kb.mul(iv, tile["n"])
+        for mm, a_tile, b_tile, trans in zip(tiling.scores, rows, tiles, transposed):
+            with kb.b.origin(mm):
+                kb.em.overrides[mm.res] = kb.b(t.MmaOp(a_tile, b_tile, kb.b.full(0.0, block), transpose_b=trans))
+        ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
+        x = convert(kb.b, kb.em.value(computed, tiling.operand_map, ctx), f32)
+        if tail:
+            x = select(kb.b, _col_mask(kb, n0, tile["n"], sizes["n"], block), x, kb.b.full(fill, block))
+        with kb.b.origin(sink):
+            if reduce_kind:
+                return [kb.b(COMBINE[reduce_kind](acc, kb.b(t.ReduceOp(x, TILE_REDUCE[reduce_kind], 1))))]
+            other = streamed[-1]
+            x = to_storage(kb.b, x, g.tensor_type(other.value).dtype)
+            return [kb.b(t.MmaOp(x, tiles[-1], acc, transpose_b=operand_layout(other, ("n", "e"))))]
+
+    acc0 = kb.b.full(fill, [tile["m"]] if reduce_kind else [tile["m"], tile["e"]])
+    fixed = {"m": m0, "e": zero, **{f"k{i}": zero for i in range(len(rows))}}
+    steps = _key_blocks(kb, _chain_bounds(kb, computed, tiling, fill), m0, tile, sizes["n"])
+    (acc,) = _pipelined_loop(kb, steps, p["num_stages"], streamed, "n", tile["n"], fixed, scalars, [acc0], compute)
+    kb.em.overrides[sink.results[0]] = acc
+    out_tiled = {"m": (m0, tile["m"])} if reduce_kind else {"m": (m0, tile["m"]), "e": (zero, tile["e"])}
+    kb.store_result(tiling.result_map, TileCtx(out_tiled, scalars))
+    return cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch), 1
+
+
+def _chain_bounds(kb: KernelBuild, computed: SSAValue, tiling, fill: float) -> ColumnBounds:
+    """The columns (n) each row (m) of a flash_chain's tile can be nonzero at: those a mask
+    `where(col REL row + c, ...)` in the region keeps, when the reduced value is the reduction's
+    neutral `fill` wherever that mask is false (`masks.masked_value`), so the blocks outside are
+    skipped (a causal backward loops over half the blocks). Unbounded otherwise."""
+    for op in kb.group_block.ops:
+        if not (isinstance(op, g.ElementwiseOp) and op.kind == "where" and op.res in tiling.maps):
+            continue
+        cond = op.inputs[0]
+        bounds = condition_bounds(cond, operand_maps(op, tiling.maps[op.res], kb.bindings)[0], "m", "n",
+                                  kb.bindings)
+        if bounds != ColumnBounds(None, None) and masked_value(computed, cond) == fill:
+            return bounds
+    return ColumnBounds(None, None)
+
+
+def _chain_sizes(kb: KernelBuild, sink: Operation, computed: SSAValue, tiling) -> dict[str, int]:
+    """Every axis's extent, from the computed operand's and the sink result's dims."""
+    sizes = {}
+    for v, m in ((computed, tiling.operand_map), (sink.results[0], tiling.result_map)):
+        for axis, d in zip(m, g.tensor_type(v).shape):
+            if axis is not None:
+                sizes[axis] = max(sizes.get(axis, 1), kb.size(d))
+    if g.tensor_type(kb.result).shape != g.tensor_type(sink.results[0]).shape:
+        raise TesseraError(f"{kb.sk.sym_name.data}: a flash_chain kernel's epilogue keeps its sink's shape")
+    return sizes
+
+
 TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
     "elementwise": lower_elementwise,
     "row_reduction": lower_row_reduction,
     "gemm": lower_gemm,
     "flash_attention": lower_flash_attention,
+    "flash_chain": lower_flash_chain,
 }
 
 

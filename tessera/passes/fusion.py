@@ -35,6 +35,8 @@ from ..ir import provenance
 from .. import platforms
 from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
+from ..ir import index_maps
+from . import recompute
 
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
 
@@ -228,6 +230,38 @@ class _Planner:
                 return [], None
         return region, m1
 
+    def chain(self, sink) -> None:
+        """A row/column reduction or a matmul whose operand is computed from score matmuls through
+        elementwise ops (`recompute.py` gave it a producer tree of its own): one `flash_chain` kernel
+        recomputing the tree per block of the reduced axis, the tile never stored."""
+        for v in sink.operands:
+            if not recompute.chain_sink(sink, v, self.bindings):
+                continue
+            region = self._chain_region(sink, v)
+            if region is None:
+                continue
+            group = self.new_group("flash_chain", [sink, *region], sink.results[0])
+            self.pull_producers(group, [x for o in region for x in o.operands])
+            return
+
+    def _chain_region(self, sink, v: SSAValue) -> list[Operation] | None:
+        """The elementwise ops and score matmuls `v` is computed by, when each is free and read only
+        by them and the sink, and the score matmuls' tiles are the sink's (`chain_tile`)."""
+        tree = recompute.producer_tree(v, self.bindings)
+        region = [op for op in tree if isinstance(op, ELEMENTWISE) or recompute.is_score_matmul(op, self.bindings)]
+        if any(not self.free(op) or isinstance(op, WINDOWS) for op in region):
+            return None
+        members = set(region) | {sink}
+        if any(not self._read_only_by(op.results[0], members) for op in region):
+            return None
+        if index_maps.chain_tile(sink, v, set(tree), self.bindings) is None:
+            return None
+        return region
+
+    def _read_only_by(self, v: SSAValue, ops: set) -> bool:
+        """Whether every user of `v` is one of `ops`, directly or through cheap ops."""
+        return all(u in ops or (self.cheap(u) and self._read_only_by(u.results[0], ops)) for u in self.users(v))
+
     def _depends_on_matmul(self, op) -> bool:
         work, seen = list(op.operands), set()
         while work:
@@ -246,6 +280,9 @@ class _Planner:
         for op in reversed(ops):
             if isinstance(op, g.MatmulOp) and self.free(op):
                 self.attention(op)
+        for op in ops:
+            if isinstance(op, (g.MatmulOp, g.ReduceOp)) and self.free(op):
+                self.chain(op)
         for op in ops:
             if isinstance(op, g.MatmulOp) and self.free(op):
                 self.new_group("gemm", [op], op.res)
@@ -507,6 +544,11 @@ def _features(group: Group, planner: _Planner) -> dict[str, int]:
                                                     for v in (mm.lhs, mm.rhs)))}
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
+    if group.kind == "flash_chain":
+        scores = [mm for mm in matmuls if recompute.is_score_matmul(mm, planner.bindings) and mm.res not in
+                  (group.output,)]
+        features["head_dim"] = max(g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings) for mm in matmuls)
+        features["score_matmuls"] = max(1, len(scores))
     return features
 
 
@@ -514,7 +556,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp
     """The Schedule IR module for a Graph IR module (the input is left unchanged). With a target
     `platform`, default tilings fit its shared memory per block and suit its matrix instructions."""
     out_funcs = []
-    for f in module.ops:
+    for f in recompute.recompute_scores(module).ops:
         planner = _Planner(f)
         planner.max_shared = platform.max_shared_per_block if platform else None
         planner.native = bool(platform) and HOPPER_NATIVE <= platform.features

@@ -1,0 +1,127 @@
+"""Attention backward (issue 14): Tessera's generated backward against torch SDPA's and FlexAttention's.
+
+    python3 bench/attention_backward.py [--quick] [--dtypes bf16,fp16]
+
+Tessera differentiates the attention functions of tests/gpu/test_attention_backward_gpu.py as
+written (`tsr.vjp`): each reader of the probabilities is a `flash_chain` kernel recomputing the
+scores block by block (passes/recompute.py), so no S x S tensor reaches memory. The timed call is
+the vjp alone (the forward ran once before); the peers' is `torch.autograd.grad` of an output
+kept from one forward (SDPA through FlashAttention-2 and through cuDNN); FlexAttention (compiled,
+for the soft-capped causal case) needs a forward per backward, so its time is forward + backward
+minus forward. Every gradient is checked against torch's in fp32 first.
+Times are medians (triton's do_bench), in ms; TFLOP/s counts the backward's 2.5x the forward's
+4 B H S^2 D flops (half for causal); "vs best" is the best peer's time over Tessera's.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu")]
+
+import tessera as tsr  # noqa: E402
+from test_attention_backward_gpu import FUNCTIONS  # noqa: E402
+
+SHAPES = [(8, 16, 4096, 128), (16, 16, 2048, 64)]
+DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def ms(fn) -> float:
+    return triton.testing.do_bench(fn, rep=200, return_mode="median")
+
+
+def sdpa_grad(backend, causal: bool):
+    from torch.nn.attention import sdpa_kernel
+
+    def run(q, k, v, d_out):
+        with sdpa_kernel(backend):
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+        return Timed(lambda: torch.autograd.grad(out, (q, k, v), d_out, retain_graph=True))
+    return run
+
+
+def flex_grad(q, k, v, d_out):
+    """FlexAttention's backward: its compiled backward frees what its forward saved (donated
+    buffers), so each backward needs a forward of its own; it is timed as forward + backward minus
+    the forward (`Timed.minus`)."""
+    from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+    def softcap(score, b, h, i, j):
+        return 20.0 * torch.tanh(score / 20.0)
+    mask = create_block_mask(lambda b, h, i, j: i >= j, None, None, q.shape[-2], k.shape[-2])
+    flex = torch.compile(flex_attention)
+
+    def forward():
+        return flex(q, k, v, score_mod=softcap, block_mask=mask)
+    grad = Timed(lambda: torch.autograd.grad(forward(), (q, k, v), d_out))
+    grad.minus = forward
+    return grad
+
+
+class Timed:
+    """A backward to time; `minus`, when set, is timed too and subtracted (a forward it needs)."""
+
+    def __init__(self, fn):
+        self.fn, self.minus = fn, None
+
+    def __call__(self):
+        return self.fn()
+
+    def ms(self) -> float:
+        return ms(self.fn) - (ms(self.minus) if self.minus is not None else 0.0)
+
+
+def rel_err(got, want) -> float:
+    return ((got.float() - want.float()).norm() / want.float().norm()).item()
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true", help="bf16 only, the first shape")
+    parser.add_argument("--dtypes", default="bf16,fp16")
+    args = parser.parse_args()
+    dtypes = ["bf16"] if args.quick else args.dtypes.split(",")
+    shapes = SHAPES[:1] if args.quick else SHAPES
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"# python3 bench/attention_backward.py {' '.join(sys.argv[1:])}")
+    print("| case | shape | dtype | tessera ms | TFLOP/s | flash2 ms | cudnn ms | flex ms | vs best | max rel err |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
+    from torch.nn.attention import SDPBackend
+    for kind in ("plain", "causal", "softcap_causal"):
+        for b, h, s, d in shapes:
+            for name in dtypes:
+                gen = torch.Generator(device="cuda").manual_seed(0)
+                q, k, v, d_out = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=DTYPES[name])
+                                  for _ in range(4))
+                qkv = [x.requires_grad_() for x in (q.clone(), k.clone(), v.clone())]
+                peers = {}
+                if kind != "softcap_causal":
+                    for label, backend in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                        try:
+                            peers[label] = sdpa_grad(backend, kind == "causal")(*qkv, d_out)
+                        except RuntimeError as e:
+                            print(f"# {label} unavailable: {str(e)[:80]}")
+                else:
+                    peers["flex"] = flex_grad(*qkv, d_out)
+                _, f_vjp = tsr.vjp(FUNCTIONS[kind], q, k, v)
+                ours = f_vjp(d_out)
+                want = next(iter(peers.values()))()
+                err = max(rel_err(g, w) for g, w in zip(ours, want))
+                t_ours = ms(lambda: f_vjp(d_out))
+                t_peer = {label: fn.ms() for label, fn in peers.items()}
+                flops = 2.5 * 4 * b * h * s * s * d * (0.5 if "causal" in kind else 1.0)
+                cells = [f"{t_peer[p]:.2f}" if p in t_peer else "-" for p in ("flash2", "cudnn", "flex")]
+                print(f"| {kind} | {b}x{h}x{s}x{d} | {name} | {t_ours:.2f} | {flops / t_ours / 1e9:.0f} | "
+                      f"{' | '.join(cells)} | {min(t_peer.values()) / t_ours:.2f}x | {err:.1e} |", flush=True)
+                del peers
+                torch.cuda.empty_cache()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

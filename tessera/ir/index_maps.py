@@ -1,0 +1,128 @@
+"""Index maps: which iteration axis each dim of a Graph IR value walks inside a kernel.
+
+A map has one entry per dim of a value: an axis name, or None where the dim has size 1 and
+broadcasts. A template gives its roots maps (an output's dims walk its tile's axes) and maps flow
+back through elementwise broadcasting, transposes and unsqueezes (`operand_maps`), so a transpose
+is a load with swapped tile dims and `i[:, None] >= i[None, :]` reads one `arange` along two axes.
+The fusion pass asks the same questions of a group before it makes one (`chain_tile`), so the
+decisions and the code the templates build agree.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..errors import TesseraError
+from . import graph as g
+
+Map = tuple  # per dim: an axis name or None
+
+
+def _size(d, bindings) -> int:
+    return g.dim_value(d, bindings)
+
+
+def operand_maps(op, result_map: Map, bindings) -> list[Map]:
+    """Index maps of an op's operands, given its result's map."""
+    if isinstance(op, (g.ElementwiseOp, g.CastOp)):
+        out_shape = g.tensor_type(op.results[0]).shape
+        maps = []
+        for v in op.operands:
+            shape = g.tensor_type(v).shape
+            lead = len(out_shape) - len(shape)
+            maps.append(tuple(None if _size(d, bindings) == 1 and _size(out_shape[lead + j], bindings) != 1
+                              else result_map[lead + j] for j, d in enumerate(shape)))
+        return maps
+    if isinstance(op, g.TransposeOp):
+        m = [None] * len(result_map)
+        for i, p in enumerate(op.permutation):
+            m[p] = result_map[i]
+        return [tuple(m)]
+    if isinstance(op, g.ReshapeOp):
+        return [_unsqueeze_map(op, result_map, bindings)]
+    raise TesseraError(f"{op.name} cannot be computed inside this kernel")
+
+
+def _unsqueeze_map(op: g.ReshapeOp, result_map: Map, bindings) -> Map:
+    src = [_size(d, bindings) for d in g.tensor_type(op.input).shape]
+    dst = [_size(d, bindings) for d in g.tensor_type(op.res).shape]
+    kept = [m for m, size in zip(result_map, dst) if size != 1]
+    if [s for s in src if s != 1] != [s for s in dst if s != 1]:
+        raise TesseraError(f"reshape {src} -> {dst} inside a fused kernel is not supported yet "
+                           f"(only adding or removing size-1 dims is)")
+    it = iter(kept)
+    return tuple(None if s == 1 else next(it) for s in src)
+
+
+def matmul_operand_maps(op: g.MatmulOp, result_map: Map, k_axis: str, bindings) -> tuple[Map, Map]:
+    """Maps of a matmul's operands: batch dims right-aligned (broadcasting), then (m, k) and (k, n)."""
+    batch_map = result_map[:-2]
+    out_batch = g.tensor_type(op.res).shape[:-2]
+
+    def batch_part(v):
+        shape = g.tensor_type(v).shape[:-2]
+        lead = len(out_batch) - len(shape)
+        return tuple(None if g.dim_value(d, bindings) == 1 and g.dim_value(out_batch[lead + j], bindings) != 1
+                     else batch_map[lead + j] for j, d in enumerate(shape))
+    return ((*batch_part(op.lhs), result_map[-2], k_axis), (*batch_part(op.rhs), k_axis, result_map[-1]))
+
+
+# --- flash_chain kernels ------------------------------------------------------------------------
+
+#: a flash_chain kernel's axes: its block's rows ("m"), the reduced axis it loops over ("n"), and a
+#: matmul sink's output columns ("e"); batch dims walk "b0", "b1", ... (one index per block)
+CHAIN_ROWS, CHAIN_LOOP, CHAIN_COLS = "m", "n", "e"
+
+
+@dataclass(frozen=True)
+class ChainTile:
+    """How a flash_chain kernel tiles its sink: the map of the operand it computes (its last two
+    dims walk m and n), of the sink's result, and of each score matmul's result in the region."""
+
+    operand_map: Map
+    result_map: Map
+    scores: dict          # score matmul -> its result's map
+    maps: dict            # every value of the region -> its map
+
+
+def chain_tile(sink, operand, region: set, bindings) -> ChainTile | None:
+    """The tiling of a flash_chain kernel whose `sink` (a ReduceOp or MatmulOp) reduces `operand`,
+    computed by the ops of `region` (views included: maps are followed through them only); None when a score matmul of the region is not read along the
+    tile's two axes (or is read in two orientations)."""
+    operand_map, result_map = _sink_maps(sink, operand, bindings)
+    maps: dict = {operand: operand_map}
+    scores: dict = {}
+    work = [operand]
+    while work:
+        v = work.pop()
+        op, m = v.owner, maps[v]
+        if op not in region or not isinstance(op, (g.ElementwiseOp, g.CastOp, g.MatmulOp, g.TransposeOp,
+                                                      g.ReshapeOp)):
+            continue
+        if isinstance(op, g.MatmulOp):
+            if m[:-2].count(CHAIN_ROWS) or m[:-2].count(CHAIN_LOOP) or \
+                    set(m[-2:]) != {CHAIN_ROWS, CHAIN_LOOP} or scores.get(op, m) != m:
+                return None
+            scores[op] = m
+            continue
+        for x, xm in zip(op.operands, operand_maps(op, m, bindings)):
+            if maps.get(x, xm) != xm and isinstance(x.owner, g.MatmulOp):
+                return None
+            if x not in maps:
+                maps[x] = xm
+                work.append(x)
+    return ChainTile(operand_map, result_map, scores, maps) if scores else None
+
+
+def _sink_maps(sink, operand, bindings) -> tuple[Map, Map]:
+    """(the computed operand's map, the sink's result map)."""
+    if isinstance(sink, g.ReduceOp):
+        rank, axis = g.tensor_type(sink.input).rank, sink.axis.data
+        m = tuple(CHAIN_LOOP if d == axis else CHAIN_ROWS if d >= rank - 2 else f"b{d}" for d in range(rank))
+        result = tuple(None if a == CHAIN_LOOP else a for a in m) if sink.keepdim.data else \
+            tuple(a for a in m if a != CHAIN_LOOP)
+        return m, result
+    batch = tuple(f"b{d}" for d in range(g.tensor_type(sink.res).rank - 2))
+    lhs_computed = sink.lhs is operand
+    result = (*batch, CHAIN_ROWS, CHAIN_COLS) if lhs_computed else (*batch, CHAIN_COLS, CHAIN_ROWS)
+    lhs_map, rhs_map = matmul_operand_maps(sink, result, CHAIN_LOOP, bindings)
+    return (lhs_map if lhs_computed else rhs_map), result

@@ -1,0 +1,145 @@
+"""Graph IR -> Graph IR, before fusion: score tiles recomputed by each kernel that reduces them.
+
+An attention backward reads the scores S = Q @ K^T (and dP = dO @ V^T) through elementwise ops
+in several places: the row max and row sum of the log-sum-exp, rowsum(dP * P), dV = P^T @ dO,
+dQ = dS @ K and dK = dS^T @ Q. Each of them reduces an S x S tile away, over the keys or over the
+queries, while the matmuls producing the tile have a short inner dim (the head dim). Writing the
+S x S values to memory once and reading them five times costs far more than recomputing them
+from Q, K, V and dO, which are S x D, in each reader; and fusion can only make one reader the
+home of an op. So every such reader (a "sink": a row or column reduction, or a matmul taking the
+tile as an operand) gets a copy of its own of the producer tree it reads: the score matmuls and
+every elementwise op between them and the sink, with the elementwise ops they read. Fusion then
+makes each sink one `flash_chain` kernel looping over key (or query) blocks.
+
+What is copied is only what the copy can recompute: elementwise ops and matmuls over at most
+`MAX_SCORE_INNER` elements; windows (slices, concatenations), other reductions and longer matmuls
+are read from memory as before. A tree copied for a sink that cannot be fused would only add work,
+so only sinks `chain_sink` accepts get copies, and the first sink of a tree keeps the original.
+"""
+from __future__ import annotations
+
+from xdsl.dialects import func
+from xdsl.dialects.builtin import ModuleOp
+from xdsl.ir import Operation, SSAValue
+
+from ..ir import graph as g
+
+#: the longest inner dim of a matmul whose result is recomputed rather than stored: a head dim
+#: (a flash_chain kernel keeps a whole row of each operand tile in shared memory)
+MAX_SCORE_INNER = 256
+
+RECOMPUTABLE = (g.ElementwiseOp, g.CastOp, g.TransposeOp, g.ReshapeOp, g.ConstantOp, g.ArangeOp)
+
+
+def is_score_matmul(op, bindings: dict[str, int]) -> bool:
+    """A matmul cheap enough to recompute: its inner dim is at most MAX_SCORE_INNER, shorter than
+    both dims of its result (so the result is the larger tensor)."""
+    if not isinstance(op, g.MatmulOp):
+        return False
+    inner = g.dim_value(g.tensor_type(op.lhs).shape[-1], bindings)
+    rows, cols = (g.dim_value(d, bindings) for d in g.tensor_type(op.res).shape[-2:])
+    return inner <= MAX_SCORE_INNER and inner < rows and inner < cols
+
+
+def _recomputable(op, bindings) -> bool:
+    return isinstance(op, Operation) and (is_score_matmul(op, bindings) or (
+        isinstance(op, RECOMPUTABLE) and not (isinstance(op, g.ReshapeOp) and not _unit_reshape(op, bindings))))
+
+
+def _unit_reshape(op: g.ReshapeOp, bindings) -> bool:
+    sizes = [[g.dim_value(d, bindings) for d in g.tensor_type(v).shape] for v in (op.input, op.res)]
+    return bool(sizes[1]) and [s for s in sizes[0] if s != 1] == [s for s in sizes[1] if s != 1]
+
+
+def producer_tree(v: SSAValue, bindings) -> list[Operation]:
+    """The recomputable ops `v` is computed by (a sink's operand), producers first."""
+    order: list[Operation] = []
+    seen: set[Operation] = set()
+
+    def visit(x: SSAValue) -> None:
+        op = x.owner
+        if op in seen or not _recomputable(op, bindings):
+            return
+        seen.add(op)
+        for operand in op.operands:
+            visit(operand)
+        order.append(op)
+    visit(v)
+    return order
+
+
+def reduces_scores(tree: list[Operation], bindings) -> bool:
+    """Whether a sink's operand tree recomputes a score matmul (else copying it gains nothing)."""
+    return any(is_score_matmul(op, bindings) for op in tree)
+
+
+def chain_sink(op, operand: SSAValue, bindings: dict[str, int]) -> bool:
+    """Whether `op` reduces `operand`'s last two dims' tile in a loop a flash_chain kernel runs: a
+    sum/max/min over one of them, or a matmul taking it as one (and only one) operand whose other
+    operand's kept dim is at most MAX_SCORE_INNER (a program accumulates whole output rows)."""
+    if isinstance(op, g.ReduceOp):
+        rank = g.tensor_type(op.input).rank
+        return op.kind.data in ("sum", "max", "min") and rank >= 2 and op.axis.data >= rank - 2
+    if isinstance(op, g.MatmulOp) and (op.lhs is operand) != (op.rhs is operand):
+        kept = g.tensor_type(op.res).shape[-1 if op.lhs is operand else -2]
+        return g.dim_value(kept, bindings) <= MAX_SCORE_INNER
+    return False
+
+
+def recompute_scores(module: ModuleOp) -> ModuleOp:
+    """`module` with each flash_chain sink reading a producer tree of its own (module doc): a copy
+    where some sink needs one, else `module` itself (which is never changed)."""
+    if not any(_shared_trees(f) for f in module.ops if isinstance(f, func.FuncOp)):
+        return module
+    module = module.clone()
+    for f in module.ops:
+        if isinstance(f, func.FuncOp):
+            copied: list[Operation] = []
+            for sink, index, tree in _shared_trees(f):
+                sink.operands[index] = _copy_tree(sink.operands[index], tree, sink)
+                copied += tree
+            _erase_unread(copied)
+    return module
+
+
+def _erase_unread(ops: list[Operation]) -> None:
+    """Erases the ops of `ops` (producers first) that no op reads any more: originals every sink
+    now reads a copy of, which would otherwise keep their operands read outside one sink's tree."""
+    erased = True
+    while erased:
+        erased = False
+        for op in reversed(ops):
+            if op.parent is not None and op.results and not any(r.uses for r in op.results):
+                op.detach()
+                op.erase()
+                erased = True
+
+
+def _shared_trees(f: func.FuncOp) -> list[tuple[Operation, int, list[Operation]]]:
+    """(sink, operand index, its producer tree) for each sink whose tree shares ops with an earlier
+    sink's, in program order."""
+    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    claimed: set[Operation] = set()
+    shared = []
+    for sink in f.body.block.ops:
+        for index, v in enumerate(sink.operands):
+            if not chain_sink(sink, v, bindings):
+                continue
+            tree = producer_tree(v, bindings)
+            if not reduces_scores(tree, bindings):
+                continue
+            if not claimed.isdisjoint(tree):
+                shared.append((sink, index, tree))
+            claimed.update(tree)
+    return shared
+
+
+def _copy_tree(v: SSAValue, tree: list[Operation], before: Operation) -> SSAValue:
+    """Clones of `tree`'s ops (producers first) inserted before `before`; `v`'s clone."""
+    mapping: dict[SSAValue, SSAValue] = {}
+    block = before.parent_block()
+    for op in tree:
+        clone = op.clone(value_mapper=mapping)
+        block.insert_op_before(clone, before)
+        mapping.update(zip(op.results, clone.results))
+    return mapping[v]

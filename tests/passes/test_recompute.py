@@ -1,0 +1,169 @@
+"""The attention backward without an S x S tensor in memory (passes/recompute.py + the flash_chain
+template): which kernels the backward becomes, and its gradients on the CPU tile interpreter
+against a float64 reference for plain, causal, ALiBi and soft-capped attention, cross attention
+and awkward lengths."""
+import math
+
+import numpy as np
+import pytest
+
+import tessera as tsr
+from tessera import Tensor, dtypes
+from tessera.autodiff.api import Derivative
+from tessera.passes.recompute import recompute_scores
+from tessera.runtime.launcher import plan
+
+
+def _scores(q, k):
+    return tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+
+
+def _ij(s):
+    return tsr.arange(s.shape[-2])[:, None], tsr.arange(s.shape[-1])[None, :]
+
+
+@tsr.function
+def plain(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
+    return tsr.matmul(tsr.softmax(_scores(q, k), dim=-1), v)
+
+
+@tsr.function
+def causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = _scores(q, k)
+    i, j = _ij(s)
+    return tsr.matmul(tsr.softmax(tsr.where(i >= j, s, -math.inf), dim=-1), v)
+
+
+@tsr.function
+def alibi(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = _scores(q, k)
+    i, j = _ij(s)
+    return tsr.matmul(tsr.softmax(s - (0.0625 * tsr.abs(i - j)).to(s.dtype), dim=-1), v)
+
+
+@tsr.function
+def softcap_causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = 20.0 * tsr.tanh(_scores(q, k) * (1.0 / 20.0))
+    i, j = _ij(s)
+    return tsr.matmul(tsr.softmax(tsr.where(i >= j, s, -math.inf), dim=-1), v)
+
+
+def reference_grads(kind, q, k, v, d_out):
+    """float64 dQ, dK, dV of softmax(mod(Q K^T / sqrt(D))) V, derived by hand."""
+    q, k, v, d_out = (x.astype(np.float64) for x in (q, k, v, d_out))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    s = q @ k.swapaxes(-1, -2) * scale
+    i, j = np.arange(s.shape[-2])[:, None], np.arange(s.shape[-1])[None, :]
+    ds_dx = np.ones_like(s)
+    if kind == "softcap_causal":
+        t = np.tanh(s / 20.0)
+        s, ds_dx = 20.0 * t, 1.0 - t * t
+    if kind == "alibi":
+        s = s - 0.0625 * np.abs(i - j)
+    if kind in ("causal", "softcap_causal"):
+        s = np.where(i >= j, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = d_out @ v.swapaxes(-1, -2)
+    dx = p * (dp - (dp * p).sum(-1, keepdims=True)) * ds_dx * scale
+    return dx @ k, dx.swapaxes(-1, -2) @ q, p.swapaxes(-1, -2) @ d_out
+
+
+FUNCTIONS = {"plain": plain, "causal": causal, "alibi": alibi, "softcap_causal": softcap_causal}
+
+
+def backward(fn, q_shape, kv_len, dtype=dtypes.fp16):
+    b, h, m, d = q_shape
+    specs = fn.arg_specs_for({"B": b, "H": h, "M": m, "S": m, "N": kv_len, "D": d}, dtype)
+    d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, dtype, specs[0].dims)
+    return Derivative(fn, cotangent_names=["d_out"]).compile([*specs, d_out])
+
+
+def kernels(compiled):
+    f = next(iter(compiled.modules["schedule"].ops))
+    return [op for op in f.body.block.ops if op.name == "schedule.kernel"]
+
+
+@pytest.mark.parametrize("kind", sorted(FUNCTIONS))
+def test_attention_backward_is_flash_chains_with_no_square_tensor(kind):
+    """Every reader of the probabilities is one flash_chain kernel; no kernel writes, and no buffer
+    holds, a tensor with both the query and the key length among its dims."""
+    s = 200
+    c = backward(FUNCTIONS[kind], (2, 3, s, 64), s)
+    ks = kernels(c)
+    kinds = [k.kind.data for k in ks]
+    # the log-sum-exp's max and sum, rowsum(dP * P), dV, dQ and dK; dK's [D, S] result is transposed by a copy
+    assert kinds.count("flash_chain") == 6 and set(kinds) <= {"flash_chain", "elementwise"}, kinds
+    p = plan(c)
+    for buf in (*p.outputs, *p.intermediates):
+        assert list(buf.shape).count(s) <= 1, f"an S x S buffer: {buf.shape}"
+
+
+def test_forward_graphs_are_left_alone():
+    """The pass copies nothing where no two sinks share a score tile: a forward attention stays one
+    flash_attention kernel, and its module is returned as is."""
+    specs = plain.arg_specs_for({"B": 1, "H": 2, "M": 64, "N": 64, "D": 32}, dtypes.fp16)
+    module = plain.trace(specs)
+    assert recompute_scores(module) is module
+    assert [k.kind.data for k in kernels(plain.compile(specs))] == ["flash_attention"]
+
+
+@pytest.mark.parametrize("kind,q_shape,kv_len", [
+    ("plain", (1, 2, 17, 16), 17),
+    ("plain", (2, 1, 40, 32), 100),        # cross attention: 40 queries against 100 keys
+    ("causal", (1, 2, 97, 64), 97),        # a partial last block in both directions
+    ("alibi", (1, 1, 70, 32), 70),
+    ("softcap_causal", (2, 1, 65, 16), 65),
+])
+def test_attention_backward_on_the_interpreter(kind, q_shape, kv_len):
+    rng = np.random.default_rng(5)
+    b, h, m, d = q_shape
+    q = rng.standard_normal(q_shape).astype(np.float16)
+    k, v = (rng.standard_normal((b, h, kv_len, d)).astype(np.float16) for _ in range(2))
+    out, f_vjp = tsr.vjp(FUNCTIONS[kind], q, k, v)
+    d_out = rng.standard_normal(out.shape).astype(np.float16)
+    grads = f_vjp(d_out)
+    for name, got, want in zip("qkv", grads, reference_grads(kind, q, k, v, d_out)):
+        assert got.dtype == np.float16 and got.shape == want.shape and not np.isnan(got).any()
+        err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+        assert err < 1e-2, f"d{name}: {err}"
+
+
+def test_back_to_back_matmul_is_one_kernel():
+    """relu(x @ w1) @ w2 with a short inner dim: the hidden tile is recomputed per block, never stored."""
+    @tsr.function
+    def mlp(x: Tensor["M", "C"], w1: Tensor["C", "F"], w2: Tensor["F", "E"]):
+        return tsr.matmul(tsr.relu(tsr.matmul(x, w1)), w2)
+
+    @tsr.function
+    def wide_mlp(x: Tensor["M", "C"], w1: Tensor["C", "F"], w2: Tensor["F", "E"]):
+        return tsr.matmul(tsr.relu(tsr.matmul(x, w1)), w2)
+
+    rng = np.random.default_rng(2)
+    x, w1, w2 = (rng.standard_normal(s).astype(np.float16) * 0.5 for s in ((100, 32), (32, 300), (300, 48)))
+    specs = mlp.arg_specs_for({"M": 100, "C": 32, "F": 300, "E": 48}, dtypes.fp16)
+    assert [k.kind.data for k in kernels(mlp.compile(specs))] == ["flash_chain"]
+    want = np.maximum(x.astype(np.float64) @ w1, 0) @ w2
+    # outputs wider than a head dim would not fit a program's accumulator: two GEMMs as before
+    wide = wide_mlp.arg_specs_for({"M": 100, "C": 32, "F": 300, "E": 512}, dtypes.fp16)
+    assert [k.kind.data for k in kernels(wide_mlp.compile(wide))] == ["gemm", "gemm"]
+    got = mlp(x, w1, w2).astype(np.float64)
+    assert np.abs(got - want).max() / np.abs(want).max() < 1e-2
+
+
+@pytest.mark.parametrize("kind,skips", [("causal", True), ("softcap_causal", True), ("plain", False),
+                                        ("alibi", False)])
+def test_causal_backward_kernels_skip_masked_blocks(kind, skips):
+    """A causal mask zeroes whole blocks of P and dS: every flash_chain kernel's loop starts or ends
+    where the mask does for its block (bounds computed from the program id), not at 0 and N / BN."""
+    from xdsl.dialects import arith, scf
+
+    from tessera.ir import tile as t
+
+    c = backward(FUNCTIONS[kind], (1, 2, 256, 64), 256)
+    chains = [k for k in c.modules["tile"].ops if isinstance(k, t.KernelOp) and "flash_chain" in k.sym_name.data]
+    assert len(chains) == 6
+    for k in chains:
+        (loop,) = [op for op in k.walk() if isinstance(op, scf.ForOp)]
+        fixed = isinstance(loop.lb.owner, arith.ConstantOp) and isinstance(loop.ub.owner, arith.ConstantOp)
+        assert fixed != skips, k.sym_name.data
