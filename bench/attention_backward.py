@@ -2,7 +2,7 @@
 
     python3 bench/attention_backward.py [--quick] [--dtypes bf16,fp16]
 
-Tessera differentiates the attention functions of tests/gpu/test_attention_backward_gpu.py as
+Tessera differentiates the attention functions of tests/attention_cases.py as
 written (`tsr.vjp`): each reader of the probabilities is a `flash_chain` kernel recomputing the
 scores block by block (passes/recompute.py), so no S x S tensor reaches memory. The timed call is
 the vjp alone (the forward ran once before); the peers' is `torch.autograd.grad` of an output
@@ -22,10 +22,10 @@ import torch
 import triton
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT), str(ROOT / "tests" / "gpu")]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import tessera as tsr  # noqa: E402
-from test_attention_backward_gpu import FUNCTIONS  # noqa: E402
+from attention_cases import FUNCTIONS  # noqa: E402
 
 SHAPES = [(8, 16, 4096, 128), (16, 16, 2048, 64)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}

@@ -1,58 +1,11 @@
 """The attention backward on CUDA tensors (issue 14, item 4): `flash_chain` kernels that recompute
 the scores per block (no S x S tensor in memory), for score modifications written as plain math,
 against torch autograd in float64 on the same inputs."""
-import math
-
 import pytest
 
 import tessera as tsr
-from tessera import Tensor
 
-
-def _scores(q, k):
-    return tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-
-
-@tsr.function
-def plain(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
-    return tsr.matmul(tsr.softmax(_scores(q, k), dim=-1), v)
-
-
-@tsr.function
-def causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = _scores(q, k)
-    i, j = tsr.arange(s.shape[-2]), tsr.arange(s.shape[-1])
-    return tsr.matmul(tsr.softmax(tsr.where(i[:, None] >= j[None, :], s, -math.inf), dim=-1), v)
-
-
-@tsr.function
-def alibi(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = _scores(q, k)
-    i, j = tsr.arange(s.shape[-2]), tsr.arange(s.shape[-1])
-    return tsr.matmul(tsr.softmax(s - (0.0625 * tsr.abs(i[:, None] - j[None, :])).to(s.dtype), dim=-1), v)
-
-
-@tsr.function
-def softcap_causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = 20.0 * tsr.tanh(_scores(q, k) * (1.0 / 20.0))
-    i, j = tsr.arange(s.shape[-2]), tsr.arange(s.shape[-1])
-    return tsr.matmul(tsr.softmax(tsr.where(i[:, None] >= j[None, :], s, -math.inf), dim=-1), v)
-
-
-def torch_reference(torch, kind, q, k, v):
-    s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
-    i = torch.arange(s.shape[-2], device=s.device)[:, None]
-    j = torch.arange(s.shape[-1], device=s.device)[None, :]
-    if kind == "softcap_causal":
-        s = 20.0 * torch.tanh(s / 20.0)
-    if kind == "alibi":
-        s = s - 0.0625 * (i - j).abs()
-    if kind in ("causal", "softcap_causal"):
-        s = s.masked_fill(i < j, -math.inf)
-    return torch.softmax(s, dim=-1) @ v
-
-
-FUNCTIONS = {"plain": plain, "causal": causal, "alibi": alibi, "softcap_causal": softcap_causal}
+from attention_cases import FUNCTIONS, causal, torch_reference
 
 
 def rel(torch, got, want) -> float:

@@ -2,8 +2,6 @@
 template): which kernels the backward becomes, and its gradients on the CPU tile interpreter
 against a float64 reference for plain, causal, ALiBi and soft-capped attention, cross attention
 and awkward lengths."""
-import math
-
 import numpy as np
 import pytest
 
@@ -13,63 +11,7 @@ from tessera.autodiff.api import Derivative
 from tessera.passes.recompute import recompute_scores
 from tessera.runtime.launcher import plan
 
-
-def _scores(q, k):
-    return tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-
-
-def _ij(s):
-    return tsr.arange(s.shape[-2])[:, None], tsr.arange(s.shape[-1])[None, :]
-
-
-@tsr.function
-def plain(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
-    return tsr.matmul(tsr.softmax(_scores(q, k), dim=-1), v)
-
-
-@tsr.function
-def causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = _scores(q, k)
-    i, j = _ij(s)
-    return tsr.matmul(tsr.softmax(tsr.where(i >= j, s, -math.inf), dim=-1), v)
-
-
-@tsr.function
-def alibi(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = _scores(q, k)
-    i, j = _ij(s)
-    return tsr.matmul(tsr.softmax(s - (0.0625 * tsr.abs(i - j)).to(s.dtype), dim=-1), v)
-
-
-@tsr.function
-def softcap_causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = 20.0 * tsr.tanh(_scores(q, k) * (1.0 / 20.0))
-    i, j = _ij(s)
-    return tsr.matmul(tsr.softmax(tsr.where(i >= j, s, -math.inf), dim=-1), v)
-
-
-def reference_grads(kind, q, k, v, d_out):
-    """float64 dQ, dK, dV of softmax(mod(Q K^T / sqrt(D))) V, derived by hand."""
-    q, k, v, d_out = (x.astype(np.float64) for x in (q, k, v, d_out))
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    s = q @ k.swapaxes(-1, -2) * scale
-    i, j = np.arange(s.shape[-2])[:, None], np.arange(s.shape[-1])[None, :]
-    ds_dx = np.ones_like(s)
-    if kind == "softcap_causal":
-        t = np.tanh(s / 20.0)
-        s, ds_dx = 20.0 * t, 1.0 - t * t
-    if kind == "alibi":
-        s = s - 0.0625 * np.abs(i - j)
-    if kind in ("causal", "softcap_causal"):
-        s = np.where(i >= j, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    p /= p.sum(-1, keepdims=True)
-    dp = d_out @ v.swapaxes(-1, -2)
-    dx = p * (dp - (dp * p).sum(-1, keepdims=True)) * ds_dx * scale
-    return dx @ k, dx.swapaxes(-1, -2) @ q, p.swapaxes(-1, -2) @ d_out
-
-
-FUNCTIONS = {"plain": plain, "causal": causal, "alibi": alibi, "softcap_causal": softcap_causal}
+from attention_cases import FUNCTIONS, plain, reference_grads
 
 
 def backward(fn, q_shape, kv_len, dtype=dtypes.fp16):
