@@ -91,25 +91,23 @@ def chain_tile(sink, operand, region: set, bindings) -> ChainTile | None:
     operand_map, result_map = _sink_maps(sink, operand, bindings)
     maps: dict = {operand: operand_map}
     scores: dict = {}
-    work = [operand]
-    while work:
-        v = work.pop()
-        op, m = v.owner, maps[v]
-        if op not in region or not isinstance(op, (g.ElementwiseOp, g.CastOp, g.MatmulOp, g.TransposeOp,
-                                                      g.ReshapeOp)):
+    work, seen = [(operand, operand_map)], set()
+    while work:   # every (value, map) a region reads: a value read in two orientations is walked in both
+        v, m = work.pop()
+        op = v.owner
+        if (v, m) in seen or op not in region or not isinstance(
+                op, (g.ElementwiseOp, g.CastOp, g.MatmulOp, g.TransposeOp, g.ReshapeOp)):
             continue
-        if isinstance(op, g.MatmulOp):
+        seen.add((v, m))
+        if isinstance(op, g.MatmulOp):   # one recomputed tile per score matmul: one orientation
             if m[:-2].count(CHAIN_ROWS) or m[:-2].count(CHAIN_LOOP) or \
                     set(m[-2:]) != {CHAIN_ROWS, CHAIN_LOOP} or scores.get(op, m) != m:
                 return None
             scores[op] = m
             continue
         for x, xm in zip(op.operands, operand_maps(op, m, bindings)):
-            if maps.get(x, xm) != xm and isinstance(x.owner, g.MatmulOp):
-                return None
-            if x not in maps:
-                maps[x] = xm
-                work.append(x)
+            maps.setdefault(x, xm)
+            work.append((x, xm))
     return ChainTile(operand_map, result_map, scores, maps) if scores else None
 
 

@@ -119,7 +119,7 @@ def masked_value(v: SSAValue, cond: SSAValue, memo: dict | None = None) -> float
 def _through(kind: str, inner: list) -> float | None:
     if kind == "exp" and inner[0] == -math.inf:
         return 0.0
-    if kind == "mul" and 0.0 in inner:
+    if kind == "mul" and 0.0 in inner and all(x is None or math.isfinite(x) for x in inner):
         return 0.0
     if kind in ("add", "sub") and inner[0] == -math.inf and (kind == "add" or inner[1] is None):
         return -math.inf if inner[1] is None or inner[1] == -math.inf else None

@@ -2,6 +2,8 @@
 template): which kernels the backward becomes, and its gradients on the CPU tile interpreter
 against a float64 reference for plain, causal, ALiBi and soft-capped attention, cross attention
 and awkward lengths."""
+import math
+
 import numpy as np
 import pytest
 
@@ -109,3 +111,26 @@ def test_causal_backward_kernels_skip_masked_blocks(kind, skips):
         (loop,) = [op for op in k.walk() if isinstance(op, scf.ForOp)]
         fixed = isinstance(loop.lb.owner, arith.ConstantOp) and isinstance(loop.ub.owner, arith.ConstantOp)
         assert fixed != skips, k.sym_name.data
+
+
+def test_a_score_tile_read_in_two_orientations_is_not_chained():
+    """P * P^T needs the score matmul's tile both ways round; one recomputed tile cannot give both,
+    so the reduction reads the scores from memory (and the result stays right)."""
+    @tsr.function
+    def both_ways(x: Tensor["S", "D"], y: Tensor["S", "D"]):
+        s = tsr.matmul(x, y.transpose(-2, -1))
+        return tsr.sum(s * s.transpose(-2, -1), -1, keepdim=True)
+
+    rng = np.random.default_rng(4)
+    x, y = (rng.standard_normal((48, 16)).astype(np.float32) for _ in range(2))
+    specs = both_ways.arg_specs_for({"S": 48, "D": 16}, dtypes.fp32)
+    assert "flash_chain" not in [k.kind.data for k in kernels(both_ways.compile(specs))]
+    s = x.astype(np.float64) @ y.T.astype(np.float64)
+    want = (s * s.T).sum(-1, keepdims=True)
+    assert np.allclose(both_ways(x, y), want, rtol=1e-3, atol=1e-3)
+
+
+def test_a_product_with_an_infinite_constant_is_not_taken_as_zero():
+    from tessera.lowering.masks import _through
+    assert _through("mul", [0.0, None]) == 0.0
+    assert _through("mul", [0.0, -math.inf]) is None
