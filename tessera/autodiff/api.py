@@ -35,22 +35,25 @@ class Derivative(Function):
     output (`tsr.grad`, `argnums`). Its trace is the backward graph of the forward's trace."""
 
     def __init__(self, forward: Function, argnums: int | Sequence[int] | None = None,
-                 cotangent_names: Sequence[str] = ()):
+                 cotangent_names: Sequence[str] = (), saved_names: Sequence[str] = ()):
         super().__init__(forward.fn, space=forward.space)
         self.forward, self.argnums, self.cotangent_names = forward, argnums, tuple(cotangent_names)
+        self.saved_names = tuple(saved_names)
         self.seed_ones = argnums is not None
         self.name = self.__name__ = f"{forward.name}_{'grad' if self.seed_ones else 'vjp'}"
         self.captures = forward.captures
         self.annotations = dict(forward.annotations)
         # keyword-only, so they may follow parameters with defaults; calls still pass them positionally
-        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in self.cotangent_names]
+        extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in (*self.saved_names,
+                                                                              *self.cotangent_names)]
         self.signature = forward.signature.replace(parameters=[*forward.signature.parameters.values(), *extra])
 
     def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None):
-        """The backward graph for these argument specs (the forward's, then the cotangents')."""
+        """The backward graph for these argument specs (the forward's, the saved values' where it
+        takes them, then the cotangents')."""
         from .backward import backward_graph, differentiable_args, forward_function
 
-        primal = [a for a in args if a.name not in self.cotangent_names]
+        primal = [a for a in args if a.name not in self.cotangent_names and a.name not in self.saved_names]
         module = self.forward.trace(primal, constants)
         f = forward_function(module)
         if self.seed_ones:
@@ -59,7 +62,8 @@ class Derivative(Function):
         else:
             _check_cotangents(f, [a for a in args if a.name in self.cotangent_names], self.forward.name)
             wrt = differentiable_args(f)
-        return backward_graph(module, wrt, self.seed_ones, self.name, self.cotangent_names)
+        return backward_graph(module, wrt, self.seed_ones, self.name, self.cotangent_names,
+                              self.saved_names or None)
 
     def _argnum_positions(self, f, primal: Sequence[ArgSpec], constants: dict) -> list[int]:
         """The graph argument positions of `argnums`, each a float tensor argument."""
@@ -87,6 +91,47 @@ class Derivative(Function):
         if isinstance(self.argnums, int) or not self.seed_ones:
             return grads
         return grads if isinstance(grads, tuple) else (grads,)
+
+
+class Saving(Function):
+    """`forward` returning, after its outputs, what its backward reads from it (the values the
+    compiler chose to save: `backward.saved_values`) that are not outputs already; `layout` says
+    where each saved value is among the results. What `tsr.vjp` and the torch op's forward call."""
+
+    def __init__(self, forward: Function):
+        super().__init__(forward.fn, space=forward.space)
+        self.forward = forward
+        self.name = self.__name__ = f"{forward.name}_saving"
+        self.captures = forward.captures
+        self.annotations = dict(forward.annotations)
+        self.signature = forward.signature.replace(return_annotation=inspect.Signature.empty)
+        self._layouts: dict[tuple, tuple[int, tuple[int, ...]]] = {}
+
+    def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None):
+        from .backward import forward_with_residuals
+
+        module = self.forward.trace(args, constants)
+        return forward_with_residuals(module, self.name) or module
+
+    def layout(self, tensors, constants: dict) -> tuple[int, tuple[int, ...]]:
+        """(the forward's number of outputs, each saved value's position among the results) for a
+        call with these (name, array) tensors and constants; traced once per call signature."""
+        from .backward import forward_function, saved_positions
+
+        key = self._cache_key(tensors, constants, {})
+        if key not in self._layouts:
+            _, specs = self.arg_specs(tensors)
+            f = forward_function(self.forward.trace(specs, constants))
+            self._layouts[key] = (len(f.body.block.last_op.operands), tuple(saved_positions(f)))
+        return self._layouts[key]
+
+
+def saving(fn: Function) -> Saving:
+    """fn's `Saving`, kept on fn so that its compiles are reused."""
+    known = vars(fn)
+    if "_saving" not in known:
+        known["_saving"] = Saving(fn)
+    return known["_saving"]
 
 
 def _as_tuple(argnums) -> tuple[int, ...]:
@@ -142,16 +187,19 @@ def grad(fn: Function, argnums: int | Sequence[int] = 0) -> Derivative:
     return Derivative(fn, argnums=argnums if isinstance(argnums, int) else tuple(argnums))
 
 
-def _vjp_function(fn: Function, float_outputs: tuple[int, ...]) -> Derivative:
-    """fn's vjp `Derivative` for outputs whose floats are at `float_outputs`, kept on fn so that
-    repeated vjps (a training loop) reuse its compiles."""
-    from .backward import cotangent_name
+def _vjp_function(fn: Function, float_outputs: tuple[int, ...], n_saved: int) -> Derivative:
+    """fn's vjp `Derivative` for outputs whose floats are at `float_outputs`, taking `n_saved`
+    saved values, kept on fn so that repeated vjps (a training loop) reuse its compiles."""
+    from .backward import cotangent_name, saved_names
 
     known = vars(fn).setdefault("_vjp_derivatives", {})
-    if float_outputs not in known:
-        taken = set(fn.signature.parameters)
-        known[float_outputs] = Derivative(fn, cotangent_names=[cotangent_name(i, taken) for i in float_outputs])
-    return known[float_outputs]
+    key = (float_outputs, n_saved)
+    if key not in known:
+        saved = saved_names(n_saved, fn.signature.parameters)
+        taken = set(fn.signature.parameters) | set(saved)
+        known[key] = Derivative(fn, cotangent_names=[cotangent_name(i, taken) for i in float_outputs],
+                                saved_names=saved)
+    return known[key]
 
 
 def _is_float(x) -> bool:
@@ -166,12 +214,16 @@ def vjp(fn: Function, *args):
     `fn` returns a tuple) returns a tuple with one gradient per argument of `fn`: None for
     arguments that have none (ints, bools, numbers and 0-d arrays: module doc)."""
     _require_function(fn, "vjp")
-    outputs = fn(*args)
-    outs = outputs if isinstance(outputs, tuple) else (outputs,)
-    floats = tuple(i for i, o in enumerate(outs) if _is_float(o))
-    backward = _vjp_function(fn, floats)
     full = _with_defaults(fn, args)
-    tensors, _ = fn._split_args(full)
+    tensors, constants = fn._split_args(full)
+    forward = saving(fn)
+    n_outputs, positions = forward.layout(tensors, constants)
+    results = forward(*args)
+    results = results if isinstance(results, tuple) else (results,)
+    outs, saved = results[:n_outputs], [results[i] for i in positions]
+    outputs = outs if n_outputs > 1 else outs[0]
+    floats = tuple(i for i, o in enumerate(outs) if _is_float(o))
+    backward = _vjp_function(fn, floats, len(saved))
     differentiable = {name for name, x in tensors if _is_float(x)}
 
     def vjp_fn(cotangents):
@@ -180,7 +232,7 @@ def vjp(fn: Function, *args):
             raise TesseraError(f"vjp of {fn.name}: {len(given)} cotangents for {len(outs)} outputs")
         if not differentiable:   # nothing to differentiate: no backward to compile
             return (None,) * len(full)
-        grads = backward(*full, *(_as_argument(given[i], i, fn.name) for i in floats))
+        grads = backward(*full, *saved, *(_as_argument(given[i], i, fn.name) for i in floats))
         grads = iter(grads if isinstance(grads, tuple) else (grads,))
         return tuple(next(grads) if name in differentiable else None for name in fn.signature.parameters)
     return outputs, vjp_fn

@@ -9,16 +9,17 @@ through the same fusion, tiling, targets and CPU interpreter.
 
 How it is built, in one trace:
 
-1. recompute: the forward's ops are cloned into the backward function, reading its arguments
-   (the forward's `tessera.loc`s come with them). What the backward reads of the forward is
-   recomputed, not saved: the forward stays the function the user wrote (no extra outputs, no
-   buffers kept between the calls), and fusion is free to fuse the recomputed forward into the
-   backward's kernels (a softmax's probabilities into the matmuls that read them). An
-   attention's softmax is recomputed as exp(scores - logsumexp(scores)) (`softmax_from_logsumexp`),
-   so that each of its readers fuses into one kernel over score blocks. Issue 14's
-   next step is the compiler choosing what a forward saves instead (attention's row log-sum-exp,
-   norms' mean and rstd), which turns these clones into extra forward outputs and backward
-   inputs;
+1. recompute: the forward's ops are cloned into the backward, reading its arguments (the
+   forward's `tessera.loc`s come with them), except what the forward saved (`saved_values`:
+   with `saved`, the backward takes them as arguments after the forward's). What the compiler
+   saves is what would cost a pass over the scores to recompute: each attention's row
+   log-sum-exp and output O = P @ V (for rowsum(dO * O)); `forward_with_residuals` is the
+   forward that also returns them. Everything else is recomputed: fusion fuses the recomputed
+   ops into the backward's kernels (a norm's statistics into the row reductions reading them).
+   An attention's probabilities are read by the backward as exp(scores - logsumexp(scores))
+   (`softmax_from_logsumexp`), so that each of their readers fuses into one kernel over score
+   blocks; without saved values, the recomputed forward attention is one flash kernel that
+   writes the log-sum-exp beside O;
 2. reverse: the ops are visited last to first; each op with a cotangent and an operand that
    depends on a differentiated input applies its rule (`rules.VJP_RULES`, written with the
    frontend's ops) and adds each operand's gradient, summed back to the operand's shape and
@@ -41,6 +42,7 @@ from __future__ import annotations
 
 import inspect
 from contextlib import contextmanager
+from dataclasses import dataclass
 from typing import Sequence
 
 from .. import dtypes
@@ -74,10 +76,13 @@ def float_results(f) -> list[int]:
 
 
 def backward_graph(forward_module, wrt: Sequence[int] | None = None, seed_ones: bool = False,
-                   name: str | None = None, cotangent_names: Sequence[str] = ()):
+                   name: str | None = None, cotangent_names: Sequence[str] = (),
+                   saved_names: Sequence[str] | None = None):
     """The backward of the forward module's function, as a Graph IR module (see the module doc).
     `wrt`: the argument positions to differentiate (default: every float argument);
-    `cotangent_names`: the cotangent arguments' names (default `d_out<i>`)."""
+    `cotangent_names`: the cotangent arguments' names (default `d_out<i>`); `saved_names`: where
+    given, the values the forward saved (`saved_values`) are arguments, after the forward's, with
+    these names."""
     from xdsl.dialects.builtin import ArrayAttr, StringAttr
 
     from ..ir import graph as g
@@ -91,18 +96,165 @@ def backward_graph(forward_module, wrt: Sequence[int] | None = None, seed_ones: 
             raise TesseraError(f"{f.sym_name.data}: argument {arg_names[i]!r} is "
                                f"{g.tensor_type(f.body.block.args[i]).dtype}; only float inputs have gradients")
     specs = [_spec(n, g.tensor_type(a), bindings) for n, a in zip(arg_names, f.body.block.args)]
+    residuals = saved_values(f) if saved_names is not None else []
+    specs += [_spec(n, r.type(f), bindings) for n, r in zip(saved_names or (), residuals, strict=True)]
     if not seed_ones:
         results = f.body.block.last_op.operands
         taken = set(arg_names)
         names = list(cotangent_names) or [cotangent_name(i, taken) for i in float_results(f)]
         for i, ct_name in zip(float_results(f), names, strict=True):
             specs.append(_spec(ct_name, g.tensor_type(results[i]), bindings, scalar_as_one=True))
-    reverse = _Reverse(f, wrt, seed_ones)
+    reverse = _Reverse(f, wrt, seed_ones, residuals)
     name = name or f"{f.sym_name.data}_{'grad' if seed_ones else 'vjp'}"
     module, _ = trace(_taking(reverse, [s.name for s in specs]), name, specs, bindings, {})
     backward = forward_function(module)
     backward.attributes["tessera.result_names"] = ArrayAttr([StringAttr(f"grad_{arg_names[i]}") for i in wrt])
     return module
+
+
+@dataclass(frozen=True)
+class Saved:
+    """A value the forward saves for its backward: the row log-sum-exp of the scores of the
+    softmax at `op` (fp32, the reduced axis kept), or the result of the op at `op` (an attention's
+    output O). `op` indexes the forward function's body, the same in every trace of it."""
+
+    kind: str   # "logsumexp" or "result"
+    op: int
+
+    def value(self, f):
+        return list(f.body.block.ops)[self.op].results[0]
+
+    def type(self, f):
+        from ..ir import graph as g
+
+        t = g.tensor_type(self.value(f))
+        if self.kind == "result":
+            return t
+        return g.TensorType.of((*t.shape[:-1], 1), dtypes.fp32)
+
+
+def saved_values(f) -> list[Saved]:
+    """What the compiler has the forward `f` save (module doc): per attention (a softmax over scores
+    from a matmul), its rows' log-sum-exp, and its output O where the backward reads rowsum(dO * O)
+    for rowsum(dP * P) (`_attention_output`)."""
+    body = list(f.body.block.ops)[:-1]
+    saved = []
+    for i, op in enumerate(body):
+        if is_score_softmax(op):
+            saved.append(Saved("logsumexp", i))
+            pv = _attention_output(op, set(f.body.block.last_op.operands))
+            if pv is not None:
+                saved.append(Saved("result", body.index(pv)))
+    return saved
+
+
+def saved_names(count: int, taken) -> list[str]:
+    """Names for `count` saved values as arguments or results: `saved<i>`, each made unique among
+    `taken` (which they then join)."""
+    taken, names = set(taken), []
+    for i in range(count):
+        name = f"saved{i}"
+        while name in taken:
+            name = "_" + name
+        taken.add(name)
+        names.append(name)
+    return names
+
+
+def saved_positions(f) -> list[int]:
+    """Where each saved value is among the results of `forward_with_residuals(f)`: a forward
+    output's own position (an attention's O returned by the user), else after the outputs."""
+    returned = list(f.body.block.last_op.operands)
+    positions, extra = [], len(returned)
+    for r in saved_values(f):
+        v = r.value(f)
+        if r.kind == "result" and v in returned:
+            positions.append(returned.index(v))
+        else:
+            positions.append(extra)
+            extra += 1
+    return positions
+
+
+def forward_with_residuals(forward_module, name: str | None = None):
+    """The forward as a Graph IR module returning its outputs, then the saved values that are not
+    outputs already (`saved_positions`), or None when it saves nothing. The log-sum-exps are made
+    after every forward op, so each attention's flash kernel writes its own as a second output."""
+    from xdsl.dialects.builtin import ArrayAttr, StringAttr
+
+    from ..ir import graph as g
+
+    f = forward_function(forward_module)
+    residuals = saved_values(f)
+    if not residuals:
+        return None
+    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    arg_names = [a.data for a in f.attributes["tessera.arg_names"].data]
+    specs = [_spec(n, g.tensor_type(a), bindings) for n, a in zip(arg_names, f.body.block.args)]
+    positions = saved_positions(f)
+    n_out = len(f.body.block.last_op.operands)
+
+    def body(*tensors):
+        values = _replay(f, tensors)
+        outputs = [values[v] for v in f.body.block.last_op.operands]
+        extra = []
+        for r, at in zip(residuals, positions):
+            if at < n_out:
+                continue
+            op = list(f.body.block.ops)[r.op]
+            if r.kind == "result":
+                extra.append(values[op.results[0]])
+            else:
+                with _provenance_of(op):
+                    extra.append(torch_ops._logsumexp(_wide(values[op.input]), op.axis.data))
+        return (*outputs, *extra)
+    module, _ = trace(_taking(body, [s.name for s in specs]), name or f"{f.sym_name.data}_saving", specs,
+                      bindings, {})
+    result_names = [a.data for a in f.attributes["tessera.result_names"].data]
+    extra_names = [n for n, at in zip(saved_names(len(residuals), result_names), positions) if at >= n_out]
+    forward_function(module).attributes["tessera.result_names"] = ArrayAttr(
+        [StringAttr(n) for n in (*result_names, *extra_names)])
+    return module
+
+
+def _replay(f, tensors: Sequence[Tensor]) -> dict:
+    """f's ops cloned into the current trace over `tensors` (its arguments): each value's Tensor."""
+    from ..ir import graph as g
+
+    t = current_trace()
+    block = f.body.block
+    mapping = {a: x.value for a, x in zip(block.args, tensors)}
+    values = dict(zip(block.args, tensors))
+    for op in list(block.ops)[:-1]:
+        clone = op.clone(value_mapper=mapping)
+        t.block.add_op(clone)
+        for old, new in zip(op.results, clone.results):
+            mapping[old] = new
+            values[old] = Tensor(t, new, g.tensor_type(new).shape, g.tensor_type(new).dtype)
+    return values
+
+
+def _wide(x: Tensor) -> Tensor:
+    return ops.cast(x, dtypes.fp32) if x.dtype.bits < 32 else x
+
+
+def _attention_output(softmax, returned: set):
+    """The matmul P @ V reading an attention's probabilities P = softmax(s), when P reaches nothing
+    else (through casts, as its left operand), is not returned, and O = P @ V has P's rows: then
+    dP = dO @ V^T and rowsum(dP * P) = rowsum(dO * O). None otherwise."""
+    from ..ir import graph as g
+
+    chain = _cast_chain(softmax.res)
+    p = chain[-1].res if chain else softmax.res
+    readers = [u.operation for u in p.uses]
+    if len(readers) != 1 or not isinstance(readers[0], g.MatmulOp):
+        return None
+    (pv,) = readers
+    if pv.lhs is not p or pv.rhs is p or any(v in returned for v in (softmax.res, *(c.res for c in chain))):
+        return None
+    if g.tensor_type(pv.res).shape[:-1] != g.tensor_type(softmax.res).shape[:-1]:
+        return None
+    return pv
 
 
 def cotangent_name(result: int, taken: set[str]) -> str:
@@ -133,17 +285,18 @@ def _taking(body, names: Sequence[str]):
 class _Reverse:
     """The backward's body, run inside its trace: recompute, reverse, return (module doc)."""
 
-    def __init__(self, forward, wrt: list[int], seed_ones: bool):
-        self.forward, self.wrt, self.seed_ones = forward, wrt, seed_ones
+    def __init__(self, forward, wrt: list[int], seed_ones: bool, saved: Sequence[Saved] = ()):
+        self.forward, self.wrt, self.seed_ones, self.saved = forward, wrt, seed_ones, list(saved)
         self.values: dict = {}   # forward SSA value -> its Tensor in the backward
         self.grads: dict = {}    # forward SSA value -> its cotangent so far
         self.active: set = set()   # forward values that depend on a differentiated input
 
     def __call__(self, *tensors: Tensor):
         block = self.forward.body.block
-        primals, cotangents = tensors[:len(block.args)], tensors[len(block.args):]
+        n, n_saved = len(block.args), len(self.saved)
+        primals, residuals, cotangents = tensors[:n], tensors[n:n + n_saved], tensors[n + n_saved:]
         body = list(block.ops)[:-1]
-        self._recompute(block.args, primals, body)
+        self._recompute(block.args, primals, body, residuals)
         self._find_active(block.args, body)
         self._seed(block.last_op.operands, cotangents)
         for op in reversed(body):
@@ -151,25 +304,44 @@ class _Reverse:
         returned: list[Tensor] = []
         return tuple(self._result(block.args[i], returned) for i in self.wrt)
 
-    def _recompute(self, args, primals, body) -> None:
-        """The forward's ops cloned into the backward, reading its arguments."""
+    def _recompute(self, args, primals, body, residuals: Sequence[Tensor]) -> None:
+        """The forward's ops cloned into the backward, reading its arguments, the saved results
+        taken from `residuals` instead (their clones, unread, are dropped); then each attention's
+        probabilities as the backward reads them (`_probabilities_from_logsumexp`)."""
         from ..ir import graph as g
 
         t = current_trace()
         mapping = {a: p.value for a, p in zip(args, primals)}
         self.values.update(zip(args, primals))
+        given = {body[r.op].results[0]: x for r, x in zip(self.saved, residuals) if r.kind == "result"}
+        lse = {body[r.op]: x for r, x in zip(self.saved, residuals) if r.kind == "logsumexp"}
         for op in body:
-            if is_score_softmax(op):
-                with _provenance_of(op):
-                    probs = softmax_from_logsumexp(self.values[op.input], op.axis.data)
-                mapping[op.res] = probs.value
-                self.values[op.res] = probs
+            if op.results and op.results[0] in given:
+                mapping[op.results[0]] = given[op.results[0]].value
+                self.values[op.results[0]] = given[op.results[0]]
                 continue
             clone = op.clone(value_mapper=mapping)
             t.block.add_op(clone)
             for old, new in zip(op.results, clone.results):
                 mapping[old] = new
                 self.values[old] = Tensor(t, new, g.tensor_type(new).shape, g.tensor_type(new).dtype)
+        for op in body:
+            if is_score_softmax(op):
+                self._probabilities_from_logsumexp(op, lse.get(op))
+
+    def _probabilities_from_logsumexp(self, softmax, lse: Tensor | None = None) -> None:
+        """What the backward's rules read of an attention's probabilities P = softmax(s) (and of the
+        casts of P that its P @ V reads): exp(s - logsumexp(s)), so that each reader fuses into a
+        kernel over score blocks (`softmax_from_logsumexp`). The forward's own ops (the clones)
+        keep the softmax, so its P @ V stays one flash-attention kernel, which also writes the
+        log-sum-exp (made here, after every clone: fusion's order for a kernel's second output)."""
+        with _provenance_of(softmax):
+            probs = softmax_from_logsumexp(self.values[softmax.input], softmax.axis.data, lse)
+        self.values[softmax.res] = probs
+        for cast in _cast_chain(softmax.res):
+            with _provenance_of(cast):
+                probs = ops.cast(probs, g_dtype(cast.res))
+            self.values[cast.res] = probs
 
     def _find_active(self, args, body) -> None:
         """The float values that depend on a differentiated input: only they take gradients."""
@@ -208,10 +380,23 @@ class _Reverse:
             raise TesseraError(f"no gradient rule for {rule_key(op)} (tessera.autodiff.rules.VJP_RULES)")
         y = op.results[0]
         with _provenance_of(op):
-            derived = rule(op, self.grads[y], self.values[y], *(self.values[v] for v in op.operands))
+            extra = {}
+            if is_score_softmax(op) and (rowsum := self._attention_rowsum(op)) is not None:
+                extra["rowsum"] = rowsum
+            derived = rule(op, self.grads[y], self.values[y], *(self.values[v] for v in op.operands), **extra)
             for v, d in zip(op.operands, derived, strict=True):
                 if d is not None and v in self.active:
                     self._accumulate(v, fit(d, self.values[v]))
+
+    def _attention_rowsum(self, softmax) -> Tensor | None:
+        """An attention's D = rowsum(dP * P) as rowsum(dO * O) (FlashAttention's preprocessing
+        step) where `_attention_output` finds O: sum_j dP_ij P_ij = sum_e dO_ie O_ie, a row
+        reduction over the output instead of a pass over the scores recomputing both S and dP.
+        None otherwise (the softmax rule then sums dP * P)."""
+        pv = _attention_output(softmax, set(self.forward.body.block.last_op.operands))
+        if pv is None or pv.res not in self.grads:
+            return None
+        return ops.sum(_wide(self.grads[pv.res]) * _wide(self.values[pv.res]), -1, keepdim=True)
 
     def _accumulate(self, v, grad: Tensor) -> None:
         self.grads[v] = grad if v not in self.grads else self.grads[v] + grad
@@ -250,16 +435,34 @@ def is_score_softmax(op) -> bool:
     return False
 
 
-def softmax_from_logsumexp(x: Tensor, axis: int) -> Tensor:
-    """softmax(x) recomputed as exp(x - logsumexp(x)), in fp32, rounded to x's dtype as the
-    forward's softmax is. An attention backward reads the probabilities in three places (dV, and
-    dP * P twice); in this form each reader recomputes them from the scores and a row's
-    log-sum-exp (one number per row), so fusion makes every reader one kernel looping over key
-    blocks (`passes/recompute.py`) and the S x S probabilities never reach memory. (A forward that
-    saves the log-sum-exp would pass it in here: issue 14.)"""
+def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None) -> Tensor:
+    """softmax(x) recomputed as exp(x - lse), lse = logsumexp(x) (or a saved one), in fp32, rounded
+    to x's dtype as the forward's softmax is. An attention backward reads the probabilities in
+    several places (dV, and dS = P * (dP - D) for dQ and dK); in this form each reader recomputes
+    them from the scores and a row's log-sum-exp (one number per row), so fusion makes every reader
+    one kernel looping over key blocks (`passes/recompute.py`) and the S x S probabilities never
+    reach memory. The log-sum-exp is one `graph.reduce` of kind logsumexp, which the forward's
+    flash-attention kernel writes beside its output."""
     wide = ops.cast(x, dtypes.fp32) if x.dtype.bits < 32 else x
-    lse = torch_ops._logsumexp(wide, axis)
+    lse = torch_ops._logsumexp(wide, axis) if lse is None else lse
     return ops.cast(ops.exp(wide - lse), x.dtype)
+
+
+def _cast_chain(v) -> list:
+    """The casts reading `v` one after another, each the only reader of the one before."""
+    from ..ir import graph as g
+
+    chain = []
+    while len(uses := list(v.uses)) == 1 and isinstance((user := uses[0].operation), g.CastOp):
+        chain.append(user)
+        v = user.res
+    return chain
+
+
+def g_dtype(v):
+    from ..ir import graph as g
+
+    return g.tensor_type(v).dtype
 
 
 def _views_an_argument(x: Tensor) -> bool:

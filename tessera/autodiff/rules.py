@@ -154,6 +154,15 @@ def _reduce_extreme(op, g, y, x):
     return (ops.where(hit, share, 0.0),)
 
 
+def _reduce_logsumexp(op, g, y, x):
+    """softmax(x) along the axis times the cotangent (exp(x - y), y the log-sum-exp: one fused
+    elementwise kernel, no second reduction)."""
+    axis, keepdim = op.axis.data, op.keepdim.data
+    lse = _wide(y if keepdim else ops.unsqueeze(y, axis))
+    share = _wide(g if keepdim else ops.unsqueeze(g, axis))
+    return (ops.exp(_wide(x) - lse) * share,)
+
+
 # --- matmul, softmax, norms ----------------------------------------------------------------------
 
 def _matmul(op, g, y, a, b):
@@ -161,10 +170,12 @@ def _matmul(op, g, y, a, b):
     return ops.matmul(g, torch_ops.mT(b)), ops.matmul(torch_ops.mT(a), g)
 
 
-def _softmax(op, g, y, x):
+def _softmax(op, g, y, x, rowsum: Tensor | None = None):
+    """y * (g - sum(g * y)); `rowsum`, when the caller knows sum(g * y) another way (an attention's
+    rowsum(dO * O): `backward._Reverse._attention_rowsum`)."""
     axis = op.axis.data
     g, y = _wide(g), _wide(y)
-    return (y * (g - ops.sum(g * y, axis, keepdim=True)),)
+    return (y * (g - (ops.sum(g * y, axis, keepdim=True) if rowsum is None else rowsum)),)
 
 
 def _layer_norm(op, g, y, x, *params):
@@ -200,6 +211,7 @@ VJP_RULES: dict[str, Rule] = {
     "graph.reduce.mean": _reduce_mean,
     "graph.reduce.max": _reduce_extreme,
     "graph.reduce.min": _reduce_extreme,
+    "graph.reduce.logsumexp": _reduce_logsumexp,
     "graph.matmul": _matmul,
     "graph.softmax": _softmax,
     "graph.layer_norm": _layer_norm,

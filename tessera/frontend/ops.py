@@ -428,12 +428,13 @@ def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
     programs; `x.sum()` of any tensor works the same way and ends in a rank-0 view. A sum or mean
     over several dims of a 16-bit float keeps its partial results in fp32, as PyTorch's single
     reduction does (rounding each partial to fp16 cost 2% on a 257-element fp16 sum the fuzzer drew).
+    A logsumexp over several dims is one per dim, exactly: lse over (a, b) is lse_a(lse_b(x)).
     """
     g = _graph()
     axes = range(x.ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
     axes = sorted({_axis(x, d, kind) for d in axes}, reverse=True)
-    if kind == "mean" and not x.dtype.is_float:
-        raise DTypeError(f"mean of {x.dtype} {_label(x)}: cast to a float type first")
+    if kind in ("mean", "logsumexp") and not x.dtype.is_float:
+        raise DTypeError(f"{kind} of {x.dtype} {_label(x)}: cast to a float type first")
     out_dt = dtypes.int32 if x.dtype == dtypes.bool_ else x.dtype
     final = tuple(d for i, d in enumerate(x.dims) if i not in axes or keepdim)
     final = tuple(1 if i in axes else d for i, d in enumerate(x.dims)) if keepdim else final

@@ -11,12 +11,14 @@ int, ... per parameter), is a torch custom op (`torch.library.custom_op`, named
   the CPU interpreter on CPU tensors);
 - a fake implementation (`register_fake`): the output shapes and dtypes from the trace, Tessera's
   shape inference, which compiles no kernel; so `torch.compile` traces through the op;
-- autograd (`register_autograd`): the forward saves its tensor inputs only
-  (`ctx.save_for_backward`; the backward recomputes what it needs from them, as autodiff's
-  backward graphs do), and the backward calls the op of a `Derivative` for just the inputs that
-  `ctx.needs_input_grad` asks for. That derivative is itself such an op, with autograd, so double
-  backward (`create_graph=True`, Hessian-vector products) works: Graph IR autodiff of the
-  backward graph.
+- autograd (`register_autograd`): the op's forward is fn `Saving` what the compiler chose for its
+  backward to read rather than recompute (an attention's row log-sum-exp and output: its
+  results are fn's outputs, then those; calls see fn's outputs only), and it saves its tensor
+  inputs and those values (`ctx.save_for_backward`); the backward calls the op of a `Derivative`
+  for just the inputs that `ctx.needs_input_grad` asks for. That derivative is itself such an
+  op, with autograd, so double backward (`create_graph=True`, Hessian-vector products) works:
+  Graph IR autodiff of the backward graph, for which the first backward recomputes what was
+  saved (a saved value is a constant to the graph that reads it).
 
 Why a custom op rather than a bare `torch.autograd.Function`: the same object is what
 `torch.compile(fullgraph=True)` needs (a bare autograd.Function calling Tessera's Python call path
@@ -51,7 +53,7 @@ from typing import Any, Sequence
 
 import torch
 
-from ..autodiff.api import Derivative
+from ..autodiff.api import Derivative, saving
 from ..errors import ArgumentKindError, TesseraError
 
 _is_compiling = torch.compiler.is_dynamo_compiling
@@ -76,17 +78,28 @@ def call(fn, args: Sequence, options: dict):
     ops = getattr(fn, "_torch_ops", None)
     op = ops.get(kinds) if ops is not None else None
     if op is not None:
-        return op.overload(*full)
+        return _outputs(op.overload(*full), op.n_outputs)
     if _is_compiling():   # Dynamo cannot trace a registration: it runs it (`_register_while_tracing`)
         layout = tuple((tuple(x.shape), x.dtype) if isinstance(x, torch.Tensor) else x for x in full)
-        return getattr(torch.ops.tessera, _register_while_tracing(id(fn), kinds, layout))(*full)
-    return _register(fn, kinds, full).overload(*full)
+        name, n_outputs = _register_while_tracing(id(fn), kinds, layout)
+        return _outputs(getattr(torch.ops.tessera, name)(*full), n_outputs)
+    op = _register(fn, kinds, full)
+    return _outputs(op.overload(*full), op.n_outputs)
+
+
+def _outputs(results, n_outputs: int):
+    """The function's outputs among the op's results (the values its forward saves follow them)."""
+    if not isinstance(results, tuple):
+        return results
+    return results[0] if n_outputs == 1 else results[:n_outputs]
 
 
 def torch_op(fn, *example_args):
     """`fn` as a torch custom op (`torch.ops.tessera.<name>`, see the module doc) for the argument
     kinds of `example_args` (all of `fn`'s parameters without defaults), registered now if it is
-    not yet. Call it with `fn`'s positional arguments."""
+    not yet. Call it with `fn`'s positional arguments; it returns fn's outputs, then the values
+    fn's forward saves for its backward (none for most functions; an attention's row
+    log-sum-exp, fp32 with the key dim kept as 1)."""
     from .function import Function, Kernel
 
     if isinstance(fn, Kernel) or not isinstance(fn, Function):
@@ -140,35 +153,50 @@ class _TorchOp:
         results = _output_specs(fn, full)
         self.float_outputs = tuple(i for i, (_, dt) in enumerate(results) if dt.is_float)
         self.n_outputs = len(results)
+        # the op's results: fn's outputs, then what its forward saves for the backward (`Saving`)
+        self.forward = saving(fn)
+        tensors, constants = fn._split_args(list(full))
+        _, self.saved_positions = self.forward.layout(tensors, constants)
+        self.n_results = len(_output_specs(self.forward, full))
         self.name = _op_name(fn.name)
         self.op = torch.library.custom_op(f"tessera::{self.name}", self._impl, mutates_args=(),
                                           schema=self._schema())
         self.op.register_fake(self._fake)
-        self.op.register_autograd(self._backward, setup_context=_setup_context)
+        self.op.register_autograd(self._backward, setup_context=self._setup_context)
         self.overload = getattr(torch.ops.tessera, self.name).default   # what calls go through
 
     def _schema(self) -> str:
         params = ", ".join(f"{kind} {name}" for kind, name in zip(self.kinds, self.params))
-        returns = "Tensor" if self.n_outputs == 1 else f"({', '.join(['Tensor'] * self.n_outputs)})"
+        returns = "Tensor" if self.n_results == 1 else f"({', '.join(['Tensor'] * self.n_results)})"
         return f"({params}) -> {returns}"
 
     def _impl(self, *args):
-        """The Tessera call on the op's tensors, detached (below autograd: the op's autograd
-        records the call) and made contiguous where they are not (`_kernel_ready`)."""
-        outs = self.fn(*[_kernel_ready(x) if isinstance(x, torch.Tensor) else x for x in args])
+        """The Tessera call (of fn saving what its backward reads) on the op's tensors, detached
+        (below autograd: the op's autograd records the call) and made contiguous where they are
+        not (`_kernel_ready`)."""
+        outs = self.forward(*[_kernel_ready(x) if isinstance(x, torch.Tensor) else x for x in args])
         outs = outs if isinstance(outs, tuple) else (outs,)
-        if len(outs) != self.n_outputs:
-            raise TesseraError(f"{self.fn.name} returned {len(outs)} outputs where its torch op "
-                               f"tessera::{self.name} declares {self.n_outputs}")
+        if len(outs) != self.n_results:
+            raise TesseraError(f"{self.fn.name} returned {len(outs)} results where its torch op "
+                               f"tessera::{self.name} declares {self.n_results}")
         if not outs[0].is_cuda:   # CPU results of rank 0 come back as [1] (interop.host_like); the fake says ()
-            outs = tuple(o.reshape(shape) for o, (shape, _) in zip(outs, _output_specs(self.fn, args)))
-        return outs if self.n_outputs > 1 else outs[0]
+            outs = tuple(o.reshape(shape) for o, (shape, _) in zip(outs, _output_specs(self.forward, args)))
+        return outs if self.n_results > 1 else outs[0]
 
     def _fake(self, *args):
-        """Empty tensors of the output shapes and dtypes, from the trace (no kernels compiled)."""
+        """Empty tensors of the results' shapes and dtypes, from the trace (no kernels compiled)."""
         first = next(x for x in args if isinstance(x, torch.Tensor))
-        outs = [first.new_empty(shape, dtype=_torch_dtype(dt)) for shape, dt in _output_specs(self.fn, args)]
-        return tuple(outs) if self.n_outputs > 1 else outs[0]
+        outs = [first.new_empty(shape, dtype=_torch_dtype(dt)) for shape, dt in _output_specs(self.forward, args)]
+        return tuple(outs) if self.n_results > 1 else outs[0]
+
+    def _setup_context(self, ctx, inputs, output) -> None:
+        """Saves the tensor inputs, the values the forward saved for the backward, and the other
+        arguments (the backward recomputes the rest)."""
+        ctx.tensor_positions = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
+        ctx.constants = [None if isinstance(x, torch.Tensor) else x for x in inputs]
+        outs = output if isinstance(output, tuple) else (output,)
+        ctx.save_for_backward(*[inputs[i] for i in ctx.tensor_positions], *[outs[i] for i in self.saved_positions])
+        ctx.output_types = [(tuple(o.shape), o.dtype) for o in outs]
 
     def _backward(self, ctx, *grads):
         return _backward(self, ctx, grads)
@@ -213,8 +241,8 @@ def _assume_constant_result(fn):
 
 
 @_assume_constant_result
-def _register_while_tracing(fn_id: int, kinds: tuple[str, ...], layout: tuple) -> str:
-    """The op's name, registering the op first: what Dynamo does with a call whose op is not yet
+def _register_while_tracing(fn_id: int, kinds: tuple[str, ...], layout: tuple) -> tuple[str, int]:
+    """The op's name and fn's number of outputs, registering the op first: what Dynamo does with a call whose op is not yet
     registered. Marked as a constant result, so Dynamo runs it at trace time rather than tracing
     it (it could not: registration is not tensor code), with constant arguments only: the
     tensors' shapes and dtypes (static shapes; a dynamic one breaks the graph here:
@@ -224,7 +252,7 @@ def _register_while_tracing(fn_id: int, kinds: tuple[str, ...], layout: tuple) -
     fn = ctypes.cast(fn_id, ctypes.py_object).value
     full = [_Layout(*x) if isinstance(x, tuple) else x for x in layout]
     op = fn.__dict__.get("_torch_ops", {}).get(kinds) or _register(fn, kinds, full)
-    return op.name
+    return op.name, op.n_outputs
 
 
 def _op_name(name: str) -> str:
@@ -267,30 +295,26 @@ def _torch_dtype(dt) -> torch.dtype:
 
 # --- autograd -------------------------------------------------------------------------------------
 
-def _setup_context(ctx, inputs, output) -> None:
-    """Saves the tensor inputs only (the backward recomputes the rest) and the other arguments."""
-    ctx.tensor_positions = [i for i, x in enumerate(inputs) if isinstance(x, torch.Tensor)]
-    ctx.constants = [None if isinstance(x, torch.Tensor) else x for x in inputs]
-    ctx.save_for_backward(*[inputs[i] for i in ctx.tensor_positions])
-    outs = output if isinstance(output, tuple) else (output,)
-    ctx.output_types = [(tuple(o.shape), o.dtype) for o in outs]
-
-
 def _backward(op: _TorchOp, ctx, grads) -> tuple:
     """The gradients of the inputs that need them, from the op of fn's derivative for just those
-    inputs; None for the rest (non-float and constant arguments, inputs not requiring grad)."""
+    inputs; None for the rest (non-float and constant arguments, inputs not requiring grad). The
+    derivative reads what the forward saved, except under `create_graph=True` (grad mode on in the
+    backward): a derivative of a derivative must see how the saved values depend on the inputs, so
+    that one recomputes them."""
     inputs = list(ctx.constants)
-    for i, x in zip(ctx.tensor_positions, ctx.saved_tensors):
+    tensors = ctx.saved_tensors
+    for i, x in zip(ctx.tensor_positions, tensors):
         inputs[i] = x
     wrt = [i for i in ctx.tensor_positions if ctx.needs_input_grad[i] and inputs[i].dtype.is_floating_point]
     if not wrt:
         return (None,) * len(inputs)
     cotangents = [_cotangent(grads[i], *ctx.output_types[i]) for i in op.float_outputs]
-    derivative = _derivative(op, tuple(op.params[i] for i in wrt))
-    full = [*inputs, *cotangents]
-    kinds = (*op.kinds, *("Tensor",) * len(cotangents))
+    saved = list(tensors[len(ctx.tensor_positions):]) if not torch.is_grad_enabled() else []
+    derivative = _derivative(op, tuple(op.params[i] for i in wrt), len(saved))
+    full = [*inputs, *saved, *cotangents]
+    kinds = (*op.kinds, *("Tensor",) * (len(saved) + len(cotangents)))
     dop = derivative.__dict__.get("_torch_ops", {}).get(kinds) or _register(derivative, kinds, full)
-    results = dop.overload(*full)
+    results = _outputs(dop.overload(*full), dop.n_outputs)
     results = iter(results if isinstance(results, tuple) else (results,))
     return tuple(next(results) if i in wrt else None for i in range(len(inputs)))
 
@@ -302,41 +326,44 @@ def _cotangent(grad, shape: tuple[int, ...], dtype) -> torch.Tensor:
     return grad.reshape(1) if len(shape) == 0 else grad
 
 
-def _derivative(op: _TorchOp, wrt_names: tuple[str, ...]):
-    """fn's vjp for the inputs `wrt_names`, kept on fn so repeated backwards reuse its compiles."""
-    from ..autodiff.backward import cotangent_name
+def _derivative(op: _TorchOp, wrt_names: tuple[str, ...], n_saved: int):
+    """fn's vjp for the inputs `wrt_names`, reading `n_saved` saved values, kept on fn so repeated
+    backwards reuse its compiles."""
+    from ..autodiff.backward import cotangent_name, saved_names
 
     fn = op.fn
     known = fn.__dict__.setdefault("_torch_derivatives", {})
-    key = (op.float_outputs, wrt_names)
+    key = (op.float_outputs, wrt_names, n_saved)
     if key not in known:
-        taken = set(fn.signature.parameters)
-        known[key] = _PartialVJP(fn, wrt_names, [cotangent_name(i, taken) for i in op.float_outputs])
+        saved = saved_names(n_saved, fn.signature.parameters)
+        taken = set(fn.signature.parameters) | set(saved)
+        known[key] = _PartialVJP(fn, wrt_names, [cotangent_name(i, taken) for i in op.float_outputs], saved)
     return known[key]
 
 
 class _PartialVJP(Derivative):
-    """A `Derivative` in `tsr.vjp`'s form (the forward's parameters, then one cotangent per
-    float output) whose gradients are those of the inputs `wrt_names` only: the backward graph
-    differentiates nothing torch does not ask for."""
+    """A `Derivative` in `tsr.vjp`'s form (the forward's parameters, the values it saved where
+    given, then one cotangent per float output) whose gradients are those of the inputs
+    `wrt_names` only: the backward graph differentiates nothing torch does not ask for."""
 
-    def __init__(self, forward, wrt_names: Sequence[str], cotangent_names: Sequence[str]):
-        super().__init__(forward, cotangent_names=cotangent_names)
+    def __init__(self, forward, wrt_names: Sequence[str], cotangent_names: Sequence[str],
+                 saved_names: Sequence[str] = ()):
+        super().__init__(forward, cotangent_names=cotangent_names, saved_names=saved_names)
         self.wrt_names = tuple(wrt_names)
         self.name = self.__name__ = f"{forward.name}_vjp_{'_'.join(self.wrt_names)}"
-        self.captures = _TaggedCaptures(forward.captures, ("vjp", self.wrt_names))
+        self.captures = _TaggedCaptures(forward.captures, ("vjp", self.wrt_names, len(self.saved_names)))
 
     def trace(self, args, constants=None):
         from ..autodiff.api import _check_cotangents
         from ..autodiff.backward import backward_graph, forward_function
 
-        primal = [a for a in args if a.name not in self.cotangent_names]
+        primal = [a for a in args if a.name not in self.cotangent_names and a.name not in self.saved_names]
         module = self.forward.trace(primal, constants)
         _check_cotangents(forward_function(module), [a for a in args if a.name in self.cotangent_names],
                           self.forward.name)
         names = [a.name for a in primal]
         wrt = [names.index(n) for n in self.wrt_names]
-        return backward_graph(module, wrt, False, self.name, self.cotangent_names)
+        return backward_graph(module, wrt, False, self.name, self.cotangent_names, self.saved_names or None)
 
 
 class _TaggedCaptures:

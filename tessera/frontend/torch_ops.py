@@ -369,16 +369,13 @@ def std(x: Tensor, dim=None, *, correction=1, keepdim: bool = False) -> Tensor:
 
 
 def _logsumexp(x: Tensor, dim) -> Tensor:
-    """log(sum(exp(x))) with the reduced dims kept, computed about the max (so no overflow); a
-    max of +-inf is taken as 0, so a row of -inf gives -inf and a row with +inf gives inf, as torch."""
-    m = ops.amax(x, dim, True)
-    m = ops.where(ops.eq(ops.abs(m), math.inf), 0.0, m)
-    return ops.log(ops.sum(ops.exp(x - m), dim, True)) + m
+    """log(sum(exp(x))) with the reduced dims kept: one `graph.reduce` of kind logsumexp per dim
+    (computed about the row max; a row of -inf gives -inf and one with +inf gives inf, as torch)."""
+    return ops._reduce(x, "logsumexp", dim, True)
 
 
 def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
-    """torch.logsumexp along `dim`: two row reductions (the max, then the sum of exponentials with
-    the max in its prologue and the log in its epilogue)."""
+    """torch.logsumexp along `dim`: one row reduction per dim, in fp32."""
     return _reduced_in_fp32(x, lambda w: _logsumexp(w, dim), dim, keepdim, "logsumexp")
 
 

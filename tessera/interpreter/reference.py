@@ -62,7 +62,17 @@ def _rms_norm(op: g.RmsNormOp, x, *params):
     return y * params[0] if op.weight is not None else y
 
 
-_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean}
+def _logsumexp(x, axis: int, keepdims: bool):
+    """log(sum(exp(x))) about the max, a max of +-inf taken as 0 (a row of -inf gives -inf, one
+    with +inf gives inf), as torch.logsumexp."""
+    m = np.max(x, axis=axis, keepdims=True)
+    m = np.where(np.isinf(m), 0.0, m).astype(x.dtype)
+    with np.errstate(divide="ignore", invalid="ignore", over="ignore"):
+        out = np.log(np.sum(np.exp(x - m), axis=axis, keepdims=True)) + m
+    return out if keepdims else np.squeeze(out, axis)
+
+
+_REDUCE = {"sum": np.sum, "max": np.max, "min": np.min, "mean": np.mean, "logsumexp": _logsumexp}
 
 
 def _reduce(op: g.ReduceOp, x):

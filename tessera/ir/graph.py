@@ -387,12 +387,16 @@ class ReshapeOp(_OneTensorOp):
             raise VerifyException(f"reshape: {sizes[0]} and {sizes[1]} have different element counts")
 
 
-REDUCTIONS = ("sum", "max", "min", "mean")
+#: `logsumexp` is log(sum(exp(x))) about the row max (a max of -inf taken as 0, +inf giving +inf,
+#: as torch): one reduction, so one kernel computes it, and an attention kernel, which has a row's
+#: max and sum of exponentials anyway, writes it beside its output (`fusion`, the saved residual of
+#: an attention backward)
+REDUCTIONS = ("sum", "max", "min", "mean", "logsumexp")
 
 
 @irdl_op_definition
 class ReduceOp(IRDLOperation):
-    """Reduces one axis (`kind` in sum/max/min/mean); `keepdim` keeps it with size 1."""
+    """Reduces one axis (`kind` in `REDUCTIONS`); `keepdim` keeps it with size 1."""
 
     name = "graph.reduce"
     input = operand_def(TensorType)

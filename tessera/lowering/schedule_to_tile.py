@@ -60,6 +60,8 @@ class KernelBuild:
     #: `out`; the host allocates them) and kernels the host launches first, on the inputs and these
     scratch: list[SSAValue] = field(default_factory=list)
     before: list[tuple[t.KernelOp, tuple[int, int, int]]] = field(default_factory=list)
+    #: every output param, `out` first (a flash attention's saved log-sum-exp comes second)
+    outs: list[SSAValue] = field(default_factory=list)
 
     @property
     def group_block(self) -> Block:
@@ -96,7 +98,7 @@ class KernelBuild:
     def add_scratch(self, memref: MemRefType) -> SSAValue:
         """A new kernel param for a scratch buffer (after the inputs and earlier scratch)."""
         block = self.kernel.body.block
-        arg = block.insert_arg(memref, len(block.args) - 1)
+        arg = block.insert_arg(memref, len(block.args) - len(self.outs))
         self.kernel.properties["function_type"] = FunctionType.from_lists(block.arg_types, [])
         self.scratch.append(arg)
         return arg
@@ -138,7 +140,8 @@ def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefTy
     if anchor is not None:
         b.origins.append(provenance.provenance(anchor))
     em = Emitter(b, dict(zip(block.args, kargs)), bindings)
-    return KernelBuild(sk, kernel, b, em, kargs[-1] if outputs else None, bindings, p)
+    outs = list(kargs[len(block.args):])
+    return KernelBuild(sk, kernel, b, em, outs[0] if outs else None, bindings, p, outs=outs)
 
 
 def _finish(kb: KernelBuild) -> t.KernelOp:
@@ -332,7 +335,10 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         write(normalize)
     else:
         kind = anchor.kind.data
-        acc = accumulate(kind, NEUTRAL[kind])
+        if kind == "logsumexp":
+            acc = _logsumexp_of_stats(kb, *_online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks))
+        else:
+            acc = accumulate(kind, NEUTRAL[kind])
         if kind == "mean":
             acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
         out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
@@ -356,6 +362,16 @@ def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunks: int, masked
     return safe, l_i
 
 
+def _logsumexp_of_stats(kb: KernelBuild, m: SSAValue, l: SSAValue, scale: float = 1.0) -> SSAValue:
+    """A row's log(sum(exp(scale * x))) from its online-softmax state: the max `m` of x (-inf taken
+    as 0, as `_safe_max` makes it) and the sum `l` of exp(scale * (x - m)): scale * m + log(l), and
+    +inf where the max is +inf (torch's logsumexp; l is NaN there)."""
+    b = kb.b
+    shape = m.type.get_shape()
+    lse = b(mathd.FmaOp(m, b.full(scale, shape), b(arith.MulfOp(b(mathd.Log2Op(l)), b.full(LN2, shape)))))
+    return select(b, compare(b, m, b.full(math.inf, shape), "oeq"), b.full(math.inf, shape), lse)
+
+
 def _safe_max(kb: KernelBuild, m: SSAValue, bm: int) -> SSAValue:
     """A row max of -inf (row fully masked so far) is replaced by 0 so exp(x - m) stays finite."""
     ninf = kb.b.full(-math.inf, [bm])
@@ -364,6 +380,7 @@ def _safe_max(kb: KernelBuild, m: SSAValue, bm: int) -> SSAValue:
 
 
 LOG2E = 1.4426950408889634
+LN2 = 0.6931471805599453
 
 
 def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale: float = 1.0):
@@ -865,6 +882,7 @@ class _AttentionRows:
     scale: float
     m0: SSAValue
     scalars: dict[str, SSAValue]
+    score_map: Map      # the axes the scores' dims walk (..., m, n)
 
 
 def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
@@ -879,7 +897,22 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     ctx = TileCtx({"m": (rows.m0, tile["m"]), "e": (kb.b.index(0), tile["e"])}, rows.scalars)
     kb.em.overrides[kb.op(g.MatmulOp)[1].res] = out
     kb.store_result(shape.axes, ctx)
+    _store_logsumexp(kb, _logsumexp_of_stats(kb, rows.m_i, rows.l_i, rows.scale), rows.score_map,
+                     TileCtx({"m": (rows.m0, tile["m"])}, rows.scalars))
     return shape.grid()
+
+
+def _store_logsumexp(kb: KernelBuild, lse: SSAValue, score_map: Map, ctx: TileCtx) -> None:
+    """Stores each query row's log-sum-exp `lse` (natural log, [BM]) where the kernel has a second
+    output: the scores' `graph.reduce` of kind logsumexp that fusion gave the kernel (an attention
+    backward's saved residual); its dims are the scores' with the keys' reduced (kept with size 1
+    or dropped)."""
+    if len(kb.outs) < 2:
+        return
+    (reduce,) = kb.op(g.ReduceOp)
+    lse_map = (*score_map[:-1], None) if reduce.keepdim.data else score_map[:-1]
+    with kb.b.origin(reduce):
+        kb.em.store(lse, kb.outs[1], lse_map, ctx, g.tensor_type(reduce.res).dtype)
 
 
 def _attention_rows(kb: KernelBuild, att: _AttentionShape,
@@ -993,7 +1026,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
             steps, past_end = _split_run(kb, steps, *split), att.key_blocks * tile["n"]
         acc, m_i, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed, scalars, inits,
                                         compute, past_end=past_end)
-    return _AttentionRows(acc, m_i, l_i, scales[0] if scales else 1.0, m0, scalars)
+    return _AttentionRows(acc, m_i, l_i, scales[0] if scales else 1.0, m0, scalars, p_map)
 
 
 #: the tile of a split-KV attention's second kernel, which combines the splits' outputs
@@ -1069,11 +1102,17 @@ def _combine_splits(kb: KernelBuild, att: _AttentionShape, lse: SSAValue, partia
         acc = b(mathd.FmaOp(_broadcast_rows(b, weight, [bm, be]), out_s,
                             b(arith.MulfOp(acc, _broadcast_rows(b, alpha, [bm, be])))))
         return [m_new, total, acc]
-    _, total, acc = _for(b, 0, splits, 1, [b.full(-math.inf, [bm]), b.full(0.0, [bm]), b.full(0.0, [bm, be])],
-                         combine)
+    m_i, total, acc = _for(b, 0, splits, 1, [b.full(-math.inf, [bm]), b.full(0.0, [bm]), b.full(0.0, [bm, be])],
+                           combine)
     inv_total = b(arith.DivfOp(b.full(1.0, [bm]), total))
-    kb.em.overrides[kb.op(g.MatmulOp)[1].res] = b(arith.MulfOp(acc, _broadcast_rows(b, inv_total, [bm, be])))
+    m2 = kb.op(g.MatmulOp)[1]
+    kb.em.overrides[m2.res] = b(arith.MulfOp(acc, _broadcast_rows(b, inv_total, [bm, be])))
     kb.store_result(att.axes, ctx)
+    if len(kb.outs) > 1:   # the splits' log-sum-exps (base 2, about their max) combined, in natural log
+        lse2 = b(arith.AddfOp(_safe_max(kb, m_i, bm), b(mathd.Log2Op(total))))
+        score_map = matmul_operand_maps(m2, att.axes, "n", kb.bindings)[0]
+        _store_logsumexp(kb, b(arith.MulfOp(lse2, b.full(LN2, [bm]))), score_map,
+                         TileCtx({a: x for a, x in ctx.tiled.items() if a != "e"}, ctx.scalars))
     return grid
 
 

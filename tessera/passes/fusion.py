@@ -32,7 +32,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 from ..errors import TesseraError
 from ..ir import graph as g
 from ..ir import provenance
-from .. import platforms
+from .. import dtypes, platforms
 from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
 from ..ir import index_maps
@@ -59,6 +59,13 @@ class Group:
     kind: str
     ops: set = field(default_factory=set)
     output: SSAValue | None = None   # None: a kernel of device_asserts only
+    #: outputs the template writes besides `output` (a flash attention's log-sum-exp), read only by
+    #: ops after `output`'s producer, where the kernel runs
+    extra: list[SSAValue] = field(default_factory=list)
+
+    @property
+    def outputs(self) -> list[SSAValue]:
+        return ([self.output] if self.output is not None else []) + self.extra
 
 
 class _Planner:
@@ -182,9 +189,16 @@ class _Planner:
                 continue
             if any(isinstance(o, WINDOWS) for o in consumer.ops):
                 continue
+            if not self._extras_read_after(producer, self.producer(consumer.output)):
+                continue
             self.claim(producer, consumer.ops)
             producer.output = consumer.output
             self.groups.remove(consumer)
+
+    def _extras_read_after(self, group: Group, op: Operation) -> bool:
+        """Whether every reader of the group's extra outputs comes after `op` (where the kernel
+        would run with `op`'s result as its output)."""
+        return all(self.order.get(u.operation, -1) > self.order[op] for v in group.extra for u in v.uses)
 
     # --- rules ---------------------------------------------------------------
     def attention(self, m2: g.MatmulOp) -> None:
@@ -199,14 +213,36 @@ class _Planner:
         sm = op
         if any(len(self.users(c.results[0])) != 1 for c in [sm, *casts]):
             return
-        region, m1 = self._score_region(sm.input)
+        lse = self._logsumexp_of_scores(sm, m2)
+        region, m1 = self._score_region(sm.input, set(lse))
         if m1 is None or not self.free(m1) or not self.free(sm):
             return
-        group = self.new_group("flash_attention", [m1, *region, sm, *casts, m2], m2.res)
+        group = self.new_group("flash_attention", [m1, *region, sm, *casts, m2, *lse], m2.res)
+        group.extra = [lse[-1].res] if lse else []
         self.pull_producers(group, [v for o in region for v in o.operands])
 
-    def _score_region(self, v: SSAValue):
-        """Elementwise ops between the first matmul and the softmax, and that matmul."""
+    def _logsumexp_of_scores(self, sm: g.SoftmaxOp, m2: g.MatmulOp) -> list[Operation]:
+        """The ops of a row log-sum-exp of the softmax's scores (`graph.reduce` logsumexp over the
+        last axis, of the scores or of their cast to fp32) that the attention kernel writes as a
+        second output from its row max and sum: an attention backward's saved residual. Only where
+        every reader runs after the kernel (after m2 in program order); else none."""
+        for user in self.users(sm.input):
+            ops = [user]
+            if isinstance(user, g.CastOp) and g.tensor_type(user.res).dtype == dtypes.fp32 \
+                    and len(self.users(user.res)) == 1:
+                ops.append(self.users(user.res)[0])
+            reduce = ops[-1]
+            if not (isinstance(reduce, g.ReduceOp) and reduce.kind.data == "logsumexp"
+                    and reduce.axis.data == g.tensor_type(reduce.input).rank - 1):
+                continue
+            readers = [u.operation for u in reduce.res.uses]
+            if all(self.free(op) for op in ops) and all(self.order.get(r, -1) > self.order[m2] for r in readers):
+                return ops
+        return []
+
+    def _score_region(self, v: SSAValue, lse: set[Operation] = frozenset()):
+        """Elementwise ops between the first matmul and the softmax, and that matmul (the ops of a
+        log-sum-exp `lse` of the scores may read them too)."""
         region, m1, work, seen = [], None, [v], set()
         while work:
             op = self.producer(self.strip_cheap(work.pop()))
@@ -222,9 +258,9 @@ class _Planner:
                     and self._depends_on_matmul(op):
                 region.append(op)
                 work.extend(op.operands)
-        if m1 is None or len(self.users(m1.res)) != 1:
+        if m1 is None or len([u for u in self.users(m1.res) if u not in lse]) != 1:
             return [], None
-        members = set(region) | {m1}
+        members = set(region) | {m1} | lse
         for op in region:
             if any(u not in members and not isinstance(u, g.SoftmaxOp) for u in self.users(op.results[0])):
                 return [], None
@@ -381,7 +417,7 @@ class _Planner:
     def _materialized(self, v: SSAValue) -> bool:
         """Whether `v` is in memory when kernels run: an argument, a host view, a kernel's output."""
         producer = self.producer(v)
-        return producer is None or producer in self.views or any(grp.output is v for grp in self.groups)
+        return producer is None or producer in self.views or any(v in grp.outputs for grp in self.groups)
 
     def _copies_for_unproduced_results(self) -> None:
         """Materializes what no kernel writes: results that are arguments or cheap views of
@@ -398,7 +434,7 @@ class _Planner:
             self._materialize(v)
 
     def _written_by_kernel(self, v: SSAValue) -> bool:
-        return self.producer(v) in self.group_of or any(grp.output is v for grp in self.groups)
+        return self.producer(v) in self.group_of or any(v in grp.outputs for grp in self.groups)
 
     def _materialize(self, v: SSAValue) -> None:
         producer = self.producer(v)
@@ -443,8 +479,8 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         else:
             _clone_op(op, mapping, block, inputs, planner, group)
     outs = []
-    if group.output is not None:
-        out = _clone_cheap_chain(group.output, mapping, block, inputs, planner, group)
+    for output in group.outputs:
+        out = _clone_cheap_chain(output, mapping, block, inputs, planner, group)
         if out in block.args:  # a bare copy: give the kernel one op that produces its output
             copy = g.CastOp(out, out.type)
             block.add_op(copy)
@@ -545,11 +581,25 @@ def _features(group: Group, planner: _Planner) -> dict[str, int]:
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
     if group.kind == "flash_chain":
-        scores = [mm for mm in matmuls if recompute.is_score_matmul(mm, planner.bindings) and mm.res not in
-                  (group.output,)]
-        features["head_dim"] = max(g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings) for mm in matmuls)
-        features["score_matmuls"] = max(1, len(scores))
+        features["head_dim"] = _chain_width(group, matmuls, planner)
+        features["score_matmuls"] = max(1, len(matmuls) - (not any(isinstance(op, g.ReduceOp) for op in group.ops)))
     return features
+
+
+def _chain_width(group: Group, matmuls: list, planner: _Planner) -> int:
+    """The widest row of a flash_chain kernel's tiles in shared memory: the score matmuls' inner
+    dims (their resident and pipelined operands) and, for a matmul sink, the kept dim of its
+    operand read from memory (dV's dO, dK's Q): the head dims, not the reduced sequence length
+    that the sink's own inner dim is (taking that shrank dV/dQ/dK's key blocks to 32 rows)."""
+    def size(d) -> int:
+        return g.dim_value(d, planner.bindings)
+    reduces = any(isinstance(op, g.ReduceOp) for op in group.ops)
+    scores, sink = (matmuls, None) if reduces else (matmuls[:-1], matmuls[-1])   # the sink reads them all
+    widths = [size(g.tensor_type(mm.lhs).shape[-1]) for mm in scores]
+    if sink is not None:
+        computed_lhs = planner.producer(planner.strip_cheap(sink.lhs)) in group.ops
+        widths.append(size(g.tensor_type(sink.res).shape[-1 if computed_lhs else -2]))
+    return max(widths)
 
 
 def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp:
@@ -577,7 +627,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp
             block, inputs, params, group_space = _kernel_body(item, planner, space)
             name = f"{f.sym_name.data}_{item.kind}_{index}"
             index += 1
-            outputs = [item.output] if item.output is not None else []
+            outputs = item.outputs
             kernel = s.KernelOp(name, item.kind, [outer[v] for v in inputs], [v.type for v in outputs], block,
                                 params, group_space)
             body.add_op(kernel)

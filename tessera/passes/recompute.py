@@ -14,7 +14,8 @@ makes each sink one `flash_chain` kernel looping over key (or query) blocks.
 What is copied is only what the copy can recompute: elementwise ops and matmuls over at most
 `MAX_SCORE_INNER` elements; windows (slices, concatenations), other reductions and longer matmuls
 are read from memory as before. A tree copied for a sink that cannot be fused would only add work,
-so only sinks `chain_sink` accepts get copies, and the first sink of a tree keeps the original.
+so only sinks `chain_sink` accepts get copies, and only where another op reads the tree too (the
+last reader keeps the original).
 """
 from __future__ import annotations
 
@@ -89,16 +90,12 @@ def chain_sink(op, operand: SSAValue, bindings: dict[str, int]) -> bool:
 def recompute_scores(module: ModuleOp) -> ModuleOp:
     """`module` with each flash_chain sink reading a producer tree of its own (module doc): a copy
     where some sink needs one, else `module` itself (which is never changed)."""
-    if not any(_shared_trees(f) for f in module.ops if isinstance(f, func.FuncOp)):
+    if not any(_sinks_sharing(f, apply=False) for f in module.ops if isinstance(f, func.FuncOp)):
         return module
     module = module.clone()
     for f in module.ops:
         if isinstance(f, func.FuncOp):
-            copied: list[Operation] = []
-            for sink, index, tree in _shared_trees(f):
-                sink.operands[index] = _copy_tree(sink.operands[index], tree, sink)
-                copied += tree
-            _erase_unread(copied)
+            _erase_unread(_sinks_sharing(f, apply=True))
     return module
 
 
@@ -115,23 +112,32 @@ def _erase_unread(ops: list[Operation]) -> None:
                 erased = True
 
 
-def _shared_trees(f: func.FuncOp) -> list[tuple[Operation, int, list[Operation]]]:
-    """(sink, operand index, its producer tree) for each sink whose tree shares ops with an earlier
-    sink's, in program order."""
+def _sinks_sharing(f: func.FuncOp, apply: bool) -> list[Operation]:
+    """The ops of the producer trees that sinks share with other readers (other sinks, an attention
+    forward's softmax, its saved log-sum-exp), in program order; with `apply`, each such sink gets a
+    copy of its tree (the last reader keeps the original)."""
     bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
-    claimed: set[Operation] = set()
-    shared = []
-    for sink in f.body.block.ops:
+    shared: list[Operation] = []
+    for sink in list(f.body.block.ops):
         for index, v in enumerate(sink.operands):
             if not chain_sink(sink, v, bindings):
                 continue
             tree = producer_tree(v, bindings)
-            if not reduces_scores(tree, bindings):
+            if not reduces_scores(tree, bindings) or not _read_elsewhere(tree, sink):
                 continue
-            if not claimed.isdisjoint(tree):
-                shared.append((sink, index, tree))
-            claimed.update(tree)
+            shared += tree
+            if not apply:
+                return shared
+            sink.operands[index] = _copy_tree(v, tree, sink)
     return shared
+
+
+def _read_elsewhere(tree: list[Operation], sink: Operation) -> bool:
+    """Whether an op of `tree` (constants and aranges aside: every kernel makes its own) has a
+    reader outside the tree and the sink."""
+    members = set(tree) | {sink}
+    return any(use.operation not in members for op in tree if not isinstance(op, (g.ConstantOp, g.ArangeOp))
+               for r in op.results for use in r.uses)
 
 
 def _copy_tree(v: SSAValue, tree: list[Operation], before: Operation) -> SSAValue:

@@ -379,7 +379,7 @@ def test_unreached_inputs_get_zeros_and_passed_through_cotangents_are_copies():
     np.testing.assert_array_equal(dy, ct)
     np.testing.assert_array_equal(du, np.zeros(3))
     tsr.vjp(passthrough, x, x, x)[1](ct)   # a second vjp reuses the first one's compile
-    assert len({id(c) for c in tsr.autodiff.api._vjp_function(passthrough, (0,))._cache.values()}) == 1
+    assert len({id(c) for c in tsr.autodiff.api._vjp_function(passthrough, (0,), 0)._cache.values()}) == 1
 
 
 @tsr.function
@@ -426,7 +426,7 @@ def test_backward_graph_prints_parses_back_and_keeps_the_forward_lines(tmp_path)
     assert lines <= {str(first + n) for n in range(3, 8)}, lines   # the forward's own lines only
     # the same text from a compile's dump, as --dump-ir writes it
     _, f_vjp = tsr.vjp(softcapped_causal_attention, *[np.ones((1, 2, 5, 4), np.float32)] * 3)
-    derivative = tsr.autodiff.api._vjp_function(softcapped_causal_attention, (0,))
+    derivative = tsr.autodiff.api._vjp_function(softcapped_causal_attention, (0,), 0)
     compiled = derivative.compile(specs + [ArgSpec("d_out0", (1, 2, 5, 4), tsr.fp32, ("B", "H", "S", "D"))],
                                   dump=["graph", "schedule"], dump_dir=tmp_path)
     assert (tmp_path / "graph.mlir").read_text() == compiled.ir("graph") == text
@@ -461,7 +461,7 @@ def test_fp16_attention_backward_runs_on_the_cpu_and_compiles_to_ptx():
     rng = np.random.default_rng(7)
     arrays = [rng.standard_normal((1, 2, 7, 8)).astype(np.float16) for _ in range(3)]
     check_vjp(softcapped_causal_attention, attention_reference, arrays, {0: "q", 1: "k", 2: "v"}, rtol=2e-2)
-    derivative = tsr.autodiff.api._vjp_function(softcapped_causal_attention, (0,))
+    derivative = tsr.autodiff.api._vjp_function(softcapped_causal_attention, (0,), 2)   # saving the log-sum-exp and the output
     compiled = next(c for c in derivative._cache.values() if "f16" in c.ir("graph"))
     kernels = compiled.stage("ptx")
     assert set(kernels) == set(compiled.kernel_names) and len(kernels) > 4

@@ -70,7 +70,7 @@ def test_only_inputs_that_require_grad_are_differentiated():
     w, a = leaves(torch, [(8,), (8, 4)], torch.float32, "cpu", seed=5)
     layer(x, w, a).sum().backward()
     assert x.grad is None
-    assert list(layer._torch_derivatives) == [((0,), ("w", "a"))]
+    assert list(layer._torch_derivatives) == [((0,), ("w", "a"), 0)]   # (no attention: nothing saved)
     exact = float64_twins([w, a])
     torch_rms_norm_matmul(torch, x.double(), *exact).sum().backward()
     assert rel(torch, w.grad, exact[0].grad) < TOL and rel(torch, a.grad, exact[1].grad) < TOL
@@ -206,8 +206,9 @@ def test_torch_op_is_a_checked_custom_op():
                                                                  "test_faketensor"))
     assert set(result.values()) == {"SUCCESS"}
     with torch._subclasses.fake_tensor.FakeTensorMode():
-        fake = op(*[torch.empty(2, 3, 4, 8) for _ in range(3)])
-    assert fake.shape == (2, 3, 4, 8) and fake.dtype == torch.float32
+        out, lse = op(*[torch.empty(2, 3, 4, 8) for _ in range(3)])
+    assert out.shape == (2, 3, 4, 8) and out.dtype == torch.float32
+    assert lse.shape == (2, 3, 4, 1) and lse.dtype == torch.float32   # saved for the backward
 
 
 def test_torch_op_refuses_kernels_and_the_torch_path_refuses_compile_options():
@@ -234,7 +235,7 @@ def test_derivatives_for_different_inputs_have_different_compile_keys():
     rms_norm_matmul(x, w, a).sum().backward()
     x.grad = None
     rms_norm_matmul(x.detach(), w, a).sum().backward()
-    derivatives = [d for (_, wrt), d in rms_norm_matmul._torch_derivatives.items() if wrt in {("x", "w", "a"),
+    derivatives = [d for (_, wrt, _), d in rms_norm_matmul._torch_derivatives.items() if wrt in {("x", "w", "a"),
                                                                                                 ("w", "a")}]
     assert len(derivatives) == 2
     assert derivatives[0].signature == derivatives[1].signature

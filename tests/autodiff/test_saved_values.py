@@ -1,0 +1,100 @@
+"""What a forward saves for its backward (issue 14 item 3): an attention's row log-sum-exp, written
+by the forward's own flash kernel as a second output, and its output O, which turns rowsum(dP * P)
+into rowsum(dO * O); the backward that reads them recomputes no score pass of the forward."""
+import math
+
+import numpy as np
+import pytest
+
+import tessera as tsr
+from tessera import dtypes
+from tessera.autodiff.api import Derivative, saving
+from tessera.autodiff.backward import _spec, forward_function, saved_values
+
+from attention_cases import FUNCTIONS, causal, plain, reference_grads
+
+
+def _kernels(compiled):
+    f = next(iter(compiled.modules["schedule"].ops))
+    return [op for op in f.body.block.ops if op.name == "schedule.kernel"]
+
+
+def _specs(fn, b, h, m, n, d, dtype=dtypes.fp16):
+    return fn.arg_specs_for({"B": b, "H": h, "M": m, "S": m, "N": n, "D": d}, dtype)
+
+
+def _lse64(q, k, kind):
+    s = q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    if kind == "causal":
+        i, j = np.arange(s.shape[-2])[:, None], np.arange(s.shape[-1])[None, :]
+        s = np.where(i >= j, s, -np.inf)
+    m = s.max(-1, keepdims=True)
+    return np.log(np.exp(s - m).sum(-1, keepdims=True)) + m
+
+
+def test_an_attention_saves_its_logsumexp_and_output():
+    f = forward_function(plain.trace(_specs(plain, 1, 2, 40, 70, 16)))
+    saved = saved_values(f)
+    assert [s.kind for s in saved] == ["logsumexp", "result"]
+    assert saved[1].value(f) is f.body.block.last_op.operands[0]   # O is the returned output
+    assert saved_values(forward_function(tsr.function(lambda x: tsr.softmax(x, -1)).trace(
+        [tsr.frontend.trace.ArgSpec("x", (4, 8), dtypes.fp32, (4, 8))]))) == []   # no matmul: no attention
+
+
+@pytest.mark.parametrize("kind,m,n", [("plain", 37, 70), ("causal", 65, 65)])
+def test_the_forward_kernel_writes_the_logsumexp_beside_the_output(kind, m, n):
+    """The saving forward is one flash_attention kernel with two outputs; its log-sum-exp is the
+    float64 one's (fp32 scores of fp16 inputs)."""
+    fn = FUNCTIONS[kind]
+    forward = saving(fn)
+    compiled = forward.compile(_specs(fn, 2, 3, m, n, 32))
+    (kernel,) = _kernels(compiled)
+    assert kernel.kind.data == "flash_attention" and len(kernel.outputs) == 2
+    rng = np.random.default_rng(1)
+    q = rng.standard_normal((2, 3, m, 32)).astype(np.float16)
+    k, v = (rng.standard_normal((2, 3, n, 32)).astype(np.float16) for _ in range(2))
+    out, lse = forward(q, k, v)
+    assert lse.dtype == np.float32 and lse.shape == (2, 3, m, 1)
+    np.testing.assert_allclose(lse, _lse64(q, k, kind), rtol=1e-4, atol=1e-4)
+    np.testing.assert_array_equal(out, fn(q, k, v))
+
+
+def test_a_split_kv_attention_combines_the_splits_logsumexps():
+    """A decode-shaped attention whose key blocks are split 4 ways writes the combined log-sum-exp."""
+    forward = saving(plain)
+    specs = _specs(plain, 1, 2, 3, 300, 16, dtypes.fp32)
+    compiled = forward.compile(specs, space={"split_kv": [4], "block_n": [32]})
+    assert any("partials" in name for name in compiled.kernel_names)
+    rng = np.random.default_rng(2)
+    q = rng.standard_normal((1, 2, 3, 16)).astype(np.float32)
+    k, v = (rng.standard_normal((1, 2, 300, 16)).astype(np.float32) for _ in range(2))
+    out, lse = forward(q, k, v, space={"split_kv": [4], "block_n": [32]})
+    np.testing.assert_allclose(lse, _lse64(q, k, "plain"), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(out, plain(q, k, v), rtol=1e-4, atol=1e-5)
+
+
+def test_the_backward_reading_saved_values_recomputes_no_forward():
+    """With the log-sum-exp and O given, the backward is dV, rowsum(dO * O), dQ and dK (and dK's
+    transposing copy): no flash_attention kernel, no pass computing rowsum(dP * P)."""
+    specs = _specs(causal, 2, 3, 200, 200, 64)
+    d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, dtypes.fp16, specs[0].dims)
+    f = forward_function(causal.trace(specs))
+    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    saved = [_spec(f"saved{i}", s.type(f), bindings) for i, s in enumerate(saved_values(f))]
+    derivative = Derivative(causal, cotangent_names=["d_out"], saved_names=[s.name for s in saved])
+    kinds = [k.kind.data for k in _kernels(derivative.compile([*specs, *saved, d_out]))]
+    assert kinds == ["flash_chain", "row_reduction", "flash_chain", "flash_chain", "elementwise"], kinds
+
+
+@pytest.mark.parametrize("kind", ["plain", "causal", "softcap_causal"])
+def test_vjp_through_saved_values_matches_float64(kind):
+    rng = np.random.default_rng(6)
+    q, k, v = (rng.standard_normal((1, 2, 45, 16)).astype(np.float16) for _ in range(3))
+    out, f_vjp = tsr.vjp(FUNCTIONS[kind], q, k, v)
+    np.testing.assert_array_equal(out, FUNCTIONS[kind](q, k, v))
+    assert [key[1] for key in vars(FUNCTIONS[kind])["_vjp_derivatives"]] == [2]   # it took both saved values
+    d_out = rng.standard_normal(out.shape).astype(np.float16)
+    for name, got, want in zip("qkv", f_vjp(d_out), reference_grads(kind, q, k, v, d_out)):
+        assert not np.isnan(got).any()
+        err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+        assert err < 1e-2, f"d{name}: {err}"
