@@ -50,7 +50,7 @@ from ..errors import TesseraError
 from ..frontend import ops, torch_ops
 from ..frontend.tensor import Tensor
 from ..frontend.trace import ArgSpec, current_trace, trace
-from .rules import VJP_RULES, full, rule_key
+from .rules import VJP_RULES, _wide, full, rule_key
 
 
 def forward_function(module):
@@ -234,10 +234,6 @@ def _replay(f, tensors: Sequence[Tensor]) -> dict:
     return values
 
 
-def _wide(x: Tensor) -> Tensor:
-    return ops.cast(x, dtypes.fp32) if x.dtype.bits < 32 else x
-
-
 def _attention_output(softmax, returned: set):
     """The matmul P @ V reading an attention's probabilities P = softmax(s), when P reaches nothing
     else (through casts, as its left operand), is not returned, and O = P @ V has P's rows: then
@@ -340,7 +336,7 @@ class _Reverse:
         self.values[softmax.res] = probs
         for cast in _cast_chain(softmax.res):
             with _provenance_of(cast):
-                probs = ops.cast(probs, g_dtype(cast.res))
+                probs = ops.cast(probs, cast.res.type.dtype)
             self.values[cast.res] = probs
 
     def _find_active(self, args, body) -> None:
@@ -443,7 +439,7 @@ def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None) -> T
     one kernel looping over key blocks (`passes/recompute.py`) and the S x S probabilities never
     reach memory. The log-sum-exp is one `graph.reduce` of kind logsumexp, which the forward's
     flash-attention kernel writes beside its output."""
-    wide = ops.cast(x, dtypes.fp32) if x.dtype.bits < 32 else x
+    wide = _wide(x)
     lse = torch_ops._logsumexp(wide, axis) if lse is None else lse
     return ops.cast(ops.exp(wide - lse), x.dtype)
 
@@ -457,12 +453,6 @@ def _cast_chain(v) -> list:
         chain.append(user)
         v = user.res
     return chain
-
-
-def g_dtype(v):
-    from ..ir import graph as g
-
-    return g.tensor_type(v).dtype
 
 
 def _views_an_argument(x: Tensor) -> bool:

@@ -3,7 +3,9 @@
 Rules, in the order they claim ops:
 1. attention: matmul -> score modification (any elementwise ops, masks,
    biases, soft-capping) -> softmax over the last axis -> matmul becomes one
-   `flash_attention` kernel (online softmax; no S x S tensor in memory);
+   `flash_attention` kernel (online softmax; no S x S tensor in memory); a
+   log-sum-exp of the same scores becomes its second output (what a forward
+   saves for its backward);
 2. every other matmul becomes a `gemm` kernel with its elementwise epilogue;
 3. softmax / layer_norm / rms_norm / reduce become one `row_reduction` kernel
    each, with their elementwise prologue and epilogue;

@@ -53,7 +53,9 @@ def _unit_reshape(op: g.ReshapeOp, bindings) -> bool:
 
 
 def producer_tree(v: SSAValue, bindings) -> list[Operation]:
-    """The recomputable ops `v` is computed by (a sink's operand), producers first."""
+    """The recomputable ops `v` is computed by (a sink's operand), producers first: up to the score
+    matmuls, whose operands a flash_chain kernel reads from memory (a cast of Q feeding Q @ K^T is
+    a kernel of its own, read by every sink, not recomputed inside one)."""
     order: list[Operation] = []
     seen: set[Operation] = set()
 
@@ -62,8 +64,9 @@ def producer_tree(v: SSAValue, bindings) -> list[Operation]:
         if op in seen or not _recomputable(op, bindings):
             return
         seen.add(op)
-        for operand in op.operands:
-            visit(operand)
+        if not is_score_matmul(op, bindings):
+            for operand in op.operands:
+                visit(operand)
         order.append(op)
     visit(v)
     return order

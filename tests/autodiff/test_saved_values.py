@@ -98,3 +98,29 @@ def test_vjp_through_saved_values_matches_float64(kind):
         assert not np.isnan(got).any()
         err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
         assert err < 1e-2, f"d{name}: {err}"
+
+
+@tsr.function
+def upcast_attention(q: tsr.Tensor["B", "S", "D"], k: tsr.Tensor["B", "S", "D"], v: tsr.Tensor["B", "S", "D"]):
+    s = tsr.matmul(q.float(), k.float().transpose(1, 2)) * 0.25
+    return tsr.matmul(tsr.softmax(s, -1).to(tsr.fp16), v)
+
+
+def test_casts_around_the_scores_and_probabilities():
+    """Q and K cast to fp32 before Q K^T (their casts are kernels the chains read, not ops inside
+    them) and P cast back to fp16 before P @ V (the backward reads exp(s - lse) through the same
+    cast): the vjp takes both saved values and matches float64."""
+    rng = np.random.default_rng(8)
+    q, k, v = (rng.standard_normal((2, 33, 16)).astype(np.float16) for _ in range(3))
+    out, f_vjp = tsr.vjp(upcast_attention, q, k, v)
+    assert [key[1] for key in vars(upcast_attention)["_vjp_derivatives"]] == [2]
+    d_out = rng.standard_normal(out.shape).astype(np.float16)
+    q64, k64, v64, g64 = (x.astype(np.float64) for x in (q, k, v, d_out))
+    s = q64 @ k64.swapaxes(1, 2) * 0.25
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = g64 @ v64.swapaxes(1, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) * 0.25
+    for name, got, want in zip("qkv", f_vjp(d_out), (ds @ k64, ds.swapaxes(1, 2) @ q64, p.swapaxes(1, 2) @ g64)):
+        err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+        assert err < 1e-2, f"d{name}: {err}"
