@@ -174,11 +174,16 @@ class _TorchOp:
         """The Tessera call (of fn saving what its backward reads) on the op's tensors, detached
         (below autograd: the op's autograd records the call) and made contiguous where they are
         not (`_kernel_ready`)."""
-        outs = self.forward(*[_kernel_ready(x) if isinstance(x, torch.Tensor) else x for x in args])
+        ready = [_kernel_ready(x) if isinstance(x, torch.Tensor) else x for x in args]
+        outs = self.forward(*ready)
         outs = outs if isinstance(outs, tuple) else (outs,)
-        if len(outs) != self.n_results:
-            raise TesseraError(f"{self.fn.name} returned {len(outs)} results where its torch op "
-                               f"tessera::{self.name} declares {self.n_results}")
+        # what is saved follows from the function's structure, which a function branching on its
+        # shapes could change between calls of one op: an error, never a wrong value saved
+        if len(outs) != self.n_results or self.forward.layout(*self.fn._split_args(ready))[1] != self.saved_positions:
+            raise TesseraError(f"{self.fn.name} returned {len(outs)} results (saved values at "
+                               f"{self.forward.layout(*self.fn._split_args(ready))[1]}) where its torch op "
+                               f"tessera::{self.name} declares {self.n_results} (at {self.saved_positions}); "
+                               f"a function whose outputs change with its shapes needs one op per structure")
         if not outs[0].is_cuda:   # CPU results of rank 0 come back as [1] (interop.host_like); the fake says ()
             outs = tuple(o.reshape(shape) for o, (shape, _) in zip(outs, _output_specs(self.forward, args)))
         return outs if self.n_results > 1 else outs[0]

@@ -147,6 +147,29 @@ def test_double_backward_gives_hessian_vector_products():
     assert rel(torch, hw, hwe) < 10 * TOL and rel(torch, ha, hae) < 10 * TOL
 
 
+def test_attention_backward_reads_saved_values_and_double_backward_recomputes_them():
+    """A first backward of an attention reads the log-sum-exp and output its forward saved (a
+    derivative taking 2 saved values); create_graph=True takes the derivative that recomputes
+    them, whose own derivative sees how they depend on q, k, v: Hessian-vector products match
+    torch's in float64."""
+    from torch_autograd_cases import torch_softcapped_causal_attention
+
+    q, k, v = leaves(torch, [(1, 2, 6, 8)] * 3, torch.float32, "cpu", seed=9)
+    fn = softcapped_causal_attention
+    fn.__dict__.pop("_torch_derivatives", None)
+    gq, = torch.autograd.grad((fn(q, k, v) ** 2).sum(), q)
+    assert [key[2] for key in fn._torch_derivatives] == [2]
+    gq2, = torch.autograd.grad((fn(q, k, v) ** 2).sum(), q, create_graph=True)
+    assert [key[2] for key in fn._torch_derivatives] == [2, 0]
+    hk, hv = torch.autograd.grad((gq2 * torch.cos(q.detach())).sum(), (k, v))
+    qe, ke, ve = float64_twins([q, k, v])
+    gqe, = torch.autograd.grad((torch_softcapped_causal_attention(torch, qe, ke, ve) ** 2).sum(), qe,
+                               create_graph=True)
+    hke, hve = torch.autograd.grad((gqe * torch.cos(qe.detach())).sum(), (ke, ve))
+    assert rel(torch, gq, gqe) < TOL and rel(torch, gq2, gqe) < TOL
+    assert rel(torch, hk, hke) < 10 * TOL and rel(torch, hv, hve) < 10 * TOL
+
+
 def test_gradcheck_in_fp32_with_loose_tolerance():
     """torch's own finite-difference check of the op's backward (fp32: eps and tolerances loose)."""
     x, w, a = leaves(torch, [(3, 5), (5,), (5, 2)], torch.float32, "cpu", seed=8)
