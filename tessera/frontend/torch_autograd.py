@@ -247,9 +247,10 @@ def _assume_constant_result(fn):
 
 @_assume_constant_result
 def _register_while_tracing(fn_id: int, kinds: tuple[str, ...], layout: tuple) -> tuple[str, int]:
-    """The op's name and fn's number of outputs, registering the op first: what Dynamo does with a call whose op is not yet
-    registered. Marked as a constant result, so Dynamo runs it at trace time rather than tracing
-    it (it could not: registration is not tensor code), with constant arguments only: the
+    """The op's name and fn's number of outputs, registering the op first: what Dynamo does with a
+    call whose op is not yet registered. Marked as a constant result, so Dynamo runs it at trace
+    time rather than tracing it (it could not: registration is not tensor code), with constant
+    arguments only: the
     tensors' shapes and dtypes (static shapes; a dynamic one breaks the graph here:
     `tsr.torch_op` beforehand avoids that), and the Function by its `id` (torch 2.11's Dynamo
     passes no other object to such a function; `id` it takes, guarding on the object). The
