@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xdsl.ir import Operation
+
 from ..errors import TesseraError
 from . import graph as g
 
@@ -124,3 +126,52 @@ def _sink_maps(sink, operand, bindings) -> tuple[Map, Map]:
     result = (*batch, CHAIN_ROWS, CHAIN_COLS) if lhs_computed else (*batch, CHAIN_COLS, CHAIN_ROWS)
     lhs_map, rhs_map = matmul_operand_maps(sink, result, CHAIN_LOOP, bindings)
     return (lhs_map if lhs_computed else rhs_map), result
+
+
+@dataclass(frozen=True)
+class ChainSink:
+    """One sink of a flash_chain kernel body: the reduction or matmul an output is computed from
+    (through its elementwise epilogue), the operand of it the kernel computes, and its tiling."""
+
+    output: object        # the yielded value
+    op: object            # the ReduceOp or MatmulOp
+    computed: object      # its operand computed in the kernel (the other, if any, is read from memory)
+    tiling: ChainTile
+
+
+def chain_sinks(block, bindings) -> list[ChainSink]:
+    """The sinks of a flash_chain kernel body (a block whose arguments are the kernel's inputs and
+    whose last op yields its outputs), one per output, in the yield's order; a TesseraError when
+    an output has no sink or a sink cannot be tiled as one."""
+    out = []
+    for value in block.last_op.operands:
+        sink = _sink_behind(value)
+        computed = [v for v in sink.operands if chain_source(v) is None]
+        if isinstance(sink, g.ReduceOp) or len(computed) == 1:
+            tiling = chain_tile(sink, computed[0], set(block.ops), bindings) if computed else None
+            if tiling is not None:
+                out.append(ChainSink(value, sink, computed[0], tiling))
+                continue
+        raise TesseraError(f"a flash_chain kernel's {sink.name} must reduce one operand computed from score "
+                           f"matmuls along the kernel's tile")
+    return out
+
+
+def _sink_behind(v):
+    work, seen = [v], set()
+    while work:
+        op = work.pop().owner
+        if op in seen or not isinstance(op, Operation):
+            continue
+        seen.add(op)
+        if isinstance(op, (g.ReduceOp, g.MatmulOp)):
+            return op
+        work.extend(op.operands)
+    raise TesseraError("a flash_chain kernel's output must be computed from a matmul or a reduction")
+
+
+def chain_source(v):
+    """The kernel input `v` views (through transposes and reshapes), or None if computed in it."""
+    while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp)):
+        v = v.owner.input
+    return None if isinstance(v.owner, Operation) else v

@@ -184,10 +184,10 @@ def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) ->
     if kind == "flash_attention":
         d = 1 << (features.get("head_dim", 128) - 1).bit_length()   # tiles span the head dim's power of two
         return tile(p["block_m"], d) + 2 * tile(p["block_n"], d, p["num_stages"])
-    if kind == "flash_chain":   # a resident row tile per score matmul, every column operand pipelined
+    if kind == "flash_chain":   # resident row tiles, then the streamed ones in every stage
         d = 1 << (features.get("head_dim", 128) - 1).bit_length()
-        scores = features.get("score_matmuls", 1)
-        return scores * tile(p["block_m"], d) + (scores + 1) * tile(p["block_n"], d, p["num_stages"])
+        return features.get("row_tiles", 1) * tile(p["block_m"], d) + \
+            features.get("streamed_tiles", 2) * tile(p["block_n"], d, p["num_stages"])
     return 0
 
 

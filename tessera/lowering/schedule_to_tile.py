@@ -87,13 +87,16 @@ class KernelBuild:
     def pid(self, axis: int) -> SSAValue:
         return self.b(t.ProgramIdOp(axis))
 
-    def store_result(self, m: Map, ctx: TileCtx) -> None:
+    def store_result(self, m: Map, ctx: TileCtx, result: SSAValue | None = None, out: SSAValue | None = None) -> None:
         """Checks the group's device_asserts on the output tile `ctx` (the result's dims walking `m`),
-        then computes the result there and stores it."""
-        for check in self.op(g.AssertOp):
-            self.em.check(check, m, ctx)
-        with self.b.origin(self.result.owner):
-            self.em.store(self.em.value(self.result, m, ctx), self.out, m, ctx, g.tensor_type(self.result).dtype)
+        then computes the result there and stores it (`result` into `out`: another output than the
+        first, whose asserts its own store checks)."""
+        if result is None or result is self.result:
+            for check in self.op(g.AssertOp):
+                self.em.check(check, m, ctx)
+        result, out = result or self.result, out or self.out
+        with self.b.origin(result.owner):
+            self.em.store(self.em.value(result, m, ctx), out, m, ctx, g.tensor_type(result).dtype)
 
     def add_scratch(self, memref: MemRefType) -> SSAValue:
         """A new kernel param for a scratch buffer (after the inputs and earlier scratch)."""
@@ -1175,66 +1178,33 @@ def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_k
 
 # --- flash chains -----------------------------------------------------------------------------
 
-def _chain_sink(kb: KernelBuild) -> Operation:
-    """The reduction or matmul a flash_chain kernel's result is computed from (through its
-    elementwise epilogue): the first one met walking back from the result."""
-    work, seen = [kb.result], set()
-    while work:
-        op = work.pop().owner
-        if op in seen or not isinstance(op, Operation):
-            continue
-        seen.add(op)
-        if isinstance(op, (g.ReduceOp, g.MatmulOp)):
-            return op
-        work.extend(op.operands)
-    raise TesseraError(f"{kb.sk.sym_name.data}: a flash_chain kernel reduces with a matmul or a reduction")
-
-
-def _computed_operand(kb: KernelBuild, sink: Operation) -> SSAValue:
-    """The sink's operand computed in the kernel (the other is read from memory)."""
-    if isinstance(sink, g.ReduceOp):
-        return sink.input
-    (computed,) = [v for v in (sink.lhs, sink.rhs) if _read_from(kb, v) is None]
-    return computed
-
-
-def _read_from(kb: KernelBuild, v: SSAValue) -> SSAValue | None:
-    """The kernel input `v` views (through transposes and reshapes), or None if computed here."""
-    while v not in kb.em.params:
-        if not isinstance(v.owner, (g.TransposeOp, g.ReshapeOp)):
-            return None
-        v = v.owner.input
-    return v
-
-
 def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
-    """A reduction over the last two dims of a tile computed from score matmuls (`recompute.py`):
-    a program takes block_m rows of the tile (axis m) and loops over its columns (axis n) in blocks
-    of block_n; per block, each score matmul's tile is recomputed on tensor cores (its row operand
-    resident in shared memory, its column operand streamed through the pipeline), the elementwise
-    ops between them and the sink run on it (columns past the end masked to the reduction's
-    neutral value), and the sink folds it into its accumulator: a row sum/max/min, or a matmul
-    with a [n, e] tile of its other operand (e: the output's columns, all of them). The attention
-    backward's kernels: rowsum(dP * P), dV = P^T dO, dQ = dS K and dK = dS^T Q."""
-    sink = _chain_sink(kb)
-    computed = _computed_operand(kb, sink)
-    tiling = index_maps.chain_tile(sink, computed, set(kb.group_block.ops), kb.bindings)
-    if tiling is None:
-        raise TesseraError(f"{kb.sk.sym_name.data}: a score matmul is not read along the kernel's tile")
-    sizes = _chain_sizes(kb, sink, computed, tiling)
+    """Reductions over the last two dims of a tile computed from score matmuls (`recompute.py`),
+    one per output (`index_maps.chain_sinks`; several when fusion merged kernels over the same
+    score tiles): a program takes block_m rows of the tile (axis m) and loops over its columns
+    (axis n) in blocks of block_n; per block, each score matmul's tile is recomputed on tensor
+    cores (its row operand resident in shared memory, its column operand streamed through the
+    pipeline), the elementwise ops between them and the sinks run on it once for all sinks
+    (columns past the end masked to each reduction's neutral value), and each sink folds it into
+    its accumulator: a row sum/max/min, or a matmul with a [n, e] tile of its other operand (e:
+    the output's columns, all of them). The streamed operands are loaded once per block however
+    many uses read them (Q both for the scores and for dK). The attention backward's kernels:
+    dK and dV (one kernel), dQ."""
+    sinks = index_maps.chain_sinks(kb.group_block, kb.bindings)
+    scores = _chain_scores(kb, sinks)
+    sizes = _chain_sizes(kb, sinks)
     p, zero = kb.params, kb.b.index(0)
     tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": s.fit_block(p["block_n"], sizes["n"])}
     if "e" in sizes:
         tile["e"] = pow2_at_least(sizes["e"])
     kb.limit_warps(tile["m"] // 16)
-    batch = [(a, sizes[a]) for a in tiling.result_map if a not in (None, "m", "e")]
+    batch = [(a, sizes[a]) for a in sinks[0].tiling.result_map if a not in (None, "m", "e")]
     scalars = kb.batch_indices(kb.pid(1), batch)
     m0 = kb.mul(kb.pid(0), tile["m"])
 
     rows: list[SSAValue] = []         # per score matmul: its resident row operand's tile
-    streamed: list[Operand] = []      # per score matmul its column operand, then a matmul sink's other one
-    transposed: list[bool] = []
-    for i, (mm, rm) in enumerate(tiling.scores.items()):
+    uses: list[tuple[Operand, tuple[str, str]]] = []   # per score matmul its column operand, then each matmul sink's other one
+    for i, (mm, rm) in enumerate(scores.items()):
         k = f"k{i}"
         tile[k] = pow2_at_least(kb.size(g.tensor_type(mm.lhs).shape[-1]))
         lhs_map, rhs_map = matmul_operand_maps(mm, rm, k, kb.bindings)
@@ -1245,13 +1215,13 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
         smem = kb.b(t.AllocSharedOp([1, *a.shape], g.tensor_type(a.value).element))
         _copy(kb, a, smem, zero, {"m": m0, k: zero}, scalars)
         rows.append(smem)
-        b = operand(kb, b_value, b_map, (k, "n"), tile)
-        streamed.append(b)
-        transposed.append(operand_layout(b, (k, "n")))
-    if isinstance(sink, g.MatmulOp):
-        lhs_map, rhs_map = matmul_operand_maps(sink, tiling.result_map, "n", kb.bindings)
-        other, other_map = (sink.rhs, rhs_map) if computed is sink.lhs else (sink.lhs, lhs_map)
-        streamed.append(operand(kb, other, other_map, ("n", "e"), tile))
+        uses.append((operand(kb, b_value, b_map, (k, "n"), tile), (k, "n")))
+    for sink in sinks:
+        if isinstance(sink.op, g.MatmulOp):
+            lhs_map, rhs_map = matmul_operand_maps(sink.op, sink.tiling.result_map, "n", kb.bindings)
+            other, other_map = (sink.op.rhs, rhs_map) if sink.computed is sink.op.lhs else (sink.op.lhs, lhs_map)
+            uses.append((operand(kb, other, other_map, ("n", "e"), tile), ("n", "e")))
+    streamed, slot = _distinct_tiles([o for o, _ in uses])
     kb.b(t.AsyncCommitOp())
     kb.b(t.AsyncWaitOp(0))
     kb.b(t.BarrierOp())
@@ -1259,60 +1229,106 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
 
     block = [tile["m"], tile["n"]]
     tail = sizes["n"] % tile["n"] != 0
-    reduce_kind = sink.kind.data if isinstance(sink, g.ReduceOp) else None
-    fill = NEUTRAL[reduce_kind] if reduce_kind else 0.0
+    kinds = [sink.op.kind.data if isinstance(sink.op, g.ReduceOp) else None for sink in sinks]
+    fills = [NEUTRAL[kind] if kind else 0.0 for kind in kinds]
 
-    def compute(iv, tiles, acc):
+    def compute(iv, tiles, *accs):
         n0 = kb.mul(iv, tile["n"])
-        for mm, a_tile, b_tile, trans in zip(tiling.scores, rows, tiles, transposed):
+        for i, (mm, a_tile) in enumerate(zip(scores, rows)):
+            b_use, want = uses[i]
             with kb.b.origin(mm):
-                kb.em.overrides[mm.res] = kb.b(t.MmaOp(a_tile, b_tile, kb.b.full(0.0, block), transpose_b=trans))
+                kb.em.overrides[mm.res] = kb.b(t.MmaOp(a_tile, tiles[slot[i]], kb.b.full(0.0, block),
+                                                       transpose_b=operand_layout(b_use, want)))
         ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
-        x = convert(kb.b, kb.em.value(computed, tiling.operand_map, ctx), f32)
-        if tail:
-            x = select(kb.b, _col_mask(kb, n0, tile["n"], sizes["n"], block), x, kb.b.full(fill, block))
-        with kb.b.origin(sink):
-            if reduce_kind:
-                return [kb.b(COMBINE[reduce_kind](acc, kb.b(t.ReduceOp(x, TILE_REDUCE[reduce_kind], 1))))]
-            other = streamed[-1]
-            x = to_storage(kb.b, x, g.tensor_type(other.value).dtype)
-            return [kb.b(t.MmaOp(x, tiles[-1], acc, transpose_b=operand_layout(other, ("n", "e"))))]
+        out, other = [], len(scores)
+        for sink, kind, fill, acc in zip(sinks, kinds, fills, accs):
+            x = convert(kb.b, kb.em.value(sink.computed, sink.tiling.operand_map, ctx), f32)
+            if tail:
+                x = select(kb.b, _col_mask(kb, n0, tile["n"], sizes["n"], block), x, kb.b.full(fill, block))
+            with kb.b.origin(sink.op):
+                if kind:
+                    out.append(kb.b(COMBINE[kind](acc, kb.b(t.ReduceOp(x, TILE_REDUCE[kind], 1)))))
+                    continue
+                b_use, want = uses[other]
+                x = to_storage(kb.b, x, g.tensor_type(b_use.value).dtype)
+                out.append(kb.b(t.MmaOp(x, tiles[slot[other]], acc, transpose_b=operand_layout(b_use, want))))
+                other += 1
+        return out
 
-    acc0 = kb.b.full(fill, [tile["m"]] if reduce_kind else [tile["m"], tile["e"]])
+    accs0 = [kb.b.full(fill, [tile["m"]] if kind else [tile["m"], tile["e"]]) for kind, fill in zip(kinds, fills)]
     fixed = {"m": m0, "e": zero, **{f"k{i}": zero for i in range(len(rows))}}
-    steps = _key_blocks(kb, _chain_bounds(kb, computed, tiling, fill), m0, tile, sizes["n"])
-    (acc,) = _pipelined_loop(kb, steps, p["num_stages"], streamed, "n", tile["n"], fixed, scalars, [acc0], compute)
-    kb.em.overrides[sink.results[0]] = acc
-    out_tiled = {"m": (m0, tile["m"])} if reduce_kind else {"m": (m0, tile["m"]), "e": (zero, tile["e"])}
-    kb.store_result(tiling.result_map, TileCtx(out_tiled, scalars))
+    steps = _key_blocks(kb, _chain_bounds(kb, sinks, fills), m0, tile, sizes["n"])
+    accs = _pipelined_loop(kb, steps, p["num_stages"], streamed, "n", tile["n"], fixed, scalars, accs0, compute)
+    for sink, kind, acc in zip(sinks, kinds, accs):
+        kb.em.overrides[sink.op.results[0]] = acc
+    for sink, kind, out in zip(sinks, kinds, kb.outs):
+        tiled = {"m": (m0, tile["m"])} if kind else {"m": (m0, tile["m"]), "e": (zero, tile["e"])}
+        kb.store_result(sink.tiling.result_map, TileCtx(tiled, scalars), sink.output, out)
     return cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch), 1
 
 
-def _chain_bounds(kb: KernelBuild, computed: SSAValue, tiling, fill: float) -> ColumnBounds:
-    """The columns (n) each row (m) of a flash_chain's tile can be nonzero at: those a mask
-    `where(col REL row + c, ...)` in the region keeps, when the reduced value is the reduction's
-    neutral `fill` wherever that mask is false (`masks.masked_value`), so the blocks outside are
-    skipped (a causal backward loops over half the blocks). Unbounded otherwise."""
+def _chain_scores(kb: KernelBuild, sinks: list) -> dict:
+    """Every score matmul the sinks read -> its map (one tile per matmul, in one orientation)."""
+    scores: dict = {}
+    for sink in sinks:
+        for mm, m in sink.tiling.scores.items():
+            if scores.setdefault(mm, m) != m:
+                raise TesseraError(f"{kb.sk.sym_name.data}: a score matmul is read in two orientations")
+    return scores
+
+
+def _distinct_tiles(operands: list[Operand]) -> tuple[list[Operand], list[int]]:
+    """The operands to stream, each global tile once (the same input at the same offsets, under
+    whatever names its axes have in each use), and each use's index among them."""
+    distinct: list[Operand] = []
+    keys: list = []
+    slot = []
+    for o in operands:
+        (inner,) = (a for a in o.order if a != "n")   # a k axis or e: at offset 0 either way
+
+        def named(axes):
+            return tuple("*" if a == inner else a for a in axes)
+        key = (o.value, named(o.map), named(o.order), tuple(o.sizes[a] for a in o.order))
+        if key not in keys:
+            keys.append(key)
+            distinct.append(o)
+        slot.append(keys.index(key))
+    return distinct, slot
+
+
+def _chain_bounds(kb: KernelBuild, sinks: list, fills: list[float]) -> ColumnBounds:
+    """The columns (n) each row (m) of a flash_chain's tile can be nonzero at, for every sink:
+    those a mask `where(col REL row + c, ...)` in the region keeps, when the reduced value is the
+    reduction's neutral `fill` wherever that mask is false (`masks.masked_value`), so the blocks
+    outside are skipped (a causal backward loops over half the blocks). Unbounded where the sinks
+    disagree or one has no such mask."""
+    found = {_sink_bounds(kb, sink, fill) for sink, fill in zip(sinks, fills)}
+    return found.pop() if len(found) == 1 else ColumnBounds(None, None)
+
+
+def _sink_bounds(kb: KernelBuild, sink, fill: float) -> ColumnBounds:
     for op in kb.group_block.ops:
-        if not (isinstance(op, g.ElementwiseOp) and op.kind == "where" and op.res in tiling.maps):
+        if not (isinstance(op, g.ElementwiseOp) and op.kind == "where" and op.res in sink.tiling.maps):
             continue
         cond = op.inputs[0]
-        bounds = condition_bounds(cond, operand_maps(op, tiling.maps[op.res], kb.bindings)[0], "m", "n",
+        bounds = condition_bounds(cond, operand_maps(op, sink.tiling.maps[op.res], kb.bindings)[0], "m", "n",
                                   kb.bindings)
-        if bounds != ColumnBounds(None, None) and masked_value(computed, cond) == fill:
+        if bounds != ColumnBounds(None, None) and masked_value(sink.computed, cond) == fill:
             return bounds
     return ColumnBounds(None, None)
 
 
-def _chain_sizes(kb: KernelBuild, sink: Operation, computed: SSAValue, tiling) -> dict[str, int]:
-    """Every axis's extent, from the computed operand's and the sink result's dims."""
-    sizes = {}
-    for v, m in ((computed, tiling.operand_map), (sink.results[0], tiling.result_map)):
-        for axis, d in zip(m, g.tensor_type(v).shape):
-            if axis is not None:
-                sizes[axis] = max(sizes.get(axis, 1), kb.size(d))
-    if g.tensor_type(kb.result).shape != g.tensor_type(sink.results[0]).shape:
-        raise TesseraError(f"{kb.sk.sym_name.data}: a flash_chain kernel's epilogue keeps its sink's shape")
+def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
+    """Every axis's extent, from the computed operands' and the sink results' dims (the same for
+    every sink: fusion merges only such kernels)."""
+    sizes: dict[str, int] = {}
+    for sink in sinks:
+        if g.tensor_type(sink.output).shape != g.tensor_type(sink.op.results[0]).shape:
+            raise TesseraError(f"{kb.sk.sym_name.data}: a flash_chain kernel's epilogue keeps its sink's shape")
+        for v, m in ((sink.computed, sink.tiling.operand_map), (sink.op.results[0], sink.tiling.result_map)):
+            for axis, d in zip(m, g.tensor_type(v).shape):
+                if axis is not None:
+                    sizes[axis] = max(sizes.get(axis, 1), kb.size(d))
     return sizes
 
 

@@ -282,6 +282,65 @@ class _Planner:
             self.pull_producers(group, [x for o in region for x in o.operands])
             return
 
+    def merge_chains(self) -> None:
+        """Folds each flash_chain kernel into a later one that loops over the same score tiles in
+        the same orientation (`_chain_tiling`): one kernel with an output per sink. An attention
+        backward's dV = P^T dO and dK = dS^T Q are such a pair (key blocks as rows, looping over
+        query blocks): merged, each block's scores, probabilities and dP are computed once and Q
+        and dO read once for both, as FlashAttention's dK/dV kernel does, where two kernels
+        computed S twice and streamed Q and dO twice. Only where the earlier kernel's outputs are
+        read after the later one runs (it is the merged kernel's position)."""
+        chains = sorted((grp for grp in self.groups if grp.kind == "flash_chain"), key=self.position)
+        for i, later in enumerate(chains):
+            for earlier in chains[:i]:
+                if earlier in self.groups and self._chains_match(earlier, later) \
+                        and self._outputs_read_after(earlier, self.position(later)):
+                    self.claim(later, earlier.ops)
+                    later.extra = [*later.extra, *earlier.outputs]
+                    self.groups.remove(earlier)
+
+    def _chains_match(self, a: Group, b: Group) -> bool:
+        """Whether two flash_chain groups tile the same score matmuls (the same math on the same
+        inputs, `_structure`) with the same maps, over the same extents."""
+        ta, tb = self._chain_tiling(a), self._chain_tiling(b)
+        if ta is None or tb is None or ta[1] != tb[1]:
+            return False
+        common = set(ta[0]) & set(tb[0])
+        return bool(common) and all(ta[0][k] == tb[0][k] for k in common)
+
+    def _chain_tiling(self, group: Group):
+        """(structure of each score matmul -> its map, the extents of the kernel's axes) of a
+        flash_chain group made by `chain` (one sink), or None."""
+        sink = self.producer(group.output)
+        operands = [v for v in sink.operands if self.producer(self.strip_cheap(v)) in group.ops]
+        if len(operands) != 1:
+            return None
+        tiling = index_maps.chain_tile(sink, operands[0], group.ops | self._views_in(group), self.bindings)
+        if tiling is None:
+            return None
+        extents: dict[str, int] = {}
+        for v, m in tiling.maps.items():
+            for axis, d in zip(m, g.tensor_type(v).shape):
+                if axis is not None and g.dim_value(d, self.bindings) != 1:
+                    extents[axis] = g.dim_value(d, self.bindings)
+        for axis, d in zip(tiling.result_map, g.tensor_type(sink.results[0]).shape):
+            if axis is not None:
+                extents[axis] = g.dim_value(d, self.bindings)
+        return {_structure(mm.res): m for mm, m in tiling.scores.items()}, tuple(sorted(extents.items()))
+
+    def _views_in(self, group: Group) -> set[Operation]:
+        """The cheap view ops (transposes, unit reshapes) the group's ops read through."""
+        views, work = set(), [v for op in group.ops for v in op.operands]
+        while work:
+            op = self.producer(work.pop())
+            if op is not None and op not in views and isinstance(op, (g.TransposeOp, g.ReshapeOp)) and self.cheap(op):
+                views.add(op)
+                work.extend(op.operands)
+        return views
+
+    def _outputs_read_after(self, group: Group, position: int) -> bool:
+        return all(self.order.get(u.operation, len(self.order)) > position for v in group.outputs for u in v.uses)
+
     def _chain_region(self, sink, v: SSAValue) -> list[Operation] | None:
         """The elementwise ops and score matmuls `v` is computed by, when each is free and read only
         by them and the sink, and the score matmuls' tiles are the sink's (`chain_tile`)."""
@@ -321,6 +380,7 @@ class _Planner:
         for op in ops:
             if isinstance(op, (g.MatmulOp, g.ReduceOp)) and self.free(op):
                 self.chain(op)
+        self.merge_chains()
         for op in ops:
             if isinstance(op, g.MatmulOp) and self.free(op):
                 self.new_group("gemm", [op], op.res)
@@ -447,6 +507,36 @@ class _Planner:
             return
         self.groups.append(Group("elementwise", output=v))
 
+def _structure(v: SSAValue):
+    """A key equal for values computed by the same ops from the same function arguments (the
+    copies `recompute.py` makes of a score tree for each sink)."""
+    op = v.owner
+    if not isinstance(op, Operation):
+        return v
+    attrs = tuple(sorted((k, str(a)) for k, a in {**op.properties, **op.attributes}.items() if k != "tessera.loc"))
+    return op.name, tuple(_structure(x) for x in op.operands), attrs, tuple(str(r.type) for r in op.results), \
+        op.results.index(v) if len(op.results) > 1 else 0
+
+
+def _merge_duplicates(block: Block) -> None:
+    """Replaces each op of a kernel body that repeats an earlier one (same name, operands and
+    attributes) by the earlier one's results: a merged flash_chain kernel's sinks then share one
+    copy of the score tiles (`_Planner.merge_chains`), which the template computes once a block."""
+    seen: dict = {}
+    for op in list(block.ops):
+        if not op.results or op.regions:
+            continue
+        attrs = tuple(sorted((k, str(a)) for k, a in {**op.properties, **op.attributes}.items() if k != "tessera.loc"))
+        key = (op.name, tuple(op.operands), attrs, tuple(str(r.type) for r in op.results))
+        if key in seen:
+            for old, new in zip(op.results, seen[key].results):
+                old.replace_all_uses_with(new)
+            op.detach()
+            op.erase()
+        else:
+            seen[key] = op
+
+
 def _clone_cheap_chain(v: SSAValue, mapping: dict, block: Block, inputs: list, planner: _Planner, group) -> SSAValue:
     """The group-local value for `v`: a block argument for group inputs, clones for cheap ops."""
     if v in mapping:
@@ -489,7 +579,9 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
             out = copy.res
         outs.append(out)
     block.add_op(s.YieldOp(outs))
-    features = _features(group, planner)
+    if group.kind == "flash_chain" and len(outs) > 1:
+        _merge_duplicates(block)
+    features = _features(group, planner, block)
     params = s.default_params(group.kind, features, planner.max_shared)
     space = s.KINDS[group.kind][1]
     if space_override:
@@ -570,7 +662,7 @@ def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
     return g.dim_value(t.shape[-1], planner.bindings) * t.dtype.itemsize % 16 == 0
 
 
-def _features(group: Group, planner: _Planner) -> dict[str, int]:
+def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     """What of a group's problem its default tiling depends on."""
     matmuls = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     if not matmuls:
@@ -583,25 +675,31 @@ def _features(group: Group, planner: _Planner) -> dict[str, int]:
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
     if group.kind == "flash_chain":
-        features["head_dim"] = _chain_width(group, matmuls, planner)
-        features["score_matmuls"] = max(1, len(matmuls) - (not any(isinstance(op, g.ReduceOp) for op in group.ops)))
+        features.update(_chain_tiles(block, planner.bindings))
     return features
 
 
-def _chain_width(group: Group, matmuls: list, planner: _Planner) -> int:
-    """The widest row of a flash_chain kernel's tiles in shared memory: the score matmuls' inner
-    dims (their resident and pipelined operands) and, for a matmul sink, the kept dim of its
-    operand read from memory (dV's dO, dK's Q): the head dims, not the reduced sequence length
-    that the sink's own inner dim is (taking that shrank dV/dQ/dK's key blocks to 32 rows)."""
+def _chain_tiles(block: Block, bindings) -> dict[str, int]:
+    """A flash_chain kernel's tiles in shared memory (`schedule.shared_bytes`): `row_tiles`
+    resident (each score matmul's row operand), `streamed_tiles` per pipeline stage (the score
+    matmuls' column operands and the matmul sinks' other operands, each input once, as the
+    template streams them), and `head_dim`, the widest of their rows: the head dims, not the
+    reduced sequence length that a sink's own inner dim is (taking that shrank dV/dQ/dK's key
+    blocks to 32 rows)."""
     def size(d) -> int:
-        return g.dim_value(d, planner.bindings)
-    reduces = any(isinstance(op, g.ReduceOp) for op in group.ops)
-    scores, sink = (matmuls, None) if reduces else (matmuls[:-1], matmuls[-1])   # the sink reads them all
-    widths = [size(g.tensor_type(mm.lhs).shape[-1]) for mm in scores]
-    if sink is not None:
-        computed_lhs = planner.producer(planner.strip_cheap(sink.lhs)) in group.ops
-        widths.append(size(g.tensor_type(sink.res).shape[-1 if computed_lhs else -2]))
-    return max(widths)
+        return g.dim_value(d, bindings)
+    sinks = index_maps.chain_sinks(block, bindings)
+    scores = {mm: m for sink in sinks for mm, m in sink.tiling.scores.items()}
+    streamed, widths = set(), []
+    for mm, m in scores.items():
+        streamed.add(index_maps.chain_source(mm.rhs if m[-2] == index_maps.CHAIN_ROWS else mm.lhs))
+        widths.append(size(g.tensor_type(mm.lhs).shape[-1]))
+    for sink in sinks:
+        if isinstance(sink.op, g.MatmulOp):
+            computed_lhs = sink.computed is sink.op.lhs
+            streamed.add(index_maps.chain_source(sink.op.rhs if computed_lhs else sink.op.lhs))
+            widths.append(size(g.tensor_type(sink.op.res).shape[-1 if computed_lhs else -2]))
+    return {"head_dim": max(widths), "row_tiles": len(scores), "streamed_tiles": len(streamed)}
 
 
 def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp:

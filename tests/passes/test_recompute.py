@@ -31,17 +31,21 @@ def kernels(compiled):
 @pytest.mark.parametrize("kind", sorted(FUNCTIONS))
 def test_attention_backward_is_flash_chains_with_no_square_tensor(kind):
     """The recomputed forward is one flash_attention kernel writing the output and the rows'
-    log-sum-exp; rowsum(dO * O) one row reduction; every reader of the probabilities (dV, dQ, dK)
-    one flash_chain kernel; no kernel writes, and no buffer holds, a tensor with both the query and
-    the key length among its dims."""
+    log-sum-exp; rowsum(dO * O) one row reduction; the readers of the probabilities two flash_chain
+    kernels: dQ, and dK with dV (both loop over query blocks for a block of keys: one kernel, its
+    score tiles computed once); no kernel writes, and no buffer holds, a tensor with both the query
+    and the key length among its dims."""
     s = 200
     c = backward(FUNCTIONS[kind], (2, 3, s, 64), s)
     ks = kernels(c)
     kinds = [k.kind.data for k in ks]
     # dK's [D, S] result is transposed by a copy
-    assert kinds == ["flash_attention", "flash_chain", "row_reduction", "flash_chain", "flash_chain",
-                     "elementwise"], kinds
-    assert len(ks[0].outputs) == 2 and [k.kind.data for k in ks if len(k.outputs) > 1] == ["flash_attention"]
+    assert kinds == ["flash_attention", "row_reduction", "flash_chain", "flash_chain", "elementwise"], kinds
+    assert [(k.kind.data, len(k.outputs)) for k in ks if len(k.outputs) > 1] == [("flash_attention", 2),
+                                                                                ("flash_chain", 2)]
+    dk_dv = ks[3].body.block
+    # S = Q K^T and dP = dO V^T once each, then dV = P^T dO and dK^T = Q^T dS
+    assert sum(op.name == "graph.matmul" for op in dk_dv.ops) == 4
     p = plan(c)
     for buf in (*p.outputs, *p.intermediates):
         assert list(buf.shape).count(s) <= 1, f"an S x S buffer: {buf.shape}"
@@ -111,7 +115,7 @@ def test_causal_backward_kernels_skip_masked_blocks(kind, skips):
     c = backward(FUNCTIONS[kind], (1, 2, 256, 64), 256)
     chains = [k for k in c.modules["tile"].ops if isinstance(k, t.KernelOp)
               and any(kind in k.sym_name.data for kind in ("flash_chain", "flash_attention"))]
-    assert len(chains) == 4   # the recomputed forward, dV, dQ, dK
+    assert len(chains) == 3   # the recomputed forward, dQ, dK with dV
     for k in chains:
         (loop,) = [op for op in k.walk() if isinstance(op, scf.ForOp)]
         fixed = isinstance(loop.lb.owner, arith.ConstantOp) and isinstance(loop.ub.owner, arith.ConstantOp)
