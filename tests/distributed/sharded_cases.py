@@ -1,0 +1,79 @@
+"""What each rank of a sharded test job runs (tests/distributed/test_gloo.py on the CPU with gloo,
+tests/gpu/test_distributed_gpu.py on GPUs with NCCL): a sharded function's results and gradients
+on this rank's shards against the same function run whole, on the same inputs (every rank makes
+them from one seed), then cut to this rank's shards."""
+from __future__ import annotations
+
+import math
+import os
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.distributed import DeviceMesh, shard
+
+
+@tsr.function
+def mlp(x: Tensor["N", "C"], w1: Tensor["C", "F"], b1: Tensor["F"], w2: Tensor["F", "C"]):
+    return tsr.matmul(tsr.gelu(tsr.matmul(x, w1) + b1), w2)
+
+
+@tsr.function
+def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    i, j = tsr.arange(s.shape[-2]), tsr.arange(s.shape[-1])
+    return tsr.matmul(tsr.softmax(tsr.where(i[:, None] >= j[None, :], s, -math.inf), dim=-1), v)
+
+
+#: (function, its dims' sizes, the sharding, the mesh's axes and shape)
+CASES = {
+    "mlp-tp": (mlp, {"N": 37, "C": 32, "F": 64}, {"F": "tp"}),
+    "mlp-dp": (mlp, {"N": 38, "C": 32, "F": 64}, {"N": "dp"}),
+    "attention-heads": (attention, {"B": 1, "H": 4, "S": 33, "D": 16}, {"H": "tp"}),
+}
+
+
+def init(rank: int, world: int, port: int, backend: str) -> None:
+    import torch.distributed as dist
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group(backend, rank=rank, world_size=world)
+
+
+def check(case: str, world: int, device: str, dtype_name: str, tolerance: float) -> None:
+    """Runs `case` sharded over a 1-D mesh of `world` ranks and checks this rank's results and
+    gradients against the whole function's (an AssertionError otherwise)."""
+    import torch
+
+    fn, dims, sharding = CASES[case]
+    (axis,) = set(sharding.values())
+    mesh = DeviceMesh(device, (world,), (axis,))
+    dtype = getattr(torch, dtype_name)
+    gen = torch.Generator().manual_seed(0)
+    whole = [(0.5 * torch.randn(tuple(dims[d] for d in spec.dims), generator=gen)).to(device=device, dtype=dtype)
+             .requires_grad_() for spec in fn.annotations.values()]
+    want = fn(*whole)
+    cotangent = torch.randn(want.shape, generator=gen).to(device=device, dtype=dtype)
+    want.backward(cotangent)
+
+    sharded = shard(fn, mesh, sharding)
+    mine = [x.detach().requires_grad_() for x in sharded.local(*whole)]
+    got = sharded(*mine)
+    (placement,) = sharded.placements(*mine)
+    want_mine = want.detach()
+    for i, ax in placement.sharded:   # a sharded result stays this rank's shard
+        part = want.shape[i] // mesh.size(ax)
+        want_mine = want_mine.narrow(i, mesh.rank(ax) * part, part)
+    assert _rel(got, want_mine) < tolerance, (case, "result", _rel(got, want_mine))
+    local_cotangent = cotangent
+    for i, ax in placement.sharded:
+        part = cotangent.shape[i] // mesh.size(ax)
+        local_cotangent = local_cotangent.narrow(i, mesh.rank(ax) * part, part)
+    got.backward(local_cotangent.contiguous())
+    for name, x, w in zip(fn.annotations, mine, sharded.local(*[t.grad for t in whole])):
+        assert _rel(x.grad, w) < tolerance, (case, f"gradient of {name}", _rel(x.grad, w))
+
+
+def _rel(got, want) -> float:
+    got, want = got.double(), want.double()
+    assert not got.isnan().any()
+    return ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
