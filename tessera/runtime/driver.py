@@ -218,11 +218,19 @@ def primary_context(device: Device | int = 0):
     return context
 
 
+def _any_context() -> None:
+    """Some context current on this thread (device 0's primary one if none is)."""
+    if not int(_call("cuCtxGetCurrent")):
+        primary_context(0)
+
+
 def pointer_device(ptr: int) -> int:
     """The ordinal of the device whose memory `ptr` points into (for arrays that
     expose a pointer but not their device, like a bare __cuda_array_interface__).
-    Any current context can answer under unified addressing; device 0's is made current."""
-    primary_context(0)
+    Any current context can answer under unified addressing; device 0's is made current when
+    none is (never in place of another device's: a launch there would fail with
+    CUDA_ERROR_INVALID_HANDLE, as launches on cuda:1 did)."""
+    _any_context()
     attr = bindings().CUpointer_attribute.CU_POINTER_ATTRIBUTE_DEVICE_ORDINAL
     return int(_call("cuPointerGetAttribute", attr, bindings().CUdeviceptr(ptr), detail=f"for pointer {ptr:#x}"))
 
@@ -539,9 +547,9 @@ def encode_tensor_map(ptr: int, spec) -> bytes:
     """The CUtensorMap (TMA descriptor) for `spec` (a TensorMapSpec) over the device memory at
     `ptr`, as the bytes of a kernel's by-value "tmap" param. Out-of-bounds elements of a box read
     as zeros, so edge tiles need no masking. Encoding fails with CUDA_ERROR_INVALID_CONTEXT
-    unless a context is current, so `ptr`'s device's primary context is made current first."""
+    unless a context is current (any: the map is plain data), so one is made current if none is."""
     check_tensor_map(ptr, spec)
-    primary_context(pointer_device(ptr))
+    _any_context()
     driver = bindings()
     dtype = dtypes.lookup(spec.dtype)
     dims, strides, box = _tensor_map_layout(spec, dtype.itemsize)

@@ -156,9 +156,10 @@ class GpuProgram:
             pointers = [i.data_ptr for i in infos.values()] + [interop.data_pointer(x) for x in outputs + temps]
             self._learn_torch_signature(inputs, outputs, temps)
         stream = driver.current_torch_stream(self.device) if fast is not None else current_stream(inputs[0], self.device)
-        driver.primary_context(self.device)
-        for step, prepared in zip(self.plan.steps, self._prepared_launches()):
-            prepared(stream, launch_args(step, pointers, self._tensor_map))
+        args = [launch_args(step, pointers, self._tensor_map) for step in self.plan.steps]
+        driver.primary_context(self.device)   # after the arguments: encoding a tensor map may switch contexts
+        for prepared, values in zip(self._prepared_launches(), args):
+            prepared(stream, values)
         if self.profiled:
             profile.record_launches(self.profiled, temps)
         return outputs

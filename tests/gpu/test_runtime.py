@@ -420,3 +420,23 @@ def test_a_function_reruns_the_program_of_an_earlier_identical_call(torch_cuda, 
     torch.testing.assert_close(fn(x, y, 0.5), x * 0.5 + y)          # another constant: another program
     torch.testing.assert_close(fn(x[:32], y[:32], 2.0), x[:32] * 2 + y[:32])
     assert len(fn._programs) == 3
+
+
+def test_tma_kernels_run_on_a_second_gpu(torch_cuda):
+    """A GEMM on the TMA path with its tensors on cuda:1: encoding its tensor maps once made
+    device 0's context current, and the launch then failed (CUDA_ERROR_INVALID_HANDLE)."""
+    import tessera as tsr
+    from tessera import Tensor
+
+    torch = torch_cuda
+    if torch.cuda.device_count() < 2:
+        pytest.skip(f"2 GPUs needed, {torch.cuda.device_count()} visible")
+
+    @tsr.function
+    def mm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+    a, b = (torch.randn(s, device="cuda:1").to(torch.bfloat16) for s in ((1000, 512), (512, 768)))
+    got = mm(a, b)
+    assert got.device == a.device
+    want = a.double() @ b.double()
+    assert ((got.double() - want).norm() / want.norm()).item() < 1e-2
