@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import math
 import os
+import socket
 
 import tessera as tsr
 from tessera import Tensor
@@ -30,6 +31,12 @@ CASES = {
     "mlp-dp": (mlp, {"N": 38, "C": 32, "F": 64}, {"N": "dp"}),
     "attention-heads": (attention, {"B": 1, "H": 4, "S": 33, "D": 16}, {"H": "tp"}),
 }
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
 
 
 def init(rank: int, world: int, port: int, backend: str) -> None:

@@ -1,14 +1,12 @@
 """Sharded Tessera functions across processes on the CPU: torch.distributed with gloo, each rank
 running its shards on the CPU tile interpreter; results and gradients against the function run
 whole (`sharded_cases.check`)."""
-import socket
-
 import pytest
 
 torch = pytest.importorskip("torch")
 mp = pytest.importorskip("torch.multiprocessing")
 
-from sharded_cases import CASES, check, init  # noqa: E402
+from sharded_cases import CASES, check, free_port, init  # noqa: E402
 
 WORLD = 2
 
@@ -24,14 +22,8 @@ def _rank(rank: int, port: int, cases: list[str]) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def test_sharded_functions_over_two_gloo_processes_match_the_whole_function():
     """One job for every case (starting processes costs more than the cases): a column- then
     row-parallel MLP (an all-reduce of its output and of its input's gradient), the same MLP data
     parallel (its weights' gradients all-reduced), attention with its heads sharded (none)."""
-    mp.spawn(_rank, args=(_free_port(), sorted(CASES)), nprocs=WORLD, join=True)
+    mp.spawn(_rank, args=(free_port(), sorted(CASES)), nprocs=WORLD, join=True)

@@ -1,8 +1,6 @@
 """Where sharded math needs communication (tessera/distributed/placement.py), decided on the CPU
 from Graph IR alone: the results and gradients that are partial sums over mesh axes, and the
 math that cannot run on shards, refused with the op, its line and the way out."""
-import math
-
 import pytest
 
 import tessera as tsr
@@ -11,17 +9,7 @@ from tessera.distributed import placement
 from tessera.distributed.placement import ShardingError
 from tessera.distributed.sharded import gradient_placements
 
-
-@tsr.function
-def mlp(x: Tensor["N", "C"], w1: Tensor["C", "F"], b1: Tensor["F"], w2: Tensor["F", "C"]):
-    return tsr.matmul(tsr.gelu(tsr.matmul(x, w1) + b1), w2)
-
-
-@tsr.function
-def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    i, j = tsr.arange(s.shape[-2]), tsr.arange(s.shape[-1])
-    return tsr.matmul(tsr.softmax(tsr.where(i[:, None] >= j[None, :], s, -math.inf), dim=-1), v)
+from sharded_cases import attention, mlp
 
 
 @tsr.function
@@ -87,7 +75,7 @@ def test_a_2d_mesh_combines_data_and_tensor_parallelism():
 
 @pytest.mark.parametrize("fn,dims,shard,message", [
     (mlp_then_gelu, MLP, {"F": "tp"}, r"erf at .*test_placement.py:\d+: erf reads a partial sum over mesh axis tp "
-                                      r"\(made by the matmul contracting the sharded dim F at .*test_placement.py:\d+\)"
+                                      r"\(made by the matmul contracting the sharded dim F at .*sharded_cases.py:\d+\)"
                                       r": only linear math may follow one; end the function before this op"),
     (row_parallel_with_bias, MLP, {"F": "tp"}, r"add at .*: add reads a partial sum over mesh axis tp"),
     (norm, MLP, {"C": "tp"}, r"rms_norm normalizes over the sharded dim C"),

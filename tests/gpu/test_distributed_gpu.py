@@ -1,11 +1,9 @@
 """Sharded Tessera functions over NCCL (torch.distributed), one process per GPU: the cases of
 tests/distributed/sharded_cases.py in fp16/bf16 against the function run whole on each GPU.
 One rank runs wherever there is a GPU (NCCL's collectives with a group of one); two need two."""
-import socket
-
 import pytest
 
-from sharded_cases import CASES, check, init
+from sharded_cases import CASES, check, free_port, init
 
 
 def _rank(rank: int, world: int, port: int, dtype: str) -> None:
@@ -21,15 +19,9 @@ def _rank(rank: int, world: int, port: int, dtype: str) -> None:
         dist.destroy_process_group()
 
 
-def _free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 @pytest.mark.parametrize("world", [1, 2])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_sharded_functions_over_nccl_match_the_whole_function(torch_cuda, world, dtype):
     if torch_cuda.cuda.device_count() < world:
         pytest.skip(f"{world} GPUs needed, {torch_cuda.cuda.device_count()} visible")
-    torch_cuda.multiprocessing.spawn(_rank, args=(world, _free_port(), dtype), nprocs=world, join=True)
+    torch_cuda.multiprocessing.spawn(_rank, args=(world, free_port(), dtype), nprocs=world, join=True)
