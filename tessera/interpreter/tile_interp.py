@@ -550,11 +550,11 @@ def _load_shared(c: Compiler, op: tile.LoadSharedOp) -> Step:
 def _mma(c: Compiler, op: tile.MmaOp) -> Step:
     rd = np_dtype(op.acc.type)
     cd = np.promote_types(compute_dtype(np_dtype(op.a.type)), compute_dtype(rd))
-    transpose = op.transpose_b is not None
+    transpose_a, transpose_b = op.transpose_a is not None, op.transpose_b is not None
 
     def mma(a, b, acc):
-        b = b.astype(cd, copy=False)
-        return (acc.astype(cd, copy=False) + a.astype(cd, copy=False) @ (b.T if transpose else b)).astype(rd)
+        a, b = a.astype(cd, copy=False), b.astype(cd, copy=False)
+        return (acc.astype(cd, copy=False) + (a.T if transpose_a else a) @ (b.T if transpose_b else b)).astype(rd)
     return _apply(mma, c.ins(op), c.out(op))
 
 

@@ -396,7 +396,8 @@ class LaunchOp(IRDLOperation):
 # Compute
 # ---------------------------------------------------------------------------
 
-LAYOUTS = ("nn", "nt")
+#: how a and b are stored: "n" as M x K / K x N, "t" transposed (K x M / N x K)
+LAYOUTS = ("nn", "nt", "tn", "tt")
 
 
 @irdl_op_definition
@@ -405,7 +406,8 @@ class TensorCoreOp(IRDLOperation):
     precision = "f16" : (...) -> acc type`: acc + a @ b on the platform's matrix units.
 
     `shape` is one instruction's shape, `precision` the MLIR element type of a
-    and b; layout "nt" means b is N x K. The verifier accepts only a
+    and b; `layout` says how a and b are stored (BLAS's letters: "nt" means a is M x K and b is
+    N x K, "tn" a is K x M and b is K x N). The verifier accepts only a
     (family, shape, precision) the enclosing kernel's platform has. A wgmma
     reads b, and a unless a is a register tile, through `wgmma_descriptor`s;
     every other family reads register tiles.

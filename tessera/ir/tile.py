@@ -14,7 +14,8 @@ Conventions fixed by this module (the lowering and the interpreter rely on them)
   printed `array<i64: 0, 1>`; `tile.launch`'s `grid` always has 3 entries;
 - `padding` is an f64 `FloatAttr` whatever the element type (it is converted on
   load, so -inf pads a max-reduction and 0 pads a sum);
-- `transpose_b` is an optional `UnitAttr`: present means B is N x K.
+- `transpose_a` / `transpose_b` are optional `UnitAttr`s: present means A is K x M / B is N x K
+  (each tile as its operand is stored: the copy into shared memory never transposes).
 
 xDSL 0.74 types arith.cmpi/cmpf/select/sitofp/fptosi as scalar-only; the
 tensor-capable `CmpiOp`, `CmpfOp`, `SelectOp`, `SIToFPOp`, `FPToSIOp` below are
@@ -497,29 +498,44 @@ class LoadSharedOp(IRDLOperation):
 
 @irdl_op_definition
 class MmaOp(IRDLOperation):
-    """`acc + a @ b` on tensor cores (`b` is N x K when `transpose_b` is set)."""
+    """`acc + a @ b` on tensor cores (`a` is K x M when `transpose_a` is set, `b` N x K when
+    `transpose_b` is)."""
 
     name = "tile.mma"
     T: ClassVar = VarConstraint("T", base(TensorType))
     a = operand_def(TensorType)
     b = operand_def(TensorType)
     acc = operand_def(T)
+    transpose_a = opt_prop_def(UnitAttr)
     transpose_b = opt_prop_def(UnitAttr)
     result = result_def(T)
     traits = traits_def(Pure())
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "$a `,` $b `,` $acc attr-dict `:` type($a) `,` type($b) `,` type($acc)"
 
-    def __init__(self, a: Value, b: Value, acc: Value, transpose_b: bool = False):
+    def __init__(self, a: Value, b: Value, acc: Value, transpose_b: bool = False, transpose_a: bool = False):
         acc_t = SSAValue.get(acc).type
-        super().__init__(operands=[a, b, acc], properties={"transpose_b": UnitAttr() if transpose_b else None},
+        super().__init__(operands=[a, b, acc], properties={"transpose_a": UnitAttr() if transpose_a else None,
+                                                           "transpose_b": UnitAttr() if transpose_b else None},
                          result_types=[acc_t])
+
+    @property
+    def mnk(self) -> tuple[int, int, int]:
+        """(m, n, k) of the product, whatever the operands' storage."""
+        (m, k), (_, n) = self.a_shape, self.acc.type.get_shape()
+        return m, n, k
+
+    @property
+    def a_shape(self) -> tuple[int, int]:
+        """A's (rows, cols) as M x K."""
+        rows, cols = self.a.type.get_shape()
+        return (cols, rows) if self.transpose_a else (rows, cols)
 
     def verify_(self) -> None:
         a, b, acc = (v.type.get_shape() for v in (self.a, self.b, self.acc))
         _require(len(a) == len(b) == len(acc) == 2, self,
                  f"a, b and acc must be 2-D tiles, got {_fmt(a)}, {_fmt(b)} and {_fmt(acc)}")
-        (m, k), (m_acc, n_acc) = a, acc
+        (m, k), (m_acc, n_acc) = (a[::-1] if self.transpose_a else a), acc
         kb, n = (b[1], b[0]) if self.transpose_b else b
         b_layout = "NxK" if self.transpose_b else "KxN"
         _require(k == kb, self, f"a is {_fmt(a)} (MxK, K={k}) but b is {_fmt(b)} ({b_layout}, K={kb})")

@@ -665,18 +665,17 @@ class _Gemm:
         a_map, b_map = matmul_operand_maps(self.mm, self.axes, "k", kb.bindings)
         a = operand(kb, self.mm.lhs, a_map, ("m", "k"), self.tile)
         b = operand(kb, self.mm.rhs, b_map, ("k", "n"), self.tile)
-        if operand_layout(a, ("m", "k")):
-            a.order = ("m", "k")  # an A stored K-major is read transposed by the copy
-        return a, b
+        return a, b   # each as stored: an A stored K x M (X^T of a weight gradient) is read transposed
 
     def zero(self, kb: KernelBuild) -> SSAValue:
         """The accumulator before the first step."""
         return kb.b.full(0.0, [self.tile["m"], self.tile["n"]])
 
-    def step(self, kb: KernelBuild, b: Operand) -> Callable:
+    def step(self, kb: KernelBuild, a: Operand, b: Operand) -> Callable:
         """A pipeline loop's compute: one mma of the step's A and B tiles into the accumulator."""
         def compute(iv, tiles, acc):
-            return [kb.b(t.MmaOp(tiles[0], tiles[1], acc, transpose_b=operand_layout(b, ("k", "n"))))]
+            return [kb.b(t.MmaOp(tiles[0], tiles[1], acc, transpose_b=operand_layout(b, ("k", "n")),
+                                 transpose_a=operand_layout(a, ("m", "k"))))]
         return compute
 
     def tile_loop(self, kb: KernelBuild, scalars, steps: tuple | None = None, origin: SSAValue | None = None):
@@ -688,7 +687,7 @@ class _Gemm:
         pid_m, pid_n = _grouped_tile(kb, kb.pid(0), *self.tiles, kb.params.get("group_m", 1))
         m0, n0 = kb.mul(pid_m, self.tile["m"]), kb.mul(pid_n, self.tile["n"])
         (acc,) = _pipelined_loop(kb, steps or (0, self.steps), kb.params["num_stages"], [a, b], "k", self.tile["k"],
-                                 {"m": m0, "n": n0}, scalars, [acc0], self.step(kb, b),
+                                 {"m": m0, "n": n0}, scalars, [acc0], self.step(kb, a, b),
                                  mma_async=bool(kb.params.get("mma_async")), origin=origin,
                                  past_end=self.steps * self.tile["k"] if origin is not None else None)
         return acc, m0, n0
@@ -711,7 +710,7 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
     tiles_m, tiles_n = gemm.tiles
     if _walks_tiles(p, tiles_m * tiles_n, gemm.steps):
         a, b = gemm.operands(kb)
-        _persistent_tiles(kb, p["programs"], gemm.tiles, gemm.steps, [a, b], scalars, gemm.zero(kb), gemm.step(kb, b),
+        _persistent_tiles(kb, p["programs"], gemm.tiles, gemm.steps, [a, b], scalars, gemm.zero(kb), gemm.step(kb, a, b),
                           store)
         return (p["programs"], gemm.batch_programs, 1)
     store(*gemm.tile_loop(kb, scalars))

@@ -119,7 +119,7 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
 
 
 def _mma_blockers(op: tile.MmaOp, warps: int) -> list[str]:
-    (m, k), (_, n) = op.a.type.get_shape(), op.acc.type.get_shape()
+    m, n, k = op.mnk
     checks = [
         (isinstance(op.b.owner, tile.LoadSharedOp), "an mma B operand held in registers"),
         (warps % 4 == 0 and m == 16 * warps, f"an mma of {m} rows on {warps} warps (wgmma: 64 rows per warpgroup)"),
@@ -225,7 +225,7 @@ class LowerMma(RewritePattern):
         dtype = str(op.a.type.get_element_type())
         if str(op.b.type.get_element_type()) != dtype:
             raise TargetLoweringError(f"tile.mma operands differ in element type: a is {op.a.type}, b is {op.b.type}")
-        (m, k), (_, n) = op.a.type.get_shape(), op.acc.type.get_shape()
+        m, n, k = op.mnk
         instr = platforms.mma_instruction(self.platform, dtype, (m, n, k))
         if instr is None and not platforms.mma_instructions(self.platform, dtype):
             return
@@ -234,13 +234,16 @@ class LowerMma(RewritePattern):
             raise TargetLoweringError(
                 f"tile.mma {m}x{n}x{k} on {dtype}: {self.platform.arch} has no matrix instruction that covers it"
                 f" ({'its ' + dtype + ' instructions: ' + have if have else 'no ' + dtype + ' matrix instructions'})")
-        layout = "nt" if op.transpose_b is not None else "nn"
+        layout = ("t" if op.transpose_a is not None else "n") + ("t" if op.transpose_b is not None else "n")
         if instr.family != "wgmma":
+            if layout[0] == "t" and not isinstance(op.a.owner, tile.LoadSharedOp):
+                raise TargetLoweringError("tile.mma: a transposed A must be read from shared memory")
             rewriter.replace(op, target.TensorCoreOp(instr.family, op.a, op.b, op.acc, instr.fit((m, n, k)), layout,
                                                      instr.operand))
             return
         loads = [v.owner for v in (op.a, op.b) if isinstance(v.owner, tile.LoadSharedOp)]
-        descriptors = {load.result: _wgmma_descriptor(load, is_a=load.result is op.a, b_major_k=layout == "nt")
+        descriptors = {load.result: _wgmma_descriptor(load, is_a=load.result is op.a,
+                                                      k_major=layout[0] == "n" if load.result is op.a else layout[1] == "t")
                        for load in loads}
         mma = target.TensorCoreOp(instr.family, descriptors[op.a].result if op.a in descriptors else op.a,
                                   descriptors[op.b].result, op.acc, instr.fit((m, n, k)), layout, instr.operand)
@@ -252,17 +255,21 @@ class LowerMma(RewritePattern):
                 rewriter.erase(load)
 
 
-def _wgmma_descriptor(load: tile.LoadSharedOp, is_a: bool, b_major_k: bool) -> target.WgmmaDescriptorOp:
+def _wgmma_descriptor(load: tile.LoadSharedOp, is_a: bool, k_major: bool) -> target.WgmmaDescriptorOp:
     """The descriptor of a TMA-filled stage (`SHARED_LAYOUT["tma"]`: boxes of 128-byte rows in the
     128-byte swizzle, which repeats every 8 rows, so 8-row groups are 1024 bytes apart: the stride
     byte offset). An operand stored K-major has one box along K per 64 elements, which the wgmma
     steps through itself (leading offset unused: 16); stored M/N-major, its 64-column blocks are a
-    box apart (leading offset: one box's bytes). A's rows are split over the warpgroups, 64 each."""
-    major = "k" if is_a or b_major_k else "mn"
+    box apart (leading offset: one box's bytes). A's rows are split over the warpgroups, 64 each:
+    64 rows further stored K-major, one box (its 64 columns of M) further stored M-major (the
+    transposed A of a weight gradient, X^T @ dY, which TMA cannot transpose on the way in)."""
+    major = "k" if k_major else "mn"
     rows = load.src.type.get_shape()[1]
-    leading = 16 if major == "k" else rows * TMA_ROW_BYTES
+    box = rows * TMA_ROW_BYTES
+    leading = 16 if major == "k" else box
+    per_warpgroup = (64 * TMA_ROW_BYTES if major == "k" else box) if is_a else 0
     return target.WgmmaDescriptorOp(load.src, load.stage, major, leading, 8 * TMA_ROW_BYTES, TMA_ROW_BYTES,
-                                    64 * TMA_ROW_BYTES if is_a else 0)
+                                    per_warpgroup)
 
 
 def _waited_for_later(op: tile.MmaOp) -> bool:

@@ -145,6 +145,31 @@ def test_gemm_transposed_b(torch_cuda, m, k, n, path):
     check(out, (a.float() @ b.float().T) * 0.5, "fp16", torch)
 
 
+@tsr.function
+def gemm_tn(a: Tensor["K", "M"], b: Tensor["K", "N"]):
+    return tsr.matmul(a.transpose(0, 1), b)
+
+
+@tsr.function
+def gemm_tt(a: Tensor["K", "M"], b: Tensor["N", "K"]):
+    return tsr.matmul(a.transpose(0, 1), b.transpose(0, 1))
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("m,k,n", [(64, 64, 64), (77, 64, 45), (256, 136, 200), (70, 1000, 136), (1000, 4097, 384)])
+def test_gemm_transposed_a(torch_cuda, dtype, m, k, n, path):
+    """A stored K x M (a weight gradient's X^T): read transposed from shared memory (ldmatrix.trans
+    on mma.sync, an M-major wgmma descriptor on the native path), never by a transposing copy."""
+    torch = torch_cuda
+    aligned = m % 8 == 0 and n % 8 == 0 and m >= 128   # 16-byte rows, a warpgroup per 64 rows: wgmma
+    (a, b), (out,) = run(gemm_tn, dict(M=m, K=k, N=n), dtype, torch, path=path,
+                         expect="wgmma" if path == "native" and aligned else None)
+    check(out, a.float().T @ b.float(), dtype, torch)
+    (a, b), (out,) = run(gemm_tt, dict(M=m, K=k, N=n), dtype, torch, path=path)
+    check(out, a.float().T @ b.float().T, dtype, torch)
+
+
 @pytest.mark.parametrize("path", PATHS)
 def test_batched_gemm(torch_cuda, path):
     torch = torch_cuda

@@ -268,7 +268,8 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     if acc.wn != 1 or acc.warp_tile[0] != 16:
         raise UnsupportedByBackend(f"PTX backend: wgmma needs one 64-row slice per warpgroup, got {acc}")
     _, n_instr, _ = t.int_values(op.shape)
-    k_steps = op.operand_shape(op.a)[1] // 16
+    a_k_major = not a_shared or op.a.type.major.data == "k"   # A stored [M, K]; else [K, M] (M-major)
+    k_steps = op.operand_shape(op.a)[1 if a_k_major else 0] // 16
     b_k_major = op.b.type.major.data == "k"     # B stored [N, K]; else [K, N] (N-major)
     if a_shared:
         desc_a, a_buf = e.env[op.a]
@@ -293,7 +294,10 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     if e.state.pop("wgmma_fence", False):
         e.emit("wgmma.fence.sync.aligned;")
     for kk in range(k_steps):
-        da = _step(e, desc_a, a_buf.start(0, 16 * kk)) if a_shared else f"{{{', '.join(fragments[kk][0])}}}"
+        if a_shared:
+            da = _step(e, desc_a, a_buf.start(0, 16 * kk) if a_k_major else a_buf.start(16 * kk, 0))
+        else:
+            da = f"{{{', '.join(fragments[kk][0])}}}"
         for n0 in range(0, cols, n_instr):
             if b_k_major:
                 db = _step(e, desc_b, b_buf.start(n0, 16 * kk))
@@ -301,7 +305,7 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
                 db = _step(e, desc_b, b_buf.start(16 * kk, n0))
             first = n0 // 8 * 4
             d = ", ".join(regs[first:first + per_instr])
-            trans = f"{'0, ' if a_shared else ''}{0 if b_k_major else 1}"   # A in registers has no transpose
+            trans = f"{f'{0 if a_k_major else 1}, ' if a_shared else ''}{0 if b_k_major else 1}"   # A in registers has no transpose
             scale_d = ignore if from_zero and kk == 0 else accumulate
             e.emit(f"wgmma.mma_async.sync.aligned.m64n{n_instr}k16.f32.{precision}.{precision} "
                    f"{{{d}}}, {da}, {db}, {scale_d}, 1, 1, {trans};")

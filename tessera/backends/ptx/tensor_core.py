@@ -272,8 +272,9 @@ def _load_shared(e: KernelEmitter, op: t.LoadSharedOp) -> None:
     uses = [u.operation for u in op.result.uses]
     if (len(uses) == 1 and isinstance(uses[0], tgt.TensorCoreOp) and uses[0].a is op.result
             and uses[0].parent_block() is not op.parent_block()):
-        acc = e.layouts[uses[0].acc]
-        e.env[op.result] = Fragments(_a_fragments(e, tile_, acc, op.result.type.get_shape()[1] // 16, acc.wn))
+        acc, transposed = e.layouts[uses[0].acc], _a_transposed(uses[0])
+        k_steps = op.result.type.get_shape()[0 if transposed else 1] // 16
+        e.env[op.result] = Fragments(_a_fragments(e, tile_, acc, k_steps, acc.wn, transposed))
         return
     e.env[op.result] = tile_
 
@@ -308,9 +309,17 @@ def _ldmatrix(e: KernelEmitter, count: int, addr: str, trans: bool) -> list[str]
     return regs
 
 
-def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int) -> list[list[list[str]]]:
-    """A fragments [kk][mi] = 4 registers, from shared memory or repacked accumulator registers."""
+def _a_transposed(op: tgt.TensorCoreOp) -> bool:
+    """Whether the op's A is stored K x M (`layout` "tn" / "tt")."""
+    return op.layout.data[0] == "t"
+
+
+def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int, transposed: bool = False) -> list[list[list[str]]]:
+    """A fragments [kk][mi] = 4 registers, from shared memory (stored M x K, or K x M when
+    `transposed`) or repacked accumulator registers."""
     mi_n = acc.fragments[0]
+    if isinstance(a, SharedTile) and transposed:
+        return _a_fragments_transposed(e, a, acc, k_steps, wn)
     if isinstance(a, SharedTile):
         lane, warp_m, _ = _lane_parts(e, wn)
         buf = a.buffer
@@ -340,6 +349,30 @@ def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int) -> list[l
                 frag.append(r)
             row.append(frag)
         out.append(row)
+    return out
+
+
+def _a_fragments_transposed(e: KernelEmitter, a: SharedTile, acc: Mma, k_steps: int, wn: int):
+    """A fragments from a [K, M] buffer with `ldmatrix.trans`: matrix j of an x4 covers k rows
+    8 (j >> 1) .. + 8 at m columns 8 (j & 1) .. + 8 of the fragment, so lane L gives the address
+    of k row (L & 7) + 8 ((L >> 4) & 1) at m column 8 ((L >> 3) & 1); transposed on the way into
+    registers, each matrix lands as the m16k16 fragment's a0..a3 need it."""
+    lane, warp_m, _ = _lane_parts(e, wn)
+    buf = a.buffer
+    base = stage_address(e, buf, a.stage)
+    l8, mid, hi = _bits(e, lane, 0, 7), _bits(e, lane, 3, 1), _bits(e, lane, 4, 1)
+    chunk_elems = 16 // buf.elem
+    row = _expr(e, [(l8, 1), (hi, 8)])
+    lane_chunk = _expr(e, [(warp_m, acc.warp_tile[0] // chunk_elems), (mid, 8 // chunk_elems)])
+    f = buf.swizzle(e, row)
+    out = []
+    for kk in range(k_steps):
+        frags = []
+        for mi in range(acc.fragments[0]):
+            chunk = e.new(S32)
+            e.emit(f"add.s32 {chunk}, {lane_chunk}, {mi * 16 // chunk_elems};")
+            frags.append(_ldmatrix(e, 4, f"{buf.address(e, base, row, chunk, f)}+{kk * 16 * buf.row_bytes}", trans=True))
+        out.append(frags)
     return out
 
 
@@ -394,13 +427,14 @@ def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     acc: Mma = e.layouts[op.acc]
     precision = op.precision.data
     a = e.env[op.a]
-    k_steps = op.a.type.get_shape()[1] // 16
+    transposed = _a_transposed(op)
+    k_steps = op.a.type.get_shape()[0 if transposed else 1] // 16
     if isinstance(a, Fragments):
         a_frags = a.a
     else:
         a_frags = _a_fragments(e, a if isinstance(a, SharedTile) else (e.regs_of(op.a), e.layouts[op.a]),
-                               acc, k_steps, acc.wn)
-    b_frags = _b_fragments(e, e.env[op.b], acc, k_steps, acc.wn, k_major=op.layout.data == "nn")
+                               acc, k_steps, acc.wn, transposed)
+    b_frags = _b_fragments(e, e.env[op.b], acc, k_steps, acc.wn, k_major=op.layout.data[1] == "n")
     regs = list(e.regs_of(op.acc))
     mi_n, ni_n = acc.fragments
     for kk in range(k_steps):
