@@ -27,9 +27,11 @@ keep it above a floor of about ln(10) * d / (2d + 2), which it reaches once the 
 
 It reports the loss every --log-every steps for the Tessera model, torch eager and torch.compile of
 the reference (and of the Tessera model with --compile-tessera), the largest relative difference
-between the Tessera and the eager torch losses at the logged steps from --warmup on, and each
-model's training throughput in tokens/s (timed with synchronize around the steps after the first
---skip-timing). It exits with status 1 when that difference exceeds --tolerance (default 2%).
+between the Tessera and the eager torch losses at the logged steps from --warmup on (and, for
+scale, torch.compile's difference from eager: training amplifies the rounding differences of any
+other kernels for the same math), and each model's training throughput in tokens/s (timed with
+synchronize around the steps after the first --skip-timing). It exits with status 1 when the
+Tessera difference exceeds --tolerance (default 2%).
 """
 from __future__ import annotations
 
@@ -331,6 +333,8 @@ def report(cfg: Config, runs: list[Run]) -> bool:
     agree = worst <= cfg.tolerance
     print(f"\nmax relative difference, tessera vs torch eager, logged steps >= {cfg.warmup}: {worst:.3%} "
           f"(tolerance {cfg.tolerance:.1%}): {'OK' if agree else 'FAILED'}")
+    for r in runs[2:]:   # other kernels for the same math drift apart too: training amplifies rounding
+        print(f"  for scale, {r.name} vs torch eager: {max_relative_difference(cfg, r, reference):.3%}")
     floor = math.log(10) * cfg.digits / (2 * cfg.digits + 2)
     print(f"loss floor of the task (the unpredictable digits): {floor:.4f}")
     print(f"\ntokens/s (steps {cfg.skip_timing}..{cfg.steps - 1}, {cfg.batch} x {cfg.seq} tokens a step):")
@@ -363,7 +367,7 @@ def main(argv=None) -> int:
     parameters = initial_parameters(cfg)
     n_params = sum(p.numel() for p in parameters.values())
     print(f"GPT: {cfg.layers} layers, d_model {cfg.d_model}, {cfg.heads} heads, MLP {cfg.mlp_hidden}, "
-          f"{n_params / 1e6:.1f}M parameters; batch {cfg.batch} x seq {cfg.seq}, {cfg.steps} steps, "
+          f"{n_params:,} parameters; batch {cfg.batch} x seq {cfg.seq}, {cfg.steps} steps, "
           f"{cfg.dtype} on {cfg.device}")
     print(f"data: rows of copy examples, e.g. {decode(make_batch(cfg, 0)[0][0, :2 * cfg.digits + 2])}")
     runs = train_all(cfg, parameters)

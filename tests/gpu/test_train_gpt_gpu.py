@@ -12,7 +12,7 @@ pytest.importorskip("torch")
 import train_gpt  # noqa: E402
 from train_gpt import Config  # noqa: E402
 
-SMALL = Config(layers=2, d_model=256, heads=4, seq=256, batch=4, steps=60, lr=3e-3, warmup=10, log_every=5,
+SMALL = Config(layers=2, d_model=256, heads=4, seq=256, batch=8, steps=60, lr=3e-3, warmup=10, log_every=5,
                digits=8, dtype="bfloat16", device="cuda", skip_timing=5, no_compile=True)
 
 
