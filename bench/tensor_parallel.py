@@ -5,9 +5,11 @@ against the same sharding written by hand in torch (Megatron-LM's layout), on ev
 
 The SwiGLU MLP's hidden dim F is split (column- then row-parallel: one all-reduce of the output,
 which Tessera derives from the function's math); attention's heads are split (no communication).
-Per step (forward, then forward + backward): Tessera sharded, torch eager sharded (its matmuls,
-F.silu and SDPA on the same shards, `dist.all_reduce` where Megatron puts it), and the
-all-reduce alone (the communication a step cannot hide: nothing overlaps it yet). Medians of
+Per step (forward, then forward + backward): Tessera sharded with its all-reduce overlapped (the
+call split into 4 chunks along the token dim, each chunk's all-reduce running while the next
+chunk's kernels do: `ShardedFunction.report`) and without (the default), torch eager sharded (its
+matmuls, F.silu and SDPA on the same shards, `dist.all_reduce` where Megatron puts it), and the
+all-reduce alone; "hidden" is the share of the all-reduce's time the overlap saved. Medians of
 CUDA-event times on rank 0, after a barrier; outputs checked against torch's first.
 """
 from __future__ import annotations
@@ -98,11 +100,14 @@ def rank_main(rank: int, world: int, port: int) -> None:
     if rank == 0:
         print(f"# {world} x {torch.cuda.get_device_name()}, torch {torch.__version__}, NCCL")
         print(f"# python3 bench/tensor_parallel.py --gpus {world}")
-        print("| case | pass | tessera ms | torch ms | vs torch | all-reduce ms | max rel err |")
-        print("|---|---|---|---|---|---|---|")
+        print("| case | pass | tessera ms | not overlapped ms | torch ms | vs torch | all-reduce ms | hidden | "
+              "max rel err |")
+        print("|---|---|---|---|---|---|---|---|---|")
     for name, (fn, reference, sharding, whole) in cases.items():
-        sharded = shard(fn, mesh, sharding)
+        sharded, serial = shard(fn, mesh, sharding, chunks=4), shard(fn, mesh, sharding)
         args = [x.detach().requires_grad_() for x in sharded.local(*whole)]
+        if rank == 0:
+            print(f"# {sharded.report(*args)}".replace("\n", "\n# "))
         ours, want = sharded(*args), reference(*args)
         err = ((ours.float() - want.float()).norm() / want.float().norm()).item()
         cotangent = torch.randn_like(ours)
@@ -110,10 +115,12 @@ def rank_main(rank: int, world: int, port: int) -> None:
             else 0.0
         for backward in (False, True):
             t_ours = median_ms(step(sharded, args, cotangent, backward))
+            t_serial = median_ms(step(serial, args, cotangent, backward))
             t_torch = median_ms(step(reference, args, cotangent, backward))
+            hidden = f"{max(0.0, (t_serial - t_ours) / comm):.0%}" if comm else "-"
             if rank == 0:
-                print(f"| {name} | {'fwd+bwd' if backward else 'fwd'} | {t_ours:.2f} | {t_torch:.2f} | "
-                      f"{t_torch / t_ours:.2f}x | {comm:.2f} | {err:.1e} |", flush=True)
+                print(f"| {name} | {'fwd+bwd' if backward else 'fwd'} | {t_ours:.2f} | {t_serial:.2f} | {t_torch:.2f} | "
+                      f"{t_torch / t_ours:.2f}x | {comm:.2f} | {hidden} | {err:.1e} |", flush=True)
     dist.destroy_process_group()
 
 

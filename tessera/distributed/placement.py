@@ -206,3 +206,38 @@ class _Propagation:
             return self.f.sym_name.data
         loc = loc_of(op)
         return f"{self.f.sym_name.data}: {op.name.removeprefix('graph.')}" + (f" at {loc}" if loc else "")
+
+
+def independent_dims(module) -> set[str]:
+    """The dim names along which the function's results are computed row by row: no op reduces,
+    contracts, normalizes, indexes (arange), slices or concatenates along them, and no reshape
+    makes or drops them. Running the function on chunks of such a dim (every argument that has
+    it cut the same way) computes the same chunks of the results: what lets a sharded function
+    all-reduce one chunk's partial result while the next chunk's kernels run."""
+    (f,) = [op for op in module.ops if isinstance(op, func.FuncOp)]
+    named = {d for v in f.body.block.args for d in g.tensor_type(v).shape if isinstance(d, str)}
+    for op in f.body.block.ops:
+        named -= _dims_crossed(op)
+    return named
+
+
+def _dims_crossed(op: Operation) -> set:
+    """The dims an op reads across (so a chunk of them would see only part of what it needs)."""
+    shape = [g.tensor_type(v).shape for v in op.operands if isinstance(v.type, g.TensorType)]
+    if isinstance(op, g.MatmulOp):
+        return {shape[0][-1]}
+    if isinstance(op, g.ReduceOp):
+        return {shape[0][op.axis.data]}
+    if isinstance(op, g.SoftmaxOp):
+        return {shape[0][op.axis.data]}
+    if isinstance(op, (g.LayerNormOp, g.RmsNormOp)):
+        return {shape[0][-1]}
+    if isinstance(op, g.ArangeOp):
+        return set(g.tensor_type(op.res).shape)
+    if isinstance(op, (g.SliceOp, g.ConcatOp)):
+        out = g.tensor_type(op.results[0]).shape
+        return {d for s in shape for d, o in zip(s, out) if d != o} | {o for s in shape for d, o in zip(s, out) if d != o}
+    if isinstance(op, g.ReshapeOp):
+        before, after = set(shape[0]), set(g.tensor_type(op.res).shape)
+        return before ^ after
+    return set()

@@ -11,6 +11,7 @@ import socket
 import tessera as tsr
 from tessera import Tensor
 from tessera.distributed import DeviceMesh, shard
+from tessera.distributed import sharded as sharded_module
 
 
 @tsr.function
@@ -25,9 +26,10 @@ def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: T
     return tsr.matmul(tsr.softmax(tsr.where(i[:, None] >= j[None, :], s, -math.inf), dim=-1), v)
 
 
-#: (function, its dims' sizes, the sharding, the mesh's axes and shape)
+#: (function, its dims' sizes, the sharding)
 CASES = {
     "mlp-tp": (mlp, {"N": 37, "C": 32, "F": 64}, {"F": "tp"}),
+    "mlp-tp-overlap": (mlp, {"N": 40, "C": 32, "F": 64}, {"F": "tp"}),   # 4 chunks of N, all-reduces overlapped
     "mlp-dp": (mlp, {"N": 38, "C": 32, "F": 64}, {"N": "dp"}),
     "attention-heads": (attention, {"B": 1, "H": 4, "S": 33, "D": 16}, {"H": "tp"}),
 }
@@ -62,9 +64,18 @@ def check(case: str, world: int, device: str, dtype_name: str, tolerance: float)
     cotangent = torch.randn(want.shape, generator=gen).to(device=device, dtype=dtype)
     want.backward(cotangent)
 
-    sharded = shard(fn, mesh, sharding)
+    sharded = shard(fn, mesh, sharding, chunks=4)
     mine = [x.detach().requires_grad_() for x in sharded.local(*whole)]
-    got = sharded(*mine)
+    if case.endswith("overlap"):   # chunks this small only here, where the interpreter runs them
+        sharded_module.MIN_CHUNK_ROWS, kept = 8, sharded_module.MIN_CHUNK_ROWS
+        try:
+            got = sharded(*mine)
+        finally:
+            sharded_module.MIN_CHUNK_ROWS = kept
+        assert "in 4 chunks along N" in sharded.report(*mine), sharded.report(*mine)
+    else:
+        got = sharded(*mine)
+        assert "chunks" not in sharded.report(*mine), sharded.report(*mine)
     (placement,) = sharded.placements(*mine)
     want_mine = want.detach()
     for i, ax in placement.sharded:   # a sharded result stays this rank's shard

@@ -93,3 +93,10 @@ def test_sums_and_scalings_of_partial_sums_stay_partial():
         return (-(tsr.matmul(h, w) - tsr.matmul(h, u)) * s / 3.0).to(tsr.fp32).sum(0)
     (y,) = results(two_row_parallel, MLP, {"F": "tp"})
     assert y.partial == {"tp"}
+
+
+def test_the_dims_a_function_is_independent_along_are_the_ones_no_op_reads_across():
+    """What an overlapped sharded call may split into chunks: the MLP's tokens, attention's batch
+    and heads (not its sequence: the keys are contracted, the mask indexes it)."""
+    assert placement.independent_dims(mlp.trace(specs(mlp, MLP))) == {"N"}
+    assert placement.independent_dims(attention.trace(specs(attention, ATTENTION))) == {"B", "H"}
