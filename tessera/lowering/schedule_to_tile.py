@@ -1238,6 +1238,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
             with kb.b.origin(mm):
                 kb.em.overrides[mm.res] = kb.b(t.MmaOp(a_tile, tiles[slot[i]], kb.b.full(0.0, block),
                                                        transpose_b=operand_layout(b_use, want)))
+        kb.b(t.MmaWaitOp(0))   # one wait for all the score tiles: their (wgmma) mmas run together
         ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
         out, other = [], len(scores)
         for sink, kind, fill, acc in zip(sinks, kinds, fills, accs):
@@ -1252,6 +1253,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
                 x = to_storage(kb.b, x, g.tensor_type(b_use.value).dtype)
                 out.append(kb.b(t.MmaOp(x, tiles[slot[other]], acc, transpose_b=operand_layout(b_use, want))))
                 other += 1
+        kb.b(t.MmaWaitOp(0))   # and one for the sinks' (dK's and dV's run together), before the stage is refilled
         return out
 
     accs0 = [kb.b.full(fill, [tile["m"]] if kind else [tile["m"], tile["e"]]) for kind, fill in zip(kinds, fills)]
