@@ -706,7 +706,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp
     """The Schedule IR module for a Graph IR module (the input is left unchanged). With a target
     `platform`, default tilings fit its shared memory per block and suit its matrix instructions."""
     out_funcs = []
-    for f in recompute.recompute_scores(module).ops:
+    for f in recompute.copy_shared_prologues(recompute.recompute_scores(module)).ops:
         planner = _Planner(f)
         planner.max_shared = platform.max_shared_per_block if platform else None
         planner.native = bool(platform) and HOPPER_NATIVE <= platform.features

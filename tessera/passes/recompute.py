@@ -152,3 +152,82 @@ def _copy_tree(v: SSAValue, tree: list[Operation], before: Operation) -> SSAValu
         block.insert_op_before(clone, before)
         mapping.update(zip(op.results, clone.results))
     return mapping[v]
+
+
+# --- shared prologues ---------------------------------------------------------------------------
+
+def copy_shared_prologues(module: ModuleOp) -> ModuleOp:
+    """`module` with each elementwise op over inputs and row statistics that several ops read
+    copied once per reader, else `module` itself (never changed).
+
+    Why: fusion makes an op read by two kernels a kernel of its own, which writes its result to
+    memory for both to read. For a cast of an input, or the input times a row statistic (a norm
+    backward's x * rstd), that costs a write and two reads of an fp32 tensor where each reader
+    could read the input itself: a RMSNorm backward was nine kernels, five of them writing [M, N]
+    fp32 intermediates. Copied, each reader fuses its copy as a prologue. Only trees whose leaves
+    are arguments, constants, aranges and reductions' results (small, and in memory anyway) are
+    copied: a tree over a matmul's result stays one, since copying it would take the GEMM's
+    epilogue away."""
+    if not any(_shared_prologues(f, apply=False) for f in module.ops if isinstance(f, func.FuncOp)):
+        return module
+    module = module.clone()
+    for f in module.ops:
+        if isinstance(f, func.FuncOp):
+            _shared_prologues(f, apply=True)
+    return module
+
+
+_PROLOGUE_OPS = (g.ElementwiseOp, g.CastOp)
+
+
+def _shared_prologues(f: func.FuncOp, apply: bool) -> bool:
+    """Whether some prologue op has several readers; with `apply`, gives each reader a copy
+    (readers last to first, so the copies' own producers are copied in turn)."""
+    copyable: dict[Operation, bool] = {}
+
+    def is_copyable(op) -> bool:
+        if op not in copyable:
+            copyable[op] = isinstance(op, _PROLOGUE_OPS) and all(_leaf_or(x, is_copyable) for x in op.operands)
+        return copyable[op]
+
+    found = False
+    for op in reversed(list(f.body.block.ops)):
+        if not isinstance(op, _PROLOGUE_OPS) or not is_copyable(op):
+            continue
+        # device asserts join whichever kernel computes what they read: they do not count
+        readers = [r for r in dict.fromkeys(u.operation for u in op.results[0].uses)
+                   if not isinstance(r, g.AssertOp) and not _only_asserts(r)]
+        # a matmul reads its operands from memory (so does a view, which may feed one): those
+        # readers share the original, every other reader gets a copy
+        copied = [r for r in readers if isinstance(r, _PROLOGUE_OPS + (g.ReduceOp, g.SoftmaxOp, g.LayerNormOp,
+                                                                          g.RmsNormOp))]
+        if len(readers) < 2 or not copied:
+            continue
+        if not apply:
+            return True
+        found = True
+        for reader in copied[1:] if len(copied) == len(readers) else copied:
+            clone = op.clone()
+            op.parent_block().insert_op_before(clone, op)
+            for i, x in enumerate(reader.operands):
+                if x is op.results[0]:
+                    reader.operands[i] = clone.results[0]
+    return found
+
+
+def _only_asserts(op: Operation) -> bool:
+    """Whether every reader of `op`'s results is a device assert, directly or through such ops."""
+    readers = [u.operation for r in op.results for u in r.uses]
+    return bool(readers) and all(isinstance(r, g.AssertOp) or _only_asserts(r) for r in readers)
+
+
+def _leaf_or(v: SSAValue, is_copyable) -> bool:
+    """An argument, a constant or arange, a reduction's result, or a view of one; else whether
+    its producer is a copyable prologue op."""
+    op = v.owner
+    while isinstance(op, (g.TransposeOp, g.ReshapeOp)):
+        v = op.input
+        op = v.owner
+    if not isinstance(op, Operation) or isinstance(op, (g.ConstantOp, g.ArangeOp, g.ReduceOp)):
+        return True
+    return is_copyable(op)

@@ -1,0 +1,76 @@
+"""LayerNorm and RMSNorm backward (issue 14): Tessera's generated backward against torch's, and
+against the copy bandwidth over the bytes the backward must move.
+
+    python3 bench/norm_backward.py
+
+Tessera's is the vjp of the norm written with tsr.layer_norm / tsr.rms_norm (with a weight, and
+a bias for layer_norm), timed alone (the forward ran once before); torch's is torch.autograd.grad
+of F.layer_norm / F.rms_norm kept from one forward. The bytes a backward must move: read x and
+dy, write dx (3 M x N), plus the weight and its gradient (and the bias's). The copy bandwidth is a
+device-to-device copy of an M x N tensor (2 M x N bytes moved) on the same GPU. Gradients are
+checked against torch's first. Medians of triton's do_bench, in ms.
+"""
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
+
+import tessera as tsr  # noqa: E402
+from tessera import Tensor  # noqa: E402
+
+SHAPES = [(16384, 8192), (4096, 32768), (65536, 1024)]
+
+
+@tsr.function
+def rms_norm(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+
+@tsr.function
+def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    return tsr.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def ms(fn) -> float:
+    return triton.testing.do_bench(fn, rep=100, return_mode="median")
+
+
+def main() -> int:
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"# python3 bench/norm_backward.py {' '.join(sys.argv[1:])}")
+    print("| norm | shape | dtype | tessera ms | GB/s | vs copy | torch ms | vs torch | max rel err |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for m, n in SHAPES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        x = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
+        dy = torch.randn(m, n, device="cuda", generator=gen).to(torch.bfloat16)
+        w = (1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).to(torch.bfloat16)
+        b = (0.1 * torch.randn(n, device="cuda", generator=gen)).to(torch.bfloat16)
+        copy_dst = torch.empty_like(x)
+        copy_gbs = 2 * x.numel() * x.element_size() / ms(lambda: copy_dst.copy_(x)) / 1e6
+        for name, fn, params in (("rms_norm", rms_norm, [w]), ("layer_norm", layer_norm, [w, b])):
+            _, f_vjp = tsr.vjp(fn, x, *params)
+            ours = f_vjp(dy)
+            leaves = [t.detach().clone().requires_grad_() for t in (x, *params)]
+            if name == "rms_norm":
+                out = torch.nn.functional.rms_norm(leaves[0], (n,), leaves[1], 1e-6)
+            else:
+                out = torch.nn.functional.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5)
+            want = torch.autograd.grad(out, leaves, dy, retain_graph=True)
+            err = max(((g.float() - r.float()).norm() / r.float().norm()).item() for g, r in zip(ours, want))
+            t_ours = ms(lambda: f_vjp(dy))
+            t_torch = ms(lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True))
+            moved = (3 * m * n + 2 * len(params) * n) * x.element_size()
+            gbs = moved / t_ours / 1e6
+            print(f"| {name} | {m}x{n} | bf16 | {t_ours:.3f} | {gbs:.0f} | {gbs / copy_gbs:.2f}x | {t_torch:.3f} | "
+                  f"{t_torch / t_ours:.2f}x | {err:.1e} |", flush=True)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
