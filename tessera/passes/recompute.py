@@ -16,6 +16,10 @@ What is copied is only what the copy can recompute: elementwise ops and matmuls 
 are read from memory as before. A tree copied for a sink that cannot be fused would only add work,
 so only sinks `chain_sink` accepts get copies, and only where another op reads the tree too (the
 last reader keeps the original).
+
+`copy_shared_prologues`, the second pass here, does the same for cheaper trees: elementwise ops
+over arguments and row statistics that several kernels read (a norm backward's casts of x and
+dy) are copied into each reader rather than written to memory once for all of them.
 """
 from __future__ import annotations
 
