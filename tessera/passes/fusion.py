@@ -513,9 +513,15 @@ def _structure(v: SSAValue):
     op = v.owner
     if not isinstance(op, Operation):
         return v
-    attrs = tuple(sorted((k, str(a)) for k, a in {**op.properties, **op.attributes}.items() if k != "tessera.loc"))
-    return op.name, tuple(_structure(x) for x in op.operands), attrs, tuple(str(r.type) for r in op.results), \
+    return op.name, tuple(_structure(x) for x in op.operands), _settings(op), \
         op.results.index(v) if len(op.results) > 1 else 0
+
+
+def _settings(op: Operation) -> tuple:
+    """What besides its operands makes an op compute what it does: its properties and attributes
+    (its source location aside) and its result types."""
+    attrs = tuple(sorted((k, str(a)) for k, a in {**op.properties, **op.attributes}.items() if k != "tessera.loc"))
+    return attrs, tuple(str(r.type) for r in op.results)
 
 
 def _merge_duplicates(block: Block) -> None:
@@ -526,8 +532,7 @@ def _merge_duplicates(block: Block) -> None:
     for op in list(block.ops):
         if not op.results or op.regions:
             continue
-        attrs = tuple(sorted((k, str(a)) for k, a in {**op.properties, **op.attributes}.items() if k != "tessera.loc"))
-        key = (op.name, tuple(op.operands), attrs, tuple(str(r.type) for r in op.results))
+        key = (op.name, tuple(op.operands), _settings(op))
         if key in seen:
             for old, new in zip(op.results, seen[key].results):
                 old.replace_all_uses_with(new)

@@ -10,6 +10,7 @@ import pytest
 import tessera as tsr
 from tessera import Tensor, dtypes
 from tessera.autodiff.api import Derivative
+from tessera.ir import tile as t
 from tessera.passes.recompute import recompute_scores
 from tessera.runtime.launcher import plan
 
@@ -46,6 +47,10 @@ def test_attention_backward_is_flash_chains_with_no_square_tensor(kind):
     dk_dv = ks[3].body.block
     # S = Q K^T and dP = dO V^T once each, then dV = P^T dO and dK^T = Q^T dS
     assert sum(op.name == "graph.matmul" for op in dk_dv.ops) == 4
+    # K and V resident, Q and dO streamed once each (for the scores and for dK and dV alike)
+    (tile_dk_dv,) = [k for k in c.modules["tile"].ops if getattr(k, "sym_name", None)
+                     and k.sym_name.data == ks[3].sym_name.data]
+    assert sum(isinstance(op, t.AllocSharedOp) for op in tile_dk_dv.walk()) == 4
     p = plan(c)
     for buf in (*p.outputs, *p.intermediates):
         assert list(buf.shape).count(s) <= 1, f"an S x S buffer: {buf.shape}"
