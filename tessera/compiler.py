@@ -1,12 +1,17 @@
-"""The pipeline, as a list of stages.
+"""The pipeline, as a list of stages: those every backend shares, then the backend's own.
 
     graph     the traced function (Graph IR)                  tessera.frontend
     schedule  fusion groups with tiling parameters            tessera.passes.fusion
     tile      block programs + host launches                  tessera.lowering.schedule_to_tile
+  backend "ptx" (the default):
     target    platform instructions (mma.sync, wgmma)         tessera.lowering.tile_to_target
     ptx       each kernel's PTX module                        tessera.backends.ptx
     cubin     each kernel assembled by ptxas, with its        tessera.runtime.cache (on disk),
               resource report                                 tessera.runtime.ptxas
+  backend "cuda-tile" (NVIDIA's CUDA Tile IR; docs/CUDA_TILE.md):
+    cuda_tile each kernel as a cuda_tile module: text and     tessera.backends.cuda_tile
+              the bytecode tileiras takes
+    cubin     each kernel assembled by tileiras               tessera.backends.cuda_tile.tools
 
 Each stage is a function from the previous stage's result to its own.
 `compile_module` runs them through `tile` and returns a `Compiled`, which runs
@@ -32,6 +37,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 
 import numpy as np
 
+from . import platforms
 from .errors import TesseraError
 
 if TYPE_CHECKING:
@@ -56,13 +62,14 @@ class Options:
                                        # registry (an H100 PCIe has 114): persistent kernels use them
     line_info: bool = False            # PTX with .file/.loc line info of the user's source (ptxas -lineinfo)
     profile: bool = False              # kernels stamp their profile regions (tessera.runtime.profile)
+    backend: str = "ptx"               # "ptx", or "cuda-tile": CUDA Tile IR assembled by NVIDIA's tileiras
 
     def platform(self):
-        from . import platforms
-
         p = platforms.get(self.arch)
         if self.sm_count is not None:
             p = dataclasses.replace(p, sm_count=self.sm_count)
+        if BACKENDS[self.backend].masked:
+            p = platforms.without(p, BACKENDS[self.backend].masked)
         if self.path == "ampere":
             return platforms.without(p, platforms.BEYOND_AMPERE)
         if self.path != "native":
@@ -77,7 +84,8 @@ def _schedule(graph, options: Options):
 
 def _tile(schedule, options: Options):
     from .lowering.schedule_to_tile import lower_schedule_to_tile
-    return lower_schedule_to_tile(schedule, line_info=options.line_info, profile=options.profile)
+    return lower_schedule_to_tile(schedule, line_info=options.line_info, profile=options.profile,
+                                  stage_operands=BACKENDS[options.backend].stage_operands)
 
 
 def _target(tile, options: Options):
@@ -100,19 +108,63 @@ def _cubin(ptx, options: Options):
     return {name: cache.assembled(kernel.ptx, options.arch, options.opt_level) for name, kernel in ptx.items()}
 
 
-#: (name, function from the previous stage's result) — the whole compiler, in order.
-STAGES: list[tuple[str, Callable]] = [
+def _cuda_tile(tile, options: Options):
+    from .backends.cuda_tile import lower_module
+    return lower_module(tile)
+
+
+def _tile_cubin(cuda_tile, options: Options):
+    from .backends.cuda_tile import assemble_kernels
+    return assemble_kernels(cuda_tile, options.arch, options.opt_level)
+
+
+#: (name, function from the previous stage's result): the stages every backend shares.
+SHARED_STAGES: list[tuple[str, Callable]] = [
     ("schedule", _schedule),   # Graph IR -> Schedule IR
     ("tile", _tile),           # -> Tile IR
-    ("target", _target),       # -> Target IR
-    ("ptx", _ptx),             # -> {kernel: PtxKernel}
-    ("cubin", _cubin),         # -> {kernel: ptxas.Assembled}, through the on-disk cubin cache
 ]
+
+
+@dataclass(frozen=True)
+class Backend:
+    """What a backend adds to the pipeline, and what it asks of the stages before it."""
+
+    stages: tuple[tuple[str, Callable], ...]   # after tile, in order; the last is "cubin"
+    stage_operands: bool        # Tile IR stages matmul operands through shared memory itself
+                                # (False: the backend's own compiler pipelines plain loads)
+    text_stage: str             # the stage `dump` writes a file per kernel of
+    masked: frozenset = frozenset()   # platform features the schedule must not plan for (the
+                                      # backend's own compiler decides whether to use them)
+
+
+BACKENDS: dict[str, Backend] = {
+    "ptx": Backend((("target", _target),        # -> Target IR
+                    ("ptx", _ptx),              # -> {kernel: PtxKernel}
+                    ("cubin", _cubin)),         # -> {kernel: ptxas.Assembled}, via the on-disk cubin cache
+                   stage_operands=True, text_stage="ptx"),
+    "cuda-tile": Backend((("cuda_tile", _cuda_tile),   # -> {kernel: cuda_tile.CudaTileKernel}
+                          ("cubin", _tile_cubin)),     # -> {kernel: tileiras's cubin}, via the same cache
+                         stage_operands=False, text_stage="cuda_tile",
+                         # tileiras chooses TMA, wgmma and clusters itself: schedules are the ones
+                         # planned for plain tensor-core tiles (no persistent or warp-specialized GEMMs)
+                         masked=platforms.BEYOND_AMPERE),
+}
+
+#: The default (PTX) backend's whole compiler, in order.
+STAGES: list[tuple[str, Callable]] = [*SHARED_STAGES, *BACKENDS["ptx"].stages]
 STAGE_NAMES = ("graph", *(name for name, _ in STAGES))
 #: The stages whose result is an MLIR module: verified once built, dumped as `<stage>.mlir`.
 IR_STAGES = ("graph", "schedule", "tile", "target")
-#: What `dump` writes: the IR stages, and `ptx` as each kernel's `<kernel>.ptx`.
-DUMP_STAGES = (*IR_STAGES, "ptx")
+#: What `dump` can write: the IR stages, and each backend's text stage as a file per kernel
+#: (`<kernel>.ptx`; `<kernel>.cuda_tile.mlir` and its bytecode `<kernel>.tilebc`).
+DUMP_STAGES = (*IR_STAGES, "ptx", "cuda_tile")
+
+
+def backend_stages(backend: str) -> list[tuple[str, Callable]]:
+    """The whole compiler for `backend`, in order."""
+    if backend not in BACKENDS:
+        raise TesseraError(f"unknown backend {backend!r}; backends are {', '.join(BACKENDS)}")
+    return [*SHARED_STAGES, *BACKENDS[backend].stages]
 
 
 @dataclass(frozen=True)
@@ -150,15 +202,15 @@ class _Modules(Mapping):
         self._compiled = compiled
 
     def __getitem__(self, stage: str):
-        if stage not in IR_STAGES:
+        if stage not in self._compiled.ir_stages:
             raise KeyError(stage)
         return self._compiled.stage(stage)
 
     def __iter__(self):
-        return iter(IR_STAGES)
+        return iter(self._compiled.ir_stages)
 
     def __len__(self) -> int:
-        return len(IR_STAGES)
+        return len(self._compiled.ir_stages)
 
 
 @dataclass
@@ -180,13 +232,24 @@ class Compiled:
     def arch(self) -> str:
         return self.options.arch
 
+    @property
+    def stage_names(self) -> tuple[str, ...]:
+        """This compile's stages (its backend's pipeline), graph first."""
+        return ("graph", *(name for name, _ in backend_stages(self.options.backend)))
+
+    @property
+    def ir_stages(self) -> tuple[str, ...]:
+        """The stages of this compile whose result is an MLIR module."""
+        return tuple(s for s in IR_STAGES if s in self.stage_names)
+
     def stage(self, name: str, arch: str | None = None):
         """Stage `name`'s result, run (after the stages before it) on first request and kept:
         an IR stage's module, {kernel: PtxKernel} for ptx, {kernel: ptxas.Assembled} for cubin.
         `arch` asks for cubins of another arch than the compile's: a GPU assembles for its own."""
         arch = arch or self.arch
-        if name not in STAGE_NAMES:
-            raise TesseraError(f"unknown stage {name!r}; stages are {', '.join(STAGE_NAMES)}")
+        if name not in self.stage_names:
+            raise TesseraError(f"unknown stage {name!r} for backend {self.options.backend!r}; "
+                               f"stages are {', '.join(self.stage_names)}")
         if arch != self.arch and name != "cubin":
             raise TesseraError(f"only the cubin stage is built for another arch than {self.arch}, not {name}")
         key = (name, arch)
@@ -199,9 +262,10 @@ class Compiled:
         if name == "graph":
             self.graph.verify()
             return self.graph
-        previous = self.stage(STAGE_NAMES[STAGE_NAMES.index(name) - 1])
+        names = self.stage_names
+        previous = self.stage(names[names.index(name) - 1])
         start = time.perf_counter()
-        result = dict(STAGES)[name](previous, dataclasses.replace(self.options, arch=arch))
+        result = dict(backend_stages(self.options.backend))[name](previous, dataclasses.replace(self.options, arch=arch))
         if name in IR_STAGES:
             result.verify()
         self.compile_seconds += time.perf_counter() - start
@@ -219,9 +283,13 @@ class Compiled:
 
     @functools.cached_property
     def launches(self) -> dict[str, KernelLaunch]:
-        """Each kernel's launch, in the order the Target IR module defines them (builds target and ptx)."""
+        """Each kernel's launch, in the order the Target IR module defines them (builds target and
+        ptx; under the cuda-tile backend, cuda_tile and cubin, in the Tile IR module's order)."""
         from .ir import target
 
+        if self.options.backend == "cuda-tile":
+            from .backends.cuda_tile import kernel_launches
+            return kernel_launches(self.stage("cuda_tile"), self.stage("cubin"))
         ptx = self.stage("ptx")
         return {op.sym_name.data: _kernel_launch(op, ptx[op.sym_name.data])
                 for op in self.stage("target").ops if isinstance(op, target.KernelOp)}
@@ -244,13 +312,17 @@ class Compiled:
 
     def dump(self, directory: str | os.PathLike, stages: Sequence[str] = DUMP_STAGES) -> list[Path]:
         """Writes each IR stage of `stages` as `<stage>.mlir` and, for `ptx`, each kernel's
-        `<kernel>.ptx` into `directory`; returns the files written."""
+        `<kernel>.ptx` (for `cuda_tile`, `<kernel>.cuda_tile.mlir` and `<kernel>.tilebc`) into
+        `directory`; returns the files written. Stages of another backend's pipeline are skipped."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         written = []
-        for stage in stages:
+        for stage in (s for s in stages if s in self.stage_names):
             if stage == "ptx":
                 written += self._dump_ptx(directory)
+            elif stage == "cuda_tile":
+                from .backends.cuda_tile import dump_kernels
+                written += dump_kernels(self.stage("cuda_tile"), directory)
             else:
                 path = directory / f"{stage}.mlir"
                 path.write_text(self.ir(stage))
@@ -351,13 +423,15 @@ def _check_dims_index_in_32_bits(f) -> None:
 def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None = None,
                    tensor_cores: bool = True, opt_level: int = 3, path: str = "native",
                    sm_count: int | None = None, line_info: bool = False, profile: bool = False,
-                   dump: Sequence[str] | None = None, dump_dir: str | os.PathLike | None = None) -> Compiled:
+                   backend: str = "ptx", dump: Sequence[str] | None = None,
+                   dump_dir: str | os.PathLike | None = None) -> Compiled:
     """Compiles a Graph IR module through the tile stage, which every use of the result needs (so a
     program the compiler rejects fails here); target, ptx and cubin run when first asked for.
     TESSERA_LINE_INFO=1 and TESSERA_PROFILE=1 turn `line_info` and `profile` on for every compile."""
     options = Options(arch=arch, space=space, tensor_cores=tensor_cores, opt_level=opt_level, path=path,
                       sm_count=sm_count, line_info=line_info or _env_on("TESSERA_LINE_INFO"),
-                      profile=profile or _env_on("TESSERA_PROFILE"))
+                      profile=profile or _env_on("TESSERA_PROFILE"), backend=backend)
+    backend_stages(backend)   # an unknown backend fails here
     stages = _dump_request(dump)
     f = next(iter(graph_module.ops))
     _check_dims_index_in_32_bits(f)

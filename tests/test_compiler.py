@@ -3,7 +3,8 @@ import pytest
 
 import tessera as tsr
 from tessera import Tensor
-from tessera.compiler import DUMP_STAGES, IR_STAGES, STAGE_NAMES, STAGES
+from tessera.compiler import DUMP_STAGES, IR_STAGES, STAGE_NAMES, STAGES, backend_stages
+from tessera.errors import TesseraError
 from tessera.runtime import ptxas
 
 
@@ -19,7 +20,20 @@ def compile_gemm(dtype: str = "fp16", **options):
 def test_the_stage_list_is_the_compiler_in_order():
     assert [name for name, _ in STAGES] == ["schedule", "tile", "target", "ptx", "cubin"]
     assert STAGE_NAMES == ("graph", "schedule", "tile", "target", "ptx", "cubin")
-    assert IR_STAGES == STAGE_NAMES[:4] and DUMP_STAGES == (*IR_STAGES, "ptx")
+    assert IR_STAGES == STAGE_NAMES[:4] and DUMP_STAGES == (*IR_STAGES, "ptx", "cuda_tile")
+    assert [name for name, _ in backend_stages("cuda-tile")] == ["schedule", "tile", "cuda_tile", "cubin"]
+
+
+def test_a_backend_has_its_own_stages():
+    """The CUDA Tile IR backend shares graph, schedule and tile; asking it for Target IR or PTX is
+    an error naming its stages, and dumps skip the other backend's stages."""
+    compiled = compile_gemm(backend="cuda-tile")
+    assert compiled.stage_names == ("graph", "schedule", "tile", "cuda_tile", "cubin")
+    assert compiled.ir_stages == ("graph", "schedule", "tile") and list(compiled.modules) == ["graph", "schedule", "tile"]
+    with pytest.raises(TesseraError, match="unknown stage 'ptx' for backend 'cuda-tile'"):
+        compiled.stage("ptx")
+    with pytest.raises(TesseraError, match="unknown backend 'triton'; backends are ptx, cuda-tile"):
+        compile_gemm(backend="triton")
 
 
 def test_compile_runs_through_tile_and_later_stages_run_once_when_asked():

@@ -62,6 +62,10 @@ class KernelBuild:
     before: list[tuple[t.KernelOp, tuple[int, int, int]]] = field(default_factory=list)
     #: every output param, `out` first (a flash attention's saved log-sum-exp comes second)
     outs: list[SSAValue] = field(default_factory=list)
+    #: matmul operands staged through shared memory by the template's own pipeline (async copies,
+    #: waits, barriers: what the PTX backend needs); False loads them as register tiles straight
+    #: from global memory, for a backend that stages and pipelines loads itself (tileiras)
+    stage_operands: bool = True
 
     @property
     def group_block(self) -> Block:
@@ -125,7 +129,8 @@ ANCHORS = {"row_reduction": (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp
            "flash_attention": g.SoftmaxOp, "flash_chain": (g.ReduceOp, g.MatmulOp)}
 
 
-def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefType | None = None) -> KernelBuild:
+def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefType | None = None,
+           stage_operands: bool = True) -> KernelBuild:
     """The build of `sk`'s kernel, or (`name`, `out_type`) of another kernel on the same inputs
     that writes a buffer of that type instead (a split-K GEMM's partial products). A kernel of
     device_asserts only has no output parameter."""
@@ -135,7 +140,7 @@ def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefTy
     p = sk.param_values
     kernel = t.KernelOp.build_kernel(name or sk.sym_name.data, arg_types, p["num_warps"], p["num_stages"])
     # the Target IR honours it where copies are TMA's; a split-K GEMM's partial products never use it
-    if p.get("warp_specialize") and p["num_stages"] > 1 and out_type is None:
+    if p.get("warp_specialize") and p["num_stages"] > 1 and out_type is None and stage_operands:
         kernel.attributes[t.PRODUCER_WARPS] = IntegerAttr(t.WARPGROUP_WARPS, 64)
     kargs = kernel.body.block.args
     b = Builder(kernel.body.block)
@@ -144,7 +149,8 @@ def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefTy
         b.origins.append(provenance.provenance(anchor))
     em = Emitter(b, dict(zip(block.args, kargs)), bindings)
     outs = list(kargs[len(block.args):])
-    return KernelBuild(sk, kernel, b, em, outs[0] if outs else None, bindings, p, outs=outs)
+    return KernelBuild(sk, kernel, b, em, outs[0] if outs else None, bindings, p, outs=outs,
+                       stage_operands=stage_operands)
 
 
 def _finish(kb: KernelBuild) -> t.KernelOp:
@@ -486,6 +492,31 @@ def _copy(kb: KernelBuild, o: Operand, smem: SSAValue, stage: SSAValue, offsets:
     kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims))
 
 
+def _load(kb: KernelBuild, o: Operand, offsets: dict[str, SSAValue], scalars: dict[str, SSAValue]) -> SSAValue:
+    """Operand `o`'s tile at `offsets` as a register tile read from global memory (the tile `_copy`
+    would stage, in the same axis order; zero past the tensor's end)."""
+    ctx = TileCtx({a: (offsets[a], o.sizes[a]) for a in o.order}, scalars)
+    offs, tile_dims, _ = kb.em.access(o.map, ctx)
+    return kb.b(t.LoadOp(kb.em.params[o.value], offs, tile_dims, o.shape))
+
+
+def _resident_tiles(kb: KernelBuild, placed: list[tuple[Operand, dict[str, SSAValue]]],
+                    scalars: dict[str, SSAValue], zero: SSAValue) -> list[SSAValue]:
+    """Tiles a kernel reads in every step of its loop (attention's Q rows), each operand at its
+    offsets: copied once into (stage `zero` of) shared memory and loaded from there, or
+    (`stage_operands` off) loaded from global memory."""
+    if not kb.stage_operands:
+        return [_load(kb, o, offsets, scalars) for o, offsets in placed]
+    buffers = []
+    for o, offsets in placed:
+        buffers.append(kb.b(t.AllocSharedOp([1, *o.shape], g.tensor_type(o.value).element)))
+        _copy(kb, o, buffers[-1], zero, offsets, scalars)
+    kb.b(t.AsyncCommitOp())
+    kb.b(t.AsyncWaitOp(0))
+    kb.b(t.BarrierOp())
+    return [kb.b(t.LoadSharedOp(smem, zero)) for smem in buffers]
+
+
 @dataclass
 class _Pipeline:
     """The multi-stage shared-memory pipeline of a loop over steps of `inner_axis`.
@@ -503,6 +534,9 @@ class _Pipeline:
     issued: compute, wait until only step i's mmas run (so step i-1's are done in this thread), a
     barrier (so in every thread), then issue into stage (i-1) % stages; the caller waits for the
     accumulator after the loop.
+
+    Where the kernel does not stage its operands (`KernelBuild.stage_operands` off), there is no
+    pipeline: iteration i loads step i's tiles from global memory and computes.
     """
 
     kb: KernelBuild
@@ -513,9 +547,11 @@ class _Pipeline:
     mma_async: bool = False
 
     def __post_init__(self):
-        self.mma_async = self.mma_async and self.stages > 1
-        self.smem = [self.kb.b(t.AllocSharedOp([self.stages, *o.shape], g.tensor_type(o.value).element))
-                     for o in self.operands]
+        self.direct = not self.kb.stage_operands
+        self.mma_async = self.mma_async and self.stages > 1 and not self.direct
+        self.smem = [] if self.direct else [
+            self.kb.b(t.AllocSharedOp([self.stages, *o.shape], g.tensor_type(o.value).element))
+            for o in self.operands]
 
     def stage(self, step: SSAValue) -> SSAValue:
         return self.kb.b(arith.RemSIOp(step, self.kb.b.index(self.stages)))
@@ -527,7 +563,17 @@ class _Pipeline:
             _copy(self.kb, o, buf, stage, offsets, self.scalars)
         self.kb.b(t.AsyncCommitOp())
 
+    def tiles(self, step: SSAValue) -> list[SSAValue]:
+        """Step `step`'s operand tiles: from its stage of shared memory, or from global memory."""
+        if self.direct:
+            offsets = self.offsets(step)
+            return [_load(self.kb, o, offsets, self.scalars) for o in self.operands]
+        stage = self.stage(step)
+        return [self.kb.b(t.LoadSharedOp(buf, stage)) for buf in self.smem]
+
     def prologue(self, first: SSAValue) -> None:
+        if self.direct:
+            return
         for i in range(self.stages - 1):
             self.issue(self.kb.b(arith.AddiOp(first, self.kb.b.index(i))))
 
@@ -538,15 +584,15 @@ class _Pipeline:
 
         def body(iv, *state):
             step = iv if base is None else kb.b(arith.AddiOp(base, iv))
+            if self.direct:
+                return compute(iv, self.tiles(step), *state)
             if stages == 1:
                 self.issue(step)
             kb.b(t.AsyncWaitOp(max(stages - 2, 0)))
             kb.b(t.BarrierOp())
             if stages > 1 and not self.mma_async:
                 self.issue(kb.b(arith.AddiOp(step, kb.b.index(stages - 1))))
-            stage = self.stage(step)
-            tiles = [kb.b(t.LoadSharedOp(buf, stage)) for buf in self.smem]
-            out = compute(iv, tiles, *state)
+            out = compute(iv, self.tiles(step), *state)
             if self.mma_async:
                 kb.b(t.MmaWaitOp(1))
             if stages == 1 or self.mma_async:
@@ -732,7 +778,7 @@ def _split_k_gemm(kb: KernelBuild, gemm: _Gemm, splits: int, per_split: int) -> 
     [splits, *batch, M, N]; `kb`'s kernel then adds the splits in order (so results do not depend
     on timing) and applies the epilogue, as an elementwise kernel over the output."""
     partials_type = MemRefType(f32, [splits, *(sz for _, sz in gemm.batch), gemm.sizes["m"], gemm.sizes["n"]])
-    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type)
+    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type, kb.stage_operands)
     part.limit_warps(gemm.warps)
     scalars = part.batch_indices(part.pid(1), gemm.batch)
     split = part.pid(2)
@@ -935,12 +981,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     k = operand(kb, m1.rhs, k_map, ("d", "n"), tile)
     v = operand(kb, m2.rhs, v_map, ("n", "e"), tile)
     q.order = ("m", "d")
-    q_smem = kb.b(t.AllocSharedOp([1, *q.shape], g.tensor_type(q.value).element))
-    _copy(kb, q, q_smem, zero, {"m": m0, "d": zero}, scalars)
-    kb.b(t.AsyncCommitOp())
-    kb.b(t.AsyncWaitOp(0))
-    kb.b(t.BarrierOp())
-    q_tile = kb.b(t.LoadSharedOp(q_smem, zero))
+    (q_tile,) = _resident_tiles(kb, [(q, {"m": m0, "d": zero})], scalars, zero)
     block = [tile["m"], tile["n"]]
 
     bounds = column_bounds(sm.input, p_map, "m", "n", kb.bindings)
@@ -1000,7 +1041,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
     steps = _key_blocks(kb, bounds, m0, tile, sizes["n"])
     fixed = {"d": zero, "e": zero}
-    if split is None and p.get("qk_ahead") and p["num_stages"] >= 3:
+    if split is None and p.get("qk_ahead") and p["num_stages"] >= 3 and kb.stage_operands:
         key_limit = _key_limit(kb, steps[1], tile["n"], sizes["n"])
 
         def head(iv, k_tile, acc, m_i, l_i):
@@ -1060,7 +1101,7 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
     the epilogue."""
     lse_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes[:-1])])
     out_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes)])
-    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, out_type)
+    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, out_type, kb.stage_operands)
     part_lse = part.add_scratch(lse_type)
     split = part.pid(2)
     rows = _attention_rows(part, att, (split, splits))
@@ -1201,7 +1242,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     scalars = kb.batch_indices(kb.pid(1), batch)
     m0 = kb.mul(kb.pid(0), tile["m"])
 
-    rows: list[SSAValue] = []         # per score matmul: its resident row operand's tile
+    resident: list[tuple[Operand, dict]] = []   # per score matmul: its row operand, read every block
     uses: list[tuple[Operand, tuple[str, str]]] = []   # per score matmul its column operand, then each matmul sink's other one
     for i, (mm, rm) in enumerate(scores.items()):
         k = f"k{i}"
@@ -1211,9 +1252,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
             ((mm.rhs, rhs_map), (mm.lhs, lhs_map))
         a = operand(kb, a_value, a_map, ("m", k), tile)
         a.order = ("m", k)            # a row operand stored k-major is read transposed by the copy
-        smem = kb.b(t.AllocSharedOp([1, *a.shape], g.tensor_type(a.value).element))
-        _copy(kb, a, smem, zero, {"m": m0, k: zero}, scalars)
-        rows.append(smem)
+        resident.append((a, {"m": m0, k: zero}))
         uses.append((operand(kb, b_value, b_map, (k, "n"), tile), (k, "n")))
     for sink in sinks:
         if isinstance(sink.op, g.MatmulOp):
@@ -1221,10 +1260,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
             other, other_map = (sink.op.rhs, rhs_map) if sink.computed is sink.op.lhs else (sink.op.lhs, lhs_map)
             uses.append((operand(kb, other, other_map, ("n", "e"), tile), ("n", "e")))
     streamed, slot = _distinct_tiles([o for o, _ in uses])
-    kb.b(t.AsyncCommitOp())
-    kb.b(t.AsyncWaitOp(0))
-    kb.b(t.BarrierOp())
-    rows = [kb.b(t.LoadSharedOp(smem, zero)) for smem in rows]
+    rows = _resident_tiles(kb, resident, scalars, zero)
 
     block = [tile["m"], tile["n"]]
     tail = sizes["n"] % tile["n"] != 0
@@ -1344,7 +1380,7 @@ TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
 
 # --- the module --------------------------------------------------------------------------------
 
-def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool) -> tuple[list, func.FuncOp]:
+def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_operands: bool) -> tuple[list, func.FuncOp]:
     ret = f.body.block.last_op
     in_types = [memref_of(a, bindings) for a in f.body.block.args]
     out_types = [memref_of(v, bindings) for v in ret.operands]
@@ -1368,7 +1404,7 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool) -> tuple[li
             continue
         if not isinstance(sk, s.KernelOp):
             continue
-        kb = _start(sk, bindings)
+        kb = _start(sk, bindings, stage_operands=stage_operands)
         grid = (TEMPLATES[sk.kind.data] if sk.outputs else lower_asserts)(kb)
         launches = [*kb.before, (_finish(kb), grid)]
         outputs = []
@@ -1396,14 +1432,17 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool) -> tuple[li
     return kernels, host
 
 
-def lower_schedule_to_tile(module: ModuleOp, *, line_info: bool = False, profile: bool = False) -> ModuleOp:
+def lower_schedule_to_tile(module: ModuleOp, *, line_info: bool = False, profile: bool = False,
+                           stage_operands: bool = True) -> ModuleOp:
     """The Tile IR module (kernels, then host functions) for a Schedule IR module. With `line_info`,
     every kernel asks its backend for source line info (`tessera.line_info`); with `profile`, every
-    kernel stamps the times of its profile regions into a buffer of its own."""
+    kernel stamps the times of its profile regions into a buffer of its own; without
+    `stage_operands`, matmul operands are register tiles loaded from global memory, for a backend
+    that stages and pipelines them itself (`KernelBuild.stage_operands`)."""
     ops = []
     for f in module.ops:
         bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
-        kernels, host = _host(f, bindings, line_info, profile)
+        kernels, host = _host(f, bindings, line_info, profile, stage_operands)
         ops.extend(kernels)
         ops.append(host)
     return ModuleOp(ops)

@@ -62,6 +62,12 @@ class CubinCache:
     def key(self, ptx: str, arch: str, opt_level: int = 3) -> str:
         return cache_key(ptx, arch, opt_level, self._ptxas_version())
 
+    @staticmethod
+    def key_of(inputs: list) -> str:
+        """The key of a cubin another assembler made from `inputs` (JSON values: its source, arch,
+        options and the assembler's version), in the same store as ptxas's."""
+        return hashlib.sha256(json.dumps(inputs).encode()).hexdigest()
+
     def path(self, key: str) -> Path:
         return self.directory / f"{key}.cubin"
 

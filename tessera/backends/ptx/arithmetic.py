@@ -15,6 +15,7 @@ from xdsl.ir import BlockArgument
 from ...ir import index_facts
 from ...ir import tile as t
 from ...lowering.assign_layouts import is_tile
+from ..approximations import ERF_A_S_7_1_26
 from .core import KernelEmitter
 from .types import F16, F32, FP8, PRED, S32, PtxType, UnsupportedByBackend, f32_literal, ptx_type
 
@@ -212,12 +213,9 @@ def _tanh(e: KernelEmitter, op):
     e.elementwise(op, build)
 
 
-_ERF = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429, 0.3275911)
-
-
 def _erf(e: KernelEmitter, op):
     """Abramowitz & Stegun 7.1.26 (|error| < 1.5e-7)."""
-    a1, a2, a3, a4, a5, p = _ERF
+    a1, a2, a3, a4, a5, p = ERF_A_S_7_1_26
 
     def build(args):
         x = args[0]

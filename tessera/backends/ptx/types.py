@@ -20,11 +20,7 @@ from xdsl.dialects.builtin import (
 )
 from xdsl.ir import Attribute
 
-from ...errors import TesseraError
-
-
-class UnsupportedByBackend(TesseraError):
-    """The kernel uses an op this PTX backend cannot emit yet."""
+from .. import UnsupportedByBackend  # noqa: F401  (the PTX backend's modules import it from here)
 
 
 @dataclass(frozen=True)
