@@ -33,6 +33,7 @@ import numpy as np
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from . import dtypes, platforms
+from .compiler import BACKENDS as BACKEND_CHOICES
 from .compiler import DEFAULT_ARCH, DUMP_STAGES, IR_STAGES, STAGES, Compiled, KernelLaunch, Options
 from .dtypes import DType
 from .errors import TesseraError, is_internal
@@ -140,7 +141,7 @@ def compile_function(fn: Function, args: argparse.Namespace, device: "Device | N
     platforms.get(arch)
     specs = fn.arg_specs_for(parse_shape(args.shape), parse_dtype(args.dtype))
     debugging = {"line_info": getattr(args, "line_info", False), "profile": getattr(args, "profile", False)}
-    return fn.compile(specs, arch=arch, path=args.path, **debugging), specs
+    return fn.compile(specs, arch=arch, path=args.path, backend=args.backend, **debugging), specs
 
 
 @dataclass(frozen=True)
@@ -325,15 +326,19 @@ def cmd_compile(args: argparse.Namespace) -> int:
     stages = parse_stages(args.dump_ir)
     compiled, _ = compile_function(fn, args)
     out = Path(args.output or DEFAULT_OUT / fn.name)
-    ir_stages = [s for s in stages if s in IR_STAGES]   # the PTX is written in any case, beside its cubin
+    ir_stages = [s for s in stages if s in IR_STAGES]   # the kernels' code is written in any case, beside cubins
     written = compiled.dump(out, ir_stages) if ir_stages else []
-    binaries, reports, note = write_binaries(compiled, out)
-    print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, {args.path} path)")
+    if args.backend == "cuda-tile":
+        binaries, reports, note = write_cuda_tile(compiled, out)
+    else:
+        binaries, reports, note = write_binaries(compiled, out)
+    backend = "" if args.backend == "ptx" else f", {args.backend} backend"
+    print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, {args.path} path{backend})")
     print_fields([("kernels", ", ".join(compiled.kernel_names)),
                   ("compile", f"{compiled.compile_seconds:.2f} s"),
                   ("wrote", ", ".join(map(_show_path, written + binaries))
                    or ("nothing" if stages else "nothing (--dump-ir is empty)")),
-                  *([("PTX", note)] if note else [])])
+                  *([("cubins", note.removeprefix("cubins skipped: "))] if note else [])])
     for report in reports:
         print(report)
     return 0
@@ -376,6 +381,23 @@ def write_binaries(compiled: Compiled, out: Path) -> tuple[list[Path], list[str]
             written.append(cubin)
         reports.append(kernel_report(compiled, compiled.launches[name], resources))
     return written, reports, None if ptxas.available() else "cubins skipped: ptxas not found"
+
+
+def write_cuda_tile(compiled: Compiled, out: Path) -> tuple[list[Path], list[str], str | None]:
+    """Each kernel's CUDA Tile IR (`.cuda_tile.mlir`, and `.tilebc`, the bytecode tileiras takes)
+    and, where tileiras is installed, its `.cubin`; a report per kernel with its launch."""
+    from .backends.cuda_tile import tools
+
+    written = compiled.dump(out, ["cuda_tile"])
+    if not tools.available():
+        return written, [], f"cubins skipped: tileiras not found ({tools.INSTALL_HINT})"
+    reports = []
+    for name, cubin in compiled.stage("cubin").items():
+        path = out / f"{name}.cubin"
+        path.write_bytes(cubin.cubin)
+        written.append(path)
+        reports.append(kernel_report(compiled, compiled.launches[name], None))
+    return written, reports, None
 
 
 def kernel_report(compiled: Compiled, launch: KernelLaunch, resources) -> str:
@@ -687,6 +709,9 @@ def _function_options(parser: argparse.ArgumentParser, shape: str | None = None)
     parser.add_argument("--path", choices=["ampere", "native"], default="native",
                         help="code path: native (every feature of --arch a kernel can use, e.g. TMA + wgmma "
                              "GEMMs on sm_90a) or ampere (mma.sync + cp.async, on any sm_80+) (default native)")
+    parser.add_argument("--backend", choices=list(BACKEND_CHOICES), default="ptx",
+                        help="code generator: ptx (Tessera's PTX, assembled by ptxas) or cuda-tile (NVIDIA's "
+                             "CUDA Tile IR, assembled by tileiras: pip install 'tessera[cuda-tile]') (default ptx)")
 
 
 def _run_options(parser: argparse.ArgumentParser) -> None:

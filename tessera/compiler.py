@@ -79,7 +79,7 @@ class Options:
 
 def _schedule(graph, options: Options):
     from .passes.fusion import fuse
-    return fuse(graph, options.space, options.platform())
+    return fuse(graph, options.space, options.platform(), tile_compiler=not BACKENDS[options.backend].stage_operands)
 
 
 def _tile(schedule, options: Options):
@@ -110,7 +110,7 @@ def _cubin(ptx, options: Options):
 
 def _cuda_tile(tile, options: Options):
     from .backends.cuda_tile import lower_module
-    return lower_module(tile)
+    return lower_module(tile, options.arch)
 
 
 def _tile_cubin(cuda_tile, options: Options):

@@ -63,7 +63,7 @@ class Case:
 
     def specs(self) -> list[ArgSpec]:
         dt = getattr(tsr, self.dtype)
-        return [ArgSpec(name, shape, dt, None) for name, shape in self.shapes.items()]
+        return [ArgSpec(name, shape, dt, shape) for name, shape in self.shapes.items()]
 
     def inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Random inputs (float32 values rounded to the dtype, as NumPy arrays of float32)."""

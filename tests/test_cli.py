@@ -86,6 +86,23 @@ def test_compile_writes_assembling_ptx(capsys, tmp_path):
         assert (tmp_path / "causal_flash_attention_flash_attention_0.cubin").read_bytes()[:4] == b"\x7fELF"
 
 
+def test_compile_backend_cuda_tile_writes_cuda_tile_ir(capsys, tmp_path):
+    """--backend cuda-tile writes each kernel's CUDA Tile IR (text and bytecode) and, with tileiras,
+    its cubin and launch; no PTX."""
+    from tessera.backends.cuda_tile import tools
+
+    status, out, _ = run_cli(capsys, "compile", CAUSAL, "--shape", SMALL, "--backend", "cuda-tile",
+                             "--dump-ir", "tile", "-o", str(tmp_path))
+    assert status == 0 and "cuda-tile backend" in out
+    name = "causal_flash_attention_flash_attention_0"
+    assert (tmp_path / f"{name}.cuda_tile.mlir").read_text().startswith(f"cuda_tile.module @{name}")
+    assert (tmp_path / f"{name}.tilebc").stat().st_size > 0 and not list(tmp_path.glob("*.ptx"))
+    if tools.available():
+        assert (tmp_path / f"{name}.cubin").read_bytes()[:4] == b"\x7fELF" and "threads" in out
+    else:
+        assert "tileiras not found" in out
+
+
 GEMM_SOURCE = """
 import tessera as tsr
 

@@ -99,6 +99,12 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2,
      {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}),
     ("flash_attention", lambda f: f.get("wgmma") and f.get("head_dim", 0) > 64, {"block_n": 64}),
+    # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at
+    # D = 128, and two blocks per SM asked of tileiras (`occupancy`, the entry's hint). H200 bf16,
+    # bench/RESULTS.md session 14: 8x16x4096x128 219 TFLOP/s with 128 keys, 408 with 64; 16x16x2048x64
+    # 265 -> 360 with the hint
+    ("flash_attention", lambda f: f.get("tile_compiler"), {"occupancy": 2}),
+    ("flash_attention", lambda f: f.get("tile_compiler") and f.get("head_dim", 0) > 64, {"block_n": 64}),
 ]
 
 

@@ -227,6 +227,9 @@ class KernelOp(IRDLOperation):
 #: warp-specialized kernel, on a target whose copies are asynchronous bulk copies); one warpgroup.
 PRODUCER_WARPS = "producer_warps"
 WARPGROUP_WARPS = 4
+#: A tile.kernel attribute: the blocks per SM its schedule asks of a backend that sizes blocks
+#: itself (the CUDA Tile IR backend's `occupancy` hint to tileiras); the PTX backend sizes its own.
+OCCUPANCY = "tessera.occupancy"
 
 
 @irdl_op_definition

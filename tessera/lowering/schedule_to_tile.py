@@ -142,6 +142,8 @@ def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefTy
     # the Target IR honours it where copies are TMA's; a split-K GEMM's partial products never use it
     if p.get("warp_specialize") and p["num_stages"] > 1 and out_type is None and stage_operands:
         kernel.attributes[t.PRODUCER_WARPS] = IntegerAttr(t.WARPGROUP_WARPS, 64)
+    if "occupancy" in p:   # blocks per SM asked of a backend that sizes its blocks itself (tileiras)
+        kernel.attributes[t.OCCUPANCY] = IntegerAttr(p["occupancy"], 64)
     kargs = kernel.body.block.args
     b = Builder(kernel.body.block)
     anchor = next((op for op in block.ops if isinstance(op, ANCHORS.get(sk.kind.data, ()))), None)

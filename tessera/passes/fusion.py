@@ -75,6 +75,7 @@ class _Planner:
     native: bool = False             # the target has the Hopper-native path (TMA + wgmma)
     sm_count: int = 1                # the target's SMs: with the blocks one holds, how many blocks
     platform = None                  # a persistent kernel launches (the target, when known)
+    tile_compiler: bool = False      # the backend's own compiler stages and pipelines the tiles (tileiras)
 
     def __init__(self, f: func.FuncOp):
         self.f = f
@@ -676,7 +677,8 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     features = {"element_bytes": lhs.dtype.itemsize,
                 "epilogue_ops": sum(isinstance(op, ELEMENTWISE) and op not in planner.assert_only for op in group.ops),
                 "wgmma": int(planner.native and all(_rows_aligned(v, group, planner) for mm in matmuls
-                                                    for v in (mm.lhs, mm.rhs)))}
+                                                    for v in (mm.lhs, mm.rhs))),
+                "tile_compiler": int(planner.tile_compiler)}
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
     if group.kind == "flash_chain":
@@ -707,9 +709,11 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
     return {"head_dim": max(widths), "row_tiles": len(scores), "streamed_tiles": len(streamed)}
 
 
-def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp:
+def fuse(module: ModuleOp, space: dict | None = None, platform=None, tile_compiler: bool = False) -> ModuleOp:
     """The Schedule IR module for a Graph IR module (the input is left unchanged). With a target
-    `platform`, default tilings fit its shared memory per block and suit its matrix instructions."""
+    `platform`, default tilings fit its shared memory per block and suit its matrix instructions;
+    with `tile_compiler`, they suit a backend whose own compiler stages and pipelines tiles
+    (schedule.SHAPE_DEFAULTS' `tile_compiler` rules)."""
     out_funcs = []
     for f in recompute.copy_shared_prologues(recompute.recompute_scores(module)).ops:
         planner = _Planner(f)
@@ -717,6 +721,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None) -> ModuleOp
         planner.native = bool(platform) and HOPPER_NATIVE <= platform.features
         planner.sm_count = platform.sm_count if platform else 1
         planner.platform = platform
+        planner.tile_compiler = tile_compiler
         groups = planner.plan()
         body = Block(arg_types=[a.type for a in f.body.block.args])
         outer = dict(zip(f.body.block.args, body.args))

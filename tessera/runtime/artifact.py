@@ -100,6 +100,15 @@ def _buffer_from_record(r: Mapping) -> launcher.Buffer:
     return launcher.Buffer(tuple(r["shape"]), dtypes.lookup(r["dtype"]))
 
 
+def _toolchain(compiled) -> dict:
+    """The assembler that built the artifact's cubins."""
+    if compiled.options.backend == "cuda-tile":
+        from ..backends.cuda_tile import tools
+        return {"backend": "cuda-tile", "tileiras": tools.version() if tools.available() else "(cubins from the cache)"}
+    from . import ptxas
+    return {"ptxas": ptxas.version()}
+
+
 @dataclass
 class Artifact:
     """One specialization of a compiled function: `record` (JSON-able) and the blobs it names."""
@@ -114,13 +123,11 @@ class Artifact:
         """Serializes `compiled` (a `tessera.compiler.Compiled`) called with `arguments` (its
         `ArgSpec`s): its plan, each kernel's `KernelLaunch` and PTX, and cubins for the compile's
         arch and each of `cubin_archs`."""
-        from . import ptxas
-
         if [a.name for a in arguments] != compiled.arg_names:
             raise ArtifactError(f"{compiled.name}: arguments {[a.name for a in arguments]} are not the "
                                 f"compile's {compiled.arg_names}")
         call_plan = launcher.plan(compiled)
-        ptx = compiled.stage("ptx")
+        ptx = compiled.stage("ptx") if "ptx" in compiled.stage_names else {}   # cuda-tile: cubins only
         archs = tuple(dict.fromkeys((compiled.arch, *cubin_archs)))
         cubins = {arch: compiled.stage("cubin", arch=arch) for arch in archs}
         files: dict[str, bytes] = {}
@@ -132,14 +139,14 @@ class Artifact:
 
         kernels = {}
         for name, launch in compiled.launches.items():
-            images = {"ptx": add(ptx[name].ptx.encode(), "ptx")}
+            images = {"ptx": add(ptx[name].ptx.encode(), "ptx")} if name in ptx else {}
             images.update({arch: add(cubins[arch][name].cubin, f"{arch}.cubin") for arch in archs})
             kernels[name] = {"launch": _launch_record(launch), "images": images}
         record = {
             "function": compiled.name,
             "kind": kind,
             "arch": compiled.arch,
-            "toolchain": {"ptxas": ptxas.version()},
+            "toolchain": _toolchain(compiled),
             "arguments": [{"name": a.name, "dims": list(a.dims), "shape": list(a.shape), "dtype": a.dtype.name}
                           for a in arguments],
             "dims": dict(dims),

@@ -45,14 +45,15 @@ def _grids(tile_module) -> dict[str, tuple[int, int, int]]:
     return grids
 
 
-def lower_module(tile_module) -> dict[str, CudaTileKernel]:
-    """Each tile.kernel of `tile_module` (built with `stage_operands` off) as a cuda_tile module."""
+def lower_module(tile_module, arch: str) -> dict[str, CudaTileKernel]:
+    """Each tile.kernel of `tile_module` (built with `stage_operands` off) as a cuda_tile module
+    for `arch` (its hints name tileiras's arch)."""
     grids = _grids(tile_module)
     kernels = {}
     for op in tile_module.ops:
         if isinstance(op, t.KernelOp):
             name = op.sym_name.data
-            kernels[name] = CudaTileKernel(name, lower.lower_kernel(op), grids[name],
+            kernels[name] = CudaTileKernel(name, lower.lower_kernel(op, tileiras_arch(arch)), grids[name],
                                            len(op.body.block.args))
     return kernels
 

@@ -90,12 +90,15 @@ def row_major_strides(shape) -> tuple[int, ...]:
 class _KernelLowering:
     """One tile.kernel as one cuda_tile entry of `module`."""
 
-    def __init__(self, kernel: t.KernelOp, module: ct.Module):
+    def __init__(self, kernel: t.KernelOp, module: ct.Module, arch: str):
         self.kernel = kernel
         self.values: dict[SSAValue, ct.Value] = {}
         params = list(kernel.body.block.args)
         arg_types = [ct.tile(ct.ptr(element(p.type.get_element_type()))) for p in params]
-        self.entry, self.b = module.entry(kernel.sym_name.data, arg_types, [f"arg{i}" for i in range(len(params))])
+        occupancy = kernel.attributes.get(t.OCCUPANCY)
+        hints = {arch: ct.EntryHints(occupancy=occupancy.value.data)} if occupancy is not None else {}
+        self.entry, self.b = module.entry(kernel.sym_name.data, arg_types, [f"arg{i}" for i in range(len(params))],
+                                          hints=hints)
         self.top = ct.Builder(ct.Block())   # views, built once before the body (prepended at the end)
         self.pointers: dict[SSAValue, ct.Value] = {}
         self.views: dict[SSAValue, ct.Value] = {}
@@ -462,7 +465,7 @@ RULES: dict[type, Callable] = {
     t.SIToFPOp: _KernelLowering.convert,
     t.FPToSIOp: _KernelLowering.convert,
     mathd.ExpOp: _unary("exp"),
-    mathd.Exp2Op: _unary("exp2"),
+    mathd.Exp2Op: _unary("exp2", ftz=True),   # as the PTX backend's ex2.approx.ftz
     mathd.LogOp: _unary("log"),
     mathd.Log2Op: _unary("log2"),
     mathd.TanhOp: _unary("tanh"),
@@ -479,8 +482,8 @@ RULES: dict[type, Callable] = {
 }
 
 
-def lower_kernel(kernel: t.KernelOp) -> ct.Module:
-    """`kernel` as a cuda_tile module of one entry."""
+def lower_kernel(kernel: t.KernelOp, arch: str = "sm_90") -> ct.Module:
+    """`kernel` as a cuda_tile module of one entry, its hints for tileiras's `arch` (sm_90)."""
     module = ct.Module(kernel.sym_name.data)
-    _KernelLowering(kernel, module).lower()
+    _KernelLowering(kernel, module, arch).lower()
     return module

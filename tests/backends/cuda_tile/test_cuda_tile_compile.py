@@ -100,3 +100,31 @@ def _elf(sections: dict[str, bytes]) -> bytes:
     elf_header = ident + struct.pack("<HHIQQQIHHHHHH", 2, 190, 1, 0, 0, shoff, 0, 64, 0, 0, 64,
                                      len(headers), len(headers) - 1)
     return elf_header + body + names + b"".join(headers)
+
+
+def test_attention_schedule_for_cuda_tile():
+    """Flash attention's defaults under the CUDA Tile IR backend (schedule.SHAPE_DEFAULTS'
+    tile_compiler rules): 64 keys per block at D = 128 and an occupancy hint, which the entry
+    carries to tileiras; the PTX backend's schedule has neither."""
+    case = cases.CASES["causal-fp16"]    # D = 128
+    tiled = case.fn.compile(case.specs(), backend="cuda-tile")
+    (kernel,) = [k for k in tiled.stage("schedule").walk() if k.name == "schedule.kernel"]
+    params = kernel.param_values
+    assert params["block_n"] == 64 and params["occupancy"] == 2
+    (lowered,) = [k for n, k in tiled.stage("cuda_tile").items() if not n.endswith("_partials")]
+    assert "optimization_hints=<sm_90 = {occupancy = 2}>" in lowered.text
+    ptx = case.fn.compile(case.specs())
+    (kernel,) = [k for k in ptx.stage("schedule").walk() if k.name == "schedule.kernel"]
+    assert "occupancy" not in kernel.param_values
+
+
+@needs_tileiras
+def test_artifact_of_a_cuda_tile_compile_carries_cubins_only():
+    """The warm-start artifact of a cuda-tile compile: its cubins, no PTX image, tileiras named."""
+    from tessera.runtime.artifact import Artifact
+
+    case = cases.CASES["softmax-fp16"]
+    compiled = case.fn.compile(case.specs(), backend="cuda-tile")
+    artifact = Artifact.from_compiled(compiled, case.specs(), dims={})
+    (record,) = artifact.record["kernels"].values()
+    assert list(record["images"]) == ["sm_90a"] and artifact.record["toolchain"]["backend"] == "cuda-tile"

@@ -1,0 +1,143 @@
+"""The CUDA Tile IR backend against Tessera's PTX backend (issue 18): the same functions, the same
+inputs, one process; torch beside them for scale.
+
+    python3 bench/cuda_tile.py              # on the GPU
+    python3 bench/cuda_tile.py --prebuild   # on a machine with tileiras and no GPU: assemble every
+                                            # cubin into the cubin cache (TESSERA_CACHE_DIR), for a
+                                            # GPU machine without tileiras to run from
+
+Each row: both backends' outputs checked against torch's first; medians of triton's do_bench, in ms;
+TFLOP/s for matmuls and attention, GB/s for the row reductions; `tile/ptx` > 1 means the CUDA Tile
+IR kernel is faster.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+
+import tessera as tsr  # noqa: E402
+from tessera import Tensor  # noqa: E402
+
+import attention_cases  # noqa: E402
+
+
+@tsr.function
+def gemm(a: Tensor["M", "K"], b: Tensor["K", "N"]):
+    return tsr.matmul(a, b)
+
+
+@tsr.function
+def gemm_bias_gelu(a: Tensor["M", "K"], b: Tensor["K", "N"], bias: Tensor["N"]):
+    return tsr.gelu(tsr.matmul(a, b) + bias)
+
+
+@tsr.function
+def softmax(x: Tensor["M", "N"]):
+    return tsr.softmax(x, dim=-1)
+
+
+@tsr.function
+def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    return tsr.layer_norm(x, [x.shape[-1]], w, b)
+
+
+def _qkv(b, h, s, d):
+    return {"q": (b, h, s, d), "k": (b, h, s, d), "v": (b, h, s, d)}
+
+
+#: (label, function, argument shapes, work: FLOP for matmuls and attention, bytes for reductions)
+CASES = [
+    ("gemm 4096^3", gemm, {"a": (4096, 4096), "b": (4096, 4096)}, ("flop", 2 * 4096 ** 3)),
+    ("gemm 8192^3", gemm, {"a": (8192, 8192), "b": (8192, 8192)}, ("flop", 2 * 8192 ** 3)),
+    ("gemm 4000x4096x4096", gemm, {"a": (4000, 4096), "b": (4096, 4096)}, ("flop", 2 * 4000 * 4096 * 4096)),
+    ("gemm 1000x3000x8192", gemm, {"a": (1000, 8192), "b": (8192, 3000)}, ("flop", 2 * 1000 * 3000 * 8192)),
+    ("gemm+bias+gelu 8192^3", gemm_bias_gelu, {"a": (8192, 8192), "b": (8192, 8192), "bias": (8192,)},
+     ("flop", 2 * 8192 ** 3)),
+    ("attention 8x16x4096x128", attention_cases.FUNCTIONS["plain"], _qkv(8, 16, 4096, 128),
+     ("flop", 4 * 8 * 16 * 4096 * 4096 * 128)),
+    ("causal 8x16x4096x128", attention_cases.FUNCTIONS["causal"], _qkv(8, 16, 4096, 128),
+     ("flop", 2 * 8 * 16 * 4096 * 4096 * 128)),
+    ("attention 16x16x2048x64", attention_cases.FUNCTIONS["plain"], _qkv(16, 16, 2048, 64),
+     ("flop", 4 * 16 * 16 * 2048 * 2048 * 64)),
+    ("softcap causal 8x16x4096x128", attention_cases.FUNCTIONS["softcap_causal"], _qkv(8, 16, 4096, 128),
+     ("flop", 2 * 8 * 16 * 4096 * 4096 * 128)),
+    ("softmax 16384x8192", softmax, {"x": (16384, 8192)}, ("bytes", 2 * 2 * 16384 * 8192)),
+    ("layer_norm 16384x8192", layer_norm, {"x": (16384, 8192), "w": (8192,), "b": (8192,)},
+     ("bytes", 2 * 2 * 16384 * 8192)),
+]
+
+
+def prebuild(dtype: str) -> int:
+    from tessera.frontend.function import ArgSpec
+    for label, fn, shapes, _ in CASES:
+        specs = [ArgSpec(n, s, getattr(tsr, dtype), None) for n, s in shapes.items()]
+        compiled = fn.compile(specs, backend="cuda-tile")
+        compiled.stage("cubin")
+        print(f"{label}: {', '.join(compiled.kernel_names)} ({compiled.compile_seconds:.1f} s)", flush=True)
+    return 0
+
+
+def torch_reference(torch, fn, args):
+    F = torch.nn.functional
+    if fn is gemm:
+        return lambda: args[0] @ args[1]
+    if fn is gemm_bias_gelu:
+        return lambda: F.gelu(args[0] @ args[1] + args[2])
+    if fn is softmax:
+        return lambda: torch.softmax(args[0], dim=-1)
+    if fn is layer_norm:
+        return lambda: F.layer_norm(args[0], (args[0].shape[-1],), args[1], args[2])
+    kind = next(k for k, f in attention_cases.FUNCTIONS.items() if f is fn)
+    return lambda: attention_cases.torch_reference(torch, kind, *args)
+
+
+def run(dtype: str) -> int:
+    import torch
+    import triton
+
+    def ms(f) -> float:
+        return triton.testing.do_bench(f, rep=200, return_mode="median")
+
+    tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"# python3 bench/cuda_tile.py {' '.join(sys.argv[1:])}")
+    print("| case | dtype | ptx ms | cuda-tile ms | tile/ptx | ptx rate | cuda-tile rate | torch ms | max rel err |")
+    print("|---|---|---|---|---|---|---|---|---|")
+    for label, fn, shapes, (unit, work) in CASES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        args = [(torch.randn(s, device="cuda", generator=gen) / math.sqrt(s[-1] if len(s) > 1 else 1)).to(tdtype)
+                for s in shapes.values()]
+        want = torch_reference(torch, fn, args)().float()
+        outs, times = {}, {}
+        for backend in ("ptx", "cuda-tile"):
+            outs[backend] = fn(*args, backend=backend)
+            times[backend] = ms(lambda: fn(*args, backend=backend))
+        err = max(((o.float() - want).norm() / want.norm()).item() for o in outs.values())
+        t_torch = ms(torch_reference(torch, fn, args))
+
+        def rate(t):
+            return f"{work / t / 1e9:.0f} TFLOP/s" if unit == "flop" else f"{work / t / 1e6:.0f} GB/s"
+        print(f"| {label} | {dtype} | {times['ptx']:.3f} | {times['cuda-tile']:.3f} | "
+              f"{times['ptx'] / times['cuda-tile']:.2f}x | {rate(times['ptx'])} | {rate(times['cuda-tile'])} | "
+              f"{t_torch:.3f} | {err:.1e} |", flush=True)
+    return 0
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--prebuild", action="store_true", help="only assemble the cuda-tile cubins (no GPU)")
+    parser.add_argument("--dtypes", default="bf16", help="comma-separated from fp16, bf16 (default bf16)")
+    args = parser.parse_args()
+    for dtype in args.dtypes.split(","):
+        code = prebuild(dtype) if args.prebuild else run(dtype)
+        if code:
+            return code
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
