@@ -87,4 +87,14 @@ python3 bench/decode_attention.py || status=1
 section "Attention backward"
 python3 bench/attention_backward.py || status=1
 
+# The CUDA Tile IR backend against the PTX backend. Where tileiras is not installed its cubins come from
+# the cubin cache (TESSERA_CACHE_DIR), filled on a machine with tileiras by `python3 bench/cuda_tile.py --prebuild`.
+section "CUDA Tile IR backend"
+if python3 -c "from tessera.backends.cuda_tile import tools; import sys; sys.exit(not tools.available())" 2>/dev/null \
+        || [[ -n "${TESSERA_CACHE_DIR:-}" ]]; then
+    python3 bench/cuda_tile.py --dtypes bf16,fp16 || status=1
+else
+    echo "(no tileiras and no TESSERA_CACHE_DIR of prebuilt cubins: pip install 'tessera[cuda-tile]')"
+fi
+
 exit "$status"
