@@ -150,7 +150,7 @@ def test_ir_dump_from_the_environment(tmp_path, monkeypatch):
 
 def test_unknown_dump_stage_is_an_error():
     with pytest.raises(tsr.TesseraError, match=r"unknown IR stage\(s\) \['cubin'\] to dump; stages are "
-                                               r"graph, schedule, tile, target, ptx, or all"):
+                                               r"graph, schedule, tile, target, ptx, cuda_tile, or all"):
         flash_attention.compile(flash_attention.arg_specs_for({"B": 1, "H": 1, "S": 16, "D": 64}, "fp16"),
                                 dump=("cubin",))
 
