@@ -35,7 +35,7 @@ from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, FloatAttr, IndexType
 from xdsl.ir import Block, Operation, SSAValue
 
 from ...ir import tile as t
-from ...ir.index_facts import known_multiple
+from ...ir.index_facts import is_non_negative, known_multiple
 from .. import UnsupportedByBackend
 from ..approximations import ERF_A_S_7_1_26
 from . import ir as ct
@@ -185,8 +185,10 @@ class _KernelLowering:
 
     @staticmethod
     def _whole_tiles(offsets, sizes) -> bool:
-        """Whether every offset is a known multiple of its tile size (a partition view's tile)."""
-        return all(known_multiple(o) % s == 0 for o, s in zip(offsets, sizes))
+        """Whether every offset is a known non-negative multiple of its tile size: a partition
+        view's tile (a negative tile index would be outside the view, which the dialect leaves
+        undefined)."""
+        return all(known_multiple(o) % s == 0 and is_non_negative(o) for o, s in zip(offsets, sizes))
 
     def _partition(self, mem: SSAValue, sizes, padding: str | None) -> ct.Value:
         key = (mem, tuple(sizes), padding)
@@ -214,7 +216,9 @@ class _KernelLowering:
         return self.b.reshape(x, sizes)
 
     def _pointers(self, mem: SSAValue, offsets, tile_dims, shape) -> tuple[ct.Value, ct.Value]:
-        """The address of every element of a `shape` tile at `offsets`, and which lie inside `mem`."""
+        """The address of every element of a `shape` tile at `offsets`, and which lie inside `mem`
+        (below its end, and at or after its start where an offset may be negative, as the PTX
+        backend checks)."""
         b, mem_shape = self.b, mem.type.get_shape()
         strides = row_major_strides(mem_shape)
         wide = math.prod(mem_shape) >= 2 ** 31
@@ -225,6 +229,8 @@ class _KernelLowering:
             along[i] = shape[i]
             pos = b.addi(b.iota(shape[i]), self.scalar_to(self.v(offsets[d]), [shape[i]]))
             inside = b.cmpi("less_than", pos, b.constant(mem_shape[d], ct.tile(ct.I32, shape[i])))
+            if not is_non_negative(offsets[d]):   # a slice's tile may start before the tensor
+                inside = b.andi(inside, b.cmpi("greater_than_or_equal", pos, b.constant(0, ct.tile(ct.I32, shape[i]))))
             inside = b.broadcast(b.reshape(inside, along), shape)
             mask = inside if mask is None else b.andi(mask, inside)
             if wide:
