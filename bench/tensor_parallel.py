@@ -1,21 +1,31 @@
-"""Tensor parallelism (issue 19): a Llama-style MLP and attention sharded with `tessera.distributed`
-against the same sharding written by hand in torch (Megatron-LM's layout), on every visible GPU.
+"""Tensor parallelism (issue 19): a Llama-style block (examples/llama_block.py) sharded with
+`tessera.distributed` against torch's DTensor tensor parallelism of the same block, on every
+visible GPU (one process each, NCCL).
 
-    python3 bench/tensor_parallel.py [--gpus N]     # one process per GPU, NCCL
+    python3 bench/tensor_parallel.py [--gpus N] [--batch 4] [--seq 2048]
 
-The SwiGLU MLP's hidden dim F is split (column- then row-parallel: one all-reduce of the output,
-which Tessera derives from the function's math); attention's heads are split (no communication).
-Per step (forward, then forward + backward): Tessera sharded with its all-reduce overlapped (the
-call split into 4 chunks along the token dim, each chunk's all-reduce running while the next
-chunk's kernels do: `ShardedFunction.report`) and without (the default), torch eager sharded (its
-matmuls, F.silu and SDPA on the same shards, `dist.all_reduce` where Megatron puts it), and the
-all-reduce alone; "hidden" is the share of the all-reduce's time the overlap saved. Medians of
-CUDA-event times on rank 0, after a barrier; outputs checked against torch's first.
+The block is Llama-3-8B's (d_model 4096, 32 heads of 128, SwiGLU hidden 14336, no rotary positions),
+bf16. Configs:
+- "tp": heads and the MLP's hidden dim split (Megatron-LM's layout): Tessera derives an all-reduce
+  after each of the two output projections; torch: `parallelize_module` with ColwiseParallel and
+  RowwiseParallel (torchtitan's plan).
+- "tp+sp": with sequence parallelism along S: Tessera's `shard(..., sequence="S")` derives
+  reduce-scatters and all-gathers with the norms and residuals on 1/tp of the rows; torch: the
+  same plan with SequenceParallel norms and PrepareModuleInput (torchtitan's).
+- "mlp 4 chunks": the SwiGLU MLP alone, its all-reduce overlapped with its kernels in 4 chunks of
+  tokens, against the same call unchunked.
+
+Per config and pass (forward; forward + backward with every weight's gradient): Tessera's step,
+torch's, the communication alone (the collectives Tessera's plan runs, `ShardedFunction.communication`,
+on tensors of their shapes), Tessera's compute alone (the step with each collective replaced by a
+local stand-in of its result's shape), and hidden = (compute + communication - step) /
+communication, the share of the communication the step did not pay for. Medians of CUDA-event
+times on rank 0, each step after a barrier; outputs checked against torch's first.
 """
 from __future__ import annotations
 
 import argparse
-import math
+import contextlib
 import os
 import socket
 import sys
@@ -23,17 +33,17 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from torch import nn
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 import tessera as tsr  # noqa: E402
 from tessera import Tensor  # noqa: E402
-from tessera.distributed import DeviceMesh, shard  # noqa: E402
-from tessera.distributed.sharded import _autograd  # noqa: E402  Megatron's f and g, for torch's side
+from tessera.distributed import DeviceMesh, collectives, shard  # noqa: E402
+from llama_block import llama_block, torch_llama_block  # noqa: E402
 
-TOKENS, MODEL, HIDDEN = 8192, 4096, 14336          # Llama-3-8B's MLP on 4 x 2048 tokens
-B, H, S, D = 4, 32, 2048, 128                       # its attention
+MODEL, HEADS, HEAD_DIM, HIDDEN, EPS = 4096, 32, 128, 14336, 1e-5
 
 
 @tsr.function
@@ -41,23 +51,78 @@ def swiglu(x: Tensor["N", "C"], wg: Tensor["C", "F"], wu: Tensor["C", "F"], wd: 
     return tsr.matmul(tsr.silu(tsr.matmul(x, wg)) * tsr.matmul(x, wu), wd)
 
 
-@tsr.function
-def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-    i, j = tsr.arange(s.shape[-2]), tsr.arange(s.shape[-1])
-    return tsr.matmul(tsr.softmax(tsr.where(i[:, None] >= j[None, :], s, -math.inf), dim=-1), v)
+# --- torch's side: torchtitan's module layout and plans -------------------------------------------
+
+class Attention(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.wq, self.wk, self.wv = (nn.Linear(MODEL, HEADS * HEAD_DIM, bias=False) for _ in range(3))
+        self.wo = nn.Linear(HEADS * HEAD_DIM, MODEL, bias=False)
+
+    def forward(self, h):
+        b, s = h.shape[0], h.shape[1]
+
+        def heads(t):
+            return t.unflatten(-1, (-1, HEAD_DIM)).transpose(1, 2)
+        o = nn.functional.scaled_dot_product_attention(heads(self.wq(h)), heads(self.wk(h)), heads(self.wv(h)),
+                                                       is_causal=True)
+        return self.wo(o.transpose(1, 2).reshape(b, s, -1))
 
 
-def torch_swiglu(x, wg, wu, wd):
-    """Megatron-LM's MLP: x's gradient all-reduced in the backward (f), the output in the forward (g)."""
-    f, g = _autograd()[1], _autograd()[0]
-    x = f.apply(x, (None,))
-    return g.apply((torch.nn.functional.silu(x @ wg) * (x @ wu)) @ wd, (None,))
+class FeedForward(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.w1, self.w3 = nn.Linear(MODEL, HIDDEN, bias=False), nn.Linear(MODEL, HIDDEN, bias=False)
+        self.w2 = nn.Linear(HIDDEN, MODEL, bias=False)
+
+    def forward(self, h):
+        return self.w2(nn.functional.silu(self.w1(h)) * self.w3(h))
 
 
-def torch_attention(q, k, v):
-    return torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.attention_norm, self.ffn_norm = nn.RMSNorm(MODEL, eps=EPS), nn.RMSNorm(MODEL, eps=EPS)
+        self.attention, self.feed_forward = Attention(), FeedForward()
 
+    def forward(self, x):
+        h = x + self.attention(self.attention_norm(x))
+        return h + self.feed_forward(self.ffn_norm(h))
+
+
+def torch_plan(sequence: bool) -> dict:
+    from torch.distributed.tensor import Replicate, Shard
+    from torch.distributed.tensor.parallel import (ColwiseParallel, PrepareModuleInput, RowwiseParallel,
+                                                   SequenceParallel)
+    row = RowwiseParallel(output_layouts=Shard(1)) if sequence else RowwiseParallel()
+    plan = {"attention.wq": ColwiseParallel(), "attention.wk": ColwiseParallel(), "attention.wv": ColwiseParallel(),
+            "attention.wo": row, "feed_forward.w1": ColwiseParallel(), "feed_forward.w3": ColwiseParallel(),
+            "feed_forward.w2": RowwiseParallel(output_layouts=Shard(1)) if sequence else RowwiseParallel()}
+    if sequence:
+        gather = PrepareModuleInput(input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))
+        plan.update({"attention_norm": SequenceParallel(), "ffn_norm": SequenceParallel(),
+                     "attention": gather, "feed_forward": PrepareModuleInput(
+                         input_layouts=(Shard(1),), desired_input_layouts=(Replicate(),))})
+    return plan
+
+
+def torch_block(weights: list, mesh, sequence: bool) -> nn.Module:
+    """torch's Block holding the whole weights (Tessera's [in, out] transposed), then parallelized."""
+    from torch.distributed.tensor.parallel import parallelize_module
+
+    attn_norm, wq, wk, wv, wo, mlp_norm, wg, wu, wd = [w.detach() for w in weights]
+    block = Block().to(device="cuda", dtype=torch.bfloat16)
+    with torch.no_grad():
+        for param, w in [(block.attention_norm.weight, attn_norm), (block.attention.wq.weight, wq.T),
+                         (block.attention.wk.weight, wk.T), (block.attention.wv.weight, wv.T),
+                         (block.attention.wo.weight, wo.T), (block.ffn_norm.weight, mlp_norm),
+                         (block.feed_forward.w1.weight, wg.T), (block.feed_forward.w3.weight, wu.T),
+                         (block.feed_forward.w2.weight, wd.T)]:
+            param.copy_(w)
+    return parallelize_module(block, mesh, torch_plan(sequence))
+
+
+# --- timing -----------------------------------------------------------------------------------------
 
 def median_ms(fn, steps: int = 20) -> float:
     for _ in range(3):
@@ -82,56 +147,141 @@ def step(fn, args, cotangent, backward: bool):
     return run
 
 
-def rank_main(rank: int, world: int, port: int) -> None:
+def communication_ms(transfers, mesh, phases) -> float:
+    """The plan's collectives alone, on fresh tensors of their shapes."""
+    from tessera.runtime.interop import torch_dtype
+    buffers = [(t, torch.randn(t.shape, device="cuda").to(torch_dtype(t.dtype))) for t in transfers
+               if t.phase in phases]
+    if not buffers:
+        return 0.0
+
+    def run():
+        for t, x in buffers:
+            collectives.run(x, t.kind, t.dim, tuple(mesh.group(a) for a in t.axes), in_place=True)
+    return median_ms(run)
+
+
+@contextlib.contextmanager
+def without_communication():
+    """Each collective replaced by a local stand-in with its result's shape (the compute alone)."""
+    def local(x, kind, dim, groups, *rest, **kw):
+        n = dist.get_world_size(groups[0]) if groups else 1
+        if kind == "reduce_scatter" or kind == "split":
+            return x.narrow(dim, 0, x.shape[dim] // n).contiguous()
+        if kind == "all_gather":
+            return torch.cat([x] * n, dim=dim)
+        return x.clone() if kind == "all_reduce" else x
+
+    def local_async(x, groups, pending, training):
+        return x.clone()
+    kept = collectives.run, collectives.all_reduce_async
+    collectives.run, collectives.all_reduce_async = local, local_async
+    try:
+        yield
+    finally:
+        collectives.run, collectives.all_reduce_async = kept
+
+
+def rel_err(got, want) -> float:
+    got, want = got.float(), want.float()
+    return ((got - want).norm() / want.norm()).item()
+
+
+# --- the job ----------------------------------------------------------------------------------------
+
+def rank_main(rank: int, world: int, port: int, batch: int, seq: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
-    dist.init_process_group("nccl", rank=rank, world_size=world)
+    dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
     mesh = DeviceMesh("cuda", (world,), ("tp",))
     gen = torch.Generator(device="cuda").manual_seed(0)
 
     def rand(*shape, scale=1.0):
         return (scale * torch.randn(*shape, device="cuda", generator=gen)).to(torch.bfloat16).requires_grad_()
-    cases = {
-        "swiglu F/tp": (swiglu, torch_swiglu, {"F": "tp"},
-                        [rand(TOKENS, MODEL), rand(MODEL, HIDDEN, scale=MODEL ** -0.5),
-                         rand(MODEL, HIDDEN, scale=MODEL ** -0.5), rand(HIDDEN, MODEL, scale=HIDDEN ** -0.5)]),
-        "attention H/tp": (attention, torch_attention, {"H": "tp"}, [rand(B, H, S, D) for _ in range(3)]),
-    }
+    q = HEADS * HEAD_DIM
+    weights = [1.0 + rand(MODEL, scale=0.1), rand(MODEL, q, scale=MODEL ** -0.5), rand(MODEL, q, scale=MODEL ** -0.5),
+               rand(MODEL, q, scale=MODEL ** -0.5), rand(q, MODEL, scale=q ** -0.5), 1.0 + rand(MODEL, scale=0.1),
+               rand(MODEL, HIDDEN, scale=MODEL ** -0.5), rand(MODEL, HIDDEN, scale=MODEL ** -0.5),
+               rand(HIDDEN, MODEL, scale=HIDDEN ** -0.5)]
+    weights = [w.detach().requires_grad_() for w in weights]
+    x = rand(batch, seq, MODEL)
     if rank == 0:
-        print(f"# {world} x {torch.cuda.get_device_name()}, torch {torch.__version__}, NCCL")
-        print(f"# python3 bench/tensor_parallel.py --gpus {world}")
-        print("| case | pass | tessera ms | not overlapped ms | torch ms | vs torch | all-reduce ms | hidden | "
-              "max rel err |")
+        print(f"# {world} x {torch.cuda.get_device_name()}, torch {torch.__version__}, NCCL "
+              f"{'.'.join(map(str, torch.cuda.nccl.version()))}")
+        print(f"# python3 bench/tensor_parallel.py --gpus {world} --batch {batch} --seq {seq}")
+        print(f"# Llama-style block: B={batch} S={seq} d_model={MODEL} heads={HEADS}x{HEAD_DIM} hidden={HIDDEN}, bf16")
+        print("| config | pass | tessera ms | torch DTensor ms | vs torch | communication ms | tessera compute ms | "
+              "hidden | rel err vs torch |")
         print("|---|---|---|---|---|---|---|---|---|")
-    for name, (fn, reference, sharding, whole) in cases.items():
-        sharded, serial = shard(fn, mesh, sharding, chunks=4), shard(fn, mesh, sharding)
-        args = [x.detach().requires_grad_() for x in sharded.local(*whole)]
+    for config, sequence in (("tp", None), ("tp+sp", "S")):
+        sharded = shard(llama_block, mesh, {"Q": "tp", "F": "tp"}, sequence=sequence)
+        args = [a.detach().requires_grad_() for a in sharded.local(x, *weights)]
+        reference = torch_block(weights, mesh.torch_mesh, sequence is not None)
+        x_torch = args[0].detach().requires_grad_()
+        ours, want = sharded(*args, HEAD_DIM, EPS), reference(x_torch)
+        err = rel_err(ours, want)
         if rank == 0:
-            print(f"# {sharded.report(*args)}".replace("\n", "\n# "))
-        ours, want = sharded(*args), reference(*args)
-        err = ((ours.float() - want.float()).norm() / want.float().norm()).item()
+            print(f"# {sharded.report(*args, HEAD_DIM, EPS)}".replace("\n", "\n# "), flush=True)
         cotangent = torch.randn_like(ours)
-        comm = median_ms(lambda: dist.all_reduce(want.detach().clone())) if sharded.placements(*args)[0].partial \
-            else 0.0
+        transfers = sharded.communication(*args, HEAD_DIM, EPS)
         for backward in (False, True):
-            t_ours = median_ms(step(sharded, args, cotangent, backward))
-            t_serial = median_ms(step(serial, args, cotangent, backward))
-            t_torch = median_ms(step(reference, args, cotangent, backward))
-            hidden = f"{max(0.0, (t_serial - t_ours) / comm):.0%}" if comm else "-"
+            t_ours = median_ms(step(lambda *a: sharded(*a, HEAD_DIM, EPS), args, cotangent, backward))
+            t_torch = median_ms(step(reference, [x_torch], cotangent, backward))
+            comm = communication_ms(transfers, mesh, {"forward", "backward"} if backward else {"forward"})
+            with without_communication():
+                compute = median_ms(step(lambda *a: sharded(*a, HEAD_DIM, EPS), args, cotangent, backward))
+            hidden = (compute + comm - t_ours) / comm if comm else 0.0
             if rank == 0:
-                print(f"| {name} | {'fwd+bwd' if backward else 'fwd'} | {t_ours:.2f} | {t_serial:.2f} | {t_torch:.2f} | "
-                      f"{t_torch / t_ours:.2f}x | {comm:.2f} | {hidden} | {err:.1e} |", flush=True)
+                print(f"| {config} | {'fwd+bwd' if backward else 'fwd'} | {t_ours:.2f} | {t_torch:.2f} | "
+                      f"{t_torch / t_ours:.2f}x | {comm:.2f} | {compute:.2f} | {max(hidden, 0.0):.0%} | {err:.1e} |",
+                      flush=True)
+        del reference
+    mlp_overlap(mesh, rank, batch * seq)
     dist.destroy_process_group()
+
+
+def mlp_overlap(mesh, rank: int, tokens: int) -> None:
+    """The SwiGLU MLP alone (hidden dim split): in 4 chunks of tokens, each chunk's all-reduce
+    overlapping the next chunk's kernels, against the same call unchunked."""
+    gen = torch.Generator(device="cuda").manual_seed(1)
+
+    def rand(*shape, scale=1.0):
+        return (scale * torch.randn(*shape, device="cuda", generator=gen)).to(torch.bfloat16).requires_grad_()
+    whole = [rand(tokens, MODEL), rand(MODEL, HIDDEN, scale=MODEL ** -0.5), rand(MODEL, HIDDEN, scale=MODEL ** -0.5),
+             rand(HIDDEN, MODEL, scale=HIDDEN ** -0.5)]
+    chunked, serial = shard(swiglu, mesh, {"F": "tp"}, chunks=4), shard(swiglu, mesh, {"F": "tp"})
+    args = [a.detach().requires_grad_() for a in chunked.local(*whole)]
+    err = rel_err(chunked(*args), serial(*args))
+    if rank == 0:
+        print(f"# {chunked.report(*args)}".replace("\n", "\n# "), flush=True)
+    cotangent = torch.randn(tokens, MODEL, device="cuda", dtype=torch.bfloat16)
+    transfers = serial.communication(*args)
+    for backward in (False, True):
+        t_chunked = median_ms(step(chunked, args, cotangent, backward))
+        t_serial = median_ms(step(serial, args, cotangent, backward))
+        comm = communication_ms(transfers, mesh, {"forward", "backward"} if backward else {"forward"})
+        with without_communication():
+            compute = median_ms(step(chunked, args, cotangent, backward))
+        hidden = (compute + comm - t_chunked) / comm if comm else 0.0
+        if rank == 0:
+            print(f"| mlp 4 chunks | {'fwd+bwd' if backward else 'fwd'} | {t_chunked:.2f} | - | "
+                  f"{t_serial / t_chunked:.2f}x unchunked ({t_serial:.2f}) | {comm:.2f} | {compute:.2f} | "
+                  f"{max(hidden, 0.0):.0%} | {err:.1e} |", flush=True)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--gpus", type=int, default=torch.cuda.device_count())
+    parser.add_argument("--batch", type=int, default=4)
+    parser.add_argument("--seq", type=int, default=2048)
     args = parser.parse_args()
+    if args.gpus < 2:
+        print(f"(tensor parallelism needs 2 or more GPUs; {args.gpus} visible)")
+        return 0
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(rank_main, args=(args.gpus, port), nprocs=args.gpus, join=True)
+    torch.multiprocessing.spawn(rank_main, args=(args.gpus, port, args.batch, args.seq), nprocs=args.gpus, join=True)
     return 0
 
 

@@ -87,6 +87,10 @@ python3 bench/decode_attention.py || status=1
 section "Attention backward"
 python3 bench/attention_backward.py || status=1
 
+# A Llama-style block over every visible GPU (tensor and sequence parallelism) against torch's DTensor.
+section "Tensor parallelism"
+python3 bench/tensor_parallel.py || status=1
+
 # The CUDA Tile IR backend against the PTX backend. Where tileiras is not installed its cubins come from
 # the cubin cache (TESSERA_CACHE_DIR), filled on a machine with tileiras by `python3 bench/cuda_tile.py --prebuild`.
 section "CUDA Tile IR backend"

@@ -294,9 +294,9 @@ def _output_specs(fn, args: Sequence) -> list[tuple[tuple[int, ...], Any]]:
 
 
 def _torch_dtype(dt) -> torch.dtype:
-    from ..runtime.interop import _TORCH_DTYPES
+    from ..runtime.interop import torch_dtype
 
-    return getattr(torch, _TORCH_DTYPES[dt.name])
+    return torch_dtype(dt)
 
 
 # --- autograd -------------------------------------------------------------------------------------

@@ -310,9 +310,15 @@ _TORCH_DTYPES = {"fp32": "float32", "fp16": "float16", "bf16": "bfloat16", "fp8_
                  "fp8_e5m2": "float8_e5m2", "int32": "int32", "bool": "bool"}
 
 
+def torch_dtype(dt: DType):
+    """The torch dtype of a Tessera dtype."""
+    import torch
+    return getattr(torch, _TORCH_DTYPES[dt.name])
+
+
 def _torch_empty(template, shape: tuple[int, ...], dt: DType):
     import torch
-    return torch.empty(shape, dtype=getattr(torch, _TORCH_DTYPES[dt.name]), device=template.device)
+    return torch.empty(shape, dtype=torch_dtype(dt), device=template.device)
 
 
 def _cupy_empty(template, shape: tuple[int, ...], dt: DType):

@@ -7,11 +7,14 @@ from __future__ import annotations
 import math
 import os
 import socket
+from dataclasses import dataclass
 
 import tessera as tsr
 from tessera import Tensor
 from tessera.distributed import DeviceMesh, shard
 from tessera.distributed import sharded as sharded_module
+
+from llama_block import llama_block
 
 
 @tsr.function
@@ -26,12 +29,32 @@ def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: T
     return tsr.matmul(tsr.softmax(tsr.where(i[:, None] >= j[None, :], s, -math.inf), dim=-1), v)
 
 
-#: (function, its dims' sizes, the sharding)
+@tsr.function
+def mlp_then_gelu(x: Tensor["N", "C"], w1: Tensor["C", "F"], b1: Tensor["F"], w2: Tensor["F", "C"]):
+    """A row-parallel output read by a nonlinearity: its all-reduce goes inside the function."""
+    return tsr.gelu(mlp.fn(x, w1, b1, w2))
+
+
+@dataclass(frozen=True)
+class Case:
+    fn: object
+    dims: dict            # the whole tensors' dim sizes
+    sharding: dict        # shard's dims
+    sequence: str | None = None
+    constants: tuple = ()   # the function's non-tensor arguments
+    chunks: int = 1
+
+
+BLOCK = {"B": 2, "S": 12, "C": 16, "Q": 32, "F": 24}   # 4 heads of 8
 CASES = {
-    "mlp-tp": (mlp, {"N": 37, "C": 32, "F": 64}, {"F": "tp"}),
-    "mlp-tp-overlap": (mlp, {"N": 40, "C": 32, "F": 64}, {"F": "tp"}),   # 4 chunks of N, all-reduces overlapped
-    "mlp-dp": (mlp, {"N": 38, "C": 32, "F": 64}, {"N": "dp"}),
-    "attention-heads": (attention, {"B": 1, "H": 4, "S": 33, "D": 16}, {"H": "tp"}),
+    "mlp-tp": Case(mlp, {"N": 37, "C": 32, "F": 64}, {"F": "tp"}),
+    "mlp-tp-overlap": Case(mlp, {"N": 40, "C": 32, "F": 64}, {"F": "tp"}, chunks=4),   # all-reduces overlapped
+    "mlp-dp": Case(mlp, {"N": 44, "C": 32, "F": 64}, {"N": "dp"}),
+    "mlp-gelu-tp": Case(mlp_then_gelu, {"N": 13, "C": 16, "F": 32}, {"F": "tp"}),
+    "mlp-gelu-sp": Case(mlp_then_gelu, {"N": 20, "C": 16, "F": 32}, {"F": "tp"}, sequence="N"),
+    "attention-heads": Case(attention, {"B": 1, "H": 4, "S": 33, "D": 16}, {"H": "tp"}),
+    "block-tp": Case(llama_block, BLOCK, {"Q": "tp", "F": "tp"}, constants=(8, 1e-5)),
+    "block-sp": Case(llama_block, BLOCK, {"Q": "tp", "F": "tp"}, sequence="S", constants=(8, 1e-5)),
 }
 
 
@@ -53,41 +76,40 @@ def check(case: str, world: int, device: str, dtype_name: str, tolerance: float)
     gradients against the whole function's (an AssertionError otherwise)."""
     import torch
 
-    fn, dims, sharding = CASES[case]
-    (axis,) = set(sharding.values())
+    c = CASES[case]
+    (axis,) = set(c.sharding.values())
     mesh = DeviceMesh(device, (world,), (axis,))
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator().manual_seed(0)
-    whole = [(0.5 * torch.randn(tuple(dims[d] for d in spec.dims), generator=gen)).to(device=device, dtype=dtype)
-             .requires_grad_() for spec in fn.annotations.values()]
-    want = fn(*whole)
+    whole = [(0.5 * torch.randn(tuple(c.dims[d] for d in spec.dims), generator=gen)).to(device=device, dtype=dtype)
+             .requires_grad_() for spec in c.fn.annotations.values()]
+    want = c.fn(*whole, *c.constants)
     cotangent = torch.randn(want.shape, generator=gen).to(device=device, dtype=dtype)
     want.backward(cotangent)
 
-    sharded = shard(fn, mesh, sharding, chunks=4)
+    sharded = shard(c.fn, mesh, c.sharding, chunks=c.chunks, sequence=c.sequence)
     mine = [x.detach().requires_grad_() for x in sharded.local(*whole)]
-    if case.endswith("overlap"):   # chunks this small only here, where the interpreter runs them
+    if c.chunks > 1:   # chunks this small only here, where the interpreter runs them
         sharded_module.MIN_CHUNK_ROWS, kept = 8, sharded_module.MIN_CHUNK_ROWS
         try:
-            got = sharded(*mine)
+            got = sharded(*mine, *c.constants)
+            report = sharded.report(*mine, *c.constants)
         finally:
             sharded_module.MIN_CHUNK_ROWS = kept
-        assert "in 4 chunks along N" in sharded.report(*mine), sharded.report(*mine)
+        assert "in 4 chunks along N" in report, report
     else:
-        got = sharded(*mine)
-        assert "chunks" not in sharded.report(*mine), sharded.report(*mine)
-    (placement,) = sharded.placements(*mine)
+        got = sharded(*mine, *c.constants)
+        assert "chunks" not in sharded.report(*mine, *c.constants)
+    (placement,) = sharded.placements(*mine, *c.constants)
     want_mine = want.detach()
+    local_cotangent = cotangent
     for i, ax in placement.sharded:   # a sharded result stays this rank's shard
         part = want.shape[i] // mesh.size(ax)
         want_mine = want_mine.narrow(i, mesh.rank(ax) * part, part)
-    assert _rel(got, want_mine) < tolerance, (case, "result", _rel(got, want_mine))
-    local_cotangent = cotangent
-    for i, ax in placement.sharded:
-        part = cotangent.shape[i] // mesh.size(ax)
         local_cotangent = local_cotangent.narrow(i, mesh.rank(ax) * part, part)
+    assert _rel(got, want_mine) < tolerance, (case, "result", _rel(got, want_mine))
     got.backward(local_cotangent.contiguous())
-    for name, x, w in zip(fn.annotations, mine, sharded.local(*[t.grad for t in whole])):
+    for name, x, w in zip(c.fn.annotations, mine, sharded.local(*[t.grad for t in whole])):
         assert _rel(x.grad, w) < tolerance, (case, f"gradient of {name}", _rel(x.grad, w))
 
 

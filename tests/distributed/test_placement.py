@@ -1,20 +1,19 @@
 """Where sharded math needs communication (tessera/distributed/placement.py), decided on the CPU
-from Graph IR alone: the results and gradients that are partial sums over mesh axes, and the
-math that cannot run on shards, refused with the op, its line and the way out."""
+from Graph IR alone: the results that are partial sums over mesh axes, the collectives placed
+inside a function where its math reads one (all-reduces, or reduce-scatters and all-gathers with
+sequence parallelism), the values whose gradients are all-reduced, the segments the function is
+split into, and the math that cannot run on shards, refused with the op, its line and the way out."""
+
 import pytest
 
 import tessera as tsr
 from tessera import Tensor, dtypes
 from tessera.distributed import placement
 from tessera.distributed.placement import ShardingError
-from tessera.distributed.sharded import gradient_placements
+from tessera.frontend.trace import ArgSpec
 
-from sharded_cases import attention, mlp
-
-
-@tsr.function
-def mlp_then_gelu(x: Tensor["N", "C"], w1: Tensor["C", "F"], b1: Tensor["F"], w2: Tensor["F", "C"]):
-    return tsr.gelu(mlp.fn(x, w1, b1, w2))
+from llama_block import llama_block
+from sharded_cases import BLOCK, attention, mlp, mlp_then_gelu
 
 
 @tsr.function
@@ -32,20 +31,45 @@ def causal_rows(x: Tensor["S", "D"]):
     return tsr.where(tsr.arange(x.shape[0])[:, None] > 2, x, 0.0)
 
 
+@tsr.function
+def heads_last(x: Tensor["N", "Q"]):
+    """Q split into (head_dim, heads): a rank's heads are not a block of the merged dim."""
+    return x.reshape(x.shape[0], 4, x.shape[1] // 4).transpose(1, 2).reshape(x.shape[0], x.shape[1])
+
+
 MLP = {"N": 12, "C": 16, "F": 32}
 ATTENTION = {"B": 2, "H": 4, "S": 24, "D": 16}
 
 
-def specs(fn, dims):
-    return fn.arg_specs_for(dims, dtypes.fp16)
+def specs(fn, dims, dtype=dtypes.fp16):
+    return [ArgSpec(n, tuple(dims[d] for d in spec.dims), dtype, spec.dims) for n, spec in fn.annotations.items()]
+
+
+def trace(fn, dims, constants=None):
+    return fn.trace(specs(fn, dims), constants or {})
 
 
 def results(fn, dims, shard):
-    return placement.propagate(fn.trace(specs(fn, dims)), shard)
+    return placement.propagate(trace(fn, dims), shard)
+
+
+def analysis(fn, dims, shard, sequence=None, gradients=False, constants=None):
+    return placement.analyze(trace(fn, dims, constants), shard, sequence, gradients)
 
 
 def grads(fn, dims, shard):
-    return {n: set(p.partial) for n, p in gradient_placements(fn, specs(fn, dims), {}, shard).items()}
+    """Per float argument, the mesh axes its gradient is all-reduced over."""
+    a = analysis(fn, dims, shard, gradients=True)
+    names = [n.data for n in a.f.attributes["tessera.arg_names"].data]
+    out = {n: set() for n in names}
+    for c in a.cuts():
+        if c.collective.kind == "enter" and c.source in a.f.body.block.args:
+            out[names[c.source.index]] |= set(c.collective.axes)
+    return out
+
+
+def kinds(a):
+    return [c.collective.kind for c in a.cuts()]
 
 
 def test_column_then_row_parallel_mlp_all_reduces_its_output_and_its_inputs_gradient():
@@ -74,17 +98,28 @@ def test_a_2d_mesh_combines_data_and_tensor_parallelism():
 
 
 @pytest.mark.parametrize("fn,dims,shard,message", [
-    (mlp_then_gelu, MLP, {"F": "tp"}, r"erf at .*test_placement.py:\d+: erf reads a partial sum over mesh axis tp "
-                                      r"\(made by the matmul contracting the sharded dim F at .*sharded_cases.py:\d+\)"
-                                      r": only linear math may follow one; end the function before this op"),
-    (row_parallel_with_bias, MLP, {"F": "tp"}, r"add at .*: add reads a partial sum over mesh axis tp"),
     (norm, MLP, {"C": "tp"}, r"rms_norm normalizes over the sharded dim C"),
     (attention, ATTENTION, {"S": "sp"}, r"sharded dim S twice \(\['B', 'H', 'S', 'S'\]\)"),
     (causal_rows, {"S": 8, "D": 4}, {"S": "sp"}, r"arange over the sharded dim S would count from 0 on every rank"),
+    (heads_last, {"N": 3, "Q": 16}, {"Q": "tp"}, r"reshape at .*test_placement.py:\d+: a reshape of \[.*\] merges the "
+                                                 r"sharded dim"),
 ])
 def test_math_that_cannot_run_on_shards_is_refused_with_the_op_and_the_way_out(fn, dims, shard, message):
     with pytest.raises(ShardingError, match=message):
         results(fn, dims, shard)
+
+
+@pytest.mark.parametrize("fn", [mlp_then_gelu, row_parallel_with_bias])
+def test_a_partial_sum_read_by_nonlinear_math_is_all_reduced_where_it_is_read(fn):
+    """gelu of a row-parallel output, a replicated bias added to one: one all-reduce before the
+    op, the function split there, and its result whole."""
+    a = analysis(fn, MLP, {"F": "tp"})
+    (cut,) = a.cuts()
+    assert cut.collective == placement.Collective("all_reduce", ("tp",))
+    readers = {op.name for (op, _), k in a.uses.items() if k is cut}   # gelu reads it twice: one all-reduce
+    assert readers == ({"graph.mul"} if fn is mlp_then_gelu else {"graph.add"})
+    assert len(placement.segments(a)) == 2
+    assert a.states[a.results[0]].placement() == placement.Placement((), frozenset())
 
 
 def test_sums_and_scalings_of_partial_sums_stay_partial():
@@ -100,3 +135,64 @@ def test_the_dims_a_function_is_independent_along_are_the_ones_no_op_reads_acros
     and heads (not its sequence: the keys are contracted, the mask indexes it)."""
     assert placement.independent_dims(mlp.trace(specs(mlp, MLP))) == {"N"}
     assert placement.independent_dims(attention.trace(specs(attention, ATTENTION))) == {"B", "H"}
+
+
+BLOCK_CONSTANTS = {"head_dim": 8, "eps": 1e-5}
+
+
+def block(sequence=None, gradients=False):
+    return analysis(llama_block, BLOCK, {"Q": "tp", "F": "tp"}, sequence, gradients, BLOCK_CONSTANTS)
+
+
+def test_a_tensor_parallel_block_all_reduces_its_two_output_projections():
+    """Megatron-LM's layout, derived: attention (heads split) and the MLP (hidden dim split) each
+    end in an all-reduce; in training the normed values entering the column-parallel matmuls
+    get their gradients all-reduced (Megatron's f), the arguments none."""
+    a = block()
+    assert kinds(a) == ["all_reduce", "all_reduce"]
+    assert [len(s.ops) for s in placement.segments(a)][-1] == 1   # the last residual add
+    t = block(gradients=True)
+    assert kinds(t) == ["enter", "all_reduce", "enter", "all_reduce"]
+    entering = [c.source.owner.name for c in t.cuts() if c.collective.kind == "enter"]
+    assert entering == ["graph.rms_norm", "graph.rms_norm"]
+    assert not any(c.source in t.f.body.block.args for c in t.cuts())
+
+
+def test_sequence_parallelism_reduce_scatters_and_all_gathers_along_the_sequence():
+    """With sequence="S": the norms and residual adds on 1/tp of the rows, an all-gather before
+    each tensor-parallel region (its gradient a reduce-scatter: every use of the gathered value
+    enters sharded math), a reduce-scatter after; the norms' weights' gradients all-reduced."""
+    a = block(("S", "tp"))
+    assert [(c.collective.kind, c.collective.dim) for c in a.cuts()] == [
+        ("all_gather", 1), ("reduce_scatter", 1), ("all_gather", 1), ("reduce_scatter", 1)]
+    assert [s.sequence_sharded for s in placement.segments(a)] == [True, False, True, False, True]
+    assert a.states[a.results[0]].placement() == placement.Placement(((1, "tp"),), frozenset())
+    t = block(("S", "tp"), gradients=True)
+    assert [c.grad for c in t.cuts() if c.collective.kind == "all_gather"] == ["reduce_scatter"] * 2
+    names = [n.data for n in t.f.attributes["tessera.arg_names"].data]
+    assert sorted(names[c.source.index] for c in t.cuts() if c.collective.kind == "enter") == \
+        ["attn_norm", "mlp_norm"]
+
+
+def test_a_sequence_parallel_value_meeting_a_replicated_one_takes_its_own_rows():
+    @tsr.function
+    def add_table(x: Tensor["S", "C"], table: Tensor["S", "C"]):
+        return x + table
+    a = analysis(add_table, {"S": 8, "C": 4}, {}, ("S", "tp"))
+    assert kinds(a) == []   # both arguments come sequence-sharded
+    @tsr.function
+    def add_positions(x: Tensor["S", "C"]):
+        return x + tsr.arange(x.shape[0])[:, None]
+    a = analysis(add_positions, {"S": 8, "C": 4}, {}, ("S", "tp"))
+    assert [(c.collective.kind, c.collective.dim) for c in a.cuts()] == [("split", 0)]
+
+
+def test_heads_split_out_of_a_sharded_width_stay_sharded_with_one_head_per_rank():
+    """[N, Q] -> [N, heads, head_dim] with one local head: the heads dim (local size 1) carries the
+    shard, so a sum over heads is a partial sum and a matmul over head_dim is not."""
+    @tsr.function
+    def per_head(x: Tensor["N", "Q"]):
+        h = x.reshape(x.shape[0], x.shape[1] // 8, 8).transpose(0, 1)   # [heads, N, head_dim]
+        return h.sum(0), tsr.matmul(h, h.transpose(-2, -1))
+    summed, gram = results(per_head, {"N": 3, "Q": 8}, {"Q": "tp"})
+    assert summed.partial == {"tp"} and gram.partial == frozenset() and gram.sharded == ((0, "tp"),)

@@ -1,6 +1,7 @@
 """Sharded Tessera functions over NCCL (torch.distributed), one process per GPU: the cases of
 tests/distributed/sharded_cases.py in fp16/bf16 against the function run whole on each GPU.
-One rank runs wherever there is a GPU (NCCL's collectives with a group of one); two need two."""
+One rank runs wherever there is a GPU (NCCL's collectives with a group of one); two and four ranks
+need as many GPUs."""
 import pytest
 
 from sharded_cases import CASES, check, free_port, init
@@ -19,7 +20,7 @@ def _rank(rank: int, world: int, port: int, dtype: str) -> None:
         dist.destroy_process_group()
 
 
-@pytest.mark.parametrize("world", [1, 2])
+@pytest.mark.parametrize("world", [1, 2, 4])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 def test_sharded_functions_over_nccl_match_the_whole_function(torch_cuda, world, dtype):
     if torch_cuda.cuda.device_count() < world:
