@@ -12,6 +12,8 @@ bf16. Configs:
 - "tp+sp": with sequence parallelism along S: Tessera's `shard(..., sequence="S")` derives
   reduce-scatters and all-gathers with the norms and residuals on 1/tp of the rows; torch: the
   same plan with SequenceParallel norms and PrepareModuleInput (torchtitan's).
+- torch's compiled column: `torch.compile` of the DTensor block, with Inductor's async tensor
+  parallelism (`_micro_pipeline_tp`, symmetric memory) under sequence parallelism.
 - "mlp 4 chunks": the SwiGLU MLP alone, its all-reduce overlapped with its kernels in 4 chunks of
   tokens, against the same call unchunked.
 
@@ -41,7 +43,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 import tessera as tsr  # noqa: E402
 from tessera import Tensor  # noqa: E402
 from tessera.distributed import DeviceMesh, collectives, shard  # noqa: E402
-from llama_block import llama_block, torch_llama_block  # noqa: E402
+from llama_block import llama_block  # noqa: E402
 
 MODEL, HEADS, HEAD_DIM, HIDDEN, EPS = 4096, 32, 128, 14336, 1e-5
 
@@ -189,7 +191,23 @@ def rel_err(got, want) -> float:
 
 # --- the job ----------------------------------------------------------------------------------------
 
-def rank_main(rank: int, world: int, port: int, batch: int, seq: int) -> None:
+def compiled_reference(reference, mesh, sequence: bool):
+    """torch.compile of the DTensor block; with sequence parallelism, Inductor's async tensor
+    parallelism (all-gather and reduce-scatter decomposed and overlapped with the matmuls through
+    symmetric memory: `_micro_pipeline_tp`)."""
+    import torch._inductor.config as inductor
+
+    if sequence:
+        from torch.distributed._symmetric_memory import enable_symm_mem_for_group
+        enable_symm_mem_for_group(mesh.get_group().group_name)
+        inductor._micro_pipeline_tp = True
+    else:
+        inductor._micro_pipeline_tp = False
+    torch._dynamo.reset()
+    return torch.compile(reference, fullgraph=True)
+
+
+def rank_main(rank: int, world: int, port: int, batch: int, seq: int, configs: set[str], chunks: int) -> None:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     torch.cuda.set_device(rank)
     dist.init_process_group("nccl", rank=rank, world_size=world, device_id=torch.device("cuda", rank))
@@ -210,11 +228,13 @@ def rank_main(rank: int, world: int, port: int, batch: int, seq: int) -> None:
               f"{'.'.join(map(str, torch.cuda.nccl.version()))}")
         print(f"# python3 bench/tensor_parallel.py --gpus {world} --batch {batch} --seq {seq}")
         print(f"# Llama-style block: B={batch} S={seq} d_model={MODEL} heads={HEADS}x{HEAD_DIM} hidden={HIDDEN}, bf16")
-        print("| config | pass | tessera ms | torch DTensor ms | vs torch | communication ms | tessera compute ms | "
-              "hidden | rel err vs torch |")
-        print("|---|---|---|---|---|---|---|---|---|")
+        print("| config | pass | tessera ms | torch DTensor ms | torch compiled ms | vs best torch | communication ms | "
+              "tessera compute ms | hidden | rel err vs torch |")
+        print("|---|---|---|---|---|---|---|---|---|---|")
     for config, sequence in (("tp", None), ("tp+sp", "S")):
-        sharded = shard(llama_block, mesh, {"Q": "tp", "F": "tp"}, sequence=sequence)
+        if config not in configs:
+            continue
+        sharded = shard(llama_block, mesh, {"Q": "tp", "F": "tp"}, sequence=sequence, chunks=chunks)
         args = [a.detach().requires_grad_() for a in sharded.local(x, *weights)]
         reference = torch_block(weights, mesh.torch_mesh, sequence is not None)
         x_torch = args[0].detach().requires_grad_()
@@ -224,19 +244,30 @@ def rank_main(rank: int, world: int, port: int, batch: int, seq: int) -> None:
             print(f"# {sharded.report(*args, HEAD_DIM, EPS)}".replace("\n", "\n# "), flush=True)
         cotangent = torch.randn_like(ours)
         transfers = sharded.communication(*args, HEAD_DIM, EPS)
+        try:
+            compiled = compiled_reference(reference, mesh.torch_mesh, sequence is not None)
+            compiled_err = rel_err(compiled(x_torch), want)
+        except Exception as e:   # noqa: BLE001  a peer that cannot run here is reported, not fatal
+            compiled = None
+            if rank == 0:
+                print(f"# torch.compile of the DTensor block failed: {type(e).__name__}: {str(e)[:300]}")
         for backward in (False, True):
             t_ours = median_ms(step(lambda *a: sharded(*a, HEAD_DIM, EPS), args, cotangent, backward))
             t_torch = median_ms(step(reference, [x_torch], cotangent, backward))
+            t_compiled = median_ms(step(compiled, [x_torch], cotangent, backward)) if compiled is not None else float("nan")
             comm = communication_ms(transfers, mesh, {"forward", "backward"} if backward else {"forward"})
             with without_communication():
                 compute = median_ms(step(lambda *a: sharded(*a, HEAD_DIM, EPS), args, cotangent, backward))
             hidden = (compute + comm - t_ours) / comm if comm else 0.0
             if rank == 0:
-                print(f"| {config} | {'fwd+bwd' if backward else 'fwd'} | {t_ours:.2f} | {t_torch:.2f} | "
-                      f"{t_torch / t_ours:.2f}x | {comm:.2f} | {compute:.2f} | {max(hidden, 0.0):.0%} | {err:.1e} |",
-                      flush=True)
-        del reference
-    mlp_overlap(mesh, rank, batch * seq)
+                best = min(t_torch, t_compiled) if compiled is not None else t_torch
+                errs = f"{err:.1e}" + (f" ({compiled_err:.1e} compiled)" if compiled is not None else "")
+                print(f"| {config}{f' {chunks} chunks' if chunks > 1 else ''} | {'fwd+bwd' if backward else 'fwd'} | "
+                      f"{t_ours:.2f} | {t_torch:.2f} | {t_compiled:.2f} | {best / t_ours:.2f}x | {comm:.2f} | "
+                      f"{compute:.2f} | {max(hidden, 0.0):.0%} | {errs} |", flush=True)
+        del reference, compiled
+    if "mlp" in configs:
+        mlp_overlap(mesh, rank, batch * seq)
     dist.destroy_process_group()
 
 
@@ -274,6 +305,8 @@ def main() -> int:
     parser.add_argument("--gpus", type=int, default=torch.cuda.device_count())
     parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--seq", type=int, default=2048)
+    parser.add_argument("--configs", default="tp,tp+sp,mlp", help="which of tp, tp+sp, mlp to run")
+    parser.add_argument("--chunks", type=int, default=1, help="shard(..., chunks=) for the block")
     args = parser.parse_args()
     if args.gpus < 2:
         print(f"(tensor parallelism needs 2 or more GPUs; {args.gpus} visible)")
@@ -281,7 +314,8 @@ def main() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = s.getsockname()[1]
-    torch.multiprocessing.spawn(rank_main, args=(args.gpus, port, args.batch, args.seq), nprocs=args.gpus, join=True)
+    torch.multiprocessing.spawn(rank_main, args=(args.gpus, port, args.batch, args.seq, set(args.configs.split(",")),
+                                             args.chunks), nprocs=args.gpus, join=True)
     return 0
 
 

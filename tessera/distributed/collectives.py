@@ -28,14 +28,14 @@ def run(x, kind: str, dim: int | None, groups: tuple, in_place: bool = False):
         for group in groups:
             dist.all_reduce(y, op=dist.ReduceOp.SUM, group=group)
         return y
+    if kind == "enter":
+        return x
     (group,) = groups
     if kind == "reduce_scatter":
         return _reduce_scatter(x, dim, group)
     if kind == "all_gather":
         return _all_gather(x, dim, group)
-    if kind == "split":
-        return _own_rows(x, dim, group)
-    return x   # enter
+    return _own_rows(x, dim, group)   # split
 
 
 def _leading(x, dim: int):

@@ -626,10 +626,13 @@ class Segment:
     sequence_sharded: bool
 
 
-def segments(a: Analysis) -> list[Segment]:
+def segments(a: Analysis, split_tails: bool = False) -> list[Segment]:
     """The function's ops split at its cuts: an op runs after every collective its operands come
     through (its level: the most cuts on a path from the arguments), each level's ops in program
-    order, a new segment where the rows switch between sequence-sharded and whole."""
+    order, a new segment where the rows switch between sequence-sharded and whole. With
+    `split_tails`, a segment's ops that make partial sums (the row-parallel matmul and the linear
+    math after it) become a segment of their own, which an overlapped call runs in chunks without
+    chunking the matmuls before it."""
     ops = [op for op in a.f.body.block.ops if not isinstance(op, func.ReturnOp)]
     free = _free_ops(a, ops)
     level: dict[int, int] = {}
@@ -653,6 +656,8 @@ def segments(a: Analysis) -> list[Segment]:
                 runs[-1] = (lv, mode if mode is not None else runs[-1][1], runs[-1][2] + [op])
             else:
                 runs.append((lv, mode, [op]))
+    if split_tails:
+        runs = [part for lv, mode, run in runs for part in _split_tail(a, lv, mode, run)]
     out = []
     for index, (lv, mode, run) in enumerate(runs):
         mine = {id(op) for op in run}
@@ -669,6 +674,14 @@ def segments(a: Analysis) -> list[Segment]:
         outputs = [r for op in run for r in op.results if _used_outside(a, r, mine)]
         out.append(Segment(index, lv, run, recomputed, inputs, outputs, bool(mode)))
     return out
+
+
+def _split_tail(a: Analysis, lv: int, mode, run: list[Operation]) -> list[tuple]:
+    """The run, then its ops with partial results (no op before them reads one: a partial sum is
+    read only by linear math, or through a cut)."""
+    tail = [op for op in run if op.results and a.states[op.results[0]].partial]
+    head = [op for op in run if not (op.results and a.states[op.results[0]].partial)]
+    return [(lv, mode, part) for part in (head, tail) if part]
 
 
 def _sequence_mode(a: Analysis, op: Operation) -> bool | None:

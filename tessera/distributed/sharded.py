@@ -276,7 +276,7 @@ class ShardedFunction:
         for k in [*a.uses.values(), *a.results, *(c.source for c in cuts)]:
             references[id(k)] = references.get(id(k), 0) + 1
         self._cut_of = {c.source: c for c in cuts if not isinstance(c.source, placement.Cut)}
-        segments = placement.segments(a)
+        segments = placement.segments(a, split_tails=self.chunks > 1)
         level_of_cut = {}
 
         def cut_level(c) -> int:

@@ -43,6 +43,7 @@ class Case:
     sequence: str | None = None
     constants: tuple = ()   # the function's non-tensor arguments
     chunks: int = 1
+    mesh: tuple = ()        # ((axis, size), ...) for a mesh of several dims; else 1-D over every rank
 
 
 BLOCK = {"B": 2, "S": 12, "C": 16, "Q": 32, "F": 24}   # 4 heads of 8
@@ -55,7 +56,16 @@ CASES = {
     "attention-heads": Case(attention, {"B": 1, "H": 4, "S": 33, "D": 16}, {"H": "tp"}),
     "block-tp": Case(llama_block, BLOCK, {"Q": "tp", "F": "tp"}, constants=(8, 1e-5)),
     "block-sp": Case(llama_block, BLOCK, {"Q": "tp", "F": "tp"}, sequence="S", constants=(8, 1e-5)),
+    # 2 x 2 meshes: data parallel over dp, tensor (and sequence) parallel over tp
+    "mlp-dp-tp": Case(mlp, {"N": 22, "C": 16, "F": 32}, {"N": "dp", "F": "tp"}, mesh=(("dp", 2), ("tp", 2))),
+    "block-dp-sp": Case(llama_block, BLOCK, {"B": "dp", "Q": "tp", "F": "tp"}, sequence=("S", "tp"),
+                        constants=(8, 1e-5), mesh=(("dp", 2), ("tp", 2))),
 }
+
+
+def cases_for(world: int) -> list[str]:
+    """The cases a job of `world` ranks runs: the 1-D ones, and those whose mesh has that many ranks."""
+    return sorted(n for n, c in CASES.items() if not c.mesh or math.prod(size for _, size in c.mesh) == world)
 
 
 def free_port() -> int:
@@ -72,13 +82,16 @@ def init(rank: int, world: int, port: int, backend: str) -> None:
 
 
 def check(case: str, world: int, device: str, dtype_name: str, tolerance: float) -> None:
-    """Runs `case` sharded over a 1-D mesh of `world` ranks and checks this rank's results and
+    """Runs `case` sharded over its mesh (1-D over the `world` ranks unless it names one) and checks this rank's results and
     gradients against the whole function's (an AssertionError otherwise)."""
     import torch
 
     c = CASES[case]
-    (axis,) = set(c.sharding.values())
-    mesh = DeviceMesh(device, (world,), (axis,))
+    if c.mesh:
+        mesh = DeviceMesh(device, tuple(size for _, size in c.mesh), tuple(name for name, _ in c.mesh))
+    else:
+        (axis,) = set(c.sharding.values())
+        mesh = DeviceMesh(device, (world,), (axis,))
     dtype = getattr(torch, dtype_name)
     gen = torch.Generator().manual_seed(0)
     whole = [(0.5 * torch.randn(tuple(c.dims[d] for d in spec.dims), generator=gen)).to(device=device, dtype=dtype)

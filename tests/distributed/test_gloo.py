@@ -6,24 +6,31 @@ import pytest
 torch = pytest.importorskip("torch")
 mp = pytest.importorskip("torch.multiprocessing")
 
-from sharded_cases import CASES, check, free_port, init  # noqa: E402
-
-WORLD = 2
+from sharded_cases import check, cases_for, free_port, init  # noqa: E402
 
 
-def _rank(rank: int, port: int, cases: list[str]) -> None:
+def _rank(rank: int, world: int, port: int) -> None:
     import torch.distributed as dist
 
-    init(rank, WORLD, port, "gloo")
+    init(rank, world, port, "gloo")
     try:
-        for case in cases:
-            check(case, WORLD, "cpu", "float32", 1e-4)
+        for case in cases_for(world):
+            check(case, world, "cpu", "float32", 1e-4)
     finally:
         dist.destroy_process_group()
 
 
 def test_sharded_functions_over_two_gloo_processes_match_the_whole_function():
     """One job for every case (starting processes costs more than the cases): a column- then
-    row-parallel MLP (an all-reduce of its output and of its input's gradient), the same MLP data
-    parallel (its weights' gradients all-reduced), attention with its heads sharded (none)."""
-    mp.spawn(_rank, args=(free_port(), sorted(CASES)), nprocs=WORLD, join=True)
+    row-parallel MLP (an all-reduce of its output and of its input's gradient), the same with its
+    all-reduces overlapped in chunks, the MLP data parallel (its weights' gradients all-reduced), a
+    row-parallel output read by gelu (the all-reduce inside the function), attention with its heads
+    sharded (none), a Llama-style block tensor parallel and sequence parallel."""
+    mp.spawn(_rank, args=(2, free_port()), nprocs=2, join=True)
+
+
+def test_a_2d_mesh_over_four_gloo_processes_combines_data_and_tensor_parallelism():
+    """A (dp, tp) = (2, 2) mesh: the MLP with its tokens split over dp and hidden dim over tp, the
+    block with its batch over dp and heads, hidden dim and (between the tensor-parallel regions)
+    sequence over tp."""
+    mp.spawn(_rank, args=(4, free_port()), nprocs=4, join=True)
