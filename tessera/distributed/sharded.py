@@ -316,8 +316,11 @@ class ShardedFunction:
     def _overlap(self, fn: SegmentFunction, seg, references: dict[int, int]):
         """(dim, chunks, per output that dim's index) when the segment's outputs are each read
         only by an all-reduce over one axis, and a dim every output has, along which the segment
-        is independent (`placement.independent_dims`), splits into `chunks` equal parts of at
-        least MIN_CHUNK_ROWS (the largest such dim); else None."""
+        is independent (`placement.independent_dims`), cuts every input and output that has it
+        into `chunks` contiguous blocks (only dims of size 1 before it) of at least MIN_CHUNK_ROWS
+        rows (the output's elements over its last dim); the outermost such dim. Else None."""
+        import math
+
         from ..ir import graph as g
         from . import placement
 
@@ -329,14 +332,21 @@ class ShardedFunction:
                     references.get(id(v), 0) != 1:
                 return None
         module = fn.trace(fn.specs())
-        shapes = [g.tensor_type(v).shape for v in seg.outputs]
         sizes = fn.local_sizes()
-        candidates = [d for d in placement.independent_dims(module) if all(d in s for s in shapes)
-                      and sizes.get(d, 0) % self.chunks == 0 and sizes.get(d, 0) // self.chunks >= MIN_CHUNK_ROWS]
+        outputs = [g.tensor_type(v).shape for v in seg.outputs]
+        shapes = [*outputs, *(t.shape for t in fn.input_types)]
+
+        def contiguous_blocks(d) -> bool:
+            return all(all(g.dim_value(e, sizes) == 1 for e in s[:list(s).index(d)]) for s in shapes if d in s)
+
+        def rows(d) -> int:
+            return min(math.prod(g.dim_value(e, sizes) for e in s[:-1]) for s in outputs) // self.chunks
+        candidates = [d for d in placement.independent_dims(module) if all(d in s for s in outputs)
+                      and sizes.get(d, 0) % self.chunks == 0 and contiguous_blocks(d) and rows(d) >= MIN_CHUNK_ROWS]
         if not candidates:
             return None
-        dim = max(candidates, key=sizes.__getitem__)
-        return dim, self.chunks, tuple(list(s).index(dim) for s in shapes)
+        dim = min(candidates, key=lambda d: list(outputs[0]).index(d))
+        return dim, self.chunks, tuple(list(s).index(dim) for s in outputs)
 
 
 @dataclass(frozen=True)

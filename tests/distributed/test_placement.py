@@ -196,3 +196,32 @@ def test_heads_split_out_of_a_sharded_width_stay_sharded_with_one_head_per_rank(
         return h.sum(0), tsr.matmul(h, h.transpose(-2, -1))
     summed, gram = results(per_head, {"N": 3, "Q": 8}, {"Q": "tp"})
     assert summed.partial == {"tp"} and gram.partial == frozenset() and gram.sharded == ((0, "tp"),)
+
+
+class _PlanningMesh:
+    """What `shard` reads of a mesh to plan a call (no process group: nothing is run)."""
+
+    names = ("tp",)
+
+    def size(self, axis):
+        return 2
+
+    def rank(self, axis):
+        return 0
+
+
+def test_an_overlapped_block_runs_only_its_row_parallel_matmuls_in_chunks_along_the_batch(monkeypatch):
+    """chunks=2: each output projection becomes a segment of its own, run in 2 chunks of the
+    outermost independent dim (the batch: contiguous blocks), not of C (the widest, but a chunk of
+    columns would copy every operand)."""
+    torch = pytest.importorskip("torch")
+    from tessera.distributed import sharded as sharded_module
+    from tessera.distributed import shard
+
+    monkeypatch.setattr(sharded_module, "MIN_CHUNK_ROWS", 4)
+    f = shard(llama_block, _PlanningMesh(), {"Q": "tp", "F": "tp"}, chunks=2)
+    args = f.local(*[torch.randn(tuple(BLOCK[d] for d in spec.dims)) for spec in llama_block.annotations.values()])
+    report = f.report(*args, 8, 1e-5)
+    chunked = [line for line in report.splitlines() if "chunks" in line]
+    assert len(chunked) == 2 and all(": matmul (from" in line and "in 2 chunks along B" in line for line in chunked), \
+        report
