@@ -345,7 +345,7 @@ class _Propagation:
                                     f"sharded dim {x.shape[axis]}, which would need a reduction across the mesh; "
                                     f"shard another dim (heads, batch) or keep {x.shape[axis]} whole")
             return self._broadcast(op, st, [g.tensor_type(v).shape for v in op.operands])
-        if isinstance(op, (g.CastOp,)):
+        if isinstance(op, g.CastOp):
             return st[0]
         if isinstance(op, g.TransposeOp):
             perm = op.permutation
@@ -370,9 +370,9 @@ class _Propagation:
                                 f"sharded function")
         return REPLICATED
 
-    def _no_partials(self, st: list[State], keep=()) -> None:
+    def _no_partials(self, st: list[State]) -> None:
         for i, s in enumerate(st):
-            if s.partial and i not in keep:
+            if s.partial:
                 raise _Need(i, "reduce")
 
     def _elementwise_partials(self, op: g.ElementwiseOp, st: list[State]) -> None:

@@ -45,6 +45,7 @@ class _Step:
     function: Any = None
     cut: Any = None
     overlap: tuple | None = None
+    reducing: tuple = ()        # an overlapped segment's outputs' all-reduce cuts
     owns_source: bool = False   # the cut's source is read by nothing else: reduce it in place
 
 
@@ -177,9 +178,10 @@ class ShardedFunction:
         kernels do not wait for it), all waited for before the chunks are joined."""
         import torch
 
+        from . import collectives
+
         dim, chunks, out_dims = step.overlap
-        seg, fn = step.segment, step.function
-        cuts = [self._reducing_cut(v) for v in seg.outputs]
+        fn, cuts = step.function, step.reducing
         pending: list = []
         parts: list[list] = []
         for i in range(chunks):
@@ -193,16 +195,13 @@ class ShardedFunction:
                 chunk.append(x)
             outs = fn(*chunk)
             outs = outs if isinstance(outs, tuple) else (outs,)
-            parts.append([_apply_async(o, self._groups(c.collective.axes), pending, training)
+            parts.append([collectives.all_reduce_async(o, self._groups(c.collective.axes), pending, training)
                           for o, c in zip(outs, cuts)])
         for work in pending:
             work.wait()
         for j, (c, d) in enumerate(zip(cuts, out_dims)):
             env[c] = torch.cat([p[j] for p in parts], dim=d)
             done.add(id(c))
-
-    def _reducing_cut(self, v):
-        return self._cut_of[v]
 
     def _collective(self, cut, x, training: bool, owned: bool):
         from . import collectives
@@ -275,7 +274,7 @@ class ShardedFunction:
         references: dict[int, int] = {}
         for k in [*a.uses.values(), *a.results, *(c.source for c in cuts)]:
             references[id(k)] = references.get(id(k), 0) + 1
-        self._cut_of = {c.source: c for c in cuts if not isinstance(c.source, placement.Cut)}
+        cut_of = {c.source: c for c in cuts if not isinstance(c.source, placement.Cut)}
         segments = placement.segments(a, split_tails=self.chunks > 1)
         level_of_cut = {}
 
@@ -294,7 +293,9 @@ class ShardedFunction:
             for s in segments:
                 if s.level == lv:
                     fn = SegmentFunction(self.fn, a, s, bindings, parts)
-                    plan.steps.append(_Step(segment=s, function=fn, overlap=self._overlap(fn, s, references)))
+                    overlap = self._overlap(fn, s, references, cut_of)
+                    plan.steps.append(_Step(segment=s, function=fn, overlap=overlap,
+                                            reducing=tuple(cut_of[v] for v in s.outputs) if overlap else ()))
         return plan
 
     def _trace(self, tensors, constants):
@@ -313,7 +314,7 @@ class ShardedFunction:
         bindings, specs = self.fn.arg_specs(shaped)
         return self.fn.trace(specs, constants), bindings
 
-    def _overlap(self, fn: SegmentFunction, seg, references: dict[int, int]):
+    def _overlap(self, fn: SegmentFunction, seg, references: dict[int, int], cut_of: dict):
         """(dim, chunks, per output that dim's index) when the segment's outputs are each read
         only by an all-reduce over one axis, and a dim every output has, along which the segment
         is independent (`placement.independent_dims`), cuts every input and output that has it
@@ -327,7 +328,7 @@ class ShardedFunction:
         if self.chunks < 2 or not seg.outputs:
             return None
         for v in seg.outputs:
-            c = self._cut_of.get(v)
+            c = cut_of.get(v)
             if c is None or c.collective.kind != "all_reduce" or len(c.collective.axes) != 1 or \
                     references.get(id(v), 0) != 1:
                 return None
@@ -393,7 +394,7 @@ class SegmentFunction(Function):
         from ..ir import graph as g
 
         super().__init__(parent.fn, space=parent.space)
-        self.parent, self.analysis, self.segment = parent, analysis, segment
+        self.analysis, self.segment = analysis, segment
         self.name = self.__name__ = f"{parent.name}_part{segment.index}"
         self.captures = parent.captures
         self.whole_bindings = dict(bindings)
@@ -515,13 +516,7 @@ def shard(fn: Function, mesh: DeviceMesh, dims: dict[str, str], chunks: int = 1,
     tensor-parallel regions (Megatron-LM's): reduce-scatters and all-gathers along it instead of
     all-reduces. With `chunks` > 1, a segment whose results are all-reduced runs in that many
     chunks, each chunk's all-reduce overlapping the next chunk's kernels, where its math allows
-    (`ShardedFunction.report` says). Off by default: on 2 H200s a SwiGLU MLP in 4 chunks of 2048
-    tokens took 2.77 ms against 2.50 unsplit (its all-reduce: 0.31 ms), the smaller GEMMs losing
-    more than the overlap hid (bench/tensor_parallel.py)."""
+    (`ShardedFunction.report` says). Off by default: on 2 H200s the Llama-style block's forward in
+    4 chunks took 4.59 ms against 4.15 unchunked: the overlap hid 46% of its 0.57 ms of all-reduces,
+    the chunked matmuls cost more (bench/tensor_parallel.py, bench/RESULTS.md session 15)."""
     return ShardedFunction(fn, mesh, dims, chunks, sequence)
-
-
-def _apply_async(x, groups: tuple, pending: list, training: bool):
-    from . import collectives
-
-    return collectives.all_reduce_async(x, groups, pending, training)
