@@ -133,10 +133,19 @@ class Saved:
         return g.TensorType.of((*t.shape[:-1], 1), dtypes.fp32)
 
 
+#: ops whose vector-Jacobian products do not read their operands' values: a matmul feeding only
+#: these need not be saved for the backward
+_VALUE_FREE_VJPS = {"graph.add", "graph.sub", "graph.neg", "graph.cast", "graph.reshape", "graph.transpose",
+                    "graph.slice", "graph.concat", "func.return"}
+
+
 def saved_values(f) -> list[Saved]:
     """What the compiler has the forward `f` save (module doc): per attention (a softmax over scores
     from a matmul), its rows' log-sum-exp, and its output O where the backward reads rowsum(dO * O)
-    for rowsum(dP * P) (`_attention_output`)."""
+    for rowsum(dP * P) (`_attention_output`); and each other matmul's result that a backward rule
+    reads (the input of a gated activation), which the backward would otherwise recompute at a
+    GEMM's cost (a SwiGLU MLP's backward recomputed its two up-projections: bench/RESULTS.md,
+    session 15)."""
     body = list(f.body.block.ops)[:-1]
     saved = []
     for i, op in enumerate(body):
@@ -145,7 +154,48 @@ def saved_values(f) -> list[Saved]:
             pv = _attention_output(op, set(f.body.block.last_op.operands))
             if pv is not None:
                 saved.append(Saved("result", body.index(pv)))
+    taken = {s.op for s in saved if s.kind == "result"}
+    for i, op in enumerate(body):
+        if i not in taken and _matmul_read_by_the_backward(op):
+            saved.append(Saved("result", i))
     return saved
+
+
+def _matmul_read_by_the_backward(op) -> bool:
+    """A float matmul none of whose readers is a score softmax's chain (attention recomputes its
+    scores per block) and some of whose readers' gradient rules read its value."""
+    from ..ir import graph as g
+
+    if not isinstance(op, g.MatmulOp) or not g.tensor_type(op.res).dtype.is_float or _feeds_scores(op.res):
+        return False
+    return _value_read(op.res)
+
+
+def _value_read(v, depth: int = 16) -> bool:
+    """Whether a gradient rule reads `v`, or a value made from it by ops whose rules read nothing
+    (a cast to fp32 before an activation: the backward needs the cast, so the matmul under it)."""
+    for u in v.uses:
+        r = u.operation
+        if r.name == "func.return":
+            continue
+        if r.name not in _VALUE_FREE_VJPS and not (r.name == "graph.reduce" and r.kind.data == "sum"):
+            return True
+        if depth and _value_read(r.results[0], depth - 1):
+            return True
+    return False
+
+
+def _feeds_scores(v, depth: int = 8) -> bool:
+    """Whether `v` reaches a score softmax through elementwise ops (scaling, masks, soft-capping)."""
+    from ..ir import graph as g
+
+    for u in v.uses:
+        op = u.operation
+        if is_score_softmax(op):
+            return True
+        if depth and isinstance(op, (g.ElementwiseOp, g.CastOp)) and _feeds_scores(op.results[0], depth - 1):
+            return True
+    return False
 
 
 def saved_names(count: int, taken) -> list[str]:

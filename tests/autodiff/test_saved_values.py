@@ -124,3 +124,50 @@ def test_casts_around_the_scores_and_probabilities():
     for name, got, want in zip("qkv", f_vjp(d_out), (ds @ k64, ds.swapaxes(1, 2) @ q64, p.swapaxes(1, 2) @ g64)):
         err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
         assert err < 1e-2, f"d{name}: {err}"
+
+
+@tsr.function
+def swiglu(x: tsr.Tensor["N", "C"], wg: tsr.Tensor["C", "F"], wu: tsr.Tensor["C", "F"], wd: tsr.Tensor["F", "C"]):
+    return tsr.matmul(tsr.silu(tsr.matmul(x, wg)) * tsr.matmul(x, wu), wd)
+
+
+def _matmuls(module) -> int:
+    return sum(op.name == "graph.matmul" for op in forward_function(module).body.block.ops)
+
+
+def test_a_gated_mlp_saves_its_up_projections_and_its_backward_recomputes_no_gemm():
+    """silu(x @ wg) * (x @ wu): both matmuls' results are read by the backward's rules (through
+    the cast to fp32), so the forward saves them; the down projection's result, read by nothing
+    (it is the output), is not saved. The backward reading them has the 6 matmuls of the
+    gradients (dH, dWd, dX twice, dWg, dWu) and none of the forward's."""
+    specs = swiglu.arg_specs_for({"N": 37, "C": 16, "F": 24}, dtypes.fp16)
+    f = forward_function(swiglu.trace(specs))
+    saved = saved_values(f)
+    ops = list(f.body.block.ops)
+    assert [(s.kind, ops[s.op].name) for s in saved] == [("result", "graph.matmul")] * 2
+    assert {ops[s.op].rhs for s in saved} == {f.body.block.args[1], f.body.block.args[2]}
+    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    saved_specs = [_spec(f"saved{i}", s.type(f), bindings) for i, s in enumerate(saved)]
+    d_out = tsr.frontend.trace.ArgSpec("d_out", (37, 16), dtypes.fp16, ("N", "C"))
+    reading = Derivative(swiglu, cotangent_names=["d_out"], saved_names=[s.name for s in saved_specs])
+    recomputing = Derivative(swiglu, cotangent_names=["d_out"])
+    assert _matmuls(reading.trace([*specs, *saved_specs, d_out])) == 6
+    assert _matmuls(recomputing.trace([*specs, d_out])) == 8
+
+
+def test_vjp_of_a_gated_mlp_through_saved_values_matches_float64():
+    rng = np.random.default_rng(9)
+    x, wg, wu, wd = (0.3 * rng.standard_normal(s).astype(np.float32) for s in [(29, 16), (16, 24), (16, 24), (24, 16)])
+    out, f_vjp = tsr.vjp(swiglu, x, wg, wu, wd)
+    assert [key[1] for key in vars(swiglu)["_vjp_derivatives"]] == [2]
+    d_out = rng.standard_normal(out.shape).astype(np.float32)
+    x64, g64, u64, d64, o64 = (a.astype(np.float64) for a in (x, wg, wu, wd, d_out))
+    a, b = x64 @ g64, x64 @ u64
+    sig = 1 / (1 + np.exp(-a))
+    h = a * sig * b
+    dh = o64 @ d64.T
+    da, db = dh * b * (sig + a * sig * (1 - sig)), dh * a * sig
+    want = (da @ g64.T + db @ u64.T, x64.T @ da, x64.T @ db, h.T @ o64)
+    for got, w in zip(f_vjp(d_out), want):
+        assert not np.isnan(got).any()
+        assert np.abs(got - w).max() / np.abs(w).max() < 1e-4
