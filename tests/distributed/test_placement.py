@@ -225,3 +225,29 @@ def test_an_overlapped_block_runs_only_its_row_parallel_matmuls_in_chunks_along_
     chunked = [line for line in report.splitlines() if "chunks" in line]
     assert len(chunked) == 2 and all(": matmul (from" in line and "in 2 chunks along B" in line for line in chunked), \
         report
+
+
+@pytest.mark.parametrize("dims,sequence,message", [
+    ({"Q": "tp", "F": "tp"}, "T", r"the sequence dim 'T' must be a dim of its arguments"),
+    ({"Q": "tp", "S": "tp"}, "S", r"that `dims` does not shard already"),
+    ({"Q": "tp", "B": "dp"}, "S", r"sequence='S' needs its mesh axis when the sharded dims use 2 axes"),
+])
+def test_shard_refuses_a_sequence_dim_it_cannot_use(dims, sequence, message):
+    from tessera.errors import TesseraError
+    from tessera.distributed import shard
+
+    class Mesh2D(_PlanningMesh):
+        names = ("dp", "tp")
+    with pytest.raises(TesseraError, match=message):
+        shard(llama_block, Mesh2D(), dims, sequence=sequence)
+
+
+def test_local_names_the_sequence_dim_that_does_not_divide():
+    torch = pytest.importorskip("torch")
+    from tessera.errors import ShapeError
+    from tessera.distributed import shard
+
+    f = shard(llama_block, _PlanningMesh(), {"Q": "tp", "F": "tp"}, sequence="S")
+    whole = [torch.randn(tuple({**BLOCK, "S": 13}[d] for d in spec.dims)) for spec in llama_block.annotations.values()]
+    with pytest.raises(ShapeError, match=r"dim S=13 of argument 'x' does not divide over mesh axis 'tp' of 2 ranks"):
+        f.local(*whole)
