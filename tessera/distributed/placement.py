@@ -658,6 +658,10 @@ def segments(a: Analysis, split_tails: bool = False) -> list[Segment]:
                 runs.append((lv, mode, [op]))
     if split_tails:
         runs = [part for lv, mode, run in runs for part in _split_tail(a, lv, mode, run)]
+    kept = {id(k) for k in a.results} | {id(c.source) for c in a.cuts()}   # read after every segment
+    readers: dict[int, set[int]] = {}   # value -> the ops reading it directly
+    for (op, _), k in a.uses.items():
+        readers.setdefault(id(k), set()).add(id(op))
     out = []
     for index, (lv, mode, run) in enumerate(runs):
         mine = {id(op) for op in run}
@@ -671,7 +675,7 @@ def segments(a: Analysis, split_tails: bool = False) -> list[Segment]:
                     continue
                 if not any(k is x for x in inputs):
                     inputs.append(k)
-        outputs = [r for op in run for r in op.results if _used_outside(a, r, mine)]
+        outputs = [r for op in run for r in op.results if id(r) in kept or readers.get(id(r), set()) - mine]
         out.append(Segment(index, lv, run, recomputed, inputs, outputs, bool(mode)))
     return out
 
@@ -726,11 +730,3 @@ def _closure(a: Analysis, run: list[Operation], free: set[int]) -> list[Operatio
             wanted.add(id(op))
             stack.extend(v.owner for v in op.operands)
     return [op for op in a.f.body.block.ops if id(op) in wanted]
-
-
-def _used_outside(a: Analysis, v: SSAValue, mine: set[int]) -> bool:
-    if any(k is v for k in a.results):
-        return True
-    if any(c.source is v for c in a.cuts()):
-        return True
-    return any(k is v and id(op) not in mine for (op, _), k in a.uses.items())

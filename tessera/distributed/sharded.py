@@ -145,6 +145,9 @@ class ShardedFunction:
 
     # --- calls --------------------------------------------------------------------------------
     def __call__(self, *args):
+        """The function on this rank's shards (what `local` cuts). Shapes are taken as given: a
+        whole tensor passed where a shard belongs is computed with as if it were one (nothing
+        on a rank knows the global sizes), so pass `local`'s results."""
         import torch
 
         tensors, constants = self.fn._split_args(args)
