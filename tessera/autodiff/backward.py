@@ -115,10 +115,11 @@ def backward_graph(forward_module, wrt: Sequence[int] | None = None, seed_ones: 
 @dataclass(frozen=True)
 class Saved:
     """A value the forward saves for its backward: the row log-sum-exp of the scores of the
-    softmax at `op` (fp32, the reduced axis kept), or the result of the op at `op` (an attention's
-    output O). `op` indexes the forward function's body, the same in every trace of it."""
+    softmax at `op` (fp32, the reduced axis kept), the row `mean` or `rstd` of the norm at `op`
+    (fp32, the last dim kept: `graph.norm_statistic`), or the result of the op at `op` (an
+    attention's output O). `op` indexes the forward function's body, the same in every trace of it."""
 
-    kind: str   # "logsumexp" or "result"
+    kind: str   # "logsumexp", "mean", "rstd" or "result"
     op: int
 
     def value(self, f):
@@ -142,13 +143,18 @@ _VALUE_FREE_VJPS = {"graph.add", "graph.sub", "graph.neg", "graph.cast", "graph.
 def saved_values(f) -> list[Saved]:
     """What the compiler has the forward `f` save (module doc): per attention (a softmax over scores
     from a matmul), its rows' log-sum-exp, and its output O where the backward reads rowsum(dO * O)
-    for rowsum(dP * P) (`_attention_output`); and each other matmul's result that a backward rule
-    reads (the input of a gated activation), which the backward would otherwise recompute at a
-    GEMM's cost (a SwiGLU MLP's backward recomputed its two up-projections: bench/RESULTS.md,
-    session 15)."""
+    for rowsum(dP * P) (`_attention_output`); per float norm, its rows' rstd (and a layer_norm's
+    mean), which its kernel computes anyway, where the backward re-read x to recompute them; and
+    each other matmul's result that a backward rule reads (the input of a gated activation), which
+    the backward would otherwise recompute at a GEMM's cost (a SwiGLU MLP's backward recomputed its
+    two up-projections: bench/RESULTS.md, session 15)."""
+    from ..ir import graph as g
+
     body = list(f.body.block.ops)[:-1]
     saved = []
     for i, op in enumerate(body):
+        if isinstance(op, (g.LayerNormOp, g.RmsNormOp)) and g.tensor_type(op.res).dtype.is_float:
+            saved += [Saved(kind, i) for kind in _norm_statistics(op)]
         if is_score_softmax(op):
             saved.append(Saved("logsumexp", i))
             pv = _attention_output(op, set(f.body.block.last_op.operands))
@@ -159,6 +165,13 @@ def saved_values(f) -> list[Saved]:
         if i not in taken and _matmul_read_by_the_backward(op):
             saved.append(Saved("result", i))
     return saved
+
+
+def _norm_statistics(op) -> tuple[str, ...]:
+    """The row statistics a norm's backward reads: a layer_norm's mean and rstd, an rms_norm's rstd."""
+    from ..ir import graph as g
+
+    return ("mean", "rstd") if isinstance(op, g.LayerNormOp) else ("rstd",)
 
 
 def _matmul_read_by_the_backward(op) -> bool:
@@ -254,6 +267,10 @@ def forward_with_residuals(forward_module, name: str | None = None):
             op = list(f.body.block.ops)[r.op]
             if r.kind == "result":
                 extra.append(values[op.results[0]])
+            elif r.kind in ("mean", "rstd"):
+                with _provenance_of(op):
+                    extra.append(ops.norm_statistic(values[op.x], r.kind, op.eps.value.data,
+                                                    isinstance(op, g.LayerNormOp)))
             else:
                 with _provenance_of(op):
                     extra.append(torch_ops._logsumexp(_wide(values[op.input]), op.axis.data))
@@ -334,6 +351,7 @@ class _Reverse:
     def __init__(self, forward, wrt: list[int], seed_ones: bool, saved: Sequence[Saved] = ()):
         self.forward, self.wrt, self.seed_ones, self.saved = forward, wrt, seed_ones, list(saved)
         self.values: dict = {}   # forward SSA value -> its Tensor in the backward
+        self.statistics: dict = {}   # (norm op, "mean" | "rstd") -> the saved row statistic
         self.grads: dict = {}    # forward SSA value -> its cotangent so far
         self.active: set = set()   # forward values that depend on a differentiated input
 
@@ -361,6 +379,7 @@ class _Reverse:
         self.values.update(zip(args, primals))
         given = {body[r.op].results[0]: x for r, x in zip(self.saved, residuals) if r.kind == "result"}
         lse = {body[r.op]: x for r, x in zip(self.saved, residuals) if r.kind == "logsumexp"}
+        self.statistics = {(body[r.op], r.kind): x for r, x in zip(self.saved, residuals) if r.kind in ("mean", "rstd")}
         for op in body:
             if op.results and op.results[0] in given:
                 mapping[op.results[0]] = given[op.results[0]].value
@@ -429,6 +448,9 @@ class _Reverse:
             extra = {}
             if is_score_softmax(op) and (rowsum := self._attention_rowsum(op)) is not None:
                 extra["rowsum"] = rowsum
+            for kind in ("mean", "rstd"):
+                if (op, kind) in self.statistics:
+                    extra[kind] = self.statistics[op, kind]
             derived = rule(op, self.grads[y], self.values[y], *(self.values[v] for v in op.operands), **extra)
             for v, d in zip(op.operands, derived, strict=True):
                 if d is not None and v in self.active:

@@ -178,11 +178,13 @@ def _softmax(op, g, y, x, rowsum: Tensor | None = None):
     return (y * (g - (ops.sum(g * y, axis, keepdim=True) if rowsum is None else rowsum)),)
 
 
-def _layer_norm(op, g, y, x, *params):
-    """The row's mean and 1/std are recomputed here (issue 14: the forward could save them)."""
+def _layer_norm(op, g, y, x, *params, mean: Tensor | None = None, rstd: Tensor | None = None):
+    """The row's `mean` and `rstd` as the forward saved them (`backward.saved_values`), else
+    recomputed from x."""
     g, x = _wide(g), _wide(x)
-    centered = x - ops.mean(x, -1, keepdim=True)
-    rstd = ops.rsqrt(ops.mean(centered * centered, -1, keepdim=True) + op.eps.value.data)
+    centered = x - (ops.mean(x, -1, keepdim=True) if mean is None else mean)
+    if rstd is None:
+        rstd = ops.rsqrt(ops.mean(centered * centered, -1, keepdim=True) + op.eps.value.data)
     normalized = centered * rstd
     gn = g * _wide(params[0]) if op.weight is not None else g
     dx = rstd * (gn - ops.mean(gn, -1, keepdim=True) - normalized * ops.mean(gn * normalized, -1, keepdim=True))
@@ -191,13 +193,26 @@ def _layer_norm(op, g, y, x, *params):
     return (dx, *weight, *bias)
 
 
-def _rms_norm(op, g, y, x, *params):
+def _rms_norm(op, g, y, x, *params, rstd: Tensor | None = None):
+    """`rstd` as the forward saved it, else recomputed from x."""
     g, x = _wide(g), _wide(x)
-    rstd = ops.rsqrt(ops.mean(x * x, -1, keepdim=True) + op.eps.value.data)
+    if rstd is None:
+        rstd = ops.rsqrt(ops.mean(x * x, -1, keepdim=True) + op.eps.value.data)
     normalized = x * rstd
     gn = g * _wide(params[0]) if op.weight is not None else g
     dx = rstd * (gn - normalized * ops.mean(gn * normalized, -1, keepdim=True))
     return (dx, g * normalized) if op.weight is not None else (dx,)
+
+
+def _norm_statistic(op, g, y, x):
+    """mean: g / n to every element; rstd = (mean(c^2) + eps)^-1/2 with c = x - mean(x) (centered)
+    or x: -g rstd^3 c / n (the mean's own derivative cancels: c sums to 0)."""
+    g, x = _wide(g), _wide(x)
+    n = x.shape[-1]
+    if op.kind.data == "mean":
+        return (g * full(x.shape, 1.0 / n, g.dtype),)
+    c = x - ops.mean(x, -1, keepdim=True) if op.centered.data else x
+    return (-(g * y * y * y) * c * (1.0 / n),)
 
 
 VJP_RULES: dict[str, Rule] = {
@@ -216,4 +231,5 @@ VJP_RULES: dict[str, Rule] = {
     "graph.softmax": _softmax,
     "graph.layer_norm": _layer_norm,
     "graph.rms_norm": _rms_norm,
+    "graph.norm_statistic": _norm_statistic,
 }

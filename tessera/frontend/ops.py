@@ -518,6 +518,15 @@ def rms_norm(x: Tensor, normalized_shape, weight: Tensor | None = None, eps: flo
     return _make(op.res, x.dims, x.dtype, "rms_norm result")
 
 
+def norm_statistic(x: Tensor, kind: str, eps: float, centered: bool) -> Tensor:
+    """A norm's row `mean` or `rstd` over the last dim, fp32 with that dim kept (graph.NormStatisticOp):
+    what a norm's forward saves for its backward."""
+    g = _graph()
+    dims = (*x.dims[:-1], 1)
+    op = current_trace().add(g.NormStatisticOp(x.value, kind, eps, centered, g.TensorType.of(dims, dtypes.fp32)))
+    return _make(op.res, dims, dtypes.fp32, f"norm {kind}")
+
+
 def arange(n) -> Tensor:
     """`[0, ..., n-1]` as int32; `n` is usually a symbolic dim such as `q.shape[-2]`."""
     g = _graph()

@@ -62,6 +62,13 @@ def _rms_norm(op: g.RmsNormOp, x, *params):
     return y * params[0] if op.weight is not None else y
 
 
+def _norm_statistic(op: g.NormStatisticOp, x):
+    mean = x.mean(axis=-1, keepdims=True) if op.centered.data else 0.0
+    if op.kind.data == "mean":
+        return mean
+    return 1.0 / np.sqrt(((x - mean) ** 2).mean(axis=-1, keepdims=True) + op.eps.value.data)
+
+
 def _logsumexp(x, axis: int, keepdims: bool):
     """log(sum(exp(x))) about the max, a max of +-inf taken as 0 (a row of -inf gives -inf, one
     with +inf gives inf), as torch.logsumexp."""
@@ -100,6 +107,7 @@ _RULES: dict[type, Callable] = {
     g.SoftmaxOp: lambda op, x: _softmax(x, op.axis.data),
     g.LayerNormOp: _layer_norm,
     g.RmsNormOp: _rms_norm,
+    g.NormStatisticOp: _norm_statistic,
     g.ArangeOp: lambda op, bindings: np.arange(_concrete(op.res.type, bindings)[0], dtype=np.int64),
     g.ConstantOp: lambda op: np.array(op.value.value.data),
     g.CastOp: lambda op, x: x,
@@ -206,7 +214,7 @@ def reduction_length(op, bindings: dict[str, int]) -> int:
         return size(op.operands[0], -1)
     if isinstance(op, (g.ReduceOp, g.SoftmaxOp)):
         return size(op.operands[0], op.axis.data)
-    if isinstance(op, (g.LayerNormOp, g.RmsNormOp)):
+    if isinstance(op, (g.LayerNormOp, g.RmsNormOp, g.NormStatisticOp)):
         return size(op.operands[0], -1)
     return 0
 

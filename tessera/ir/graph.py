@@ -494,6 +494,41 @@ class RmsNormOp(_NormOp):
             "eps": FloatAttr(eps, f64), "has_weight": IntAttr(int(weight is not None))})
 
 
+#: the row statistics of a norm (`NormStatisticOp`)
+NORM_STATISTICS = ("mean", "rstd")
+
+
+@irdl_op_definition
+class NormStatisticOp(IRDLOperation):
+    """A row statistic of a norm over the last dim, fp32 with that dim kept as 1: the `mean`, or
+    `rstd` = 1 / sqrt(mean((x - mean)^2) + eps) (`centered`, a layer_norm's) or 1 / sqrt(mean(x^2)
+    + eps) (an rms_norm's). What a norm's forward saves for its backward: fusion makes it a second
+    output of the norm's kernel, which computes it anyway."""
+
+    name = "graph.norm_statistic"
+    input = operand_def(TensorType)
+    kind = prop_def(StringAttr)
+    eps = prop_def(FloatAttr)
+    centered = prop_def(IntAttr)
+    res = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$input attr-dict `:` type($input) `->` type($res)"
+
+    def __init__(self, x: SSAValue, kind: str, eps: float, centered: bool, result_type: TensorType):
+        super().__init__(operands=[x], result_types=[result_type], properties={
+            "kind": StringAttr(kind), "eps": FloatAttr(eps, f64), "centered": IntAttr(int(centered))})
+
+    def verify_(self) -> None:
+        if self.kind.data not in NORM_STATISTICS:
+            raise VerifyException(f"norm_statistic: unknown kind {self.kind.data!r}; expected one of "
+                                  f"{NORM_STATISTICS}")
+        if self.kind.data == "mean" and not self.centered.data:
+            raise VerifyException("norm_statistic: an rms_norm has no mean (centered = 0 takes rstd only)")
+        x, r = tensor_type(self.input), tensor_type(self.res)
+        if r.dtype != dtypes.fp32 or r.rank != x.rank or r.shape[:-1] != x.shape[:-1] or dim_value(r.shape[-1], {}) != 1:
+            raise VerifyException(f"norm_statistic: the result must be fp32 {[*x.shape[:-1], 1]}, got {r}")
+
+
 @irdl_op_definition
 class ArangeOp(IRDLOperation):
     """`[0, 1, ..., n-1]` as int32 over one (usually symbolic) dim."""
@@ -623,7 +658,7 @@ class AssertOp(IRDLOperation):
             raise VerifyException(f"assert: the condition must be bool, got {tensor_type(self.cond).dtype}")
 
 
-STRUCTURAL_OPS = [MatmulOp, TransposeOp, ReshapeOp, ReduceOp, SoftmaxOp, LayerNormOp, RmsNormOp,
+STRUCTURAL_OPS = [MatmulOp, TransposeOp, ReshapeOp, ReduceOp, SoftmaxOp, LayerNormOp, RmsNormOp, NormStatisticOp,
                   ArangeOp, ConstantOp, CastOp, SliceOp, ConcatOp, AssertOp]
 
 Graph = Dialect("graph", [*ELEMENTWISE_OPS.values(), *STRUCTURAL_OPS], [TensorType])

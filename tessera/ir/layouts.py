@@ -70,9 +70,11 @@ class Blocked:
         return (("blocked_row", self.tc, self.wc, self.tr), ("blocked_col", self.tc, self.wc, self.vec))
 
     def lane_masks(self, axis: int) -> list[int]:
-        """Lane xor-masks that visit every lane holding the same row (axis 1 reductions)."""
-        assert axis == 1
-        return [1 << k for k in range(self.tc.bit_length() - 1)]
+        """Lane xor-masks that visit every lane holding the same row (axis 1 reductions: the
+        lanes along the columns, lane % tc) or the same column (axis 0: lane // tc)."""
+        if axis == 1:
+            return [1 << k for k in range(self.tc.bit_length() - 1)]
+        return [self.tc << k for k in range(self.tr.bit_length() - 1)]
 
     def warps_along(self, axis: int) -> int:
         return self.wc if axis == 1 else self.wr

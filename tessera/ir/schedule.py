@@ -49,6 +49,12 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
         {"block_m": [1, 4, 16, 64], "block_n": [1024, 2048, 4096, 8192], "num_warps": [4, 8, 16],
          "num_stages": [1]},
     ),
+    # block_m rows of the reduced axis a step, block_n kept columns a program
+    "column_reduction": (
+        {"block_m": 32, "block_n": 256, "num_warps": 4, "num_stages": 1, "split_rows": 1},
+        {"block_m": [8, 16, 32, 64], "block_n": [64, 128, 256, 512], "num_warps": [2, 4, 8], "num_stages": [1],
+         "split_rows": [1, 2, 4, 8, 16, 32, 64]},
+    ),
     "elementwise": (
         {"block_m": 16, "block_n": 128, "num_warps": 4, "num_stages": 1},
         {"block_m": [4, 8, 16, 32], "block_n": [64, 128, 256], "num_warps": [4, 8], "num_stages": [1]},
@@ -70,8 +76,10 @@ SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent"})
 #: `split_k`, the ways a GEMM with too few output tiles to fill the GPU splits its K steps (a first
 #: kernel writes fp32 partial products, a second adds them in order and applies the epilogue);
 #: `split_kv`, the same for an attention with too few query blocks (a decode step): its key blocks
-#: split across blocks, whose outputs and log-sum-exps a second kernel combines (flash-decoding).
-DERIVED = frozenset({"programs", "split_k", "split_kv"})
+#: split across blocks, whose outputs and log-sum-exps a second kernel combines (flash-decoding);
+#: `split_rows`, the same for a column reduction with too few column blocks (a weight gradient's
+#: sum over 16384 rows of 8192 columns has 32 of 256 columns): its reduced rows.
+DERIVED = frozenset({"programs", "split_k", "split_kv", "split_rows"})
 
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.

@@ -125,7 +125,9 @@ class KernelBuild:
 
 #: the graph op a kernel kind is built around: the ops of its template with no graph op of their
 #: own (loops, copies, index arithmetic) take its source line and profile regions
-ANCHORS = {"row_reduction": (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp), "gemm": g.MatmulOp,
+ANCHORS = {"row_reduction": (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp, g.NormStatisticOp),
+           "column_reduction": g.ReduceOp,
+           "gemm": g.MatmulOp,
            "flash_attention": g.SoftmaxOp, "flash_chain": (g.ReduceOp, g.MatmulOp)}
 
 
@@ -183,11 +185,15 @@ def _broadcast_rows(b: Builder, row: SSAValue, shape) -> SSAValue:
 
 def _col_mask(kb: KernelBuild, c0: SSAValue, width: int, limit: int | SSAValue, shape) -> SSAValue:
     """i1 tile: column index < limit (masks the tail of the last column block)."""
-    cols = kb.b(t.ArangeOp(c0, width))
+    return _index_mask(kb, c0, width, limit, shape, 1)
+
+
+def _index_mask(kb: KernelBuild, start: SSAValue, width: int, limit: int | SSAValue, shape, dim: int) -> SSAValue:
+    """i1 tile of `shape`: the index along `dim` (from `start`) < limit."""
+    index = kb.b(t.ArangeOp(start, width))
     scalar = kb.b.i32(limit) if isinstance(limit, int) else kb.b(arith.IndexCastOp(limit, i32))
-    lim = kb.b.splat(scalar, [width])
-    ok = compare(kb.b, cols, lim, "slt")
-    return kb.b(t.BroadcastOp(ok, (1,), shape))
+    ok = compare(kb.b, index, kb.b.splat(scalar, [width]), "slt")
+    return kb.b(t.BroadcastOp(ok, (dim,), shape))
 
 
 # --- elementwise -----------------------------------------------------------------------------
@@ -251,7 +257,7 @@ TILE_REDUCE = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}
 
 
 def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
-    (anchor,) = kb.op((g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp))
+    (anchor,) = kb.op((g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)) or kb.op(g.NormStatisticOp)
     x = anchor.operands[0]
     x_t = g.tensor_type(x)
     axis = anchor.axis.data if isinstance(anchor, (g.SoftmaxOp, g.ReduceOp)) else x_t.rank - 1
@@ -302,12 +308,14 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         (acc,) = over_chunks([kb.b.full(NEUTRAL[kind], [bm])], body)
         return acc
 
-    def write(transform: Callable):
-        """Final pass: y = transform(x, c0) then the epilogue, stored chunk by chunk."""
+    def write(transform: Callable, reads_x: bool = True):
+        """Final pass: the anchor's result over a chunk, transform(x, c0, ctx) (without x unless
+        `reads_x`), then the epilogue, stored chunk by chunk."""
         def body(iv):
             c0 = kb.mul(iv, bn) if chunks > 1 else iv
             ctx = chunk_ctx(c0)
-            kb.em.overrides[anchor.results[0]] = transform(kb.em.value(x, axes, ctx), c0, ctx)
+            v = kb.em.value(x, axes, ctx) if reads_x else None
+            kb.em.overrides[anchor.results[0]] = transform(v, c0, ctx)
             kb.store_result(axes, ctx)
             return []
         over_chunks([], body)
@@ -319,9 +327,9 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         m_i, l_i = _online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks)
         write(lambda v, c0, ctx: kb.b(arith.DivfOp(
             kb.b(mathd.ExpOp(kb.b(arith.SubfOp(v, rows_of(m_i))))), rows_of(l_i))))
-    elif isinstance(anchor, (g.LayerNormOp, g.RmsNormOp)):
+    elif isinstance(anchor, (g.LayerNormOp, g.RmsNormOp, g.NormStatisticOp)):
         eps = kb.b.f32(anchor.eps.value.data)
-        layer = isinstance(anchor, g.LayerNormOp)
+        layer = isinstance(anchor, g.LayerNormOp) or isinstance(anchor, g.NormStatisticOp) and anchor.centered.data
         mean = kb.b(arith.MulfOp(accumulate("sum", 0.0), kb.b.splat(inv_n, [bm]))) if layer else None
 
         def centered(v, c0):
@@ -333,6 +341,16 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
 
         var = kb.b(arith.MulfOp(accumulate("sum", 0.0, centered), kb.b.splat(inv_n, [bm])))
         rstd = kb.b(mathd.RsqrtOp(kb.b(arith.AddfOp(var, kb.b.splat(eps, [bm])))))
+        statistics, row_ctx = {"mean": mean, "rstd": rstd}, TileCtx({row: (r0, bm)}, scalars)
+        kept = tuple(None if i == axis else a for i, a in enumerate(axes))
+        for stat in kb.op(g.NormStatisticOp):   # the statistics the forward saves (fusion's extra outputs)
+            if stat is not anchor:
+                with kb.b.origin(stat):
+                    kb.em.store(statistics[stat.kind.data], _output_param(kb, stat.res), kept, row_ctx, dtypes.fp32)
+        if isinstance(anchor, g.NormStatisticOp):
+            kb.em.overrides[anchor.res] = statistics[anchor.kind.data]
+            kb.store_result(kept, row_ctx)
+            return grid
 
         def normalize(v, c0, ctx):
             y = kb.b(arith.SubfOp(v, rows_of(mean))) if layer else v
@@ -352,6 +370,9 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             acc = accumulate(kind, NEUTRAL[kind])
         if kind == "mean":
             acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
+        if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced (fusion's
+            write(lambda v, c0, ctx: rows_of(acc), reads_x=False)   # merge_row_broadcasts)
+            return grid
         out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
         if not anchor.keepdim.data:
             out_map = out_map[:axis] + out_map[axis + 1:]
@@ -359,6 +380,112 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         kb.em.overrides[anchor.results[0]] = acc
         kb.store_result(out_map, ctx)
     return grid
+
+
+# --- column reductions ---------------------------------------------------------------------------
+
+#: elements of a column-reduction tile per warp, at least: the widest vector (16 one-byte elements)
+#: times a warp's 32 lanes, so that no layout covers the reduced rows twice (which the PTX backend
+#: refuses: a sum would count them twice)
+COLUMN_TILE_PER_WARP = 16 * 32
+
+#: columns of a split column reduction's second kernel, which adds the splits' partial results
+SPLIT_SUM_COLUMNS = 512
+
+
+def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
+    """A reduction over a leading axis (fusion's `is_column_reduction`), tiled with the kept last axis across
+    the tile's columns: each program walks its run of the reduced axis `block_m` indices a step,
+    combining whole tiles elementwise into an fp32 accumulator (no exchange between threads in
+    the loop), and reduces the accumulator's rows once, at the end. Each load is `block_n`
+    contiguous elements of a row, where the row template read each column down the rows, one
+    element a row (a 16384 x 8192 weight gradient took 1.73 ms on the H200, bench/RESULTS.md
+    session 13). With `split_rows` > 1 (too few column blocks to fill the GPU), a first kernel
+    writes each split's partial result, fp32 [splits, *kept], and this one combines them in split
+    order (so results do not depend on timing), then the epilogue."""
+    (anchor,) = kb.op(g.ReduceOp)
+    x_t = g.tensor_type(anchor.input)
+    axis, kind = anchor.axis.data, anchor.kind.data
+    axes = _axes("d", x_t.rank)
+    sizes = [kb.size(d) for d in x_t.shape]
+    red, col, n_red, n_col = axes[axis], axes[-1], sizes[axis], sizes[-1]
+    batch = [(axes[i], sizes[i]) for i in range(x_t.rank - 1) if i != axis]
+    bn = min(kb.params["block_n"], pow2_at_least(n_col, 1))
+    bm = min(kb.params["block_m"], pow2_at_least(n_red, 1))
+    warps = min(kb.params["num_warps"], 1 << (max(1, bm * bn // COLUMN_TILE_PER_WARP).bit_length() - 1))
+    bm = max(bm, COLUMN_TILE_PER_WARP * warps // bn)
+    chunks = cdiv(n_red, bm)
+    splits, per_split = s.split_k_splits(chunks, kb.params.get("split_rows", 1))
+    out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
+    if not anchor.keepdim.data:
+        out_map = out_map[:axis] + out_map[axis + 1:]
+    kept = [*(a for a, _ in batch), col]
+    shape = [bm, bn]
+
+    def reduce_run(build: KernelBuild) -> tuple[SSAValue, dict, SSAValue]:
+        """(the [bn] combination of this program's run of the reduced axis, its batch indices, c0)."""
+        build.limit_warps(warps)
+        c0 = build.mul(build.pid(0), bn)
+        scalars = build.batch_indices(build.pid(1), batch)
+        first: int | SSAValue = 0
+        end: int | SSAValue = chunks
+        if splits > 1:
+            first = build.mul(build.pid(2), per_split)
+            end = build.b(arith.MinSIOp(build.b(arith.AddiOp(first, build.b.index(per_split))),
+                                        build.b.index(chunks)))
+
+        def body(iv, acc):
+            r0 = build.mul(iv, bm)
+            tile = build.em.value(anchor.input, axes, TileCtx({red: (r0, bm), col: (c0, bn)}, scalars))
+            tile = convert(build.b, tile, f32)
+            if n_red % bm:   # the last step's rows past the reduced axis count as neutral
+                live = _index_mask(build, r0, bm, n_red, shape, 0)
+                tile = select(build.b, live, tile, build.b.full(NEUTRAL[kind], shape))
+            return [build.b(COMBINE[kind](acc, tile))]
+        (acc,) = _for(build.b, first, end, 1, [build.b.full(NEUTRAL[kind], shape)], body)
+        return build.b(t.ReduceOp(acc, TILE_REDUCE[kind], 0)), scalars, c0
+
+    def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx) -> None:
+        if kind == "mean":
+            total = build.b(arith.MulfOp(total, build.b.splat(build.b.f32(1.0 / n_red), ctx.shape)))
+        build.em.overrides[anchor.results[0]] = total
+        build.store_result(out_map, ctx)
+
+    grid = (cdiv(n_col, bn), math.prod(sz for _, sz in batch), splits)
+    if splits == 1:
+        total, scalars, c0 = reduce_run(kb)
+        finish(kb, total, TileCtx({col: (c0, bn)}, scalars))
+        return grid
+    partials_type = MemRefType(f32, [splits, *(sz for _, sz in batch), n_col])
+    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type, kb.stage_operands)
+    total, scalars, c0 = reduce_run(part)
+    part.em.store(total, part.out, ("s", *kept), TileCtx({col: (c0, bn)}, {**scalars, "s": part.pid(2)}),
+                  dtypes.fp32)
+    kb.before.append((_finish(part), grid))
+    return _combine_partials(kb, kb.add_scratch(partials_type), splits, kind, batch, col, n_col, finish)
+
+
+def _combine_partials(kb: KernelBuild, partials: SSAValue, splits: int, kind: str, batch, col: str, n_col: int,
+                      finish: Callable) -> tuple[int, int, int]:
+    """A split column reduction's second kernel: per block of kept columns, the splits' partial
+    results combined in split order, then `finish` (a mean's scale, the epilogue, the store)."""
+    width = min(SPLIT_SUM_COLUMNS, pow2_at_least(n_col, 1))
+    kb.limit_warps(max(1, width // 128))
+    scalars = kb.batch_indices(kb.pid(1), batch)
+    ctx = TileCtx({col: (kb.mul(kb.pid(0), width), width)}, scalars)
+    total = None
+    for index in range(splits):
+        offsets, tile_dims, _ = kb.em.access(("s", *(a for a, _ in batch), col),
+                                             TileCtx(ctx.tiled, {**scalars, "s": kb.b.index(index)}))
+        part = kb.b(t.LoadOp(partials, offsets, tile_dims, ctx.shape))
+        total = part if total is None else kb.b(COMBINE[kind](total, part))
+    finish(kb, total, ctx)
+    return (cdiv(n_col, width), math.prod(sz for _, sz in batch), 1)
+
+
+def _output_param(kb: KernelBuild, v: SSAValue) -> SSAValue:
+    """The kernel's output parameter of the group's output `v`."""
+    return kb.outs[list(kb.group_block.last_op.operands).index(v)]
 
 
 def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunks: int, masked_x, over_chunks):
@@ -1374,6 +1501,7 @@ def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
 TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
     "elementwise": lower_elementwise,
     "row_reduction": lower_row_reduction,
+    "column_reduction": lower_column_reduction,
     "gemm": lower_gemm,
     "flash_attention": lower_flash_attention,
     "flash_chain": lower_flash_chain,

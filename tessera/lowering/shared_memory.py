@@ -88,12 +88,13 @@ def _elem_bytes(v: SSAValue) -> int:
 
 
 def _exchange_bytes(op: tile.ReduceOp, layouts: dict[SSAValue, Layout]) -> int:
-    """Bytes a row reduction exchanges between warps (4 per row per warp along the row), 0 where a
-    row stays inside one warp."""
-    src = layouts.get(op.x)
-    if not isinstance(src, Blocked) or op.axis.value.data != 1 or src.warps_along(1) <= 1:
+    """Bytes a reduction exchanges between warps (4 per kept row or column per warp along the
+    reduced axis), 0 where what is reduced stays inside one warp."""
+    src, axis = layouts.get(op.x), op.axis.value.data
+    if not isinstance(src, Blocked) or src.warps_along(axis) <= 1:
         return 0
-    return 4 * src.cover[0] * src.reps[0] * src.wc
+    kept = 1 - axis
+    return 4 * src.cover[kept] * src.reps[kept] * src.warps_along(axis)
 
 
 def staging_for(op: tile.StoreOp, layouts: dict[SSAValue, Layout], platform: Platform, used: int,

@@ -8,7 +8,11 @@ Rules, in the order they claim ops:
    saves for its backward);
 2. every other matmul becomes a `gemm` kernel with its elementwise epilogue;
 3. softmax / layer_norm / rms_norm / reduce become one `row_reduction` kernel
-   each, with their elementwise prologue and epilogue;
+   each, with their elementwise prologue and epilogue (a norm's kernel also
+   writes the norm_statistics of its rows a forward saves; a row statistic's
+   epilogue may be over the whole rows it reduced); a reduce over an axis
+   before the last (a weight gradient's sum over the rows) becomes a
+   `column_reduction` kernel, which reads along the kept, contiguous axis;
 4. the remaining elementwise ops form `elementwise` kernels.
 
 `device_assert`s are planned after the rest, so that they never change which ops share a kernel:
@@ -53,7 +57,18 @@ def is_unit_reshape(op: g.ReshapeOp, bindings: dict[str, int]) -> bool:
 #: the kernels that load them, never into an epilogue, which has only the output tile in registers
 WINDOWS = (g.SliceOp, g.ConcatOp)
 ELEMENTWISE = (g.ElementwiseOp, g.CastOp, *WINDOWS)
-ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)
+ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp, g.NormStatisticOp)
+#: reductions the column template computes (a log-sum-exp over a leading axis takes the row template)
+COLUMN_KINDS = ("sum", "mean", "max", "min")
+
+
+def is_column_reduction(op) -> bool:
+    """A sum/mean/max/min over an axis before the last (a norm's weight gradient sums over the
+    rows): the `column_reduction` template reads it along the kept last axis, contiguous in memory."""
+    if not isinstance(op, g.ReduceOp) or op.kind.data not in COLUMN_KINDS:
+        return False
+    rank = g.tensor_type(op.input).rank
+    return rank >= 2 and op.axis.data < rank - 1
 
 
 @dataclass
@@ -83,8 +98,19 @@ class _Planner:
         self.order = {op: i for i, op in enumerate(f.body.block.ops)}
         self.group_of: dict[Operation, Group] = {}
         self.groups: list[Group] = []
-        self.views = [op for op in f.body.block.ops if isinstance(op, g.ReshapeOp) and not self.cheap(op)]
+        self.views = [op for op in f.body.block.ops if isinstance(op, g.ReshapeOp)
+                      and (not self.cheap(op) or self._returned_unit_view(op))]
         self.assert_only = self._assert_only_ops()
+
+    def _returned_unit_view(self, op: g.ReshapeOp) -> bool:
+        """A unit reshape that is returned, of a value computed by an op that is not cheap and
+        not returned itself (`sum(x, 0)` is a keepdim reduction, then a reshape dropping the
+        kept dim): a view at the host level, which the kernel computing its input writes
+        through, where a cheap op returned would cost a copy kernel."""
+        returned = self.f.body.block.last_op.operands
+        source = self.producer(op.input)
+        return (op.res in returned and op.input not in returned and source is not None
+                and not self.cheap(source))
 
     def _assert_only_ops(self) -> set[Operation]:
         """device_asserts, and the elementwise and cheap ops only they read (transitively): the
@@ -198,6 +224,37 @@ class _Planner:
             producer.output = consumer.output
             self.groups.remove(consumer)
 
+    def merge_row_broadcasts(self) -> None:
+        """Folds an elementwise group that reads a row reduction's result broadcast along the
+        reduced axis, over the reduction's own rows (`x * rstd - y * mean(x * y, -1, keepdim=True)`,
+        a norm's backward), into the reduction's kernel: the template reduces each block of rows,
+        then computes the group's ops over the same rows, whose inputs it has just read (a row that
+        fits in registers is read once), where two kernels read every input twice. Of several such
+        reductions read only by the group, the last made; the group's other computed inputs are
+        read from memory, as they were."""
+        for consumer in [grp for grp in self.groups if grp.kind == "elementwise" and grp.output is not None]:
+            if any(isinstance(o, WINDOWS) for o in consumer.ops):
+                continue
+            shape = g.tensor_type(consumer.output).shape
+            reductions = [v for v in self.inputs_of(consumer) if self._row_reduced(v)
+                          and all(u in consumer.ops for u in self.users(v))
+                          and g.tensor_type(self.producer(v).input).shape == shape]
+            if not reductions:
+                continue
+            producer = self.group_of[self.producer(max(reductions, key=lambda v: self.order[self.producer(v)]))]
+            self.claim(producer, consumer.ops)
+            producer.output = consumer.output
+            self.groups.remove(consumer)
+
+    def _row_reduced(self, v: SSAValue) -> bool:
+        """Whether `v` is the output of a row_reduction kernel of a reduce over the last axis,
+        keeping it (a row statistic), with nothing after the reduce in that kernel."""
+        op = self.producer(v)
+        group = self.group_of.get(op)
+        return (group is not None and group.kind == "row_reduction" and group.output is v
+                and isinstance(op, g.ReduceOp) and op.keepdim.data
+                and op.axis.data == g.tensor_type(op.input).rank - 1)
+
     def _extras_read_after(self, group: Group, op: Operation) -> bool:
         """Whether every reader of the group's extra outputs comes after `op` (where the kernel
         would run with `op`'s result as its output)."""
@@ -223,6 +280,20 @@ class _Planner:
         group = self.new_group("flash_attention", [m1, *region, sm, *casts, m2, *lse], m2.res)
         group.extra = [lse[-1].res] if lse else []
         self.pull_producers(group, [v for o in region for v in o.operands])
+
+    def _statistics_of(self, norm) -> list[SSAValue]:
+        """The row statistics of `norm` (`graph.norm_statistic`s of its input with its eps and
+        centering) that its kernel writes as further outputs from the mean and rstd it computes:
+        what a norm's forward saves for its backward. Only those every reader of which runs
+        after the norm (where the kernel runs)."""
+        found = []
+        for user in self.users(norm.x):
+            if isinstance(user, g.NormStatisticOp) and self.free(user) \
+                    and user.eps.value.data == norm.eps.value.data \
+                    and bool(user.centered.data) == isinstance(norm, g.LayerNormOp) \
+                    and all(self.order.get(u.operation, len(self.order)) > self.order[norm] for u in user.res.uses):
+                found.append(user.res)
+        return found
 
     def _logsumexp_of_scores(self, sm: g.SoftmaxOp, m2: g.MatmulOp) -> list[Operation]:
         """The ops of a row log-sum-exp of the softmax's scores (`graph.reduce` logsumexp over the
@@ -387,13 +458,18 @@ class _Planner:
                 self.new_group("gemm", [op], op.res)
         for op in ops:
             if isinstance(op, ROW_REDUCTIONS) and self.free(op):
-                group = self.new_group("row_reduction", [op], op.res)
+                kind = "column_reduction" if is_column_reduction(op) else "row_reduction"
+                group = self.new_group(kind, [op], op.res)
+                if isinstance(op, (g.LayerNormOp, g.RmsNormOp)):
+                    group.extra = self._statistics_of(op)
+                    self.claim(group, [self.producer(v) for v in group.extra])
                 self.pull_producers(group, op.operands)
         for op in reversed(ops):
             if isinstance(op, ELEMENTWISE) and self.free(op):
                 group = self.new_group("elementwise", [op], op.results[0])
                 self.pull_producers(group, op.operands)
         self.merge_epilogues()
+        self.merge_row_broadcasts()
         self._place_asserts()
         self._copies_for_unproduced_results()
         return sorted(self.groups, key=self.position)
@@ -604,6 +680,8 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
     if group.kind == "flash_attention" and planner.platform and "split_kv" not in pinned:
         params["split_kv"] = _split_kv(group, planner, params, features)
+    if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
+        params["split_rows"] = _split_rows(group, planner, params)
     return block, inputs, params, space
 
 
@@ -653,6 +731,28 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     if 2 * programs > slots:
         return 1
     return max(1, min(slots // programs, -(-dims[-1] // keys) // MIN_SPLIT_KEY_BLOCKS))
+
+
+#: blocks per SM a split column reduction aims for (a block holds 64 fp32 accumulators a thread,
+#: so several share an SM and one's loads cover another's latency), and the fewest steps of
+#: block_m rows each split keeps: fewer, and the partial results' traffic and the second kernel
+#: cost more than the split gains
+COLUMN_BLOCKS_PER_SM = 4
+MIN_SPLIT_ROW_STEPS = 8
+
+
+def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
+    """How many ways to split a column reduction's reduced axis: enough for its column blocks to
+    give every SM COLUMN_BLOCKS_PER_SM blocks, each split keeping at least MIN_SPLIT_ROW_STEPS
+    steps."""
+    (op,) = (op for op in group.ops if isinstance(op, g.ReduceOp))
+    sizes = [g.dim_value(d, planner.bindings) for d in g.tensor_type(op.input).shape]
+    axis = op.axis.data
+    programs = math.prod(sz for i, sz in enumerate(sizes[:-1]) if i != axis) \
+        * -(-sizes[-1] // s.fit_block(params["block_n"], sizes[-1]))
+    wanted = -(-planner.sm_count * COLUMN_BLOCKS_PER_SM // programs)
+    steps = -(-sizes[axis] // s.fit_block(params["block_m"], sizes[axis]))
+    return max(1, min(wanted, steps // MIN_SPLIT_ROW_STEPS))
 
 
 def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:

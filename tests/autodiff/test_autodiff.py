@@ -479,3 +479,21 @@ def test_every_graph_op_with_float_results_has_a_rule(monkeypatch):
     monkeypatch.delitem(rules.VJP_RULES, "graph.tanh")
     with pytest.raises(TesseraError, match="no gradient rule for graph.tanh"):
         tsr.grad(softmax_loss)(np.ones((2, 3), np.float32))
+
+
+@tsr.function
+def norm_statistics(x: Tensor["M", "N"]):
+    from tessera.frontend import ops
+    return (ops.norm_statistic(x, "mean", 1e-5, True), ops.norm_statistic(x, "rstd", 1e-5, True),
+            ops.norm_statistic(x, "rstd", 1e-6, False))
+
+
+def norm_statistics_reference(x):
+    mean = x.mean(-1, keepdims=True)
+    return (mean, 1 / np.sqrt(((x - mean) ** 2).mean(-1, keepdims=True) + 1e-5),
+            1 / np.sqrt((x * x).mean(-1, keepdims=True) + 1e-6))
+
+
+def test_norm_statistics_what_norms_save_have_gradients():
+    """graph.norm_statistic (a norm's saved mean and rstd) differentiates like the math it stands for."""
+    check_vjp(norm_statistics, norm_statistics_reference, [normal((5, 7), np.random.default_rng(3))])

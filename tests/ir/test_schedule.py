@@ -106,8 +106,8 @@ def test_unknown_kernel_kind():
     text = add_schedule_text()
     assert text.count('"elementwise"') == 1
     with pytest.raises(IR_ERRORS, match=r"schedule\.kernel add_elementwise_0: unknown kind 'elementwize'; "
-                                        r"expected one of \['elementwise', 'flash_attention', 'flash_chain', 'gemm', "
-                                        r"'row_reduction'\]"):
+                                        r"expected one of \['column_reduction', 'elementwise', 'flash_attention', "
+                                        r"'flash_chain', 'gemm', 'row_reduction'\]"):
         verify_text(text.replace('"elementwise"', '"elementwize"'))
 
 

@@ -317,3 +317,52 @@ def test_grouped_query_heads_are_the_query_rows_of_a_decode_block(g, m, rows):
     host = compiled.ir("tile").split("func.func")[-1]
     programs = 2 * 3 * (m if rows == "G" else g)
     assert f"grid = array<i64: 1, {programs}, 1>" in host
+
+
+# --- column reductions (a reduction over a leading axis) -------------------------------------------
+
+@tsr.function
+def column_sum(x: Tensor["M", "N"]):
+    return tsr.sum(x * 2.0, 0)
+
+
+@tsr.function
+def column_stats(x: Tensor["B", "M", "N"]):
+    """Over the middle axis (B is a batch axis of the grid): mean kept as [B, 1, N], max and min."""
+    return tsr.mean(x, 1, keepdim=True), tsr.amax(x, 1), tsr.amin(x, 1).to(tsr.fp16)
+
+
+def column_kernels(compiled) -> list[str]:
+    host = compiled.ir("tile").split("func.func")[-1]
+    return [line.split("(")[0].split("@")[1] for line in host.splitlines() if "tile.launch" in line]
+
+
+@pytest.mark.parametrize("split_rows", [1, 3, 64])
+@pytest.mark.parametrize("m,n", [(1, 1), (5, 3), (97, 1000), (1000, 33), (4097, 7)])
+def test_column_sum_matches_float64(split_rows, m, n):
+    """The sum over rows takes the column template (one kernel, or partial results per split and a
+    second kernel combining them in order) and matches float64 at awkward shapes."""
+    fn = tsr.function(column_sum.fn, space=dict(split_rows=[split_rows], block_m=[16], block_n=[64]))
+    compiled = fn.compile(fn.arg_specs_for(dict(M=m, N=n)), arch="sm_90a")
+    kernels = column_kernels(compiled)
+    split = split_rows > 1 and m > 64     # under 65 rows: one step of the tile
+    assert kernels == ["column_sum_column_reduction_0_partials"] * split + ["column_sum_column_reduction_0"]
+    x = np.random.default_rng(m * n).standard_normal((m, n)).astype(np.float32)
+    want = (2.0 * x.astype(np.float64)).sum(0)
+    np.testing.assert_allclose(compiled.run(x)[0], want, rtol=1e-5, atol=1e-4 * math.sqrt(m))
+
+
+@pytest.mark.parametrize("split_rows", [1, 4])
+def test_column_mean_max_min_over_a_middle_axis(split_rows):
+    fn = tsr.function(column_stats.fn, space=dict(split_rows=[split_rows]))
+    compiled = fn.compile(fn.arg_specs_for(dict(B=3, M=301, N=130)), arch="sm_90a")
+    assert sum("column_reduction" in k and "partials" not in k for k in column_kernels(compiled)) == 3
+    x = np.random.default_rng(split_rows).standard_normal((3, 301, 130)).astype(np.float32)
+    x[1, 200, 7] = 50.0
+    x[2, 0, 129] = -50.0
+    mean, hi, lo = compiled.run(x)
+    x64 = x.astype(np.float64)
+    np.testing.assert_allclose(mean, x64.mean(1, keepdims=True), rtol=1e-5, atol=1e-6)
+    np.testing.assert_array_equal(hi, x.max(1))
+    np.testing.assert_array_equal(lo, x.min(1).astype(np.float16))
+    assert lo.dtype == np.float16 and mean.shape == (3, 1, 130)

@@ -1,5 +1,6 @@
-"""Row reductions of a 2-D tile (sum, max, min): the registers of a row a thread holds, then its
-lanes with `shfl.sync.bfly`, then, where a row spans warps, the warps through shared memory.
+"""Reductions of a 2-D tile along either axis (sum, max, min): the registers of a row (column) a
+thread holds, then its lanes with `shfl.sync.bfly`, then, where a row (column) spans warps, the
+warps through shared memory.
 """
 from __future__ import annotations
 
@@ -17,10 +18,14 @@ _COMBINE = {("sum", "f32"): "add.f32", ("max", "f32"): "max.NaN.f32", ("min", "f
 
 
 def _reduce(e: KernelEmitter, op: t.ReduceOp):
-    """Row reduction: registers of a row, then lanes (butterfly shuffles), then warps (shared memory)."""
-    src = e.layouts[op.x]
-    if op.axis.value.data != 1:
-        raise UnsupportedByBackend("PTX backend: only reductions over the columns of a 2-D tile are supported yet")
+    """Reduction of a 2-D tile along either axis: the registers a thread holds of each kept row
+    (axis 1) or column (axis 0), then its lanes (butterfly shuffles), then its warps (shared memory)."""
+    src, axis = e.layouts[op.x], op.axis.value.data
+    if axis == 0 and not isinstance(src, Blocked):
+        raise UnsupportedByBackend("PTX backend: reducing the rows of an accumulator tile is not supported yet")
+    if src.over_covers(axis):   # replicated elements would be counted twice
+        raise UnsupportedByBackend(f"PTX backend: a {list(src.shape)} tile's layout covers its axis {axis} "
+                                   f"more than once; reduce a longer axis or use fewer warps")
     ty = ptx_type(op.x.type)
     combine = _COMBINE[(op.kind.data, ty.op if ty is F32 else "s32")]
     out = e.layouts[op.result]
@@ -33,13 +38,13 @@ def _reduce(e: KernelEmitter, op: t.ReduceOp):
             r = e.new(ty)
             e.emit(f"{combine} {r}, {partial[slot]}, {regs[i]};")
             partial[slot] = r
-    for mask in src.lane_masks(1):
+    for mask in src.lane_masks(axis):
         for j, p in enumerate(partial):
             other, r = e.new(ty), e.new(ty)
             e.emit(f"shfl.sync.bfly.b32 {other}, {p}, {mask}, 31, -1;")
             e.emit(f"{combine} {r}, {p}, {other};")
             partial[j] = r
-    if src.warps_along(1) > 1:
+    if src.warps_along(axis) > 1:
         if not isinstance(src, Blocked):
             raise UnsupportedByBackend("PTX backend: reducing accumulator rows across warps is not supported yet")
         partial = _reduce_across_warps(e, op, src, out, partial, ty, combine)
@@ -47,22 +52,26 @@ def _reduce(e: KernelEmitter, op: t.ReduceOp):
 
 
 def _reduce_across_warps(e: KernelEmitter, op: t.ReduceOp, src: Blocked, out: Slice, partial, ty, combine):
-    """The warps' partials of each row meet in the reduction's scratch (`tessera_target.scratch`,
-    4 bytes per row per warp, placed by the allocation pass) between two block barriers."""
-    rows = src.cover[0] * src.reps[0]
+    """The warps' partials of each kept row (column, for axis 0) meet in the reduction's scratch
+    (`tessera_target.scratch`, 4 bytes per kept index per warp along the reduced axis, placed by the
+    allocation pass) between two block barriers."""
+    axis = op.axis.value.data
+    kept = 1 - axis
+    extent, warps = src.cover[kept] * src.reps[kept], src.warps_along(axis)
     scratch = op.attributes.get(tgt.SCRATCH)
-    if scratch is None or scratch.size.data < 4 * rows * src.wc:
-        raise UnsupportedByBackend(f"PTX backend: a row reduction across {src.wc} warps needs "
-                                   f"{4 * rows * src.wc} bytes of tessera_target.scratch (the shared-memory "
+    if scratch is None or scratch.size.data < 4 * extent * warps:
+        raise UnsupportedByBackend(f"PTX backend: a reduction across {warps} warps needs "
+                                   f"{4 * extent * warps} bytes of tessera_target.scratch (the shared-memory "
                                    f"allocation pass places it), got {scratch}")
     tid, lane, warp = e.tid()
-    lane_c, _ = e.divmod(lane, src.tc)
-    warp_c, _ = e.divmod(warp, src.wc)
-    row = e.base(src.base_keys[0])
+    lane_c, lane_r = e.divmod(lane, src.tc)
+    warp_c, warp_r = e.divmod(warp, src.wc)
+    lane_along, warp_along = (lane_c, warp_c) if axis == 1 else (lane_r, warp_r)
+    index = e.base(src.base_keys[kept])
     leader = e.new(PRED)
-    e.emit(f"setp.eq.s32 {leader}, {lane_c}, 0;")
+    e.emit(f"setp.eq.s32 {leader}, {lane_along}, 0;")
     base = e.new(S32)
-    e.emit(f"mad.lo.s32 {base}, {warp_c}, {rows}, {row};")
+    e.emit(f"mad.lo.s32 {base}, {warp_along}, {extent}, {index};")
     addr = e.new(U64)
     e.emit(f"cvt.u64.u32 {addr}, {e.smem_base()};")
     e.emit(f"add.s64 {addr}, {addr}, {scratch.offset.data};")
@@ -73,15 +82,15 @@ def _reduce_across_warps(e: KernelEmitter, op: t.ReduceOp, src: Blocked, out: Sl
     for (off,), p in zip(out.offsets, partial):
         e.emit(f"@{leader} st.shared.b32 [{mine}+{4 * off}], {p};")
     e.emit("bar.sync 0;")
-    row_addr = e.new(U64)
-    e.emit(f"mul.wide.s32 {row_addr}, {row}, 4;")
-    e.emit(f"add.s64 {row_addr}, {addr}, {row_addr};")
+    kept_addr = e.new(U64)
+    e.emit(f"mul.wide.s32 {kept_addr}, {index}, 4;")
+    e.emit(f"add.s64 {kept_addr}, {addr}, {kept_addr};")
     result = []
     for (off,) in out.offsets:
         acc = None
-        for w in range(src.wc):
+        for w in range(warps):
             v = e.new(ty)
-            e.emit(f"ld.shared.b32 {v}, [{row_addr}+{4 * (off + w * rows)}];")
+            e.emit(f"ld.shared.b32 {v}, [{kept_addr}+{4 * (off + w * extent)}];")
             if acc is None:
                 acc = v
             else:
@@ -92,7 +101,7 @@ def _reduce_across_warps(e: KernelEmitter, op: t.ReduceOp, src: Blocked, out: Sl
     return result
 
 
-#: row reductions
+#: reductions
 HANDLERS: dict[type, Callable] = {
     t.ReduceOp: _reduce,
 }

@@ -1,0 +1,101 @@
+"""Column reductions (a sum, mean, max or min over a leading axis: the column_reduction template,
+split or not) and row statistics with an epilogue over the rows they reduced (the row template's
+merged broadcast), on the GPU into NaN-poisoned outputs, against float64; then the norm backwards
+that use both, against torch autograd in float64 at awkward shapes."""
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+
+from test_kernels import TOL, check, run
+
+
+@tsr.function
+def column_sum(x: Tensor["M", "N"]):
+    return tsr.sum(x.to(tsr.fp32) * 2.0, 0)
+
+
+@tsr.function
+def middle_stats(x: Tensor["B", "M", "N"]):
+    return tsr.mean(x, 1, keepdim=True), tsr.amax(x, 1), tsr.amin(x, 1)
+
+
+@tsr.function
+def centered(x: Tensor["M", "N"]):
+    """A row statistic read broadcast over its rows: one kernel."""
+    return x - tsr.mean(x, -1, keepdim=True)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("split_rows", [None, 1, 7])
+@pytest.mark.parametrize("m,n", [(1, 1), (5, 3), (1000, 33), (4097, 1000), (16384, 64), (3, 4097)])
+def test_column_sum(torch_cuda, dtype, split_rows, m, n):
+    torch = torch_cuda
+    space = {"split_rows": [split_rows]} if split_rows else None
+    (x,), (out,) = run(column_sum, dict(M=m, N=n), dtype, torch, space=space)
+    check(out, 2.0 * x.double().sum(0), "fp32", torch)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("dims", [dict(B=1, M=1, N=1), dict(B=3, M=301, N=130), dict(B=2, M=4097, N=17)])
+def test_mean_max_min_over_a_middle_axis(torch_cuda, dtype, dims):
+    torch = torch_cuda
+    (x,), (mean, hi, lo) = run(middle_stats, dims, dtype, torch)
+    x64 = x.double()
+    check(mean, x64.mean(1, keepdim=True), dtype, torch)
+    assert torch.equal(hi, x.amax(1)) and torch.equal(lo, x.amin(1))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("m,n", [(1, 1), (7, 1000), (1000, 33), (64, 8192), (3, 20000)])
+def test_row_statistic_broadcast_over_its_rows(torch_cuda, dtype, m, n):
+    torch = torch_cuda
+    compiled = centered.compile(centered.arg_specs_for(dict(M=m, N=n), dtype), arch=_arch())
+    assert compiled.kernel_names == ["centered_row_reduction_0"]
+    (x,), (out,) = run(centered, dict(M=m, N=n), dtype, torch)
+    x64 = x.double()
+    ref = x64 - x64.mean(-1, keepdim=True)
+    assert not torch.isnan(out.double()).any()
+    # the result is rounded to the dtype: compare to its rounding of the float64 result
+    assert (out.double() - ref).abs().max() <= TOL[dtype] * (1 + x64.abs().max())
+
+
+def _arch():
+    from tessera.runtime import driver
+    return driver.Device(0).platform().arch
+
+
+@tsr.function
+def rms_norm(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+
+@tsr.function
+def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    return tsr.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+@pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("m,n", [(1, 64), (7, 1000), (1000, 33), (4097, 128), (3, 4097), (2048, 8192)])
+def test_norm_backward_matches_float64(torch_cuda, dtype, norm, m, n):
+    torch = torch_cuda
+    gen = torch.Generator(device="cuda").manual_seed(m * n)
+    dt = getattr(torch, dtype)
+    x = torch.randn(m, n, device="cuda", generator=gen).to(dt)
+    dy = torch.randn(m, n, device="cuda", generator=gen).to(dt)
+    params = [(1 + 0.1 * torch.randn(n, device="cuda", generator=gen)).to(dt)]
+    if norm == "layer_norm":
+        params.append((0.1 * torch.randn(n, device="cuda", generator=gen)).to(dt))
+    fn = rms_norm if norm == "rms_norm" else layer_norm
+    _, f_vjp = tsr.vjp(fn, x, *params)
+    grads = f_vjp(dy)
+    exact = [a.double().requires_grad_() for a in (x, *params)]
+    if norm == "rms_norm":
+        out = torch.nn.functional.rms_norm(exact[0], (n,), exact[1], 1e-6)
+    else:
+        out = torch.nn.functional.layer_norm(exact[0], (n,), exact[1], exact[2], 1e-5)
+    want = torch.autograd.grad(out, exact, dy.double())
+    for got, w in zip(grads, want):
+        assert got.dtype == dt and got.shape == w.shape
+        check(got, w, "bf16" if dtype == "bfloat16" else "fp16", torch)
