@@ -112,6 +112,11 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # bench/RESULTS.md session 14: 8x16x4096x128 219 TFLOP/s with 128 keys, 408 with 64; 16x16x2048x64
     # 265 -> 360 with the hint
     ("flash_attention", lambda f: f.get("tile_compiler"), {"occupancy": 2}),
+    # a row kernel carrying two column reductions (a layer_norm backward's weight and bias
+    # gradients) over rows of 4096+ elements: 8 warps, as on 4 its accumulators and rows spill
+    # (255 registers at 8192); H200 bf16, 16384 x 8192: 462 -> 404 us, 32768 x 4096: 381 -> 353 us
+    ("row_reduction", lambda f: f.get("column_riders", 0) >= 2 and f.get("row_elements", 0) >= 4096,
+     {"num_warps": 8}),
     ("flash_attention", lambda f: f.get("tile_compiler") and f.get("head_dim", 0) > 64, {"block_n": 64}),
 ]
 

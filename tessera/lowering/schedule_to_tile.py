@@ -60,6 +60,8 @@ class KernelBuild:
     #: `out`; the host allocates them) and kernels the host launches first, on the inputs and these
     scratch: list[SSAValue] = field(default_factory=list)
     before: list[tuple[t.KernelOp, tuple[int, int, int]]] = field(default_factory=list)
+    #: kernels the host launches after this one, on the same arguments (inputs, scratch, outputs)
+    after: list[tuple[t.KernelOp, tuple[int, int, int]]] = field(default_factory=list)
     #: every output param, `out` first (a flash attention's saved log-sum-exp comes second)
     outs: list[SSAValue] = field(default_factory=list)
     #: matmul operands staged through shared memory by the template's own pipeline (async copies,
@@ -257,7 +259,16 @@ TILE_REDUCE = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}
 
 
 def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
-    (anchor,) = kb.op((g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)) or kb.op(g.NormStatisticOp)
+    """Softmax, a norm (with the statistics a forward saves), a norm statistic or a reduction over
+    the last axis (with an epilogue over its own rows, or over the reduced result), `block_m` rows a
+    program in chunks of `block_n` columns. Column reductions over the same rows that fusion merged
+    in (`riders`, a norm backward's weight and bias gradients) make the kernel persistent: each of
+    `programs` blocks walks row blocks pid, pid + programs, ..., adds each block's rows of every
+    rider's operand into a register accumulator per column, and writes its partial results, fp32
+    [programs, N]; a kernel after it per rider combines them in order."""
+    candidates = kb.op((g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)) or kb.op(g.NormStatisticOp)
+    riders = [op for op in candidates if _rides_rows(kb, op)] if len(candidates) > 1 else []
+    (anchor,) = [op for op in candidates if op not in riders]
     x = anchor.operands[0]
     x_t = g.tensor_type(x)
     axis = anchor.axis.data if isinstance(anchor, (g.SoftmaxOp, g.ReduceOp)) else x_t.rank - 1
@@ -273,113 +284,179 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     chunks = cdiv(n, bn)
     batch = [(axes[i], sizes[i]) for i in rows[:-1]]
     grid = (cdiv(sizes[rows[-1]], bm), math.prod(sz for _, sz in batch), 1)
-    r0 = kb.mul(kb.pid(0), bm)
     scalars = kb.batch_indices(kb.pid(1), batch)
     shape = [bm, bn]
-    contexts: dict = {}
+    contexts: dict = {}   # (outside one_block: a context's tiles are memoized by its identity)
 
-    def chunk_ctx(c0):
-        """One context per chunk offset, so a row that fits in one chunk is loaded once for every pass."""
-        if c0 not in contexts:
-            contexts[c0] = TileCtx({row: (r0, bm), col: (c0, bn)}, scalars)
-        return contexts[c0]
+    def column_parts(chunk_ctx: Callable, first_chunk: SSAValue) -> list[SSAValue]:
+        """Each rider's sum (max, min) over this block's rows, per chunk of columns ([bn] tiles), in
+        the contexts of the block's passes (`chunk_ctx`), so a row of one chunk is read once."""
+        parts = []
+        for rider in riders:
+            kind = rider.kind.data
+            for c in range(chunks):
+                ctx = chunk_ctx(first_chunk if chunks == 1 else kb.b.index(c * bn))
+                tile = convert(kb.b, kb.em.value(rider.input, axes, ctx), f32)
+                if sizes[rows[-1]] % bm:   # rows past the end count as neutral
+                    live = _index_mask(kb, ctx.tiled[row][0], bm, sizes[rows[-1]], shape, 0)
+                    tile = select(kb.b, live, tile, kb.b.full(NEUTRAL[kind], shape))
+                parts.append(kb.b(t.ReduceOp(tile, TILE_REDUCE[kind], 0)))
+        return parts
 
-    def over_chunks(inits, body):
-        """A loop over the row's chunks, or the body once when the row is one chunk."""
-        if chunks == 1:
-            return body(zero, *inits)
-        return _for(kb.b, 0, chunks, 1, inits, body)
+    def one_block(r0) -> list[SSAValue]:
+        """The kernel's work on the rows from r0; returns the riders' `column_parts`."""
 
-    zero = kb.b.index(0)
+        def chunk_ctx(c0):
+            """One context per chunk offset, so a row that fits in one chunk is loaded once for every pass."""
+            if (r0, c0) not in contexts:
+                contexts[(r0, c0)] = TileCtx({row: (r0, bm), col: (c0, bn)}, scalars)
+            return contexts[(r0, c0)]
 
-    def masked_x(c0, fill: float):
-        """The row chunk in f32 (reductions accumulate in f32, bool and int inputs too), tail masked."""
-        value = convert(kb.b, kb.em.value(x, axes, chunk_ctx(c0)), f32)
-        mask = _col_mask(kb, c0, bn, n, shape)
-        return select(kb.b, mask, value, kb.b.full(fill, shape))
+        def over_chunks(inits, body):
+            """A loop over the row's chunks, or the body once when the row is one chunk."""
+            if chunks == 1:
+                return body(zero, *inits)
+            return _for(kb.b, 0, chunks, 1, inits, body)
 
-    def accumulate(kind: str, fill: float, f=lambda v, c0: v):
-        """One pass over the row: reduce f(x) with `kind`."""
-        def body(iv, acc):
-            c0 = kb.mul(iv, bn) if chunks > 1 else iv
-            v = masked_x(c0, fill)
-            part = kb.b(t.ReduceOp(f(v, c0), TILE_REDUCE[kind], 1))
-            return [kb.b(COMBINE[kind](acc, part))]
-        (acc,) = over_chunks([kb.b.full(NEUTRAL[kind], [bm])], body)
-        return acc
+        zero = kb.b.index(0)
 
-    def write(transform: Callable, reads_x: bool = True):
-        """Final pass: the anchor's result over a chunk, transform(x, c0, ctx) (without x unless
-        `reads_x`), then the epilogue, stored chunk by chunk."""
-        def body(iv):
-            c0 = kb.mul(iv, bn) if chunks > 1 else iv
-            ctx = chunk_ctx(c0)
-            v = kb.em.value(x, axes, ctx) if reads_x else None
-            kb.em.overrides[anchor.results[0]] = transform(v, c0, ctx)
-            kb.store_result(axes, ctx)
-            return []
-        over_chunks([], body)
+        def masked_x(c0, fill: float):
+            """The row chunk in f32 (reductions accumulate in f32, bool and int inputs too), tail masked."""
+            value = convert(kb.b, kb.em.value(x, axes, chunk_ctx(c0)), f32)
+            mask = _col_mask(kb, c0, bn, n, shape)
+            return select(kb.b, mask, value, kb.b.full(fill, shape))
 
-    rows_of = lambda v: _broadcast_rows(kb.b, v, shape)  # noqa: E731
-    inv_n = kb.b.f32(1.0 / n)
+        def accumulate(kind: str, fill: float, f=lambda v, c0: v):
+            """One pass over the row: reduce f(x) with `kind`."""
+            def body(iv, acc):
+                c0 = kb.mul(iv, bn) if chunks > 1 else iv
+                v = masked_x(c0, fill)
+                part = kb.b(t.ReduceOp(f(v, c0), TILE_REDUCE[kind], 1))
+                return [kb.b(COMBINE[kind](acc, part))]
+            (acc,) = over_chunks([kb.b.full(NEUTRAL[kind], [bm])], body)
+            return acc
 
-    if isinstance(anchor, g.SoftmaxOp):
-        m_i, l_i = _online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks)
-        write(lambda v, c0, ctx: kb.b(arith.DivfOp(
-            kb.b(mathd.ExpOp(kb.b(arith.SubfOp(v, rows_of(m_i))))), rows_of(l_i))))
-    elif isinstance(anchor, (g.LayerNormOp, g.RmsNormOp, g.NormStatisticOp)):
-        eps = kb.b.f32(anchor.eps.value.data)
-        layer = isinstance(anchor, g.LayerNormOp) or isinstance(anchor, g.NormStatisticOp) and anchor.centered.data
-        mean = kb.b(arith.MulfOp(accumulate("sum", 0.0), kb.b.splat(inv_n, [bm]))) if layer else None
+        def write(transform: Callable, reads_x: bool = True):
+            """Final pass: the anchor's result over a chunk, transform(x, c0, ctx) (without x unless
+            `reads_x`), then the epilogue, stored chunk by chunk."""
+            def body(iv):
+                c0 = kb.mul(iv, bn) if chunks > 1 else iv
+                ctx = chunk_ctx(c0)
+                v = kb.em.value(x, axes, ctx) if reads_x else None
+                kb.em.overrides[anchor.results[0]] = transform(v, c0, ctx)
+                kb.store_result(axes, ctx)
+                return []
+            over_chunks([], body)
 
-        def centered(v, c0):
-            if not layer:
-                return kb.b(arith.MulfOp(v, v))
-            d = kb.b(arith.SubfOp(v, rows_of(mean)))
-            d = select(kb.b, _col_mask(kb, c0, bn, n, shape), d, kb.b.full(0.0, shape))
-            return kb.b(arith.MulfOp(d, d))
+        rows_of = lambda v: _broadcast_rows(kb.b, v, shape)  # noqa: E731
+        inv_n = kb.b.f32(1.0 / n)
 
-        var = kb.b(arith.MulfOp(accumulate("sum", 0.0, centered), kb.b.splat(inv_n, [bm])))
-        rstd = kb.b(mathd.RsqrtOp(kb.b(arith.AddfOp(var, kb.b.splat(eps, [bm])))))
-        statistics, row_ctx = {"mean": mean, "rstd": rstd}, TileCtx({row: (r0, bm)}, scalars)
-        kept = tuple(None if i == axis else a for i, a in enumerate(axes))
-        for stat in kb.op(g.NormStatisticOp):   # the statistics the forward saves (fusion's extra outputs)
-            if stat is not anchor:
-                with kb.b.origin(stat):
-                    kb.em.store(statistics[stat.kind.data], _output_param(kb, stat.res), kept, row_ctx, dtypes.fp32)
-        if isinstance(anchor, g.NormStatisticOp):
-            kb.em.overrides[anchor.res] = statistics[anchor.kind.data]
-            kb.store_result(kept, row_ctx)
-            return grid
+        if isinstance(anchor, g.SoftmaxOp):
+            m_i, l_i = _online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks)
+            write(lambda v, c0, ctx: kb.b(arith.DivfOp(
+                kb.b(mathd.ExpOp(kb.b(arith.SubfOp(v, rows_of(m_i))))), rows_of(l_i))))
+        elif isinstance(anchor, (g.LayerNormOp, g.RmsNormOp, g.NormStatisticOp)):
+            eps = kb.b.f32(anchor.eps.value.data)
+            layer = isinstance(anchor, g.LayerNormOp) or isinstance(anchor, g.NormStatisticOp) and anchor.centered.data
+            mean = kb.b(arith.MulfOp(accumulate("sum", 0.0), kb.b.splat(inv_n, [bm]))) if layer else None
 
-        def normalize(v, c0, ctx):
-            y = kb.b(arith.SubfOp(v, rows_of(mean))) if layer else v
-            y = kb.b(arith.MulfOp(y, rows_of(rstd)))
-            weight, bias = anchor.weight, anchor.bias
-            if weight is not None:
-                y = kb.b(arith.MulfOp(y, kb.em.value(weight, (col,), ctx)))
-            if bias is not None:
-                y = kb.b(arith.AddfOp(y, kb.em.value(bias, (col,), ctx)))
-            return y
-        write(normalize)
-    else:
-        kind = anchor.kind.data
-        if kind == "logsumexp":
-            acc = _logsumexp_of_stats(kb, *_online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks))
+            def centered(v, c0):
+                if not layer:
+                    return kb.b(arith.MulfOp(v, v))
+                d = kb.b(arith.SubfOp(v, rows_of(mean)))
+                d = select(kb.b, _col_mask(kb, c0, bn, n, shape), d, kb.b.full(0.0, shape))
+                return kb.b(arith.MulfOp(d, d))
+
+            var = kb.b(arith.MulfOp(accumulate("sum", 0.0, centered), kb.b.splat(inv_n, [bm])))
+            rstd = kb.b(mathd.RsqrtOp(kb.b(arith.AddfOp(var, kb.b.splat(eps, [bm])))))
+            statistics, row_ctx = {"mean": mean, "rstd": rstd}, TileCtx({row: (r0, bm)}, scalars)
+            kept = tuple(None if i == axis else a for i, a in enumerate(axes))
+            for stat in kb.op(g.NormStatisticOp):   # the statistics the forward saves (fusion's extra outputs)
+                if stat is not anchor:
+                    with kb.b.origin(stat):
+                        kb.em.store(statistics[stat.kind.data], _output_param(kb, stat.res), kept, row_ctx, dtypes.fp32)
+            if isinstance(anchor, g.NormStatisticOp):
+                kb.em.overrides[anchor.res] = statistics[anchor.kind.data]
+                kb.store_result(kept, row_ctx)
+                return column_parts(chunk_ctx, zero)
+
+            def normalize(v, c0, ctx):
+                y = kb.b(arith.SubfOp(v, rows_of(mean))) if layer else v
+                y = kb.b(arith.MulfOp(y, rows_of(rstd)))
+                weight, bias = anchor.weight, anchor.bias
+                if weight is not None:
+                    y = kb.b(arith.MulfOp(y, kb.em.value(weight, (col,), ctx)))
+                if bias is not None:
+                    y = kb.b(arith.AddfOp(y, kb.em.value(bias, (col,), ctx)))
+                return y
+            write(normalize)
         else:
-            acc = accumulate(kind, NEUTRAL[kind])
-        if kind == "mean":
-            acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
-        if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced (fusion's
-            write(lambda v, c0, ctx: rows_of(acc), reads_x=False)   # merge_row_broadcasts)
-            return grid
-        out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
-        if not anchor.keepdim.data:
-            out_map = out_map[:axis] + out_map[axis + 1:]
-        ctx = TileCtx({row: (r0, bm)}, scalars)
-        kb.em.overrides[anchor.results[0]] = acc
-        kb.store_result(out_map, ctx)
-    return grid
+            kind = anchor.kind.data
+            if kind == "logsumexp":
+                acc = _logsumexp_of_stats(kb, *_online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks))
+            else:
+                acc = accumulate(kind, NEUTRAL[kind])
+            if kind == "mean":
+                acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
+            if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced (fusion's
+                write(lambda v, c0, ctx: rows_of(acc), reads_x=False)   # merge_row_broadcasts)
+                return column_parts(chunk_ctx, zero)
+            out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
+            if not anchor.keepdim.data:
+                out_map = out_map[:axis] + out_map[axis + 1:]
+            ctx = TileCtx({row: (r0, bm)}, scalars)
+            kb.em.overrides[anchor.results[0]] = acc
+            kb.store_result(out_map, ctx)
+        return column_parts(chunk_ctx, zero)
+
+    if not riders:
+        one_block(kb.mul(kb.pid(0), bm))
+        return grid
+    return _persistent_rows(kb, riders, one_block, grid[0], bm, chunks, bn, axes)
+
+
+def _rides_rows(kb: KernelBuild, op) -> bool:
+    """A column reduction fusion merged into a row kernel (`merge_column_reductions`): a reduce
+    over axis 0 of a 2-D value, one of the kernel's outputs."""
+    return (isinstance(op, g.ReduceOp) and op.axis.data == 0 and g.tensor_type(op.input).rank == 2
+            and op.res in list(kb.group_block.last_op.operands))
+
+
+def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: int, bm: int, chunks: int, bn: int,
+                     axes) -> tuple[int, int, int]:
+    """The row kernel as `programs` blocks walking row blocks (`lower_row_reduction`), each rider's
+    column accumulators carried through the walk, then stored as the block's partial results; a
+    kernel after it per rider adds the blocks' partials in order, then the rider's epilogue."""
+    programs = min(kb.params.get("programs", row_blocks), row_blocks)
+    n_col = kb.size(g.tensor_type(riders[0].input).shape[1])
+    inits = [kb.b.full(NEUTRAL[r.kind.data], [bn]) for r in riders for _ in range(chunks)]
+
+    def walk(iv, *accs):
+        parts = one_block(kb.mul(iv, bm))
+        kinds = [r.kind.data for r in riders for _ in range(chunks)]
+        return [kb.b(COMBINE[k](a, p)) for k, a, p in zip(kinds, accs, parts)]
+    accs = _for(kb.b, kb.pid(0), row_blocks, programs, inits, walk)
+    partials_type = MemRefType(f32, [programs, n_col])
+    buffers = [kb.add_scratch(partials_type) for _ in riders]
+    for i, buffer in enumerate(buffers):
+        for c in range(chunks):
+            ctx = TileCtx({axes[1]: (kb.b.index(c * bn), bn)}, {"p": kb.pid(0)})
+            kb.em.store(accs[i * chunks + c], buffer, ("p", axes[1]), ctx, dtypes.fp32)
+    for i, rider in enumerate(riders):
+        after = _start(kb.sk, kb.bindings, f"{kb.sk.sym_name.data}_combine{i}", stage_operands=kb.stage_operands)
+        scratch = [after.add_scratch(partials_type) for _ in riders]
+        kind, n_red = rider.kind.data, kb.size(g.tensor_type(rider.input).shape[0])
+        out_map = (None, axes[1]) if rider.keepdim.data else (axes[1],)
+
+        def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx, rider=rider, kind=kind, n_red=n_red,
+                   out_map=out_map) -> None:
+            if kind == "mean":
+                total = build.b(arith.MulfOp(total, build.b.splat(build.b.f32(1.0 / n_red), ctx.shape)))
+            build.em.overrides[rider.res] = total
+            build.store_result(out_map, ctx, result=rider.res, out=_output_param(build, rider.res))
+        after_grid = _combine_partials(after, scratch[i], programs, kind, [], axes[1], n_col, finish, "p")
+        kb.after.append((_finish(after), after_grid))
+    return (programs, 1, 1)
 
 
 # --- column reductions ---------------------------------------------------------------------------
@@ -388,10 +465,6 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
 #: times a warp's 32 lanes, so that no layout covers the reduced rows twice (which the PTX backend
 #: refuses: a sum would count them twice)
 COLUMN_TILE_PER_WARP = 16 * 32
-
-#: columns of a split column reduction's second kernel, which adds the splits' partial results
-SPLIT_SUM_COLUMNS = 512
-
 
 def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     """A reduction over a leading axis (fusion's `is_column_reduction`), tiled with the kept last axis across
@@ -465,21 +538,34 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     return _combine_partials(kb, kb.add_scratch(partials_type), splits, kind, batch, col, n_col, finish)
 
 
+#: a combining kernel's tile: rows of partial results a step, columns a block
+COMBINE_TILE = (64, 64)
+
+
 def _combine_partials(kb: KernelBuild, partials: SSAValue, splits: int, kind: str, batch, col: str, n_col: int,
-                      finish: Callable) -> tuple[int, int, int]:
-    """A split column reduction's second kernel: per block of kept columns, the splits' partial
-    results combined in split order, then `finish` (a mean's scale, the epilogue, the store)."""
-    width = min(SPLIT_SUM_COLUMNS, pow2_at_least(n_col, 1))
-    kb.limit_warps(max(1, width // 128))
+                      finish: Callable, split_axis: str = "s") -> tuple[int, int, int]:
+    """The kernel combining a column reduction's partial results (fp32 [splits, *batch, n_col]):
+    itself a column reduction, tiled COMBINE_TILE (a row of partials a thread's vector, so every
+    load is whole lines): per block of columns, the splits combined in a fixed order (results do
+    not depend on timing), then `finish` (a mean's scale, the epilogue, the store)."""
+    width = min(COMBINE_TILE[1], pow2_at_least(n_col, 1))
+    rows = min(COMBINE_TILE[0], pow2_at_least(splits, 1))
+    warps = kb.limit_warps(max(1, rows * width // COLUMN_TILE_PER_WARP))
+    rows = max(rows, COLUMN_TILE_PER_WARP * warps // width)
+    shape = [rows, width]
     scalars = kb.batch_indices(kb.pid(1), batch)
-    ctx = TileCtx({col: (kb.mul(kb.pid(0), width), width)}, scalars)
-    total = None
-    for index in range(splits):
-        offsets, tile_dims, _ = kb.em.access(("s", *(a for a, _ in batch), col),
-                                             TileCtx(ctx.tiled, {**scalars, "s": kb.b.index(index)}))
-        part = kb.b(t.LoadOp(partials, offsets, tile_dims, ctx.shape))
-        total = part if total is None else kb.b(COMBINE[kind](total, part))
-    finish(kb, total, ctx)
+    c0 = kb.mul(kb.pid(0), width)
+
+    def add(iv, acc):
+        s0 = kb.mul(iv, rows)
+        offsets, tile_dims, _ = kb.em.access((split_axis, *(a for a, _ in batch), col),
+                                             TileCtx({split_axis: (s0, rows), col: (c0, width)}, scalars))
+        tile = kb.b(t.LoadOp(partials, offsets, tile_dims, shape))
+        if splits % rows:
+            tile = select(kb.b, _index_mask(kb, s0, rows, splits, shape, 0), tile, kb.b.full(NEUTRAL[kind], shape))
+        return [kb.b(COMBINE[kind](acc, tile))]
+    (acc,) = _for(kb.b, 0, cdiv(splits, rows), 1, [kb.b.full(NEUTRAL[kind], shape)], add)
+    finish(kb, kb.b(t.ReduceOp(acc, TILE_REDUCE[kind], 0)), TileCtx({col: (c0, width)}, scalars))
     return (cdiv(n_col, width), math.prod(sz for _, sz in batch), 1)
 
 
@@ -1536,7 +1622,8 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
             continue
         kb = _start(sk, bindings, stage_operands=stage_operands)
         grid = (TEMPLATES[sk.kind.data] if sk.outputs else lower_asserts)(kb)
-        launches = [*kb.before, (_finish(kb), grid)]
+        launches = [*kb.before, (_finish(kb), grid), *kb.after]
+        first = {kernel for kernel, _ in kb.before}   # on the inputs and scratch only
         outputs = []
         for out in sk.outputs:
             if out not in buffers:
@@ -1546,7 +1633,7 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
         inputs = [buffers[v] for v in sk.inputs]
         scratch = [b(t.AllocGlobalOp(x.type.get_shape(), x.type.get_element_type())) for x in kb.scratch]
         for kernel, kernel_grid in launches:
-            args = inputs + scratch + (outputs if kernel is kb.kernel else [])
+            args = inputs + scratch + ([] if kernel in first else outputs)
             if line_info:
                 kernel.attributes[provenance.LINE_INFO] = UnitAttr()
             if profiled:   # the stamps go in a buffer of their own, the kernel's last parameter

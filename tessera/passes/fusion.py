@@ -12,7 +12,8 @@ Rules, in the order they claim ops:
    writes the norm_statistics of its rows a forward saves; a row statistic's
    epilogue may be over the whole rows it reduced); a reduce over an axis
    before the last (a weight gradient's sum over the rows) becomes a
-   `column_reduction` kernel, which reads along the kept, contiguous axis;
+   `column_reduction` kernel, which reads along the kept, contiguous axis,
+   unless a row kernel over the same rows computes it on the way;
 4. the remaining elementwise ops form `elementwise` kernels.
 
 `device_assert`s are planned after the rest, so that they never change which ops share a kernel:
@@ -246,6 +247,45 @@ class _Planner:
             producer.output = consumer.output
             self.groups.remove(consumer)
 
+    def merge_column_reductions(self) -> None:
+        """Folds a column reduction of a 2-D value (a sum over its rows, with no epilogue) into a
+        row kernel over the same rows (a norm backward's dx kernel and its weight and bias
+        gradients): the row kernel walks its row blocks persistently and adds each block's rows
+        into column accumulators (`lower_row_reduction`'s riders), so the operands both read come
+        from memory once, where the column kernel read them again. Only where the row fits in one
+        chunk of the row template (the accumulators are a row wide), the column kernel's inputs
+        come from kernels that run before the row kernel, and its result is read after it. Of
+        several row kernels, the one sharing the most inputs, then the last."""
+        for column in [grp for grp in self.groups if grp.kind == "column_reduction"]:
+            reduce = self.producer(column.output)
+            if not isinstance(reduce, g.ReduceOp) or reduce.axis.data != 0 or g.tensor_type(reduce.input).rank != 2:
+                continue
+            sizes = self._sizes(reduce.input)
+            if sizes[1] > s.KINDS["row_reduction"][0]["block_n"]:
+                continue
+            hosts = [grp for grp in self.groups if self._hosts_column(grp, column, sizes)]
+            if not hosts:
+                continue
+            reads = {v for op in column.ops for v in op.operands}
+            host = max(hosts, key=lambda grp: (len(reads & {v for op in grp.ops for v in op.operands}),
+                                               self.position(grp)))
+            self.claim(host, column.ops)
+            host.extra = [*host.extra, column.output]
+            self.groups.remove(column)
+
+    def _hosts_column(self, group: Group, column: Group, sizes: list[int]) -> bool:
+        """Whether row kernel `group` (over the last axis of a value of `sizes`) can compute
+        `column`'s reduction on the way (`merge_column_reductions`)."""
+        if group.kind != "row_reduction" or group.output is None:
+            return False
+        anchors = [op for op in group.ops if isinstance(op, ROW_REDUCTIONS)
+                   and not (isinstance(op, g.ReduceOp) and op.axis.data != g.tensor_type(op.input).rank - 1)]
+        if len(anchors) != 1 or self._sizes(anchors[0].operands[0]) != sizes:
+            return False
+        at = self.position(group)
+        made_before = all(self.position(self.group_of[self.producer(v)]) < at for v in self.inputs_of(column))
+        return made_before and all(self.order.get(u.operation, len(self.order)) > at for u in column.output.uses)
+
     def _row_reduced(self, v: SSAValue) -> bool:
         """Whether `v` is the output of a row_reduction kernel of a reduce over the last axis,
         keeping it (a row statistic), with nothing after the reduce in that kernel."""
@@ -470,6 +510,7 @@ class _Planner:
                 self.pull_producers(group, op.operands)
         self.merge_epilogues()
         self.merge_row_broadcasts()
+        self.merge_column_reductions()
         self._place_asserts()
         self._copies_for_unproduced_results()
         return sorted(self.groups, key=self.position)
@@ -682,6 +723,9 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params["split_kv"] = _split_kv(group, planner, params, features)
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
+    if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
+        per_sm = max(1, COLUMN_BLOCKS_PER_SM * 4 // params["num_warps"])   # persistently, in these many blocks
+        params["programs"] = pinned.get("programs", [planner.sm_count * per_sm])[0]
     return block, inputs, params, space
 
 
@@ -733,12 +777,19 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     return max(1, min(slots // programs, -(-dims[-1] // keys) // MIN_SPLIT_KEY_BLOCKS))
 
 
-#: blocks per SM a split column reduction aims for (a block holds 64 fp32 accumulators a thread,
-#: so several share an SM and one's loads cover another's latency), and the fewest steps of
+#: blocks of 4 warps per SM a split column reduction (or a row kernel carrying column reductions)
+#: aims for (a block holds 64 fp32 accumulators a thread, so several share an SM and one's loads
+#: cover another's latency), and the fewest steps of
 #: block_m rows each split keeps: fewer, and the partial results' traffic and the second kernel
 #: cost more than the split gains
 COLUMN_BLOCKS_PER_SM = 4
 MIN_SPLIT_ROW_STEPS = 8
+
+
+def _column_riders(group: Group, planner: _Planner) -> list:
+    """The column reductions `merge_column_reductions` put in a row kernel."""
+    return [op for v in group.extra if isinstance(op := planner.producer(v), g.ReduceOp)
+            and op.axis.data == 0 and g.tensor_type(op.input).rank == 2]
 
 
 def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
@@ -771,6 +822,8 @@ def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
 def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     """What of a group's problem its default tiling depends on."""
     matmuls = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
+    if group.kind == "row_reduction" and (riders := _column_riders(group, planner)):
+        return {"column_riders": len(riders), "row_elements": planner._sizes(riders[0].input)[1]}
     if not matmuls:
         return {}
     lhs = g.tensor_type(matmuls[0].lhs)

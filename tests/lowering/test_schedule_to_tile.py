@@ -366,3 +366,68 @@ def test_column_mean_max_min_over_a_middle_axis(split_rows):
     np.testing.assert_array_equal(hi, x.max(1))
     np.testing.assert_array_equal(lo, x.min(1).astype(np.float16))
     assert lo.dtype == np.float16 and mean.shape == (3, 1, 130)
+
+
+# --- norm backwards: saved statistics, row statistics broadcast over their rows, column riders ------
+
+def _rms_norm(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+
+def _layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    return tsr.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+def norm_kernels(fn) -> list[list[str]]:
+    """The kernels of each compile of fn's vjp (after a call)."""
+    return [c.kernel_names for d in fn._vjp_derivatives.values() for c in d._cache.values()]
+
+
+def float64_norm_vjp(x, params, dy, layer: bool):
+    import torch
+    leaves = [torch.tensor(a, dtype=torch.float64, requires_grad=True) for a in (x, *params)]
+    n = x.shape[-1]
+    out = (torch.nn.functional.layer_norm(leaves[0], (n,), leaves[1], leaves[2], 1e-5) if layer
+           else torch.nn.functional.rms_norm(leaves[0], (n,), leaves[1], 1e-6))
+    return [g.numpy() for g in torch.autograd.grad(out, leaves, torch.tensor(dy, dtype=torch.float64))]
+
+
+def test_a_norm_backward_is_one_row_kernel_and_a_combine_per_parameter():
+    """The forward saves rstd (and mean) from the norm's own kernel; the backward's dx kernel takes
+    the row statistic's broadcast epilogue and carries the weight's (and bias's) column sums."""
+    from tessera.autodiff.api import saving
+    rms = tsr.function(_rms_norm)
+    ln = tsr.function(_layer_norm)
+    x, w, b = np.ones((64, 256), np.float32), np.ones(256, np.float32), np.zeros(256, np.float32)
+    for fn, params, saved in ((rms, [w], 1), (ln, [w, b], 2)):
+        forward = saving(fn).compile(fn.arg_specs_for(dict(M=64, N=256), "fp32"), arch="sm_90a")
+        assert len(forward.kernel_names) == 1 and len(forward.result_names) == 1 + saved
+        _, f_vjp = tsr.vjp(fn, x, *params)
+        f_vjp(x)
+    assert norm_kernels(rms) == [["_rms_norm_vjp_row_reduction_0", "_rms_norm_vjp_row_reduction_0_combine0"]]
+    # (a layer_norm's mean(dy * w) is a row kernel of its own: two row reductions are not merged yet)
+    assert norm_kernels(ln) == [["_layer_norm_vjp_row_reduction_0", "_layer_norm_vjp_row_reduction_1",
+                                 "_layer_norm_vjp_row_reduction_1_combine0", "_layer_norm_vjp_row_reduction_1_combine1"]]
+
+
+@pytest.mark.parametrize("layer", [False, True], ids=["rms_norm", "layer_norm"])
+@pytest.mark.parametrize("space", [{}, dict(programs=[1]), dict(programs=[3], block_m=[4]),
+                                   dict(programs=[5], block_n=[64])], ids=["default", "one-block", "3x4rows", "chunks"])
+@pytest.mark.parametrize("m,n", [(1, 1), (5, 3), (97, 1000), (300, 33)])
+def test_norm_backward_matches_float64(layer, space, m, n):
+    """Persistent row walks (1, 3, 5 blocks; 4 rows a block leaving a partial last block; rows in
+    chunks of 64 columns, so each rider has several accumulators) against float64."""
+    fn = tsr.function(_layer_norm if layer else _rms_norm, space=space or None)
+    rng = np.random.default_rng(m * n)
+    x, dy = rng.standard_normal((m, n)).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+    params = [(1 + 0.1 * rng.standard_normal(n)).astype(np.float32)]
+    if layer:
+        params.append(rng.standard_normal(n).astype(np.float32))
+    _, f_vjp = tsr.vjp(fn, x, *params)
+    wants = float64_norm_vjp(x, params, dy, layer)
+    centered = x - x.mean(-1, keepdims=True) if layer else x
+    # the terms of dx are of dy * w * rstd, those of dw and db of dy (at n = 1 dx cancels to almost 0
+    # and a layer_norm's dw is 0)
+    terms = [np.abs(dy * params[0]).max() / max(np.sqrt((centered ** 2).mean(-1) + 1e-5).min(), 1e-30)]
+    for got, want, scale in zip(f_vjp(dy), wants, terms + [np.abs(dy).max()] * 2):
+        np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(scale, np.abs(want).max()) * math.sqrt(m))

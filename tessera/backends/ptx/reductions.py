@@ -23,13 +23,12 @@ def _reduce(e: KernelEmitter, op: t.ReduceOp):
     src, axis = e.layouts[op.x], op.axis.value.data
     if axis == 0 and not isinstance(src, Blocked):
         raise UnsupportedByBackend("PTX backend: reducing the rows of an accumulator tile is not supported yet")
-    if src.over_covers(axis):   # replicated elements would be counted twice
-        raise UnsupportedByBackend(f"PTX backend: a {list(src.shape)} tile's layout covers its axis {axis} "
-                                   f"more than once; reduce a longer axis or use fewer warps")
     ty = ptx_type(op.x.type)
     combine = _COMBINE[(op.kind.data, ty.op if ty is F32 else "s32")]
     out = e.layouts[op.result]
     regs = e.env[op.x]
+    if src.over_covers(axis):
+        regs = _outside_as_neutral(e, src, axis, regs, ty, _NEUTRAL[(op.kind.data, ty.op if ty is F32 else "s32")])
     partial: list[str | None] = [None] * len(out.offsets)
     for i, slot in enumerate(out.parent_register):
         if partial[slot] is None:
@@ -49,6 +48,28 @@ def _reduce(e: KernelEmitter, op: t.ReduceOp):
             raise UnsupportedByBackend("PTX backend: reducing accumulator rows across warps is not supported yet")
         partial = _reduce_across_warps(e, op, src, out, partial, ty, combine)
     e.env[op.result] = partial
+
+
+#: what an element outside the tile contributes to a reduction
+_NEUTRAL = {("sum", "f32"): "0f00000000", ("max", "f32"): "0fFF800000", ("min", "f32"): "0f7F800000",
+            ("sum", "s32"): "0", ("max", "s32"): "-2147483648", ("min", "s32"): "2147483647"}
+
+
+def _outside_as_neutral(e: KernelEmitter, src: Blocked, axis: int, regs: list[str], ty, neutral: str) -> list[str]:
+    """`regs` with the elements a thread holds past the tile along `axis` (where the layout covers
+    more than the tile: a [1, 64] tile on a warp of 4 x 8 lanes) replaced by the reduction's
+    neutral value, so that the exchanges along `axis` count each element of the tile once."""
+    base, extent = e.base(src.base_keys[axis]), src.shape[axis]
+    out, inside = [], {}
+    for r, off in zip(regs, src.offsets):
+        if off[axis] not in inside:
+            p = e.new(PRED)
+            e.emit(f"setp.lt.s32 {p}, {base}, {extent - off[axis]};")
+            inside[off[axis]] = p
+        q = e.new(ty)
+        e.emit(f"selp.{'f32' if ty is F32 else 's32'} {q}, {r}, {neutral}, {inside[off[axis]]};")
+        out.append(q)
+    return out
 
 
 def _reduce_across_warps(e: KernelEmitter, op: t.ReduceOp, src: Blocked, out: Slice, partial, ty, combine):
