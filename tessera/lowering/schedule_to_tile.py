@@ -268,7 +268,8 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     [programs, N]; a kernel after it per rider combines them in order."""
     candidates = kb.op((g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)) or kb.op(g.NormStatisticOp)
     riders = [op for op in candidates if _rides_rows(kb, op)] if len(candidates) > 1 else []
-    (anchor,) = [op for op in candidates if op not in riders]
+    # siblings: reductions over the same rows that fusion's merge_row_broadcasts put beside the anchor
+    *siblings, anchor = [op for op in candidates if op not in riders]
     x = anchor.operands[0]
     x_t = g.tensor_type(x)
     axis = anchor.axis.data if isinstance(anchor, (g.SoftmaxOp, g.ReduceOp)) else x_t.rank - 1
@@ -320,17 +321,18 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
 
         zero = kb.b.index(0)
 
-        def masked_x(c0, fill: float):
-            """The row chunk in f32 (reductions accumulate in f32, bool and int inputs too), tail masked."""
-            value = convert(kb.b, kb.em.value(x, axes, chunk_ctx(c0)), f32)
+        def masked_x(c0, fill: float, source: SSAValue = x):
+            """The row chunk of x (or `source`) in f32 (reductions accumulate in f32, bool and int
+            inputs too), tail masked."""
+            value = convert(kb.b, kb.em.value(source, axes, chunk_ctx(c0)), f32)
             mask = _col_mask(kb, c0, bn, n, shape)
             return select(kb.b, mask, value, kb.b.full(fill, shape))
 
-        def accumulate(kind: str, fill: float, f=lambda v, c0: v):
-            """One pass over the row: reduce f(x) with `kind`."""
+        def accumulate(kind: str, fill: float, f=lambda v, c0: v, source: SSAValue = x):
+            """One pass over the row: reduce f(x) (of `source`) with `kind`."""
             def body(iv, acc):
                 c0 = kb.mul(iv, bn) if chunks > 1 else iv
-                v = masked_x(c0, fill)
+                v = masked_x(c0, fill, source)
                 part = kb.b(t.ReduceOp(f(v, c0), TILE_REDUCE[kind], 1))
                 return [kb.b(COMBINE[kind](acc, part))]
             (acc,) = over_chunks([kb.b.full(NEUTRAL[kind], [bm])], body)
@@ -399,7 +401,12 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             if kind == "mean":
                 acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
             if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced (fusion's
-                write(lambda v, c0, ctx: rows_of(acc), reads_x=False)   # merge_row_broadcasts)
+                for sibling in siblings:                        # merge_row_broadcasts)
+                    total = accumulate(sibling.kind.data, NEUTRAL[sibling.kind.data], source=sibling.input)
+                    if sibling.kind.data == "mean":
+                        total = kb.b(arith.MulfOp(total, kb.b.splat(inv_n, [bm])))
+                    kb.em.overrides[sibling.res] = rows_of(total)
+                write(lambda v, c0, ctx: rows_of(acc), reads_x=False)
                 return column_parts(chunk_ctx, zero)
             out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
             if not anchor.keepdim.data:

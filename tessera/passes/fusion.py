@@ -59,6 +59,8 @@ def is_unit_reshape(op: g.ReshapeOp, bindings: dict[str, int]) -> bool:
 WINDOWS = (g.SliceOp, g.ConcatOp)
 ELEMENTWISE = (g.ElementwiseOp, g.CastOp, *WINDOWS)
 ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp, g.NormStatisticOp)
+#: reductions a row kernel computes beside its own over the same rows (`merge_row_broadcasts`)
+SIBLING_KINDS = ("sum", "mean", "max", "min")
 #: reductions the column template computes (a log-sum-exp over a leading axis takes the row template)
 COLUMN_KINDS = ("sum", "mean", "max", "min")
 
@@ -231,8 +233,10 @@ class _Planner:
         a norm's backward), into the reduction's kernel: the template reduces each block of rows,
         then computes the group's ops over the same rows, whose inputs it has just read (a row that
         fits in registers is read once), where two kernels read every input twice. Of several such
-        reductions read only by the group, the last made; the group's other computed inputs are
-        read from memory, as they were."""
+        reductions read only by the group (a layer_norm backward's mean(dy * w) and mean(dy * w *
+        x_hat)), the last made takes the group and the others with it (siblings: the template
+        reduces each over the same rows); the group's other computed inputs are read from memory,
+        as they were."""
         for consumer in [grp for grp in self.groups if grp.kind == "elementwise" and grp.output is not None]:
             if any(isinstance(o, WINDOWS) for o in consumer.ops):
                 continue
@@ -243,6 +247,11 @@ class _Planner:
             if not reductions:
                 continue
             producer = self.group_of[self.producer(max(reductions, key=lambda v: self.order[self.producer(v)]))]
+            for v in reductions:   # the others: siblings the template reduces over the same rows
+                sibling = self.group_of[self.producer(v)]
+                if sibling is not producer and self.producer(v).kind.data in SIBLING_KINDS:
+                    self.claim(producer, sibling.ops)
+                    self.groups.remove(sibling)
             self.claim(producer, consumer.ops)
             producer.output = consumer.output
             self.groups.remove(consumer)
@@ -280,7 +289,7 @@ class _Planner:
             return False
         anchors = [op for op in group.ops if isinstance(op, ROW_REDUCTIONS)
                    and not (isinstance(op, g.ReduceOp) and op.axis.data != g.tensor_type(op.input).rank - 1)]
-        if len(anchors) != 1 or self._sizes(anchors[0].operands[0]) != sizes:
+        if not anchors or any(self._sizes(op.operands[0]) != sizes for op in anchors):
             return False
         at = self.position(group)
         made_before = all(self.position(self.group_of[self.producer(v)]) < at for v in self.inputs_of(column))
@@ -724,8 +733,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
-        per_sm = max(1, COLUMN_BLOCKS_PER_SM * 4 // params["num_warps"])   # persistently, in these many blocks
-        params["programs"] = pinned.get("programs", [planner.sm_count * per_sm])[0]
+        params["programs"] = pinned.get("programs", [planner.sm_count * ROW_WALK_BLOCKS_PER_SM])[0]
     return block, inputs, params, space
 
 
@@ -777,13 +785,19 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     return max(1, min(slots // programs, -(-dims[-1] // keys) // MIN_SPLIT_KEY_BLOCKS))
 
 
-#: blocks of 4 warps per SM a split column reduction (or a row kernel carrying column reductions)
-#: aims for (a block holds 64 fp32 accumulators a thread, so several share an SM and one's loads
-#: cover another's latency), and the fewest steps of
+#: blocks of 4 warps per SM a split column reduction aims for (a block holds 64 fp32 accumulators
+#: a thread, so several share an SM and one's loads cover another's latency), and the fewest steps of
 #: block_m rows each split keeps: fewer, and the partial results' traffic and the second kernel
 #: cost more than the split gains
 COLUMN_BLOCKS_PER_SM = 4
 MIN_SPLIT_ROW_STEPS = 8
+
+
+#: blocks per SM of a row kernel carrying column reductions, which walk the row blocks (each writes
+#: a row of partial results for the combining kernels). H100 bf16 norm backwards, 4 vs 2 a SM: RMSNorm
+#: 16384 x 8192 323 -> 310 us, 32768 x 4096 341 -> 321; LayerNorm 65536 x 1024 207 -> 182 (RMSNorm
+#: there 158 -> 166); bench/RESULTS.md session 16
+ROW_WALK_BLOCKS_PER_SM = 2
 
 
 def _column_riders(group: Group, planner: _Planner) -> list:

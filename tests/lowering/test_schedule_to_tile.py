@@ -405,9 +405,28 @@ def test_a_norm_backward_is_one_row_kernel_and_a_combine_per_parameter():
         _, f_vjp = tsr.vjp(fn, x, *params)
         f_vjp(x)
     assert norm_kernels(rms) == [["_rms_norm_vjp_row_reduction_0", "_rms_norm_vjp_row_reduction_0_combine0"]]
-    # (a layer_norm's mean(dy * w) is a row kernel of its own: two row reductions are not merged yet)
-    assert norm_kernels(ln) == [["_layer_norm_vjp_row_reduction_0", "_layer_norm_vjp_row_reduction_1",
-                                 "_layer_norm_vjp_row_reduction_1_combine0", "_layer_norm_vjp_row_reduction_1_combine1"]]
+    # (a layer_norm's two row reductions, mean(dy * w) and mean(dy * w * x_hat), share the kernel)
+    assert norm_kernels(ln) == [["_layer_norm_vjp_row_reduction_0", "_layer_norm_vjp_row_reduction_0_combine0",
+                                 "_layer_norm_vjp_row_reduction_0_combine1"]]
+
+
+@tsr.function
+def centered_stats(x: Tensor["M", "N"], y: Tensor["M", "N"]):
+    """Three row statistics of two inputs, read broadcast over their rows by one expression."""
+    return (x - tsr.mean(x, -1, keepdim=True)) * tsr.amax(y, -1, keepdim=True) + y * tsr.sum(x * y, -1, keepdim=True)
+
+
+@pytest.mark.parametrize("space", [{}, dict(block_n=[64], block_m=[4])], ids=["row-in-one-chunk", "chunks"])
+@pytest.mark.parametrize("m,n", [(1, 1), (7, 1000), (300, 33)])
+def test_row_statistics_broadcast_over_their_rows_share_one_kernel(space, m, n):
+    fn = tsr.function(centered_stats.fn, space=space or None)
+    compiled = fn.compile(fn.arg_specs_for(dict(M=m, N=n)), arch="sm_90a")
+    assert compiled.kernel_names == ["centered_stats_row_reduction_0"]
+    rng = np.random.default_rng(n)
+    x, y = rng.standard_normal((m, n)).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
+    x64, y64 = x.astype(np.float64), y.astype(np.float64)
+    want = (x64 - x64.mean(-1, keepdims=True)) * y64.max(-1, keepdims=True) + y64 * (x64 * y64).sum(-1, keepdims=True)
+    np.testing.assert_allclose(compiled.run(x, y)[0], want, rtol=1e-5, atol=1e-5 * math.sqrt(n))
 
 
 @pytest.mark.parametrize("layer", [False, True], ids=["rms_norm", "layer_norm"])
