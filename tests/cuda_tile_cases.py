@@ -1,7 +1,8 @@
 """The CUDA Tile IR backend's cases, shared by the CPU tests (lowering, bytecode, tileiras, the
 NumPy run of the cuda_tile program) and the GPU test: every kernel kind (elementwise chains, row
-reductions, GEMMs with fused epilogues, split-K, flash attention plain/causal/score-modified,
-split-KV decode, the attention backward's kernels) at awkward shapes, fp16 and bf16."""
+reductions, column reductions, GEMMs with fused epilogues, split-K, flash attention
+plain/causal/score-modified, split-KV decode, the norm and attention backwards' kernels) at
+awkward shapes, fp16 and bf16."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -82,6 +83,19 @@ def _vjp(kind: str):
     return Derivative(attention_cases.FUNCTIONS[kind], cotangent_names=[_cotangent()])
 
 
+@tsr.function
+def column_sum(x: Tensor["M", "N"]):
+    return tsr.sum(x, 0)
+
+
+def _norm_vjp(fn):
+    """A norm's backward recomputing its statistics (no saved values: one dtype for every argument),
+    built apart from `tsr.vjp`'s own: a row kernel with the weight's (and bias's) column sums riding
+    it, and the kernels combining their partials."""
+    from tessera.autodiff.api import Derivative
+    return Derivative(fn, cotangent_names=[_cotangent()])
+
+
 def _cotangent() -> str:
     from tessera.autodiff.backward import cotangent_name
     return cotangent_name(0, {"q", "k", "v"})
@@ -107,6 +121,11 @@ def cases() -> list[Case]:
             Case("softcap_causal", attention_cases.FUNCTIONS["softcap_causal"], _qkv(1, 2, 333, 333, 64), dtype),
             Case("alibi", attention_cases.FUNCTIONS["alibi"], _qkv(1, 2, 257, 257, 64), dtype),
             Case("decode", attention_cases.FUNCTIONS["plain"], _qkv(1, 2, 1, 4097, 128), dtype),
+            Case("column_sum", column_sum, {"x": (4097, 300)}, dtype),
+            Case("rms_norm_backward", _norm_vjp(rms_norm), {"x": (300, 1000), "w": (1000,), _cotangent(): (300, 1000)},
+                 dtype),
+            Case("layer_norm_backward", _norm_vjp(layer_norm),
+                 {"x": (97, 256), "w": (256,), "b": (256,), _cotangent(): (97, 256)}, dtype),
             Case("causal_backward", _vjp("causal"), _qkv(1, 2, 300, 300, 64, **{_cotangent(): (1, 2, 300, 64)}),
                  dtype),
         ]
