@@ -46,7 +46,7 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     ),
     "row_reduction": (
         {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1},
-        {"block_m": [1, 4, 16, 64], "block_n": [1024, 2048, 4096, 8192], "num_warps": [4, 8, 16],
+        {"block_m": [1, 4, 16, 64], "block_n": [1024, 2048, 4096, 8192, 16384, 32768], "num_warps": [4, 8, 16],
          "num_stages": [1]},
     ),
     # block_m rows of the reduced axis a step, block_n kept columns a program
@@ -112,6 +112,15 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # bench/RESULTS.md session 14: 8x16x4096x128 219 TFLOP/s with 128 keys, 408 with 64; 16x16x2048x64
     # 265 -> 360 with the hint
     ("flash_attention", lambda f: f.get("tile_compiler"), {"occupancy": 2}),
+    # a norm or a softmax over rows longer than one 8192-element chunk: 16 warps, and the whole row
+    # (a norm) or half of it (a softmax, whose exponentials take registers too) a chunk, so the row
+    # is read from memory once or twice rather than in three passes. H100 (copy 2950 GB/s), 4096 x
+    # 32768, of the copy bandwidth, bf16 and fp16: layer_norm 0.57 -> 0.92-0.97x, rms_norm 0.66 ->
+    # 0.99x, softmax 0.65 -> 0.82x (0.70x with the whole row); bench/RESULTS.md session 16
+    ("row_reduction", lambda f: f.get("norm") and f.get("row_elements", 0) > 8192,
+     {"num_warps": 16, "block_n": 32768}),
+    ("row_reduction", lambda f: f.get("softmax") and f.get("row_elements", 0) > 8192,
+     {"num_warps": 16, "block_n": 16384}),
     # a row kernel carrying two column reductions (a layer_norm backward's weight and bias
     # gradients) over rows of 4096+ elements: 8 warps, as on 4 its accumulators and rows spill
     # (255 registers at 8192); H200 bf16, 16384 x 8192: 462 -> 404 us, 32768 x 4096: 381 -> 353 us

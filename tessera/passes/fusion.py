@@ -836,8 +836,8 @@ def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
 def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     """What of a group's problem its default tiling depends on."""
     matmuls = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
-    if group.kind == "row_reduction" and (riders := _column_riders(group, planner)):
-        return {"column_riders": len(riders), "row_elements": planner._sizes(riders[0].input)[1]}
+    if group.kind == "row_reduction":
+        return _row_features(group, planner)
     if not matmuls:
         return {}
     lhs = g.tensor_type(matmuls[0].lhs)
@@ -851,6 +851,17 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     if group.kind == "flash_chain":
         features.update(_chain_tiles(block, planner.bindings))
     return features
+
+
+def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
+    """A row kernel's `row_elements` (the reduced axis's length), the `column_riders` it carries,
+    and whether it is a norm's or a softmax's (`norm`, `softmax`), which hold one row in registers."""
+    riders = _column_riders(group, planner)
+    anchor = next(op for op in sorted(group.ops, key=planner.order.__getitem__)
+                  if isinstance(op, ROW_REDUCTIONS) and op not in riders)
+    axis = anchor.axis.data if isinstance(anchor, (g.SoftmaxOp, g.ReduceOp)) else -1
+    return {"row_elements": planner._sizes(anchor.operands[0])[axis], "column_riders": len(riders),
+            "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))), "softmax": int(isinstance(anchor, g.SoftmaxOp))}
 
 
 def _chain_tiles(block: Block, bindings) -> dict[str, int]:

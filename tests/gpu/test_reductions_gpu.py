@@ -99,3 +99,28 @@ def test_norm_backward_matches_float64(torch_cuda, dtype, norm, m, n):
     for got, w in zip(grads, want):
         assert got.dtype == dt and got.shape == w.shape
         check(got, w, "bf16" if dtype == "bfloat16" else "fp16", torch)
+
+
+@tsr.function
+def softmax(x: Tensor["M", "N"]):
+    return tsr.softmax(x, dim=-1)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "rms_norm"])
+@pytest.mark.parametrize("m,n", [(1, 8193), (5, 32768), (3, 40000), (7, 65537)])
+def test_long_rows(torch_cuda, dtype, op, m, n):
+    """Rows past one 8192-element chunk take 16 warps and 16384- or 32768-element chunks (a row of
+    40000 or 65537 is still two or more), against float64."""
+    torch = torch_cuda
+    dims = dict(M=m, N=n)
+    if op == "softmax":
+        (x,), (out,) = run(softmax, dims, dtype, torch)
+        ref = torch.softmax(x.double(), -1)
+    elif op == "layer_norm":
+        (x, w, b), (out,) = run(layer_norm, dims, dtype, torch)
+        ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
+    else:
+        (x, w), (out,) = run(rms_norm, dims, dtype, torch)
+        ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
+    check(out, ref, dtype, torch)
