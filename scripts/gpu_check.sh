@@ -87,6 +87,13 @@ python3 bench/decode_attention.py || status=1
 section "Attention backward"
 python3 bench/attention_backward.py || status=1
 
+# Norm backwards (the dx kernel carrying the weight's and bias's column sums) against torch's and the copy bandwidth,
+# and the row kernels forward (softmax, layer_norm, rms_norm) at issue 15's shapes.
+section "Norm backward"
+python3 bench/norm_backward.py || status=1
+section "Row kernels"
+python3 bench/row_kernels.py || status=1
+
 # A Llama-style block over every visible GPU (tensor and sequence parallelism) against torch's DTensor.
 section "Tensor parallelism"
 python3 bench/tensor_parallel.py || status=1

@@ -115,8 +115,9 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # a norm or a softmax over rows longer than one 8192-element chunk: 16 warps, and the whole row
     # (a norm) or half of it (a softmax, whose exponentials take registers too) a chunk, so the row
     # is read from memory once or twice rather than in three passes. H100 (copy 2950 GB/s), 4096 x
-    # 32768, of the copy bandwidth, bf16 and fp16: layer_norm 0.57 -> 0.92-0.97x, rms_norm 0.66 ->
-    # 0.99x, softmax 0.65 -> 0.82x (0.70x with the whole row); bench/RESULTS.md session 16
+    # 32768, of the copy bandwidth, bf16 and fp16: layer_norm 0.57 -> 0.93-0.96x, rms_norm 0.66 ->
+    # 0.98x, softmax 0.65 -> 0.82-0.84x (0.70x with the whole row); bench/row_kernels.py --sweep,
+    # bench/RESULTS.md session 16
     ("row_reduction", lambda f: f.get("norm") and f.get("row_elements", 0) > 8192,
      {"num_warps": 16, "block_n": 32768}),
     ("row_reduction", lambda f: f.get("softmax") and f.get("row_elements", 0) > 8192,
