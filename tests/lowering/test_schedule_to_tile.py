@@ -450,3 +450,19 @@ def test_norm_backward_matches_float64(layer, space, m, n):
     terms = [np.abs(dy * params[0]).max() / max(np.sqrt((centered ** 2).mean(-1) + 1e-5).min(), 1e-30)]
     for got, want, scale in zip(f_vjp(dy), wants, terms + [np.abs(dy).max()] * 2):
         np.testing.assert_allclose(got, want, rtol=0, atol=2e-5 * max(scale, np.abs(want).max()) * math.sqrt(m))
+
+
+@tsr.function
+def norm_and_column_stats(x: Tensor["M", "N"], w: Tensor["N"]):
+    """A forward whose column sum and max of its input ride the rms_norm's and softmax's row kernels."""
+    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6), tsr.sum(x * w, 0), tsr.softmax(x, -1), tsr.amax(x, 0)
+
+
+@pytest.mark.parametrize("m,n", [(1, 5), (97, 300)])
+def test_column_reductions_ride_a_norm_and_a_softmax(m, n):
+    compiled = norm_and_column_stats.compile(norm_and_column_stats.arg_specs_for(dict(M=m, N=n)), arch="sm_90a")
+    assert not [k for k in compiled.kernel_names if "column_reduction" in k]
+    rng = np.random.default_rng(m)
+    x, w = rng.standard_normal((m, n)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    for got, want in zip(compiled.run(x, w), compiled.reference(x, w)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * math.sqrt(m))
