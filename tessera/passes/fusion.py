@@ -612,13 +612,17 @@ class _Planner:
         """Materializes what no kernel writes: results that are arguments or cheap views of
         something, and inputs of host views that are not contiguous buffers (transposes).
         A returned host view of a kernel's output needs no copy: the host lets that kernel
-        write through a view of the output buffer."""
+        write through a view of the output buffer. Only one result can be that buffer: a second
+        returned view of the same output (or of a returned output) is a copy."""
         ret = self.f.body.block.last_op
         for view in self.views:
             self._materialize(view.input)
+        written_through = set(ret.operands)
         for v in ret.operands:
             producer = self.producer(v)
-            if producer in self.views and self._written_by_kernel(producer.input):
+            if producer in self.views and self._written_by_kernel(producer.input) \
+                    and producer.input not in written_through:
+                written_through.add(producer.input)
                 continue
             self._materialize(v)
 

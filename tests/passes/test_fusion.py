@@ -342,8 +342,28 @@ def unsqueezed_gemm(x: Tensor["M", "K"], w: Tensor["K", "N"]):
     return (x @ w)[None]
 
 
+@tsr.function
+def two_views_of_a_sum(x: Tensor["M", "N"]):
+    """Two returned views of one kernel's output: the kernel writes through one, the other is a copy."""
+    s = tsr.sum(x, 0, keepdim=True)
+    return s.reshape(x.shape[-1]), s.reshape(1, 1, x.shape[-1])
+
+
+@tsr.function
+def two_flat_views(x: Tensor["M", "N"]):
+    s = x * 2.0
+    return s.reshape(x.shape[0] * x.shape[1]), s.reshape(1, x.shape[0] * x.shape[1])
+
+
+@tsr.function
+def a_view_and_its_source(x: Tensor["M", "N"]):
+    s = tsr.sum(x, 0, keepdim=True)
+    return s.reshape(x.shape[-1]), s
+
+
 @pytest.mark.parametrize("fn", [view_of_argument, argument_itself, view_of_gemm, view_of_softmax,
-                                view_of_elementwise, unsqueezed_gemm], ids=lambda f: f.name)
+                                view_of_elementwise, unsqueezed_gemm, two_views_of_a_sum, two_flat_views,
+                                a_view_and_its_source], ids=lambda f: f.name)
 def test_results_that_are_views_are_written(fn, random_inputs, assert_matches_reference):
     """A returned view (of an argument or of a computed value) still needs a kernel that writes it."""
     compile_and_check(fn, {"M": 9, "K": 20, "N": 33}, "fp32", random_inputs, assert_matches_reference)
