@@ -334,7 +334,7 @@ class _Propagation:
             return self._broadcast(op, st, [g.tensor_type(v).shape for v in op.operands])
         if isinstance(op, g.ReduceOp):
             return self._reduce(op, st[0])
-        if isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp)):
+        if isinstance(op, (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.NormStatisticOp)):
             self._no_partials(st)
             x = g.tensor_type(op.operands[0])
             axis = op.axis.data % x.rank if isinstance(op, g.SoftmaxOp) else x.rank - 1
@@ -597,7 +597,7 @@ def _dims_crossed(op: Operation) -> set:
         return {shape[0][op.axis.data]}
     if isinstance(op, g.SoftmaxOp):
         return {shape[0][op.axis.data]}
-    if isinstance(op, (g.LayerNormOp, g.RmsNormOp)):
+    if isinstance(op, (g.LayerNormOp, g.RmsNormOp, g.NormStatisticOp)):
         return {shape[0][-1]}
     if isinstance(op, g.ArangeOp):
         return set(g.tensor_type(op.res).shape)

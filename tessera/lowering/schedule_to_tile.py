@@ -266,10 +266,12 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     `programs` blocks walks row blocks pid, pid + programs, ..., adds each block's rows of every
     rider's operand into a register accumulator per column, and writes its partial results, fp32
     [programs, N]; a kernel after it per rider combines them in order."""
-    candidates = kb.op((g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp)) or kb.op(g.NormStatisticOp)
+    candidates = kb.op((g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp, g.NormStatisticOp))
     riders = [op for op in candidates if _rides_rows(kb, op)] if len(candidates) > 1 else []
-    # siblings: reductions over the same rows that fusion's merge_row_broadcasts put beside the anchor
-    *siblings, anchor = [op for op in candidates if op not in riders]
+    rows_ops = [op for op in candidates if op not in riders]
+    # the anchor: the norm a kernel's statistics come from, else the last (siblings: reductions over
+    # the same rows that fusion's merge_row_broadcasts put beside it), else a statistic of its own
+    *siblings, anchor = [op for op in rows_ops if not isinstance(op, g.NormStatisticOp)] or rows_ops[:1]
     x = anchor.operands[0]
     x_t = g.tensor_type(x)
     axis = anchor.axis.data if isinstance(anchor, (g.SoftmaxOp, g.ReduceOp)) else x_t.rank - 1
@@ -468,10 +470,6 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
 
 # --- column reductions ---------------------------------------------------------------------------
 
-#: elements of a column-reduction tile per warp, at least: the widest vector (16 one-byte elements)
-#: times a warp's 32 lanes, so that no layout covers the reduced rows twice (which the PTX backend
-#: refuses: a sum would count them twice)
-COLUMN_TILE_PER_WARP = 16 * 32
 
 def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     """A reduction over a leading axis (fusion's `is_column_reduction`), tiled with the kept last axis across
@@ -490,10 +488,7 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     sizes = [kb.size(d) for d in x_t.shape]
     red, col, n_red, n_col = axes[axis], axes[-1], sizes[axis], sizes[-1]
     batch = [(axes[i], sizes[i]) for i in range(x_t.rank - 1) if i != axis]
-    bn = min(kb.params["block_n"], pow2_at_least(n_col, 1))
-    bm = min(kb.params["block_m"], pow2_at_least(n_red, 1))
-    warps = min(kb.params["num_warps"], 1 << (max(1, bm * bn // COLUMN_TILE_PER_WARP).bit_length() - 1))
-    bm = max(bm, COLUMN_TILE_PER_WARP * warps // bn)
+    bm, bn, warps = s.column_tile(kb.params, n_red, n_col)
     chunks = cdiv(n_red, bm)
     splits, per_split = s.split_k_splits(chunks, kb.params.get("split_rows", 1))
     out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
@@ -557,8 +552,8 @@ def _combine_partials(kb: KernelBuild, partials: SSAValue, splits: int, kind: st
     not depend on timing), then `finish` (a mean's scale, the epilogue, the store)."""
     width = min(COMBINE_TILE[1], pow2_at_least(n_col, 1))
     rows = min(COMBINE_TILE[0], pow2_at_least(splits, 1))
-    warps = kb.limit_warps(max(1, rows * width // COLUMN_TILE_PER_WARP))
-    rows = max(rows, COLUMN_TILE_PER_WARP * warps // width)
+    warps = kb.limit_warps(max(1, rows * width // s.COLUMN_TILE_PER_WARP))
+    rows = max(rows, s.COLUMN_TILE_PER_WARP * warps // width)
     shape = [rows, width]
     scalars = kb.batch_indices(kb.pid(1), batch)
     c0 = kb.mul(kb.pid(0), width)

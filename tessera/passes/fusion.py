@@ -59,16 +59,15 @@ def is_unit_reshape(op: g.ReshapeOp, bindings: dict[str, int]) -> bool:
 WINDOWS = (g.SliceOp, g.ConcatOp)
 ELEMENTWISE = (g.ElementwiseOp, g.CastOp, *WINDOWS)
 ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp, g.NormStatisticOp)
-#: reductions a row kernel computes beside its own over the same rows (`merge_row_broadcasts`)
-SIBLING_KINDS = ("sum", "mean", "max", "min")
-#: reductions the column template computes (a log-sum-exp over a leading axis takes the row template)
-COLUMN_KINDS = ("sum", "mean", "max", "min")
+#: reductions a tile accumulates elementwise: those the column template computes (a log-sum-exp over
+#: a leading axis takes the row template) and a row kernel computes beside its own (siblings)
+ACCUMULATED_KINDS = ("sum", "mean", "max", "min")
 
 
 def is_column_reduction(op) -> bool:
     """A sum/mean/max/min over an axis before the last (a norm's weight gradient sums over the
     rows): the `column_reduction` template reads it along the kept last axis, contiguous in memory."""
-    if not isinstance(op, g.ReduceOp) or op.kind.data not in COLUMN_KINDS:
+    if not isinstance(op, g.ReduceOp) or op.kind.data not in ACCUMULATED_KINDS:
         return False
     rank = g.tensor_type(op.input).rank
     return rank >= 2 and op.axis.data < rank - 1
@@ -249,7 +248,7 @@ class _Planner:
             producer = self.group_of[self.producer(max(reductions, key=lambda v: self.order[self.producer(v)]))]
             for v in reductions:   # the others: siblings the template reduces over the same rows
                 sibling = self.group_of[self.producer(v)]
-                if sibling is not producer and self.producer(v).kind.data in SIBLING_KINDS:
+                if sibling is not producer and self.producer(v).kind.data in ACCUMULATED_KINDS:
                     self.claim(producer, sibling.ops)
                     self.groups.remove(sibling)
             self.claim(producer, consumer.ops)
@@ -287,9 +286,10 @@ class _Planner:
         `column`'s reduction on the way (`merge_column_reductions`)."""
         if group.kind != "row_reduction" or group.output is None:
             return False
-        anchors = [op for op in group.ops if isinstance(op, ROW_REDUCTIONS)
-                   and not (isinstance(op, g.ReduceOp) and op.axis.data != g.tensor_type(op.input).rank - 1)]
-        if not anchors or any(self._sizes(op.operands[0]) != sizes for op in anchors):
+        anchors = [op for op in group.ops if isinstance(op, ROW_REDUCTIONS) and op not in _column_riders(group, self)]
+        if not anchors or any(not _over_last_axis(op) or self._sizes(op.operands[0]) != sizes for op in anchors):
+            return False
+        if len(_column_riders(group, self)) >= MAX_COLUMN_RIDERS:
             return False
         at = self.position(group)
         made_before = all(self.position(self.group_of[self.producer(v)]) < at for v in self.inputs_of(column))
@@ -335,13 +335,13 @@ class _Planner:
         centering) that its kernel writes as further outputs from the mean and rstd it computes:
         what a norm's forward saves for its backward. Only those every reader of which runs
         after the norm (where the kernel runs)."""
-        found = []
-        for user in self.users(norm.x):
-            if isinstance(user, g.NormStatisticOp) and self.free(user) \
-                    and user.eps.value.data == norm.eps.value.data \
-                    and bool(user.centered.data) == isinstance(norm, g.LayerNormOp) \
-                    and all(self.order.get(u.operation, len(self.order)) > self.order[norm] for u in user.res.uses):
-                found.append(user.res)
+        found, x = [], _structure(norm.x)
+        for op in self.f.body.block.ops:   # (each reads its own copy of a prologue: recompute.py)
+            if isinstance(op, g.NormStatisticOp) and self.free(op) and _structure(op.input) == x \
+                    and op.eps.value.data == norm.eps.value.data \
+                    and bool(op.centered.data) == isinstance(norm, g.LayerNormOp) \
+                    and all(self.order.get(u.operation, len(self.order)) > self.order[norm] for u in op.res.uses):
+                found.append(op.res)
         return found
 
     def _logsumexp_of_scores(self, sm: g.SoftmaxOp, m2: g.MatmulOp) -> list[Operation]:
@@ -512,7 +512,7 @@ class _Planner:
                 if isinstance(op, (g.LayerNormOp, g.RmsNormOp)):
                     group.extra = self._statistics_of(op)
                     self.claim(group, [self.producer(v) for v in group.extra])
-                self.pull_producers(group, op.operands)
+                self.pull_producers(group, [x for o in (op, *(self.producer(v) for v in group.extra)) for x in o.operands])
         for op in reversed(ops):
             if isinstance(op, ELEMENTWISE) and self.free(op):
                 group = self.new_group("elementwise", [op], op.results[0])
@@ -804,6 +804,19 @@ MIN_SPLIT_ROW_STEPS = 8
 ROW_WALK_BLOCKS_PER_SM = 2
 
 
+#: column reductions one row kernel carries at most: each holds a row-wide accumulator in registers
+#: (a layer_norm backward's two at 8192 columns take 8 warps not to spill)
+MAX_COLUMN_RIDERS = 2
+
+
+def _over_last_axis(op) -> bool:
+    """Whether a row kernel's anchor (a norm, a norm statistic, a softmax or a reduce) works along
+    its input's last axis, which the row template then tiles as its columns."""
+    if isinstance(op, (g.SoftmaxOp, g.ReduceOp)):
+        return op.axis.data == g.tensor_type(op.operands[0]).rank - 1
+    return True
+
+
 def _column_riders(group: Group, planner: _Planner) -> list:
     """The column reductions `merge_column_reductions` put in a row kernel."""
     return [op for v in group.extra if isinstance(op := planner.producer(v), g.ReduceOp)
@@ -817,10 +830,10 @@ def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
     (op,) = (op for op in group.ops if isinstance(op, g.ReduceOp))
     sizes = [g.dim_value(d, planner.bindings) for d in g.tensor_type(op.input).shape]
     axis = op.axis.data
-    programs = math.prod(sz for i, sz in enumerate(sizes[:-1]) if i != axis) \
-        * -(-sizes[-1] // s.fit_block(params["block_n"], sizes[-1]))
+    rows, cols, _ = s.column_tile(params, sizes[axis], sizes[-1])   # the template's tile
+    programs = math.prod(sz for i, sz in enumerate(sizes[:-1]) if i != axis) * -(-sizes[-1] // cols)
     wanted = -(-planner.sm_count * COLUMN_BLOCKS_PER_SM // programs)
-    steps = -(-sizes[axis] // s.fit_block(params["block_m"], sizes[axis]))
+    steps = -(-sizes[axis] // rows)
     return max(1, min(wanted, steps // MIN_SPLIT_ROW_STEPS))
 
 
@@ -859,13 +872,17 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
 
 def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     """A row kernel's `row_elements` (the reduced axis's length), the `column_riders` it carries,
-    and whether it is a norm's or a softmax's (`norm`, `softmax`), which hold one row in registers."""
+    whether it is a norm's or a softmax's (`norm`, `softmax`), which hold one row in registers, and
+    whether a reduction's epilogue is `over_rows` it reduced (a norm backward's dx)."""
     riders = _column_riders(group, planner)
-    anchor = next(op for op in sorted(group.ops, key=planner.order.__getitem__)
-                  if isinstance(op, ROW_REDUCTIONS) and op not in riders)
+    *_, anchor = [op for op in sorted(group.ops, key=planner.order.__getitem__)   # (siblings before it)
+                  if isinstance(op, ROW_REDUCTIONS) and not isinstance(op, g.NormStatisticOp) and op not in riders] \
+        or [op for op in group.ops if isinstance(op, g.NormStatisticOp)]
     axis = anchor.axis.data if isinstance(anchor, (g.SoftmaxOp, g.ReduceOp)) else -1
+    over_rows = isinstance(anchor, g.ReduceOp) and planner._sizes(group.output) == planner._sizes(anchor.operands[0])
     return {"row_elements": planner._sizes(anchor.operands[0])[axis], "column_riders": len(riders),
-            "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))), "softmax": int(isinstance(anchor, g.SoftmaxOp))}
+            "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))), "softmax": int(isinstance(anchor, g.SoftmaxOp)),
+            "over_rows": int(over_rows)}
 
 
 def _chain_tiles(block: Block, bindings) -> dict[str, int]:

@@ -204,7 +204,7 @@ def _shared_prologues(f: func.FuncOp, apply: bool) -> bool:
         # a matmul reads its operands from memory (so does a view, which may feed one): those
         # readers share the original, every other reader gets a copy
         copied = [r for r in readers if isinstance(r, _PROLOGUE_OPS + (g.ReduceOp, g.SoftmaxOp, g.LayerNormOp,
-                                                                          g.RmsNormOp))]
+                                                                          g.RmsNormOp, g.NormStatisticOp))]
         if len(readers) < 2 or not copied:
             continue
         if not apply:

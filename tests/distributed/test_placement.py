@@ -251,3 +251,18 @@ def test_local_names_the_sequence_dim_that_does_not_divide():
     whole = [torch.randn(tuple({**BLOCK, "S": 13}[d] for d in spec.dims)) for spec in llama_block.annotations.values()]
     with pytest.raises(ShapeError, match=r"dim S=13 of argument 'x' does not divide over mesh axis 'tp' of 2 ranks"):
         f.local(*whole)
+
+
+@tsr.function
+def norm_statistics(x: Tensor["N", "C"]):
+    """What a norm's forward saves (its backward reads them): rows, with the normalized dim kept as 1."""
+    from tessera.frontend import ops
+    return ops.norm_statistic(x, "mean", 1e-5, True), ops.norm_statistic(x, "rstd", 1e-5, True)
+
+
+def test_norm_statistics_keep_their_rows_sharding_and_refuse_a_sharded_normalized_dim():
+    mean, rstd = results(norm_statistics, {"N": 8, "C": 16}, {"N": "dp"})
+    assert mean.sharded == rstd.sharded == ((0, "dp"),) and not mean.partial
+    with pytest.raises(ShardingError, match=r"norm_statistic normalizes over the sharded dim C"):
+        results(norm_statistics, {"N": 8, "C": 16}, {"C": "tp"})
+    assert placement.independent_dims(trace(norm_statistics, {"N": 8, "C": 16})) == {"N"}

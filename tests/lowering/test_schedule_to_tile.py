@@ -466,3 +466,42 @@ def test_column_reductions_ride_a_norm_and_a_softmax(m, n):
     x, w = rng.standard_normal((m, n)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
     for got, want in zip(compiled.run(x, w), compiled.reference(x, w)):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5 * math.sqrt(m))
+
+
+@tsr.function
+def softmax_over_columns_and_their_sum(x: Tensor["M", "N"]):
+    """A softmax over axis 0 tiles its columns as rows: a column sum cannot ride it."""
+    return tsr.softmax(x, 0), tsr.sum(x, 0)
+
+
+@tsr.function
+def statistic_and_column_sum(x: Tensor["M", "N"]):
+    from tessera.frontend import ops
+    return ops.norm_statistic(x, "rstd", 1e-5, False), tsr.sum(x, 0)
+
+
+@pytest.mark.parametrize("fn", [softmax_over_columns_and_their_sum, statistic_and_column_sum], ids=lambda f: f.name)
+@pytest.mark.parametrize("m,n", [(5, 3), (37, 20)])
+def test_row_kernels_a_column_sum_may_or_may_not_ride(fn, m, n):
+    compiled = fn.compile(fn.arg_specs_for(dict(M=m, N=n)), arch="sm_90a")
+    x = np.random.default_rng(m).standard_normal((m, n)).astype(np.float32)
+    for got, want in zip(compiled.run(x), compiled.reference(x)):
+        np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
+
+
+def test_a_norm_over_a_computed_input_writes_its_statistics_from_its_one_kernel():
+    """The statistics read their own copy of the norm's prologue (recompute.copy_shared_prologues)
+    and still join the norm's kernel."""
+    from tessera.autodiff.api import saving
+
+    @tsr.function
+    def norm_of_a_sum(x: Tensor["M", "N"], r: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.layer_norm((x + r).to(tsr.fp32), (x.shape[-1],), w, b, 1e-5)
+    forward = saving(norm_of_a_sum).compile(norm_of_a_sum.arg_specs_for(dict(M=9, N=70), "bf16"), arch="sm_90a")
+    assert forward.kernel_names == ["norm_of_a_sum_saving_row_reduction_0"]
+    rng = np.random.default_rng(0)
+    args = [rng.standard_normal(s).astype(np.float32) for s in ((9, 70), (9, 70), (70,), (70,))]
+    import ml_dtypes
+    args = [a.astype(ml_dtypes.bfloat16) for a in args]
+    for got, want in zip(forward.run(*args), forward.reference(*args)):
+        np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-2, atol=2e-2)
