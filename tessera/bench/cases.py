@@ -4,8 +4,9 @@ A `Case` is declared without touching a GPU (its name, suite, unit and work are 
 `tessera bench --list` and `--filter` work anywhere; its `build` makes the CUDA inputs and returns the
 callables to check and time (`Prepared`). Suites:
 
-- rows: layer_norm and softmax over fp16 rows (GB/s of one read and one write), and the host cost of a
-  small call (us/call, wall clock);
+- rows: layer_norm and softmax over fp16 rows (GB/s of one read and one write; rows of 8192 and of
+  32768), an RMSNorm backward (GB/s of the bytes it must move: x and dy read, dx written, the weight
+  and its gradient; checked on dx), and the host cost of a small call (us/call, wall clock);
 - gemm: fp16/bf16 square GEMMs on both code paths ("(native)": what a plain call runs, TMA + wgmma on an
   H100; "(ampere)": mma.sync + cp.async) against cuBLAS, the mma.sync one also against Triton's matmul
   compiled to mma.sync at its fastest tiling;
@@ -54,6 +55,11 @@ def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
 @tsr.function
 def softmax(x: Tensor["M", "N"]):
     return tsr.softmax(x, dim=-1)
+
+
+@tsr.function
+def rms_norm(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
 
 
 @dataclass
@@ -109,6 +115,18 @@ def _row_case(name: str, m: int, n: int) -> Case:
     return Case(f"{name} {m}x{n} fp16", "rows", "GB/s", 2 * m * n * 2, build)
 
 
+def _norm_backward_case(m: int, n: int) -> Case:
+    def build() -> Prepared:
+        import torch
+        x, w, dy = _randn(m, n, dtype="bfloat16"), _randn(n, dtype="bfloat16"), _randn(m, n, dtype="bfloat16")
+        _, f_vjp = tsr.vjp(rms_norm, x, w)
+        leaves = [x.detach().clone().requires_grad_(), w.detach().clone().requires_grad_()]
+        out = torch.nn.functional.rms_norm(leaves[0], (n,), leaves[1], 1e-6)
+        return Prepared(lambda: f_vjp(dy)[0],
+                        {"torch autograd": lambda: torch.autograd.grad(out, leaves, dy, retain_graph=True)[0]})
+    return Case(f"rms_norm backward {m}x{n} bf16", "rows", "GB/s", (3 * m * n + 2 * n) * 2, build)
+
+
 def _overhead_case() -> Case:
     def build() -> Prepared:
         import torch
@@ -120,7 +138,8 @@ def _overhead_case() -> Case:
 
 def rows_cases(quick: bool) -> list[Case]:
     m, n = (4096, 8192) if quick else (16384, 8192)
-    return [_row_case("layer_norm", m, n), _row_case("softmax", m, n), _overhead_case()]
+    return [_row_case("layer_norm", m, n), _row_case("softmax", m, n), _row_case("layer_norm", m // 4, 4 * n),
+            _norm_backward_case(m, n), _overhead_case()]
 
 
 # --- gemm ------------------------------------------------------------------------------------------
