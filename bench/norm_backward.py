@@ -21,19 +21,9 @@ import triton
 sys.path[:0] = [str(Path(__file__).resolve().parents[1])]
 
 import tessera as tsr  # noqa: E402
-from tessera import Tensor  # noqa: E402
+from tessera.bench.cases import layer_norm, rms_norm  # noqa: E402  (eps 1e-5 and 1e-6)
 
 SHAPES = [(16384, 8192), (4096, 32768), (65536, 1024)]
-
-
-@tsr.function
-def rms_norm(x: Tensor["M", "N"], w: Tensor["N"]):
-    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
-
-
-@tsr.function
-def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
-    return tsr.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
 
 
 def ms(fn) -> float:

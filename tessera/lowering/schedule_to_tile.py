@@ -458,16 +458,11 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
     for i, rider in enumerate(riders):
         after = _start(kb.sk, kb.bindings, f"{kb.sk.sym_name.data}_combine{i}", stage_operands=kb.stage_operands)
         scratch = [after.add_scratch(partials_type) for _ in riders]
-        kind, n_red = rider.kind.data, kb.size(g.tensor_type(rider.input).shape[0])
         out_map = (None, axes[1]) if rider.keepdim.data else (axes[1],)
 
-        def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx, rider=rider, kind=kind, n_red=n_red,
-                   out_map=out_map) -> None:
-            if kind == "mean":
-                total = build.b(arith.MulfOp(total, build.b.splat(build.b.f32(1.0 / n_red), ctx.shape)))
-            build.em.overrides[rider.res] = total
-            build.store_result(out_map, ctx, result=rider.res, out=_output_param(build, rider.res))
-        after_grid = _combine_partials(after, scratch[i], programs, kind, [], axes[1], n_col, finish, "p")
+        def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx, rider=rider, out_map=out_map) -> None:
+            _store_column_result(build, rider, total, ctx, out_map, rider.res, _output_param(build, rider.res))
+        after_grid = _combine_partials(after, scratch[i], programs, rider.kind.data, [], axes[1], n_col, finish, "p")
         kb.after.append((_finish(after), after_grid))
     return (programs, 1, 1)
 
@@ -525,10 +520,7 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         return build.b(t.ReduceOp(acc, TILE_REDUCE[kind], 0)), scalars, c0
 
     def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx) -> None:
-        if kind == "mean":
-            total = build.b(arith.MulfOp(total, build.b.splat(build.b.f32(1.0 / n_red), ctx.shape)))
-        build.em.overrides[anchor.results[0]] = total
-        build.store_result(out_map, ctx)
+        _store_column_result(build, anchor, total, ctx, out_map)
 
     grid = (cdiv(n_col, bn), math.prod(sz for _, sz in batch), splits)
     if splits == 1:
@@ -546,6 +538,17 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
 
 #: a combining kernel's tile: rows of partial results a step, columns a block
 COMBINE_TILE = (64, 64)
+
+
+def _store_column_result(build: KernelBuild, reduce, total: SSAValue, ctx: TileCtx, out_map,
+                         result: SSAValue | None = None, out: SSAValue | None = None) -> None:
+    """A column reduction's combined [columns] tile as its result (a mean's sum scaled by the reduced
+    length), then the epilogue and the store of `result` (by default the kernel's) into `out`."""
+    if reduce.kind.data == "mean":
+        n_red = build.size(g.tensor_type(reduce.input).shape[reduce.axis.data])
+        total = build.b(arith.MulfOp(total, build.b.splat(build.b.f32(1.0 / n_red), ctx.shape)))
+    build.em.overrides[reduce.results[0]] = total
+    build.store_result(out_map, ctx, result, out)
 
 
 def _combine_partials(kb: KernelBuild, partials: SSAValue, splits: int, kind: str, batch, col: str, n_col: int,

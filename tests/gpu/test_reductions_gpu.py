@@ -7,6 +7,7 @@ import pytest
 import tessera as tsr
 from tessera import Tensor
 
+from tessera.bench.cases import layer_norm, rms_norm, softmax   # (eps 1e-5 and 1e-6)
 from test_kernels import TOL, check, run
 
 
@@ -65,16 +66,6 @@ def _arch():
     return driver.Device(0).platform().arch
 
 
-@tsr.function
-def rms_norm(x: Tensor["M", "N"], w: Tensor["N"]):
-    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
-
-
-@tsr.function
-def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
-    return tsr.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
-
-
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("m,n", [(1, 64), (7, 1000), (1000, 33), (4097, 128), (3, 4097), (2048, 8192)])
@@ -99,11 +90,6 @@ def test_norm_backward_matches_float64(torch_cuda, dtype, norm, m, n):
     for got, w in zip(grads, want):
         assert got.dtype == dt and got.shape == w.shape
         check(got, w, "bf16" if dtype == "bfloat16" else "fp16", torch)
-
-
-@tsr.function
-def softmax(x: Tensor["M", "N"]):
-    return tsr.softmax(x, dim=-1)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
