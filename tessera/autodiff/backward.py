@@ -137,7 +137,7 @@ class Saved:
 #: ops whose vector-Jacobian products do not read their operands' values: a matmul feeding only
 #: these need not be saved for the backward
 _VALUE_FREE_VJPS = {"graph.add", "graph.sub", "graph.neg", "graph.cast", "graph.reshape", "graph.transpose",
-                    "graph.slice", "graph.concat", "func.return"}
+                    "graph.slice", "graph.concat"}
 
 
 def saved_values(f) -> list[Saved]:
@@ -191,22 +191,34 @@ def _value_read(v, depth: int = 16) -> bool:
         r = u.operation
         if r.name == "func.return":
             continue
-        if r.name not in _VALUE_FREE_VJPS and not (r.name == "graph.reduce" and r.kind.data == "sum"):
+        if r.name not in _VALUE_FREE_VJPS and rule_key(r) != "graph.reduce.sum" and not _scaled_by_constants(r, v):
             return True
         if depth and _value_read(r.results[0], depth - 1):
             return True
     return False
 
 
+def _scaled_by_constants(op, v) -> bool:
+    """Whether `op` multiplies `v` by constants or divides it by them: its rule reads only the
+    constants for v's gradient (and the constants take none), so it does not read `v`."""
+    from ..ir import graph as g
+
+    if op.name not in ("graph.mul", "graph.div") or (op.name == "graph.div" and op.operands[0] is not v):
+        return False
+    return all(isinstance(x.owner, g.ConstantOp) for x in op.operands if x is not v)
+
+
 def _feeds_scores(v, depth: int = 8) -> bool:
-    """Whether `v` reaches a score softmax through elementwise ops (scaling, masks, soft-capping)."""
+    """Whether `v` reaches a score softmax through elementwise ops (scaling, masks, soft-capping) and
+    views, as `is_score_softmax` walks back from it."""
     from ..ir import graph as g
 
     for u in v.uses:
         op = u.operation
         if is_score_softmax(op):
             return True
-        if depth and isinstance(op, (g.ElementwiseOp, g.CastOp)) and _feeds_scores(op.results[0], depth - 1):
+        if depth and isinstance(op, (g.ElementwiseOp, g.CastOp, g.TransposeOp, g.ReshapeOp)) \
+                and _feeds_scores(op.results[0], depth - 1):
             return True
     return False
 

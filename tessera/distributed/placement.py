@@ -346,6 +346,8 @@ class _Propagation:
                                     f"shard another dim (heads, batch) or keep {x.shape[axis]} whole")
             return self._broadcast(op, st, [g.tensor_type(v).shape for v in op.operands])
         if isinstance(op, g.CastOp):
+            if not g.tensor_type(op.res).dtype.is_float:   # truncating or comparing each rank's share
+                self._no_partials(st)                        # is not doing it to the sum
             return st[0]
         if isinstance(op, g.TransposeOp):
             perm = op.permutation

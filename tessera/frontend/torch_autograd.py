@@ -55,6 +55,7 @@ import torch
 
 from ..autodiff.api import Derivative, saving
 from ..errors import ArgumentKindError, TesseraError
+from ..runtime import interop
 
 _is_compiling = torch.compiler.is_dynamo_compiling
 _grad_enabled = torch.is_grad_enabled
@@ -191,7 +192,7 @@ class _TorchOp:
     def _fake(self, *args):
         """Empty tensors of the results' shapes and dtypes, from the trace (no kernels compiled)."""
         first = next(x for x in args if isinstance(x, torch.Tensor))
-        outs = [first.new_empty(shape, dtype=_torch_dtype(dt)) for shape, dt in _output_specs(self.forward, args)]
+        outs = [first.new_empty(shape, dtype=interop.torch_dtype(dt)) for shape, dt in _output_specs(self.forward, args)]
         return tuple(outs) if self.n_results > 1 else outs[0]
 
     def _setup_context(self, ctx, inputs, output) -> None:
@@ -291,12 +292,6 @@ def _output_specs(fn, args: Sequence) -> list[tuple[tuple[int, ...], Any]]:
         _, specs = fn.arg_specs(tensors)
         known[key] = ZeroSizeCall(fn.trace(specs, constants)).results
     return known[key]
-
-
-def _torch_dtype(dt) -> torch.dtype:
-    from ..runtime.interop import torch_dtype
-
-    return torch_dtype(dt)
 
 
 # --- autograd -------------------------------------------------------------------------------------

@@ -373,7 +373,7 @@ def host_like(template, array: np.ndarray):
     dt = dtypes.lookup(array.dtype)
     if dt.name in _TORCH_BITS:
         bits = torch.from_numpy(np.ascontiguousarray(array).view(np.dtype(_TORCH_BITS[dt.name])))
-        return bits.view(getattr(torch, _TORCH_DTYPES[dt.name]))
+        return bits.view(torch_dtype(dt))
     return torch.from_numpy(np.ascontiguousarray(array))
 
 

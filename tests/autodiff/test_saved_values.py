@@ -171,3 +171,23 @@ def test_vjp_of_a_gated_mlp_through_saved_values_matches_float64():
     for got, w in zip(f_vjp(d_out), want):
         assert not np.isnan(got).any()
         assert np.abs(got - w).max() / np.abs(w).max() < 1e-4
+
+
+@tsr.function
+def reshaped_scores(q: tsr.Tensor["B", "H", "S", "D"], k: tsr.Tensor["B", "H", "S", "D"],
+                    v: tsr.Tensor["B", "H", "S", "D"]):
+    """Scores viewed with heads merged into the batch before the softmax: still scores, never saved."""
+    s = tsr.matmul(q, k.transpose(2, 3)).reshape(q.shape[0] * q.shape[1], q.shape[2], q.shape[2]) * 0.25
+    return tsr.matmul(tsr.softmax(s, -1).reshape(q.shape[0], q.shape[1], q.shape[2], q.shape[2]), v)
+
+
+@tsr.function
+def scaled_product(x: tsr.Tensor["N", "C"], w: tsr.Tensor["C", "F"]):
+    return tsr.matmul(x, w) * 0.5
+
+
+def test_no_s_by_s_scores_and_no_product_only_a_constant_scales_are_saved():
+    f = forward_function(reshaped_scores.trace(reshaped_scores.arg_specs_for(dict(B=2, H=4, S=64, D=16), "fp16")))
+    assert [r.kind for r in saved_values(f)] == ["logsumexp"]
+    f = forward_function(scaled_product.trace(scaled_product.arg_specs_for(dict(N=4, C=8, F=16), "fp16")))
+    assert saved_values(f) == []

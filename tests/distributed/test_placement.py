@@ -266,3 +266,16 @@ def test_norm_statistics_keep_their_rows_sharding_and_refuse_a_sharded_normalize
     with pytest.raises(ShardingError, match=r"norm_statistic normalizes over the sharded dim C"):
         results(norm_statistics, {"N": 8, "C": 16}, {"C": "tp"})
     assert placement.independent_dims(trace(norm_statistics, {"N": 8, "C": 16})) == {"N"}
+
+
+@tsr.function
+def truncated_partial_sum(h: Tensor["N", "F"], w: Tensor["F", "C"]):
+    return tsr.matmul(h, w).to(tsr.int32)
+
+
+def test_a_partial_sum_is_all_reduced_before_a_cast_to_an_integer():
+    """Truncating each rank's share is not truncating the sum: the all-reduce comes first."""
+    a = analysis(truncated_partial_sum, {"N": 8, "F": 16, "C": 4}, {"F": "tp"})
+    (cut,) = a.cuts()
+    assert cut.collective.kind == "all_reduce"
+    assert [use[0].name for use, k in a.uses.items() if k is cut] == ["graph.cast"]   # (op, operand) read after it
