@@ -75,6 +75,12 @@ def _own_rows(x, dim: int, group):
 _GRADIENT = {"all_reduce": None, "reduce_scatter": "all_gather", "split": "all_gather", "enter": "all_reduce"}
 
 
+def gradient_kind(kind: str, grad: str = "split") -> str | None:
+    """The collective a `kind` collective's gradient runs (None: the gradient passes as it is); an
+    all-gather's is its cut's `grad` ("split": each rank keeps its own part, or "reduce_scatter")."""
+    return grad if kind == "all_gather" else _GRADIENT[kind]
+
+
 def apply(x, kind: str, dim: int | None, groups: tuple, grad: str = "split"):
     """`run` under torch autograd, its gradient as the module doc's table says."""
     return _autograd()[0].apply(x, kind, dim, groups, grad)
@@ -114,7 +120,7 @@ def _autograd():
 
         @staticmethod
         def backward(ctx, dy):
-            kind = ctx.grad if ctx.kind == "all_gather" else _GRADIENT[ctx.kind]
+            kind = gradient_kind(ctx.kind, ctx.grad)
             dx = dy if kind is None else run(dy.contiguous(), kind, ctx.dim, ctx.groups)
             return dx, None, None, None, None
 

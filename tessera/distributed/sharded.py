@@ -246,9 +246,9 @@ class ShardedFunction:
             if c.kind not in ("enter", "split"):
                 out.append(Transfer("forward", c.kind, source, dtype, c.axes, c.dim))
             if training:
-                grad = {"reduce_scatter": "all_gather", "split": "all_gather", "enter": "all_reduce",
-                        "all_gather": cut.grad if cut.grad == "reduce_scatter" else None}.get(c.kind)
-                if grad:
+                from . import collectives
+                grad = collectives.gradient_kind(c.kind, cut.grad)
+                if grad not in (None, "split"):   # (a split keeps each rank's part: no transfer)
                     out.append(Transfer("backward", grad, result, dtype, c.axes, c.dim))
         return out
 
