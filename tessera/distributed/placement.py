@@ -242,10 +242,7 @@ class _Propagation:
         i, k = need.index, keys[need.index]
         state = self.state_of(k)
         if need.what == "reduce":
-            seq = self._seq_index(k)
-            if self.sequence and state.partial == {self.sequence[1]} and seq is not None and i not in failed_scatter:
-                return self._cut(k, Collective("reduce_scatter", (self.sequence[1],), seq))
-            return self._cut(k, Collective("all_reduce", tuple(sorted(state.partial))))
+            return self._reduction(k, scatter=i not in failed_scatter)
         if need.what == "gather":
             if isinstance(k, Cut) and k.collective.kind == "reduce_scatter" and i not in failed_scatter:
                 failed_scatter.add(i)   # the op needs the whole value: all-reduce instead
@@ -287,6 +284,14 @@ class _Propagation:
             return State(tuple(sorted({*s.sharded, (c.dim, c.axes[0])})), s.partial, c.dim)
         return s   # enter
 
+    def _reduction(self, k: Key, scatter: bool = True) -> Cut:
+        """The cut reducing partial sum `k`: a reduce-scatter along the sequence dim where it is partial
+        over the sequence axis only (and `scatter`), else an all-reduce."""
+        state, seq = self.state_of(k), self._seq_index(k)
+        if scatter and self.sequence and state.partial == {self.sequence[1]} and seq is not None:
+            return self._cut(k, Collective("reduce_scatter", (self.sequence[1],), seq))
+        return self._cut(k, Collective("all_reduce", tuple(sorted(state.partial))))
+
     def _seq_index(self, k: Key) -> int | None:
         """The index of the sequence dim in the value `k` (by name), if sequence parallel."""
         v = k
@@ -302,10 +307,7 @@ class _Propagation:
             self.a.before.append(state)
             seq = self._seq_index(k)
             if state.partial:
-                if self.sequence and state.partial == {self.sequence[1]} and seq is not None:
-                    k = self._cut(k, Collective("reduce_scatter", (self.sequence[1],), seq))
-                else:
-                    k = self._cut(k, Collective("all_reduce", tuple(sorted(state.partial))))
+                k = self._reduction(k)
             elif seq is not None and self.sequence[1] not in state.varying:
                 k = self._cut(k, Collective("split", (self.sequence[1],), seq))
             self.a.results.append(k)
