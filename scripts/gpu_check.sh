@@ -83,6 +83,11 @@ python3 bench/split_k_gemm.py || status=1
 section "Decode attention"
 python3 bench/decode_attention.py || status=1
 
+# Strided inputs ([B, S, H, D] views, slices of wider matrices, a prefix of a KV cache) read in place, against the
+# same kernels on contiguous tensors, copying first, and torch on the same views.
+section "Strided inputs"
+python3 bench/strided_inputs.py || status=1
+
 # Attention backward (flash_chain kernels, no S x S tensor) against SDPA's FlashAttention-2 and cuDNN, and FlexAttention.
 section "Attention backward"
 python3 bench/attention_backward.py || status=1

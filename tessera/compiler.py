@@ -363,14 +363,36 @@ class Compiled:
             raise TesseraError(f"{self.name} takes {n_in} tensors, got {len(inputs)}")
         out_types = host.function_type.inputs.data[n_in:]
         outputs = [poison(tt.get_shape(), _np_dtype(tt)) for tt in out_types]
-        arrays = [np.ascontiguousarray(x) for x in inputs]
+        arrays = [_in_layout(x, tt, name) for x, tt, name in zip(inputs, host.function_type.inputs.data,
+                                                               self.arg_names)]
         self._program.run(host.sym_name.data, *arrays, *outputs)
         return outputs
+
+    @property
+    def copied_args(self) -> dict[str, str]:
+        """Each argument passed strided that the kernels read from a contiguous copy, and why."""
+        from .ir import tile
+        attr = self.host_function().attributes.get(tile.COPIED_ARGS)
+        return {} if attr is None else {name: why.data for name, why in attr.data.items()}
 
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """The Graph IR oracle on the same inputs."""
         from .interpreter.reference import run_graph
         return run_graph(next(iter(self.graph.ops)), inputs)
+
+
+def _in_layout(x: np.ndarray, memref_type, name: str) -> np.ndarray:
+    """`x` as the host function's parameter of `memref_type` takes it: in place where the kernels
+    read its strides (which must be the ones compiled for, as on the GPU), else contiguous."""
+    from .ir import tile
+    from .runtime import interop
+
+    if not tile.is_strided(memref_type):
+        return np.ascontiguousarray(x)
+    if interop.layout_of(x) != tile.element_strides(memref_type):
+        raise interop.LayoutError(f"argument {name!r} has strides {interop.layout_of(x)}, compiled for "
+                                  f"{tile.element_strides(memref_type)}")
+    return x
 
 
 def _np_dtype(memref_type) -> np.dtype:

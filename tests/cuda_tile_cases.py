@@ -2,7 +2,7 @@
 NumPy run of the cuda_tile program) and the GPU test: every kernel kind (elementwise chains, row
 reductions, column reductions, GEMMs with fused epilogues, split-K, flash attention
 plain/causal/score-modified, split-KV decode, the norm and attention backwards' kernels) at
-awkward shapes, fp16 and bf16."""
+awkward shapes, fp16 and bf16; and strided inputs (`Case.strides`: [B, S, H, D] views, slices)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -57,14 +57,15 @@ class Case:
     fn: object
     shapes: dict[str, tuple[int, ...]]    # argument name -> shape
     dtype: str = "fp16"
+    strides: tuple[tuple[str, tuple[int, ...]], ...] = ()   # (argument, element strides) passed strided
 
     @property
     def id(self) -> str:
         return f"{self.name}-{self.dtype}"
 
     def specs(self) -> list[ArgSpec]:
-        dt = getattr(tsr, self.dtype)
-        return [ArgSpec(name, shape, dt, shape) for name, shape in self.shapes.items()]
+        dt, strides = getattr(tsr, self.dtype), dict(self.strides)
+        return [ArgSpec(name, shape, dt, shape, strides.get(name)) for name, shape in self.shapes.items()]
 
     def inputs(self, seed: int = 0) -> list[np.ndarray]:
         """Random inputs (float32 values rounded to the dtype, as NumPy arrays of float32)."""
@@ -74,6 +75,11 @@ class Case:
 
 def _qkv(b, h, m, n, d, **extra):
     return {"q": (b, h, m, d), "k": (b, h, n, d), "v": (b, h, n, d), **extra}
+
+
+def _bshd(b, h, s, d, apart: int = 1) -> tuple[int, ...]:
+    """The strides of a [B, H, S, D] view of a [B, S, H * apart, D] buffer (apart 3: a packed QKV projection)."""
+    return (s * h * apart * d, apart * d, h * apart * d, 1)
 
 
 def _vjp(kind: str):
@@ -128,6 +134,11 @@ def cases() -> list[Case]:
                  {"x": (97, 256), "w": (256,), "b": (256,), _cotangent(): (97, 256)}, dtype),
             Case("causal_backward", _vjp("causal"), _qkv(1, 2, 300, 300, 64, **{_cotangent(): (1, 2, 300, 64)}),
                  dtype),
+            Case("attention_strided", attention_cases.FUNCTIONS["causal"], _qkv(2, 3, 333, 333, 64), dtype,
+                 (("q", _bshd(2, 3, 333, 64)), ("k", _bshd(2, 3, 333, 64, 3)), ("v", _bshd(2, 3, 333, 64, 3)))),
+            Case("gemm_strided", gemm_bias_gelu, {"a": (1000, 512), "b": (512, 384), "bias": (384,)}, dtype,
+                 (("a", (576, 1)), ("b", (448, 1)))),
+            Case("rms_norm_strided", rms_norm, {"x": (31, 1000), "w": (1000,)}, dtype, (("x", (1024, 1)),)),
         ]
     return out
 
@@ -139,6 +150,22 @@ def reference(case: Case, inputs: list[np.ndarray]) -> list[np.ndarray]:
     """The Graph IR oracle in float64 on `inputs` rounded to the case's dtype."""
     compiled = case.fn.compile(case.specs(), backend="cuda-tile")
     return compiled.reference(*[as_dtype(x, case.dtype) for x in inputs])
+
+
+def laid_out(case: Case, arrays: list[np.ndarray]) -> list[np.ndarray]:
+    """`arrays` (the case's inputs) each in the layout the case passes it in: copied into a
+    NaN-filled buffer at its strides where it has some, else as they are."""
+    strides = dict(case.strides)
+    out = []
+    for name, x in zip(case.shapes, arrays):
+        if name in strides:
+            reach = 1 + sum((n - 1) * st for n, st in zip(x.shape, strides[name]))
+            storage = np.full(reach, np.nan, x.dtype)
+            x_strided = np.lib.stride_tricks.as_strided(storage, x.shape, [st * x.itemsize for st in strides[name]])
+            x_strided[...] = x
+            x = x_strided
+        out.append(x)
+    return out
 
 
 def as_dtype(x: np.ndarray, dtype: str) -> np.ndarray:

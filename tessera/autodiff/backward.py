@@ -40,6 +40,7 @@ Double backward works: a backward graph is made of ops that all have rules, so
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -95,7 +96,7 @@ def backward_graph(forward_module, wrt: Sequence[int] | None = None, seed_ones: 
         if not g.tensor_type(f.body.block.args[i]).dtype.is_float:
             raise TesseraError(f"{f.sym_name.data}: argument {arg_names[i]!r} is "
                                f"{g.tensor_type(f.body.block.args[i]).dtype}; only float inputs have gradients")
-    specs = [_spec(n, g.tensor_type(a), bindings) for n, a in zip(arg_names, f.body.block.args)]
+    specs = _argument_specs(f, bindings)
     residuals = saved_values(f) if saved_names is not None else []
     specs += [_spec(n, r.type(f), bindings) for n, r in zip(saved_names or (), residuals, strict=True)]
     if not seed_ones:
@@ -264,8 +265,7 @@ def forward_with_residuals(forward_module, name: str | None = None):
     if not residuals:
         return None
     bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
-    arg_names = [a.data for a in f.attributes["tessera.arg_names"].data]
-    specs = [_spec(n, g.tensor_type(a), bindings) for n, a in zip(arg_names, f.body.block.args)]
+    specs = _argument_specs(f, bindings)
     positions = saved_positions(f)
     n_out = len(f.body.block.last_op.operands)
 
@@ -339,6 +339,17 @@ def cotangent_name(result: int, taken: set[str]) -> str:
         name = "_" + name
     taken.add(name)
     return name
+
+
+def _argument_specs(f, bindings: dict[str, int]) -> list[ArgSpec]:
+    """The forward function's arguments as specs of a trace over them, each in the layout it was
+    passed in (`tessera.arg_strides`), which the new function's compile specializes on too."""
+    from ..ir import graph as g
+
+    arg_names = [a.data for a in f.attributes["tessera.arg_names"].data]
+    strides = g.arg_strides(f)
+    return [dataclasses.replace(_spec(n, g.tensor_type(a), bindings), strides=strides.get(n))
+            for n, a in zip(arg_names, f.body.block.args)]
 
 
 def _spec(name: str, t, bindings: dict[str, int], scalar_as_one: bool = False) -> ArgSpec:

@@ -10,6 +10,7 @@ split, the device query and the compile-cache key.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import inspect
 from typing import Any, Callable, Sequence
@@ -157,8 +158,11 @@ class Function:
                                 f"got {_kind(x)}")
 
     def arg_specs(self, tensors: Sequence[tuple[str, Any]]) -> tuple[dict[str, int], list[ArgSpec]]:
-        return bind_dims(self.name, [(n, self.annotations.get(n), tuple(int(s) for s in x.shape),
-                                      dtypes.lookup(x.dtype)) for n, x in tensors])
+        """The call's dim bindings and argument specs, each with the layout it was passed in."""
+        bindings, specs = bind_dims(self.name, [(n, self.annotations.get(n), tuple(int(s) for s in x.shape),
+                                                 dtypes.lookup(x.dtype)) for n, x in tensors])
+        return bindings, [dataclasses.replace(spec, strides=interop.layout_of(x))
+                          for spec, (_, x) in zip(specs, tensors)]
 
     def arg_specs_for(self, dims: dict[str, int], dtype=None) -> list[ArgSpec]:
         """Arg specs from symbolic dim values (the CLI's `--shape B=2,S=128`)."""
@@ -183,6 +187,7 @@ class Function:
                                                   for a in args])
         outputs = [a.name for a in args] if self.writes_outputs else ()
         returns = None if self.writes_outputs else declared_returns(self.signature.return_annotation)
+        checked = [dataclasses.replace(c, strides=a.strides) for c, a in zip(checked, args)]
         module, _ = trace(self.fn, self.name, checked, bindings, constants or {}, outputs, returns)
         return module
 
@@ -208,7 +213,7 @@ class Function:
         the values of the globals and closure variables the function reads."""
         frozen = {name: tuple(sorted((p, tuple(vals)) for p, vals in value.items())) if name == "space" else value
                   for name, value in options.items()}
-        return (tuple((tuple(x.shape), str(x.dtype)) for _, x in tensors),
+        return (tuple((tuple(x.shape), str(x.dtype), interop.layout_of(x)) for _, x in tensors),
                 tuple(sorted(constants.items())), tuple(sorted(frozen.items())), self.captures.key())
 
     def _compiled_for(self, tensors, constants, options: dict):
@@ -231,7 +236,8 @@ class Function:
         """`options` with the autotuner's schedule for this call (measured on its first call)."""
         if self.tuner is None or "space" in options or _zero_size(tensors):
             return options
-        call = (tuple((tuple(x.shape), str(x.dtype)) for _, x in tensors), tuple(sorted(constants.items())),
+        call = (tuple((tuple(x.shape), str(x.dtype), interop.layout_of(x)) for _, x in tensors),
+                tuple(sorted(constants.items())),
                 device, tuple(sorted(options.items())), self.captures.key())
         if call not in self._tuned:   # the steady state skips the key's JSON and the tuner's lookup
             self._tuned[call] = self._tuned_space(tensors, constants, options, device)
@@ -277,10 +283,11 @@ class Function:
     @staticmethod
     def _gpu_call_key(args, options: dict) -> tuple | None:
         """What decides the program a call on CUDA tensors runs, read cheaply: each CUDA tensor's
-        shape, dtype and device, each other argument's type and value, and the options; None when
+        shape, dtype, device and layout (its strides where it is not contiguous), each other argument's type and value, and the options; None when
         one of them cannot be a dict key (a NumPy array, a `space` dict). The program still checks
         every tensor it is given (layout, alignment) before launching."""
-        key = (tuple((x.shape, x.dtype, x.device) if getattr(x, "is_cuda", False) else (type(x), x) for x in args),
+        key = (tuple((x.shape, x.dtype, x.device, x.is_contiguous() or x.stride())
+                     if getattr(x, "is_cuda", False) else (type(x), x) for x in args),
                tuple(options.items()))
         try:
             hash(key)

@@ -173,8 +173,8 @@ class _TorchOp:
 
     def _impl(self, *args):
         """The Tessera call (of fn saving what its backward reads) on the op's tensors, detached
-        (below autograd: the op's autograd records the call) and made contiguous where they are
-        not (`_kernel_ready`)."""
+        (below autograd: the op's autograd records the call) and copied where their address is
+        not aligned (`_kernel_ready`)."""
         ready = [_kernel_ready(x) if isinstance(x, torch.Tensor) else x for x in args]
         outs = self.forward(*ready)
         outs = outs if isinstance(outs, tuple) else (outs,)
@@ -209,11 +209,12 @@ class _TorchOp:
 
 
 def _kernel_ready(x: torch.Tensor) -> torch.Tensor:
-    """`x` detached, and copied where Tessera's kernels could not read it as it is (strided, or
-    at an address not 16-byte aligned): torch.compile and autograd hand the op tensors that eager
-    code would not have made (expanded gradients, views into larger buffers)."""
+    """`x` detached, and copied where Tessera's kernels could not read it as it is (at an address
+    not 16-byte aligned): torch.compile and autograd hand the op tensors that eager code would
+    not have made (views into larger buffers). A strided tensor stays as it is: the call compiles
+    for its strides, or copies it and says why (`Compiled.copied_args`)."""
     x = x.detach()
-    if not x.is_contiguous() or x.data_ptr() % 16:
+    if x.data_ptr() % 16:
         x = x.clone(memory_format=torch.contiguous_format)
     return x
 

@@ -30,6 +30,9 @@ class ArgSpec:
     shape: tuple[int, ...]
     dtype: DType
     dims: tuple[str | int, ...]
+    #: element strides of an argument passed in another layout than C-contiguous
+    #: (`interop.canonical_strides`); None: contiguous
+    strides: tuple[int, ...] | None = None
 
 
 def current_trace() -> "Trace":
@@ -167,6 +170,9 @@ def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[st
     f = func.FuncOp(fn_name, ftype, Region(t.block))
     f.attributes["tessera.dims"] = graph.dims_attr(t.bindings)
     f.attributes["tessera.arg_names"] = _str_array([a.name for a in args])
+    strided = {a.name: a.strides for a in args if a.strides is not None}
+    if strided:
+        f.attributes["tessera.arg_strides"] = graph.strides_attr(strided)
     f.attributes["tessera.result_names"] = _str_array(
         list(t.stored) if outputs else [f"out{i}" for i in range(len(results))])
     return ModuleOp([f]), list(t.stored)

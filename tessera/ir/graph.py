@@ -21,6 +21,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import (
     ArrayAttr,
     BFloat16Type,
+    DenseArrayBase,
     DictionaryAttr,
     Float8E4M3FNType,
     Float8E5M2Type,
@@ -33,6 +34,7 @@ from xdsl.dialects.builtin import (
     f64,
     i1,
     i32,
+    i64,
 )
 from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue, TypeAttribute
 from xdsl.irdl import (
@@ -145,6 +147,18 @@ def dim_bindings(op) -> dict[str, int]:
 
 def dims_attr(bindings: dict[str, int]) -> DictionaryAttr:
     return DictionaryAttr({k: IntegerAttr(v, 64) for k, v in bindings.items()})
+
+
+def strides_attr(strides: dict[str, Sequence[int]]) -> DictionaryAttr:
+    """`tessera.arg_strides`: the element strides of each argument the call passed in another
+    layout than C-contiguous (the others are absent), which the compile specializes on."""
+    return DictionaryAttr({name: DenseArrayBase.from_list(i64, tuple(st)) for name, st in strides.items()})
+
+
+def arg_strides(f) -> dict[str, tuple[int, ...]]:
+    """A graph function's `tessera.arg_strides`, by argument name (empty: every argument contiguous)."""
+    attr = f.attributes.get("tessera.arg_strides")
+    return {} if attr is None else {name: tuple(v.get_values()) for name, v in attr.data.items()}
 
 
 def dim_value(d: Dim, bindings: dict[str, int]) -> int | None:

@@ -665,23 +665,32 @@ class MBarriersType(ParametrizedAttribute, TypeAttribute):
 @irdl_attr_definition
 class TensorMapType(ParametrizedAttribute, TypeAttribute):
     """`!tessera_target.tensor_map<f16, [4096, 4096], box = [128, 64], swizzle = 128>`: a TMA
-    descriptor of a row-major tensor (its element type and shape) copied in boxes of `box`
-    elements (outermost dim first) that land in shared memory with the given byte swizzle;
-    elements outside the tensor read as zero."""
+    descriptor of a tensor (its element type, shape, and element strides where they are not
+    row-major's: `[2, 8, 64], strides = [8192, 64, 1]`) copied in boxes of `box` elements
+    (outermost dim first) that land in shared memory with the given byte swizzle; elements
+    outside the tensor read as zero."""
 
     name = "tessera_target.tensor_map"
     element_type: Attribute
     shape: ArrayAttr
+    strides: ArrayAttr      # empty: row-major
     box: ArrayAttr
     swizzle: IntAttr
 
     @staticmethod
-    def of(element_type: Attribute, shape: Sequence[int], box: Sequence[int], swizzle: int = 128) -> TensorMapType:
-        return TensorMapType(element_type, _int_array(shape), _int_array(box), IntAttr(swizzle))
+    def of(element_type: Attribute, shape: Sequence[int], box: Sequence[int], swizzle: int = 128,
+           strides: Sequence[int] | None = None) -> TensorMapType:
+        """A map of a `shape` tensor, laid out with element `strides` (None: row-major)."""
+        strides = () if strides is None or tuple(strides) == _row_major(shape) else strides
+        return TensorMapType(element_type, _int_array(shape), _int_array(strides), _int_array(box), IntAttr(swizzle))
 
     @property
     def shape_dims(self) -> tuple[int, ...]:
         return tuple(d.data for d in self.shape.data)
+
+    @property
+    def element_strides(self) -> tuple[int, ...]:
+        return tuple(d.data for d in self.strides.data) or _row_major(self.shape_dims)
 
     @property
     def box_dims(self) -> tuple[int, ...]:
@@ -702,20 +711,32 @@ class TensorMapType(ParametrizedAttribute, TypeAttribute):
         element = parser.parse_type()
         parser.parse_punctuation(",")
         shape = _int_array(_parse_int_list(parser))
-        values = {}
-        for key in ("box", "swizzle"):
-            parser.parse_punctuation(",")
-            parser.parse_keyword(key)
+        parser.parse_punctuation(",")
+        strides = ()
+        if parser.parse_optional_keyword("strides") is not None:
             parser.parse_punctuation("=")
-            values[key] = _int_array(_parse_int_list(parser)) if key == "box" else IntAttr(parser.parse_integer())
+            strides = _parse_int_list(parser)
+            parser.parse_punctuation(",")
+        parser.parse_keyword("box")
+        parser.parse_punctuation("=")
+        box = _int_array(_parse_int_list(parser))
+        parser.parse_punctuation(",")
+        parser.parse_keyword("swizzle")
+        parser.parse_punctuation("=")
+        swizzle = IntAttr(parser.parse_integer())
         parser.parse_punctuation(">")
-        return [element, shape, values["box"], values["swizzle"]]
+        return [element, shape, _int_array(strides), box, swizzle]
 
     def print_parameters(self, printer) -> None:
         printer.print_string("<")
         printer.print_attribute(self.element_type)
-        printer.print_string(f", {_int_list_text(self.shape_dims)}, box = {_int_list_text(self.box_dims)}, "
+        strides = f"strides = {_int_list_text(self.element_strides)}, " if self.strides.data else ""
+        printer.print_string(f", {_int_list_text(self.shape_dims)}, {strides}box = {_int_list_text(self.box_dims)}, "
                              f"swizzle = {self.swizzle.data}>")
+
+
+def _row_major(shape: Sequence[int]) -> tuple[int, ...]:
+    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
 
 
 #: how a wgmma operand is stored in shared memory: its contraction dim contiguous ("k"), or its M/N dim
@@ -796,7 +817,8 @@ class TensorMapOp(_AsyncOp):
         t, m = self.tensor.type, self.result.type
         if not isinstance(self.tensor, BlockArgument) or not isinstance(self.tensor.owner.parent_op(), KernelOp):
             raise VerifyException("tensor_map: the tensor must be an argument of the kernel")
-        if tuple(t.get_shape()) != m.shape_dims or t.element_type != m.element_type:
+        if tuple(t.get_shape()) != m.shape_dims or tuple(t.get_strides()) != m.element_strides \
+                or t.element_type != m.element_type:
             raise VerifyException(f"tensor_map: {m} does not describe {t}")
 
 

@@ -46,6 +46,7 @@ from xdsl.dialects.builtin import (
     IntegerAttr,
     MemRefType,
     ModuleOp,
+    StridedLayoutAttr,
     StringAttr,
     SymbolRefAttr,
     TensorType,
@@ -230,6 +231,43 @@ WARPGROUP_WARPS = 4
 #: A tile.kernel attribute: the blocks per SM its schedule asks of a backend that sizes blocks
 #: itself (the CUDA Tile IR backend's `occupancy` hint to tileiras); the PTX backend sizes its own.
 OCCUPANCY = "tessera.occupancy"
+#: A host function attribute: {argument name: why it is copied to a contiguous buffer first}, for
+#: each argument passed strided that the kernels cannot address in place; the runtime copies them.
+COPIED_ARGS = "tessera.copied_args"
+
+
+def is_strided(t: Attribute) -> bool:
+    """Whether a global memref has a layout of its own (`strided<[...]>`), not the row-major default."""
+    return isinstance(t, MemRefType) and isinstance(t.layout, StridedLayoutAttr)
+
+
+def element_strides(t: MemRefType) -> tuple[int, ...]:
+    """A memref's element strides: its layout's, or row-major's (the default layout)."""
+    return tuple(t.get_strides())
+
+
+def strides_problem(strides: Sequence[int]) -> str | None:
+    """Why kernels cannot address a tensor with these element strides in place (None: they
+    can): its innermost dim must be contiguous, and no stride negative."""
+    if strides and strides[-1] != 1:
+        return f"its innermost dim has stride {strides[-1]}, not 1"
+    negative = [d for d, st in enumerate(strides) if st < 0]
+    return f"dim {negative[0]} has a negative stride" if negative else None
+
+
+def rows_aligned(t: MemRefType, elements: int) -> bool:
+    """Whether every row of a memref starts at a multiple of `elements` from its base: every
+    stride but the innermost is a multiple (with the row-major layout, its last dim's length is)."""
+    return all(st % elements == 0 for st in element_strides(t)[:-1])
+
+
+def reach(t: MemRefType) -> int:
+    """How many elements from its base a memref's addressing spans: its element count when
+    contiguous, more when strided (what decides whether 32-bit offsets reach every element)."""
+    shape = t.get_shape()
+    if 0 in shape:
+        return 0
+    return 1 + sum((n - 1) * st for n, st in zip(shape, element_strides(t)))
 
 
 @irdl_op_definition
@@ -359,6 +397,7 @@ class ViewOp(IRDLOperation):
         _require_static(self, "source", src_t)
         _require_static(self, "result", res_t)
         _require_same_element(self, "source", src_t, "result", res_t)
+        _require(not is_strided(src_t), self, f"a view needs a contiguous source, not {src_t}")
         n_src, n_res = (pymath.prod(t.get_shape()) for t in (src_t, res_t))
         _require(n_src == n_res, self, f"a view of {_fmt(src_t.get_shape())} ({n_src} elements) cannot have "
                                        f"shape {_fmt(res_t.get_shape())} ({n_res} elements)")

@@ -476,7 +476,7 @@ def _tensor_maps(kernel: tile.KernelOp, at: _Insert) -> dict[tuple, SSAValue]:
             if (src, box) not in maps:
                 t: MemRefType = src.type
                 maps[(src, box)] = at(target.TensorMapOp(src, target.TensorMapType.of(
-                    t.get_element_type(), t.get_shape(), box)))
+                    t.get_element_type(), t.get_shape(), box, strides=t.get_strides())))
     return maps
 
 

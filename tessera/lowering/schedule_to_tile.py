@@ -16,7 +16,20 @@ from typing import Callable, Sequence
 
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
-from xdsl.dialects.builtin import FunctionType, IndexType, IntegerAttr, MemRefType, ModuleOp, UnitAttr, f32, i1, i32
+from xdsl.dialects.builtin import (
+    DictionaryAttr,
+    FunctionType,
+    IndexType,
+    IntegerAttr,
+    MemRefType,
+    ModuleOp,
+    StridedLayoutAttr,
+    StringAttr,
+    UnitAttr,
+    f32,
+    i1,
+    i32,
+)
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from .. import dtypes
@@ -56,6 +69,7 @@ class KernelBuild:
     out: SSAValue | None       # the output param (None: a kernel of device_asserts only)
     bindings: dict
     params: dict
+    in_types: list[MemRefType]   # the inputs' types: any other kernel on the same inputs takes them
     #: global buffers the template needs besides its output (kernel params between the inputs and
     #: `out`; the host allocates them) and kernels the host launches first, on the inputs and these
     scratch: list[SSAValue] = field(default_factory=list)
@@ -133,14 +147,15 @@ ANCHORS = {"row_reduction": (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp
            "flash_attention": g.SoftmaxOp, "flash_chain": (g.ReduceOp, g.MatmulOp)}
 
 
-def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefType | None = None,
-           stage_operands: bool = True) -> KernelBuild:
-    """The build of `sk`'s kernel, or (`name`, `out_type`) of another kernel on the same inputs
+def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str | None = None,
+           out_type: MemRefType | None = None, stage_operands: bool = True) -> KernelBuild:
+    """The build of `sk`'s kernel over inputs of `in_types` (the host's buffers: an argument passed
+    strided keeps its layout), or (`name`, `out_type`) of another kernel on the same inputs
     that writes a buffer of that type instead (a split-K GEMM's partial products). A kernel of
     device_asserts only has no output parameter."""
-    block = sk.body.block
     outputs = [out_type] if out_type is not None else [memref_of(v, bindings) for v in sk.outputs]
-    arg_types = [memref_of(a, bindings) for a in block.args] + outputs
+    arg_types = [*in_types, *outputs]
+    block = sk.body.block
     p = sk.param_values
     kernel = t.KernelOp.build_kernel(name or sk.sym_name.data, arg_types, p["num_warps"], p["num_stages"])
     # the Target IR honours it where copies are TMA's; a split-K GEMM's partial products never use it
@@ -155,7 +170,7 @@ def _start(sk: s.KernelOp, bindings, name: str | None = None, out_type: MemRefTy
         b.origins.append(provenance.provenance(anchor))
     em = Emitter(b, dict(zip(block.args, kargs)), bindings)
     outs = list(kargs[len(block.args):])
-    return KernelBuild(sk, kernel, b, em, outs[0] if outs else None, bindings, p, outs=outs,
+    return KernelBuild(sk, kernel, b, em, outs[0] if outs else None, bindings, p, list(in_types), outs=outs,
                        stage_operands=stage_operands)
 
 
@@ -456,7 +471,8 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
             ctx = TileCtx({axes[1]: (kb.b.index(c * bn), bn)}, {"p": kb.pid(0)})
             kb.em.store(accs[i * chunks + c], buffer, ("p", axes[1]), ctx, dtypes.fp32)
     for i, rider in enumerate(riders):
-        after = _start(kb.sk, kb.bindings, f"{kb.sk.sym_name.data}_combine{i}", stage_operands=kb.stage_operands)
+        after = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_combine{i}",
+                       stage_operands=kb.stage_operands)
         scratch = [after.add_scratch(partials_type) for _ in riders]
         out_map = (None, axes[1]) if rider.keepdim.data else (axes[1],)
 
@@ -528,7 +544,8 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         finish(kb, total, TileCtx({col: (c0, bn)}, scalars))
         return grid
     partials_type = MemRefType(f32, [splits, *(sz for _, sz in batch), n_col])
-    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type, kb.stage_operands)
+    part = _start(kb.sk, kb.bindings, kb.in_types,
+                  kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type, kb.stage_operands)
     total, scalars, c0 = reduce_run(part)
     part.em.store(total, part.out, ("s", *kept), TileCtx({col: (c0, bn)}, {**scalars, "s": part.pid(2)}),
                   dtypes.fp32)
@@ -1002,7 +1019,8 @@ def _split_k_gemm(kb: KernelBuild, gemm: _Gemm, splits: int, per_split: int) -> 
     [splits, *batch, M, N]; `kb`'s kernel then adds the splits in order (so results do not depend
     on timing) and applies the epilogue, as an elementwise kernel over the output."""
     partials_type = MemRefType(f32, [splits, *(sz for _, sz in gemm.batch), gemm.sizes["m"], gemm.sizes["n"]])
-    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type, kb.stage_operands)
+    part = _start(kb.sk, kb.bindings, kb.in_types,
+                  kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type, kb.stage_operands)
     part.limit_warps(gemm.warps)
     scalars = part.batch_indices(part.pid(1), gemm.batch)
     split = part.pid(2)
@@ -1325,7 +1343,8 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
     the epilogue."""
     lse_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes[:-1])])
     out_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes)])
-    part = _start(kb.sk, kb.bindings, kb.sk.sym_name.data + SPLIT_PARTIALS, out_type, kb.stage_operands)
+    part = _start(kb.sk, kb.bindings, kb.in_types,
+                  kb.sk.sym_name.data + SPLIT_PARTIALS, out_type, kb.stage_operands)
     part_lse = part.add_scratch(lse_type)
     split = part.pid(2)
     rows = _attention_rows(part, att, (split, splits))
@@ -1605,9 +1624,42 @@ TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
 
 # --- the module --------------------------------------------------------------------------------
 
+def _argument_types(f: func.FuncOp, bindings) -> tuple[list[MemRefType], dict[str, str]]:
+    """Each argument's buffer type, and why each argument passed strided (`tessera.arg_strides`)
+    is copied to a contiguous buffer first. Kernels address a strided argument through its
+    strides (a `strided<[...]>` memref layout) when its innermost dim is contiguous, no stride is
+    negative, and only kernels read it; a host view (a reshape no kernel took) or a returned
+    argument needs the contiguous buffer."""
+    names = [a.data for a in f.attributes["tessera.arg_names"].data]
+    strides = g.arg_strides(f)
+    types, copies = [], {}
+    for name, arg in zip(names, f.body.block.args):
+        contiguous = memref_of(arg, bindings)
+        given = strides.get(name)
+        reason = given is not None and _strided_copy_reason(arg, given)
+        if reason:
+            copies[name] = reason
+        types.append(contiguous if given is None or reason else
+                     MemRefType(contiguous.get_element_type(), contiguous.get_shape(), StridedLayoutAttr(given)))
+    return types, copies
+
+
+def _strided_copy_reason(arg: SSAValue, strides: tuple[int, ...]) -> str | None:
+    """Why an argument passed with these strides cannot be read in place (None: it can)."""
+    problem = t.strides_problem(strides)
+    if problem:
+        return problem
+    for use in arg.uses:
+        if isinstance(use.operation, g.ReshapeOp):
+            return "a reshape no kernel took views it, which needs contiguous memory"
+        if isinstance(use.operation, func.ReturnOp):
+            return "it is returned as it is"
+    return None
+
+
 def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_operands: bool) -> tuple[list, func.FuncOp]:
     ret = f.body.block.last_op
-    in_types = [memref_of(a, bindings) for a in f.body.block.args]
+    in_types, copies = _argument_types(f, bindings)
     out_types = [memref_of(v, bindings) for v in ret.operands]
     body = Block(arg_types=in_types + out_types)
     b = Builder(body)
@@ -1629,7 +1681,7 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
             continue
         if not isinstance(sk, s.KernelOp):
             continue
-        kb = _start(sk, bindings, stage_operands=stage_operands)
+        kb = _start(sk, bindings, [buffers[v].type for v in sk.inputs], stage_operands=stage_operands)
         grid = (TEMPLATES[sk.kind.data] if sk.outputs else lower_asserts)(kb)
         launches = [*kb.before, (_finish(kb), grid), *kb.after]
         first = {kernel for kernel, _ in kb.before}   # on the inputs and scratch only
@@ -1655,6 +1707,8 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
     for key, value in f.attributes.items():
         if key.startswith("tessera."):
             host.attributes[key] = value
+    if copies:
+        host.attributes[t.COPIED_ARGS] = DictionaryAttr({name: StringAttr(why) for name, why in copies.items()})
     return kernels, host
 
 

@@ -38,6 +38,7 @@ from xdsl.pattern_rewriter import (
 from tessera import platforms
 from tessera.ir import provenance, target, tile
 from tessera.platforms import Platform
+from tessera.runtime import tensor_maps
 
 from . import TargetLoweringError, debug_to_target
 
@@ -85,8 +86,8 @@ def native_blockers(kernel: tile.KernelOp, platform: Platform) -> list[str]:
     """Why `kernel` can't use TMA copies and wgmma on `platform` (empty when it can).
 
     Copies must be unpadded boxes of a 16-bit tensor whose tile rows run along its
-    contiguous dim, a whole number of 128-byte swizzle spans wide, over rows that
-    are 16-byte aligned; every mma must read B from shared memory (A from shared
+    contiguous dim, a whole number of 128-byte swizzle spans wide, whose outer dims' strides
+    a tensor map can hold (`tensor_maps.stride_problem`: 16-byte aligned rows); every mma must read B from shared memory (A from shared
     memory or, like attention's probabilities, from registers), with one 64-row
     wgmma per warpgroup."""
     if not NATIVE <= platform.features:
@@ -106,12 +107,13 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
     dst: MemRefType = op.dst.type
     bits = src.get_element_type().bitwidth
     rows, cols = dst.get_shape()[1:]
+    stride_problem = tensor_maps.stride_problem(tile.element_strides(src), max(1, bits // 8))
     checks = [
         (op.padding.value.data == 0.0, "a copy padded with a value other than 0"),
         (bits == _WGMMA_ELEMENT_BITS, f"a copy of {bits}-bit elements"),
         (tuple(op.tile_dims.get_values())[1] == src.get_num_dims() - 1,
          "a copy whose tile rows do not run along the tensor's contiguous dim"),
-        (src.get_shape()[-1] * bits // 8 % 16 == 0, "a tensor whose rows are not 16-byte aligned"),
+        (stride_problem is None, f"{stride_problem}"),
         (cols * bits // 8 % TMA_ROW_BYTES == 0, f"a tile {cols} elements wide (not whole 128-byte rows)"),
         (rows <= 256, f"a tile of {rows} rows (a TMA box has at most 256)"),
     ]

@@ -42,7 +42,8 @@ from ..ir import provenance
 from .. import dtypes, platforms
 from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
-from ..ir import index_maps
+from ..ir import index_maps, tile
+from ..runtime import tensor_maps
 from . import recompute
 
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
@@ -97,6 +98,11 @@ class _Planner:
     def __init__(self, f: func.FuncOp):
         self.f = f
         self.bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+        names = [a.data for a in f.attributes["tessera.arg_names"].data]
+        strides = g.arg_strides(f)
+        #: the arguments passed strided that kernels will read in place, and their element strides
+        self.strided = {arg: strides[name] for name, arg in zip(names, f.body.block.args)
+                        if name in strides and tile.strides_problem(strides[name]) is None}
         self.order = {op: i for i, op in enumerate(f.body.block.ops)}
         self.group_of: dict[Operation, Group] = {}
         self.groups: list[Group] = []
@@ -838,16 +844,18 @@ def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
 
 
 def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
-    """Whether matmul operand `v`, read from memory through any views, has 16-byte rows, which TMA
-    needs (one computed in the kernel, like attention's probabilities, is not copied). A GEMM with
-    70-element fp16 rows takes the mma.sync path, so it should not get the native path's tiling
-    (Target IR decides the path per kernel; this keeps the defaults in step with it)."""
+    """Whether matmul operand `v`, read from memory through any views, has strides a TMA tensor map
+    holds: 16-byte rows (one computed in the kernel, like attention's probabilities, is not
+    copied). A GEMM with 70-element fp16 rows takes the mma.sync path, so it should not get the
+    native path's tiling (Target IR decides the path per kernel; this keeps the defaults in step)."""
     while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp)):
         v = v.owner.input
     if v.owner in group.ops:
         return True
     t = g.tensor_type(v)
-    return g.dim_value(t.shape[-1], planner.bindings) * t.dtype.itemsize % 16 == 0
+    shape = [g.dim_value(d, planner.bindings) for d in t.shape]
+    strides = planner.strided.get(v) or tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+    return tensor_maps.stride_problem(strides, t.dtype.itemsize) is None
 
 
 def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:

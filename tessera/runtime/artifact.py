@@ -87,17 +87,22 @@ def _launch_record(launch: KernelLaunch) -> dict:
 
 def _launch_from_record(r: Mapping) -> KernelLaunch:
     """The `KernelLaunch` `_launch_record` wrote: its fields by name, JSON's lists made tuples again."""
-    maps = tuple(TensorMapSpec(**{**m, "shape": tuple(m["shape"]), "box": tuple(m["box"])})
+    maps = tuple(TensorMapSpec(**{**m, "shape": tuple(m["shape"]), "box": tuple(m["box"]),
+                                  "strides": tuple(m["strides"]) if m.get("strides") else None})
                  for m in r["tensor_maps"])
     return KernelLaunch(**{**r, "grid": tuple(r["grid"]), "tensor_maps": maps})
 
 
 def _buffer_record(b: launcher.Buffer, name: str | None = None) -> dict:
-    return {**({"name": name} if name is not None else {}), "shape": list(b.shape), "dtype": b.dtype.name}
+    return {**({"name": name} if name is not None else {}), "shape": list(b.shape), "dtype": b.dtype.name,
+            **({"strides": list(b.strides)} if b.strides is not None else {}),
+            **({"copied": True} if b.copied else {})}
 
 
 def _buffer_from_record(r: Mapping) -> launcher.Buffer:
-    return launcher.Buffer(tuple(r["shape"]), dtypes.lookup(r["dtype"]))
+    strides = r.get("strides")
+    return launcher.Buffer(tuple(r["shape"]), dtypes.lookup(r["dtype"]), tuple(strides) if strides else None,
+                           bool(r.get("copied")))
 
 
 def _toolchain(compiled) -> dict:
@@ -147,8 +152,8 @@ class Artifact:
             "kind": kind,
             "arch": compiled.arch,
             "toolchain": _toolchain(compiled),
-            "arguments": [{"name": a.name, "dims": list(a.dims), "shape": list(a.shape), "dtype": a.dtype.name}
-                          for a in arguments],
+            "arguments": [{**_buffer_record(b, a.name), "dims": list(a.dims)}
+                          for a, b in zip(arguments, call_plan.inputs)],
             "dims": dict(dims),
             "constants": dict(constants or {}),
             "results": [_buffer_record(b, n) for b, n in zip(call_plan.outputs, compiled.result_names)],

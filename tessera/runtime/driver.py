@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import ctypes
 import functools
-import itertools
 import math
 import operator
 import struct
@@ -27,7 +26,7 @@ import numpy as np
 
 from tessera import dtypes, platforms
 
-from . import ptxas
+from . import ptxas, tensor_maps
 
 
 class DriverNotFound(ImportError):
@@ -494,16 +493,22 @@ _TENSOR_MAP_MAX_BOX = 256
 
 
 def _describe_tensor_map(ptr: int, spec) -> str:
-    return (f"tensor map of argument {spec.arg} ({spec.dtype}, shape {tuple(spec.shape)}, box {tuple(spec.box)}, "
-            f"{spec.swizzle}-byte swizzle, pointer {ptr:#x})")
+    strides = f", strides {tuple(spec.strides)}" if spec.strides else ""
+    return (f"tensor map of argument {spec.arg} ({spec.dtype}, shape {tuple(spec.shape)}{strides}, "
+            f"box {tuple(spec.box)}, {spec.swizzle}-byte swizzle, pointer {ptr:#x})")
 
 
 def _tensor_map_layout(spec, itemsize: int) -> tuple[list[int], list[int], list[int]]:
-    """cuTensorMapEncodeTiled's view of a row-major `spec`, innermost dim first: the dims, the
-    byte strides of dims 1.. (dim 0 is contiguous, so it has none), and the box."""
-    dims = list(reversed(spec.shape))
-    strides = list(itertools.accumulate(dims[:-1], operator.mul, initial=itemsize))[1:]
-    return dims, strides, list(reversed(spec.box))
+    """cuTensorMapEncodeTiled's view of `spec`, innermost dim first: the dims, the byte strides
+    of dims 1.. (dim 0 is contiguous, so it has none: the spec's strides, else row-major's),
+    and the box."""
+    strides = [st * itemsize for st in reversed(_tensor_map_strides(spec)[:-1])]
+    return list(reversed(spec.shape)), strides, list(reversed(spec.box))
+
+
+def _tensor_map_strides(spec) -> tuple[int, ...]:
+    """The element strides of a map's tensor, outermost first: its own, else row-major's."""
+    return spec.strides or tuple(math.prod(spec.shape[d + 1:]) for d in range(len(spec.shape)))
 
 
 def _tensor_map_problem(ptr: int, spec) -> str | None:
@@ -523,8 +528,9 @@ def _tensor_map_problem(ptr: int, spec) -> str | None:
     dims, strides, box = _tensor_map_layout(spec, dtype.itemsize)
     if any(d < 1 for d in dims):
         return "every dim must be at least 1"
-    if any(s % 16 for s in strides):
-        return f"the byte strides of the outer dims ({', '.join(map(str, reversed(strides)))}) must be multiples of 16"
+    problem = tensor_maps.stride_problem(_tensor_map_strides(spec), dtype.itemsize)
+    if problem:
+        return problem
     if not all(1 <= b <= _TENSOR_MAP_MAX_BOX for b in box):
         return f"every box dim must be 1 to {_TENSOR_MAP_MAX_BOX}"
     inner_bytes = box[0] * dtype.itemsize

@@ -100,6 +100,39 @@ def is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     return all(size == 1 or stride == want for size, stride, want in zip(shape, strides, _c_strides(shape)))
 
 
+def canonical_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
+    """None for a C-contiguous layout; else the element strides with each size-1 dim's (which no
+    index moves along) replaced by what a contiguous layout would give it, so that two layouts
+    addressing the same elements compare equal: what a compile specializes on."""
+    if is_c_contiguous(shape, strides):
+        return None
+    out = list(strides)
+    for d in reversed(range(len(shape))):
+        if shape[d] == 1:
+            out[d] = out[d + 1] * shape[d + 1] if d + 1 < len(shape) else 1
+    return tuple(out)
+
+
+#: the protocols `describe` reads a layout through
+_LAYOUT_PROTOCOLS = ("__cuda_array_interface__", "__array_interface__", "__dlpack__")
+
+
+def layout_of(x) -> tuple[int, ...] | None:
+    """`canonical_strides` of an array of any framework (None: C-contiguous), read cheaply for
+    torch tensors (and objects that answer as they do) and NumPy arrays, which most calls pass.
+    What only stands for a shape and dtype (a trace's placeholder) has no layout: None."""
+    if hasattr(x, "is_contiguous") and hasattr(x, "stride"):
+        return None if x.is_contiguous() else canonical_strides(tuple(x.shape), tuple(x.stride()))
+    if isinstance(x, np.ndarray):
+        if x.flags.c_contiguous:
+            return None
+        return canonical_strides(x.shape, _element_strides(x.strides, x.shape, x.itemsize, "array"))
+    if not any(hasattr(x, protocol) for protocol in _LAYOUT_PROTOCOLS):
+        return None
+    info = describe(x)
+    return None if info.is_contiguous else canonical_strides(info.shape, info.strides)
+
+
 def _element_strides(byte_strides, shape, itemsize: int, name: str) -> tuple[int, ...]:
     if byte_strides is None:
         return _c_strides(shape)
@@ -238,11 +271,13 @@ def describe(x, name: str = "argument") -> TensorInfo:
 # Validation
 # ---------------------------------------------------------------------------
 
-def validate(args: Mapping[str, Any], specs: Mapping[str, Any] | None = None) -> dict[str, TensorInfo]:
+def validate(args: Mapping[str, Any], specs: Mapping[str, Any] | None = None,
+             contiguous: bool = True) -> dict[str, TensorInfo]:
     """Describe every argument and check it can be passed to a kernel: all on one
     CUDA device, a supported dtype (the spec's, when it names one), the spec's
-    shape (symbolic dims equal wherever they repeat), C-contiguous, and the data
-    pointer 16-byte aligned. `specs` maps names to `TensorSpec`s (dims, dtype)."""
+    shape (symbolic dims equal wherever they repeat), C-contiguous (unless not
+    `contiguous`: the caller checks the layout against what it compiled for), and
+    the data pointer 16-byte aligned. `specs` maps names to `TensorSpec`s (dims, dtype)."""
     infos = {name: describe(x, f"argument {name!r}") for name, x in args.items()}
     _check_devices(infos)
     bound: dict[str, tuple[int, str, int]] = {}  # dim name -> (size, argument, index)
@@ -251,7 +286,7 @@ def validate(args: Mapping[str, Any], specs: Mapping[str, Any] | None = None) ->
         _check_dtype(name, info, getattr(spec, "dtype", None))
         if spec is not None:
             _check_shape(name, info.shape, spec.dims, bound)
-        _check_layout(name, info)
+        _check_layout(name, info, contiguous)
     return infos
 
 
@@ -292,13 +327,29 @@ def _check_shape(name: str, shape: tuple[int, ...], dims: tuple, bound: dict) ->
                              f"has {dim} = {want}")
 
 
-def _check_layout(name: str, info: TensorInfo) -> None:
-    if not info.is_contiguous:
+def _check_layout(name: str, info: TensorInfo, contiguous: bool = True) -> None:
+    if contiguous and not info.is_contiguous:
         raise LayoutError(f"argument {name!r} must be contiguous (strides {info.strides} for shape {info.shape}); "
                           f"call .contiguous() on it first")
     if info.data_ptr % ALIGNMENT:
         raise LayoutError(f"argument {name!r} data pointer is not {ALIGNMENT}-byte aligned ({info.data_ptr:#x}); "
                           f"it is probably a view at an offset: copy it")
+
+
+def contiguous(x):
+    """A C-contiguous copy of a strided array, made by its own framework on its own device and
+    stream (torch's `.contiguous()`, CuPy's `ascontiguousarray`)."""
+    framework = _framework(x)
+    if framework == "torch":
+        return x.contiguous()
+    if framework == "cupy":
+        import cupy
+        return cupy.ascontiguousarray(x)
+    if framework == "numpy":
+        return np.ascontiguousarray(x)
+    info = describe(x)
+    raise LayoutError(f"a {framework} array with strides {info.strides} for shape {info.shape} must be copied to "
+                      f"a contiguous one first, which Tessera does only for torch, CuPy and NumPy arrays")
 
 
 # ---------------------------------------------------------------------------

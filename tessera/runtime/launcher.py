@@ -10,6 +10,7 @@ the caller's current stream.
 """
 from __future__ import annotations
 
+import dataclasses
 import threading
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -31,6 +32,11 @@ TENSOR_MAP_CACHE_SIZE = 256
 class Buffer:
     shape: tuple[int, ...]
     dtype: Any                 # tessera DType
+    #: element strides of an argument the kernels read in place though it is not contiguous
+    #: (`interop.canonical_strides`); None: contiguous
+    strides: tuple[int, ...] | None = None
+    #: an argument the call passes strided and the compile chose to copy first (`tile.COPIED_ARGS`)
+    copied: bool = False
 
 
 @dataclass(frozen=True)
@@ -58,6 +64,7 @@ def plan(compiled: Compiled) -> Plan:
 
     host = compiled.host_function()
     n_inputs = len(compiled.arg_names)
+    copied = compiled.copied_args
     types = host.function_type.inputs.data
     index = {arg: i for i, arg in enumerate(host.body.block.args)}
     intermediates: list[Buffer] = []
@@ -70,7 +77,8 @@ def plan(compiled: Compiled) -> Plan:
             intermediates.append(_buffer(op.result.type))
         elif isinstance(op, tile.LaunchOp):
             steps.append(Step(compiled.launches[op.kernel.string_value()], tuple(index[a] for a in op.args)))
-    return Plan([_buffer(t) for t in types[:n_inputs]], [_buffer(t) for t in types[n_inputs:]], intermediates, steps)
+    inputs = [dataclasses.replace(_buffer(t), copied=name in copied) for t, name in zip(types, compiled.arg_names)]
+    return Plan(inputs, [_buffer(t) for t in types[n_inputs:]], intermediates, steps)
 
 
 def launch_args(step: Step, pointers: Sequence[int], encode: Callable[[int, TensorMapSpec], bytes]) -> list:
@@ -83,8 +91,10 @@ def launch_args(step: Step, pointers: Sequence[int], encode: Callable[[int, Tens
 
 def _buffer(memref_type) -> Buffer:
     from ..interpreter.tile_interp import np_dtype
+    from ..ir import tile
     from .. import dtypes
-    return Buffer(tuple(memref_type.get_shape()), dtypes.lookup(np_dtype(memref_type)))
+    strides = tile.element_strides(memref_type) if tile.is_strided(memref_type) else None
+    return Buffer(tuple(memref_type.get_shape()), dtypes.lookup(np_dtype(memref_type)), strides)
 
 
 def load_kernels(compiled: Compiled, device: int) -> dict[str, driver.Kernel]:
@@ -133,6 +143,7 @@ class GpuProgram:
         self.outputs = self.plan.outputs
         self._tensor_maps: dict[tuple[int, TensorMapSpec], bytes] = {}
         self._shapes = [b.shape for b in (*self.plan.inputs, *self.plan.outputs, *self.plan.intermediates)]
+        self._strides = [b.strides for b in (*self.plan.inputs, *self.plan.outputs)]
         self._torch_signature = None      # (tensor type, [(dtype, device)] per array), once a call validated
         self._per_thread = threading.local()
         self.profiled = profiled   # kernels whose stamps each call reads back
@@ -143,7 +154,8 @@ class GpuProgram:
         if fast is not None:
             pointers, outputs = fast
         else:
-            infos = interop.validate(dict(zip(self.arg_names, inputs)))
+            inputs = self._in_compiled_layouts(inputs)
+            infos = interop.validate(dict(zip(self.arg_names, inputs)), contiguous=False)
             self._check_compiled_for(infos, self.plan.inputs)
             if out is not None and len(out) != len(self.outputs):
                 raise TesseraError(f"{self.name}: out= takes {len(self.outputs)} array(s), got {len(out)}")
@@ -164,14 +176,24 @@ class GpuProgram:
             profile.record_launches(self.profiled, temps)
         return outputs
 
+    def _in_compiled_layouts(self, inputs: Sequence) -> list:
+        """The inputs, each one the compile chose to copy (`Compiled.copied_args` says why) copied
+        to a contiguous buffer where it is strided."""
+        return [interop.contiguous(x) if b.copied and interop.layout_of(x) is not None else x
+                for x, b in zip(inputs, self.plan.inputs)]
+
     def _check_compiled_for(self, infos: dict, buffers: list[Buffer]) -> None:
-        """Each array's shape and dtype are the ones the program was compiled for."""
+        """Each array's shape, dtype and layout are the ones the program was compiled for."""
         for (name, info), b in zip(infos.items(), buffers):
             if info.shape != b.shape:
                 raise ShapeError(f"{self.name}: argument {name!r} has shape {info.shape}, compiled for {b.shape}")
             if info.dtype != b.dtype:
                 raise DTypeError(f"{self.name}: argument {name!r} is {info.type_name}, "
                                          f"compiled for {b.dtype.name}")
+            strides = interop.canonical_strides(info.shape, info.strides)
+            if strides != b.strides:
+                raise interop.LayoutError(f"{self.name}: argument {name!r} has strides {info.strides}, compiled for "
+                                          f"{b.strides or 'a contiguous layout (call .contiguous() on it)'}")
 
     def _prepared_launches(self) -> list[driver.PreparedLaunch]:
         """This thread's prepared launch per step (their argument buffers are rewritten per call)."""
@@ -192,7 +214,7 @@ class GpuProgram:
 
     def _torch_fast_path(self, inputs, out):
         """(pointers, outputs) for a call whose torch tensors match the learned signature exactly
-        (type, dtype, device, shape, contiguity, 16-byte alignment), else None: the general path
+        (type, dtype, device, shape, layout, 16-byte alignment), else None: the general path
         then validates, and names the argument that is wrong."""
         if self._torch_signature is None or len(inputs) != self.n_inputs:
             return None
@@ -200,9 +222,9 @@ class GpuProgram:
         n_out = len(self.outputs)
         given = [*inputs, *(out if out is not None else ())]
         pointers = []
-        for x, shape, (dtype, device) in zip(given, self._shapes, expected):
+        for x, shape, strides, (dtype, device) in zip(given, self._shapes, self._strides, expected):
             if type(x) is not kind or x.dtype != dtype or x.get_device() != device or x.shape != shape \
-                    or not x.is_contiguous():
+                    or not (x.is_contiguous() if strides is None else x.stride() == strides):
                 return None
             ptr = x.data_ptr()
             if ptr % 16:

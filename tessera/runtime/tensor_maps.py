@@ -12,12 +12,35 @@ from dataclasses import dataclass
 @dataclass(frozen=True)
 class TensorMapSpec:
     """A TMA tensor map a kernel takes by value (a 128-byte `.param`, after its pointer params):
-    the tile box it copies out of kernel argument `arg`, a row-major tensor of `shape` with
-    elements of tessera dtype `dtype`. Boxes are 128 bytes wide along the innermost dim and
-    land in shared memory with the 128-byte swizzle; out-of-bounds elements read as zero."""
+    the tile box it copies out of kernel argument `arg`, a tensor of `shape` with elements of
+    tessera dtype `dtype`, row-major or laid out with element `strides` (innermost 1). Boxes
+    are 128 bytes wide along the innermost dim and land in shared memory with the 128-byte
+    swizzle; out-of-bounds elements read as zero."""
 
     arg: int
     dtype: str
     shape: tuple[int, ...]
     box: tuple[int, ...]       # per dim, outermost first, like `shape`
     swizzle: int = 128
+    strides: tuple[int, ...] | None = None   # element strides, outermost first; None: row-major
+
+
+#: cuTensorMapEncodeTiled's bound on an outer dim's byte stride
+MAX_STRIDE_BYTES = 2 ** 40
+
+
+def stride_problem(strides: tuple[int, ...], element_bytes: int) -> str | None:
+    """Why a TMA tensor map cannot describe a tensor with these element strides (outermost first),
+    or None: its innermost dim must be contiguous and every other dim's byte stride a positive
+    multiple of 16 below 2^40 (the driver's rule; a broadcast dim's stride 0 is refused)."""
+    if strides and strides[-1] != 1:
+        return f"a tensor whose innermost dim has stride {strides[-1]}"
+    for d, st in enumerate(strides[:-1]):
+        nbytes = st * element_bytes
+        if nbytes == 0:
+            return f"a tensor broadcast along dim {d} (stride 0)"
+        if nbytes % 16:
+            return f"a tensor whose rows are not 16-byte aligned (dim {d} steps {nbytes} bytes)"
+        if not 0 < nbytes < MAX_STRIDE_BYTES:
+            return f"a tensor whose dim {d} steps {nbytes} bytes (TMA takes up to 2^40)"
+    return None

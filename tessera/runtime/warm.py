@@ -39,7 +39,7 @@ import numpy as np
 
 from ..dtypes import DType
 from ..errors import TesseraError
-from . import cache, ptxas
+from . import cache, interop, ptxas
 from .artifact import FORMAT_VERSION, Artifact, ArtifactError, pack, unpack
 
 log = logging.getLogger("tessera.warm")
@@ -173,7 +173,7 @@ def function_key(function, tensors, constants: dict, options: dict) -> str | Non
         "signature": str(function.signature),
         "space": function.space,
         "captures": captured,
-        "tensors": [[name, list(x.shape), str(x.dtype)] for name, x in tensors],
+        "tensors": [[name, list(x.shape), str(x.dtype), interop.layout_of(x)] for name, x in tensors],
         "constants": sorted([k, repr(v)] for k, v in constants.items()),
         "options": sorted([k, repr(v)] for k, v in options.items()),
         "environment": [os.environ.get(name, "") for name in COMPILE_ENVIRONMENT],

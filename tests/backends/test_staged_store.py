@@ -11,6 +11,7 @@ import math
 import re
 
 import pytest
+from xdsl.dialects.builtin import MemRefType, bf16, f16, f32
 
 import tessera as tsr
 from tessera import Tensor
@@ -141,7 +142,8 @@ def run_staged_store(ty, tile, wm, wn, shape, offsets) -> dict[int, tuple[int, i
     assert staging is not None
     e = fresh_emitter(wm * wn)
     regs = [f"%acc{i}" for i in range(len(layout.offsets))]
-    emit_staged_store(e, layout, ty, shape, regs, "%dst", [f"%off{d}" for d in range(len(shape))], staging, 0)
+    memref = MemRefType({F16: f16, BF16: bf16, F32: f32}[ty], shape)
+    emit_staged_store(e, layout, ty, memref, regs, "%dst", [f"%off{d}" for d in range(len(shape))], staging, 0)
     shared, written = {}, {}
     for warp in range(wm * wn):
         lanes = [{"%dst": DST, e.smem_base(): 0, **{f"%off{d}": o for d, o in enumerate(offsets)},

@@ -26,8 +26,11 @@ def test_only_hashable_calls_have_a_gpu_call_key():
     class FakeCuda:
         is_cuda, shape, dtype, device = True, (2, 3), "float16", "cuda:0"
 
+        def is_contiguous(self):
+            return True
+
     key = tsr.Function._gpu_call_key
-    assert key((FakeCuda(), 1), {"path": "ampere"}) == ((((2, 3), "float16", "cuda:0"), (int, 1)),
+    assert key((FakeCuda(), 1), {"path": "ampere"}) == ((((2, 3), "float16", "cuda:0", True), (int, 1)),
                                                         (("path", "ampere"),))
     assert key((FakeCuda(), 1), {}) != key((FakeCuda(), 1.0), {})
     assert key((np.zeros(3),), {}) is None

@@ -245,6 +245,9 @@ class FakeTorchTensor:
     def stride(self):
         return tuple(s // self.array.itemsize for s in self.array.strides)
 
+    def is_contiguous(self):
+        return self.array.flags.c_contiguous
+
 
 @pytest.fixture
 def fake_torch(monkeypatch):

@@ -376,7 +376,7 @@ def test_a_program_checks_every_call_after_its_first(torch_cuda, arch, monkeypat
             (out,) = program(x, y)
             torch.testing.assert_close(out, x * 2 + y)
     wide = torch.randn(128, 64, device="cuda", dtype=torch.float16)
-    with pytest.raises(interop.LayoutError, match="argument 'y' must be contiguous"):
+    with pytest.raises(interop.LayoutError, match=r"argument 'y' has strides \(1, 64\), compiled for a contiguous"):
         program(x, wide.t())
     with pytest.raises(interop.LayoutError, match="argument 'x' data pointer is not 16-byte aligned"):
         program(torch.empty(64 * 128 + 1, device="cuda", dtype=torch.float16)[1:].view(64, 128), y)
@@ -415,11 +415,13 @@ def test_a_function_reruns_the_program_of_an_earlier_identical_call(torch_cuda, 
     with monkeypatch.context() as m:
         m.setattr(function_module, "_gpu_options", lambda *a: pytest.fail("the remembered program was not used"))
         torch.testing.assert_close(fn(x, y, 2.0), x * 2 + y)
-        with pytest.raises(interop.LayoutError, match="argument 'y' must be contiguous"):
-            fn(x, torch.randn(128, 64, device="cuda", dtype=torch.float16).t(), 2.0)
+        with pytest.raises(interop.LayoutError, match="argument 'y' data pointer is not 16-byte aligned"):
+            fn(x, torch.empty(64 * 128 + 8, device="cuda", dtype=torch.float16)[1:1 + 64 * 128].view(64, 128), 2.0)
     torch.testing.assert_close(fn(x, y, 0.5), x * 0.5 + y)          # another constant: another program
     torch.testing.assert_close(fn(x[:32], y[:32], 2.0), x[:32] * 2 + y[:32])
-    assert len(fn._programs) == 3
+    t = torch.randn(128, 64, device="cuda", dtype=torch.float16).t()
+    torch.testing.assert_close(fn(x, t, 2.0), x * 2 + t)              # another layout: another program
+    assert len(fn._programs) == 4
 
 
 def test_tma_kernels_run_on_a_second_gpu(torch_cuda):

@@ -49,6 +49,7 @@ def spec(**overrides):
     spec(dtype="f32", box=(64, 32)),
     spec(dtype="fp8_e4m3", box=(64, 128)),
     spec(shape=(4, 8, 16, 64), box=(1, 1, 16, 64)),
+    spec(shape=(2, 4, 100, 64), box=(1, 1, 64, 64), strides=(100 * 4 * 64, 64, 4 * 64, 1)),   # [B, S, H, D] seen as BHSD
     spec(swizzle=0, box=(64, 256)),
     spec(swizzle=64, box=(64, 32)),
 ])
@@ -56,10 +57,23 @@ def test_valid_maps_pass(s):
     check_tensor_map(PTR, s)
 
 
+def test_a_strided_map_gives_the_driver_its_own_byte_strides():
+    """Innermost dim first, as cuTensorMapEncodeTiled takes them; a row-major map's are its shape's."""
+    from tessera.runtime.driver import _tensor_map_layout
+
+    strided = spec(shape=(2, 4, 100, 64), box=(1, 1, 64, 64), strides=(25600, 64, 256, 1))
+    assert _tensor_map_layout(strided, 2) == ([64, 100, 4, 2], [512, 128, 51200], [64, 64, 1, 1])
+    assert _tensor_map_layout(spec(), 2)[1] == [512]
+
+
 @pytest.mark.parametrize("ptr, s, message", [
     (PTR + 8, spec(), r"the pointer must be 16-byte aligned"),
-    (PTR, spec(shape=(128, 100)), r"byte strides of the outer dims \(200\) must be multiples of 16"),
-    (PTR, spec(shape=(2, 3, 4), box=(1, 1, 8)), r"byte strides of the outer dims \(24, 8\)"),
+    (PTR, spec(shape=(128, 100)), r"rows are not 16-byte aligned \(dim 0 steps 200 bytes\)"),
+    (PTR, spec(shape=(2, 3, 4), box=(1, 1, 8)), r"rows are not 16-byte aligned \(dim 0 steps 24 bytes\)"),
+    (PTR, spec(shape=(2, 64, 64), box=(1, 64, 64), strides=(4100, 64, 1)),
+     r"rows are not 16-byte aligned \(dim 0 steps 8200 bytes\)"),
+    (PTR, spec(shape=(2, 64, 64), box=(1, 64, 64), strides=(0, 64, 1)), r"broadcast along dim 0 \(stride 0\)"),
+    (PTR, spec(shape=(64, 64), strides=(1, 64)), r"innermost dim has stride 64"),
     (PTR, spec(box=(512, 64)), r"every box dim must be 1 to 256"),
     (PTR, spec(box=(0, 64)), r"every box dim must be 1 to 256"),
     (PTR, spec(box=(64, 128)), r"innermost box dim is 256 bytes, wider than the 128-byte swizzle"),
@@ -74,5 +88,6 @@ def test_valid_maps_pass(s):
 def test_invalid_maps_are_refused_naming_the_map(ptr, s, message):
     with pytest.raises(ArgumentError, match=message) as e:
         check_tensor_map(ptr, s)
-    assert f"tensor map of argument 1 ({s.dtype}, shape {s.shape}, box {s.box}" in str(e.value)
+    strides = f", strides {s.strides}" if s.strides else ""
+    assert f"tensor map of argument 1 ({s.dtype}, shape {s.shape}{strides}, box {s.box}" in str(e.value)
     assert f"pointer {ptr:#x}" in str(e.value)

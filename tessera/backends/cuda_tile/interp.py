@@ -1177,6 +1177,19 @@ def run_entry(entry: ct.Entry, grid: Sequence[int], buffers: Sequence) -> None:
                     body.run(frame)
 
 
+def _storage(x: np.ndarray, memref_type) -> np.ndarray:
+    """The flat storage a strided parameter's pointer addresses, as a GPU kernel sees it: `x`'s
+    elements at their strides (`tile.element_strides`), NaN (or the poison) where none lies."""
+    from ...interpreter.tile_interp import poison
+    from ...ir import tile as t
+
+    flat = poison((t.reach(memref_type),), x.dtype).reshape(-1)
+    itemsize = x.dtype.itemsize
+    view = np.lib.stride_tricks.as_strided(flat, x.shape, [st * itemsize for st in t.element_strides(memref_type)])
+    view[...] = x
+    return flat
+
+
 def run_kernels(kernels: dict, tile_module, *inputs: np.ndarray) -> list[np.ndarray]:
     """Runs a compiled function's cuda_tile kernels (`Compiled.stage("cuda_tile")`) the way
     `Compiled.run` runs its Tile IR module (`tile_module`, `Compiled.stage("tile")`): the host
@@ -1198,11 +1211,10 @@ def run_kernels(kernels: dict, tile_module, *inputs: np.ndarray) -> list[np.ndar
         raise InterpError(f"{host.sym_name.data} takes {len(params)} buffers, got {len(inputs)} inputs")
     env: dict = {}
     for p, x in zip(params, inputs):
-        x = np.ascontiguousarray(x)
         want = (tuple(p.type.get_shape()), memref_dtype(p.type))
         if (x.shape, x.dtype) != want:
             raise InterpError(f"{host.sym_name.data}: input of shape {x.shape} and dtype {x.dtype}, expected {want}")
-        env[p] = x
+        env[p] = _storage(x, p.type) if t.is_strided(p.type) else np.ascontiguousarray(x)
     outputs = [poison(p.type.get_shape(), memref_dtype(p.type)) for p in params[len(inputs):]]
     env.update(zip(params[len(inputs):], outputs))
     for op in host.body.block.ops:

@@ -8,8 +8,8 @@ tensor-core instructions NVIDIA's tileiras decides. So this backend reads Tile I
 
 The mapping:
 - each memref parameter: a `tile<ptr<T>>` entry argument, 16-byte aligned (the runtime checks
-  every argument's alignment before a launch), viewed as a static tensor_view (the memref's shape,
-  row-major strides);
+  every argument's alignment before a launch), viewed as a static tensor_view (the memref's shape
+  and strides: row-major, or an argument's own where it was passed strided);
 - index values (program ids, offsets, loop counters) and i32 tiles: `tile<i32>` (a dim stays under
   2^31, `compiler.MAX_DIM`);
 - `tile.load`/`tile.store` whose offsets are known multiples of the tile (index_facts): a load or
@@ -79,14 +79,6 @@ def tile_type(ty) -> ct.TileType:
     return ct.TileType(element(elem), shape)
 
 
-def row_major_strides(shape) -> tuple[int, ...]:
-    strides, step = [], 1
-    for d in reversed(shape):
-        strides.append(step)
-        step *= d
-    return tuple(reversed(strides))
-
-
 class _KernelLowering:
     """One tile.kernel as one cuda_tile entry of `module`."""
 
@@ -108,7 +100,7 @@ class _KernelLowering:
             self.pointers[p] = self.top.assume(arg, ct.DivBy(16))
             self.views[p] = self.top.make_tensor_view(
                 self.pointers[p], ct.TensorViewType(element(p.type.get_element_type()), shape,
-                                                    row_major_strides(shape)))
+                                                    t.element_strides(p.type)))
         self.block_ids: tuple | None = None
         self.ordered = self._read_and_written(kernel)
         self.tokens: dict[SSAValue, ct.Value] = {}
@@ -220,8 +212,8 @@ class _KernelLowering:
         (below its end, and at or after its start where an offset may be negative, as the PTX
         backend checks)."""
         b, mem_shape = self.b, mem.type.get_shape()
-        strides = row_major_strides(mem_shape)
-        wide = math.prod(mem_shape) >= 2 ** 31
+        strides = t.element_strides(mem.type)
+        wide = t.reach(mem.type) >= 2 ** 31
         idx = ct.I64 if wide else ct.I32
         linear = mask = None
         for i, d in enumerate(tile_dims):

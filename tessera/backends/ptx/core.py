@@ -147,14 +147,15 @@ class KernelEmitter:
         self.emit(f"shr.u32 {hi}, {x}, {n.bit_length() - 1};")
         return lo, hi
 
-    def element_address(self, base: str, terms: list[tuple[str, int]], elem_bytes: int, elements: int) -> str:
+    def element_address(self, base: str, terms: list[tuple[str, int]], elem_bytes: int, reach: int) -> str:
         """A u64 register holding base + elem_bytes * sum(index * stride) over `terms` (s32 index
-        registers, constant element strides), the address of an element of a tensor of `elements`
-        elements at `base`. Below 2^31 elements the sum is taken in 32-bit integers and widened
+        registers, constant element strides), the address of an element of a tensor at `base`
+        whose elements lie within `reach` elements of it (`tile.reach`: its element count when
+        contiguous). Below a reach of 2^31 the sum is taken in 32-bit integers and widened
         once; a larger tensor (an 8 x 32 x 131072 x 128 KV cache has 2^32) sums 64-bit products,
         which a 32-bit sum would wrap into an address outside the tensor."""
         addr = self.new(U64)
-        if elements < 2 ** 31:
+        if reach < 2 ** 31:
             linear = self.new(S32)
             self.emit(f"mov.s32 {linear}, 0;")
             for index, stride in terms:

@@ -108,7 +108,8 @@ def _issuer(e: KernelEmitter) -> str:
 def _tensor_map(e: KernelEmitter, op: tgt.TensorMapOp) -> None:
     """A by-value tensor-map `.param` after the pointer params, and its generic address."""
     m: tgt.TensorMapType = op.result.type
-    spec = TensorMapSpec(op.tensor.index, str(m.element_type), m.shape_dims, m.box_dims, m.swizzle.data)
+    spec = TensorMapSpec(op.tensor.index, str(m.element_type), m.shape_dims, m.box_dims, m.swizzle.data,
+                         m.element_strides if m.strides.data else None)
     name = f"{e.name}_tmap_{len(e.tensor_maps)}"
     e.tensor_maps.append(spec)
     e.extra_params.append(f"    .param .align 64 .b8 {name}[128]")

@@ -6,7 +6,6 @@ accumulator tile through a shared buffer per warp, in 16-byte row-contiguous sto
 """
 from __future__ import annotations
 
-import math
 from typing import Callable
 
 from xdsl.dialects.builtin import MemRefType
@@ -26,12 +25,12 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
     """Per element: byte offset from a per-thread base address, and a predicate (in bounds and in tile)."""
     mt: MemRefType = memref.type
     shape = mt.get_shape()
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    strides = t.element_strides(mt)
     elem = ptx_type(mt).bytes
     bases, offs = e.coords(layout)
     terms = [(e.value(off), strides[d]) for d, off in enumerate(offsets)]
     terms += [(bases[k], strides[d]) for k, d in enumerate(tile_dims)]
-    addr = e.element_address(e.value(memref), terms, elem, math.prod(shape))
+    addr = e.element_address(e.value(memref), terms, elem, t.reach(mt))
     # bounds: coordinate along each tiled memory dim = offset + base + const
     starts = []
     for k, d in enumerate(tile_dims):
@@ -70,10 +69,9 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
 
 def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
     """A rank-0 tile: one element, the same for the whole program (e.g. a per-head ALiBi slope)."""
-    shape = op.src.type.get_shape()
     ty = ptx_type(op.result.type)
-    terms = [(e.value(off), math.prod(shape[d + 1:])) for d, off in enumerate(op.offsets)]
-    addr, r = e.element_address(e.value(op.src), terms, ty.bytes, math.prod(shape)), e.new(ty)
+    terms = [(e.value(off), st) for off, st in zip(op.offsets, t.element_strides(op.src.type))]
+    addr, r = e.element_address(e.value(op.src), terms, ty.bytes, t.reach(op.src.type)), e.new(ty)
     if ty is PRED:
         e.env[op.result] = _load_bool(e, addr, 0, None, 0.0)
         return
@@ -102,8 +100,8 @@ def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner
     """How many consecutive registers each access may move at once (16 bytes at most).
 
     Registers i..i+w-1 must hold consecutive elements of the tensor's innermost dim,
-    whose length (and so every row start) is a multiple of w, from a tile whose offset
-    along it (`inner_offset`) is one too (a slice's shifted tile may not be): a run is
+    whose length and every outer stride (so every row start) are multiples of w, from a tile
+    whose offset along it (`inner_offset`) is one too (a slice's shifted tile may not be): a run is
     then wholly inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
     """
     shape = memref.type.get_shape()
@@ -113,7 +111,8 @@ def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner
     offsets = layout.offsets
     aligned = index_facts.known_multiple(inner_offset)
     while width > 1:
-        if shape[-1] % width == 0 and len(offsets) % width == 0 and aligned % width == 0 and all(
+        if shape[-1] % width == 0 and t.rows_aligned(memref.type, width) and len(offsets) % width == 0 \
+                and aligned % width == 0 and all(
                 offsets[i + j][:-1] == offsets[i][:-1] and offsets[i + j][-1] == offsets[i][-1] + j
                 and offsets[i][-1] % width == 0
                 for i in range(0, len(offsets), width) for j in range(width)):
@@ -202,7 +201,7 @@ def _store_staged(e: KernelEmitter, op: t.StoreOp) -> None:
         raise UnsupportedByBackend("PTX backend: a staged tile.store has no tessera_target.scratch (the "
                                    "shared-memory allocation pass places its buffers)")
     ty = ptx_type(op.value.type)
-    emit_staged_store(e, e.layouts[op.value], ty, op.dst.type.get_shape(), e.regs_of(op.value), e.value(op.dst),
+    emit_staged_store(e, e.layouts[op.value], ty, op.dst.type, e.regs_of(op.value), e.value(op.dst),
                       [e.value(o) for o in op.offsets], Staging.of_attr(op.attributes[tgt.STAGING], ty.bytes),
                       scratch.offset.data)
 
@@ -212,15 +211,15 @@ def _storing_warps(e: KernelEmitter) -> int:
     return (e.threads - e.producer_threads) // 32
 
 
-def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, shape, regs: list[str], dst: str,
+def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, mt: MemRefType, regs: list[str], dst: str,
                       offsets: list[str], st: Staging, scratch: int) -> None:
-    """Stores the accumulator tile `regs` (laid out as `layout`) at `offsets` of the `shape` tensor
-    at `dst`. Each warp writes its fragments for 16 rows x `st.cols` columns into its own shared
+    """Stores the accumulator tile `regs` (laid out as `layout`) at `offsets` of the tensor of type
+    `mt` at `dst`. Each warp writes its fragments for 16 rows x `st.cols` columns into its own shared
     buffer, then reads them back a row-contiguous 16 bytes per lane and stores those to global
     memory; warp barriers order the buffer's reuse (no block barrier: warps store independently).
     The buffers lie one after another from byte `scratch` of the dynamic shared memory."""
+    shape, strides = mt.get_shape(), t.element_strides(mt)
     row_dim, col_dim = len(shape) - 2, len(shape) - 1
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     warps = _storing_warps(e)
     _, lane, warp = e.tid()
 
@@ -249,7 +248,7 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, shape, regs: l
     e.emit(f"mad.lo.s32 {col}, {piece}, {st.vec}, {col0};")
     e.emit(f"add.s32 {col}, {col}, {offsets[col_dim]};")
     terms = [(row, strides[row_dim]), (col, 1), *((offsets[d], strides[d]) for d in range(row_dim))]
-    addr = e.element_address(dst, terms, ty.bytes, math.prod(shape))
+    addr = e.element_address(dst, terms, ty.bytes, t.reach(mt))
 
     rows_per_pass = 32 // st.lanes_per_row
     mi_n, ni_n = layout.fragments

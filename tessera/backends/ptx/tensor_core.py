@@ -18,7 +18,6 @@
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 from xdsl.dialects.builtin import MemRefType
@@ -163,19 +162,19 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     buf: SharedBuffer = e.env[op.dst]
     (stage,) = [e.value(v) for v in op.dst_indices]
     src = op.src
-    shape = src.type.get_shape()
-    strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
+    shape, strides = src.type.get_shape(), t.element_strides(src.type)
     dims = t.int_values(op.tile_dims)
     padding = op.padding.value.data if op.padding is not None else 0.0
     elem = buf.elem
     vector = (op.mechanism.data == "cp.async" and dims[1] == len(shape) - 1 and padding == 0.0
-              and (shape[-1] * elem) % 16 == 0 and (buf.cols * elem) % 16 == 0)
+              and (shape[-1] * elem) % 16 == 0 and t.rows_aligned(src.type, 16 // elem)
+              and (buf.cols * elem) % 16 == 0)
     chunk = 16 // elem if vector else 1
     row, col, offsets, overhang = _thread_chunks(e, buf.rows, buf.cols // chunk, chunk)
     offs = [e.value(v) for v in op.src_indices]
     # global element index of this thread's first chunk, and its coordinates along the two tile dims
     terms = [*((off, strides[d]) for d, off in enumerate(offs)), (row, strides[dims[0]]), (col, strides[dims[1]])]
-    gbase = e.element_address(e.value(src), terms, elem, math.prod(shape))
+    gbase = e.element_address(e.value(src), terms, elem, t.reach(src.type))
     sbase = stage_address(e, buf, stage)
     first = _shared_slot(e, buf, sbase, row, 0, col, 0)
 

@@ -33,9 +33,9 @@ def test_case_matches_reference_and_tile_interpreter(case_id):
     compiled = case.fn.compile(case.specs(), backend="cuda-tile")
     kernels = compiled.stage("cuda_tile")
     inputs = [cuda_tile_cases.as_dtype(x, case.dtype) for x in case.inputs()]
-    got = interp.run_kernels(kernels, compiled.stage("tile"), *inputs)
+    got = interp.run_kernels(kernels, compiled.stage("tile"), *cuda_tile_cases.laid_out(case, inputs))
     want = compiled.reference(*inputs)
-    tile_interp = compiled.run(*inputs)
+    tile_interp = compiled.run(*cuda_tile_cases.laid_out(case, inputs))
     assert len(got) == len(want) == len(tile_interp)
     for i, (g, w, t) in enumerate(zip(got, want, tile_interp)):
         assert g.shape == t.shape and g.dtype == t.dtype, i
