@@ -42,6 +42,8 @@ int32 = DType("int32", "i32", np.dtype(np.int32), 32, False, "s32")
 bool_ = DType("bool", "i1", np.dtype(np.bool_), 1, False, "pred")
 
 ALL = (fp32, fp16, bf16, fp8_e4m3, fp8_e5m2, int32, bool_)
+#: the 8-bit floats: storage types, whose matmul product is fp32
+FP8 = (fp8_e4m3, fp8_e5m2)
 BY_NAME = {d.name: d for d in ALL}
 BY_NAME.update({"float32": fp32, "float16": fp16, "half": fp16, "bfloat16": bf16, "i32": int32, "int": int32})
 BY_MLIR = {d.mlir: d for d in ALL}

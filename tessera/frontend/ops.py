@@ -394,7 +394,9 @@ def _region_mask(x: Tensor, region: list) -> Tensor | None:
 # --- matmul and reductions ------------------------------------------------------------
 
 def matmul(a: Tensor, b: Tensor) -> Tensor:
-    """Batched matrix product with broadcast batch dims, like torch.matmul for rank >= 2."""
+    """Batched matrix product with broadcast batch dims, like torch.matmul for rank >= 2. Of fp8
+    operands (a storage type) the product is fp32, as the tensor cores accumulate it, so scales
+    apply as ordinary math: `(tsr.matmul(a, b.T) * (sa * sb)).to(tsr.bf16)` (torch._scaled_mm)."""
     g = _graph()
     trace = current_trace()
     for name, x in (("first", a), ("second", b)):
@@ -417,8 +419,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         raise ShapeError(f"matmul: batch dims of {_label(a)} {_show(a)} and {_label(b)} {_show(b)} "
                          f"do not broadcast") from e
     dims = (*batch, a.dims[-2], b.dims[-1])
-    op = trace.add(g.MatmulOp(a.value, b.value, g.TensorType.of(dims, a.dtype)))
-    return _make(op.res, dims, a.dtype, "matmul result")
+    out = dtypes.fp32 if a.dtype in dtypes.FP8 else a.dtype
+    op = trace.add(g.MatmulOp(a.value, b.value, g.TensorType.of(dims, out)))
+    return _make(op.res, dims, out, "matmul result")
 
 
 def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:

@@ -98,6 +98,11 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("gemm", lambda f: f.get("wgmma") and f.get("element_bytes") == 2,
      {"block_m": 128, "block_n": 256, "block_k": 64, "num_warps": 8, "num_stages": 4, "mma_async": 1,
       "persistent": 1}),
+    # ... and so with 8-bit operands (fp8), whose K steps take 128 elements to fill a 128-byte
+    # swizzled row (the same 192 KB of stages)
+    ("gemm", lambda f: f.get("wgmma") and f.get("element_bytes") == 1,
+     {"block_m": 128, "block_n": 256, "block_k": 128, "num_warps": 8, "num_stages": 4, "mma_async": 1,
+      "persistent": 1}),
     # ... whose 128 accumulators per thread leave no room for a heavy epilogue's temporaries
     ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_ops", 0) > 2, {"block_n": 128}),
     ("flash_attention", lambda f: f.get("head_dim") == 128,

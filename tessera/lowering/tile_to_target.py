@@ -78,14 +78,14 @@ def estimate_regs(kernel: tile.KernelOp, threads: int, platform: Platform, produ
 
 NATIVE = platforms.HOPPER_NATIVE
 
-#: wgmma reads 16-bit operands through descriptors.
-_WGMMA_ELEMENT_BITS = 16
+#: wgmma reads 16-bit operands through descriptors, and 8-bit ones (fp8) stored K-major only.
+_WGMMA_ELEMENT_BITS = (16, 8)
 
 
 def native_blockers(kernel: tile.KernelOp, platform: Platform) -> list[str]:
     """Why `kernel` can't use TMA copies and wgmma on `platform` (empty when it can).
 
-    Copies must be unpadded boxes of a 16-bit tensor whose tile rows run along its
+    Copies must be unpadded boxes of a 16-bit or 8-bit tensor whose tile rows run along its
     contiguous dim, a whole number of 128-byte swizzle spans wide, whose outer dims' strides
     a tensor map can hold (`tensor_maps.stride_problem`: 16-byte aligned rows); every mma must read B from shared memory (A from shared
     memory or, like attention's probabilities, from registers), with one 64-row
@@ -110,7 +110,7 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
     stride_problem = tensor_maps.stride_problem(tile.element_strides(src), max(1, bits // 8))
     checks = [
         (op.padding.value.data == 0.0, "a copy padded with a value other than 0"),
-        (bits == _WGMMA_ELEMENT_BITS, f"a copy of {bits}-bit elements"),
+        (bits in _WGMMA_ELEMENT_BITS, f"a copy of {bits}-bit elements"),
         (tuple(op.tile_dims.get_values())[1] == src.get_num_dims() - 1,
          "a copy whose tile rows do not run along the tensor's contiguous dim"),
         (stride_problem is None, f"{stride_problem}"),
@@ -122,11 +122,14 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
 
 def _mma_blockers(op: tile.MmaOp, warps: int) -> list[str]:
     m, n, k = op.mnk
+    bits = op.a.type.get_element_type().bitwidth
     checks = [
         (isinstance(op.b.owner, tile.LoadSharedOp), "an mma B operand held in registers"),
         (warps % 4 == 0 and m == 16 * warps, f"an mma of {m} rows on {warps} warps (wgmma: 64 rows per warpgroup)"),
         (k % 16 == 0 and n % 8 == 0 and (n <= 256 or n % 256 == 0), f"an mma tile {m}x{n}x{k}"),
-        (op.a.type.get_element_type().bitwidth == _WGMMA_ELEMENT_BITS, "an mma on non-16-bit operands"),
+        (bits in _WGMMA_ELEMENT_BITS, f"an mma on {bits}-bit operands"),
+        (bits != 8 or (op.transpose_a is None and op.transpose_b is not None),
+         "an 8-bit mma whose operands are not both K-contiguous (A as [M, K], B as [N, K])"),
     ]
     return [why for ok, why in checks if not ok]
 

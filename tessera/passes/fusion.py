@@ -858,6 +858,20 @@ def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
     return tensor_maps.stride_problem(strides, t.dtype.itemsize) is None
 
 
+def _wgmma_reads(mm: g.MatmulOp) -> bool:
+    """Whether wgmma reads this matmul's operands as they are stored: 16-bit ones in any layout,
+    8-bit ones only K-contiguous (A as [M, K], B the transpose of an [N, K] tensor: `a @ b.T`), as
+    `tile_to_target.native_blockers` requires."""
+    if g.tensor_type(mm.lhs).dtype.bits != 8:
+        return True
+    return not _swaps_last_dims(mm.lhs) and _swaps_last_dims(mm.rhs)
+
+
+def _swaps_last_dims(v: SSAValue) -> bool:
+    op = v.owner
+    return isinstance(op, g.TransposeOp) and op.permutation[-2:] == (len(op.permutation) - 1, len(op.permutation) - 2)
+
+
 def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     """What of a group's problem its default tiling depends on."""
     matmuls = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
@@ -868,8 +882,8 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     lhs = g.tensor_type(matmuls[0].lhs)
     features = {"element_bytes": lhs.dtype.itemsize,
                 "epilogue_ops": sum(isinstance(op, ELEMENTWISE) and op not in planner.assert_only for op in group.ops),
-                "wgmma": int(planner.native and all(_rows_aligned(v, group, planner) for mm in matmuls
-                                                    for v in (mm.lhs, mm.rhs))),
+                "wgmma": int(planner.native and all(_rows_aligned(v, group, planner) and _wgmma_reads(mm)
+                                                    for mm in matmuls for v in (mm.lhs, mm.rhs))),
                 "tile_compiler": int(planner.tile_compiler)}
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)

@@ -33,6 +33,7 @@ from xdsl.dialects import arith
 from xdsl.dialects.builtin import FloatAttr
 from xdsl.ir import BlockArgument
 
+from ... import dtypes
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Mma
@@ -260,22 +261,27 @@ def _step(e: KernelEmitter, desc: str, byte_offset: int) -> str:
 
 
 def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
-    """m64nNk16 instructions over the tile, stepping each descriptor along K (and B's along N) by
-    its buffer's layout (`TmaBuffer.start`); A from its descriptor or, in accumulator layout (attention's
-    probabilities), from registers as mma.sync's A fragments."""
+    """m64nNk16 (16-bit operands) or m64nNk32 (8-bit) instructions over the tile, stepping each
+    descriptor along K (and B's along N) by its buffer's layout (`TmaBuffer.start`); A from its
+    descriptor or, in accumulator layout (attention's probabilities), from registers as mma.sync's
+    A fragments. 8-bit operands are read K-major only (wgmma transposes only 16-bit ones)."""
     acc: Mma = e.layouts[op.acc]
     a_shared = isinstance(op.a.type, tgt.WgmmaDescriptorType)
     rows, cols = acc.shape
     if acc.wn != 1 or acc.warp_tile[0] != 16:
         raise UnsupportedByBackend(f"PTX backend: wgmma needs one 64-row slice per warpgroup, got {acc}")
-    _, n_instr, _ = t.int_values(op.shape)
+    _, n_instr, k = t.int_values(op.shape)
     a_k_major = not a_shared or op.a.type.major.data == "k"   # A stored [M, K]; else [K, M] (M-major)
-    k_steps = op.operand_shape(op.a)[1 if a_k_major else 0] // 16
+    k_steps = op.operand_shape(op.a)[1 if a_k_major else 0] // k
     b_k_major = op.b.type.major.data == "k"     # B stored [N, K]; else [K, N] (N-major)
+    eight_bit = dtypes.BY_MLIR[op.precision.data].bits == 8
+    if eight_bit and not (a_shared and a_k_major and b_k_major):
+        raise UnsupportedByBackend(f"PTX backend: an 8-bit wgmma (tessera.loc {op.attributes.get('tessera.loc')}) "
+                                   f"reads both operands K-major from shared memory")
     if a_shared:
         desc_a, a_buf = e.env[op.a]
     else:
-        fragments = _a_fragments(e, (e.regs_of(op.a), e.layouts[op.a]), acc, k_steps, 1)
+        fragments = _a_fragments(e, (e.regs_of(op.a), e.layouts[op.a]), acc, k_steps, 1, k=k)
     desc_b, b_buf = e.env[op.b]
     regs = e.regs_of(op.acc)
     from_zero = _is_zero_fill(op.acc)
@@ -290,26 +296,27 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     e.emit(f"mov.b32 {one}, 1;")
     e.emit(f"setp.ne.b32 {accumulate}, {one}, 0;")
     e.emit(f"setp.eq.b32 {ignore}, {one}, 0;")
-    precision = op.precision.data
+    precision = dtypes.BY_MLIR[op.precision.data].ptx
     per_instr = n_instr // 8 * 4           # accumulator registers one instruction writes
     if e.state.pop("wgmma_fence", False):
         e.emit("wgmma.fence.sync.aligned;")
     for kk in range(k_steps):
         if a_shared:
-            da = _step(e, desc_a, a_buf.start(0, 16 * kk) if a_k_major else a_buf.start(16 * kk, 0))
+            da = _step(e, desc_a, a_buf.start(0, k * kk) if a_k_major else a_buf.start(k * kk, 0))
         else:
             da = f"{{{', '.join(fragments[kk][0])}}}"
         for n0 in range(0, cols, n_instr):
             if b_k_major:
-                db = _step(e, desc_b, b_buf.start(n0, 16 * kk))
+                db = _step(e, desc_b, b_buf.start(n0, k * kk))
             else:
-                db = _step(e, desc_b, b_buf.start(16 * kk, n0))
+                db = _step(e, desc_b, b_buf.start(k * kk, n0))
             first = n0 // 8 * 4
             d = ", ".join(regs[first:first + per_instr])
-            trans = f"{f'{0 if a_k_major else 1}, ' if a_shared else ''}{0 if b_k_major else 1}"   # A in registers has no transpose
+            # transposes (16-bit only; A in registers has none)
+            trans = "" if eight_bit else f", {f'{0 if a_k_major else 1}, ' if a_shared else ''}{0 if b_k_major else 1}"
             scale_d = ignore if from_zero and kk == 0 else accumulate
-            e.emit(f"wgmma.mma_async.sync.aligned.m64n{n_instr}k16.f32.{precision}.{precision} "
-                   f"{{{d}}}, {da}, {db}, {scale_d}, 1, 1, {trans};")
+            e.emit(f"wgmma.mma_async.sync.aligned.m64n{n_instr}k{k}.f32.{precision}.{precision} "
+                   f"{{{d}}}, {da}, {db}, {scale_d}, 1, 1{trans};")
     e.env[op.result] = list(regs)
 
 

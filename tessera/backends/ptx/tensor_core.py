@@ -22,6 +22,7 @@ from dataclasses import dataclass
 
 from xdsl.dialects.builtin import MemRefType
 
+from ... import dtypes
 from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
@@ -272,8 +273,9 @@ def _load_shared(e: KernelEmitter, op: t.LoadSharedOp) -> None:
     if (len(uses) == 1 and isinstance(uses[0], tgt.TensorCoreOp) and uses[0].a is op.result
             and uses[0].parent_block() is not op.parent_block()):
         acc, transposed = e.layouts[uses[0].acc], _a_transposed(uses[0])
-        k_steps = op.result.type.get_shape()[0 if transposed else 1] // 16
-        e.env[op.result] = Fragments(_a_fragments(e, tile_, acc, k_steps, acc.wn, transposed))
+        k = t.int_values(uses[0].shape)[2]
+        k_steps = op.result.type.get_shape()[0 if transposed else 1] // k
+        e.env[op.result] = Fragments(_a_fragments(e, tile_, acc, k_steps, acc.wn, transposed, k))
         return
     e.env[op.result] = tile_
 
@@ -313,9 +315,11 @@ def _a_transposed(op: tgt.TensorCoreOp) -> bool:
     return op.layout.data[0] == "t"
 
 
-def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int, transposed: bool = False) -> list[list[list[str]]]:
+def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int, transposed: bool = False,
+                 k: int = 16) -> list[list[list[str]]]:
     """A fragments [kk][mi] = 4 registers, from shared memory (stored M x K, or K x M when
-    `transposed`) or repacked accumulator registers."""
+    `transposed`) or repacked accumulator registers, for an instruction of `k` (16: 16-bit
+    elements; 32: 8-bit ones, whose M x K fragment is ldmatrix's of the same 32 bytes a row)."""
     mi_n = acc.fragments[0]
     if isinstance(a, SharedTile) and transposed:
         return _a_fragments_transposed(e, a, acc, k_steps, wn)
@@ -329,7 +333,7 @@ def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int, transpose
         out = []
         for kk in range(k_steps):
             chunk = e.new(S32)
-            e.emit(f"add.s32 {chunk}, {hi}, {kk * 16 * buf.elem // 16};")
+            e.emit(f"add.s32 {chunk}, {hi}, {kk * _step_bytes(k, buf.elem) // 16};")
             addr = buf.address(e, base, row, chunk, f)
             out.append([_ldmatrix(e, 4, f"{addr}+{mi * 16 * buf.row_bytes}", trans=False) for mi in range(mi_n)])
         return out
@@ -375,8 +379,9 @@ def _a_fragments_transposed(e: KernelEmitter, a: SharedTile, acc: Mma, k_steps: 
     return out
 
 
-def _b_fragments(e: KernelEmitter, b: SharedTile, acc: Mma, k_steps: int, wn: int, k_major: bool):
-    """B fragments [kk][ni] = 2 registers, loaded with ldmatrix (x4 covers two n-fragments)."""
+def _b_fragments(e: KernelEmitter, b: SharedTile, acc: Mma, k_steps: int, wn: int, k_major: bool, k: int = 16):
+    """B fragments [kk][ni] = 2 registers, loaded with ldmatrix (x4 covers two n-fragments), for
+    an instruction of `k` (`_a_fragments`)."""
     lane, _, warp_n = _lane_parts(e, wn)
     buf = b.buffer
     base = stage_address(e, buf, b.stage)
@@ -400,7 +405,7 @@ def _b_fragments(e: KernelEmitter, b: SharedTile, acc: Mma, k_steps: int, wn: in
                 e.emit(f"add.s32 {chunk}, {lane_chunk}, {p * 8 // chunk_elems};")
                 addr = f"{buf.address(e, base, row, chunk, f)}+{kk * 16 * buf.row_bytes}"
             else:
-                e.emit(f"add.s32 {chunk}, {lane_chunk}, {kk * 16 // chunk_elems};")
+                e.emit(f"add.s32 {chunk}, {lane_chunk}, {kk * _step_bytes(k, buf.elem) // 16};")
                 addr = f"{buf.address(e, base, row, chunk, f)}+{p * 8 * buf.row_bytes}"
             regs = _ldmatrix(e, 4 if p + 1 < ni_n else 2, addr, trans=k_major)
             frags.append(regs[0:2])
@@ -415,25 +420,42 @@ def tensor_core_handler(families: dict):
     emits to its handler."""
     def handle(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
         handler = families.get(op.family.data)
-        if handler is None or (op.family.data == "mma.sync" and t.int_values(op.shape) != (16, 8, 16)):
+        if handler is None or (op.family.data == "mma.sync" and t.int_values(op.shape) not in MMA_SYNC_SHAPES):
             raise UnsupportedByBackend(f"PTX backend: tensor_core {op.family.data} "
                                        f"{list(t.int_values(op.shape))} is not supported yet")
         handler(e, op)
     return handle
 
 
+#: the mma.sync shapes emitted: m16n8k16 of 16-bit operands, m16n8k32 of 8-bit ones. Both take a
+#: k step of 32 bytes, so fragments load alike, in bytes (`_step_bytes`)
+MMA_SYNC_SHAPES = ((16, 8, 16), (16, 8, 32))
+
+
+def _step_bytes(k: int, elem: int) -> int:
+    """The bytes of one instruction's k step along a row of an operand (32 for every shape emitted)."""
+    return k * elem
+
+
 def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     acc: Mma = e.layouts[op.acc]
-    precision = op.precision.data
+    ptx_precision = dtypes.BY_MLIR[op.precision.data].ptx
+    k = t.int_values(op.shape)[2]
     a = e.env[op.a]
     transposed = _a_transposed(op)
-    k_steps = op.a.type.get_shape()[0 if transposed else 1] // 16
+    k_major_b = op.layout.data[1] == "n"
+    if k == 32 and (transposed or k_major_b or not isinstance(a, (SharedTile, Fragments))):
+        raise UnsupportedByBackend(
+            f"PTX backend: an 8-bit matmul (tessera.loc {op.attributes.get('tessera.loc')}) reads both operands "
+            f"K-contiguous from shared memory (ldmatrix transposes only 16-bit elements): store A as [M, K] and "
+            f"B as [N, K], and write a @ b.T")
+    k_steps = op.a.type.get_shape()[0 if transposed else 1] // k
     if isinstance(a, Fragments):
         a_frags = a.a
     else:
         a_frags = _a_fragments(e, a if isinstance(a, SharedTile) else (e.regs_of(op.a), e.layouts[op.a]),
-                               acc, k_steps, acc.wn, transposed)
-    b_frags = _b_fragments(e, e.env[op.b], acc, k_steps, acc.wn, k_major=op.layout.data[1] == "n")
+                               acc, k_steps, acc.wn, transposed, k)
+    b_frags = _b_fragments(e, e.env[op.b], acc, k_steps, acc.wn, k_major_b, k)
     regs = list(e.regs_of(op.acc))
     mi_n, ni_n = acc.fragments
     for kk in range(k_steps):
@@ -442,7 +464,7 @@ def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
                 index = [acc.register(mi, ni, c) for c in range(4)]
                 c_in = [regs[i] for i in index]
                 d = [e.new(F32) for _ in range(4)]
-                e.emit(f"mma.sync.aligned.m16n8k16.row.col.f32.{precision}.{precision}.f32 "
+                e.emit(f"mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx_precision}.{ptx_precision}.f32 "
                        f"{{{', '.join(d)}}}, {{{', '.join(a_frags[kk][mi])}}}, "
                        f"{{{', '.join(b_frags[kk][ni])}}}, {{{', '.join(c_in)}}};")
                 for i, r in zip(index, d):

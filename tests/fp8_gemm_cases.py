@@ -1,0 +1,26 @@
+"""FP8 GEMMs written as ordinary tensor math, as torch._scaled_mm computes them: an fp8 matmul's
+product is fp32, scaled per tensor or per row and column, then a fused epilogue and a cast. B is
+stored [N, K] (both operands K-contiguous, which fp8 tensor cores read). Shared by the CPU tests
+(tests/backends/test_fp8_gemm.py), the GPU tests and bench/fp8_gemm.py."""
+import tessera as tsr
+
+
+@tsr.function
+def scaled_mm(a, b, sa, sb):
+    """Per-tensor scales (one-element fp32 tensors, read on the device), a bf16 result:
+    torch._scaled_mm(a, b.T, sa, sb)."""
+    return (tsr.matmul(a, b.transpose(0, 1)) * (sa * sb)).to(tsr.bf16)
+
+
+@tsr.function
+def rowwise_bias_gelu(a, b, sa, sb, bias):
+    """Per-row scales of A ([M, 1]) and per-column scales of B ([1, N]), a bias and a gelu, fp16 out."""
+    return tsr.gelu(tsr.matmul(a, b.transpose(0, 1)) * sa * sb + bias, approximate="tanh").to(tsr.fp16)
+
+
+def reference(torch, fn, a, b, sa, sb, bias=None):
+    """The same math in float64 on the fp8 values."""
+    x = (a.double() @ b.double().T) * sa.double() * sb.double()
+    if fn is rowwise_bias_gelu:
+        x = torch.nn.functional.gelu(x + bias.double(), approximate="tanh")
+    return x
