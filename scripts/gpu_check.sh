@@ -83,6 +83,10 @@ python3 bench/split_k_gemm.py || status=1
 section "Decode attention"
 python3 bench/decode_attention.py || status=1
 
+# FP8 GEMMs (scales as tensor math, wgmma m64nNk32) against torch._scaled_mm (cuBLASLt) and Tessera's bf16 GEMM.
+section "FP8 GEMM"
+python3 bench/fp8_gemm.py || status=1
+
 # Strided inputs ([B, S, H, D] views, slices of wider matrices, a prefix of a KV cache) read in place, against the
 # same kernels on contiguous tensors, copying first, and torch on the same views.
 section "Strided inputs"
