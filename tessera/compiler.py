@@ -462,6 +462,9 @@ def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None
         arg_names=[a.data for a in f.attributes["tessera.arg_names"].data],
         result_names=[a.data for a in f.attributes["tessera.result_names"].data])
     compiled.stage("tile")
+    for name, why in compiled.copied_args.items():
+        log.warning("%s: argument %r is copied to a contiguous buffer before every call: %s",
+                    compiled.name, name, why)
     if stages:
         directory = dump_dir or os.environ.get("TESSERA_DUMP_DIR") or Path("tessera_ir") / compiled.name
         compiled.dump(directory, stages)

@@ -390,6 +390,12 @@ class Kernel(Function):
             device, options = _gpu_options(tensors, options)
             options = self._tuned_options(tensors, constants, options, device)
             program, result_names, reads_outputs = self._gpu_program(tensors, constants, options, device)
+            for n in result_names:
+                if interop.layout_of(arrays[n]) is not None:
+                    raise interop.LayoutError(
+                        f"{self.name}: output {n!r} is strided ({interop.describe(arrays[n]).strides} for shape "
+                        f"{tuple(arrays[n].shape)}); kernels store contiguous outputs: store into a contiguous "
+                        f"tensor, then copy it into the view")
             if reads_outputs:
                 program = _OutputsThroughCopies(program)
             program(*[x for _, x in tensors], out=[arrays[n] for n in result_names])

@@ -112,6 +112,17 @@ def test_layouts_kernels_cannot_take_are_copied_and_named(x, why):
     np.testing.assert_allclose(add(x, y), x + y, rtol=1e-6)
 
 
+def test_a_copy_is_logged_when_compiled(caplog):
+    @tsr.function
+    def add(x, y):
+        return x + y
+
+    with caplog.at_level("WARNING", logger="tessera.compiler"):
+        add(normal(7, 5).T, normal(5, 7))
+    assert "add: argument 'x' is copied to a contiguous buffer before every call: its innermost dim has stride 5" \
+        in caplog.text
+
+
 def test_an_argument_a_host_view_reshapes_is_copied():
     @tsr.function
     def flat(x):

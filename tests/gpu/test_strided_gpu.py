@@ -218,3 +218,21 @@ def test_attention_backward_through_views(torch_cuda):
     ref.backward(grad.double())
     check64(torch, out, ref.detach(), "fp16")
     check64(torch, x.grad, x64.grad, "fp16")
+
+
+def test_a_kernel_refuses_a_strided_output_naming_it(torch_cuda):
+    """A @kernel's outputs are stored contiguous: a strided one is an error that names it."""
+    torch = torch_cuda
+
+    @tsr.kernel
+    def double(x, out):
+        out[:] = x * 2.0
+
+    x = torch.randn(64, 128, device="cuda", dtype=torch.float16)
+    out = torch.empty(64, 256, device="cuda", dtype=torch.float16)[:, :128]
+    with pytest.raises(tsr.TesseraError, match=r"double: output 'out' is strided \(256, 1\)"):
+        double(x, out)
+    wide = torch.randn(64, 200, device="cuda", dtype=torch.float16)
+    dense = torch.empty(64, 128, device="cuda", dtype=torch.float16)
+    double(wide[:, :128], dense)   # a strided input is fine
+    assert torch.equal(dense, wide[:, :128] * 2)
