@@ -393,8 +393,8 @@ class Kernel(Function):
             for n in result_names:
                 if interop.layout_of(arrays[n]) is not None:
                     raise interop.LayoutError(
-                        f"{self.name}: output {n!r} is strided ({interop.describe(arrays[n]).strides} for shape "
-                        f"{tuple(arrays[n].shape)}); kernels store contiguous outputs: store into a contiguous "
+                        f"{self.name}: output {n!r} has strides {interop.describe(arrays[n]).strides} for shape "
+                        f"{tuple(arrays[n].shape)}; kernels store contiguous outputs: store into a contiguous "
                         f"tensor, then copy it into the view")
             if reads_outputs:
                 program = _OutputsThroughCopies(program)
