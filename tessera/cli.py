@@ -24,6 +24,7 @@ import sys
 import sysconfig
 import time
 import traceback
+import dataclasses
 from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
@@ -39,6 +40,7 @@ from .dtypes import DType
 from .errors import TesseraError, is_internal
 from .frontend.function import Function
 from .frontend.trace import ArgSpec
+from .runtime import interop
 from .runtime.profile import profile_report, reset_profile
 
 DEFAULT_DTYPE = "fp16"
@@ -69,6 +71,52 @@ def parse_shape(text: str) -> dict[str, int]:
                                f"as in --shape B=2,S=128")
         dims[name] = int(value)
     return dims
+
+
+def parse_layouts(items: Sequence[str] | None) -> dict[str, tuple[str, ...]]:
+    """`["q=B,S,H,D"]` -> {"q": ("B", "S", "H", "D")}: each argument's dims in the order its memory
+    holds them, outermost first (names of its dims, or their indices)."""
+    layouts = {}
+    for item in items or ():
+        name, sep, order = (s.strip() for s in item.partition("="))
+        dims = tuple(d.strip() for d in order.split(",") if d.strip())
+        if not (sep and name.isidentifier() and dims):
+            raise TesseraError(f"bad --layout {item!r}: expected ARG=DIM,DIM,... (the argument's dims in memory "
+                               f"order, outermost first), as in --layout q=B,S,H,D")
+        layouts[name] = dims
+    return layouts
+
+
+def with_layouts(specs: Sequence[ArgSpec], layouts: dict[str, tuple[str, ...]]) -> list[ArgSpec]:
+    """`specs`, each argument `--layout` names given the strides of its dims stored in that order."""
+    by_name = {s.name: s for s in specs}
+    unknown = sorted(set(layouts) - set(by_name))
+    if unknown:
+        raise TesseraError(f"--layout names {', '.join(map(repr, unknown))}, not an argument of the function "
+                           f"({', '.join(by_name)})")
+    out = []
+    for spec in specs:
+        order = layouts.get(spec.name)
+        if order is not None:
+            perm = _memory_order(spec, order)
+            strides = [0] * len(perm)
+            step = 1
+            for d in reversed(perm):
+                strides[d] = step
+                step *= spec.shape[d]
+            spec = dataclasses.replace(spec, strides=interop.canonical_strides(spec.shape, tuple(strides)))
+        out.append(spec)
+    return out
+
+
+def _memory_order(spec: ArgSpec, order: tuple[str, ...]) -> list[int]:
+    """The dim indices of `spec` in `order` (names of its dims, or indices), checked to be a permutation."""
+    names = [str(d) for d in spec.dims]
+    perm = [int(d) if d.isdigit() else names.index(d) if names.count(d) == 1 else -1 for d in order]
+    if sorted(perm) != list(range(len(spec.dims))):
+        raise TesseraError(f"--layout {spec.name}={','.join(order)}: name each of its dims ({', '.join(names)}, or "
+                           f"0..{len(names) - 1}) once, outermost in memory first")
+    return perm
 
 
 def parse_dtype(name: str) -> DType:
@@ -139,7 +187,8 @@ def compile_function(fn: Function, args: argparse.Namespace, device: "Device | N
     itself); an unknown arch fails before tracing."""
     arch = device.arch() if device is not None and device.arch is not None else args.arch
     platforms.get(arch)
-    specs = fn.arg_specs_for(parse_shape(args.shape), parse_dtype(args.dtype))
+    specs = with_layouts(fn.arg_specs_for(parse_shape(args.shape), parse_dtype(args.dtype)),
+                         parse_layouts(getattr(args, "layout", None)))
     debugging = {"line_info": getattr(args, "line_info", False), "profile": getattr(args, "profile", False)}
     return fn.compile(specs, arch=arch, path=args.path, backend=args.backend, **debugging), specs
 
@@ -179,12 +228,20 @@ _BIT_VIEWS = {dtypes.bf16: (np.int16, "bfloat16", "int16"), dtypes.fp8_e4m3: (np
 
 
 def _to_torch(x: np.ndarray):
+    """`x` on device 0, in its own layout (its strides, which the compile specialized on)."""
     import torch
     dt = dtypes.lookup(x.dtype)
+    base = x
+    while isinstance(base.base, np.ndarray):
+        base = base.base
+    storage = base.reshape(-1)
+    offset = (x.__array_interface__["data"][0] - storage.__array_interface__["data"][0]) // x.itemsize
     if dt in _BIT_VIEWS:
         bits, name, _ = _BIT_VIEWS[dt]
-        return torch.from_numpy(np.ascontiguousarray(x).view(bits)).cuda().view(getattr(torch, name))
-    return torch.from_numpy(np.ascontiguousarray(x)).cuda()
+        flat = torch.from_numpy(storage.view(bits)).cuda().view(getattr(torch, name))
+    else:
+        flat = torch.from_numpy(storage).cuda()
+    return flat.as_strided(x.shape, [st // x.itemsize for st in x.strides], offset)
 
 
 def _to_numpy(t) -> np.ndarray:
@@ -220,12 +277,20 @@ def pick_device(name: str) -> Device:
 
 
 def random_input(rng: np.random.Generator, spec: ArgSpec) -> np.ndarray:
-    """Standard normal values for float arguments, small integers or coin flips otherwise."""
+    """Standard normal values for float arguments, small integers or coin flips otherwise, laid out
+    as the spec's strides say."""
     if spec.dtype.is_float:
-        return rng.standard_normal(spec.shape).astype(spec.dtype.np)
-    if spec.dtype == dtypes.bool_:
-        return rng.random(spec.shape) < 0.5
-    return rng.integers(-8, 8, spec.shape).astype(spec.dtype.np)
+        x = rng.standard_normal(spec.shape).astype(spec.dtype.np)
+    elif spec.dtype == dtypes.bool_:
+        x = rng.random(spec.shape) < 0.5
+    else:
+        x = rng.integers(-8, 8, spec.shape).astype(spec.dtype.np)
+    if spec.strides is None:
+        return x
+    storage = np.empty(1 + sum((n - 1) * st for n, st in zip(spec.shape, spec.strides)), x.dtype)
+    view = np.lib.stride_tricks.as_strided(storage, spec.shape, [st * x.itemsize for st in spec.strides])
+    view[...] = x
+    return view
 
 
 def tolerances(compiled: Compiled) -> list[float]:
@@ -324,7 +389,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     """Compiles a function and writes the requested stages' IR, and each kernel's PTX and cubin."""
     fn = load_function(args.target)
     stages = parse_stages(args.dump_ir)
-    compiled, _ = compile_function(fn, args)
+    compiled, specs = compile_function(fn, args)
     out = Path(args.output or DEFAULT_OUT / fn.name)
     ir_stages = [s for s in stages if s in IR_STAGES]   # the kernels' code is written in any case, beside cubins
     written = compiled.dump(out, ir_stages) if ir_stages else []
@@ -334,7 +399,10 @@ def cmd_compile(args: argparse.Namespace) -> int:
         binaries, reports, note = write_binaries(compiled, out)
     backend = "" if args.backend == "ptx" else f", {args.backend} backend"
     print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, {args.path} path{backend})")
+    strided = [f"{a.name} {list(a.strides)}" for a in specs if a.strides and a.name not in compiled.copied_args]
     print_fields([("kernels", ", ".join(compiled.kernel_names)),
+                  *([("strided", f"{', '.join(strided)} (read in place)")] if strided else []),
+                  *[("copied", f"{name}: {why}") for name, why in compiled.copied_args.items()],
                   ("compile", f"{compiled.compile_seconds:.2f} s"),
                   ("wrote", ", ".join(map(_show_path, written + binaries))
                    or ("nothing" if stages else "nothing (--dump-ir is empty)")),
@@ -709,6 +777,9 @@ def _function_options(parser: argparse.ArgumentParser, shape: str | None = None)
     parser.add_argument("--path", choices=["ampere", "native"], default="native",
                         help="code path: native (every feature of --arch a kernel can use, e.g. TMA + wgmma "
                              "GEMMs on sm_90a) or ampere (mma.sync + cp.async, on any sm_80+) (default native)")
+    parser.add_argument("--layout", action="append", metavar="ARG=DIM,...",
+                        help="an argument's dims in memory order, outermost first (repeatable): --layout q=B,S,H,D "
+                             "compiles for q a [B, S, H, D] buffer seen as its annotated [B, H, S, D]")
     parser.add_argument("--backend", choices=list(BACKEND_CHOICES), default="ptx",
                         help="code generator: ptx (Tessera's PTX, assembled by ptxas) or cuda-tile (NVIDIA's "
                              "CUDA Tile IR, assembled by tileiras: pip install 'tessera[cuda-tile]') (default ptx)")

@@ -318,3 +318,29 @@ def test_run_tolerance_follows_the_dtype_and_the_reduction_length():
     assert tolerance("fp32", 4096).relative > 4 * tolerance("fp32", 1).relative
     assert tolerance("bf16", 4096).relative < 1.1 * tolerance("bf16", 1).relative   # bf16's roundoff dominates
     assert tolerance("int32").relative == 0.0
+
+
+def test_layout_compiles_for_an_argument_stored_in_another_order(capsys, tmp_path):
+    """`--layout q=B,S,H,D`: q is a [B, S, H, D] buffer seen as its annotated [B, H, S, D]; the report
+    says which arguments the kernels read in place and which they copy, and why."""
+    code, out, _ = run_cli(capsys, "compile", ATTENTION, "--shape", SMALL, "--layout", "q=B,S,H,D",
+                           "--layout", "k=B,D,H,S", "--dump-ir", "tile", "-o", str(tmp_path))
+    assert code == 0
+    assert re.search(r"strided\s+q \[\d+, \d+, \d+, 1\] \(read in place\)", out)
+    assert re.search(r"copied\s+k: its innermost dim has stride \d+, not 1", out)
+    assert "strided<[" in (tmp_path / "tile.mlir").read_text()
+
+
+def test_run_checks_a_strided_layout_against_the_reference(capsys):
+    code, out, _ = run_cli(capsys, "run", ATTENTION, "--shape", SMALL, "--layout", "v=2,1,0,3", "--device", "cpu")
+    assert code == 0 and "PASS" in out
+
+
+@pytest.mark.parametrize("layout, message", [
+    ("q=B,S,H", r"--layout q=B,S,H: name each of its dims \(B, H, S, D, or 0..3\) once"),
+    ("x=B,H,S,D", r"--layout names 'x', not an argument of the function"),
+    ("q", r"bad --layout 'q': expected ARG=DIM,DIM,..."),
+])
+def test_a_bad_layout_is_a_clear_error(capsys, layout, message):
+    with pytest.raises(TesseraError, match=message):
+        cli.main(["compile", ATTENTION, "--shape", SMALL, "--layout", layout, "--dump-ir", "tile", "--traceback"])

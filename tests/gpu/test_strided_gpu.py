@@ -236,3 +236,15 @@ def test_a_kernel_refuses_a_strided_output_naming_it(torch_cuda):
     dense = torch.empty(64, 128, device="cuda", dtype=torch.float16)
     double(wide[:, :128], dense)   # a strided input is fine
     assert torch.equal(dense, wide[:, :128] * 2)
+
+
+def test_cli_run_on_the_gpu_with_a_layout(torch_cuda, capsys):
+    """`tessera run --layout`: the random inputs cross to the GPU in their layout, read in place."""
+    from pathlib import Path
+
+    from tessera import cli
+
+    example = str(Path(__file__).resolve().parents[2] / "examples" / "flash_attention.py")
+    assert cli.main(["run", f"{example}:flash_attention", "--shape", "B=2,H=3,S=300,D=64", "--layout", "q=B,S,H,D",
+                     "--layout", "v=2,1,0,3", "--device", "gpu"]) == 0
+    assert "PASS" in capsys.readouterr().out
