@@ -63,7 +63,8 @@ class Derivative(Function):
             _check_cotangents(f, [a for a in args if a.name in self.cotangent_names], self.forward.name)
             wrt = differentiable_args(f)
         return backward_graph(module, wrt, self.seed_ones, self.name, self.cotangent_names,
-                              self.saved_names or None)
+                              self.saved_names or None,
+                              strides={a.name: a.strides for a in args if a.strides is not None})
 
     def _argnum_positions(self, f, primal: Sequence[ArgSpec], constants: dict) -> list[int]:
         """The graph argument positions of `argnums`, each a float tensor argument."""

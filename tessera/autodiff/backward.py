@@ -78,12 +78,13 @@ def float_results(f) -> list[int]:
 
 def backward_graph(forward_module, wrt: Sequence[int] | None = None, seed_ones: bool = False,
                    name: str | None = None, cotangent_names: Sequence[str] = (),
-                   saved_names: Sequence[str] | None = None):
+                   saved_names: Sequence[str] | None = None, strides: dict | None = None):
     """The backward of the forward module's function, as a Graph IR module (see the module doc).
     `wrt`: the argument positions to differentiate (default: every float argument);
     `cotangent_names`: the cotangent arguments' names (default `d_out<i>`); `saved_names`: where
     given, the values the forward saved (`saved_values`) are arguments, after the forward's, with
-    these names."""
+    these names; `strides`: the layouts the call passes cotangents and saved values in, by name
+    (the forward's arguments keep theirs)."""
     from xdsl.dialects.builtin import ArrayAttr, StringAttr
 
     from ..ir import graph as g
@@ -105,6 +106,7 @@ def backward_graph(forward_module, wrt: Sequence[int] | None = None, seed_ones: 
         names = list(cotangent_names) or [cotangent_name(i, taken) for i in float_results(f)]
         for i, ct_name in zip(float_results(f), names, strict=True):
             specs.append(_spec(ct_name, g.tensor_type(results[i]), bindings, scalar_as_one=True))
+    specs = [dataclasses.replace(s, strides=(strides or {}).get(s.name, s.strides)) for s in specs]
     reverse = _Reverse(f, wrt, seed_ones, residuals)
     name = name or f"{f.sym_name.data}_{'grad' if seed_ones else 'vjp'}"
     module, _ = trace(_taking(reverse, [s.name for s in specs]), name, specs, bindings, {})

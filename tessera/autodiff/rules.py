@@ -22,6 +22,7 @@ import math
 from typing import Callable, Sequence
 
 from .. import dtypes
+from ..errors import DTypeError
 from ..frontend import ops, torch_ops
 from ..frontend.tensor import Tensor
 
@@ -167,6 +168,10 @@ def _reduce_logsumexp(op, g, y, x):
 
 def _matmul(op, g, y, a, b):
     """dA = dC @ B^T, dB = A^T @ dC; broadcast batch dims are summed back by the caller."""
+    if a.dtype in dtypes.FP8:
+        raise DTypeError(f"no gradient through a matmul of {a.dtype} operands (an fp8 tensor is storage, as "
+                         f"in torch._scaled_mm): differentiate the bf16 or fp16 computation, and quantize "
+                         f"outside it")
     return ops.matmul(g, torch_ops.mT(b)), ops.matmul(torch_ops.mT(a), g)
 
 

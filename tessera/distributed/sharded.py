@@ -22,6 +22,7 @@ function takes it as it is, as Megatron-LM's layers do).
 """
 from __future__ import annotations
 
+import dataclasses
 import inspect
 from dataclasses import dataclass, field
 from typing import Any, Sequence
@@ -439,6 +440,7 @@ class SegmentFunction(Function):
 
         bindings, checked = bind_dims(self.name, [(a.name, self.annotations.get(a.name), a.shape, a.dtype)
                                                   for a in args])
+        checked = [dataclasses.replace(c, strides=a.strides) for c, a in zip(checked, args)]
         bound = {**self.whole_bindings, **bindings}
         a, seg = self.analysis, self.segment
 

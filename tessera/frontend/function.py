@@ -249,7 +249,9 @@ class Function:
         dims, _ = self.arg_specs(tensors)
         target = {"device": driver.Device(device).name, "arch": options["arch"],
                   "path": options.get("path", "native")}
-        key = self.tuner.tuning_key(dims, [str(x.dtype) for _, x in tensors], constants, target)
+        layouts = [interop.layout_of(x) for _, x in tensors]
+        key = self.tuner.tuning_key(dims, [str(x.dtype) + (f" strides {list(st)}" if st else "")
+                                           for (_, x), st in zip(tensors, layouts)], constants, target)
         reference: list = []
         compiled_keys: dict[tuple, tuple] = {}
 
@@ -382,7 +384,8 @@ class Kernel(Function):
         known = self._programs.get(key) if key is not None else None
         if known is not None:
             program, inputs, outs = known
-            program(*[args[i] for i in inputs], out=[args[i] for i in outs])
+            ins, out = [args[i] for i in inputs], [args[i] for i in outs]
+            _through_copies_if_aliased(program, ins, out)(*ins, out=out)
             return None
         tensors, constants = self._split_args(args)
         arrays = {n: x for n, x in tensors}
@@ -398,7 +401,8 @@ class Kernel(Function):
                         f"tensor, then copy it into the view")
             if reads_outputs:
                 program = _OutputsThroughCopies(program)
-            program(*[x for _, x in tensors], out=[arrays[n] for n in result_names])
+            ins, out = [x for _, x in tensors], [arrays[n] for n in result_names]
+            _through_copies_if_aliased(program, ins, out)(*ins, out=out)
             self._remember_program(key, program, tensors, result_names)
             return None
         compiled = self._compiled_for(tensors, constants, options)
@@ -414,6 +418,17 @@ def _reads_an_output(compiled) -> bool:
         return False
     args = dict(zip(compiled.arg_names, next(iter(compiled.graph.ops)).body.block.args))
     return any(args[name].uses for name in compiled.result_names)
+
+
+def _through_copies_if_aliased(program, inputs: Sequence, outs: Sequence):
+    """`program`, or for a call where an output's memory overlaps an input other than itself (a view
+    of it, `k(C.T, C)`, or the same tensor passed twice) the program writing fresh arrays that are
+    then copied into the outputs: blocks would otherwise read what other blocks already wrote."""
+    if isinstance(program, _OutputsThroughCopies):
+        return program
+    if any(x is not o and interop.overlap(x, o) for o in outs for x in inputs):
+        return _OutputsThroughCopies(program)
+    return program
 
 
 class _OutputsThroughCopies:

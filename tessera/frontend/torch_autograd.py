@@ -365,7 +365,8 @@ class _PartialVJP(Derivative):
                           self.forward.name)
         names = [a.name for a in primal]
         wrt = [names.index(n) for n in self.wrt_names]
-        return backward_graph(module, wrt, False, self.name, self.cotangent_names, self.saved_names or None)
+        return backward_graph(module, wrt, False, self.name, self.cotangent_names, self.saved_names or None,
+                              strides={a.name: a.strides for a in args if a.strides is not None})
 
 
 class _TaggedCaptures:

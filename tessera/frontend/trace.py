@@ -17,6 +17,7 @@ from typing import Any, Callable, Sequence
 
 from ..dtypes import DType
 from ..errors import DTypeError, ShapeError, TesseraError, user_frame
+from ..runtime.interop import canonical_strides
 from .tensor import Tensor, TensorSpec, check_dtype
 
 _CURRENT: contextvars.ContextVar["Trace | None"] = contextvars.ContextVar("tessera_trace", default=None)
@@ -33,6 +34,10 @@ class ArgSpec:
     #: element strides of an argument passed in another layout than C-contiguous
     #: (`interop.canonical_strides`); None: contiguous
     strides: tuple[int, ...] | None = None
+
+    def __post_init__(self):   # one layout, one spelling: what the runtime compares calls against
+        if self.strides is not None:
+            object.__setattr__(self, "strides", canonical_strides(self.shape, tuple(self.strides)))
 
 
 def current_trace() -> "Trace":

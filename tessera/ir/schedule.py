@@ -170,10 +170,12 @@ def fit_block(block: int, size: int) -> int:
     return min(block, max(16, 1 << max(0, size - 1).bit_length()))
 
 
-def gemm_tile(params: dict[str, int], m: int, n: int, k: int) -> dict[str, int]:
-    """The tile a GEMM kernel computes for an M x N output over K (`fit_block` of each)."""
+def gemm_tile(params: dict[str, int], m: int, n: int, k: int, element_bytes: int = 2) -> dict[str, int]:
+    """The tile a GEMM kernel computes for an M x N output over K (`fit_block` of each); a K step
+    spans at least 32 bytes of its operands' rows, one tensor-core instruction's (16 elements of
+    16 bits, 32 of 8 bits)."""
     return {"m": fit_block(params["block_m"], m), "n": fit_block(params["block_n"], n),
-            "k": fit_block(params["block_k"], k)}
+            "k": max(32 // element_bytes, fit_block(params["block_k"], k))}
 
 
 #: elements of a column-reduction tile per warp, at least: the widest vector (16 one-byte elements)

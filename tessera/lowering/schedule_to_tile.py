@@ -928,7 +928,7 @@ class _Gemm:
         axes = (*_axes("b", out_t.rank - 2), "m", "n")
         sizes = {a: kb.size(d) for a, d in zip(axes, out_t.shape)}
         k_size = kb.size(g.tensor_type(mm.lhs).shape[-1])
-        tile = s.gemm_tile(kb.params, sizes["m"], sizes["n"], k_size)
+        tile = s.gemm_tile(kb.params, sizes["m"], sizes["n"], k_size, g.tensor_type(mm.lhs).dtype.itemsize)
         return cls(mm, axes, sizes, tile, cdiv(k_size, tile["k"]))
 
     @property

@@ -761,7 +761,7 @@ def _split_k(group: Group, planner: _Planner, params: dict[str, int], features: 
     (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
     dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(mm.res).shape]
     k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
-    tile = s.gemm_tile(params, dims[-2], dims[-1], k)
+    tile = s.gemm_tile(params, dims[-2], dims[-1], k, g.tensor_type(mm.lhs).dtype.itemsize)
     tiles = math.prod(dims[:-2]) * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])
     shared = s.shared_bytes(group.kind, params, features)
     slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))

@@ -124,8 +124,8 @@ def layout_of(x) -> tuple[int, ...] | None:
     if hasattr(x, "is_contiguous") and hasattr(x, "stride"):
         return None if x.is_contiguous() else canonical_strides(tuple(x.shape), tuple(x.stride()))
     if isinstance(x, np.ndarray):
-        if x.flags.c_contiguous:
-            return None
+        if x.flags.c_contiguous or any(st % x.itemsize for st in x.strides):
+            return None   # (strides between whole elements, a record's field: the CPU call copies it)
         return canonical_strides(x.shape, _element_strides(x.strides, x.shape, x.itemsize, "array"))
     if not any(hasattr(x, protocol) for protocol in _LAYOUT_PROTOCOLS):
         return None
@@ -334,6 +334,29 @@ def _check_layout(name: str, info: TensorInfo, contiguous: bool = True) -> None:
     if info.data_ptr % ALIGNMENT:
         raise LayoutError(f"argument {name!r} data pointer is not {ALIGNMENT}-byte aligned ({info.data_ptr:#x}); "
                           f"it is probably a view at an offset: copy it")
+
+
+def _byte_span(x) -> tuple[int, int]:
+    """[first, last) device bytes an array's elements lie in (its strides' reach)."""
+    if _is_torch(x):
+        ptr, shape, strides, itemsize = x.data_ptr(), tuple(x.shape), x.stride(), x.element_size()
+    else:
+        info = describe(x)
+        itemsize = info.dtype.itemsize if info.dtype is not None else np.dtype(x.dtype).itemsize
+        ptr, shape, strides = info.data_ptr, info.shape, info.strides
+    if 0 in shape:
+        return ptr, ptr
+    lo = sum((n - 1) * st for n, st in zip(shape, strides) if st < 0)
+    hi = sum((n - 1) * st for n, st in zip(shape, strides) if st > 0)
+    return ptr + lo * itemsize, ptr + (hi + 1) * itemsize
+
+
+def overlap(a, b) -> bool:
+    """Whether two arrays' byte spans overlap (conservative: interleaved views that share no element
+    count as overlapping)."""
+    a0, a1 = _byte_span(a)
+    b0, b1 = _byte_span(b)
+    return a0 < b1 and b0 < a1
 
 
 def contiguous(x):

@@ -154,7 +154,7 @@ class GpuProgram:
         if fast is not None:
             pointers, outputs = fast
         else:
-            inputs = self._in_compiled_layouts(inputs)
+            given, inputs = inputs, self._in_compiled_layouts(inputs)
             infos = interop.validate(dict(zip(self.arg_names, inputs)), contiguous=False)
             self._check_compiled_for(infos, self.plan.inputs)
             if out is not None and len(out) != len(self.outputs):
@@ -172,6 +172,8 @@ class GpuProgram:
         driver.primary_context(self.device)   # after the arguments: encoding a tensor map may switch contexts
         for prepared, values in zip(self._prepared_launches(), args):
             prepared(stream, values)
+        if fast is None and any(x is not y and interop._framework(x) != "torch" for x, y in zip(given, inputs)):
+            driver.synchronize(stream)   # a copy torch's stream-ordered allocator would not keep alive
         if self.profiled:
             profile.record_launches(self.profiled, temps)
         return outputs

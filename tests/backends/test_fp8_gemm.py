@@ -99,3 +99,25 @@ def test_an_operand_stored_n_contiguous_is_refused_clearly():
     assert any("not both K-contiguous" in why for why in native_blockers(kernel, tsr.platforms.get("sm_90a")))
     with pytest.raises(tsr.TesseraError, match=r"8-bit matmul .* K-contiguous .* a @ b.T"):
         compiled.stage("ptx")
+
+
+@pytest.mark.parametrize("k", [8, 16])
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_89"])
+def test_a_short_k_takes_one_32_element_step(arch, k):
+    """An fp8 instruction's K is 32 elements: a K of 8 or 16 is one step, padded (it failed to lower)."""
+    compiled = scaled_mm.compile(_specs("fp8_e4m3", 64, 48, k), arch=arch)
+    compiled.stage("cubin")
+    rng = np.random.default_rng(k)
+    a, b = fp8(rng, (64, k), "fp8_e4m3"), fp8(rng, (48, k), "fp8_e4m3")
+    (out,) = compiled.run(a, b, np.array([1.0], np.float32), np.array([1.0], np.float32))
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    assert np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_no_gradient_through_an_fp8_matmul():
+    rng = np.random.default_rng(0)
+    a, b = fp8(rng, (16, 32), "fp8_e4m3"), fp8(rng, (8, 32), "fp8_e4m3")
+    one = np.array([1.0], np.float32)
+    _, vjp_fn = tsr.vjp(scaled_mm, a, b, one, one)
+    with pytest.raises(tsr.DTypeError, match="no gradient through a matmul of fp8_e4m3 operands"):
+        vjp_fn(np.ones((16, 8), ml_dtypes.bfloat16))

@@ -7,7 +7,8 @@ import pytest
 from fp8_gemm_cases import reference, rowwise_bias_gelu, scaled_mm
 from test_kernels import PATHS, _arch
 
-SHAPES = [(1000, 768, 512), (37, 130, 96), (1, 17, 64), (4097, 256, 128), (64, 64, 100), (256, 4096, 4096)]
+SHAPES = [(1000, 768, 512), (37, 130, 96), (1, 17, 64), (4097, 256, 128), (64, 64, 100), (256, 4096, 4096),
+          (64, 48, 16), (33, 40, 8)]
 FP8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 #: relative error (of the norm) against float64 on the fp8 values: the result's rounding
 TOL = {"bf16": 1e-2, "fp16": 2e-3}

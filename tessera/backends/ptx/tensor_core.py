@@ -444,7 +444,12 @@ def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     a = e.env[op.a]
     transposed = _a_transposed(op)
     k_major_b = op.layout.data[1] == "n"
-    if k == 32 and (transposed or k_major_b or not isinstance(a, (SharedTile, Fragments))):
+    if k == 32 and not isinstance(a, (SharedTile, Fragments)):
+        raise UnsupportedByBackend(
+            f"PTX backend: an 8-bit matmul (tessera.loc {op.attributes.get('tessera.loc')}) whose A operand is "
+            f"computed in the kernel (as attention's probabilities are) has no tensor-core path yet: compute it "
+            f"in bf16 or fp16, with its B operand cast to the same dtype")
+    if k == 32 and (transposed or k_major_b):
         raise UnsupportedByBackend(
             f"PTX backend: an 8-bit matmul (tessera.loc {op.attributes.get('tessera.loc')}) reads both operands "
             f"K-contiguous from shared memory (ldmatrix transposes only 16-bit elements): store A as [M, K] and "
