@@ -231,17 +231,15 @@ def _to_torch(x: np.ndarray):
     """`x` on device 0, in its own layout (its strides, which the compile specialized on)."""
     import torch
     dt = dtypes.lookup(x.dtype)
-    base = x
-    while isinstance(base.base, np.ndarray):
-        base = base.base
-    storage = base.reshape(-1)
-    offset = (x.__array_interface__["data"][0] - storage.__array_interface__["data"][0]) // x.itemsize
+    strides = [st // x.itemsize for st in x.strides]   # (random_input's: non-negative)
+    reach = 1 + sum((n - 1) * st for n, st in zip(x.shape, strides)) if x.size else 0
+    storage = np.ascontiguousarray(np.lib.stride_tricks.as_strided(x, (reach,), (x.itemsize,)))
     if dt in _BIT_VIEWS:
         bits, name, _ = _BIT_VIEWS[dt]
         flat = torch.from_numpy(storage.view(bits)).cuda().view(getattr(torch, name))
     else:
         flat = torch.from_numpy(storage).cuda()
-    return flat.as_strided(x.shape, [st // x.itemsize for st in x.strides], offset)
+    return flat.as_strided(x.shape, strides)
 
 
 def _to_numpy(t) -> np.ndarray:
