@@ -59,12 +59,17 @@ class _Device:
 
 
 class CudaArray:
+    #: where the next array's (fake) device memory starts: arrays get disjoint, 16-byte aligned ranges
+    next_address = 0x10000
+
     def __init__(self, *shape, dtype="float16"):
         self.shape, self.dtype, self.device = tuple(shape), np.dtype(dtype), _Device()
+        self.address = CudaArray.next_address
+        CudaArray.next_address += -(-int(np.prod(shape)) * self.dtype.itemsize // 256) * 256 + 256
 
     @property
     def __cuda_array_interface__(self):
-        return {"shape": self.shape, "typestr": self.dtype.str, "data": (0x10000, False), "version": 3,
+        return {"shape": self.shape, "typestr": self.dtype.str, "data": (self.address, False), "version": 3,
                 "strides": None}
 
 
