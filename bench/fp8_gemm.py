@@ -3,7 +3,7 @@ torch._scaled_mm (cuBLASLt) on the same e4m3 inputs, and against Tessera's own b
 
     python3 bench/fp8_gemm.py
 
-Per-tensor scales give a bf16 result (tests/fp8_gemm_cases.py's `scaled_mm`); "rowwise" scales A's
+Per-tensor scales give a bf16 result (tessera.bench.cases' `scaled_fp8_gemm`); "rowwise" scales A's
 rows and B's columns (torch._scaled_mm's rowwise scaling, bf16 out). B is stored [N, K], as both
 fp8 tensor cores and cuBLASLt read it. Outputs are checked against torch's before timing. Medians
 of triton's do_bench, in ms.

@@ -3,13 +3,7 @@ product is fp32, scaled per tensor or per row and column, then a fused epilogue 
 stored [N, K] (both operands K-contiguous, which fp8 tensor cores read). Shared by the CPU tests
 (tests/backends/test_fp8_gemm.py), the GPU tests and bench/fp8_gemm.py."""
 import tessera as tsr
-
-
-@tsr.function
-def scaled_mm(a, b, sa, sb):
-    """Per-tensor scales (one-element fp32 tensors, read on the device), a bf16 result:
-    torch._scaled_mm(a, b.T, sa, sb)."""
-    return (tsr.matmul(a, b.transpose(0, 1)) * (sa * sb)).to(tsr.bf16)
+from tessera.bench.cases import scaled_fp8_gemm as scaled_mm   # noqa: F401  (per-tensor scales, bf16 out)
 
 
 @tsr.function

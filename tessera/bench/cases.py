@@ -167,9 +167,27 @@ def _gemm_case(m: int, k: int, n: int, dtype: str, path: str, label: str, space:
 _TESSERA_DTYPES = {"float16": "fp16", "bfloat16": "bf16"}
 
 
+@tsr.function
+def scaled_fp8_gemm(a, b, sa, sb):
+    """torch._scaled_mm's math: e4m3 operands (B stored [N, K]), per-tensor scales, a bf16 result."""
+    return (tsr.matmul(a, b.transpose(0, 1)) * (sa * sb)).to(tsr.bf16)
+
+
+def _fp8_gemm_case(n: int) -> Case:
+    def build() -> Prepared:
+        import torch
+        a, b = (_randn(n, n, dtype="float32").to(torch.float8_e4m3fn) for _ in range(2))
+        sa, sb = torch.tensor([0.5], device="cuda"), torch.tensor([1.25], device="cuda")
+        return Prepared(lambda: scaled_fp8_gemm(a, b, sa, sb),
+                        {"torch._scaled_mm": lambda: torch._scaled_mm(a, b.T, scale_a=sa, scale_b=sb,
+                                                                      out_dtype=torch.bfloat16)})
+    return Case(f"fp8 e4m3 scaled gemm {n}^3 -> bf16", "gemm", "TFLOP/s", 2 * n ** 3, build)
+
+
 def gemm_cases(quick: bool) -> list[Case]:
-    return [_gemm_case(n, n, n, dt, path, f"gemm {n}^3 {_TESSERA_DTYPES[dt]} ({path})")
-            for n in ([4096] if quick else [4096, 8192]) for dt in _TESSERA_DTYPES for path in ("native", "ampere")]
+    return [*(_gemm_case(n, n, n, dt, path, f"gemm {n}^3 {_TESSERA_DTYPES[dt]} ({path})")
+              for n in ([4096] if quick else [4096, 8192]) for dt in _TESSERA_DTYPES for path in ("native", "ampere")),
+            *(_fp8_gemm_case(n) for n in ([4096] if quick else [4096, 8192]))]
 
 
 # --- attention ---------------------------------------------------------------------------------------
@@ -204,9 +222,23 @@ def attention_flops(b: int, h: int, s_q: int, s_k: int, d: int, causal: bool) ->
     return 4 * b * h * s_q * s_k * d * (0.5 if causal else 1.0)
 
 
+def _strided_attention_case(s: int) -> Case:
+    """Q, K and V as [B, H, S, D] views of one packed [B, S, 3, H, D] projection, read in place."""
+    b, h, d = max(1, 32 * 2048 // s), 12, 128
+
+    def build() -> Prepared:
+        qkv = _randn(b, s, 3, h, d)
+        q, k, v = (qkv[:, :, i].transpose(1, 2) for i in range(3))
+        return Prepared(lambda: attention(q, k, v), {"sdpa-cudnn": _sdpa("CUDNN_ATTENTION", q, k, v, False),
+                                                     "sdpa-flash": _sdpa("FLASH_ATTENTION", q, k, v, False)})
+    return Case(f"attention B={b} H={h} S={s} D={d} fp16, packed QKV views (native)", "attention", "TFLOP/s",
+                attention_flops(b, h, s, s, d, False), build)
+
+
 def attention_cases(quick: bool) -> list[Case]:
-    return [_attention_case(s, causal, path) for s in ([2048] if quick else [2048, 4096, 8192])
-            for causal in (False, True) for path in ("native", "ampere")]
+    return [*(_attention_case(s, causal, path) for s in ([2048] if quick else [2048, 4096, 8192])
+              for causal in (False, True) for path in ("native", "ampere")),
+            _strided_attention_case(4096 if not quick else 2048)]
 
 
 # --- variants ----------------------------------------------------------------------------------------
