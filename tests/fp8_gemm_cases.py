@@ -3,7 +3,9 @@ product is fp32, scaled per tensor or per row and column, then a fused epilogue 
 stored [N, K] (both operands K-contiguous, which fp8 tensor cores read). Shared by the CPU tests
 (tests/backends/test_fp8_gemm.py), the GPU tests and bench/fp8_gemm.py."""
 import tessera as tsr
-from tessera.bench.cases import scaled_fp8_gemm as scaled_mm   # noqa: F401  (per-tensor scales, bf16 out)
+from tessera.bench.cases import scaled_fp8_gemm as scaled_mm   # per-tensor scales, a bf16 result
+
+__all__ = ["scaled_mm", "rowwise_bias_gelu", "reference"]
 
 
 @tsr.function
