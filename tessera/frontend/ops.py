@@ -408,9 +408,9 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     if not g.same_dim(ka, kb, trace.bindings):
         raise ShapeError(f"matmul: contracting dims differ: {_label(a)} has {_dim_str(ka, trace)}, "
                          f"{_label(b)} has {_dim_str(kb, trace)}")
-    if a.dtype != b.dtype:
+    if a.dtype != b.dtype and not (a.dtype in dtypes.FP8 and b.dtype in dtypes.FP8):
         raise DTypeError(f"matmul: operand dtypes differ: {_label(a)} is {a.dtype}, {_label(b)} is {b.dtype}; "
-                         f"cast one with .to()")
+                         f"cast one with .to() (only the two fp8 formats mix, as the tensor cores take them)")
     if not a.dtype.is_float:
         raise DTypeError(f"matmul: operands must be floating point, got {a.dtype}")
     try:

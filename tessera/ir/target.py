@@ -75,7 +75,7 @@ from xdsl.traits import (
 )
 from xdsl.utils.exceptions import VerifyException
 
-from .. import platforms
+from .. import dtypes, platforms
 from ..platforms import Platform
 
 # ---------------------------------------------------------------------------
@@ -453,6 +453,11 @@ class TensorCoreOp(IRDLOperation):
             raise VerifyException(f"tensor_core: {family} on {p.arch} has no shape {list(shape)} with precision "
                                   f"{self.precision.data!r} (it has: {shown})")
         described = [isinstance(v.type, WgmmaDescriptorType) for v in (self.a, self.b)]
+        b_element = str(self.b.type.element_type if described[1] else self.b.type.get_element_type())
+        fp8 = {d.mlir for d in dtypes.FP8}
+        if b_element != self.precision.data and not {b_element, self.precision.data} <= fp8:
+            raise VerifyException(f"tensor_core: b is {b_element}, a {self.precision.data}: operands share an "
+                                  f"element type, but for the two fp8 formats")
         if family == "wgmma" and not described[1]:
             raise VerifyException("tensor_core wgmma: b must be a !tessera_target.wgmma_descriptor")
         if family != "wgmma" and any(described):

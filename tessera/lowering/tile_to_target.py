@@ -35,7 +35,7 @@ from xdsl.pattern_rewriter import (
     op_type_rewrite_pattern,
 )
 
-from tessera import platforms
+from tessera import dtypes, platforms
 from tessera.ir import provenance, target, tile
 from tessera.platforms import Platform
 from tessera.runtime import tensor_maps
@@ -134,6 +134,13 @@ def _mma_blockers(op: tile.MmaOp, warps: int) -> list[str]:
     return [why for ok, why in checks if not ok]
 
 
+def _fp8_pair(op: tile.MmaOp) -> bool:
+    """Whether an mma's operands are the two fp8 formats, which one instruction takes mixed (its
+    `precision` names A's; B's element type says its own)."""
+    fp8 = {d.mlir for d in dtypes.FP8}
+    return {str(op.a.type.get_element_type()), str(op.b.type.get_element_type())} <= fp8
+
+
 def kernel_platform(kernel: tile.KernelOp, platform: Platform) -> Platform:
     """The platform `kernel` is lowered for: `platform` itself, or without the native
     mechanisms when the kernel has a copy or mma they can't take (`native_blockers`)."""
@@ -228,7 +235,7 @@ class LowerMma(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.MmaOp, rewriter: PatternRewriter) -> None:
         dtype = str(op.a.type.get_element_type())
-        if str(op.b.type.get_element_type()) != dtype:
+        if str(op.b.type.get_element_type()) != dtype and not _fp8_pair(op):
             raise TargetLoweringError(f"tile.mma operands differ in element type: a is {op.a.type}, b is {op.b.type}")
         m, n, k = op.mnk
         instr = platforms.mma_instruction(self.platform, dtype, (m, n, k))

@@ -121,3 +121,30 @@ def test_no_gradient_through_an_fp8_matmul():
     _, vjp_fn = tsr.vjp(scaled_mm, a, b, one, one)
     with pytest.raises(tsr.DTypeError, match="no gradient through a matmul of fp8_e4m3 operands"):
         vjp_fn(np.ones((16, 8), ml_dtypes.bfloat16))
+
+
+@needs_cuobjdump
+@pytest.mark.parametrize("arch,path,instruction", [
+    ("sm_90a", "native", r"QGMMA\.64x\d+x32\.F32\.E4M3\.E5M2"),
+    ("sm_89", "native", r"QMMA\.16832\.F32\.E4M3\.E5M2"),
+])
+def test_e4m3_times_e5m2_mixes_on_the_tensor_cores(arch, path, instruction):
+    """The two fp8 formats mix (as an fp8 training step's gradient GEMMs do): one instruction."""
+    specs = _specs("fp8_e4m3")
+    specs[1] = ArgSpec("b", specs[1].shape, tsr.fp8_e5m2, specs[1].dims)
+    compiled = scaled_mm.compile(specs, arch=arch, path=path)
+    sass = "\n".join(ptxas.sass(c.cubin) for c in compiled.stage("cubin").values())
+    assert re.search(instruction, sass), sorted(set(re.findall(r"\b\w*MMA[\w.]*", sass)))
+    rng = np.random.default_rng(5)
+    a, b = fp8(rng, (37, 96), "fp8_e4m3"), fp8(rng, (45, 96), "fp8_e5m2")
+    one = np.array([1.0], np.float32)
+    ref = a.astype(np.float64) @ b.astype(np.float64).T
+    out = scaled_mm(a, b, one, one)
+    assert np.linalg.norm(out.astype(np.float64) - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_other_dtypes_do_not_mix():
+    rng = np.random.default_rng(0)
+    with pytest.raises(tsr.DTypeError, match="only the two fp8 formats mix"):
+        scaled_mm(fp8(rng, (4, 32), "fp8_e4m3"), rng.standard_normal((4, 32)).astype(np.float16),
+                  np.ones(1, np.float32), np.ones(1, np.float32))

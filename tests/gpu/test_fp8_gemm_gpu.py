@@ -78,3 +78,17 @@ def test_plain_call_with_torch_tensors(torch_cuda):
     out = scaled_mm(a, b, sa, sb)
     assert out.dtype == torch.bfloat16
     check(torch, out, reference(torch, scaled_mm, a, b, sa, sb), TOL["bf16"])
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("m,n,k", [(1000, 768, 512), (37, 130, 96)])
+def test_e4m3_times_e5m2(torch_cuda, m, n, k, path):
+    """The two fp8 formats mixed (an fp8 training step's e5m2 gradients times e4m3 weights)."""
+    torch = torch_cuda
+    a, _, sa, sb = inputs(torch, m, n, k, "fp8_e4m3", rowwise=False)
+    b = torch.randn(n, k, device="cuda").to(torch.float8_e5m2)
+    _, out = run(torch, scaled_mm, [a, b, sa, sb], path)
+    check(torch, out, reference(torch, scaled_mm, a, b, sa, sb), TOL["bf16"])
+    if k % 16 == 0 and n % 16 == 0:
+        peer = torch._scaled_mm(a, b.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)
+        assert float((out.double() - peer.double()).norm() / peer.double().norm()) < 1e-2

@@ -296,7 +296,7 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     e.emit(f"mov.b32 {one}, 1;")
     e.emit(f"setp.ne.b32 {accumulate}, {one}, 0;")
     e.emit(f"setp.eq.b32 {ignore}, {one}, 0;")
-    precision = dtypes.BY_MLIR[op.precision.data].ptx
+    ptx_a, ptx_b = tensor_core.operand_ptx_types(op)
     per_instr = n_instr // 8 * 4           # accumulator registers one instruction writes
     if e.state.pop("wgmma_fence", False):
         e.emit("wgmma.fence.sync.aligned;")
@@ -315,7 +315,7 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
             # transposes (16-bit only; A in registers has none)
             trans = "" if eight_bit else f", {f'{0 if a_k_major else 1}, ' if a_shared else ''}{0 if b_k_major else 1}"
             scale_d = ignore if from_zero and kk == 0 else accumulate
-            e.emit(f"wgmma.mma_async.sync.aligned.m64n{n_instr}k{k}.f32.{precision}.{precision} "
+            e.emit(f"wgmma.mma_async.sync.aligned.m64n{n_instr}k{k}.f32.{ptx_a}.{ptx_b} "
                    f"{{{d}}}, {da}, {db}, {scale_d}, 1, 1{trans};")
     e.env[op.result] = list(regs)
 

@@ -437,9 +437,19 @@ def _step_bytes(k: int, elem: int) -> int:
     return k * elem
 
 
+def operand_ptx_types(op: tgt.TensorCoreOp) -> tuple[str, str]:
+    """The PTX element types of a tensor_core op's A and B (the op's `precision` names A's; the two
+    fp8 formats mix, so B's is read from its own type)."""
+    def ptx(v) -> str:
+        t = v.type
+        element = t.element_type if isinstance(t, tgt.WgmmaDescriptorType) else t.get_element_type()
+        return dtypes.BY_MLIR[str(element)].ptx
+    return ptx(op.a), ptx(op.b)
+
+
 def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     acc: Mma = e.layouts[op.acc]
-    ptx_precision = dtypes.BY_MLIR[op.precision.data].ptx
+    ptx_a, ptx_b = operand_ptx_types(op)
     k = t.int_values(op.shape)[2]
     a = e.env[op.a]
     transposed = _a_transposed(op)
@@ -469,7 +479,7 @@ def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
                 index = [acc.register(mi, ni, c) for c in range(4)]
                 c_in = [regs[i] for i in index]
                 d = [e.new(F32) for _ in range(4)]
-                e.emit(f"mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx_precision}.{ptx_precision}.f32 "
+                e.emit(f"mma.sync.aligned.m16n8k{k}.row.col.f32.{ptx_a}.{ptx_b}.f32 "
                        f"{{{', '.join(d)}}}, {{{', '.join(a_frags[kk][mi])}}}, "
                        f"{{{', '.join(b_frags[kk][ni])}}}, {{{', '.join(c_in)}}};")
                 for i, r in zip(index, d):
