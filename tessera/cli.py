@@ -83,6 +83,8 @@ def parse_layouts(items: Sequence[str] | None) -> dict[str, tuple[str, ...]]:
         if not (sep and name.isidentifier() and dims):
             raise TesseraError(f"bad --layout {item!r}: expected ARG=DIM,DIM,... (the argument's dims in memory "
                                f"order, outermost first), as in --layout q=B,S,H,D")
+        if name in layouts:
+            raise TesseraError(f"--layout gives {name!r} twice")
         layouts[name] = dims
     return layouts
 
@@ -110,12 +112,13 @@ def with_layouts(specs: Sequence[ArgSpec], layouts: dict[str, tuple[str, ...]]) 
 
 
 def _memory_order(spec: ArgSpec, order: tuple[str, ...]) -> list[int]:
-    """The dim indices of `spec` in `order` (names of its dims, or indices), checked to be a permutation."""
-    names = [str(d) for d in spec.dims]
-    perm = [int(d) if d.isdigit() else names.index(d) if names.count(d) == 1 else -1 for d in order]
+    """The dim indices of `spec` in `order` (names of its symbolic dims, or indices), checked to be
+    a permutation."""
+    names = [d for d in spec.dims if isinstance(d, str)]
+    perm = [spec.dims.index(d) if names.count(d) == 1 else int(d) if d.isdigit() else -1 for d in order]
     if sorted(perm) != list(range(len(spec.dims))):
-        raise TesseraError(f"--layout {spec.name}={','.join(order)}: name each of its dims ({', '.join(names)}, or "
-                           f"0..{len(names) - 1}) once, outermost in memory first")
+        raise TesseraError(f"--layout {spec.name}={','.join(order)}: name each of its dims once, outermost in memory "
+                           f"first, by name ({', '.join(names) or 'none'}) or index (0..{len(spec.dims) - 1})")
     return perm
 
 
@@ -231,15 +234,16 @@ def _to_torch(x: np.ndarray):
     """`x` on device 0, in its own layout (its strides, which the compile specialized on)."""
     import torch
     dt = dtypes.lookup(x.dtype)
-    strides = [st // x.itemsize for st in x.strides]   # (random_input's: non-negative)
-    reach = 1 + sum((n - 1) * st for n, st in zip(x.shape, strides)) if x.size else 0
-    storage = np.ascontiguousarray(np.lib.stride_tricks.as_strided(x, (reach,), (x.itemsize,)))
+    dense = np.ascontiguousarray(x)
     if dt in _BIT_VIEWS:
         bits, name, _ = _BIT_VIEWS[dt]
-        flat = torch.from_numpy(storage.view(bits)).cuda().view(getattr(torch, name))
+        t = torch.from_numpy(dense.view(bits)).cuda().view(getattr(torch, name))
     else:
-        flat = torch.from_numpy(storage).cuda()
-    return flat.as_strided(x.shape, strides)
+        t = torch.from_numpy(dense).cuda()
+    if x.flags.c_contiguous:
+        return t
+    strided = torch.empty_strided(x.shape, [st // x.itemsize for st in x.strides], dtype=t.dtype, device=t.device)
+    return strided.copy_(t)
 
 
 def _to_numpy(t) -> np.ndarray:
@@ -286,7 +290,7 @@ def random_input(rng: np.random.Generator, spec: ArgSpec) -> np.ndarray:
     if spec.strides is None:
         return x
     storage = np.empty(1 + sum((n - 1) * st for n, st in zip(spec.shape, spec.strides)), x.dtype)
-    view = np.lib.stride_tricks.as_strided(storage, spec.shape, [st * x.itemsize for st in spec.strides])
+    view = np.ndarray(spec.shape, x.dtype, buffer=storage, strides=[st * x.itemsize for st in spec.strides])
     view[...] = x
     return view
 

@@ -337,7 +337,7 @@ def test_run_checks_a_strided_layout_against_the_reference(capsys):
 
 
 @pytest.mark.parametrize("layout, message", [
-    ("q=B,S,H", r"--layout q=B,S,H: name each of its dims \(B, H, S, D, or 0..3\) once"),
+    ("q=B,S,H", r"--layout q=B,S,H: name each of its dims once, .* by name \(B, H, S, D\) or index \(0..3\)"),
     ("x=B,H,S,D", r"--layout names 'x', not an argument of the function"),
     ("q", r"bad --layout 'q': expected ARG=DIM,DIM,..."),
 ])

@@ -385,7 +385,7 @@ class Kernel(Function):
         if known is not None:
             program, inputs, outs = known
             ins, out = [args[i] for i in inputs], [args[i] for i in outs]
-            _through_copies_if_aliased(program, ins, out)(*ins, out=out)
+            _through_copies_if_aliased(program, ins, out, [inputs.index(i) for i in outs])(*ins, out=out)
             return None
         tensors, constants = self._split_args(args)
         arrays = {n: x for n, x in tensors}
@@ -402,7 +402,8 @@ class Kernel(Function):
             if reads_outputs:
                 program = _OutputsThroughCopies(program)
             ins, out = [x for _, x in tensors], [arrays[n] for n in result_names]
-            _through_copies_if_aliased(program, ins, out)(*ins, out=out)
+            names = [n for n, _ in tensors]
+            _through_copies_if_aliased(program, ins, out, [names.index(n) for n in result_names])(*ins, out=out)
             self._remember_program(key, program, tensors, result_names)
             return None
         compiled = self._compiled_for(tensors, constants, options)
@@ -420,14 +421,19 @@ def _reads_an_output(compiled) -> bool:
     return any(args[name].uses for name in compiled.result_names)
 
 
-def _through_copies_if_aliased(program, inputs: Sequence, outs: Sequence):
-    """`program`, or for a call where an output's memory overlaps an input other than itself (a view
-    of it, `k(C.T, C)`, or the same tensor passed twice) the program writing fresh arrays that are
-    then copied into the outputs: blocks would otherwise read what other blocks already wrote."""
+def _through_copies_if_aliased(program, inputs: Sequence, outs: Sequence, out_positions: Sequence[int]):
+    """`program`, or for a call where an output's memory overlaps another argument's (a view of it,
+    `k(C.T, C)`, or one tensor passed as two arguments, `mm(C, B, C)`) the program writing fresh
+    arrays that are then copied into the outputs: blocks would otherwise read what other blocks
+    already wrote. (An output argument the kernel reads itself: `_reads_an_output`.)
+    `out_positions`: each output's position among `inputs`."""
     if isinstance(program, _OutputsThroughCopies):
         return program
-    if any(x is not o and interop.overlap(x, o) for o in outs for x in inputs):
-        return _OutputsThroughCopies(program)
+    spans = [interop.byte_span(x) for x in inputs]
+    for pos in out_positions:
+        lo, hi = spans[pos]
+        if any(i != pos and a < hi and lo < b for i, (a, b) in enumerate(spans)):
+            return _OutputsThroughCopies(program)
     return program
 
 

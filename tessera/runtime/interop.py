@@ -336,10 +336,14 @@ def _check_layout(name: str, info: TensorInfo, contiguous: bool = True) -> None:
                           f"it is probably a view at an offset: copy it")
 
 
-def _byte_span(x) -> tuple[int, int]:
-    """[first, last) device bytes an array's elements lie in (its strides' reach)."""
+def byte_span(x) -> tuple[int, int]:
+    """[first, last) bytes an array's elements lie in (its strides' reach); read cheaply for a
+    contiguous torch tensor, which most calls pass."""
     if _is_torch(x):
-        ptr, shape, strides, itemsize = x.data_ptr(), tuple(x.shape), x.stride(), x.element_size()
+        ptr = x.data_ptr()
+        if x.is_contiguous():
+            return ptr, ptr + x.nbytes
+        shape, strides, itemsize = tuple(x.shape), x.stride(), x.element_size()
     else:
         info = describe(x)
         itemsize = info.dtype.itemsize if info.dtype is not None else np.dtype(x.dtype).itemsize
@@ -354,8 +358,8 @@ def _byte_span(x) -> tuple[int, int]:
 def overlap(a, b) -> bool:
     """Whether two arrays' byte spans overlap (conservative: interleaved views that share no element
     count as overlapping)."""
-    a0, a1 = _byte_span(a)
-    b0, b1 = _byte_span(b)
+    a0, a1 = byte_span(a)
+    b0, b1 = byte_span(b)
     return a0 < b1 and b0 < a1
 
 

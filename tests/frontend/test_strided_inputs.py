@@ -332,11 +332,12 @@ def test_overlap_is_read_from_byte_spans():
 def test_a_kernel_writing_memory_it_reads_elsewhere_goes_through_copies():
     from tessera.frontend.function import _OutputsThroughCopies, _through_copies_if_aliased
 
-    c = np.zeros((4, 6), np.float32)
+    c, b = np.zeros((4, 6), np.float32), np.zeros((6, 6), np.float32)
     program = object()
-    assert isinstance(_through_copies_if_aliased(program, [c.T[:, :4], c], [c]), _OutputsThroughCopies)
-    assert _through_copies_if_aliased(program, [c], [c]) is program        # itself: the graph says
-    assert _through_copies_if_aliased(program, [np.zeros(3), c], [c]) is program
+    assert isinstance(_through_copies_if_aliased(program, [c.T[:, :4], c], [c], [1]), _OutputsThroughCopies)
+    assert isinstance(_through_copies_if_aliased(program, [c, b, c], [c], [2]), _OutputsThroughCopies)  # mm(C, B, C)
+    assert _through_copies_if_aliased(program, [c], [c], [0]) is program        # itself: the graph says
+    assert _through_copies_if_aliased(program, [np.zeros(3), c], [c], [1]) is program
 
 
 def test_a_strided_cotangent_compiles_for_its_layout():

@@ -276,3 +276,21 @@ def test_vjp_with_a_strided_cotangent(torch_cuda):
     want = torch.autograd.grad(attention64(torch, *leaves), leaves, d_out.double())
     for got, w in zip(vjp_fn(d_out), want):
         check64(torch, got, w, "fp16")
+
+
+@pytest.mark.parametrize("dtype", ["fp8_e5m2", "fp8_e4m3", "bf16", "fp16"])
+def test_cli_inputs_cross_to_the_gpu_in_their_layout(torch_cuda, dtype):
+    """`tessera run`'s random inputs (NumPy, bf16 and fp8 through bit views) reach the GPU with
+    their values and strides."""
+    import numpy as np
+
+    from tessera import cli
+    from tessera.frontend.trace import ArgSpec
+
+    spec = ArgSpec("q", (2, 3, 5, 4), getattr(tsr, dtype), ("B", "H", "S", "D"), (60, 4, 12, 1))
+    x = cli.random_input(np.random.default_rng(0), spec)
+    t = cli._to_torch(x)
+    assert t.stride() == (60, 4, 12, 1)
+    np.testing.assert_array_equal(cli._to_numpy(t).astype(np.float32), x.astype(np.float32))
+    dense = cli._to_torch(np.ascontiguousarray(x))
+    assert dense.is_contiguous() and torch_cuda.equal(dense, t)
