@@ -294,3 +294,18 @@ def test_cli_inputs_cross_to_the_gpu_in_their_layout(torch_cuda, dtype):
     np.testing.assert_array_equal(cli._to_numpy(t).astype(np.float32), x.astype(np.float32))
     dense = cli._to_torch(np.ascontiguousarray(x))
     assert dense.is_contiguous() and torch_cuda.equal(dense, t)
+
+
+def test_one_tensor_passed_as_an_input_and_the_output(torch_cuda):
+    """`mm(C, B, C)`: the output is also the first operand (a different argument): fresh memory, then a copy."""
+    torch = torch_cuda
+
+    @tsr.kernel
+    def mm(a, b, c):
+        c[:] = tsr.matmul(a, b)
+
+    c = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    b = torch.randn(256, 256, device="cuda", dtype=torch.float16)
+    want = (c.double() @ b.double())
+    mm(c, b, c)
+    check64(torch, c, want, "fp16")
