@@ -103,14 +103,13 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("gemm", lambda f: f.get("wgmma") and f.get("element_bytes") == 1,
      {"block_m": 128, "block_n": 256, "block_k": 128, "num_warps": 8, "num_stages": 4, "mma_async": 1,
       "persistent": 1}),
-    # ... whose 128 accumulators per thread leave no room for a heavy epilogue's temporaries
-    ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_ops", 0) > 2, {"block_n": 128}),
-    # ... but an fp8 GEMM's scaling (the product times its scales, cast: 3 ops) keeps the 256 columns:
-    # H100, scaled e4m3 -> bf16, of torch._scaled_mm, 128 -> 256 columns: 4096^3 0.97 -> 1.06x, 8192^3
-    # 1.00 -> 1.07x, 1008 x 3008 x 8192 0.80 -> 0.96x (columns, stages and persistence swept with
-    # pinned spaces; bench/RESULTS.md session 17)
-    ("gemm", lambda f: f.get("wgmma") and f.get("element_bytes") == 1 and f.get("epilogue_ops", 0) <= 3,
-     {"block_n": 256}),
+    # ... whose 128 accumulators per thread leave no room for an IEEE division's temporaries (silu's
+    # sigmoid: 56 bytes spilled at 256 columns). A gelu (erf or tanh, whose reciprocals are rcp.approx)
+    # keeps 256 columns without spilling: H100 bf16 against torch matmul + separate gelu, 128 -> 256
+    # columns, 8192^3 0.94 -> 1.01-1.11x (erf) and 1.02 -> 1.09-1.14x (tanh), 4096^3 1.14 -> 1.23-1.33x
+    # (bench/RESULTS.md session 17)
+    ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_divides", 0) > 0, {"block_n": 128}),
+
     ("flash_attention", lambda f: f.get("head_dim") == 128,
      {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}),
     # Hopper-native attention: two warpgroups, each one 64-row wgmma slice of the 128 query rows, two

@@ -882,6 +882,7 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     lhs = g.tensor_type(matmuls[0].lhs)
     features = {"element_bytes": lhs.dtype.itemsize,
                 "epilogue_ops": sum(isinstance(op, ELEMENTWISE) and op not in planner.assert_only for op in group.ops),
+                "epilogue_divides": sum(isinstance(op, g.ElementwiseOp) and op.kind == "div" for op in group.ops),
                 "wgmma": int(planner.native and all(_rows_aligned(v, group, planner) and _wgmma_reads(mm)
                                                     for mm in matmuls for v in (mm.lhs, mm.rhs))),
                 "tile_compiler": int(planner.tile_compiler)}
