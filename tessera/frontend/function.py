@@ -302,8 +302,10 @@ class Function:
         if key is None:
             return
         names = list(self.signature.parameters)
-        self._programs[key] = (program, tuple(names.index(n) for n, _ in tensors),
-                               tuple(names.index(n) for n in out_names))
+        tensor_names = [n for n, _ in tensors]
+        # each tensor's position among the arguments, and each output's among the tensors
+        self._programs[key] = (program, tuple(names.index(n) for n in tensor_names),
+                               tuple(tensor_names.index(n) for n in out_names))
 
     def _gpu_program(self, tensors, constants, options: dict, device: int) -> tuple:
         """(program, result names, whether it reads an output it writes) for a GPU call: this
@@ -383,9 +385,10 @@ class Kernel(Function):
         key = self._call_key(args, options)
         known = self._programs.get(key) if key is not None else None
         if known is not None:
-            program, inputs, outs = known
-            ins, out = [args[i] for i in inputs], [args[i] for i in outs]
-            _through_copies_if_aliased(program, ins, out, [inputs.index(i) for i in outs])(*ins, out=out)
+            program, inputs, out_positions = known
+            ins = [args[i] for i in inputs]
+            out = [ins[i] for i in out_positions]
+            _through_copies_if_aliased(program, ins, out_positions)(*ins, out=out)
             return None
         tensors, constants = self._split_args(args)
         arrays = {n: x for n, x in tensors}
@@ -403,7 +406,7 @@ class Kernel(Function):
                 program = _OutputsThroughCopies(program)
             ins, out = [x for _, x in tensors], [arrays[n] for n in result_names]
             names = [n for n, _ in tensors]
-            _through_copies_if_aliased(program, ins, out, [names.index(n) for n in result_names])(*ins, out=out)
+            _through_copies_if_aliased(program, ins, [names.index(n) for n in result_names])(*ins, out=out)
             self._remember_program(key, program, tensors, result_names)
             return None
         compiled = self._compiled_for(tensors, constants, options)
@@ -421,7 +424,7 @@ def _reads_an_output(compiled) -> bool:
     return any(args[name].uses for name in compiled.result_names)
 
 
-def _through_copies_if_aliased(program, inputs: Sequence, outs: Sequence, out_positions: Sequence[int]):
+def _through_copies_if_aliased(program, inputs: Sequence, out_positions: Sequence[int]):
     """`program`, or for a call where an output's memory overlaps another argument's (a view of it,
     `k(C.T, C)`, or one tensor passed as two arguments, `mm(C, B, C)`) the program writing fresh
     arrays that are then copied into the outputs: blocks would otherwise read what other blocks

@@ -76,6 +76,7 @@ from xdsl.traits import (
 from xdsl.utils.exceptions import VerifyException
 
 from .. import dtypes, platforms
+from ..runtime.interop import c_strides
 from ..platforms import Platform
 
 # ---------------------------------------------------------------------------
@@ -686,7 +687,7 @@ class TensorMapType(ParametrizedAttribute, TypeAttribute):
     def of(element_type: Attribute, shape: Sequence[int], box: Sequence[int], swizzle: int = 128,
            strides: Sequence[int] | None = None) -> TensorMapType:
         """A map of a `shape` tensor, laid out with element `strides` (None: row-major)."""
-        strides = () if strides is None or tuple(strides) == _row_major(shape) else strides
+        strides = () if strides is None or tuple(strides) == c_strides(shape) else strides
         return TensorMapType(element_type, _int_array(shape), _int_array(strides), _int_array(box), IntAttr(swizzle))
 
     @property
@@ -695,7 +696,7 @@ class TensorMapType(ParametrizedAttribute, TypeAttribute):
 
     @property
     def element_strides(self) -> tuple[int, ...]:
-        return tuple(d.data for d in self.strides.data) or _row_major(self.shape_dims)
+        return tuple(d.data for d in self.strides.data) or c_strides(self.shape_dims)
 
     @property
     def box_dims(self) -> tuple[int, ...]:
@@ -738,10 +739,6 @@ class TensorMapType(ParametrizedAttribute, TypeAttribute):
         strides = f"strides = {_int_list_text(self.element_strides)}, " if self.strides.data else ""
         printer.print_string(f", {_int_list_text(self.shape_dims)}, {strides}box = {_int_list_text(self.box_dims)}, "
                              f"swizzle = {self.swizzle.data}>")
-
-
-def _row_major(shape: Sequence[int]) -> tuple[int, ...]:
-    return tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
 
 
 #: how a wgmma operand is stored in shared memory: its contraction dim contiguous ("k"), or its M/N dim

@@ -43,7 +43,7 @@ from .. import dtypes, platforms
 from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
 from ..ir import index_maps, tile
-from ..runtime import tensor_maps
+from ..runtime import interop, tensor_maps
 from . import recompute
 
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
@@ -854,7 +854,7 @@ def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
         return True
     t = g.tensor_type(v)
     shape = [g.dim_value(d, planner.bindings) for d in t.shape]
-    strides = planner.strided.get(v) or tuple(math.prod(shape[d + 1:]) for d in range(len(shape)))
+    strides = planner.strided.get(v) or interop.c_strides(shape)
     return tensor_maps.stride_problem(strides, t.dtype.itemsize) is None
 
 

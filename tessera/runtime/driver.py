@@ -26,7 +26,7 @@ import numpy as np
 
 from tessera import dtypes, platforms
 
-from . import ptxas, tensor_maps
+from . import interop, ptxas, tensor_maps
 
 
 class DriverNotFound(ImportError):
@@ -508,7 +508,7 @@ def _tensor_map_layout(spec, itemsize: int) -> tuple[list[int], list[int], list[
 
 def _tensor_map_strides(spec) -> tuple[int, ...]:
     """The element strides of a map's tensor, outermost first: its own, else row-major's."""
-    return spec.strides or tuple(math.prod(spec.shape[d + 1:]) for d in range(len(spec.shape)))
+    return spec.strides or interop.c_strides(spec.shape)
 
 
 def _tensor_map_problem(ptr: int, spec) -> str | None:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import ctypes
 import functools
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,7 +85,8 @@ def _dtype_of_numpy(dt: np.dtype) -> DType | None:
 # Layout helpers
 # ---------------------------------------------------------------------------
 
-def _c_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+def c_strides(shape: Sequence[int]) -> tuple[int, ...]:
+    """Row-major (C-contiguous) element strides of `shape` (a size-0 dim counted as 1)."""
     strides, step = [], 1
     for size in reversed(shape):
         strides.append(step)
@@ -97,7 +98,7 @@ def is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
     """C-contiguous as PyTorch defines it: dims of size 1 may have any stride, empty arrays always are."""
     if 0 in shape:
         return True
-    return all(size == 1 or stride == want for size, stride, want in zip(shape, strides, _c_strides(shape)))
+    return all(size == 1 or stride == want for size, stride, want in zip(shape, strides, c_strides(shape)))
 
 
 def canonical_strides(shape: tuple[int, ...], strides: tuple[int, ...]) -> tuple[int, ...] | None:
@@ -135,7 +136,7 @@ def layout_of(x) -> tuple[int, ...] | None:
 
 def _element_strides(byte_strides, shape, itemsize: int, name: str) -> tuple[int, ...]:
     if byte_strides is None:
-        return _c_strides(shape)
+        return c_strides(shape)
     if any(s % itemsize for s in byte_strides):
         raise LayoutError(f"{name} has byte strides {tuple(byte_strides)} that are not multiples "
                           f"of its {itemsize}-byte elements")
@@ -236,7 +237,7 @@ def _from_dlpack(x, name: str) -> TensorInfo:
     capsule = x.__dlpack__()
     t = _DLTensor.from_address(_capsule_pointer(capsule, b"dltensor"))
     shape = tuple(t.shape[i] for i in range(t.ndim))
-    strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else _c_strides(shape)
+    strides = tuple(t.strides[i] for i in range(t.ndim)) if t.strides else c_strides(shape)
     code, bits, lanes = t.dtype.code, t.dtype.bits, t.dtype.lanes
     dt = _DLPACK_TYPES.get((code, bits)) if lanes == 1 else None
     kind, ordinal = t.device.device_type, t.device.device_id
@@ -353,14 +354,6 @@ def byte_span(x) -> tuple[int, int]:
     lo = sum((n - 1) * st for n, st in zip(shape, strides) if st < 0)
     hi = sum((n - 1) * st for n, st in zip(shape, strides) if st > 0)
     return ptr + lo * itemsize, ptr + (hi + 1) * itemsize
-
-
-def overlap(a, b) -> bool:
-    """Whether two arrays' byte spans overlap (conservative: interleaved views that share no element
-    count as overlapping)."""
-    a0, a1 = byte_span(a)
-    b0, b1 = byte_span(b)
-    return a0 < b1 and b0 < a1
 
 
 def contiguous(x):

@@ -321,12 +321,15 @@ def test_a_record_field_is_copied_on_the_cpu():
     np.testing.assert_array_equal(double(rec["a"]), np.arange(16) * 2.0)
 
 
-def test_overlap_is_read_from_byte_spans():
+def test_byte_spans_cover_what_strides_reach():
     from tessera.runtime import interop
 
     c = np.zeros((4, 6), np.float32)
-    assert interop.overlap(c.T, c) and interop.overlap(c[1:], c[:2]) and interop.overlap(c[:, ::-1], c)
-    assert not interop.overlap(c[:2], c[2:]) and not interop.overlap(c[:0], c)
+    base = c.__array_interface__["data"][0]
+    assert interop.byte_span(c) == interop.byte_span(c.T) == (base, base + 96)
+    assert interop.byte_span(c[1:, ::-1]) == (base + 24, base + 96)     # a negative stride reaches back
+    assert interop.byte_span(c[:, :2]) == (base, base + 4 * (3 * 6 + 2))
+    assert interop.byte_span(c[:0])[0] == interop.byte_span(c[:0])[1]
 
 
 def test_a_kernel_writing_memory_it_reads_elsewhere_goes_through_copies():
@@ -334,10 +337,10 @@ def test_a_kernel_writing_memory_it_reads_elsewhere_goes_through_copies():
 
     c, b = np.zeros((4, 6), np.float32), np.zeros((6, 6), np.float32)
     program = object()
-    assert isinstance(_through_copies_if_aliased(program, [c.T[:, :4], c], [c], [1]), _OutputsThroughCopies)
-    assert isinstance(_through_copies_if_aliased(program, [c, b, c], [c], [2]), _OutputsThroughCopies)  # mm(C, B, C)
-    assert _through_copies_if_aliased(program, [c], [c], [0]) is program        # itself: the graph says
-    assert _through_copies_if_aliased(program, [np.zeros(3), c], [c], [1]) is program
+    assert isinstance(_through_copies_if_aliased(program, [c.T[:, :4], c], [1]), _OutputsThroughCopies)
+    assert isinstance(_through_copies_if_aliased(program, [c, b, c], [2]), _OutputsThroughCopies)  # mm(C, B, C)
+    assert _through_copies_if_aliased(program, [c], [0]) is program        # itself: the graph says
+    assert _through_copies_if_aliased(program, [np.zeros(3), c], [1]) is program
 
 
 def test_a_strided_cotangent_compiles_for_its_layout():
