@@ -87,6 +87,10 @@ python3 bench/decode_attention.py || status=1
 section "FP8 GEMM"
 python3 bench/fp8_gemm.py || status=1
 
+# Transcendental epilogues (GEMM + gelu/silu) against torch, and soft-capped attention against FlexAttention.
+section "Activations"
+python3 bench/activations.py || status=1
+
 # Strided inputs ([B, S, H, D] views, slices of wider matrices, a prefix of a KV cache) read in place, against the
 # same kernels on contiguous tensors, copying first, and torch on the same views.
 section "Strided inputs"
