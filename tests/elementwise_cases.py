@@ -84,3 +84,20 @@ def check(out: np.ndarray, ref: np.ndarray, out_dt) -> None:
         return
     np.testing.assert_allclose(out.astype(np.float64), ref.astype(np.float64), rtol=TOL[out_dt.name],
                                atol=TOL[out_dt.name])
+
+
+#: sigmoid's asymptotes and the edges of its approximate division (a denominator past 2^126 gives 0)
+SIGMOID_EDGES = np.array([0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 20.0, -20.0, 87.0, -87.0, 87.5, -87.5, 88.8, -88.8,
+                          1e4, -1e4, 3e38, -3e38, np.inf, -np.inf, np.nan], np.float32)
+
+
+def check_sigmoid_edges(out: np.ndarray, x: np.ndarray, rtol: float) -> None:
+    """Against float64: `rtol` where sigmoid is a normal float, at most 2e-38 absolute where it
+    underflows (the kernel's flushed quotient), NaN for NaN."""
+    with np.errstate(invalid="ignore"):
+        want = np.exp(-np.logaddexp(0.0, -x.astype(np.float64)))
+    assert np.array_equal(np.isnan(out), np.isnan(x))
+    ok = ~np.isnan(x)
+    err = np.abs(out[ok].astype(np.float64) - want[ok])
+    bad = err > np.maximum(rtol * want[ok], 2e-38)
+    assert not bad.any(), (x[ok][bad], out[ok][bad], want[ok][bad])

@@ -84,6 +84,7 @@ _ELEMENTWISE: dict[str, Rule] = {
     "log": lambda op, g, y, x: (g / x,),
     "log2": lambda op, g, y, x: (g / (x * math.log(2.0)),),
     "tanh": lambda op, g, y, x: (g * (1.0 - y * y),),
+    "sigmoid": lambda op, g, y, x: (g * (y * (1.0 - y)),),
     "sqrt": lambda op, g, y, x: (g * 0.5 / y,),
     "rsqrt": lambda op, g, y, x: (g * -0.5 * y * y * y,),
     "sin": lambda op, g, y, x: (g * ops.cos(x),),

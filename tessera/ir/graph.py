@@ -229,6 +229,12 @@ def _rsqrt(x):
     return 1.0 / np.sqrt(x)
 
 
+def _sigmoid(x):
+    """1 / (1 + exp(-x)) as exp(-softplus(-x)): no overflow warning for very negative x, and no
+    cancellation in its tiny values (0.5 (1 + tanh(x / 2)) rounds them to 0)."""
+    return np.exp(-np.logaddexp(0, -x))
+
+
 ELEMENTWISE: dict[str, Elementwise] = {e.name: e for e in [
     Elementwise("neg", 1, np.negative),
     Elementwise("abs", 1, np.abs),
@@ -237,6 +243,7 @@ ELEMENTWISE: dict[str, Elementwise] = {e.name: e for e in [
     Elementwise("log", 1, np.log, "float"),
     Elementwise("log2", 1, np.log2, "float"),
     Elementwise("tanh", 1, np.tanh, "float"),
+    Elementwise("sigmoid", 1, _sigmoid, "float"),
     Elementwise("sqrt", 1, np.sqrt, "float"),
     Elementwise("rsqrt", 1, _rsqrt, "float"),
     Elementwise("sin", 1, np.sin, "float"),

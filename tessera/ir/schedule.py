@@ -103,9 +103,9 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("gemm", lambda f: f.get("wgmma") and f.get("element_bytes") == 1,
      {"block_m": 128, "block_n": 256, "block_k": 128, "num_warps": 8, "num_stages": 4, "mma_async": 1,
       "persistent": 1}),
-    # ... whose 128 accumulators per thread leave no room for an IEEE division's temporaries (silu's
-    # sigmoid: 56 bytes spilled at 256 columns). A gelu (erf or tanh, whose reciprocals are rcp.approx)
-    # keeps 256 columns without spilling: H100 bf16 against torch matmul + separate gelu, 128 -> 256
+    # ... whose 128 accumulators per thread leave no room for an IEEE division's temporaries (a user's
+    # `/`: 56 bytes spilled at 256 columns when silu's sigmoid was one). sigmoid (an approximate
+    # division) and gelu (erf or tanh, whose reciprocals are rcp.approx) keep 256 columns without spilling: H100 bf16 against torch matmul + separate gelu, 128 -> 256
     # columns, 8192^3 0.94 -> 1.01-1.11x (erf) and 1.02 -> 1.09-1.14x (tanh), 4096^3 1.14 -> 1.23-1.33x
     # (bench/RESULTS.md session 17)
     ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_divides", 0) > 0, {"block_n": 128}),

@@ -161,6 +161,20 @@ def _abs(b: Builder, x):
     return b(math.AbsFOp(x) if x.type.get_element_type() == f32 else math.AbsIOp(x))
 
 
+#: an arith.divf the backends may compute approximately (PTX div.approx: a reciprocal on the MUFU
+#: unit and a multiply; 2 ulp for denominators in [2^-126, 2^126], 0 for larger ones)
+APPROXIMATE = arith.FastMathFlagsAttr(["afn"])
+
+
+def _sigmoid(b: Builder, x):
+    """1 / (1 + exp(-x)). The denominator is at least 1 (or inf, whose quotient 0 is sigmoid's limit),
+    so its division is approximate: an IEEE division is a dozen instructions and a slow-path branch
+    an element, and its temporaries spilled a 256-column GEMM epilogue (silu)."""
+    one = b.splat(b.f32(1.0), x.type.get_shape())
+    denominator = b(arith.AddfOp(one, b(math.ExpOp(b(arith.NegfOp(x))))))
+    return b(arith.DivfOp(one, denominator, APPROXIMATE))
+
+
 def _floor_divide(b: Builder, x, y):
     """Python's and torch's `//`: the quotient rounded down (towards -inf, not towards zero)."""
     if x.type.get_element_type() == f32:
@@ -196,6 +210,7 @@ ELEMENTWISE: dict[str, Callable] = {
     "log": _unary_math(math.LogOp),
     "log2": _unary_math(math.Log2Op),
     "tanh": _unary_math(math.TanhOp),
+    "sigmoid": _sigmoid,
     "sqrt": _unary_math(math.SqrtOp),
     "rsqrt": _unary_math(math.RsqrtOp),
     "sin": _unary_math(math.SinOp),

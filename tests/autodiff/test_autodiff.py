@@ -84,13 +84,13 @@ def normal(shape, rng, positive=False):
 
 # --- elementwise ---------------------------------------------------------------------------------
 
-UNARY = ("neg", "abs", "exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "sin", "cos", "erf")
+UNARY = ("neg", "abs", "exp", "exp2", "log", "log2", "tanh", "sqrt", "rsqrt", "sin", "cos", "erf", "sigmoid")
 POSITIVE = {"log", "log2", "sqrt", "rsqrt"}
 
 
 @tsr.function
-def unary_ops(a, b, c, d, e, f, g_, h, i, j, k, m):
-    return tuple(getattr(tsr, name)(x) for name, x in zip(UNARY, (a, b, c, d, e, f, g_, h, i, j, k, m)))
+def unary_ops(a, b, c, d, e, f, g_, h, i, j, k, m, n):
+    return tuple(getattr(tsr, name)(x) for name, x in zip(UNARY, (a, b, c, d, e, f, g_, h, i, j, k, m, n)))
 
 
 def unary_reference(*xs):
@@ -435,7 +435,7 @@ def test_backward_graph_prints_parses_back_and_keeps_the_forward_lines(tmp_path)
 def test_mistakes_are_refused_with_their_reason():
     x = np.ones((2, 3), np.float32)
     with pytest.raises(ShapeError, match="one 0-d float tensor"):
-        tsr.grad(unary_ops)(*[x] * 12)
+        tsr.grad(unary_ops)(*[x] * len(UNARY))
     with pytest.raises(DTypeError, match="requires float inputs; argument 'i'"):
         @tsr.function
         def counted(x: Tensor["N"], i: Tensor["N", tsr.int32]):

@@ -9,7 +9,8 @@ import pytest
 from tessera.backends.ptx import emit_module
 from tessera.ir import graph as g
 
-from elementwise_cases import CASES, DTYPES, accepted, check, inputs, reference, table_function
+from elementwise_cases import (CASES, DTYPES, SIGMOID_EDGES, TOL, accepted, check, check_sigmoid_edges, inputs,
+                               reference, table_function)
 from test_ptx_emitter import assemble
 
 needs_ptxas = pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
@@ -46,3 +47,58 @@ def test_elementwise_ptx_assembles(kind, dt, arch, tmp_path):
     assert kernels
     for kernel in kernels.values():
         assemble(kernel.ptx, arch, tmp_path)
+
+
+def test_sigmoid_is_one_op_whose_division_the_tile_ir_marks_approximate():
+    """tsr.sigmoid traces to graph.sigmoid; its Tile IR division carries `afn`, which PTX emits as
+    div.approx (no IEEE division) and CUDA Tile IR as an approximate divf; a user's `/` stays IEEE."""
+    import tessera as tsr
+    from tessera import Tensor
+
+    @tsr.function
+    def f(x: Tensor["M", "N", tsr.fp32], y: Tensor["M", "N", tsr.fp32]):
+        return tsr.sigmoid(x), x / y
+
+    compiled = f.compile(f.arg_specs_for(dict(M=5, N=9)))
+    assert "graph.sigmoid" in compiled.ir("graph")
+    divisions = [line for line in compiled.ir("tile").splitlines() if "arith.divf" in line]
+    assert len(divisions) == 2 and sum("fastmath<afn>" in line for line in divisions) == 1
+    ptx = "\n".join(k.ptx for k in compiled.stage("ptx").values())
+    assert "div.approx.ftz.f32" in ptx and "div.rn.f32" in ptx
+
+
+@pytest.mark.parametrize("dt", ["fp32", "bf16"])
+def test_sigmoid_and_silu_at_their_edges_on_the_interpreter(dt):
+    import tessera as tsr
+    from tessera import Tensor, dtypes
+
+    d = getattr(dtypes, dt)
+
+    @tsr.function
+    def f(x: Tensor["N", d]):
+        return tsr.sigmoid(x), tsr.silu(x)
+
+    x = SIGMOID_EDGES.astype(d.np)
+    sig, silu = f(x)
+    check_sigmoid_edges(sig.astype(np.float32), x.astype(np.float32), TOL[dt])
+    # torch's silu: x * sigmoid(x), so -inf * 0 is NaN
+    assert silu[0] == 0 and silu[-3] == np.inf and np.isnan(silu[-2]) and np.isnan(silu[-1])
+
+
+@needs_ptxas
+def test_a_gemm_with_a_silu_epilogue_keeps_256_columns_without_spilling():
+    """sigmoid's approximate division leaves a 128 x 256 Hopper GEMM's epilogue room in registers (its
+    IEEE division spilled 56 bytes, which is why a dividing epilogue takes 128 columns)."""
+    import tessera as tsr
+    from tessera import Tensor
+
+    @tsr.function
+    def mlp(a: Tensor["M", "K", tsr.bf16], b: Tensor["K", "N", tsr.bf16], bias: Tensor["N", tsr.bf16]):
+        return tsr.silu(tsr.matmul(a, b) + bias).to(tsr.bf16)
+
+    compiled = mlp.compile(mlp.arg_specs_for(dict(M=4096, K=4096, N=4096)), arch="sm_90a")
+    (kernel,) = [op for op in compiled.modules["schedule"].walk() if op.name == "schedule.kernel"]
+    assert kernel.param_values["block_n"] == 256
+    for assembled in compiled.stage("cubin").values():
+        for resources in assembled.resources.values():
+            assert resources.spill_store_bytes == 0 and resources.spill_load_bytes == 0

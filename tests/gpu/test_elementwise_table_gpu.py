@@ -19,3 +19,32 @@ def test_elementwise_table_on_gpu(torch_cuda, kind, dt, dims, path):
     specs = fn.arg_specs_for(dims)
     operand_dts = [s.dtype for s in specs][-2:] if kind == "where" else [s.dtype for s in specs]
     check(out, reference(kind, arrays), g.elementwise_result_dtype(g.ELEMENTWISE[kind], operand_dts))
+
+
+@pytest.mark.parametrize("path", ["native", "ampere"])
+@pytest.mark.parametrize("dt", ["fp32", "fp16", "bf16"])
+def test_sigmoid_and_silu_at_their_edges_on_gpu(torch_cuda, dt, path):
+    """The approximate division at sigmoid's asymptotes and past 2^126 (-87.5, -88.8: quotient 0),
+    against float64 and against torch's own sigmoid and silu on the same inputs."""
+    import tessera as tsr
+    from tessera import Tensor, dtypes
+
+    from elementwise_cases import SIGMOID_EDGES, TOL, check_sigmoid_edges
+    from numpy_on_gpu import to_torch
+
+    d = getattr(dtypes, dt)
+
+    @tsr.function
+    def f(x: Tensor["N", d]):
+        return tsr.sigmoid(x), tsr.silu(x)
+
+    x = np.concatenate([SIGMOID_EDGES, np.linspace(-30, 30, 1000, dtype=np.float32)]).astype(d.np)
+    sig, silu = run_on_gpu(f, dict(N=x.size), [x], torch_cuda, path)
+    check_sigmoid_edges(sig.astype(np.float32), x.astype(np.float32), TOL[dt])
+    xt = to_torch(x, torch_cuda)
+    for ours, theirs in ((sig, torch_cuda.sigmoid(xt)), (silu, torch_cuda.nn.functional.silu(xt))):
+        theirs = theirs.float().cpu().numpy()
+        ours = ours.astype(np.float32)
+        assert np.array_equal(np.isnan(ours), np.isnan(theirs))
+        ok = ~np.isnan(theirs)
+        np.testing.assert_allclose(ours[ok], theirs[ok], rtol=TOL[dt], atol=1e-37)

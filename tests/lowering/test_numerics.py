@@ -50,7 +50,7 @@ def run_case_exact(fn, dims: dict, dtype: str, seed: int, random_inputs, assert_
     """Kernel vs the exact answer for its (rounded) inputs: the oracle of the function's fp32 twin.
 
     A fused chain computes in f32 registers and rounds once, at the store, while a per-op-rounded
-    evaluation rounds after every op (the oracle did, before it became exact); composite ops (gelu, silu, sigmoid) are chains of primitives, so where they cancel
+    evaluation rounds after every op (the oracle did, before it became exact); composite ops (gelu, silu) are chains of primitives, so where they cancel
     (gelu(x) for x < -2: 1 + tanh(...) ~ 0.01) the per-op-rounded oracle is off by many ulps of the
     result in fp16/bf16. The kernel must match the exact answer to the storage dtype's tolerance.
     """

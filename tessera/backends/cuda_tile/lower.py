@@ -414,6 +414,14 @@ def _unary(method: str, **attrs) -> Callable:
     return rule
 
 
+def _divf(lowering: _KernelLowering, op: Operation) -> ct.Value:
+    """IEEE division, or tileiras's approximate one where the Tile IR marks the division `afn`."""
+    a, b = (lowering.v(x) for x in op.operands)
+    if "afn" in op.fastmath.data:
+        return lowering.b.divf(a, b, rounding="approx", ftz=True)
+    return lowering.b.divf(a, b)
+
+
 def _nothing(lowering: _KernelLowering, op: Operation) -> None:
     return None
 
@@ -437,7 +445,7 @@ RULES: dict[type, Callable] = {
     arith.AddfOp: _binary("addf"),
     arith.SubfOp: _binary("subf"),
     arith.MulfOp: _binary("mulf"),
-    arith.DivfOp: _binary("divf"),
+    arith.DivfOp: _divf,
     arith.MaximumfOp: _binary("maxf", propagate_nan=True),
     arith.MinimumfOp: _binary("minf", propagate_nan=True),
     arith.NegfOp: _unary("negf"),

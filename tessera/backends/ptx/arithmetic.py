@@ -361,6 +361,14 @@ def _truncf(e: KernelEmitter, op):
     e.elementwise(op, build)
 
 
+_div_rn, _div_approx = _binary("div.rn.f32 {r}, {a}, {b};"), _binary("div.approx.ftz.f32 {r}, {a}, {b};")
+
+
+def _divf(e: KernelEmitter, op: arith.DivfOp):
+    """IEEE division, or div.approx where the Tile IR marks the division approximate (`afn`)."""
+    (_div_approx if "afn" in op.fastmath.data else _div_rn)(e, op)
+
+
 def _constant(e: KernelEmitter, op: arith.ConstantOp):
     ty = ptx_type(op.result.type)
     value = op.value
@@ -382,7 +390,7 @@ HANDLERS: dict[type, Callable] = {
     arith.AddfOp: _binary("add.f32 {r}, {a}, {b};"),
     arith.SubfOp: _binary("sub.f32 {r}, {a}, {b};"),
     arith.MulfOp: _binary("mul.f32 {r}, {a}, {b};"),
-    arith.DivfOp: _binary("div.rn.f32 {r}, {a}, {b};"),
+    arith.DivfOp: _divf,
     arith.MaximumfOp: _binary("max.NaN.f32 {r}, {a}, {b};"),
     arith.MinimumfOp: _binary("min.NaN.f32 {r}, {a}, {b};"),
     arith.NegfOp: _unary(_result_type, "neg.f32 {r}, {a};"),
