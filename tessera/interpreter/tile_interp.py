@@ -442,13 +442,15 @@ class Window:
         self.to_memref = None if identity else list(np.argsort(to_tile))
 
     def clip(self, shape: Sequence[int], offsets: Sequence) -> tuple[tuple, tuple, bool] | None:
-        """(memref index, tile index, whole tile in bounds), or None when nothing is in bounds."""
+        """(memref index, tile index, whole tile in bounds), or None when nothing is in bounds (along
+        the tiled dims: an untiled dim's offset must be inside it, as the GPU never checks it)."""
         src, dst, whole = [], [slice(None)] * len(self.tile_shape), True
         for n, o, p in zip(shape, offsets, self.axis_of):
             o = int(o)
-            if p < 0:
+            if p < 0:   # a dim the tile does not span: the PTX backend checks no bound along it
                 if not 0 <= o < n:
-                    return None
+                    raise IndexError(f"offset {o} of a dim of size {n} that the tile does not span: only "
+                                     f"tiled dims are bounds-checked on the GPU")
                 src.append(o)
                 continue
             size = self.tile_shape[p]
