@@ -91,13 +91,18 @@ SIGMOID_EDGES = np.array([0.0, -0.0, 1e-30, -1e-30, 3.0, -3.0, 20.0, -20.0, 87.0
                           1e4, -1e4, 3e38, -3e38, np.inf, -np.inf, np.nan], np.float32)
 
 
-def check_sigmoid_edges(out: np.ndarray, x: np.ndarray, rtol: float) -> None:
-    """Against float64: `rtol` where sigmoid is a normal float, at most 2e-38 absolute where it
-    underflows (the kernel's flushed quotient), NaN for NaN."""
+#: the absolute error a result may have where it underflows: fp32 and bf16 flush values under 2^-126
+#: (the approximate division's quotient past 2^126), fp16 rounds to its smallest subnormal (6e-8)
+UNDERFLOW = {"fp32": 2e-38, "bf16": 2e-38, "fp16": 6e-8}
+
+
+def check_sigmoid_edges(out: np.ndarray, x: np.ndarray, rtol: float, underflow: float = 2e-38) -> None:
+    """Against float64: `rtol` where sigmoid is a normal float, at most `underflow` absolute where it
+    underflows, NaN for NaN."""
     with np.errstate(invalid="ignore"):
         want = np.exp(-np.logaddexp(0.0, -x.astype(np.float64)))
     assert np.array_equal(np.isnan(out), np.isnan(x))
     ok = ~np.isnan(x)
     err = np.abs(out[ok].astype(np.float64) - want[ok])
-    bad = err > np.maximum(rtol * want[ok], 2e-38)
+    bad = err > np.maximum(rtol * want[ok], underflow)
     assert not bad.any(), (x[ok][bad], out[ok][bad], want[ok][bad])
