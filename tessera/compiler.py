@@ -183,6 +183,8 @@ class KernelLaunch:
     tensor_maps: tuple[TensorMapSpec, ...]     # each over the buffer of pointer param `spec.arg`
     arch: str                                  # the PTX's .target, which the cubin stage assembles for
                                                # unless asked for another arch
+    programmatic: bool = False                 # launched as a programmatic dependent of the kernel before
+                                               # it (Target IR's `tessera_target.programmatic_launch`)
 
     @property
     def param_types(self) -> tuple[str, ...]:
@@ -191,8 +193,10 @@ class KernelLaunch:
 
 def _kernel_launch(kernel, ptx) -> KernelLaunch:
     """A Target IR kernel's launch, with what its PtxKernel `ptx` needs."""
+    from .ir import target
     return KernelLaunch(kernel.sym_name.data, kernel.config.grid_dims, ptx.threads, ptx.dynamic_shared,
-                        len(kernel.function_type.inputs.data), ptx.tensor_maps, kernel.platform.platform.arch)
+                        len(kernel.function_type.inputs.data), ptx.tensor_maps, kernel.platform.platform.arch,
+                        target.PROGRAMMATIC_LAUNCH in kernel.attributes)
 
 
 class _Modules(Mapping):

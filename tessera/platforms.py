@@ -33,6 +33,8 @@ FEATURES: dict[str, str] = {
     "tma": "Tensor Memory Accelerator: cp.async.bulk.tensor with tensor maps (sm_90+)",
     "clusters": "thread-block clusters and distributed shared memory (sm_90+)",
     "stmatrix": "stmatrix register->shared fragment stores (sm_90+)",
+    "programmatic_launch": "programmatic dependent launch: a kernel is launched while the one before it in "
+                           "its stream finishes, and waits for that one's results in griddepcontrol.wait (sm_90+)",
     "wgmma": "warpgroup MMA wgmma.mma_async (sm_90a only: arch-specific, not in sm_100a)",
     "setmaxnreg": "per-warpgroup register reallocation (sm_90a, sm_100a)",
     "tcgen05": "5th-generation tensor core instructions tcgen05.* (sm_100a)",
@@ -50,7 +52,7 @@ _SM70 = frozenset({"tensor_cores", "wmma"})
 _SM75 = _SM70 | {"mma_sync", "ldmatrix"}
 _SM80 = _SM75 | {"async_copy", "bf16"}
 _SM89 = _SM80 | {"fp8"}
-_SM90 = _SM89 | {"tma", "clusters", "stmatrix"}
+_SM90 = _SM89 | {"tma", "clusters", "stmatrix", "programmatic_launch"}
 _SM90A = _SM90 | {"wgmma", "setmaxnreg"}
 _SM100 = _SM90
 _SM100A = _SM100 | {"tcgen05", "tmem", "cta_pairs", "setmaxnreg"}
@@ -372,7 +374,7 @@ def copy_mechanism(platform: Platform | str, padding: float = 0.0) -> str:
 # The PTX ISA version each feature's instructions need (checked with ptxas 13.0).
 _FEATURE_PTX_ISA: dict[str, tuple[int, int]] = {
     "wmma": (6, 0), "mma_sync": (6, 5), "ldmatrix": (6, 5), "async_copy": (7, 0),
-    "bf16": (7, 0), "clusters": (7, 8), "stmatrix": (7, 8), "tma": (8, 0),
+    "bf16": (7, 0), "clusters": (7, 8), "stmatrix": (7, 8), "programmatic_launch": (7, 8), "tma": (8, 0),
     "wgmma": (8, 0), "setmaxnreg": (8, 0), "fp8": (8, 4), "tcgen05": (8, 6),
     "tmem": (8, 6), "cta_pairs": (8, 6),
 }

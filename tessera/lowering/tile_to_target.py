@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from xdsl.dialects import scf
-from xdsl.dialects.builtin import MemRefType, ModuleOp, TensorType
+from xdsl.dialects.builtin import MemRefType, ModuleOp, TensorType, UnitAttr
 from xdsl.ir import Attribute
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -204,9 +204,12 @@ class LowerKernel(RewritePattern):
         producers = producer_warps(op, self.platforms[name]) or None
         split = self.splits.get(name)
         body = op.detach_region(op.body)
-        rewriter.replace(op, target.KernelOp(
+        kernel = target.KernelOp(
             name, op.function_type.inputs.data, self.configs[name], target.PlatformAttr.of(self.platforms[name]), body,
-            producer_warps=producers, maxnreg=split.launch if split else None))
+            producer_warps=producers, maxnreg=split.launch if split else None)
+        if self.platforms[name].has("programmatic_launch"):
+            kernel.attributes[target.PROGRAMMATIC_LAUNCH] = UnitAttr()
+        rewriter.replace(op, kernel)
 
 
 class LowerReturn(RewritePattern):

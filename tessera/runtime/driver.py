@@ -622,7 +622,8 @@ class PreparedLaunch:
     packing, conversion and size checks that `launch` does per call (they are done here, once).
     Not for sharing between threads (each call rewrites the buffer): keep one per thread."""
 
-    def __init__(self, kernel: Kernel, grid, block, shared_bytes: int, param_types: Sequence[str]):
+    def __init__(self, kernel: Kernel, grid, block, shared_bytes: int, param_types: Sequence[str],
+                 programmatic: bool = False):
         if any(ty not in ("u64", "tmap") for ty in param_types):
             raise ArgumentError(f"a prepared launch takes pointers and tensor maps, got {list(param_types)}")
         self.kernel, self.shared_bytes = kernel, shared_bytes
@@ -635,6 +636,22 @@ class PreparedLaunch:
         self._driver = bindings()
         self._success = self._driver.CUresult.CUDA_SUCCESS
         self._streams: dict[int, Any] = {}    # raw handle -> CUstream, built once per stream
+        self._config = self._programmatic_config() if programmatic else None
+
+    def _programmatic_config(self):
+        """cuLaunchKernelEx's configuration of a launch as a programmatic dependent of the kernel
+        before it in the stream (the kernel waits for it in griddepcontrol.wait); the stream is set
+        per call."""
+        d = self._driver
+        attribute = d.CUlaunchAttribute()
+        attribute.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
+        attribute.value.programmaticStreamSerializationAllowed = 1
+        config = d.CUlaunchConfig()
+        config.gridDimX, config.gridDimY, config.gridDimZ = self.grid3
+        config.blockDimX, config.blockDimY, config.blockDimZ = self.block3
+        config.sharedMemBytes = self.shared_bytes
+        config.attrs, config.numAttrs = [attribute], 1
+        return config
 
     @property
     def sizes(self) -> tuple[int, ...]:
@@ -653,8 +670,12 @@ class PreparedLaunch:
             if len(self._streams) >= 64:
                 self._streams.clear()
             handle = self._streams[stream] = d.CUstream(stream)
-        result = d.cuLaunchKernel(self.kernel.handle, *self.grid3, *self.block3, self.shared_bytes,
-                                  handle, self._address, 0)
+        if self._config is None:
+            result = d.cuLaunchKernel(self.kernel.handle, *self.grid3, *self.block3, self.shared_bytes,
+                                      handle, self._address, 0)
+        else:
+            self._config.hStream = handle
+            result = d.cuLaunchKernelEx(self._config, self.kernel.handle, self._address, 0)
         if result[0] != self._success:
             _check("cuLaunchKernel", result,
                    detail=_launch_detail(self.kernel, self.grid3, self.block3, self.shared_bytes, stream))

@@ -203,7 +203,8 @@ class GpuProgram:
         if launches is None:
             launches = self._per_thread.launches = [
                 driver.PreparedLaunch(self.kernels[s.launch.name], s.launch.grid, s.launch.threads,
-                                      s.launch.dynamic_shared, s.launch.param_types) for s in self.plan.steps]
+                                      s.launch.dynamic_shared, s.launch.param_types, s.launch.programmatic)
+                for s in self.plan.steps]
         return launches
 
     def _learn_torch_signature(self, inputs, outputs, temps) -> None:

@@ -194,7 +194,7 @@ class KernelEmitter:
             self.base(key)  # at entry: a loop body must not be the first to define them (in a fixed
             # order: the PTX text must not vary from process to process, or the cubin cache misses)
         self.block(block)
-        self.lines[at:at] = self.entry
+        self.lines[at:at] = self._programmatic(self.entry)
         params += self.extra_params
         extern = [f".extern .shared .align {self.smem_align} .b8 {SMEM_SYMBOL}[];", ""] if self.smem_bytes else []
         extern = (self.debug.directives() if self.debug else []) + extern
@@ -202,6 +202,14 @@ class KernelEmitter:
         bounds = f".maxntid {self.threads}, 1, 1" + (f" .maxnreg {maxnreg.value.data}" if maxnreg else "")
         head = [f".visible .entry {self.name}(", ",\n".join(params), f") {bounds}", "{"]
         return "\n".join(extern + head + self.regs.declarations() + self.lines + ["}"]) + "\n"
+
+    def _programmatic(self, entry: list[str]) -> list[str]:
+        """The entry lines of a kernel launched as a programmatic dependent (`tgt.PROGRAMMATIC_LAUNCH`):
+        its setup (registers, shared memory, barriers: nothing read from global memory), then the
+        wait for the kernel before this one."""
+        if tgt.PROGRAMMATIC_LAUNCH not in self.kernel.attributes:
+            return entry
+        return [*entry, "    griddepcontrol.wait;"]
 
     def block(self, block: Block) -> None:
         for op in block.ops:
