@@ -1183,7 +1183,8 @@ ASYNC_TYPES = [MBarriersType, TensorMapType, WgmmaDescriptorType]
 # ---------------------------------------------------------------------------
 
 #: a kernel launched as a programmatic dependent of the kernel before it in the stream (the
-#: platform's `programmatic_launch`): its body starts with griddepcontrol.wait, which returns once
+#: platform's `programmatic_launch`; every kernel of a call but the first): its body starts with
+#: griddepcontrol.wait, which returns once
 #: the kernel before it has finished and its writes are visible, so its launch and setup overlap
 #: that kernel's last blocks. No kernel triggers its dependents early (griddepcontrol.launch_dependents):
 #: they launch as it exits. H100 GQA decode B=1 (two kernels), CUDA-graph medians: 8192 keys 13.7 ->

@@ -166,6 +166,14 @@ def _grids(module: ModuleOp) -> dict[str, tuple[int, ...]]:
     return grids
 
 
+def _dependent_launches(module: ModuleOp) -> set[str]:
+    """The kernels whose every launch follows another kernel's launch of the same call in the host
+    code (all but the first launched): each may start while the one before it ends. The first is
+    launched plainly, after whatever the caller queued before the call."""
+    names = [op.kernel.string_value() for op in module.walk() if isinstance(op, tile.LaunchOp)]
+    return set(names[1:]) - set(names[:1])
+
+
 def producer_warps(kernel: tile.KernelOp, platform: Platform) -> int:
     """The warps a warp-specialized kernel adds to issue its copies: its `producer_warps`
     attribute where `platform` copies with TMA (one thread issues a whole tile), else none."""
@@ -197,6 +205,7 @@ class LowerKernel(RewritePattern):
     configs: dict[str, target.KernelConfigAttr]
     platforms: dict[str, Platform]
     splits: dict[str, RegisterSplit | None]
+    dependents: set[str]          # `_dependent_launches`
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.KernelOp, rewriter: PatternRewriter) -> None:
@@ -207,7 +216,7 @@ class LowerKernel(RewritePattern):
         kernel = target.KernelOp(
             name, op.function_type.inputs.data, self.configs[name], target.PlatformAttr.of(self.platforms[name]), body,
             producer_warps=producers, maxnreg=split.launch if split else None)
-        if self.platforms[name].has("programmatic_launch"):
+        if name in self.dependents and self.platforms[name].has("programmatic_launch"):
             kernel.attributes[target.PROGRAMMATIC_LAUNCH] = UnitAttr()
         rewriter.replace(op, kernel)
 
@@ -418,9 +427,10 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
     (`kernel_platform`), the TMA pipelines' protocol (`lower_tma_pipelines`), one pattern
     per remaining tile op, on NVIDIA targets its register layouts (`annotate_layouts`),
     the shared-memory allocation (`allocate_shared`, which needs the layouts to size
-    the scratch of reductions and staged stores) and its launch configuration (grid =
+    the scratch of reductions and staged stores), its launch configuration (grid =
     its tile.launch's, block = its warps, shared = the allocation's total, regs =
-    `estimate_regs`)."""
+    `estimate_regs`), and whether it is launched as a programmatic dependent of the kernel
+    before it (`target.PROGRAMMATIC_LAUNCH`)."""
     p = platform if isinstance(platform, Platform) else platforms.get(platform)
     lowered = module.clone()
     grids = _grids(lowered)
@@ -442,5 +452,5 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
         layouts = annotate_layouts(kernel, warps) if kp.vendor == "nvidia" else None
         shared = allocate_shared(kernel, kp, layouts, warps)
         configs[name] = target.KernelConfigAttr.of(grids[name], (threads, 1, 1), shared, regs)
-    _rewrite([LowerKernel(configs, chosen, splits), LowerLaunch(configs)], lowered.body)
+    _rewrite([LowerKernel(configs, chosen, splits, _dependent_launches(lowered)), LowerLaunch(configs)], lowered.body)
     return lowered

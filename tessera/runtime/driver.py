@@ -636,12 +636,13 @@ class PreparedLaunch:
         self._driver = bindings()
         self._success = self._driver.CUresult.CUDA_SUCCESS
         self._streams: dict[int, Any] = {}    # raw handle -> CUstream, built once per stream
-        self._config = self._programmatic_config() if programmatic else None
+        self._programmatic = programmatic
+        self._configs: dict[int, Any] = {}   # raw stream handle -> cuLaunchKernelEx's config (programmatic)
 
-    def _programmatic_config(self):
-        """cuLaunchKernelEx's configuration of a launch as a programmatic dependent of the kernel
-        before it in the stream (the kernel waits for it in griddepcontrol.wait); the stream is set
-        per call."""
+    def _programmatic_config(self, stream):
+        """cuLaunchKernelEx's configuration of a launch on `stream` as a programmatic dependent of
+        the kernel before it (which the kernel waits for in griddepcontrol.wait), built once per
+        stream: building one costs more host time than the launch."""
         d = self._driver
         attribute = d.CUlaunchAttribute()
         attribute.id = d.CUlaunchAttributeID.CU_LAUNCH_ATTRIBUTE_PROGRAMMATIC_STREAM_SERIALIZATION
@@ -651,6 +652,7 @@ class PreparedLaunch:
         config.blockDimX, config.blockDimY, config.blockDimZ = self.block3
         config.sharedMemBytes = self.shared_bytes
         config.attrs, config.numAttrs = [attribute], 1
+        config.hStream = stream
         return config
 
     @property
@@ -669,13 +671,16 @@ class PreparedLaunch:
         if handle is None:
             if len(self._streams) >= 64:
                 self._streams.clear()
+                self._configs.clear()
             handle = self._streams[stream] = d.CUstream(stream)
-        if self._config is None:
+        if not self._programmatic:
             result = d.cuLaunchKernel(self.kernel.handle, *self.grid3, *self.block3, self.shared_bytes,
                                       handle, self._address, 0)
         else:
-            self._config.hStream = handle
-            result = d.cuLaunchKernelEx(self._config, self.kernel.handle, self._address, 0)
+            config = self._configs.get(stream)
+            if config is None:
+                config = self._configs[stream] = self._programmatic_config(handle)
+            result = d.cuLaunchKernelEx(config, self.kernel.handle, self._address, 0)
         if result[0] != self._success:
             _check("cuLaunchKernel", result,
                    detail=_launch_detail(self.kernel, self.grid3, self.block3, self.shared_bytes, stream))

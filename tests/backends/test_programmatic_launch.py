@@ -1,7 +1,7 @@
 """Programmatic dependent launch (Target IR's `tessera_target.programmatic_launch`): on sm_90+ every
-kernel waits for the kernel before it in griddepcontrol.wait, after its setup and before any read
-or write of global memory, and its launch says so; older targets and CUDA Tile IR kernels launch
-plainly and have no wait."""
+kernel of a call but the first waits for the kernel before it in griddepcontrol.wait, after its
+setup and before any read or write of global memory, and its launch says so; the first kernel,
+older targets and CUDA Tile IR kernels launch plainly and have no wait."""
 import re
 import shutil
 
@@ -25,15 +25,19 @@ def compile_decode(arch: str, **options):
 @pytest.mark.parametrize("path", ["native", "ampere"])
 def test_hopper_kernels_wait_for_the_kernel_before_them_before_touching_memory(path):
     compiled, _ = compile_decode("sm_90a", path=path)
-    kernels = [op for op in compiled.modules["target"].ops if isinstance(op, tgt.KernelOp)]
-    assert len(kernels) == 2 and all(tgt.PROGRAMMATIC_LAUNCH in k.attributes for k in kernels)
+    first, combine = [op for op in compiled.modules["target"].ops if isinstance(op, tgt.KernelOp)]
+    assert first.sym_name.data.endswith("_partials")
+    assert tgt.PROGRAMMATIC_LAUNCH not in first.attributes and tgt.PROGRAMMATIC_LAUNCH in combine.attributes
     assert "tessera_target.programmatic_launch" in compiled.ir("target")
-    for name, kernel in compiled.stage("ptx").items():
-        lines = kernel.ptx.splitlines()
+    kernels = compiled.stage("ptx")
+    assert "griddepcontrol" not in kernels[first.sym_name.data].ptx
+    assert not compiled.launches[first.sym_name.data].programmatic
+    for name in [combine.sym_name.data]:
+        lines = kernels[name].ptx.splitlines()
         (wait,) = [i for i, line in enumerate(lines) if "griddepcontrol.wait" in line]
         first_access = min(i for i, line in enumerate(lines) if GLOBAL.match(line))
         assert wait < first_access, name
-        assert "launch_dependents" not in kernel.ptx   # dependents launch as a kernel exits
+        assert "launch_dependents" not in kernels[name].ptx   # dependents launch as a kernel exits
         assert compiled.launches[name].programmatic
 
 
@@ -52,7 +56,9 @@ def test_the_wait_assembles_and_an_artifact_keeps_the_launch_kind(tmp_path, monk
     assert compiled.stage("cubin")
     a = artifact.Artifact.from_compiled(compiled, specs, dims=DIMS)
     _, back = artifact.unpack(artifact.pack({}, a))
-    assert back.launches == compiled.launches and all(x.programmatic for x in back.launches.values())
+    assert back.launches == compiled.launches
+    assert {name.endswith("_partials"): x.programmatic for name, x in back.launches.items()} == {True: False,
+                                                                                                  False: True}
 
 
 def test_cuda_tile_kernels_launch_plainly():
