@@ -1,10 +1,11 @@
 """Decode attention: a few queries against a long KV cache (issue 16), Tessera against torch SDPA.
 
-    python3 bench/decode_attention.py [--quick] [--splits 1,4,16] [--space block_n=32,...] [--kinds MHA]
+    python3 bench/decode_attention.py [--quick] [--queries 1,16] [--splits 1,4,16] [--space block_n=32,...]
+                                      [--kinds MHA]
 
-Llama-3-style heads (32 query heads; 8 KV heads for GQA, 32 for MHA), D = 128, bf16, one query
-(M = 1) per sequence, for B in {1, 8, 64} and N in {8k, 32k, 128k} keys (cases whose KV cache
-exceeds 16 GB are left out). Tessera runs examples/decode_attention.py as written: the split of
+Llama-3-style heads (32 query heads; 8 KV heads for GQA, 32 for MHA), D = 128, bf16, M = 1 and 16
+queries per sequence (the last M positions: causal, the mask's diagonal at the bottom right), for
+B in {1, 8, 64} and N in {1k, 8k, 32k, 128k} keys (cases whose KV cache exceeds 16 GB are left out). Tessera runs examples/decode_attention.py as written: the split of
 the key blocks is the one the compiler derives (`split_kv`), and rows pinned to other splits
 (--splits) show what the derivation leaves on the table. Peers: torch SDPA through cuDNN and
 through FlashAttention (`enable_gqa` for GQA), on the same inputs; every output is checked
@@ -42,21 +43,30 @@ def graph_us(fn) -> float:
 
 
 def sdpa(backend, q, k, v):
+    """torch SDPA on `backend`; with several queries, causal with the diagonal at the bottom right
+    (the queries are the sequence's last positions)."""
     from torch.nn.attention import sdpa_kernel
+    from torch.nn.attention.bias import causal_lower_right
+    m, n = q.shape[-2], k.shape[-2]
+    mask = causal_lower_right(m, n) if m > 1 else None
     with sdpa_kernel(backend):
-        return torch.nn.functional.scaled_dot_product_attention(q, k, v, enable_gqa=k.shape[1] != q.shape[1])
+        return torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask,
+                                                                enable_gqa=k.shape[1] != q.shape[1])
 
 
 def reference(q, k, v):
     """Attention in fp32, one sequence at a time (an fp32 copy of the whole cache may not fit),
     with the query heads of each KV head broadcast against it (no copy of K and V per head)."""
     b, h, m, d = q.shape
-    hk = k.shape[1]
+    hk, n = k.shape[1], k.shape[2]
+    rows = torch.arange(m, device=q.device)[:, None] + (n - m)
+    visible = rows >= torch.arange(n, device=q.device)[None, :]
     out = []
     for i in range(b):
         qf = q[i].float().view(hk, h // hk, m, d)
         kf, vf = k[i].float().unsqueeze(1), v[i].float().unsqueeze(1)
-        p = torch.softmax(qf @ kf.transpose(-1, -2) / d ** 0.5, dim=-1)
+        s = (qf @ kf.transpose(-1, -2) / d ** 0.5).masked_fill(~visible, float("-inf"))
+        p = torch.softmax(s, dim=-1)
         out.append((p @ vf).reshape(h, m, d))
     return torch.stack(out)
 
@@ -79,25 +89,27 @@ def main() -> int:
     parser.add_argument("--space", default="", help="schedule params pinned in every Tessera run, e.g. "
                         "block_n=32,num_stages=3 (the split is still derived, or pinned by --splits)")
     parser.add_argument("--kinds", default=",".join(KV_HEADS), help=f"of {', '.join(KV_HEADS)}")
+    parser.add_argument("--queries", default="1,16", help="query lengths M")
     args = parser.parse_args()
     pins = [int(x) for x in args.splits.split(",") if x]
     pinned = {k: [int(v)] for k, v in (item.split("=") for item in args.space.split(",") if item)}
     copy = copy_bandwidth()
     print(f"device: {torch.cuda.get_device_name()}, torch {torch.__version__}; copy bandwidth {copy:.0f} GB/s; "
-          f"bf16, {HEADS} query heads, D={D}, one query; CUDA-graph medians in us")
+          f"bf16, {HEADS} query heads, D={D}, M queries (causal at the bottom right); CUDA-graph medians in us")
     print(f"{'case':<34} {'split':>6} {'tessera':>9} {'KV GB/s':>8} {'of copy':>8} {'cudnn':>9} {'flash':>9} "
           f"{'vs best':>8} {'rel err':>8}")
     status = 0
-    batches, lengths = ([1, 8], [32768, 131072]) if args.quick else ([1, 8, 64], [8192, 32768, 131072])
+    batches, lengths = ([1, 8], [32768, 131072]) if args.quick else ([1, 8, 64], [1024, 8192, 32768, 131072])
     kinds = [k.strip() for k in args.kinds.split(",")]
-    for kind in kinds:
+    queries = [int(x) for x in args.queries.split(",")]
+    for kind, m in ((kind, m) for kind in kinds for m in queries):
         hk = KV_HEADS[kind]
         for b in batches:
             for n in lengths:
                 kv_bytes = 2 * b * hk * n * D * 2
                 if kv_bytes > MAX_KV_BYTES:
                     continue
-                q = torch.randn(b, HEADS, 1, D, device="cuda", dtype=torch.bfloat16)
+                q = torch.randn(b, HEADS, m, D, device="cuda", dtype=torch.bfloat16)
                 k = torch.randn(b, hk, n, D, device="cuda", dtype=torch.bfloat16)
                 v = torch.randn(b, hk, n, D, device="cuda", dtype=torch.bfloat16)
                 ref = reference(q, k, v)
@@ -109,20 +121,20 @@ def main() -> int:
                         peers[name] = graph_us(lambda: sdpa(backend, q, k, v))
                     except (RuntimeError, AssertionError):   # a backend that refuses these inputs
                         peers[name] = None
-                dims = dict(B=b, Hk=hk, G=HEADS // hk, M=1, N=n, D=D)
-                qg, kg, vg = q.view(b, hk, HEADS // hk, 1, D), k.view(b, hk, 1, n, D), v.view(b, hk, 1, n, D)
+                dims = dict(B=b, Hk=hk, G=HEADS // hk, M=m, N=n, D=D)
+                qg, kg, vg = q.view(b, hk, HEADS // hk, m, D), k.view(b, hk, 1, n, D), v.view(b, hk, 1, n, D)
                 derived = derived_split(dims, pinned)
                 for split in [derived, *(p for p in pins if p != derived)]:
                     space = {**pinned, **({} if split == derived else {"split_kv": [split]})}
                     fn = tsr.function(gqa_decode_attention.fn, space=space) if space else gqa_decode_attention
                     out = fn(qg, kg, vg)
-                    err = rel_err(out.view(b, HEADS, 1, D), ref)
+                    err = rel_err(out.view(b, HEADS, m, D), ref)
                     if err > 2e-2:
                         status = 1
                     us = graph_us(lambda: fn(qg, kg, vg))
                     gbs = kv_bytes / us / 1e3
                     best = min((t for t in peers.values() if t), default=None)
-                    label = f"{kind} B={b} N={n}" + ("" if split == derived else " (pinned)")
+                    label = f"{kind} B={b} M={m} N={n}" + ("" if split == derived else " (pinned)")
                     print(f"{label:<34} {split:>6} {us:9.1f} {gbs:8.0f} {gbs / copy:8.2f} "
                           + " ".join(f"{peers[p]:9.1f}" if peers[p] else f"{'n/a':>9}" for p in ("cudnn", "flash"))
                           + f" {best / us if best else float('nan'):8.2f} {err:8.1e}")
