@@ -119,7 +119,7 @@ def main() -> int:
                     try:
                         assert rel_err(sdpa(backend, q, k, v), ref) < 2e-2
                         peers[name] = graph_us(lambda: sdpa(backend, q, k, v))
-                    except (RuntimeError, AssertionError):   # a backend that refuses these inputs
+                    except Exception:   # a backend that refuses these inputs (or this mask)
                         peers[name] = None
                 dims = dict(B=b, Hk=hk, G=HEADS // hk, M=m, N=n, D=D)
                 qg, kg, vg = q.view(b, hk, HEADS // hk, m, D), k.view(b, hk, 1, n, D), v.view(b, hk, 1, n, D)

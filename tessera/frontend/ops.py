@@ -2,7 +2,7 @@
 
 Each op infers its result's dims and dtype, reports mistakes in the user's
 terms (argument names, symbolic dims), and appends one Graph IR op to the
-current trace. Composite ops (gelu, silu, sigmoid, relu) are written here in
+current trace. Composite ops (gelu, silu, relu) are written here in
 terms of primitive ones, so every later level only sees the primitives.
 """
 from __future__ import annotations

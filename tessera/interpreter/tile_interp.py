@@ -445,21 +445,22 @@ class Window:
         """(memref index, tile index, whole tile in bounds), or None when nothing is in bounds (along
         the tiled dims: an untiled dim's offset must be inside it, as the GPU never checks it)."""
         src, dst, whole = [], [slice(None)] * len(self.tile_shape), True
+        offsets = [int(o) for o in offsets]
         for n, o, p in zip(shape, offsets, self.axis_of):
-            o = int(o)
-            if p < 0:   # a dim the tile does not span: the PTX backend checks no bound along it
-                if not 0 <= o < n:
-                    raise IndexError(f"offset {o} of a dim of size {n} that the tile does not span: only "
-                                     f"tiled dims are bounds-checked on the GPU")
+            if p < 0:
                 src.append(o)
                 continue
             size = self.tile_shape[p]
             lo, hi = max(o, 0), min(o + size, n)
-            if lo >= hi:
+            if lo >= hi:   # every element masked along a tiled dim: the GPU touches no address
                 return None
             src.append(slice(lo, hi))
             dst[p] = slice(lo - o, hi - o)
             whole = whole and lo == o and hi == o + size
+        for n, o, p in zip(shape, offsets, self.axis_of):
+            if p < 0 and not 0 <= o < n:   # a dim the tile does not span: the PTX backend checks no bound
+                raise IndexError(f"offset {o} of a dim of size {n} that the tile does not span: only "
+                                 f"tiled dims are bounds-checked on the GPU")
         return tuple(src), tuple(dst), whole
 
     def read(self, src: np.ndarray, offsets: Sequence, padded: np.ndarray) -> np.ndarray:

@@ -105,9 +105,10 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
       "persistent": 1}),
     # ... whose 128 accumulators per thread leave no room for an IEEE division's temporaries (a user's
     # `/`: 56 bytes spilled at 256 columns when silu's sigmoid was one). sigmoid (an approximate
-    # division) and gelu (erf or tanh, whose reciprocals are rcp.approx) keep 256 columns without spilling: H100 bf16 against torch matmul + separate gelu, 128 -> 256
-    # columns, 8192^3 0.94 -> 1.01-1.11x (erf) and 1.02 -> 1.09-1.14x (tanh), 4096^3 1.14 -> 1.23-1.33x
-    # (bench/RESULTS.md session 17)
+    # division) and gelu (erf or tanh, whose reciprocals are rcp.approx) keep 256 columns without
+    # spilling: H100 bf16 against torch matmul + separate gelu, 128 -> 256 columns, 8192^3 0.94 ->
+    # 1.01-1.11x (erf) and 1.02 -> 1.09-1.14x (tanh), 4096^3 1.14 -> 1.23-1.33x (bench/RESULTS.md
+    # session 17); silu 0.84-0.88x -> 1.22-1.35x (session 18)
     ("gemm", lambda f: f.get("wgmma") and f.get("epilogue_divides", 0) > 0, {"block_n": 128}),
 
     ("flash_attention", lambda f: f.get("head_dim") == 128,

@@ -161,8 +161,9 @@ def _abs(b: Builder, x):
     return b(math.AbsFOp(x) if x.type.get_element_type() == f32 else math.AbsIOp(x))
 
 
-#: an arith.divf the backends may compute approximately (PTX div.approx: a reciprocal on the MUFU
-#: unit and a multiply; 2 ulp for denominators in [2^-126, 2^126], 0 for larger ones)
+#: an arith.divf the backends may compute approximately, flushing subnormals (PTX div.approx.ftz: a
+#: reciprocal on the MUFU unit and a multiply; 2 ulp for denominators in [2^-126, 2^126], 0 for larger
+#: ones; CUDA Tile IR's divf with approx rounding and flush_to_zero)
 APPROXIMATE = arith.FastMathFlagsAttr(["afn"])
 
 

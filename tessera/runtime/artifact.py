@@ -34,8 +34,9 @@ from ..errors import TesseraError
 from . import driver, launcher, profile
 from .tensor_maps import TensorMapSpec
 
-#: The version of the record and container layouts; a reader refuses any other.
-FORMAT_VERSION = 1
+#: The version of the record and container layouts; a reader refuses any other. 2: a kernel's launch
+#: records `programmatic` (launched as a programmatic dependent of the kernel before it).
+FORMAT_VERSION = 2
 #: A single-file artifact starts with this, then the sha256 of its header, the header's length
 #: (u64, little-endian), the JSON header, and the blobs the header locates.
 MAGIC = b"TESSERA-ARTIFACT\n"

@@ -682,7 +682,7 @@ class PreparedLaunch:
                 config = self._configs[stream] = self._programmatic_config(handle)
             result = d.cuLaunchKernelEx(config, self.kernel.handle, self._address, 0)
         if result[0] != self._success:
-            _check("cuLaunchKernel", result,
+            _check("cuLaunchKernelEx" if self._programmatic else "cuLaunchKernel", result,
                    detail=_launch_detail(self.kernel, self.grid3, self.block3, self.shared_bytes, stream))
 
 

@@ -59,16 +59,19 @@ def test_the_forward_kernel_writes_the_logsumexp_beside_the_output(kind, m, n):
     np.testing.assert_array_equal(out, fn(q, k, v))
 
 
-def test_a_split_kv_attention_combines_the_splits_logsumexps():
-    """A decode-shaped attention whose key blocks are split 4 ways writes the combined log-sum-exp."""
+@pytest.mark.parametrize("splits,n", [(4, 300), (40, 2000)])
+def test_a_split_kv_attention_combines_the_splits_logsumexps(splits, n):
+    """A decode-shaped attention whose key blocks are split 4 or 40 ways (combined 16 at a time, the
+    last 8 after the loop) writes the combined log-sum-exp."""
     forward = saving(plain)
-    specs = _specs(plain, 1, 2, 3, 300, 16, dtypes.fp32)
-    compiled = forward.compile(specs, space={"split_kv": [4], "block_n": [32]})
+    space = {"split_kv": [splits], "block_n": [32]}
+    specs = _specs(plain, 1, 2, 3, n, 16, dtypes.fp32)
+    compiled = forward.compile(specs, space=space)
     assert any("partials" in name for name in compiled.kernel_names)
     rng = np.random.default_rng(2)
     q = rng.standard_normal((1, 2, 3, 16)).astype(np.float32)
-    k, v = (rng.standard_normal((1, 2, 300, 16)).astype(np.float32) for _ in range(2))
-    out, lse = forward(q, k, v, space={"split_kv": [4], "block_n": [32]})
+    k, v = (rng.standard_normal((1, 2, n, 16)).astype(np.float32) for _ in range(2))
+    out, lse = forward(q, k, v, space=space)
     np.testing.assert_allclose(lse, _lse64(q, k, "plain"), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(out, plain(q, k, v), rtol=1e-4, atol=1e-5)
 

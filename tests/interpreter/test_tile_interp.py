@@ -280,11 +280,20 @@ def test_load_and_store_windows(offsets, transposed):
 @pytest.mark.parametrize("o0", [-1, 2])
 def test_an_offset_outside_a_dim_the_tile_does_not_span_is_an_error(o0):
     """The GPU bounds-checks a tile only along the dims it spans, so the interpreter, the oracle of
-    what the kernels compute, refuses to read padding where the GPU would read another tensor."""
-    program = TileProgram(window_module((2, 5, 7), (o0, 0, 0), (1, 2), (4, 4), padding=-1.0))
+    what the kernels compute, refuses to read padding (or skip a store) where the GPU would touch
+    another tensor; a tile masked whole along a dim it spans touches nothing, whatever the others."""
     src = np.zeros((2, 5, 7), np.float32)
+    program = TileProgram(window_module((2, 5, 7), (o0, 0, 0), (1, 2), (4, 4), padding=-1.0))
     with pytest.raises(Exception, match="that the tile does not span"):
         program.launch("window", (1,), src, src.copy())
+    t = MemRefType(f32, [2, 5, 7])
+    op, e, (dst,) = kernel("store_only", [t])
+    e(tile.StoreOp(e.full((4, 4), 1.0), dst, [e.index(o0), e.index(0), e.index(0)], (1, 2)))
+    e(tile.ReturnOp())
+    with pytest.raises(Exception, match="that the tile does not span"):
+        TileProgram(ModuleOp([op])).launch("store_only", (1,), src.copy())
+    masked = TileProgram(window_module((2, 5, 7), (o0, 5, 0), (1, 2), (4, 4), padding=-1.0))
+    masked.launch("window", (1,), src, src.copy())
 
 
 def test_load_reads_padding_out_of_bounds_and_transposes():

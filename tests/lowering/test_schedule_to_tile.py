@@ -256,8 +256,8 @@ def capped_gqa(q: Tensor["B", "Hk", "G", "M", "D"], k: Tensor["B", "Hk", 1, "N",
 @pytest.mark.parametrize("m,n", [(1, 1000), (5, 333), (16, 97)])
 def test_split_kv_attention_matches_float64(split, stages, m, n):
     """Key blocks split `split` ways (32-key blocks: 1000 keys make 32 blocks, 97 keys 4, so 64
-    ways leaves most splits empty, and a causal query block can see fewer blocks than splits; 40 and
-    64 ways are combined 32 splits at a time, the last chunk padded at 40):
+    ways leaves most splits empty, and a causal query block can see fewer blocks than splits; the
+    second kernel combines 16 splits at a time, and at 40 ways the last 8 after its loop):
     a first kernel's per-split outputs and log-sum-exps, combined by a second, equal attention
     in one kernel; GQA through a broadcast head dim (its 6 heads a block's query rows where
     M < 6), soft-capping and the decode offset mask."""

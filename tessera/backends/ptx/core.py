@@ -205,8 +205,9 @@ class KernelEmitter:
 
     def _programmatic(self, entry: list[str]) -> list[str]:
         """The entry lines of a kernel launched as a programmatic dependent (`tgt.PROGRAMMATIC_LAUNCH`):
-        its setup (registers, shared memory, barriers: nothing read from global memory), then the
-        wait for the kernel before this one."""
+        its setup (parameter loads, thread ids and shared-memory addresses: nothing that touches
+        global memory), then the wait for the kernel before this one; the body, mbarrier setup
+        included, follows the wait."""
         if tgt.PROGRAMMATIC_LAUNCH not in self.kernel.attributes:
             return entry
         return [*entry, "    griddepcontrol.wait;"]
