@@ -64,12 +64,12 @@ def test_a_container_of_another_format_is_refused(compiled):
     body_at = len(artifact.MAGIC) + 40
     (length,) = struct.unpack_from("<Q", data, body_at - 8)
     header = json.loads(data[body_at:body_at + length])
-    header["format"] = 2
+    header["format"] = artifact.FORMAT_VERSION + 1
     body = json.dumps(header).encode()
     import hashlib
     forged = artifact.MAGIC + hashlib.sha256(body).digest() + struct.pack("<Q", len(body)) + body + \
         data[body_at + length:]
-    with pytest.raises(artifact.ArtifactError, match="artifact format 2, this Tessera reads 1"):
+    with pytest.raises(artifact.ArtifactError, match=f"artifact format {artifact.FORMAT_VERSION + 1}, this Tessera reads {artifact.FORMAT_VERSION}"):
         artifact.unpack(forged)
     with pytest.raises(artifact.ArtifactError, match="bad magic"):
         artifact.unpack(b"PK" + data)
