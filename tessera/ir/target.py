@@ -1184,13 +1184,13 @@ ASYNC_TYPES = [MBarriersType, TensorMapType, WgmmaDescriptorType]
 
 #: a kernel launched as a programmatic dependent of the kernel before it in the stream (the
 #: platform's `programmatic_launch`; every kernel of a call but the first): its body starts with
-#: griddepcontrol.wait, which returns once
-#: the kernel before it has finished and its writes are visible, so its launch and setup overlap
-#: that kernel's last blocks. No kernel triggers its dependents early (griddepcontrol.launch_dependents):
-#: they launch as it exits. H100 GQA decode B=1 (two kernels), CUDA-graph medians: 8192 keys 13.7 ->
-#: 12.8 us, 32768 54.5 -> 53.5; triggering at entry instead made the first 17.4 (bench/RESULTS.md,
-#: session 18). The launch passes the attribute (`KernelLaunch.programmatic`); a plain launch of the
-#: same kernel (the C++ package's) waits for nothing.
+#: griddepcontrol.wait, which returns once the kernel before it has finished and its writes are
+#: visible, so its launch and setup overlap that kernel's last blocks. No kernel triggers its
+#: dependents early (griddepcontrol.launch_dependents): they launch as it exits. H100 GQA decode B=1
+#: (two kernels), CUDA-graph medians: 8192 keys 13.7 -> 12.8-13.2 us, 32768 54.5 -> 53.5-54.8;
+#: triggering at entry instead made the first 17.4 (bench/RESULTS.md, session 18). The launch passes
+#: the attribute (`KernelLaunch.programmatic`); a plain launch of the same kernel (the C++
+#: package's) waits for nothing.
 PROGRAMMATIC_LAUNCH = "tessera_target.programmatic_launch"
 
 #: the attribute on an op holding one layout per result (`#builtin.unit` for a non-tile result)

@@ -635,9 +635,10 @@ class PreparedLaunch:
         self._address = ctypes.addressof(self.pointers)
         self._driver = bindings()
         self._success = self._driver.CUresult.CUDA_SUCCESS
-        self._streams: dict[int, Any] = {}    # raw handle -> CUstream, built once per stream
         self._programmatic = programmatic
-        self._configs: dict[int, Any] = {}   # raw stream handle -> cuLaunchKernelEx's config (programmatic)
+        #: raw stream handle -> what a launch on it passes, built once per stream: the CUstream, or for a
+        #: programmatic launch cuLaunchKernelEx's configuration (which holds the stream)
+        self._streams: dict[int, Any] = {}
 
     def _programmatic_config(self, stream):
         """cuLaunchKernelEx's configuration of a launch on `stream` as a programmatic dependent of
@@ -667,20 +668,19 @@ class PreparedLaunch:
             else:
                 slot.value = value
         d = self._driver
-        handle = self._streams.get(stream)
-        if handle is None:
+        target = self._streams.get(stream)
+        if target is None:
             if len(self._streams) >= 64:
                 self._streams.clear()
-                self._configs.clear()
-            handle = self._streams[stream] = d.CUstream(stream)
-        if not self._programmatic:
-            result = d.cuLaunchKernel(self.kernel.handle, *self.grid3, *self.block3, self.shared_bytes,
-                                      handle, self._address, 0)
+            target = d.CUstream(stream)
+            if self._programmatic:
+                target = self._programmatic_config(target)
+            self._streams[stream] = target
+        if self._programmatic:
+            result = d.cuLaunchKernelEx(target, self.kernel.handle, self._address, 0)
         else:
-            config = self._configs.get(stream)
-            if config is None:
-                config = self._configs[stream] = self._programmatic_config(handle)
-            result = d.cuLaunchKernelEx(config, self.kernel.handle, self._address, 0)
+            result = d.cuLaunchKernel(self.kernel.handle, *self.grid3, *self.block3, self.shared_bytes,
+                                      target, self._address, 0)
         if result[0] != self._success:
             _check("cuLaunchKernelEx" if self._programmatic else "cuLaunchKernel", result,
                    detail=_launch_detail(self.kernel, self.grid3, self.block3, self.shared_bytes, stream))
