@@ -44,7 +44,7 @@ from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
 from ..ir import index_maps, tile
 from ..runtime import interop, tensor_maps
-from . import recompute
+from . import query_groups, recompute
 
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
 
@@ -779,8 +779,13 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     """How many ways to split an attention's key blocks (flash-decoding): enough for its query
     blocks' blocks to fill the GPU's block slots when they alone fill at most half of them (one
     query per head of a decode step makes one block per head and batch), each split keeping at
-    least MIN_SPLIT_KEY_BLOCKS blocks. The slots count the blocks an SM holds by shared memory at
-    the query tile the kernel really uses (16 rows for a decode step, not `block_m`)."""
+    least MIN_SPLIT_KEY_BLOCKS blocks, except that a cache of 2 * MIN_SPLIT_KEY_BLOCKS blocks or
+    more is split until every SM has a block, down to one key block a split: a block's key blocks
+    run one after another, each a load's latency, so a short cache split 4 blocks a run left most
+    SMs idle (H100, B=1 GQA 32/8, 1024 keys in 16 blocks of 64, 8 blocks unsplit: 4 splits 9.2 us,
+    8 splits 7.3, 16 splits 7.0, cuDNN 6.6; 4096 and 8192 keys are unchanged by this, at 16 and
+    32 splits: bench/RESULTS.md, session 19). The slots count the blocks an SM holds by shared
+    memory at the query tile the kernel really uses (16 rows for a decode step, not `block_m`)."""
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]   # [*batch, M, N]
     query = dims[:-1]
@@ -792,7 +797,11 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))
     if 2 * programs > slots:
         return 1
-    return max(1, min(slots // programs, -(-dims[-1] // keys) // MIN_SPLIT_KEY_BLOCKS))
+    blocks = -(-dims[-1] // keys)
+    splits = blocks // MIN_SPLIT_KEY_BLOCKS
+    if blocks >= 2 * MIN_SPLIT_KEY_BLOCKS:   # a cache worth splitting: at least one block on every SM
+        splits = max(splits, min(blocks, planner.sm_count // programs))
+    return max(1, min(slots // programs, splits))
 
 
 #: blocks of 4 warps per SM a split column reduction aims for (a block holds 64 fp32 accumulators
@@ -937,7 +946,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None, tile_compil
     with `tile_compiler`, they suit a backend whose own compiler stages and pipelines tiles
     (schedule.SHAPE_DEFAULTS' `tile_compiler` rules)."""
     out_funcs = []
-    for f in recompute.copy_shared_prologues(recompute.recompute_scores(module)).ops:
+    for f in recompute.copy_shared_prologues(recompute.recompute_scores(query_groups.merge_query_groups(module))).ops:
         planner = _Planner(f)
         planner.max_shared = platform.max_shared_per_block if platform else None
         planner.native = bool(platform) and HOPPER_NATIVE <= platform.features

@@ -36,7 +36,10 @@ CASES = [
     (decode_attention, dict(B=1, H=1, M=16, N=300, D=64), "bf16", [32]),      # more splits than key blocks
     (decode_attention, dict(B=1, H=2, M=256, N=1024, D=128), "fp16", [4]),    # prefill-sized: splits a query
     (gqa_decode_attention, dict(B=2, Hk=2, G=4, M=1, N=1000, D=128), "bf16", None),   # block sees none of
-    (gqa_decode_attention, dict(B=1, Hk=8, G=4, M=7, N=8191, D=128), "fp16", None),
+    (gqa_decode_attention, dict(B=1, Hk=8, G=4, M=7, N=8191, D=128), "fp16", None),   # G x M merged rows
+    (gqa_decode_attention, dict(B=1, Hk=8, G=4, M=16, N=32768, D=128), "bf16", None),
+    (gqa_decode_attention, dict(B=3, Hk=2, G=8, M=2, N=4097, D=64), "fp16", [5]),
+    (gqa_decode_attention, dict(B=1, Hk=8, G=4, M=1, N=1024, D=128), "bf16", None),   # a key block a split
 ]
 
 

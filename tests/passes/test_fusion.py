@@ -466,13 +466,17 @@ def split_kv_of(fn, dims, **options) -> int:
     (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a", sm_count=66), 6),   # half the SMs
     (dict(B=1, H=32, M=1, N=1024, D=128), dict(arch="sm_90a"), 4),      # 16 key blocks: 4 runs of 4
     (dict(B=1, H=32, M=1, N=192, D=128), dict(arch="sm_90a"), 1),       # 3 key blocks: too few to split
+    (dict(B=1, H=8, M=1, N=1024, D=128), dict(arch="sm_90a"), 16),      # 8 blocks: a key block a split fills 128 SMs
+    (dict(B=1, H=8, M=1, N=512, D=128), dict(arch="sm_90a"), 8),        # 8 key blocks: one a split
+    (dict(B=1, H=8, M=1, N=448, D=128), dict(arch="sm_90a"), 1),        # 7 key blocks: one run of 4+
     (dict(B=8, H=32, M=1, N=32768, D=128), dict(arch="sm_90a"), 1),     # 256 blocks fill half the slots
     (dict(B=1, H=8, M=4096, N=4096, D=128), dict(arch="sm_90a"), 1),    # prefill: query blocks enough
     (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a", space=dict(split_kv=[1])), 1),   # pinned
 ])
 def test_split_kv_fills_the_gpu_when_query_blocks_cannot(dims, options, expected):
     """The derived `split_kv`: query blocks times splits fill the target's block slots when the
-    query blocks alone fill at most half, each split keeping 4+ key blocks."""
+    query blocks alone fill at most half, each split keeping 4+ key blocks, or one key block
+    where that leaves SMs without a block and the cache has 8+ key blocks."""
     from decode_attention import decode_attention
     assert split_kv_of(decode_attention, dims, **options) == expected
 
