@@ -3,7 +3,6 @@ sharing a KV head and their few queries become one dim of rows, on the tile inte
 the float64 oracle, with the attentions the pass must leave as written."""
 import math
 
-import numpy as np
 import pytest
 
 import tessera as tsr
