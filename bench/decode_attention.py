@@ -1,9 +1,9 @@
 """Decode attention: a few queries against a long KV cache (issue 16), Tessera against torch SDPA.
 
-    python3 bench/decode_attention.py [--quick] [--queries 1,16] [--splits 1,4,16] [--space block_n=32,...]
+    python3 bench/decode_attention.py [--quick] [--queries 1,4,16] [--splits 1,4,16] [--space block_n=32,...]
                                       [--kinds MHA]
 
-Llama-3-style heads (32 query heads; 8 KV heads for GQA, 32 for MHA), D = 128, bf16, M = 1 and 16
+Llama-3-style heads (32 query heads; 8 KV heads for GQA, 32 for MHA), D = 128, bf16, M = 1, 4 and 16
 queries per sequence (the last M positions: causal, the mask's diagonal at the bottom right), for
 B in {1, 8, 64} and N in {1k, 8k, 32k, 128k} keys (cases whose KV cache exceeds 16 GB are left out). Tessera runs examples/decode_attention.py as written: the split of
 the key blocks is the one the compiler derives (`split_kv`), and rows pinned to other splits
@@ -89,7 +89,7 @@ def main() -> int:
     parser.add_argument("--space", default="", help="schedule params pinned in every Tessera run, e.g. "
                         "block_n=32,num_stages=3 (the split is still derived, or pinned by --splits)")
     parser.add_argument("--kinds", default=",".join(KV_HEADS), help=f"of {', '.join(KV_HEADS)}")
-    parser.add_argument("--queries", default="1,16", help="query lengths M")
+    parser.add_argument("--queries", default="1,4,16", help="query lengths M")
     args = parser.parse_args()
     pins = [int(x) for x in args.splits.split(",") if x]
     pinned = {k: [int(v)] for k, v in (item.split("=") for item in args.space.split(",") if item)}
