@@ -9,9 +9,11 @@ a first kernel writes each split's output and row log-sum-exp, a second combines
 compile report (`tessera compile`) shows both kernels and the split (`split_kv` in the schedule).
 
 Grouped-query attention is written with the query heads of one key/value head as a dim of their
-own (`G`): q [B, Hk, G, M, D] against k, v [B, Hk, 1, N, D], which matmul broadcasts, so each
-key/value head is read from memory by its G query heads' blocks (and from L2 after the first).
-A q laid out [B, Hk * G, M, D] is that tensor viewed (`q.view(B, Hk, G, M, D)`).
+own (`G`): q [B, Hk, G, M, D] against k, v [B, Hk, 1, N, D], which matmul broadcasts. Where the
+G x M queries fit one block (128 rows), the compiler makes them one dim of rows (the schedule
+shows q viewed [B, Hk, G*M, D]), so each key/value head is read from memory once; more queries
+(a prefill) are blocks of M rows per head, each reading its head's K and V. A q laid out
+[B, Hk * G, M, D] is that tensor viewed (`q.view(B, Hk, G, M, D)`).
 """
 import math
 
