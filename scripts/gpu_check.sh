@@ -91,6 +91,11 @@ python3 bench/fp8_gemm.py || status=1
 section "Activations"
 python3 bench/activations.py || status=1
 
+# Attention over few heads (grids of a few waves): the derived schedule (last query blocks first, 64-row blocks)
+# against cuDNN, FlashAttention-2 and FlexAttention.
+section "Attention over few heads"
+python3 bench/attention_small_grids.py || status=1
+
 # Strided inputs ([B, S, H, D] views, slices of wider matrices, a prefix of a KV cache) read in place, against the
 # same kernels on contiguous tensors, copying first, and torch on the same views.
 section "Strided inputs"

@@ -29,9 +29,9 @@ from xdsl.utils.exceptions import VerifyException
 KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "flash_attention": (
         {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0, "warp_specialize": 0,
-         "split_kv": 1},
+         "split_kv": 1, "heavy_first": 0},
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
-         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32]},
+         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32], "heavy_first": [0, 1]},
     ),
     "flash_chain": (
         {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2},
@@ -71,7 +71,7 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 #: the warps computing never wait for each other, only for data (ignored where copies are not TMA's);
 #: `persistent` launches one GEMM block per SM (the schedule's `programs`), each walking output
 #: tiles with one pipeline across them, so a tile's first copies land while the previous is stored.
-SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent"})
+SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent", "heavy_first"})
 
 #: Params the fusion pass derives from the target rather than a template's defaults, which a space
 #: may still pin: `programs`, the blocks of a persistent GEMM (the SMs times the blocks one holds);

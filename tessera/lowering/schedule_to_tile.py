@@ -42,7 +42,7 @@ from . import profile
 from ..ir import index_maps
 from ..ir.index_maps import Map, matmul_operand_maps, operand_maps
 from .emit import Builder, Emitter, TileCtx, compare, convert, select, to_storage
-from .masks import ColumnBounds, column_bounds, condition_bounds, masked_value
+from ..ir.masks import ColumnBounds, column_bounds, condition_bounds, masked_value
 
 
 def cdiv(a: int, b: int) -> int:
@@ -1205,6 +1205,20 @@ def _store_logsumexp(kb: KernelBuild, lse: SSAValue, score_map: Map, ctx: TileCt
         kb.em.store(lse, kb.outs[1], lse_map, ctx, g.tensor_type(reduce.res).dtype)
 
 
+def _attention_program(kb: KernelBuild, att: _AttentionShape, heavy_first: bool) -> tuple[SSAValue, SSAValue]:
+    """(query block, batch program) of this block: grid axes 0 and 1, or with `heavy_first` the
+    blocks in launch order (axis 0 fastest) taking the last query blocks of every batch program
+    first, then the ones before: under a causal mask a query block's work grows with its index,
+    and a grid of a few waves otherwise ends on a tail of long blocks started last."""
+    if not heavy_first:
+        return kb.pid(0), kb.pid(1)
+    b = kb.b
+    query_blocks, programs = att.grid()[:2]
+    launched = b(arith.AddiOp(b(arith.MuliOp(kb.pid(1), b.index(query_blocks))), kb.pid(0)))
+    from_last = b(arith.DivSIOp(launched, b.index(programs)))
+    return b(arith.SubiOp(b.index(query_blocks - 1), from_last)), b(arith.RemSIOp(launched, b.index(programs)))
+
+
 def _attention_rows(kb: KernelBuild, att: _AttentionShape,
                     split: tuple[SSAValue, int] | None = None) -> _AttentionRows:
     """The loop of a flash-attention kernel over the key blocks its query block sees (grid axis 0:
@@ -1214,8 +1228,9 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     (sm,) = kb.op(g.SoftmaxOp)
     axes, sizes, tile, p = att.axes, att.sizes, att.tile, kb.params
     kb.limit_warps(tile["m"] // 16)
-    scalars = kb.batch_indices(kb.pid(1), att.batch)
-    m0, zero = kb.mul(kb.pid(0), tile["m"]), kb.b.index(0)
+    query_block, batch_index = _attention_program(kb, att, heavy_first=split is None and p.get("heavy_first", 0))
+    scalars = kb.batch_indices(batch_index, att.batch)
+    m0, zero = kb.mul(query_block, tile["m"]), kb.b.index(0)
 
     p_map, v_map = matmul_operand_maps(m2, axes, "n", kb.bindings)
     q_map, k_map = matmul_operand_maps(m1, p_map, "d", kb.bindings)

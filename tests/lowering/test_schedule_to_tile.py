@@ -304,6 +304,19 @@ def test_a_split_reads_only_its_own_key_blocks(monkeypatch):
     assert sorted(k for k in key_offsets if k < 1024) == sorted(2 * list(range(0, 1024, 32)))
 
 
+@pytest.mark.parametrize("kind", ["causal", "softcap_causal", "plain"])
+@pytest.mark.parametrize("s,block_m", [(1, 64), (67, 64), (300, 128), (257, 64)])
+def test_heaviest_query_blocks_first_match_float64(kind, s, block_m, random_inputs, assert_matches_reference):
+    """`heavy_first`: blocks in launch order take the last query blocks of every batch program first
+    (6 programs over 2 batch dims); every output row is still written once, with its own rows' keys."""
+    from attention_cases import FUNCTIONS
+    fn = tsr.function(FUNCTIONS[kind].fn, space=dict(heavy_first=[1], block_m=[block_m], block_n=[32]))
+    dims = dict(B=2, H=3, M=s, N=s, D=64) if kind == "plain" else dict(B=2, H=3, S=s, D=64)
+    specs = fn.arg_specs_for(dims, "fp32")
+    compiled = fn.compile(specs, arch="sm_90a")
+    assert_matches_reference(compiled, random_inputs(specs, s))
+
+
 @pytest.mark.parametrize("g,m,rows", [(4, 1, "G"), (8, 1, "G"), (32, 16, "M")])
 def test_grouped_query_heads_are_the_query_rows_of_a_decode_block(g, m, rows):
     """With one query, the query heads sharing one KV head are a block's rows: the Q tile is

@@ -481,6 +481,31 @@ def test_split_kv_fills_the_gpu_when_query_blocks_cannot(dims, options, expected
     assert split_kv_of(decode_attention, dims, **options) == expected
 
 
+@pytest.mark.parametrize("kind,dims,arch,expected", [
+    ("causal", dict(B=3, H=5, S=1531, D=128), "sm_90a", (64, 1)),       # 180 blocks of 128 rows: 2 waves of 132
+    ("softcap_causal", dict(B=1, H=8, S=4096, D=128), "sm_90a", (64, 1)),
+    ("causal", dict(B=2, H=8, S=4096, D=128), "sm_90a", (128, 1)),      # 512 blocks: the last first, 128 rows
+    ("causal", dict(B=4, H=8, S=2048, D=64), "sm_90a", (128, 1)),       # 32 programs: 4 blocks each on 132 SMs
+    ("causal", dict(B=8, H=16, S=4096, D=128), "sm_90a", (128, 0)),     # 128 programs: too many to share in L2
+    ("plain", dict(B=1, H=8, M=4096, N=4096, D=128), "sm_90a", (128, 0)),   # no mask: the blocks' work is equal
+    ("causal", dict(B=3, H=5, S=1531, D=128), "sm_80", (128, 1)),       # 64 rows only where measured (wgmma)
+])
+def test_few_heads_start_their_heaviest_query_blocks_first(kind, dims, arch, expected):
+    """The derived `heavy_first` (and 64-row query blocks where 128 make at most two waves): a
+    causal attention over few enough heads that 4 blocks of each fit the SMs at once."""
+    from attention_cases import FUNCTIONS
+    fn = FUNCTIONS[kind]
+    (kernel,) = schedule_kernels(fn.compile(fn.arg_specs_for(dims, "bf16"), arch=arch))
+    assert (kernel.param_values["block_m"], kernel.param_values["heavy_first"]) == expected
+
+
+def test_a_pinned_schedule_keeps_its_query_order():
+    from attention_cases import FUNCTIONS
+    fn = tsr.function(FUNCTIONS["causal"].fn, space=dict(heavy_first=[0], block_m=[128]))
+    (kernel,) = schedule_kernels(fn.compile(fn.arg_specs_for(dict(B=3, H=5, S=1531, D=128), "bf16"), arch="sm_90a"))
+    assert (kernel.param_values["block_m"], kernel.param_values["heavy_first"]) == (128, 0)
+
+
 def test_a_decode_mask_with_an_offset_is_inside_the_attention_kernel():
     """`rows + (N - M)` (the queries' positions) is read through `rows[:, None]`, a view each kernel
     recomputes: it goes into the attention kernel, not a kernel of its own before it."""

@@ -145,6 +145,6 @@ def test_a_score_tile_read_in_two_orientations_is_not_chained():
 
 
 def test_a_product_with_an_infinite_constant_is_not_taken_as_zero():
-    from tessera.lowering.masks import _through
+    from tessera.ir.masks import _through
     assert _through("mul", [0.0, None]) == 0.0
     assert _through("mul", [0.0, -math.inf]) is None

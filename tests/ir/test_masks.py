@@ -7,7 +7,7 @@ import pytest
 import tessera as tsr
 from tessera import Tensor
 from tessera.ir import graph as g
-from tessera.lowering.masks import ColumnBounds, column_bounds
+from tessera.ir.masks import ColumnBounds, column_bounds
 
 
 def bounds_of(mask, fill=-math.inf):
