@@ -308,7 +308,8 @@ def test_attention(torch_cuda, dtype, b, h, s, d, path):
 
 
 @pytest.mark.parametrize("path", PATHS)
-@pytest.mark.parametrize("b,h,s,d", [(1, 1, 1, 64), (2, 2, 1000, 64), (1, 1, 4097, 128), (1, 2, 512, 64)])
+@pytest.mark.parametrize("b,h,s,d", [(1, 1, 1, 64), (2, 2, 1000, 64), (1, 1, 4097, 128), (1, 2, 512, 64),
+                                     (3, 5, 1531, 128)])   # few heads: the last query blocks first
 def test_causal_attention(torch_cuda, b, h, s, d, path):
     torch = torch_cuda
     (q, k, v), (out,) = run(causal, dict(B=b, H=h, S=s, D=d), "fp16", torch, path=path)
