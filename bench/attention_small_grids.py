@@ -7,8 +7,8 @@ for the soft-capped causal attention, FlexAttention with the same score_mod.
 The attention functions of tests/attention_cases.py as written (plain, causal, tanh soft-capped
 causal), one process, the same inputs for every peer, each output checked against an fp32 torch
 reference first. `--space` pins schedule params in every Tessera run (heavy_first=0,block_m=128 is
-the schedule these shapes had before `fusion._schedule_few_heads`). Medians of triton's do_bench,
-in ms; TFLOP/s counts 4 B H S^2 D (half for causal); "vs best" is the best peer's time over
+the schedule these shapes had before `fusion._schedule_few_heads`). The better of two medians of
+triton's do_bench, in ms; TFLOP/s counts 4 B H S^2 D (half for causal); "vs best" is the best peer's time over
 Tessera's (above 1: Tessera faster). The last shape, 128 heads, is the control the rule leaves alone.
 """
 from __future__ import annotations
@@ -34,7 +34,9 @@ DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
 def ms(fn) -> float:
-    return triton.testing.do_bench(fn, rep=100, return_mode="median")
+    """The better of two do_bench medians: these kernels take tens of microseconds, and the first
+    run after a compile can catch the GPU's clocks still rising."""
+    return min(triton.testing.do_bench(fn, rep=100, return_mode="median") for _ in range(2))
 
 
 def sdpa(backend, q, k, v, causal: bool):
