@@ -58,12 +58,29 @@ def _functions(module: ModuleOp) -> list[func.FuncOp]:
 def _mergeable(f: func.FuncOp) -> _Merge | None:
     """The first attention of `f` this pass rewrites, planned (nothing built yet), or None."""
     bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    strided = _strided_args(f)
     for op in f.body.block.ops:
         if isinstance(op, g.MatmulOp):
             merge = _Merge.of(op, bindings)
-            if merge is not None:
+            if merge is not None and _contiguous(merge.m1.lhs, strided, bindings):
                 return merge
     return None
+
+
+def _strided_args(f: func.FuncOp) -> set[SSAValue]:
+    names = [a.data for a in f.attributes["tessera.arg_names"].data]
+    strides = g.arg_strides(f)
+    return {arg for name, arg in zip(names, f.body.block.args) if name in strides}
+
+
+def _contiguous(q: SSAValue, strided: set[SSAValue], bindings) -> bool:
+    """Whether q is a contiguous buffer (through unit views), which a host view can merge two dims
+    of: a q passed strided, or a transpose, would be copied first, where unmerged it is read in place."""
+    while isinstance(q.owner, g.ReshapeOp) and _unit_reshape(q.owner, bindings):
+        q = q.owner.input
+    if isinstance(q.owner, Operation):
+        return not isinstance(q.owner, (g.TransposeOp, g.ReshapeOp))
+    return q not in strided
 
 
 @dataclass

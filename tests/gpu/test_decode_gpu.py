@@ -76,3 +76,15 @@ def test_torch_call_matches(torch_cuda):
     out = gqa_decode_attention(q.view(b, hk, g, m, d), k.view(b, hk, 1, n, d), v.view(b, hk, 1, n, d))
     ref = reference(torch, q.view(b, hk, g, m, d), k.view(b, hk, 1, n, d), v.view(b, hk, 1, n, d))
     check64(torch, out, ref, "bf16")
+
+
+@pytest.mark.parametrize("m", [1, 4])
+def test_strided_queries_are_read_in_place(torch_cuda, m):
+    """q as a [B, M, Hk, G, D] buffer seen as [B, Hk, G, M, D] (the layout a projection writes):
+    read through its strides, G and M then kept apart (merging them would need a copy)."""
+    torch = torch_cuda
+    b, hk, g, n, d = 2, 2, 4, 3000, 128
+    q = torch.randn(b, m, hk, g, d, device="cuda", dtype=torch.bfloat16).permute(0, 2, 3, 1, 4)
+    k, v = (torch.randn(b, hk, 1, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    out = gqa_decode_attention(q, k, v)
+    check64(torch, out, reference(torch, q, k, v), "bf16")

@@ -3,6 +3,7 @@ sharing a KV head and their few queries become one dim of rows, on the tile inte
 the float64 oracle, with the attentions the pass must leave as written."""
 import math
 
+import numpy as np
 import pytest
 
 import tessera as tsr
@@ -119,3 +120,16 @@ def test_the_merged_kernel_assembles():
         compiled = gqa_decode_attention.compile(gqa_decode_attention.arg_specs_for(dims, "fp16"), arch=arch)
         assert query_rows(compiled) == 64
         assert set(compiled.stage("cubin")) == set(compiled.kernel_names)
+
+
+def test_a_strided_q_is_read_in_place_unmerged(random_inputs, assert_matches_reference):
+    """q passed as a view whose G and M dims do not collapse (a [B, M, Hk, G, D] buffer): merging
+    would copy it before every call, where the unmerged kernel reads it in place."""
+    fn = gqa_decode_attention
+    q = np.random.default_rng(0).standard_normal((2, 5, 2, 4, 64)).astype(np.float32).transpose(0, 2, 3, 1, 4)
+    k, v = random_inputs(fn.arg_specs_for(dict(B=2, Hk=2, G=4, M=5, N=77, D=64), "fp32")[1:], 1)
+    tensors, constants = fn._split_args([q, k, v])
+    _, specs = fn.arg_specs(tensors)
+    compiled = fn.compile(specs, constants, arch="sm_90a")
+    assert compiled.copied_args == {} and query_rows(compiled) == 5
+    assert_matches_reference(compiled, [q, k, v])
