@@ -184,17 +184,19 @@ def test_native_gemm_tensor_maps():
 
 @needs_ptxas
 @pytest.mark.parametrize("d", [64, 128])
-def test_native_attention_assembles_for_sm90a(d, tmp_path):
+@pytest.mark.parametrize("rows", [64, 128])
+def test_native_attention_assembles_for_sm90a(d, rows, tmp_path):
     """Attention on sm_90a: Q @ K^T with both operands behind descriptors, P @ V with P in registers
-    (wgmma's register-A form), Q, K, V as 4-D TMA boxes; no spills, no serialized wgmma."""
+    (wgmma's register-A form), Q, K, V as 4-D TMA boxes; no spills, no serialized wgmma. 128 query
+    rows on two warpgroups, or 64 on one (what two heads of 1000 queries derive: few heads)."""
     compiled = causal_attention.compile(causal_attention.arg_specs_for(dict(B=1, H=2, S=1000, D=d), "fp16"),
-                                        arch="sm_90a", space={"split_kv": [1]})
+                                        arch="sm_90a", space={"split_kv": [1], "block_m": [rows]})
     (kernel,) = emit_module(compiled.modules["target"]).values()
     assert re.search(r"wgmma\.mma_async\S+ \{[^}]+\}, %rd\d+, %rd\d+", kernel.ptx)     # A and B descriptors
     assert re.search(r"wgmma\.mma_async\S+ \{[^}]+\}, \{%r\d+, %r\d+, %r\d+, %r\d+\}, %rd", kernel.ptx)  # A regs
     assert "mma.sync" not in kernel.ptx and "cp.async.bulk.tensor.4d" in kernel.ptx
     keys = 128 if d == 64 else 64   # the key block: fewer keys where each carries more of the head dim
-    assert [spec.box for spec in kernel.tensor_maps] == [(1, 1, 128, 64)] + [(1, 1, keys, 64)] * 2
+    assert [spec.box for spec in kernel.tensor_maps] == [(1, 1, rows, 64)] + [(1, 1, keys, 64)] * 2
     report, _ = assemble(kernel.ptx, "sm_90a", tmp_path)
     assert "0 bytes spill stores" in report and "serialized" not in report
 
