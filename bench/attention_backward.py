@@ -1,6 +1,6 @@
 """Attention backward (issue 14): Tessera's generated backward against torch SDPA's and FlexAttention's.
 
-    python3 bench/attention_backward.py [--quick] [--dtypes bf16,fp16]
+    python3 bench/attention_backward.py [--quick] [--few-heads] [--dtypes bf16,fp16]
 
 Tessera differentiates the attention functions of tests/attention_cases.py as
 written (`tsr.vjp`): each reader of the probabilities is a `flash_chain` kernel recomputing the
@@ -28,6 +28,8 @@ import tessera as tsr  # noqa: E402
 from attention_cases import FUNCTIONS  # noqa: E402
 
 SHAPES = [(8, 16, 4096, 128), (16, 16, 2048, 64)]
+#: few heads (grids of a few waves), where the schedule decides whether every SM has work to the end
+FEW_HEADS = [(1, 8, 4096, 128), (3, 5, 1531, 128)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -83,10 +85,11 @@ def rel_err(got, want) -> float:
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="bf16 only, the first shape")
+    parser.add_argument("--few-heads", action="store_true", help="only the shapes with few heads")
     parser.add_argument("--dtypes", default="bf16,fp16")
     args = parser.parse_args()
     dtypes = ["bf16"] if args.quick else args.dtypes.split(",")
-    shapes = SHAPES[:1] if args.quick else SHAPES
+    shapes = SHAPES[:1] if args.quick else FEW_HEADS if args.few_heads else SHAPES + FEW_HEADS
     print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
     print(f"# python3 bench/attention_backward.py {' '.join(sys.argv[1:])}")
     print("| case | shape | dtype | tessera ms | TFLOP/s | flash2 ms | cudnn ms | flex ms | vs best | max rel err |")
@@ -115,8 +118,8 @@ def main() -> int:
                 t_ours = ms(lambda: f_vjp(d_out))
                 t_peer = {label: fn.ms() for label, fn in peers.items()}
                 flops = 2.5 * 4 * b * h * s * s * d * (0.5 if "causal" in kind else 1.0)
-                cells = [f"{t_peer[p]:.2f}" if p in t_peer else "-" for p in ("flash2", "cudnn", "flex")]
-                print(f"| {kind} | {b}x{h}x{s}x{d} | {name} | {t_ours:.2f} | {flops / t_ours / 1e9:.0f} | "
+                cells = [f"{t_peer[p]:.3f}" if p in t_peer else "-" for p in ("flash2", "cudnn", "flex")]
+                print(f"| {kind} | {b}x{h}x{s}x{d} | {name} | {t_ours:.3f} | {flops / t_ours / 1e9:.0f} | "
                       f"{' | '.join(cells)} | {min(t_peer.values()) / t_ours:.2f}x | {err:.1e} |", flush=True)
                 del peers
                 torch.cuda.empty_cache()

@@ -413,6 +413,8 @@ class ReshapeOp(_OneTensorOp):
 #: max and sum of exponentials anyway, writes it beside its output (`fusion`, the saved residual of
 #: an attention backward)
 REDUCTIONS = ("sum", "max", "min", "mean", "logsumexp")
+#: the value each reduction leaves unchanged: what masked or padded elements contribute
+NEUTRAL = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}
 
 
 @irdl_op_definition

@@ -128,3 +128,25 @@ def _through(kind: str, inner: list) -> float | None:
     if kind == "neg" and inner[0] == 0.0:
         return 0.0
     return None
+
+
+def chain_bounds(block, sinks, bindings) -> ColumnBounds:
+    """The columns (n) each row (m) of a flash_chain kernel's tile (`index_maps.chain_sinks` of its
+    body `block`) can be nonzero at, for every sink: those a mask `where(col REL row + c, ...)` in
+    the body keeps, when the reduced value is the reduction's neutral value (0 for a matmul)
+    wherever that mask is false (`masked_value`), so the blocks outside are skipped (a causal
+    backward loops over half the blocks). Unbounded where the sinks disagree or one has no such mask."""
+    found = {_sink_bounds(block, sink, bindings) for sink in sinks}
+    return found.pop() if len(found) == 1 else ColumnBounds(None, None)
+
+
+def _sink_bounds(block, sink, bindings) -> ColumnBounds:
+    fill = g.NEUTRAL[sink.op.kind.data] if isinstance(sink.op, g.ReduceOp) else 0.0
+    for op in block.ops:
+        if not (isinstance(op, g.ElementwiseOp) and op.kind == "where" and op.res in sink.tiling.maps):
+            continue
+        cond = op.inputs[0]
+        bounds = condition_bounds(cond, operand_maps(op, sink.tiling.maps[op.res], bindings)[0], "m", "n", bindings)
+        if bounds != ColumnBounds(None, None) and masked_value(sink.computed, cond) == fill:
+            return bounds
+    return ColumnBounds(None, None)

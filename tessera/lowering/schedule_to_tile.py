@@ -42,7 +42,7 @@ from . import profile
 from ..ir import index_maps
 from ..ir.index_maps import Map, matmul_operand_maps, operand_maps
 from .emit import Builder, Emitter, TileCtx, compare, convert, select, to_storage
-from ..ir.masks import ColumnBounds, column_bounds, condition_bounds, masked_value
+from ..ir.masks import ColumnBounds, chain_bounds, column_bounds
 
 
 def cdiv(a: int, b: int) -> int:
@@ -268,7 +268,7 @@ def _output_tile(kb: KernelBuild, axes: Sequence[str], sizes: Sequence[int], blo
 #: elements a row-reduction program aims to hold (a row that fits is read once)
 ROW_TILE_ELEMENTS = 4096
 
-NEUTRAL = {"sum": 0.0, "mean": 0.0, "max": -math.inf, "min": math.inf}
+NEUTRAL = g.NEUTRAL
 COMBINE = {"sum": arith.AddfOp, "mean": arith.AddfOp, "max": arith.MaximumfOp, "min": arith.MinimumfOp}
 TILE_REDUCE = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}
 
@@ -1205,18 +1205,23 @@ def _store_logsumexp(kb: KernelBuild, lse: SSAValue, score_map: Map, ctx: TileCt
         kb.em.store(lse, kb.outs[1], lse_map, ctx, g.tensor_type(reduce.res).dtype)
 
 
-def _attention_program(kb: KernelBuild, att: _AttentionShape, heavy_first: bool) -> tuple[SSAValue, SSAValue]:
-    """(query block, batch program) of this block: grid axes 0 and 1, or with `heavy_first` the
-    blocks in launch order (axis 0 fastest) taking the last query blocks of every batch program
-    first, then the ones before: under a causal mask a query block's work grows with its index,
-    and a grid of a few waves otherwise ends on a tail of long blocks started last."""
-    if not heavy_first:
+def _ordered_program(kb: KernelBuild, blocks: int, programs: int, bounds: ColumnBounds,
+                     heavy_first: bool) -> tuple[SSAValue, SSAValue]:
+    """(row block, batch program) of this block: grid axes 0 and 1; with `heavy_first` and a mask
+    that bounds one side of each row block's columns (`bounds`), the blocks in launch order (axis 0
+    fastest) take every batch program's row blocks with the most columns first: under a causal
+    mask (an upper bound) a query block's work grows with its index, under its transpose (a lower
+    bound: the dK/dV kernel's key blocks) it shrinks, and a grid of a few waves otherwise ends on
+    a tail of long blocks started last."""
+    upper, lower = bounds.upper is not None, bounds.lower is not None
+    if not heavy_first or upper == lower:
         return kb.pid(0), kb.pid(1)
     b = kb.b
-    query_blocks, programs = att.grid()[:2]
-    launched = b(arith.AddiOp(b(arith.MuliOp(kb.pid(1), b.index(query_blocks))), kb.pid(0)))
-    from_last = b(arith.DivSIOp(launched, b.index(programs)))
-    return b(arith.SubiOp(b.index(query_blocks - 1), from_last)), b(arith.RemSIOp(launched, b.index(programs)))
+    launched = b(arith.AddiOp(b(arith.MuliOp(kb.pid(1), b.index(blocks))), kb.pid(0)))
+    block = b(arith.DivSIOp(launched, b.index(programs)))
+    if upper:
+        block = b(arith.SubiOp(b.index(blocks - 1), block))
+    return block, b(arith.RemSIOp(launched, b.index(programs)))
 
 
 def _attention_rows(kb: KernelBuild, att: _AttentionShape,
@@ -1228,11 +1233,13 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     (sm,) = kb.op(g.SoftmaxOp)
     axes, sizes, tile, p = att.axes, att.sizes, att.tile, kb.params
     kb.limit_warps(tile["m"] // 16)
-    query_block, batch_index = _attention_program(kb, att, heavy_first=split is None and p.get("heavy_first", 0))
+    p_map, v_map = matmul_operand_maps(m2, axes, "n", kb.bindings)
+    bounds = column_bounds(sm.input, p_map, "m", "n", kb.bindings)
+    query_block, batch_index = _ordered_program(kb, *att.grid()[:2], bounds,
+                                                heavy_first=split is None and p.get("heavy_first", 0))
     scalars = kb.batch_indices(batch_index, att.batch)
     m0, zero = kb.mul(query_block, tile["m"]), kb.b.index(0)
 
-    p_map, v_map = matmul_operand_maps(m2, axes, "n", kb.bindings)
     q_map, k_map = matmul_operand_maps(m1, p_map, "d", kb.bindings)
     q = operand(kb, m1.lhs, q_map, ("m", "d"), tile)
     k = operand(kb, m1.rhs, k_map, ("d", "n"), tile)
@@ -1241,7 +1248,6 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     (q_tile,) = _resident_tiles(kb, [(q, {"m": m0, "d": zero})], scalars, zero)
     block = [tile["m"], tile["n"]]
 
-    bounds = column_bounds(sm.input, p_map, "m", "n", kb.bindings)
     where = sm.input.owner if bounds != ColumnBounds(None, None) else None   # where(cond, s, -inf)
     tail = sizes["n"] % tile["n"] != 0   # the last key block is partial
     scales: list[float] = []             # the constant the scores are scaled by (one per block, all equal)
@@ -1513,8 +1519,11 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
         tile["e"] = pow2_at_least(sizes["e"])
     kb.limit_warps(tile["m"] // 16)
     batch = [(a, sizes[a]) for a in sinks[0].tiling.result_map if a not in (None, "m", "e")]
-    scalars = kb.batch_indices(kb.pid(1), batch)
-    m0 = kb.mul(kb.pid(0), tile["m"])
+    bounds = chain_bounds(kb.group_block, sinks, kb.bindings)
+    row_block, batch_index = _ordered_program(kb, cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch),
+                                              bounds, heavy_first=p.get("heavy_first", 0))
+    scalars = kb.batch_indices(batch_index, batch)
+    m0 = kb.mul(row_block, tile["m"])
 
     resident: list[tuple[Operand, dict]] = []   # per score matmul: its row operand, read every block
     uses: list[tuple[Operand, tuple[str, str]]] = []   # per score matmul its column operand, then each matmul sink's other one
@@ -1568,7 +1577,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
 
     accs0 = [kb.b.full(fill, [tile["m"]] if kind else [tile["m"], tile["e"]]) for kind, fill in zip(kinds, fills)]
     fixed = {"m": m0, "e": zero, **{f"k{i}": zero for i in range(len(rows))}}
-    steps = _key_blocks(kb, _chain_bounds(kb, sinks, fills), m0, tile, sizes["n"])
+    steps = _key_blocks(kb, bounds, m0, tile, sizes["n"])
     accs = _pipelined_loop(kb, steps, p["num_stages"], streamed, "n", tile["n"], fixed, scalars, accs0, compute)
     for sink, kind, acc in zip(sinks, kinds, accs):
         kb.em.overrides[sink.op.results[0]] = acc
@@ -1605,28 +1614,6 @@ def _distinct_tiles(operands: list[Operand]) -> tuple[list[Operand], list[int]]:
             distinct.append(o)
         slot.append(keys.index(key))
     return distinct, slot
-
-
-def _chain_bounds(kb: KernelBuild, sinks: list, fills: list[float]) -> ColumnBounds:
-    """The columns (n) each row (m) of a flash_chain's tile can be nonzero at, for every sink:
-    those a mask `where(col REL row + c, ...)` in the region keeps, when the reduced value is the
-    reduction's neutral `fill` wherever that mask is false (`masks.masked_value`), so the blocks
-    outside are skipped (a causal backward loops over half the blocks). Unbounded where the sinks
-    disagree or one has no such mask."""
-    found = {_sink_bounds(kb, sink, fill) for sink, fill in zip(sinks, fills)}
-    return found.pop() if len(found) == 1 else ColumnBounds(None, None)
-
-
-def _sink_bounds(kb: KernelBuild, sink, fill: float) -> ColumnBounds:
-    for op in kb.group_block.ops:
-        if not (isinstance(op, g.ElementwiseOp) and op.kind == "where" and op.res in sink.tiling.maps):
-            continue
-        cond = op.inputs[0]
-        bounds = condition_bounds(cond, operand_maps(op, sink.tiling.maps[op.res], kb.bindings)[0], "m", "n",
-                                  kb.bindings)
-        if bounds != ColumnBounds(None, None) and masked_value(sink.computed, cond) == fill:
-            return bounds
-    return ColumnBounds(None, None)
 
 
 def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:

@@ -43,7 +43,7 @@ from .. import dtypes, platforms
 from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
 from ..ir import index_maps, tile
-from ..ir.masks import ColumnBounds, column_bounds
+from ..ir.masks import ColumnBounds, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
 from . import query_groups, recompute
 
@@ -739,8 +739,8 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         # a split GEMM's partial products neither walk tiles nor warp-specialize: a pin of either wins
         wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize"))
         params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
-    if group.kind == "flash_attention" and planner.platform:
-        _schedule_few_heads(group, planner, params, features, pinned)
+    if group.kind in ("flash_attention", "flash_chain") and planner.platform:
+        _schedule_few_heads(group, block, planner, params, features, pinned)
     if group.kind == "flash_attention" and planner.platform and "split_kv" not in pinned:
         params["split_kv"] = _split_kv(group, planner, params, features)
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
@@ -781,17 +781,37 @@ def _split_k(group: Group, planner: _Planner, params: dict[str, int], features: 
 HEAVY_FIRST_BLOCKS_PER_PROGRAM = 4
 
 
-def _schedule_few_heads(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int],
-                        pinned: dict) -> None:
-    """An attention whose mask bounds each query block's key blocks by its position (causal,
-    a window: `column_bounds`), so the last query blocks do the most work, over few enough batch
-    programs that HEAVY_FIRST_BLOCKS_PER_PROGRAM of each fit the SMs at once: `heavy_first` (the
-    grid's last query blocks of every program launch first, so the grid does not end on a tail of
-    long blocks started last), and on the wgmma path, where 128-row query blocks make at most two
-    waves, 64-row ones (twice the blocks to balance). A space that pins either param keeps it.
-    Measured on an H200, causal bf16 (bench/attention_small_grids.py): B=3 H=5 S=1531 D=128
-    0.048 -> 0.033 ms, B=1 H=8 S=4096 0.118 -> 0.077, B=2 H=8 S=4096 0.186 -> 0.134 (heavy first
-    alone: 64 rows there took 0.153); attentions without such a mask lost 1-3% either way."""
+def _schedule_few_heads(group: Group, block: Block, planner: _Planner, params: dict[str, int],
+                        features: dict[str, int], pinned: dict) -> None:
+    """An attention (or an attention backward's flash_chain kernel) whose mask bounds one side of
+    each row block's columns (causal: `column_bounds`, `chain_bounds`), so the row blocks at one
+    end do the most work, over few enough batch programs that HEAVY_FIRST_BLOCKS_PER_PROGRAM of
+    each fit the SMs at once: `heavy_first` (those row blocks of every program launch first, so
+    the grid does not end on a tail of long blocks started last), and for a forward attention on
+    the wgmma path, where 128-row query blocks make at most two waves, 64-row ones (twice the
+    blocks to balance). A space that pins either param keeps it. Measured on an H200, causal
+    bf16 forward (bench/attention_small_grids.py): B=3 H=5 S=1531 D=128 0.049 -> 0.036-0.041 ms,
+    B=1 H=8 S=4096 0.118 -> 0.076, B=2 H=8 S=4096 0.185 -> 0.134 (heavy first alone: 64 rows there
+    took 0.153); attentions without such a mask lost 1-3% either way."""
+    work = _attention_work(group, planner) if group.kind == "flash_attention" else _chain_work(block, planner)
+    if work is None:
+        return
+    programs, rows = work
+    if planner.sm_count < HEAVY_FIRST_BLOCKS_PER_PROGRAM * programs:
+        return
+    if "heavy_first" not in pinned:
+        params["heavy_first"] = 1
+    if group.kind != "flash_attention":
+        return
+    query_blocks = -(-rows // s.fit_block(params["block_m"], rows))
+    if "block_m" not in pinned and features.get("wgmma") and params["block_m"] > 64 \
+            and query_blocks * programs <= 2 * planner.sm_count:
+        params["block_m"] = 64
+
+
+def _attention_work(group: Group, planner: _Planner) -> tuple[int, int] | None:
+    """(batch programs, query rows) of an attention whose mask bounds one side of each query
+    block's keys, as the template tiles it; None for one without such a mask."""
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     (sm,) = (op for op in group.ops if isinstance(op, g.SoftmaxOp))
     out = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m2.res).shape]
@@ -799,20 +819,33 @@ def _schedule_few_heads(group: Group, planner: _Planner, params: dict[str, int],
     if g.tensor_type(group.output).shape == g.tensor_type(m2.res).shape:   # as the template tiles it
         rows = s.attention_rows_of(m1, m2, planner.bindings)
     if rows != len(out) - 2:   # the query heads as rows (a decode step): no per-position bounds
-        return
+        return None
     axes = (*(f"b{i}" for i in range(rows)), "m", "e")
     p_map, _ = index_maps.matmul_operand_maps(m2, axes, "n", planner.bindings)
-    if column_bounds(sm.input, p_map, "m", "n", planner.bindings) == ColumnBounds(None, None):
-        return
-    programs = math.prod(out[:-2])
-    if planner.sm_count < HEAVY_FIRST_BLOCKS_PER_PROGRAM * programs:
-        return
-    if "heavy_first" not in pinned:
-        params["heavy_first"] = 1
-    query_blocks = -(-out[-2] // s.fit_block(params["block_m"], out[-2]))
-    if "block_m" not in pinned and features.get("wgmma") and params["block_m"] > 64 \
-            and query_blocks * programs <= 2 * planner.sm_count:
-        params["block_m"] = 64
+    if _one_sided(column_bounds(sm.input, p_map, "m", "n", planner.bindings)):
+        return math.prod(out[:-2]), out[-2]
+    return None
+
+
+def _chain_work(block: Block, planner: _Planner) -> tuple[int, int] | None:
+    """(batch programs, rows) of a flash_chain kernel body whose mask bounds one side of each
+    row block's columns; None for one without such a mask."""
+    sinks = index_maps.chain_sinks(block, planner.bindings)
+    if not _one_sided(chain_bounds(block, sinks, planner.bindings)):
+        return None
+    (sink, *_) = sinks
+    sizes = {}
+    for v, m in ((sink.computed, sink.tiling.operand_map), (sink.op.results[0], sink.tiling.result_map)):
+        for axis, d in zip(m, g.tensor_type(v).shape):
+            if axis is not None:
+                sizes[axis] = max(sizes.get(axis, 1), g.dim_value(d, planner.bindings))
+    return math.prod(n for a, n in sizes.items() if a not in ("m", "n", "e")), sizes["m"]
+
+
+def _one_sided(bounds: ColumnBounds) -> bool:
+    """Whether a mask bounds the columns of each row on one side only (causal, or its transpose):
+    the row blocks' work then grows or shrinks along the rows."""
+    return (bounds.upper is None) != (bounds.lower is None)
 
 
 #: the fewest key blocks each split of a split-KV attention gets: fewer, and the combining kernel's
