@@ -767,12 +767,14 @@ _ASYNC_OPS = {"tile.load_shared", "tessera_target.memcpy", "tessera_target.tma_l
 
 
 def program_ids(kernel: tgt.KernelOp) -> list[tuple[int, ...]]:
-    """The blocks a kernel is checked for: the first two, the middle one and the last two along
+    """The blocks a kernel is checked for: the first three, the middle one and the last three along
     every grid axis at once. Blocks differ in trip counts (a causal attention's query block sees
     more key blocks the later it is, a persistent GEMM's last blocks take fewer tiles), and so in
-    which stages end armed: neighbours catch trip counts one apart, the middle one the common case."""
+    which stages end armed: three neighbours catch trip counts one apart even where two blocks
+    share one (64-row query blocks over 128-key blocks), the middle one the common case."""
     grid = kernel.config.grid_dims
-    picks = (lambda g: 0, lambda g: min(1, g - 1), lambda g: g // 2, lambda g: max(g - 2, 0), lambda g: g - 1)
+    picks = (lambda g: 0, lambda g: min(1, g - 1), lambda g: min(2, g - 1), lambda g: g // 2,
+             lambda g: max(g - 3, 0), lambda g: max(g - 2, 0), lambda g: g - 1)
     return list(dict.fromkeys(tuple(pick(g) for g in grid) for pick in picks))
 
 

@@ -96,7 +96,7 @@ def _walk(block):
 def test_shared_memory_is_placed_by_the_allocation_pass():
     """Buffers in order at their alignment, then the mbarriers, then the output's staging buffers;
     the kernel config holds the total."""
-    kernel = kernel_of(causal_attention, dict(B=1, H=2, S=512, D=64))
+    kernel = kernel_of(causal_attention, dict(B=1, H=2, S=512, D=64), block_m=128)   # (two heads derive 64 rows)
     buffers = ops(kernel, tgt.AllocateOp)
     end = 0
     for b in buffers:
