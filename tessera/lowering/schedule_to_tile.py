@@ -1583,7 +1583,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
         kb.em.overrides[sink.op.results[0]] = acc
     for sink, kind, out in zip(sinks, kinds, kb.outs):
         tiled = {"m": (m0, tile["m"])} if kind else {"m": (m0, tile["m"]), "e": (zero, tile["e"])}
-        kb.store_result(sink.tiling.result_map, TileCtx(tiled, scalars), sink.output, out)
+        kb.store_result(_output_map(kb, sink), TileCtx(tiled, scalars), sink.output, out)
     return cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch), 1
 
 
@@ -1616,13 +1616,45 @@ def _distinct_tiles(operands: list[Operand]) -> tuple[list[Operand], list[int]]:
     return distinct, slot
 
 
+def _output_map(kb: KernelBuild, sink) -> Map:
+    """The map of a chain sink's output: its result's, through an elementwise epilogue of the same
+    shape and transposes (the backward's dK = (Q^T @ dS)^T, stored transposed by the kernel itself,
+    where a copy kernel would read and write it again: fusion's `_transposed_chain_output`)."""
+    path, v = [], sink.output
+    while v is not sink.op.results[0]:
+        op = v.owner
+        on_path = list(dict.fromkeys(x for x in getattr(op, "operands", ()) if _computed_from(x, sink.op)))
+        if not isinstance(op, (g.ElementwiseOp, g.CastOp, g.TransposeOp)) or len(on_path) != 1 or (
+                not isinstance(op, g.TransposeOp) and g.tensor_type(on_path[0]).shape != g.tensor_type(v).shape):
+            raise TesseraError(f"{kb.sk.sym_name.data}: a flash_chain kernel's epilogue keeps its sink's shape "
+                               f"(or transposes it)")
+        path.append(op)
+        v = on_path[0]
+    m = tuple(sink.tiling.result_map)
+    for op in reversed(path):
+        if isinstance(op, g.TransposeOp):
+            m = tuple(m[p] for p in op.permutation)
+    return m
+
+
+def _computed_from(v: SSAValue, op: Operation) -> bool:
+    work, seen = [v], set()
+    while work:
+        x = work.pop()
+        if x.owner is op:
+            return True
+        if isinstance(x.owner, Operation) and x.owner not in seen:
+            seen.add(x.owner)
+            work.extend(x.owner.operands)
+    return False
+
+
 def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
     """Every axis's extent, from the computed operands' and the sink results' dims (the same for
     every sink: fusion merges only such kernels)."""
     sizes: dict[str, int] = {}
     for sink in sinks:
-        if g.tensor_type(sink.output).shape != g.tensor_type(sink.op.results[0]).shape:
-            raise TesseraError(f"{kb.sk.sym_name.data}: a flash_chain kernel's epilogue keeps its sink's shape")
+        _output_map(kb, sink)   # (an epilogue that reshapes the sink's result is refused here)
         for v, m in ((sink.computed, sink.tiling.operand_map), (sink.op.results[0], sink.tiling.result_map)):
             for axis, d in zip(m, g.tensor_type(v).shape):
                 if axis is not None:

@@ -631,7 +631,30 @@ class _Planner:
                     and producer.input not in written_through:
                 written_through.add(producer.input)
                 continue
+            if self._transposed_chain_output(v):
+                continue
             self._materialize(v)
+
+    def _transposed_chain_output(self, v: SSAValue) -> bool:
+        """A returned transpose of a flash_chain kernel's output that nothing else reads (the
+        attention backward's dK = (Q^T @ dS)^T): the kernel's output becomes the transpose, which
+        it stores through its own tile's map, where a copy kernel would read and write it again.
+        Returns whether it did."""
+        op = self.producer(v)
+        if not isinstance(op, g.TransposeOp) or v in self.f.body.block.args:
+            return False
+        src = op.input
+        group = next((grp for grp in self.groups if grp.kind == "flash_chain" and src in grp.outputs), None)
+        if group is None or [u.operation for u in src.uses] != [op] or src in self.f.body.block.last_op.operands \
+                or list(self.f.body.block.last_op.operands).count(v) != 1:
+            return False
+        if group.output is src:
+            group.output = v
+        else:
+            group.extra = [v if x is src else x for x in group.extra]
+        group.ops.add(op)
+        self.group_of[op] = group
+        return True
 
     def _written_by_kernel(self, v: SSAValue) -> bool:
         return self.producer(v) in self.group_of or any(v in grp.outputs for grp in self.groups)
