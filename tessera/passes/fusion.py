@@ -641,12 +641,13 @@ class _Planner:
         it stores through its own tile's map, where a copy kernel would read and write it again.
         Returns whether it did."""
         op = self.producer(v)
-        if not isinstance(op, g.TransposeOp) or v in self.f.body.block.args:
+        if not isinstance(op, g.TransposeOp):
             return False
         src = op.input
         group = next((grp for grp in self.groups if grp.kind == "flash_chain" and src in grp.outputs), None)
-        if group is None or [u.operation for u in src.uses] != [op] or src in self.f.body.block.last_op.operands \
-                or list(self.f.body.block.last_op.operands).count(v) != 1:
+        ret = self.f.body.block.last_op
+        if group is None or [u.operation for u in src.uses] != [op] or src in ret.operands \
+                or any(u.operation is not ret for u in v.uses):
             return False
         if group.output is src:
             group.output = v
@@ -762,10 +763,10 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         # a split GEMM's partial products neither walk tiles nor warp-specialize: a pin of either wins
         wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize"))
         params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
-    if group.kind in ("flash_attention", "flash_chain") and planner.platform:
-        _schedule_few_heads(group, block, planner, params, features, pinned)
     if group.kind == "flash_attention" and planner.platform and "split_kv" not in pinned:
         params["split_kv"] = _split_kv(group, planner, params, features)
+    if group.kind in ("flash_attention", "flash_chain") and planner.platform and params.get("split_kv", 1) == 1:
+        _schedule_few_heads(group, block, planner, params, features, pinned)   # (a split attention's order is its own)
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
@@ -799,8 +800,8 @@ def _split_k(group: Group, planner: _Planner, params: dict[str, int], features: 
 #: blocks of each batch program (a head of a batch) the SMs hold at once, one block each, for
 #: `heavy_first` to start an attention's heaviest query blocks first: that many share the program's
 #: K and V in L2, where with fewer each block would read its K and V prefix from memory alone
-#: (H200, causal bf16 D=128 with the last query blocks first: 16 programs 1.13-1.39x faster, 32
-#: at D=64 1.31x, 128 programs 0.85x; bench/RESULTS.md, session 19)
+#: (H200, causal bf16 with the last query blocks first, a pinned sweep: 16 programs at D=128 1.13-1.39x
+#: faster, 32 at D=64 1.31x, 128 programs 0.85x; bench/RESULTS.md, session 19)
 HEAVY_FIRST_BLOCKS_PER_PROGRAM = 4
 
 
@@ -815,7 +816,8 @@ def _schedule_few_heads(group: Group, block: Block, planner: _Planner, params: d
     blocks to balance). A space that pins either param keeps it. Measured on an H200, causal
     bf16 forward (bench/attention_small_grids.py): B=3 H=5 S=1531 D=128 0.049 -> 0.036-0.041 ms,
     B=1 H=8 S=4096 0.118 -> 0.076, B=2 H=8 S=4096 0.185 -> 0.134 (heavy first alone: 64 rows there
-    took 0.153); attentions without such a mask lost 1-3% either way."""
+    took 0.153); in the sweep, attentions without such a mask lost 1-3% with heavy first and 5-20% with
+    64-row blocks."""
     work = _attention_work(group, planner) if group.kind == "flash_attention" else _chain_work(block, planner)
     if work is None:
         return

@@ -6,13 +6,12 @@ Grouped-query attention written with matmul broadcasting (q [B, Hk, G, M, D] aga
 block: each of the G query heads of a KV head has blocks of its own, and each reads that KV head
 again. With one query (a decode step) the kernel takes the G heads as its rows instead
 (`schedule.attention_row_dim`); with a few (speculative decoding verifying several tokens, a short
-chunk of a prompt) it cannot, and the KV heads were read G times: 0.51-0.73 of the copy bandwidth
-for GQA 32/8 with 16 queries on an H100, against 0.93-0.97 for the same attention written over
-merged rows by hand (bench/RESULTS.md, session 19).
+chunk of a prompt) it cannot, and the KV heads were read G times: 0.59-0.73 of the copy bandwidth
+for GQA 32/8 with 16 queries and long caches on an H100, against 0.93-1.02 over merged rows (bench/RESULTS.md, session 19).
 
 So where the G x M rows fit one block (at most MAX_MERGED_ROWS), this pass rewrites the attention
-over them: q viewed as [B, Hk, G*M, D] (a host view where q is contiguous, else fusion copies
-it), K and V without their unit G dim, the score modifications rebuilt over the merged rows, and
+over them: q viewed as [B, Hk, G*M, D] (a host view: only a q that is a contiguous buffer is merged; a
+strided or transposed one is read in place, unmerged), K and V without their unit G dim, the score modifications rebuilt over the merged rows, and
 the output viewed back as [B, Hk, G, M, E]. A modification that depends on the query position (a
 causal mask with its offset) reads `arange(M)`: over the merged rows r that is r % M. One that
 depends on the head (a slope from `arange(G)`) reads r // M. A modification read from memory
@@ -126,6 +125,10 @@ class _Merge:
         # than 1: a head dim or key count of 1 would lose its axis
         if any(g.dim_value(d, bindings) == 1 for v in (m1.rhs, m2.rhs) for d in g.tensor_type(v).shape[-2:]):
             return None
+        # an epilogue reading the output fuses into the attention kernel unmerged; merged, the output
+        # is a host view between kernels and the epilogue a kernel of its own
+        if any(isinstance(u.operation, (g.ElementwiseOp, g.CastOp)) for u in m2.res.uses):
+            return None
         merge = cls(m1, sm, casts[::-1], m2, bindings, groups, queries)
         try:
             merge.check_readers()
@@ -179,7 +182,8 @@ class _Merge:
         if not varies:   # the same along G and M: itself, without the G dim where it has one
             if list(new_shape) == list(g.tensor_type(v).shape) or dry:
                 return v
-            return self._add(g.ReshapeOp(v, g.TensorType.of(new_shape, g.tensor_type(v).dtype)), op)
+            return self._add(g.ReshapeOp(v, g.TensorType.of(new_shape, g.tensor_type(v).dtype)),
+                             op if isinstance(op, Operation) else None)
         if op is self.m1:
             return None if dry else self.scores()
         if isinstance(op, g.ArangeOp):

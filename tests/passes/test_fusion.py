@@ -512,3 +512,15 @@ def test_a_decode_mask_with_an_offset_is_inside_the_attention_kernel():
     from decode_attention import decode_attention
     c = decode_attention.compile(decode_attention.arg_specs_for(dict(B=1, H=2, M=3, N=100, D=64), "fp16"))
     assert [k.kind.data for k in schedule_kernels(c)] == ["flash_attention"]
+
+
+@tsr.function
+def transposed_twice_read(x: Tensor["M", "C"], w1: Tensor["C", "F"], w2: Tensor["F", "E"]):
+    r = tsr.matmul(tsr.relu(tsr.matmul(x, w1)), w2).transpose(-2, -1)
+    return r, r * 2.0
+
+
+def test_a_transposed_chain_output_read_by_another_kernel_is_copied(random_inputs, assert_matches_reference):
+    """The chain kernel stores its output transposed only where the return alone reads the transpose."""
+    compile_and_check(transposed_twice_read, dict(M=100, C=32, F=300, E=48), "fp32", random_inputs,
+                      assert_matches_reference)

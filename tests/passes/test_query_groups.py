@@ -133,3 +133,31 @@ def test_a_strided_q_is_read_in_place_unmerged(random_inputs, assert_matches_ref
     compiled = fn.compile(specs, constants, arch="sm_90a")
     assert compiled.copied_args == {} and query_rows(compiled) == 5
     assert_matches_reference(compiled, [q, k, v])
+
+
+@tsr.function
+def gqa_key_bias(q: Tensor["B", "Hk", "G", "M", "D"], k: Tensor["B", "Hk", 1, "N", "D"],
+                 v: Tensor["B", "Hk", 1, "N", "D"], kb: Tensor[1, 1, "N"]):
+    """A key bias read from memory that varies along neither G nor M (a padding bias)."""
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + kb
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+@tsr.function
+def gqa_scaled_output(q: Tensor["B", "Hk", "G", "M", "D"], k: Tensor["B", "Hk", 1, "N", "D"],
+                      v: Tensor["B", "Hk", 1, "N", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(s, dim=-1), v) * 2.0 + 1.0
+
+
+def test_a_bias_constant_along_heads_and_queries_is_merged(random_inputs, assert_matches_reference):
+    compiled = check(gqa_key_bias, dict(B=2, Hk=2, G=4, M=3, N=70, D=32), "fp32", random_inputs,
+                     assert_matches_reference)
+    assert query_rows(compiled) == 12
+
+
+def test_an_epilogue_keeps_the_attention_unmerged_and_one_kernel(random_inputs, assert_matches_reference):
+    """Merged, the output is a view between kernels and its epilogue a kernel of its own."""
+    compiled = check(gqa_scaled_output, dict(B=1, Hk=2, G=4, M=3, N=70, D=32), "fp32", random_inputs,
+                     assert_matches_reference, space=dict(split_kv=[1]))
+    assert query_rows(compiled) == 3 and len(compiled.kernel_names) == 1
