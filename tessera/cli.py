@@ -522,15 +522,20 @@ def cmd_package(args: argparse.Namespace) -> int:
             raise TesseraError(f"no backend for {arch}: a package holds PTX and cubins for NVIDIA GPUs only")
     functions = [load_function(target) for target in args.targets]
     shapes = [parse_shape(s) for s in args.shape]
-    artifacts = package.build(functions, shapes, archs, parse_dtype(args.dtype), args.path)
+    dynamic = [d.strip() for d in args.dynamic.split(",") if d.strip()]
+    artifacts = package.build(functions, shapes, archs, parse_dtype(args.dtype), args.path, dynamic)
     manifest = package.write(args.output, artifacts)
-    cpp_package.write(args.output, artifacts, _package_references(functions, shapes, archs[0], args),
-                      seed=args.seed)
+    if not dynamic:   # (the C++ entry points take fixed shapes: `cpp_package.groups`)
+        cpp_package.write(args.output, artifacts, _package_references(functions, shapes, archs[0], args),
+                          seed=args.seed)
     for a in artifacts:
         shapes_text = ", ".join(f"{x['name']} {x['dtype']}{x['shape']}" for x in a.record["arguments"])
         print(f"  {a.name} for {a.record['arch']}: {shapes_text} ({len(a.record['kernels'])} kernels)")
     print(f"wrote {_show_path(manifest)} ({len(artifacts)} specializations, "
           f"{len(set().union(*(a.files for a in artifacts)))} image files)")
+    for name in cpp_package.skipped(artifacts):
+        print(f"  {name}: its shape-generic (--dynamic) specializations run through tessera.load; the C++ "
+              f"entry points take fixed shapes, so they have none")
     return 0
 
 
@@ -843,6 +848,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--dtype", default=DEFAULT_DTYPE,
                    help=f"dtype of arguments not annotated with one (default {DEFAULT_DTYPE})")
     p.add_argument("--path", choices=["ampere", "native"], default="native", help="code path (as for compile)")
+    p.add_argument("--dynamic", default="", metavar="DIM,...",
+                   help="dims the kernels take at run time (shape-generic: one specialization serves every "
+                        "value of 2 or more; --shape gives the values the reference run uses)")
     p.add_argument("-o", "--output", required=True, metavar="DIR", help="the package directory")
     p.add_argument("--seed", type=int, default=0,
                    help="seed of the reference inputs the C++ example checks against (default 0)")

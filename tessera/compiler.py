@@ -38,6 +38,8 @@ from typing import TYPE_CHECKING, Callable, Sequence
 import numpy as np
 
 from . import platforms
+from . import dims
+from .dims import MAX_DIM, is_dynamic
 from .errors import TesseraError
 
 if TYPE_CHECKING:
@@ -185,18 +187,24 @@ class KernelLaunch:
                                                # unless asked for another arch
     programmatic: bool = False                 # launched as a programmatic dependent of the kernel before
                                                # it (Target IR's `tessera_target.programmatic_launch`)
+    #: grid axes that grow with dynamic dims: (axis, pointer param, dim, block), each multiplying
+    #: `grid[axis]` by cdiv(that buffer's size along dim, block) (`tile.launch_grid`)
+    grid_terms: tuple[tuple[int, int, int, int], ...] = ()
+    #: the dynamic dims the kernel takes, (pointer param, dim) each, as u32 params after the maps
+    dims: tuple[tuple[int, int], ...] = ()
 
     @property
     def param_types(self) -> tuple[str, ...]:
-        return ("u64",) * self.pointers + ("tmap",) * len(self.tensor_maps)
+        return ("u64",) * self.pointers + ("tmap",) * len(self.tensor_maps) + ("u32",) * len(self.dims)
 
 
 def _kernel_launch(kernel, ptx) -> KernelLaunch:
     """A Target IR kernel's launch, with what its PtxKernel `ptx` needs."""
-    from .ir import target
+    from .ir import target, tile
     return KernelLaunch(kernel.sym_name.data, kernel.config.grid_dims, ptx.threads, ptx.dynamic_shared,
                         len(kernel.function_type.inputs.data), ptx.tensor_maps, kernel.platform.platform.arch,
-                        target.PROGRAMMATIC_LAUNCH in kernel.attributes)
+                        target.PROGRAMMATIC_LAUNCH in kernel.attributes,
+                        tile.grid_terms(kernel.attributes.get(target.GRID_DIMS)), ptx.dims)
 
 
 class _Modules(Mapping):
@@ -350,6 +358,12 @@ class Compiled:
             written.append(path)
         return written
 
+    @property
+    def dynamic_dims(self) -> tuple[str, ...]:
+        """The dims its kernels take at run time (`tessera.dims`)."""
+        from .ir import graph
+        return graph.dynamic_dims(next(iter(self.graph.ops)))
+
     def host_function(self):
         """The tile module's host function: the launches and buffers of one call."""
         from xdsl.dialects import func
@@ -358,6 +372,7 @@ class Compiled:
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Runs on the CPU tile interpreter; outputs start poisoned (NaN) so unwritten elements show."""
         from .interpreter.tile_interp import TileProgram, poison
+        from .ir import tile
 
         if self._program is None:
             self._program = TileProgram(self.stage("tile"))
@@ -365,8 +380,11 @@ class Compiled:
         n_in = len(self.arg_names)
         if len(inputs) != n_in:
             raise TesseraError(f"{self.name} takes {n_in} tensors, got {len(inputs)}")
-        out_types = host.function_type.inputs.data[n_in:]
-        outputs = [poison(tt.get_shape(), _np_dtype(tt)) for tt in out_types]
+        types = host.function_type.inputs.data
+        bits = host.attributes.get(tile.INDEX_BITS)
+        shapes = dims.bind_shapes(self.name, buffer_shapes(host), [x.shape for x in inputs], self.arg_names,
+                                  bits.value.data if bits is not None else 64)
+        outputs = [poison(shape, _np_dtype(tt)) for shape, tt in zip(shapes[n_in:], types[n_in:])]
         arrays = [_in_layout(x, tt, name) for x, tt, name in zip(inputs, host.function_type.inputs.data,
                                                                self.arg_names)]
         self._program.run(host.sym_name.data, *arrays, *outputs)
@@ -383,6 +401,15 @@ class Compiled:
         """The Graph IR oracle on the same inputs."""
         from .interpreter.reference import run_graph
         return run_graph(next(iter(self.graph.ops)), inputs)
+
+
+def buffer_shapes(host) -> list[tuple]:
+    """Each host function argument's shape, a dynamic leading dim as its name (`tile.BUFFER_DIMS`)."""
+    from .ir import tile
+    names = host.attributes.get(tile.BUFFER_DIMS)
+    names = [a.data for a in names.data] if names is not None else [""] * len(host.body.block.args)
+    return [tuple(name if n == tile.DYNAMIC else n for n in t.get_shape())
+            for t, name in zip(host.function_type.inputs.data, names)]
 
 
 def _in_layout(x: np.ndarray, memref_type, name: str) -> np.ndarray:
@@ -419,9 +446,6 @@ def _dump_request(dump) -> tuple[str, ...]:
     return requested
 
 
-#: the longest dim a kernel takes: one dim's indices, and a tile's reach past the end, are 32-bit
-#: integers in the generated code (a whole tensor may have more elements: addresses are 64-bit)
-MAX_DIM = 2 ** 31 - 2 ** 16
 
 
 def _check_dims_index_in_32_bits(f) -> None:
@@ -430,7 +454,7 @@ def _check_dims_index_in_32_bits(f) -> None:
     from .errors import ShapeError
     from .ir import graph as g
 
-    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    bindings = g.bindings_of(f)   # (a dynamic dim's value is checked by each call: `launcher.GpuProgram`)
     names = [a.data for a in f.attributes["tessera.arg_names"].data]
     values = [(f"argument {name!r}", a) for name, a in zip(names, f.body.block.args)]
     values += [(f"the result of {op.name} (tessera.loc {op.attributes.get('tessera.loc')})", r)
@@ -440,7 +464,7 @@ def _check_dims_index_in_32_bits(f) -> None:
             continue
         for axis, d in enumerate(v.type.shape):
             size = g.dim_value(d, bindings)
-            if size >= MAX_DIM:
+            if not is_dynamic(size) and size >= MAX_DIM:
                 raise ShapeError(f"{f.sym_name.data}: dim {axis} of {what} has {size} elements; kernels index one "
                                  f"dim with 32-bit integers, so a dim must stay under {MAX_DIM}: view it as two "
                                  f"dims (the same memory, e.g. [{size}] as [{size} / 1024, 1024])")

@@ -154,7 +154,7 @@ def _check_cotangents(f, cotangents: Sequence[ArgSpec], name: str) -> None:
     from ..ir import graph as g
     from .backward import float_results
 
-    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    bindings = g.bindings_of(f)
     results = f.body.block.last_op.operands
     for i, spec in zip(float_results(f), cotangents, strict=True):
         t = g.tensor_type(results[i])

@@ -90,7 +90,7 @@ def backward_graph(forward_module, wrt: Sequence[int] | None = None, seed_ones: 
     from ..ir import graph as g
 
     f = forward_function(forward_module)
-    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    bindings = g.bindings_of(f)
     arg_names = [a.data for a in f.attributes["tessera.arg_names"].data]
     wrt = differentiable_args(f) if wrt is None else list(wrt)
     for i in wrt:
@@ -266,7 +266,7 @@ def forward_with_residuals(forward_module, name: str | None = None):
     residuals = saved_values(f)
     if not residuals:
         return None
-    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    bindings = g.bindings_of(f)
     specs = _argument_specs(f, bindings)
     positions = saved_positions(f)
     n_out = len(f.body.block.last_op.operands)

@@ -18,6 +18,7 @@ from dataclasses import dataclass
 from typing import Mapping, Sequence
 
 from .. import platforms
+from ..dims import hint
 
 
 @dataclass(frozen=True)
@@ -88,8 +89,9 @@ def kernel_work(compiled) -> list[KernelWork]:
     from ..ir import schedule
     module = compiled.modules["schedule"]
     works = []
+    from ..ir import graph as g
     for func in module.ops:
-        dims = {k: v.value.data for k, v in func.attributes["tessera.dims"].data.items()}
+        dims = {k: hint(v) for k, v in g.bindings_of(func).items()}   # a generic compile: its hints
         works += [group_work(op, dims) for op in func.walk() if isinstance(op, schedule.KernelOp)]
     return works
 

@@ -169,7 +169,7 @@ class _Propagation:
     def __init__(self, f: func.FuncOp, dims: dict[str, str], sequence, gradients: bool):
         self.a = Analysis(f, dict(dims), sequence)
         self.f, self.dims, self.sequence, self.gradients = f, dims, sequence, gradients
-        self.bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+        self.bindings = g.bindings_of(f)
         self.cache: dict[tuple, Cut] = {}
         self.differentiable: set[SSAValue] = set()   # values computed from a float argument
         self.eager: set[SSAValue] = set()   # partial values with several readers: reduced where made

@@ -371,7 +371,7 @@ def _sizes(a, k, parts: int) -> tuple[int, ...]:
     """The local shape of value or cut `k`: the trace's sizes, the sequence-sharded dim's local count."""
     from ..ir import graph as g
 
-    bindings = {n: v.value.data for n, v in a.f.attributes["tessera.dims"].data.items()}
+    bindings = g.bindings_of(a.f)
     shape = [g.dim_value(d, bindings) for d in g.tensor_type(_value(k)).shape]
     seq = a.states[k].seq
     if seq is not None:

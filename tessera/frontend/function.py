@@ -20,7 +20,9 @@ import numpy as np
 from .. import dtypes
 from ..errors import ArgumentKindError, ShapeError, TesseraError
 from ..runtime import interop
+from ..dims import Dynamic, DynamicDim, index_bits
 from .captures import Captures
+from .specialization import CacheInfo, Specialization
 from .tensor import TensorSpec
 from .trace import ArgSpec, bind_dims, declared_returns, trace
 from .zero_size import ZeroSizeCall
@@ -96,13 +98,18 @@ def _signature(fn: Callable) -> inspect.Signature:
         return inspect.signature(fn)
 
 
+#: call keys whose programs a function remembers for its fast path, before it starts over
+MAX_REMEMBERED_CALLS = 4096
+
+
 class Function:
     """A traced tensor function. Calling it with NumPy arrays runs it on the CPU tile interpreter."""
 
     #: destination-passing style (outputs are arguments) for @kernel
     writes_outputs = False
 
-    def __init__(self, fn: Callable, space: dict | None = None):
+    def __init__(self, fn: Callable, space: dict | None = None, static: Sequence[str] = (),
+                 dynamic: Sequence[str] = ()):
         functools.update_wrapper(self, fn)
         self.fn = fn
         self.name = fn.__name__
@@ -116,6 +123,7 @@ class Function:
         self._programs: dict[tuple, tuple] = {}   # GPU call key -> (program, tensor positions, out positions)
         self._warm: dict[tuple, tuple] = {}       # (warm-start key, device) -> what _gpu_program returns
         self.captures = Captures(fn)   # the globals and closure variables it reads: part of every key
+        self.specialization = Specialization(self.name, static, dynamic)
 
     # --- specialisation ------------------------------------------------------------
     def _split_args(self, args: Sequence) -> tuple[list, dict[str, Any]]:
@@ -181,18 +189,25 @@ class Function:
             specs.append(ArgSpec(name, shape, spec.dtype or default, spec.dims))
         return specs
 
-    def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None):
-        """Graph IR module for these argument specs, its results checked against the return annotation."""
+    def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None,
+              dynamic: frozenset[str] = frozenset(), index_bits: int = 64):
+        """Graph IR module for these argument specs, its results checked against the return annotation;
+        the `dynamic` dims (of 2 or more) are traced as `tessera.dims.Dynamic`s, kernel arguments
+        addressed with `index_bits`-bit offsets."""
         bindings, checked = bind_dims(self.name, [(a.name, self.annotations.get(a.name), a.shape, a.dtype)
                                                   for a in args])
+        bindings = {d: Dynamic(d, index_bits=index_bits) if d in dynamic and v >= 2 else v
+                    for d, v in bindings.items()}
         outputs = [a.name for a in args] if self.writes_outputs else ()
         returns = None if self.writes_outputs else declared_returns(self.signature.return_annotation)
         checked = [dataclasses.replace(c, strides=a.strides) for c, a in zip(checked, args)]
         module, _ = trace(self.fn, self.name, checked, bindings, constants or {}, outputs, returns)
         return module
 
-    def compile(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None, **options):
-        """Run the whole pipeline for these specs; see `tessera.compiler.compile_module`."""
+    def compile(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None,
+                dynamic: frozenset[str] = frozenset(), index_bits: int = 64, **options):
+        """Run the whole pipeline for these specs, with the `dynamic` dims as kernel arguments (of
+        `index_bits`-bit offsets: `tessera.dims.index_bits`); see `tessera.compiler.compile_module`."""
         from ..compiler import compile_module
 
         if self.space is not None:
@@ -201,7 +216,8 @@ class Function:
         if empty:
             raise ShapeError(f"{self.name}: argument {empty[0]} has a zero-size dim, which leaves no kernel to "
                              f"compile; a call with it returns empty results and launches nothing")
-        return compile_module(self.trace(args, constants), **options)
+        module = self.trace(args, constants, dynamic, index_bits) if dynamic else self.trace(args, constants)
+        return compile_module(module, **options)
 
     def torch_op(self, *example_args):
         """This function as a torch custom op: `tsr.torch_op(self, *example_args)`."""
@@ -209,12 +225,28 @@ class Function:
 
     # --- calling -------------------------------------------------------------------------
     def _cache_key(self, tensors, constants, options: dict) -> tuple:
-        """What a compile depends on: shapes, dtypes, constants, options (a space's lists frozen) and
-        the values of the globals and closure variables the function reads."""
+        """What a compile depends on: shapes (a dynamic dim's `class_of` its value: `Specialization`),
+        dtypes, constants, options (a space's lists frozen) and the values of the globals and
+        closure variables the function reads."""
         frozen = {name: tuple(sorted((p, tuple(vals)) for p, vals in value.items())) if name == "space" else value
                   for name, value in options.items()}
-        return (tuple((tuple(x.shape), str(x.dtype), interop.layout_of(x)) for _, x in tensors),
-                tuple(sorted(constants.items())), tuple(sorted(frozen.items())), self.captures.key())
+        shapes, bits = self.key_shapes(tensors)
+        return (tuple((shape, str(x.dtype), interop.layout_of(x)) for shape, (_, x) in zip(shapes, tensors)),
+                tuple(sorted(constants.items())), tuple(sorted(frozen.items())), self.captures.key(), bits)
+
+    def key_shapes(self, tensors) -> tuple[list[tuple], int | None]:
+        """The tensors' shapes as a compile key (a dynamic dim's value replaced by its class), and
+        the offset width of a shape-generic compile (None: no dim is dynamic)."""
+        generic = self._generic_dims(tensors)
+        return (self.specialization.shapes(generic, tensors),
+                index_bits(x for _, x in tensors) if generic else None)
+
+    def _generic_dims(self, tensors) -> dict[str, list[tuple[int, int]]]:
+        """The dims this call compiles as kernel arguments (`Specialization.dynamic_for`), each with
+        its (tensor, axis) positions; none for a subclass (a derivative traces by state of its own)."""
+        if type(self) not in (Function, Kernel) or not tensors or _zero_size(tensors):
+            return {}
+        return self.specialization.dynamic_for(self.name, self.annotations, tensors)
 
     def _compiled_for(self, tensors, constants, options: dict):
         """The compile for this call, from the cache or made now; a call with a zero-size dim gets a
@@ -226,11 +258,37 @@ class Function:
             if _zero_size(tensors):
                 compiled = ZeroSizeCall(self.trace(specs, constants))
             else:
-                compiled = self.compile(specs, constants, **options)
+                compiled = self._compile_generic(specs, constants, tensors, options)
+                key = self._cache_key(tensors, constants, options)   # without the dims it had to fix
+            self.specialization.compiled(self.annotations, tensors, self._generic_dims(tensors))
             self._cache[key] = compiled
             # A trace may change what it reads (appending to a list it captured): what it left is keyed too.
             self._cache.setdefault(self._cache_key(tensors, constants, options), compiled)
+        else:
+            self.specialization.hits += 1
         return compiled
+
+    def _compile_generic(self, specs, constants, tensors, options: dict):
+        """The compile of a call with its dynamic dims as kernel arguments. A dim some step needs the
+        value of (`tessera.dims.DynamicDim`: the user's code reads it, or a kernel's template takes
+        it as a constant) is fixed and the function compiled again; it stays fixed for later calls,
+        and `cache_info()` says why. On a GPU the kernels' code is generated here, so a code
+        generator's refusal falls back as well."""
+        while True:
+            dynamic = frozenset(self._generic_dims(tensors))
+            try:
+                compiled = self.compile(specs, constants, dynamic, index_bits(x for _, x in tensors), **options)
+                if dynamic and "sm_count" in options:   # a GPU call: generate the code now
+                    compiled.stage("ptx")
+                return compiled
+            except DynamicDim as e:
+                if e.dim not in dynamic:
+                    raise
+                self.specialization.fix(e.dim, str(e))
+
+    def cache_info(self) -> CacheInfo:
+        """Compiles, cache hits and the specialization key of each compile (`Specialization`)."""
+        return self.specialization.info()
 
     def _tuned_options(self, tensors, constants, options: dict, device: int) -> dict:
         """`options` with the autotuner's schedule for this call (measured on its first call)."""
@@ -301,6 +359,8 @@ class Function:
         """After a GPU call on the slow path: its program, for later calls with the same key."""
         if key is None:
             return
+        if len(self._programs) >= MAX_REMEMBERED_CALLS:   # a shape-generic program sees every length
+            self._programs.clear()
         names = list(self.signature.parameters)
         tensor_names = [n for n, _ in tensors]
         # each tensor's position among the arguments, and each output's among the tensors
@@ -328,7 +388,8 @@ class Function:
         compiled = self._compiled_for(tensors, constants, options)
         program = compiled.gpu_program(device)
         reads_outputs = self.writes_outputs and _reads_an_output(compiled)
-        if disk_key is not None:
+        if disk_key is not None:   # keyed again: a dim the compile had to fix is a constant of it
+            disk_key = warm.function_key(self, tensors, constants, options)
             warm.store_quietly(disk_key, lambda: self._artifact(compiled, tensors, constants, device, reads_outputs))
         return program, compiled.result_names, reads_outputs
 
@@ -338,6 +399,7 @@ class Function:
         from ..runtime.artifact import Artifact
 
         dims, specs = self.arg_specs(tensors)
+        dims = {d: "dynamic" if d in compiled.dynamic_dims else v for d, v in dims.items()}
         return Artifact.from_compiled(compiled, specs, dims=dims, constants=constants,
                                       kind="kernel" if self.writes_outputs else "function",
                                       reads_outputs=reads_outputs,
@@ -466,7 +528,10 @@ def torch_op(fn: Function, *example_args):
 
 
 def function(fn: Callable | None = None, **kw):
-    """Decorator: `@tessera.function` (also `@tessera.function(...)`)."""
+    """Decorator: `@tessera.function`, or `@tessera.function(static=[...], dynamic=[...])`: dims
+    compiled as constants whatever they do, or as kernel arguments from the first call
+    (`frontend.specialization`; by default a dim becomes a kernel argument once called with a
+    second value)."""
     if fn is None:
         return lambda f: Function(f, **kw)
     return Function(fn, **kw)
@@ -475,8 +540,11 @@ def function(fn: Callable | None = None, **kw):
 class _KernelDecorator:
     """`@tessera.kernel`, and `@tessera.kernel.autotune(space=..., key=..., cache=...)`."""
 
-    def __call__(self, fn: Callable) -> Kernel:
-        return Kernel(fn)
+    def __call__(self, fn: Callable | None = None, **kw):
+        """`@tessera.kernel`, or `@tessera.kernel(static=[...], dynamic=[...])`."""
+        if fn is None:
+            return lambda f: Kernel(f, **kw)
+        return Kernel(fn, **kw)
 
     def autotune(self, space: dict, key: Sequence[str] = (), cache: str | None = None):
         """A kernel whose schedule is tuned on the GPU over `space` (Schedule IR parameter names, in

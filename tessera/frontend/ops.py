@@ -15,6 +15,7 @@ import builtins
 import numpy as np
 
 from .. import dtypes
+from ..dims import DynamicDim, is_dynamic
 from ..dtypes import DType
 from ..errors import ArgumentKindError, DTypeError, ShapeError, TesseraError
 from .tensor import SymInt, Tensor
@@ -80,6 +81,8 @@ def _operands(xs: Sequence) -> list[Tensor]:
         elif isinstance(x, (bool, int, float, np.bool_, np.number)) and np.ndim(x) == 0:
             x = x.item() if isinstance(x, np.generic) else x
             out.append(constant(x, _scalar_dtype(x, like)))
+        elif is_dynamic(x):   # a dim the compile takes at run time, used as a number: fix it
+            raise DynamicDim(x.name, "its value as an operand")
         else:
             raise ArgumentKindError(f"tessera ops take traced Tensors and Python numbers, got {_kind(x)}")
     return out
@@ -97,6 +100,8 @@ def _broadcast(xs: Sequence[Tensor], what: str) -> tuple:
     trace = current_trace()
     try:
         return g.broadcast_shapes([x.dims for x in xs], trace.bindings, what)
+    except DynamicDim:   # two dims compared whose values the compile does not have
+        raise
     except Exception as e:  # VerifyException from the shared broadcasting rule
         names = ", ".join(f"{_label(x)} {_show(x)}" for x in xs)
         raise ShapeError(f"{what}: shapes do not broadcast: {names}") from e
@@ -330,6 +335,9 @@ def _store_region(x: Tensor, index) -> list:
     items += [slice(None)] * (x.ndim - len(items))
     region = []
     for axis, item in enumerate(items):
+        if item == slice(None):   # the whole dim, whatever its size (a dynamic one's too)
+            region.append(slice(None))
+            continue
         size = current_trace().size(x.dims[axis])
         dim = _dim_str(x.dims[axis], current_trace())
         if isinstance(item, (bool, np.bool_)) or not isinstance(item, (int, np.integer, slice)):
@@ -417,6 +425,8 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         raise DTypeError(f"matmul: operands must be floating point, got {a.dtype}")
     try:
         batch = g.broadcast_shapes([a.dims[:-2], b.dims[:-2]], trace.bindings, "matmul batch dims")
+    except DynamicDim:
+        raise
     except Exception as e:
         raise ShapeError(f"matmul: batch dims of {_label(a)} {_show(a)} and {_label(b)} {_show(b)} "
                          f"do not broadcast") from e

@@ -11,6 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .. import dtypes
+from ..dims import is_dynamic
 from ..dtypes import DType
 from ..errors import DTypeError, ShapeError, TesseraError
 
@@ -31,6 +32,10 @@ class SymInt(int):
 
     def __repr__(self) -> str:
         return f"{self.name}={int(self)}" if self.name else str(int(self))
+
+
+def _sym_int(value, d: str | int):
+    return value if is_dynamic(value) else SymInt(value, d if isinstance(d, str) else None)
 
 
 @dataclass(frozen=True)
@@ -74,7 +79,9 @@ class Tensor:
     # --- shape ---------------------------------------------------------------
     @property
     def shape(self) -> tuple[SymInt, ...]:
-        return tuple(SymInt(self._trace.size(d), d if isinstance(d, str) else None) for d in self.dims)
+        """The dims' values; a dim compiled as a kernel argument is a `Dynamic`, which refuses to be
+        used as a number (`tessera.dims`): code that needs its value compiles it as a constant."""
+        return tuple(_sym_int(self._trace.size(d), d) for d in self.dims)
 
     @property
     def ndim(self) -> int:

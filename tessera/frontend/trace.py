@@ -15,6 +15,7 @@ import typing
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from ..dims import is_dynamic
 from ..dtypes import DType
 from ..errors import DTypeError, ShapeError, TesseraError, user_frame
 from ..runtime.interop import canonical_strides
@@ -146,6 +147,8 @@ def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[st
     from xdsl.dialects.builtin import ModuleOp
     from xdsl.ir import Region
 
+    from xdsl.dialects.builtin import IntegerAttr
+
     from ..ir import graph
 
     t = Trace(bindings)
@@ -174,6 +177,10 @@ def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[st
     ftype = ([a.type for a in t.block.args], [r.value.type for r in results])
     f = func.FuncOp(fn_name, ftype, Region(t.block))
     f.attributes["tessera.dims"] = graph.dims_attr(t.bindings)
+    dynamic = [v for v in t.bindings.values() if is_dynamic(v)]
+    if dynamic:
+        f.attributes[graph.DYNAMIC_DIMS] = graph.dynamic_dims_attr(t.bindings)
+        f.attributes[graph.INDEX_BITS] = IntegerAttr(dynamic[0].index_bits, 64)
     f.attributes["tessera.arg_names"] = _str_array([a.name for a in args])
     strided = {a.name: a.strides for a in args if a.strides is not None}
     if strided:

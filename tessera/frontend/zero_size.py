@@ -28,7 +28,7 @@ class ZeroSizeCall:
         self.name = self.graph.sym_name.data
         self.arg_names = [a.data for a in self.graph.attributes["tessera.arg_names"].data]
         self.result_names = [a.data for a in self.graph.attributes["tessera.result_names"].data]
-        bindings = {name: attr.value.data for name, attr in self.graph.attributes["tessera.dims"].data.items()}
+        bindings = graph.bindings_of(self.graph)
         self.results = [(tuple(d if isinstance(d, int) else bindings[d] for d in t.shape), t.dtype)
                         for t in self.graph.function_type.outputs.data if isinstance(t, graph.TensorType)]
 

@@ -43,6 +43,7 @@ from xdsl.ir import Attribute, Block, Operation, SSAValue
 from xdsl.traits import IsTerminator
 
 from tessera import dtypes
+from tessera.dims import launch_grid
 from tessera.errors import DeviceAssertError, TesseraError
 from tessera.ir import provenance, tile
 
@@ -267,10 +268,15 @@ def _argument(fn: str, i: int, value, t: Attribute):
     dt = np_dtype(t)
     if not isinstance(t, MemRefType):
         return dt.type(value)
-    if not isinstance(value, np.ndarray) or value.shape != t.get_shape() or value.dtype != dt:
+    if not isinstance(value, np.ndarray) or not _fits(value.shape, t.get_shape()) or value.dtype != dt:
         got = f"{value.dtype}{list(value.shape)}" if isinstance(value, np.ndarray) else type(value).__name__
         raise TypeError(f"@{fn} argument {i}: expected a {dt}{list(t.get_shape())} array for {t}, got {got}")
     return value
+
+
+def _fits(shape: Sequence[int], declared: Sequence[int]) -> bool:
+    """An array's shape against a memref's, whose dynamic dims (`?`) take any size."""
+    return len(shape) == len(declared) and all(d == tile.DYNAMIC or n == d for n, d in zip(shape, declared))
 
 
 # ---------------------------------------------------------------- the compiler
@@ -534,6 +540,8 @@ def _async_wait(c: Compiler, op: tile.AsyncWaitOp) -> Step:
 
 
 def _fresh(c: Compiler, op: tile.AllocSharedOp | tile.AllocGlobalOp) -> Step:
+    if tile.is_dynamic_memref(op.result.type):
+        return _fresh_dynamic(c, op)
     template = poison(op.result.type.get_shape(), np_dtype(op.result.type))
     out = c.out(op)
 
@@ -541,8 +549,24 @@ def _fresh(c: Compiler, op: tile.AllocSharedOp | tile.AllocGlobalOp) -> Step:
     return step
 
 
+def _fresh_dynamic(c: Compiler, op: tile.AllocGlobalOp) -> Step:
+    """A global buffer whose leading dim is the host argument's of the same dim name (`tile.BUFFER_DIMS`)."""
+    host = op.parent_op()
+    names = [a.data for a in host.attributes[tile.BUFFER_DIMS].data]
+    src = c.slot(host.body.block.args[names.index(op.attributes[tile.BUFFER_DIMS].data)])
+    rest, dt, out = op.result.type.get_shape()[1:], np_dtype(op.result.type), c.out(op)
+
+    def step(f): f[out] = poison((f[src].shape[0], *rest), dt)
+    return step
+
+
+def _dim(c: Compiler, op: tile.DimOp) -> Step:
+    axis = op.axis.value.data
+    return _apply(lambda buf: np.int64(buf.shape[axis]), c.ins(op), c.out(op))
+
+
 def _view(c: Compiler, op: tile.ViewOp) -> Step:
-    shape = tuple(op.result.type.get_shape())
+    shape = tuple(-1 if n == tile.DYNAMIC else n for n in op.result.type.get_shape())
     return _apply(lambda buf: buf.reshape(shape), c.ins(op), c.out(op))
 
 
@@ -619,6 +643,12 @@ def _launch(c: Compiler, op: tile.LaunchOp) -> Step:
     kernel = c.program.compiled(name, tile.KernelOp)
     grid, args = tile.int_values(op.grid), c.ins(op)
     labels = c.program.profile_labels(name)
+    terms = op.dynamic_grid
+    if terms:
+        def sized(f):
+            arrays = [f[a] for a in args]
+            kernel.launch(arrays, launch_grid(grid, terms, [getattr(x, "shape", ()) for x in arrays]))
+        return sized
     if labels is None:
         def step(f): kernel.launch([f[a] for a in args], grid)
         return step
@@ -637,7 +667,7 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     arith.ConstantOp: _constant, arith.CmpfOp: _cmpf, arith.CmpiOp: _cmpi, arith.SelectOp: _select,
     tile.CmpfOp: _cmpf, tile.CmpiOp: _cmpi, tile.SelectOp: _select,
     scf.ForOp: _for, scf.IfOp: _if,
-    tile.ProgramIdOp: _program_id, tile.LoadOp: _load, tile.StoreOp: _store,
+    tile.ProgramIdOp: _program_id, tile.DimOp: _dim, tile.LoadOp: _load, tile.StoreOp: _store,
     tile.AllocSharedOp: _fresh, tile.AllocGlobalOp: _fresh, tile.ViewOp: _view, tile.CopyAsyncOp: _copy_async,
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,
     tile.MmaWaitOp: _no_op,

@@ -51,6 +51,7 @@ from xdsl.irdl import (
 from xdsl.utils.exceptions import VerifyException
 
 from .. import dtypes
+from ..dims import Dynamic, hint, is_dynamic
 from ..dtypes import DType
 
 Dim = str | int
@@ -142,11 +143,38 @@ def dim_bindings(op) -> dict[str, int]:
         parent = parent.parent_op()
     if parent is None or "tessera.dims" not in parent.attributes:
         return {}
-    return {k: v.value.data for k, v in parent.attributes["tessera.dims"].data.items()}
+    return bindings_of(parent)
 
 
-def dims_attr(bindings: dict[str, int]) -> DictionaryAttr:
-    return DictionaryAttr({k: IntegerAttr(v, 64) for k, v in bindings.items()})
+#: a function's dims compiled as kernel arguments (`tessera.dims`): their names, an array of strings
+DYNAMIC_DIMS = "tessera.dynamic_dims"
+#: the offset width of the kernels over them (`tessera.dims.index_bits`): 32 or 64
+INDEX_BITS = "tessera.index_bits"
+
+
+def bindings_of(f) -> dict:
+    """A function's dim bindings (`tessera.dims`): each dim's value, or for a dim it compiles as a
+    kernel argument (`tessera.dynamic_dims`) a `tessera.dims.Dynamic`, which refuses to be used as
+    a number."""
+    dynamic = dynamic_dims(f)
+    bits = f.attributes[INDEX_BITS].value.data if INDEX_BITS in f.attributes else 64
+    return {k: Dynamic(k, v.value.data, bits) if k in dynamic else v.value.data
+            for k, v in f.attributes["tessera.dims"].data.items()}
+
+
+def dynamic_dims(f) -> tuple[str, ...]:
+    """The dims a function compiles as kernel arguments."""
+    attr = f.attributes.get(DYNAMIC_DIMS)
+    return () if attr is None else tuple(a.data for a in attr.data)
+
+
+def dims_attr(bindings: dict) -> DictionaryAttr:
+    """`tessera.dims`: each dim's value (a dynamic dim's hint: `bindings_of` reads it back as dynamic)."""
+    return DictionaryAttr({k: IntegerAttr(hint(v), 64) for k, v in bindings.items()})
+
+
+def dynamic_dims_attr(bindings: dict) -> ArrayAttr:
+    return ArrayAttr([StringAttr(k) for k, v in bindings.items() if is_dynamic(v)])
 
 
 def strides_attr(strides: dict[str, Sequence[int]]) -> DictionaryAttr:

@@ -263,6 +263,11 @@ def _platform_of(op: Operation) -> Platform:
 _KERNEL_INTS = ("opt_level", "producer_warps", "maxnreg")
 
 
+#: a kernel attribute: the grid axes that grow with dynamic dims, as `tile.launch`'s `grid_dims`
+#: ((axis, argument, dim, block) quadruples); the kernel config's grid holds their constant factors
+GRID_DIMS = "tessera_target.grid_dims"
+
+
 @irdl_op_definition
 class KernelOp(IRDLOperation):
     """`tessera_target.kernel @name(%args) config = #... platform = #... { ... }`.

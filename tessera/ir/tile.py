@@ -29,11 +29,13 @@ from __future__ import annotations
 import math as pymath
 
 from collections.abc import Sequence
+from dataclasses import dataclass
 from typing import ClassVar
 
 from xdsl.context import Context
 from xdsl.dialects import arith, math
 from xdsl.dialects.builtin import (
+    DYNAMIC_INDEX,
     DenseArrayBase,
     DictionaryAttr,
     f64,
@@ -99,6 +101,38 @@ def _i64_array(values: Sequence[int]) -> DenseArrayBase:
     return DenseArrayBase.from_list(i64, tuple(values))
 
 
+@dataclass(frozen=True)
+class GridDim:
+    """A grid axis that grows with a dim taken at run time: `factor` * cdiv(size of dim `dim` of
+    the kernel's argument `arg`, `block`) programs (a lowering returns one in place of an int)."""
+
+    arg: int
+    dim: int
+    block: int
+    factor: int = 1
+
+
+def split_grid(grid: Sequence[int | GridDim]) -> tuple[list[int], list[tuple[int, int, int, int]]]:
+    """(the constant part of each grid axis, the (axis, arg, dim, block) terms of the dynamic ones)."""
+    constants, terms = [], []
+    for axis, g in enumerate(grid):
+        if isinstance(g, GridDim):
+            constants.append(g.factor)
+            terms.append((axis, g.arg, g.dim, g.block))
+        else:
+            constants.append(g)
+    return constants, terms
+
+
+def grid_dims_attr(terms) -> DenseArrayBase:
+    return _i64_array([x for term in terms for x in term])
+
+
+def grid_terms(attr: DenseArrayBase | None) -> tuple[tuple[int, int, int, int], ...]:
+    values = () if attr is None else int_values(attr)
+    return tuple(tuple(values[i:i + 4]) for i in range(0, len(values), 4))
+
+
 def int_values(attr: DenseArrayBase) -> tuple[int, ...]:
     """The ints of an i64 array property (`tile_dims`, `dims`, `grid`)."""
     return tuple(attr.get_values())
@@ -133,6 +167,29 @@ def _require(cond: bool, op: Operation, message: str) -> None:
 
 def _require_static(op: Operation, what: str, t: Attribute) -> None:
     _require(all(d >= 0 for d in static_shape(t)), op, f"{what} must have a static shape, got {t}")
+
+
+#: a memref dim whose size the kernel takes at run time (`?` in the text; `tessera.dims`)
+DYNAMIC = DYNAMIC_INDEX
+#: on a kernel over dynamic dims: the width of its element offsets, 32 or 64 (`tessera.dims.index_bits`;
+#: `reach` is unknown where a dim is)
+INDEX_BITS = "tessera.index_bits"
+#: the dim names of dynamic leading dims, which the host binds per call from the arguments' shapes:
+#: on a host function, an array of one string per argument ("" where none is dynamic); on a
+#: `tile.alloc_global`, a string
+BUFFER_DIMS = "tessera.buffer_dims"
+
+
+def is_dynamic_memref(t: Attribute) -> bool:
+    return isinstance(t, MemRefType) and DYNAMIC in t.get_shape()
+
+
+def _require_global_shape(op: Operation, what: str, t: Attribute) -> None:
+    """A global tensor's shape: static, but for a leading dim of dynamic size (`?`): its strides
+    stay constants, and contiguous (a strided layout keeps its strides as constants)."""
+    shape = static_shape(t)
+    _require(all(d >= 0 for d in shape[1:]) and (not shape or shape[0] >= 0 or not is_strided(t)), op,
+             f"{what} must have a static shape but for a dynamic leading dim of a contiguous layout, got {t}")
 
 
 def _require_tile_dims(op: Operation, tile_dims: Sequence[int], rank: int, tile_rank: int,
@@ -261,12 +318,15 @@ def rows_aligned(t: MemRefType, elements: int) -> bool:
     return all(st % elements == 0 for st in element_strides(t)[:-1])
 
 
-def reach(t: MemRefType) -> int:
+def reach(t: MemRefType, index_bits: int = 64) -> int:
     """How many elements from its base a memref's addressing spans: its element count when
-    contiguous, more when strided (what decides whether 32-bit offsets reach every element)."""
+    contiguous, more when strided (what decides whether 32-bit offsets reach every element). Of
+    a dynamic dim's memref, what the kernel's `INDEX_BITS` promise: under 2^31, or anything."""
     shape = t.get_shape()
     if 0 in shape:
         return 0
+    if DYNAMIC in shape:
+        return 2 ** 31 - 1 if index_bits == 32 else 2 ** 62
     return 1 + sum((n - 1) * st for n, st in zip(shape, element_strides(t)))
 
 
@@ -301,6 +361,27 @@ class ProgramIdOp(IRDLOperation):
         _require(axis in (0, 1, 2), self, f"axis must be 0, 1 or 2, got {axis}")
 
 
+@irdl_op_definition
+class DimOp(IRDLOperation):
+    """The size of dim `axis` of a kernel's global memref, a dim it takes at run time (`?`)."""
+
+    name = "tile.dim"
+    source = operand_def(MemRefType)
+    axis = prop_def(IntegerAttr)
+    result = result_def(IndexType)
+    traits = traits_def(Pure())
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$source attr-dict `:` type($source)"
+
+    def __init__(self, source: Value, axis: int):
+        super().__init__(operands=[source], properties={"axis": _i64(axis)}, result_types=[IndexType()])
+
+    def verify_(self) -> None:
+        t, axis = self.source.type, self.axis.value.data
+        _require(not is_shared(t) and 0 <= axis < t.get_num_dims() and t.get_shape()[axis] == DYNAMIC, self,
+                 f"axis {axis} of {t} is not a dynamic dim of a global memref")
+
+
 # ---------------------------------------------------------------- global memory
 
 
@@ -327,7 +408,7 @@ class LoadOp(IRDLOperation):
 
     def verify_(self) -> None:
         src_t, res_t = self.src.type, self.result.type
-        _require_static(self, "source memref", src_t)
+        _require_global_shape(self, "source memref", src_t)
         _require_static(self, "result tile", res_t)
         _require(not is_shared(src_t), self, "source must be a global memref; use tile.load_shared for shared memory")
         _require_offsets(self, self.offsets, src_t)
@@ -353,7 +434,7 @@ class StoreOp(IRDLOperation):
 
     def verify_(self) -> None:
         val_t, dst_t = self.value.type, self.dst.type
-        _require_static(self, "destination memref", dst_t)
+        _require_global_shape(self, "destination memref", dst_t)
         _require_static(self, "stored tile", val_t)
         _require(not is_shared(dst_t), self, "destination must be a global memref, not shared memory")
         _require_offsets(self, self.offsets, dst_t)
@@ -374,7 +455,7 @@ class AllocGlobalOp(IRDLOperation):
         super().__init__(result_types=[MemRefType(element_type, shape)])
 
     def verify_(self) -> None:
-        _require_static(self, "result", self.result.type)
+        _require_global_shape(self, "result", self.result.type)
         _require(not is_shared(self.result.type), self, "global buffers cannot live in shared memory (space 3)")
 
 
@@ -394,11 +475,13 @@ class ViewOp(IRDLOperation):
 
     def verify_(self) -> None:
         src_t, res_t = self.source.type, self.result.type
-        _require_static(self, "source", src_t)
-        _require_static(self, "result", res_t)
+        _require_global_shape(self, "source", src_t)
+        _require_global_shape(self, "result", res_t)
         _require_same_element(self, "source", src_t, "result", res_t)
         _require(not is_strided(src_t), self, f"a view needs a contiguous source, not {src_t}")
-        n_src, n_res = (pymath.prod(t.get_shape()) for t in (src_t, res_t))
+        dynamic = [is_dynamic_memref(t) for t in (src_t, res_t)]
+        _require(dynamic[0] == dynamic[1], self, f"a view of {src_t} as {res_t}: both or neither have a dynamic dim")
+        n_src, n_res = (pymath.prod(t.get_shape()[dynamic[0]:]) for t in (src_t, res_t))
         _require(n_src == n_res, self, f"a view of {_fmt(src_t.get_shape())} ({n_src} elements) cannot have "
                                        f"shape {_fmt(res_t.get_shape())} ({n_res} elements)")
 
@@ -738,18 +821,35 @@ class LaunchOp(IRDLOperation):
     name = "tile.launch"
     kernel = prop_def(SymbolRefAttr)
     grid = prop_def(DenseArrayBase)
+    #: grid axes that grow with dims taken at run time: (axis, arg, dim, block) quadruples, each
+    #: multiplying grid axis `axis` by cdiv(size of dim `dim` of argument `arg`, block) (`GridDim`)
+    grid_dims = opt_prop_def(DenseArrayBase)
     args = var_operand_def()
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "$kernel `(` $args `)` attr-dict `:` type($args)"
 
-    def __init__(self, kernel: str, grid: Sequence[int], args: Sequence[Value]):
-        super().__init__(operands=[args],
-                         properties={"kernel": SymbolRefAttr(kernel), "grid": _i64_array(grid)})
+    def __init__(self, kernel: str, grid: Sequence[int | GridDim], args: Sequence[Value]):
+        constants, dims = split_grid(grid)
+        properties = {"kernel": SymbolRefAttr(kernel), "grid": _i64_array(constants)}
+        if dims:
+            properties["grid_dims"] = grid_dims_attr(dims)
+        super().__init__(operands=[args], properties=properties)
+
+    @property
+    def dynamic_grid(self) -> tuple[tuple[int, int, int, int], ...]:
+        """The (axis, arg, dim, block) terms of the grid (`grid_dims`)."""
+        return grid_terms(self.grid_dims)
 
     def verify_(self) -> None:
         grid = int_values(self.grid)
         _require(len(grid) == 3 and all(g > 0 for g in grid), self,
                  f"grid must be 3 positive sizes, got {list(grid)}")
+        for axis, arg, dim, block in self.dynamic_grid:
+            _require(0 <= axis < 3 and 0 <= arg < len(self.args) and block > 0, self,
+                     f"grid term ({axis}, {arg}, {dim}, {block}) out of range")
+            t = self.args[arg].type
+            _require(isinstance(t, MemRefType) and 0 <= dim < t.get_num_dims() and t.get_shape()[dim] == DYNAMIC,
+                     self, f"grid term: dim {dim} of argument {arg} ({t}) is not dynamic")
         kernel = SymbolTable.lookup_symbol(self, self.kernel)
         name = self.kernel.string_value()
         _require(isinstance(kernel, KernelOp), self, f"@{name} is not a tile.kernel in this module")
@@ -961,7 +1061,7 @@ ArithOnTiles = Dialect(
 
 Tile = Dialect(
     "tile",
-    [KernelOp, ReturnOp, ProgramIdOp, LoadOp, StoreOp, AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp,
+    [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, StoreOp, AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp,
      AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp,
      AssertOp, ProfileBeginOp, ProfileEndOp],
     [],

@@ -17,6 +17,7 @@ from typing import Callable, Sequence
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
 from xdsl.dialects.builtin import (
+    ArrayAttr,
     DictionaryAttr,
     FunctionType,
     IndexType,
@@ -33,6 +34,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from .. import dtypes
+from ..dims import DynamicDim, hint, is_dynamic
 from ..errors import TesseraError
 from ..ir import graph as g
 from ..ir import provenance
@@ -54,8 +56,24 @@ def pow2_at_least(n: int, lo: int = 16) -> int:
 
 
 def memref_of(v: SSAValue, bindings) -> MemRefType:
+    """A value's buffer type: its dims' values, a dynamic dim (`tessera.dims`) `?` where it leads
+    (the strides stay constants); a dynamic dim anywhere else is taken as a constant."""
     tt = g.tensor_type(v)
-    return MemRefType(g.element_type(tt.dtype), [g.dim_value(d, bindings) for d in tt.shape])
+    shape = [g.dim_value(d, bindings) for d in tt.shape]
+    for axis, n in enumerate(shape):
+        if is_dynamic(n) and axis > 0:
+            raise DynamicDim(n.name, f"dim {axis} of a {g.TensorType.of(tt.shape, tt.dtype)} (only a leading "
+                                     f"dim varies at run time)")
+    return MemRefType(g.element_type(tt.dtype), [t.DYNAMIC if is_dynamic(n) else n for n in shape])
+
+
+def dynamic_dim_of(values: Sequence[SSAValue], bindings) -> str | None:
+    """The first dynamic dim (`tessera.dims`) among the dims of `values`, else None."""
+    for v in values:
+        for d in g.tensor_type(v).shape:
+            if is_dynamic(g.dim_value(d, bindings)):
+                return d
+    return None
 
 
 @dataclass
@@ -96,7 +114,30 @@ class KernelBuild:
         return ops
 
     def size(self, d) -> int:
+        """Dim `d`'s value; a dynamic dim's `Dynamic` (`extent` and `grid_extent` take it)."""
         return g.dim_value(d, self.bindings)
+
+    def _param_with(self, d: str) -> int:
+        """The kernel param whose leading dim is dynamic dim `d` (an input, else an output)."""
+        kargs = self.kernel.body.block.args
+        values = [*zip(self.group_block.args, kargs), *zip(self.sk.outputs, kargs[len(kargs) - len(self.outs):])]
+        for v, param in values:
+            shape = g.tensor_type(v).shape
+            if shape and shape[0] == d:
+                return param.index
+        raise DynamicDim(d, "a kernel param of it")
+
+    def extent(self, d, size) -> int | SSAValue:
+        """`size` (dim `d`'s) as the kernel sees it: an int, or for a dynamic dim its value at run time."""
+        if not is_dynamic(size):
+            return size
+        return self.b(t.DimOp(self.kernel.body.block.args[self._param_with(d)], 0))
+
+    def grid_extent(self, d, size, block: int, factor: int = 1) -> int | t.GridDim:
+        """A grid axis of `factor` * cdiv(`size`, `block`) programs, `size` dim `d`'s."""
+        if not is_dynamic(size):
+            return factor * cdiv(size, block)
+        return t.GridDim(self._param_with(d), 0, block, factor)
 
     def limit_warps(self, most: int) -> int:
         """Caps the kernel's warps at what its tile can keep busy (tensor-core fragments are 16 x 8)."""
@@ -130,10 +171,14 @@ class KernelBuild:
         return self.b(arith.MuliOp(x, self.b.index(c)))
 
     def batch_indices(self, pid: SSAValue, axes: list[tuple[str, int]]) -> dict[str, SSAValue]:
-        """Row-major decomposition of one program id over several untiled axes."""
+        """Row-major decomposition of one program id over several untiled axes (the outermost one
+        takes the quotient as it is: its size, which may be dynamic, bounds the grid)."""
         out, stride = {}, 1
-        for name, size in reversed(axes):
+        for i, (name, size) in enumerate(reversed(axes)):
             q = self.b(arith.DivSIOp(pid, self.b.index(stride))) if stride > 1 else pid
+            if i == len(axes) - 1:
+                out[name] = q
+                break
             out[name] = self.b(arith.RemSIOp(q, self.b.index(size)))
             stride *= size
         return out
@@ -153,6 +198,9 @@ def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str |
     strided keeps its layout), or (`name`, `out_type`) of another kernel on the same inputs
     that writes a buffer of that type instead (a split-K GEMM's partial products). A kernel of
     device_asserts only has no output parameter."""
+    dynamic = dynamic_dim_of([*sk.body.block.args, *sk.outputs], bindings)
+    if dynamic is not None and sk.kind.data not in GENERIC_KINDS:
+        raise DynamicDim(dynamic, f"a {sk.kind.data} kernel's template (it takes its dims as constants)")
     outputs = [out_type] if out_type is not None else [memref_of(v, bindings) for v in sk.outputs]
     arg_types = [*in_types, *outputs]
     block = sk.body.block
@@ -163,6 +211,8 @@ def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str |
         kernel.attributes[t.PRODUCER_WARPS] = IntegerAttr(t.WARPGROUP_WARPS, 64)
     if "occupancy" in p:   # blocks per SM asked of a backend that sizes its blocks itself (tileiras)
         kernel.attributes[t.OCCUPANCY] = IntegerAttr(p["occupancy"], 64)
+    if dynamic is not None:
+        kernel.attributes[t.INDEX_BITS] = IntegerAttr(bindings[dynamic].index_bits, 64)
     kargs = kernel.body.block.args
     b = Builder(kernel.body.block)
     anchor = next((op for op in block.ops if isinstance(op, ANCHORS.get(sk.kind.data, ()))), None)
@@ -221,7 +271,7 @@ def lower_elementwise(kb: KernelBuild) -> tuple[int, int, int]:
         raise TesseraError(f"{kb.sk.sym_name.data}: scalar (rank-0) results are not supported yet; "
                            f"keep a dim (e.g. keepdim=True)")
     axes = _axes("d", out_t.rank)
-    ctx, grid = _output_tile(kb, axes, [kb.size(d) for d in out_t.shape], kb.params["block_m"], kb.params["block_n"])
+    ctx, grid = _output_tile(kb, axes, out_t.shape, kb.params["block_m"], kb.params["block_n"])
     kb.store_result(axes, ctx)
     return grid
 
@@ -236,27 +286,29 @@ def lower_asserts(kb: KernelBuild) -> tuple[int, int, int]:
         raise TesseraError(f"{kb.sk.sym_name.data}: device_assert of a rank-0 condition is not supported yet; "
                            f"keep a dim (e.g. keepdim=True)", str(loc) if loc else None)
     axes = _axes("d", cond_t.rank)
-    ctx, grid = _output_tile(kb, axes, [kb.size(d) for d in cond_t.shape], kb.params["block_m"],
-                             kb.params["block_n"])
+    ctx, grid = _output_tile(kb, axes, cond_t.shape, kb.params["block_m"], kb.params["block_n"])
     kb.em.check(check, axes, ctx)
     return grid
 
 
-def _output_tile(kb: KernelBuild, axes: Sequence[str], sizes: Sequence[int], block_m: int,
+def _output_tile(kb: KernelBuild, axes: Sequence[str], dims: Sequence, block_m: int,
                  block_n: int) -> tuple[TileCtx, tuple[int, int, int]]:
     """(this program's tile, the grid) of a kernel that computes an output of `sizes` tile by tile:
     the last axis in blocks of up to `block_n` along grid axis 0, the one before in blocks of up to
-    `block_m` along grid axis 1, every other axis one index at a time along grid axis 2."""
+    `block_m` along grid axis 1, every other axis one index at a time along grid axis 2. `dims`:
+    the output's graph dims (a dynamic one, which leads, grows its grid axis at run time)."""
     rank = len(axes)
-    bn = min(block_n, pow2_at_least(sizes[-1], 1))
+    sizes = [kb.size(d) for d in dims]
+    bn = min(block_n, pow2_at_least(hint(sizes[-1]), 1))
     tiled_axes = [(axes[-1], bn)]
-    grid = [cdiv(sizes[-1], bn), 1, 1]
+    grid = [kb.grid_extent(dims[-1], sizes[-1], bn), 1, 1]
     if rank >= 2:
-        bm = min(block_m, pow2_at_least(sizes[-2], 1))
+        bm = min(block_m, pow2_at_least(hint(sizes[-2]), 1))
         tiled_axes.insert(0, (axes[-2], bm))
-        grid[1] = cdiv(sizes[-2], bm)
+        grid[1] = kb.grid_extent(dims[-2], sizes[-2], bm)
     batch = list(zip(axes[:rank - 2], sizes[:rank - 2]))
-    grid[2] = math.prod(sz for _, sz in batch)
+    if rank >= 3:
+        grid[2] = kb.grid_extent(dims[0], sizes[0], 1, math.prod(sizes[1:rank - 2]))
     tiled = {}
     for grid_axis, (axis, size) in zip((1, 0) if rank >= 2 else (0,), tiled_axes):
         tiled[axis] = (kb.mul(kb.pid(grid_axis), size), size)
@@ -298,10 +350,12 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                            f"(x[None, :]) or keep the reduced dim")
     row, col, n = axes[rows[-1]], axes[axis], sizes[axis]
     bn = min(kb.params["block_n"], pow2_at_least(n, 1))
-    bm = min(kb.params["block_m"], max(1, ROW_TILE_ELEMENTS // bn), pow2_at_least(sizes[rows[-1]], 1))
+    bm = min(kb.params["block_m"], max(1, ROW_TILE_ELEMENTS // bn), pow2_at_least(hint(sizes[rows[-1]]), 1))
     chunks = cdiv(n, bn)
     batch = [(axes[i], sizes[i]) for i in rows[:-1]]
-    grid = (cdiv(sizes[rows[-1]], bm), math.prod(sz for _, sz in batch), 1)
+    grid = (kb.grid_extent(x_t.shape[rows[-1]], sizes[rows[-1]], bm),
+            kb.grid_extent(x_t.shape[rows[0]], sizes[rows[0]], 1, math.prod(sizes[i] for i in rows[1:-1]))
+            if batch else 1, 1)
     scalars = kb.batch_indices(kb.pid(1), batch)
     shape = [bm, bn]
     contexts: dict = {}   # (outside one_block: a context's tiles are memoized by its identity)
@@ -1662,6 +1716,10 @@ def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
     return sizes
 
 
+#: kernel kinds whose templates take a leading dim at run time (`KernelBuild.extent`, `grid_extent`);
+#: any other kernel over a dynamic dim raises `DynamicDim`, and the function compiles it as a constant
+GENERIC_KINDS = frozenset({"elementwise", "row_reduction"})
+
 TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
     "elementwise": lower_elementwise,
     "row_reduction": lower_row_reduction,
@@ -1707,6 +1765,20 @@ def _strided_copy_reason(arg: SSAValue, strides: tuple[int, ...]) -> str | None:
     return None
 
 
+def _leading_dynamic(v: SSAValue, bindings) -> str:
+    """The name of `v`'s leading dim when it is dynamic, else ""."""
+    shape = g.tensor_type(v).shape
+    return shape[0] if shape and is_dynamic(g.dim_value(shape[0], bindings)) else ""
+
+
+def _name_dynamic_dim(alloc: t.AllocGlobalOp, v: SSAValue, bindings) -> None:
+    """Names the dynamic leading dim of an intermediate buffer (`tile.BUFFER_DIMS`), which the
+    host sizes per call."""
+    name = _leading_dynamic(v, bindings)
+    if name:
+        alloc.attributes[t.BUFFER_DIMS] = StringAttr(name)
+
+
 def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_operands: bool) -> tuple[list, func.FuncOp]:
     ret = f.body.block.last_op
     in_types, copies = _argument_types(f, bindings)
@@ -1731,6 +1803,9 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
             continue
         if not isinstance(sk, s.KernelOp):
             continue
+        if profiled and dynamic_dim_of([*sk.inputs, *sk.outputs], bindings):
+            raise DynamicDim(dynamic_dim_of([*sk.inputs, *sk.outputs], bindings),
+                             "a profiled kernel's stamp buffer (one slot per program)")
         kb = _start(sk, bindings, [buffers[v].type for v in sk.inputs], stage_operands=stage_operands)
         grid = (TEMPLATES[sk.kind.data] if sk.outputs else lower_asserts)(kb)
         launches = [*kb.before, (_finish(kb), grid), *kb.after]
@@ -1740,9 +1815,12 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
             if out not in buffers:
                 buffers[out] = b(t.AllocGlobalOp(memref_of(out, bindings).get_shape(),
                                                  g.element_type(g.tensor_type(out).dtype)))
+                _name_dynamic_dim(buffers[out].owner, out, bindings)
             outputs.append(buffers[out])
         inputs = [buffers[v] for v in sk.inputs]
         scratch = [b(t.AllocGlobalOp(x.type.get_shape(), x.type.get_element_type())) for x in kb.scratch]
+        if any(t.is_dynamic_memref(x.type) for x in kb.scratch):   # (no generic template asks for one)
+            raise DynamicDim(dynamic_dim_of(sk.inputs, bindings) or "?", "a scratch buffer's size")
         for kernel, kernel_grid in launches:
             args = inputs + scratch + ([] if kernel in first else outputs)
             if line_info:
@@ -1757,6 +1835,9 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
     for key, value in f.attributes.items():
         if key.startswith("tessera."):
             host.attributes[key] = value
+    if g.dynamic_dims(f):
+        host.attributes[t.BUFFER_DIMS] = ArrayAttr([StringAttr(_leading_dynamic(v, bindings))
+                                                    for v in [*f.body.block.args, *ret.operands]])
     if copies:
         host.attributes[t.COPIED_ARGS] = DictionaryAttr({name: StringAttr(why) for name, why in copies.items()})
     return kernels, host
@@ -1771,7 +1852,7 @@ def lower_schedule_to_tile(module: ModuleOp, *, line_info: bool = False, profile
     that stages and pipelines them itself (`KernelBuild.stage_operands`)."""
     ops = []
     for f in module.ops:
-        bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+        bindings = g.bindings_of(f)
         kernels, host = _host(f, bindings, line_info, profile, stage_operands)
         ops.extend(kernels)
         ops.append(host)

@@ -154,12 +154,13 @@ def _chosen_platform(kernel: tile.KernelOp, platform: Platform, tensor_cores: bo
     return kernel_platform(kernel, platform) if tensor_cores else platforms.without(platform, NATIVE)
 
 
-def _grids(module: ModuleOp) -> dict[str, tuple[int, ...]]:
-    """The grid each kernel is launched with, from the host code's tile.launch ops."""
-    grids: dict[str, tuple[int, ...]] = {}
+def _grids(module: ModuleOp) -> dict[str, tuple]:
+    """The grid each kernel is launched with, from the host code's tile.launch ops: its constant
+    part, and the terms of the axes that grow with dynamic dims (`tile.LaunchOp.grid_dims`)."""
+    grids: dict[str, tuple] = {}
     for launch in module.walk():
         if isinstance(launch, tile.LaunchOp):
-            name, grid = launch.kernel.string_value(), tuple(launch.grid.get_values())
+            name, grid = launch.kernel.string_value(), (tuple(launch.grid.get_values()), launch.dynamic_grid)
             if grids.setdefault(name, grid) != grid:
                 raise TargetLoweringError(f"kernel @{name} is launched with grids {list(grids[name])} and "
                                           f"{list(grid)}; one kernel has one launch configuration")
@@ -218,6 +219,8 @@ class LowerKernel(RewritePattern):
             producer_warps=producers, maxnreg=split.launch if split else None)
         if name in self.dependents and self.platforms[name].has("programmatic_launch"):
             kernel.attributes[target.PROGRAMMATIC_LAUNCH] = UnitAttr()
+        if tile.INDEX_BITS in op.attributes:
+            kernel.attributes[tile.INDEX_BITS] = op.attributes[tile.INDEX_BITS]
         rewriter.replace(op, kernel)
 
 
@@ -451,6 +454,9 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
         warps = threads // 32 - producers
         layouts = annotate_layouts(kernel, warps) if kp.vendor == "nvidia" else None
         shared = allocate_shared(kernel, kp, layouts, warps)
-        configs[name] = target.KernelConfigAttr.of(grids[name], (threads, 1, 1), shared, regs)
+        configs[name] = target.KernelConfigAttr.of(grids[name][0], (threads, 1, 1), shared, regs)
     _rewrite([LowerKernel(configs, chosen, splits, _dependent_launches(lowered)), LowerLaunch(configs)], lowered.body)
+    for kernel in lowered.ops:
+        if isinstance(kernel, target.KernelOp) and grids[kernel.sym_name.data][1]:
+            kernel.attributes[target.GRID_DIMS] = tile.grid_dims_attr(grids[kernel.sym_name.data][1])
     return lowered

@@ -98,7 +98,7 @@ class _Planner:
 
     def __init__(self, f: func.FuncOp):
         self.f = f
-        self.bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+        self.bindings = g.bindings_of(f)
         names = [a.data for a in f.attributes["tessera.arg_names"].data]
         strides = g.arg_strides(f)
         #: the arguments passed strided that kernels will read in place, and their element strides

@@ -56,7 +56,7 @@ def _functions(module: ModuleOp) -> list[func.FuncOp]:
 
 def _mergeable(f: func.FuncOp) -> _Merge | None:
     """The first attention of `f` this pass rewrites, planned (nothing built yet), or None."""
-    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    bindings = g.bindings_of(f)
     strided = _strided_args(f)
     for op in f.body.block.ops:
         if isinstance(op, g.MatmulOp):

@@ -123,7 +123,7 @@ def _sinks_sharing(f: func.FuncOp, apply: bool) -> list[Operation]:
     """The ops of the producer trees that sinks share with other readers (other sinks, an attention
     forward's softmax, its saved log-sum-exp), in program order; with `apply`, each such sink gets a
     copy of its tree (the last reader keeps the original)."""
-    bindings = {k: v.value.data for k, v in f.attributes["tessera.dims"].data.items()}
+    bindings = g.bindings_of(f)
     shared: list[Operation] = []
     for sink in list(f.body.block.ops):
         for index, v in enumerate(sink.operands):

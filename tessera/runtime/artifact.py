@@ -91,7 +91,9 @@ def _launch_from_record(r: Mapping) -> KernelLaunch:
     maps = tuple(TensorMapSpec(**{**m, "shape": tuple(m["shape"]), "box": tuple(m["box"]),
                                   "strides": tuple(m["strides"]) if m.get("strides") else None})
                  for m in r["tensor_maps"])
-    return KernelLaunch(**{**r, "grid": tuple(r["grid"]), "tensor_maps": maps})
+    return KernelLaunch(**{**r, "grid": tuple(r["grid"]), "tensor_maps": maps,
+                            "grid_terms": tuple(tuple(t) for t in r.get("grid_terms", ())),
+                            "dims": tuple(tuple(d) for d in r.get("dims", ()))})
 
 
 def _buffer_record(b: launcher.Buffer, name: str | None = None) -> dict:
@@ -162,6 +164,7 @@ class Artifact:
             "intermediates": [_buffer_record(b) for b in call_plan.intermediates],
             "kernels": kernels,
             "steps": [{"kernel": s.launch.name, "buffers": list(s.buffers)} for s in call_plan.steps],
+            "index_bits": call_plan.index_bits,
             "profiled": [dataclasses.asdict(p) for p in profile.profiled_launches(compiled)],
         }
         return cls(record, files)
@@ -190,7 +193,8 @@ class Artifact:
         return launcher.Plan([_buffer_from_record(a) for a in r["arguments"]],
                              [_buffer_from_record(b) for b in r["results"]],
                              [_buffer_from_record(b) for b in r["intermediates"]],
-                             [launcher.Step(launches[s["kernel"]], tuple(s["buffers"])) for s in r["steps"]])
+                             [launcher.Step(launches[s["kernel"]], tuple(s["buffers"])) for s in r["steps"]],
+                             r.get("index_bits", 64))
 
     def profiled(self) -> list[profile.ProfiledLaunch]:
         return [profile.ProfiledLaunch(p["kernel"], tuple(p["labels"]), p["intermediate"])

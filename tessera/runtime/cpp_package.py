@@ -23,6 +23,7 @@ import numpy as np
 from .. import dtypes
 from . import driver
 from .artifact import Artifact
+from .package import is_generic
 
 RUNTIME_H = "tessera_package_runtime.h"
 RUNTIME_CPP = "tessera_package_runtime.cpp"
@@ -30,12 +31,21 @@ REFERENCE_DIR = "reference"
 
 
 def groups(artifacts: Sequence[Artifact]) -> dict[str, dict[tuple, list[Artifact]]]:
-    """function name -> (shapes and dtypes of its arguments) -> its specializations (one per arch)."""
+    """function name -> (shapes and dtypes of its arguments) -> its specializations (one per arch).
+    The C entry points take fixed shapes: a shape-generic specialization (`package.is_generic`)
+    is for `tessera.load` only (`skipped`)."""
     out: dict[str, dict[tuple, list[Artifact]]] = {}
     for a in artifacts:
+        if is_generic(a):
+            continue
         key = tuple((tuple(x["shape"]), x["dtype"]) for x in a.record["arguments"])
         out.setdefault(a.name, {}).setdefault(key, []).append(a)
     return out
+
+
+def skipped(artifacts: Sequence[Artifact]) -> list[str]:
+    """The functions whose shape-generic specializations have no C entry point (`groups`)."""
+    return sorted({a.name for a in artifacts if is_generic(a)})
 
 
 def entry_names(name: str, by_shape: Mapping[tuple, list[Artifact]]) -> dict[tuple, str]:

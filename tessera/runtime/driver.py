@@ -616,6 +616,10 @@ def launch(kernel: Kernel, grid: int | Sequence[int], block: int | Sequence[int]
         _check("cuLaunchKernel", result, detail=_launch_detail(kernel, grid3, block3, shared_bytes, handle))
 
 
+#: a prepared launch's argument slot per param type (`compiler.KernelLaunch.param_types`)
+_SLOTS = {"u64": ctypes.c_uint64, "u32": ctypes.c_uint32, "tmap": lambda: _TensorMapStorage()}
+
+
 class PreparedLaunch:
     """A launch of one kernel with one configuration whose argument buffer is built once: a call
     writes the pointer and tensor-map values into it and calls cuLaunchKernel, skipping the general
@@ -624,11 +628,11 @@ class PreparedLaunch:
 
     def __init__(self, kernel: Kernel, grid, block, shared_bytes: int, param_types: Sequence[str],
                  programmatic: bool = False):
-        if any(ty not in ("u64", "tmap") for ty in param_types):
-            raise ArgumentError(f"a prepared launch takes pointers and tensor maps, got {list(param_types)}")
+        if any(ty not in _SLOTS for ty in param_types):
+            raise ArgumentError(f"a prepared launch takes pointers, tensor maps and u32 sizes, got {list(param_types)}")
         self.kernel, self.shared_bytes = kernel, shared_bytes
         self.grid3, self.block3 = _dim3(grid, "grid"), _dim3(block, "block")
-        self.slots = [ctypes.c_uint64() if ty == "u64" else _TensorMapStorage() for ty in param_types]
+        self.slots = [_SLOTS[ty]() for ty in param_types]
         self._is_map = [ty == "tmap" for ty in param_types]
         self.pointers = (ctypes.c_void_p * max(1, len(self.slots)))(*(ctypes.addressof(v) for v in self.slots))
         _check_param_sizes(kernel, self)
@@ -660,8 +664,14 @@ class PreparedLaunch:
     def sizes(self) -> tuple[int, ...]:
         return tuple(ctypes.sizeof(v) for v in self.slots)
 
-    def __call__(self, stream: int, values: Sequence) -> None:
-        """Launch on raw stream `stream` with `values`: an int per pointer param, 128 bytes per map."""
+    def __call__(self, stream: int, values: Sequence, grid: tuple[int, int, int] | None = None) -> None:
+        """Launch on raw stream `stream` with `values`: an int per pointer or size param, 128 bytes
+        per map; `grid`: this call's, where it grows with dims taken at run time."""
+        if grid is not None and grid != self.grid3:
+            if 0 in grid:
+                return
+            self.grid3 = _dim3(grid, "grid")
+            self._streams.clear()   # a programmatic launch's configuration holds the grid
         for slot, is_map, value in zip(self.slots, self._is_map, values):
             if is_map:
                 ctypes.memmove(slot, value, TENSOR_MAP_BYTES)

@@ -16,6 +16,7 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
+from ..dims import bind_shapes, launch_grid
 from ..errors import DTypeError, ShapeError, TesseraError
 from . import driver, interop, profile
 from .cache import functions
@@ -30,7 +31,8 @@ TENSOR_MAP_CACHE_SIZE = 256
 
 @dataclass(frozen=True)
 class Buffer:
-    shape: tuple[int, ...]
+    #: a dynamic leading dim (`tessera.dims`) is its name, bound per call from the inputs' shapes
+    shape: tuple[int | str, ...]
     dtype: Any                 # tessera DType
     #: element strides of an argument the kernels read in place though it is not contiguous
     #: (`interop.canonical_strides`); None: contiguous
@@ -55,17 +57,22 @@ class Plan:
     outputs: list[Buffer]
     intermediates: list[Buffer]
     steps: list[Step]
+    #: the offset width of kernels over dynamic dims (`tessera.dims.index_bits`), which each call's
+    #: buffers must fit
+    index_bits: int = 64
 
 
 def plan(compiled: Compiled) -> Plan:
     """The buffers and launches of the tile module's host function; each step's launch is the
     compile's `KernelLaunch` of its kernel."""
+    from ..compiler import buffer_shapes
     from ..ir import tile
 
     host = compiled.host_function()
     n_inputs = len(compiled.arg_names)
     copied = compiled.copied_args
     types = host.function_type.inputs.data
+    shapes = buffer_shapes(host)
     index = {arg: i for i, arg in enumerate(host.body.block.args)}
     intermediates: list[Buffer] = []
     steps: list[Step] = []
@@ -74,27 +81,41 @@ def plan(compiled: Compiled) -> Plan:
             index[op.result] = index[op.source]   # same memory, another shape
         elif isinstance(op, tile.AllocGlobalOp):
             index[op.result] = len(types) + len(intermediates)
-            intermediates.append(_buffer(op.result.type))
+            name = op.attributes.get(tile.BUFFER_DIMS)
+            intermediates.append(_buffer(op.result.type, name.data if name is not None else ""))
         elif isinstance(op, tile.LaunchOp):
             steps.append(Step(compiled.launches[op.kernel.string_value()], tuple(index[a] for a in op.args)))
-    inputs = [dataclasses.replace(_buffer(t), copied=name in copied) for t, name in zip(types, compiled.arg_names)]
-    return Plan(inputs, [_buffer(t) for t in types[n_inputs:]], intermediates, steps)
+    buffers = [_buffer(t, shape) for t, shape in zip(types, shapes)]
+    inputs = [dataclasses.replace(b, copied=name in copied) for b, name in zip(buffers, compiled.arg_names)]
+    bits = host.attributes.get(tile.INDEX_BITS)
+    return Plan(inputs, buffers[n_inputs:], intermediates, steps, bits.value.data if bits is not None else 64)
 
 
-def launch_args(step: Step, pointers: Sequence[int], encode: Callable[[int, TensorMapSpec], bytes]) -> list:
+def launch_args(step: Step, pointers: Sequence[int], encode: Callable[[int, TensorMapSpec], bytes],
+                shapes: Sequence[tuple] | None = None) -> list:
     """`step`'s kernel argument values in the order its PTX declares its params (`param_types`):
     a pointer per buffer, then each tensor map, encoded by `encode` over the pointer of the buffer
-    it describes."""
+    it describes, then the size of each dynamic dim it takes, from the call's buffer `shapes`."""
     ptrs = [pointers[i] for i in step.buffers]
-    return ptrs + [encode(ptrs[spec.arg], spec) for spec in step.launch.tensor_maps]
+    args = ptrs + [encode(ptrs[spec.arg], spec) for spec in step.launch.tensor_maps]
+    return args + [shapes[step.buffers[param]][dim] for param, dim in step.launch.dims]
 
 
-def _buffer(memref_type) -> Buffer:
+def step_grid(step: Step, shapes: Sequence[tuple]) -> tuple[int, int, int]:
+    """`step`'s grid for a call whose buffers have `shapes` (a dynamic grid grows with them)."""
+    return launch_grid(step.launch.grid, step.launch.grid_terms, [shapes[i] for i in step.buffers])
+
+
+def _buffer(memref_type, shape: tuple | str = "") -> Buffer:
+    """A buffer of `memref_type`; `shape`: its shape with a dynamic dim's name (`compiler.buffer_shapes`),
+    or the name of its dynamic leading dim."""
     from ..interpreter.tile_interp import np_dtype
     from ..ir import tile
     from .. import dtypes
     strides = tile.element_strides(memref_type) if tile.is_strided(memref_type) else None
-    return Buffer(tuple(memref_type.get_shape()), dtypes.lookup(np_dtype(memref_type)), strides)
+    if isinstance(shape, str):
+        shape = tuple(shape if n == tile.DYNAMIC else n for n in memref_type.get_shape())
+    return Buffer(tuple(shape), dtypes.lookup(np_dtype(memref_type)), strides)
 
 
 def load_kernels(compiled: Compiled, device: int) -> dict[str, driver.Kernel]:
@@ -143,6 +164,8 @@ class GpuProgram:
         self.outputs = self.plan.outputs
         self._tensor_maps: dict[tuple[int, TensorMapSpec], bytes] = {}
         self._shapes = [b.shape for b in (*self.plan.inputs, *self.plan.outputs, *self.plan.intermediates)]
+        #: whether some buffer has a dynamic dim: each call then binds the shapes (`_call_shapes`)
+        self.dynamic = any(isinstance(n, str) for shape in self._shapes for n in shape)
         self._strides = [b.strides for b in (*self.plan.inputs, *self.plan.outputs)]
         self._torch_signature = None      # (tensor type, [(dtype, device)] per array), once a call validated
         self._per_thread = threading.local()
@@ -150,33 +173,48 @@ class GpuProgram:
 
     def __call__(self, *inputs, out: Sequence | None = None) -> list:
         """Runs on the inputs' current stream; `out` (optional) receives the results in place."""
-        fast = self._torch_fast_path(inputs, out) if not self.profiled else None   # (keeps no intermediates)
+        shapes = self._call_shapes(inputs) if self.dynamic else self._shapes
+        fast = self._torch_fast_path(inputs, out, shapes) if not self.profiled else None   # (keeps no intermediates)
         if fast is not None:
             pointers, outputs = fast
         else:
+            n_in, n_out = self.n_inputs, len(self.outputs)
             given, inputs = inputs, self._in_compiled_layouts(inputs)
             infos = interop.validate(dict(zip(self.arg_names, inputs)), contiguous=False)
-            self._check_compiled_for(infos, self.plan.inputs)
-            if out is not None and len(out) != len(self.outputs):
-                raise TesseraError(f"{self.name}: out= takes {len(self.outputs)} array(s), got {len(out)}")
+            self._check_compiled_for(infos, self.plan.inputs, shapes[:n_in])
+            if out is not None and len(out) != n_out:
+                raise TesseraError(f"{self.name}: out= takes {n_out} array(s), got {len(out)}")
             outputs = list(out) if out is not None else [
-                interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.outputs]
+                interop.empty_like_framework(inputs[0], shape, b.dtype) for b, shape in zip(self.outputs, shapes[n_in:])]
             if out is not None:
                 self._check_compiled_for(interop.validate({f"out{i}": o for i, o in enumerate(outputs)}),
-                                         self.outputs)
-            temps = [interop.empty_like_framework(inputs[0], b.shape, b.dtype) for b in self.plan.intermediates]
+                                         self.outputs, shapes[n_in:n_in + n_out])
+            temps = [interop.empty_like_framework(inputs[0], shape, b.dtype)
+                     for b, shape in zip(self.plan.intermediates, shapes[n_in + n_out:])]
             pointers = [i.data_ptr for i in infos.values()] + [interop.data_pointer(x) for x in outputs + temps]
             self._learn_torch_signature(inputs, outputs, temps)
         stream = driver.current_torch_stream(self.device) if fast is not None else current_stream(inputs[0], self.device)
-        args = [launch_args(step, pointers, self._tensor_map) for step in self.plan.steps]
+        args = [launch_args(step, pointers, self._tensor_map, shapes) for step in self.plan.steps]
         driver.primary_context(self.device)   # after the arguments: encoding a tensor map may switch contexts
-        for prepared, values in zip(self._prepared_launches(), args):
-            prepared(stream, values)
+        if self.dynamic:
+            for prepared, step, values in zip(self._prepared_launches(), self.plan.steps, args):
+                prepared(stream, values, step_grid(step, shapes))
+        else:
+            for prepared, values in zip(self._prepared_launches(), args):
+                prepared(stream, values)
         if fast is None and any(x is not y and interop._framework(x) != "torch" for x, y in zip(given, inputs)):
             driver.synchronize(stream)   # a copy torch's stream-ordered allocator would not keep alive
         if self.profiled:
             profile.record_launches(self.profiled, temps)
         return outputs
+
+    def _call_shapes(self, inputs: Sequence) -> list[tuple[int, ...]]:
+        """Every buffer's shape for this call: the plan's, its dynamic dims bound by the inputs'
+        shapes (`dims.bind_shapes`: a wrong shape is an error naming the argument)."""
+        if len(inputs) != self.n_inputs:
+            raise TesseraError(f"{self.name} takes {self.n_inputs} tensors, got {len(inputs)}")
+        return bind_shapes(self.name, self._shapes, [tuple(x.shape) for x in inputs], self.arg_names,
+                           self.plan.index_bits)
 
     def _in_compiled_layouts(self, inputs: Sequence) -> list:
         """The inputs, each one the compile chose to copy (`Compiled.copied_args` says why) copied
@@ -184,11 +222,12 @@ class GpuProgram:
         return [interop.contiguous(x) if b.copied and interop.layout_of(x) is not None else x
                 for x, b in zip(inputs, self.plan.inputs)]
 
-    def _check_compiled_for(self, infos: dict, buffers: list[Buffer]) -> None:
-        """Each array's shape, dtype and layout are the ones the program was compiled for."""
-        for (name, info), b in zip(infos.items(), buffers):
-            if info.shape != b.shape:
-                raise ShapeError(f"{self.name}: argument {name!r} has shape {info.shape}, compiled for {b.shape}")
+    def _check_compiled_for(self, infos: dict, buffers: list[Buffer], shapes: Sequence[tuple]) -> None:
+        """Each array's shape (`shapes`: this call's, `_call_shapes`), dtype and layout are the ones
+        the program was compiled for."""
+        for (name, info), b, shape in zip(infos.items(), buffers, shapes):
+            if info.shape != shape:
+                raise ShapeError(f"{self.name}: argument {name!r} has shape {info.shape}, compiled for {shape}")
             if info.dtype != b.dtype:
                 raise DTypeError(f"{self.name}: argument {name!r} is {info.type_name}, "
                                          f"compiled for {b.dtype.name}")
@@ -215,7 +254,7 @@ class GpuProgram:
         if kind.__module__.split(".")[0] == "torch" and all(type(x) is kind for x in arrays):
             self._torch_signature = (kind, [(x.dtype, x.get_device()) for x in arrays])
 
-    def _torch_fast_path(self, inputs, out):
+    def _torch_fast_path(self, inputs, out, shapes: Sequence[tuple]):
         """(pointers, outputs) for a call whose torch tensors match the learned signature exactly
         (type, dtype, device, shape, layout, 16-byte alignment), else None: the general path
         then validates, and names the argument that is wrong."""
@@ -225,7 +264,7 @@ class GpuProgram:
         n_out = len(self.outputs)
         given = [*inputs, *(out if out is not None else ())]
         pointers = []
-        for x, shape, strides, (dtype, device) in zip(given, self._shapes, self._strides, expected):
+        for x, shape, strides, (dtype, device) in zip(given, shapes, self._strides, expected):
             if type(x) is not kind or x.dtype != dtype or x.get_device() != device or x.shape != shape \
                     or not (x.is_contiguous() if strides is None else x.stride() == strides):
                 return None
@@ -238,7 +277,7 @@ class GpuProgram:
         empty = kind.new_empty
         template = inputs[0]
         fresh = [empty(template, shape, dtype=dtype) for shape, (dtype, _) in
-                 zip(self._shapes[len(given):], expected[len(given):])]
+                 zip(shapes[len(given):], expected[len(given):])]
         outputs = list(out) if out is not None else fresh[:n_out]
         pointers += [x.data_ptr() for x in fresh]
         return pointers, outputs

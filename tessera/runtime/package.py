@@ -19,6 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 
 from .. import dtypes
+from ..dims import bind_shapes
 from ..errors import DTypeError, ShapeError, TesseraError
 from . import driver, interop
 from .artifact import FORMAT_VERSION, Artifact, ArtifactError, parse_arch, sha256, verify_blob
@@ -168,6 +169,7 @@ class PackagedFunction:
     def __init__(self, name: str, kind: str, arg_names: list[str], artifacts: list[Artifact]):
         self.name, self.kind, self.arg_names, self.artifacts = name, kind, arg_names, artifacts
         self._programs: dict[tuple, tuple] = {}   # (signature, device) -> (program, result positions)
+        self._loaded: dict[tuple, object] = {}     # (id(artifact), device) -> its program
 
     @property
     def specializations(self) -> list[tuple[str, tuple]]:
@@ -194,25 +196,39 @@ class PackagedFunction:
         return outs[0] if len(outs) == 1 else tuple(outs)
 
     def _load(self, signature: tuple, device: int) -> tuple:
-        """The program of the specialization for `signature` that runs on `device`'s arch."""
+        """The program of the specialization for `signature` that runs on `device`'s arch (one
+        compiled for its exact shapes before a shape-generic one); a shape-generic program is
+        loaded once for all the shapes it serves."""
         from ..frontend.function import _OutputsThroughCopies
 
-        matching = [a for a in self.artifacts if self._matches(a, signature)]
+        matching = sorted((a for a in self.artifacts if self._matches(a, signature)), key=is_generic)
         if not matching:
             raise self._no_specialization(signature)
         arch = driver.device_platform(device).arch
         runnable = [a for a in matching if a.runs_on(arch)]
         if not runnable:
             matching[0].require_runs_on(arch)
-        best = max(runnable, key=lambda a: (a.record["arch"] == arch, parse_arch(a.record["arch"])[:2]))
-        program = best.program(device)
+        best = max(runnable, key=lambda a: (not is_generic(a), a.record["arch"] == arch,
+                                            parse_arch(a.record["arch"])[:2]))
+        loaded = self._loaded.get((id(best), device))
+        program = loaded if loaded is not None else self._loaded.setdefault((id(best), device), best.program(device))
         if best.record["reads_outputs"]:
             program = _OutputsThroughCopies(program)
         return program, tuple(self.arg_names.index(n) for n in best.result_names) if self.kind == "kernel" else ()
 
     @staticmethod
     def _matches(a: Artifact, signature: tuple) -> bool:
-        return [(tuple(x["shape"]), dtypes.lookup(x["dtype"])) for x in a.record["arguments"]] == list(signature)
+        """Whether `a` runs arguments of these (shape, dtype)s: its dtypes, and its shapes (a dynamic
+        dim, named in the record, any value of 2 or more the arguments agree on)."""
+        args = a.record["arguments"]
+        if [dtypes.lookup(x["dtype"]) for x in args] != [d for _, d in signature]:
+            return False
+        try:
+            bind_shapes(a.name, [tuple(x["shape"]) for x in args], [s for s, _ in signature],
+                        [x["name"] for x in args], a.record.get("index_bits", 64))
+        except ShapeError:
+            return False
+        return True
 
     def _no_specialization(self, signature: tuple) -> TesseraError:
         """A DTypeError when some specialization has the shapes (the dtypes are wrong), else a
@@ -228,21 +244,38 @@ class PackagedFunction:
         return f"<packaged {self.kind} {self.name}: {len(self.artifacts)} specialization(s)>"
 
 
+def is_generic(a: Artifact) -> bool:
+    """Whether an artifact's kernels take some dim at run time (its record names it in a shape)."""
+    return any(isinstance(n, str) for x in a.record["arguments"] for n in x["shape"])
+
+
 # --- building (the compiler's side: `tessera package`) ------------------------------------------
 
 def build(functions: Sequence, shapes: Sequence[Mapping[str, int]], archs: Sequence[str], dtype,
-          path: str = "native") -> list[Artifact]:
+          path: str = "native", dynamic: Sequence[str] = ()) -> list[Artifact]:
     """An artifact per function, shape and arch: each compiled for the arch (on code path `path`,
-    arguments not annotated with a dtype taking `dtype`) with its PTX and the arch's cubins."""
+    arguments not annotated with a dtype taking `dtype`) with its PTX and the arch's cubins; the
+    `dynamic` dims as kernel arguments (64-bit offsets: a package serves any size), so one
+    artifact serves every value of them (a function that cannot take one is an error saying why)."""
+    from ..dims import DynamicDim
     from ..frontend.function import _reads_an_output
 
     artifacts = []
     for fn in functions:
         for dims in shapes:
             specs = fn.arg_specs_for(dict(dims), dtype)
-            bound = {d: dims[d] for s in specs for d in s.dims if isinstance(d, str)}
+            bound = {d: "dynamic" if d in dynamic else dims[d] for s in specs for d in s.dims if isinstance(d, str)}
+            unknown = sorted(set(dynamic) - set(bound))
+            if unknown:
+                raise TesseraError(f"{fn.name}: --dynamic names {', '.join(unknown)}, which are not its dims "
+                                   f"({', '.join(bound)})")
             for arch in archs:
-                compiled = fn.compile(specs, arch=arch, path=path)
+                try:
+                    compiled = fn.compile(specs, dynamic=frozenset(dynamic), arch=arch, path=path)
+                    compiled.stage("ptx")
+                except DynamicDim as e:
+                    raise TesseraError(f"{fn.name} cannot take dim {e.dim!r} at run time: {e}; package it "
+                                       f"with a --shape per value instead") from None
                 artifacts.append(Artifact.from_compiled(
                     compiled, specs, dims=bound, kind="kernel" if fn.writes_outputs else "function",
                     reads_outputs=fn.writes_outputs and _reads_an_output(compiled)))

@@ -10,7 +10,8 @@ without ptxas. The key (`function_key`) is a sha256 over everything the compile 
   processes (`stable`): a helper function by its code, a module or class by its name, each with
   its source file's size and mtime; a value that has no stable form (an arbitrary object by
   identity), or a subclass of Function (a `Derivative`), keeps the function off the disk cache;
-- the call signature: shapes, dtypes, constant arguments, compile options and the environment
+- the call signature: shapes (a shape-generic compile's dynamic dims by their class, with its
+  offset width: `Function.key_shapes`), dtypes, constant arguments, compile options and the environment
   switches that change a compile (TESSERA_LINE_INFO, TESSERA_PROFILE);
 - Tessera itself (its version and the size and mtime of each of its source files) and the
   toolchain (the path, size and mtime of ptxas: a stat, not a run).
@@ -159,6 +160,7 @@ def function_key(function, tensors, constants: dict, options: dict) -> str | Non
 
     if type(function) not in (Function, Kernel):
         return None
+    shapes, bits = function.key_shapes(tensors)   # a shape-generic compile: each dynamic dim's class
     try:
         captured = stable(function.captures.key())
     except NotStable as e:
@@ -173,7 +175,8 @@ def function_key(function, tensors, constants: dict, options: dict) -> str | Non
         "signature": str(function.signature),
         "space": function.space,
         "captures": captured,
-        "tensors": [[name, list(x.shape), str(x.dtype), interop.layout_of(x)] for name, x in tensors],
+        "tensors": [[name, list(shape), str(x.dtype), interop.layout_of(x)] for (name, x), shape in zip(tensors, shapes)],
+        "index_bits": bits,
         "constants": sorted([k, repr(v)] for k, v in constants.items()),
         "options": sorted([k, repr(v)] for k, v in options.items()),
         "environment": [os.environ.get(name, "") for name in COMPILE_ENVIRONMENT],

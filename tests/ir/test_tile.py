@@ -74,6 +74,23 @@ tessera.profile = ["every_op", "mainloop"]} {
     tile.profile_end %stamps {label = "every_op", slot = 0 : i64} : memref<1x2x3x2x4xi32>
     tile.return
   }
+  tile.kernel @dynamic_rows(%x: memref<?x100xf16>, %y: memref<?x100xf16>) attributes {num_warps = 4 : i64, \
+num_stages = 1 : i64} {
+    %p = tile.program_id {axis = 0 : i64}
+    %c16 = arith.constant 16 : index
+    %r = arith.muli %p, %c16 : index
+    %c0 = arith.constant 0 : index
+    %rows = tile.dim %x {axis = 0 : i64} : memref<?x100xf16>
+    %t = tile.load %x[%r, %c0] {tile_dims = array<i64: 0, 1>} : memref<?x100xf16> -> tensor<16x128xf16>
+    tile.store %t, %y[%r, %c0] {tile_dims = array<i64: 0, 1>} : tensor<16x128xf16>, memref<?x100xf16>
+    tile.return
+  }
+  func.func @rows(%x: memref<?x100xf16>) attributes {tessera.buffer_dims = ["M"]} {
+    %y = tile.alloc_global {tessera.buffer_dims = "M"} : memref<?x100xf16>
+    tile.launch @dynamic_rows(%x, %y) {grid = array<i64: 1, 1, 1>, grid_dims = array<i64: 0, 0, 0, 16>} : \
+memref<?x100xf16>, memref<?x100xf16>
+    func.return
+  }
   func.func @main(%a: memref<77x100xf16>, %b: memref<45x100xf16>, %c: memref<77x45xf32>) {
     %n = arith.constant 45 : i32
     %tmp = tile.alloc_global : memref<77x45xf32>

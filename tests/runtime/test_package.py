@@ -233,3 +233,45 @@ def test_a_packaged_kernel_writes_into_its_output_arguments(tmp_path, monkeypatc
     a, b, c = (fakes.CudaArray(128, 128) for _ in range(3))
     assert tsr.load(out).add_into(a, b, c) is None
     assert calls == [(3, [c])]
+
+
+ROWS_SOURCE = '''
+import tessera as tsr
+from tessera import Tensor
+
+
+@tsr.function
+def norm(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+'''
+
+
+def test_a_dynamic_dim_packages_one_specialization_for_every_value(tmp_path, monkeypatch, capsys):
+    """`--dynamic M`: one artifact whose records name M, which a call of any M of 2 or more loads
+    once; the C++ entry points (fixed shapes) leave it out, and say so."""
+    source = tmp_path / "rows.py"
+    source.write_text(ROWS_SOURCE)
+    out = tmp_path / "pkg"
+    assert cli.main(["package", f"{source}:norm", "--arch", "sm_90a", "--shape", "M=8,N=256", "--dynamic", "M",
+                     "-o", str(out)]) == 0
+    assert "C++" in capsys.readouterr().out
+    (spec,) = manifest(out)["functions"]["norm"]["specializations"]
+    assert spec["arguments"][0]["shape"] == ["M", 256] and spec["dims"] == {"M": "dynamic", "N": 256}
+    assert not (out / "tessera_norm.cpp").exists()
+    fakes.install("sm_90a", monkeypatch.setattr)
+    fakes.LOADED.clear()
+    norm = tsr.load(out).norm
+    for m in (2, 300, 8):
+        assert norm(fakes.CudaArray(m, 256), fakes.CudaArray(256)) == "launched"
+    assert len(norm._loaded) == 1
+    with pytest.raises(tsr.ShapeError, match="no packaged specialization"):
+        norm(fakes.CudaArray(1, 256), fakes.CudaArray(256))
+    with pytest.raises(tsr.ShapeError, match="no packaged specialization"):
+        norm(fakes.CudaArray(4, 128), fakes.CudaArray(128))
+
+
+def test_a_dim_a_function_cannot_take_at_run_time_is_a_clear_package_error(tmp_path, capsys):
+    assert cli.main(["package", f"{EXAMPLE}:flash_attention", "--arch", "sm_90a", "--shape", "B=1,H=2,S=128,D=64",
+                     "--dynamic", "S", "-o", str(tmp_path / "pkg")]) == 1
+    assert "flash_attention cannot take dim 'S' at run time" in capsys.readouterr().err
+    assert not (tmp_path / "pkg" / "manifest.json").exists()

@@ -232,3 +232,26 @@ def test_a_failed_write_costs_only_the_entry(tmp_path, monkeypatch, caplog):
     messages = [r.getMessage() for r in caplog.records]
     assert len(messages) == 2 and all("could not write the warm-start entry" in m for m in messages)
     assert caplog.records[0].exc_info is not None
+
+
+GENERIC = '''
+import tessera as tsr
+from tessera import Tensor
+
+
+@tsr.function(dynamic=["M"])
+def norm(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+'''
+
+
+def test_a_shape_generic_compile_serves_other_values_in_a_fresh_process(workdir):
+    """The entry is keyed by the dynamic dim's class: a later process with another row count (in
+    the same class) launches it without a trace; a dim of 1 is its own class."""
+    (workdir / "gen.py").write_text(GENERIC)
+    call = "import warm_fakes as fakes\nfakes.install()\nimport gen\ngen.norm(fakes.CudaArray({m}, 256), fakes.CudaArray(256))\n"
+    cold = run(workdir, call.format(m=100))
+    assert cold["traces"] == ["norm"] and len(entries(workdir)) == 1
+    warm_run = run(workdir, call.format(m=7))
+    assert warm_run["traces"] == [] and not warm_run["xdsl"]
+    assert run(workdir, call.format(m=1))["traces"] == ["norm"]

@@ -41,6 +41,8 @@ class PtxKernel:
     threads: int
     dynamic_shared: int
     tensor_maps: tuple[TensorMapSpec, ...] = ()
+    #: the (argument, dim) of each dynamic dim it takes, a u32 param each after the tensor maps
+    dims: tuple[tuple[int, int], ...] = ()
 
 
 # --- the emitter ---------------------------------------------------------------------------------
@@ -85,6 +87,7 @@ class KernelEmitter:
         self.entry: list[str] = []            # lines run once at entry, before the body (`at_entry`)
         self.extra_params: list[str] = []     # .param declarations after the pointer params
         self.tensor_maps: list[TensorMapSpec] = []
+        self.dim_regs: dict[tuple[int, int], str] = {}   # (argument, dim) -> its size, a dynamic dim's
         self.smem_align = 128                 # alignment the dynamic shared memory is declared with
         self.state: dict[str, object] = {}    # per-kernel state of a backend path (e.g. its leader thread)
         self.debug = KernelDebug.of(kernel)   # line info, asserts, profile stamps; None: the kernel has none
@@ -189,19 +192,48 @@ class KernelEmitter:
             self.emit(f"ld.param.u64 {raw}, [{self.name}_param_{i}];")
             self.emit(f"cvta.to.global.u64 {ptr}, {raw};")
             self.env[arg] = ptr
+        dim_params = self._dim_params()
         at = len(self.lines)
         for key in dict.fromkeys(k for lay in self.layouts.values() for k in lay.base_keys):
             self.base(key)  # at entry: a loop body must not be the first to define them (in a fixed
             # order: the PTX text must not vary from process to process, or the cubin cache misses)
         self.block(block)
         self.lines[at:at] = self._programmatic(self.entry)
-        params += self.extra_params
+        params += self.extra_params + dim_params
         extern = [f".extern .shared .align {self.smem_align} .b8 {SMEM_SYMBOL}[];", ""] if self.smem_bytes else []
         extern = (self.debug.directives() if self.debug else []) + extern
         maxnreg = self.kernel.maxnreg
         bounds = f".maxntid {self.threads}, 1, 1" + (f" .maxnreg {maxnreg.value.data}" if maxnreg else "")
         head = [f".visible .entry {self.name}(", ",\n".join(params), f") {bounds}", "{"]
         return "\n".join(extern + head + self.regs.declarations() + self.lines + ["}"]) + "\n"
+
+    def _dim_params(self) -> list[str]:
+        """A u32 param per dynamic dim of an argument (`tile.DYNAMIC`), loaded at entry; the launch
+        passes their sizes after the tensor maps (`PtxKernel.dims`)."""
+        params = []
+        for i, arg in enumerate(self.kernel.body.block.args):
+            for axis, n in enumerate(arg.type.get_shape()):
+                if n == t.DYNAMIC:
+                    name, reg = f"{self.name}_dim_{i}_{axis}", self.new(S32)
+                    params.append(f"    .param .u32 {name}")
+                    self.emit(f"ld.param.u32 {reg}, [{name}];")
+                    self.dim_regs[(i, axis)] = reg
+        return params
+
+    def reach(self, memref_type: MemRefType) -> int:
+        """`tile.reach` of a global tensor, under the kernel's offset width where a dim is dynamic."""
+        bits = self.kernel.attributes.get(t.INDEX_BITS)
+        return t.reach(memref_type, bits.value.data if bits is not None else 64)
+
+    def extent(self, memref: SSAValue, axis: int) -> int | str:
+        """Dim `axis` of a global tensor: its size, or the register holding a dynamic dim's."""
+        n = memref.type.get_shape()[axis]
+        if n != t.DYNAMIC:
+            return n
+        owner = getattr(memref, "block", None)
+        if owner is not self.kernel.body.block:
+            raise UnsupportedByBackend(f"PTX backend: a dynamic dim of {memref.type} that is not a kernel argument's")
+        return self.dim_regs[(memref.index, axis)]
 
     def _programmatic(self, entry: list[str]) -> list[str]:
         """The entry lines of a kernel launched as a programmatic dependent (`tgt.PROGRAMMATIC_LAUNCH`):
@@ -302,6 +334,10 @@ BASES: dict[str, Callable] = {
 
 
 # --- program ids, index tiles, broadcasts --------------------------------------------------------
+
+def _dim(e: KernelEmitter, op: t.DimOp):
+    e.env[op.result] = e.extent(op.source, op.axis.value.data)
+
 
 def _program_id(e: KernelEmitter, op: t.ProgramIdOp):
     r = e.new(S32)
@@ -429,6 +465,7 @@ HANDLERS: dict[type, Callable] = {
     tgt.ReturnOp: _return,
     tgt.BarrierOp: _barrier,
     t.ProgramIdOp: _program_id,
+    t.DimOp: _dim,
     t.ArangeOp: _arange,
     t.BroadcastOp: _broadcast,
 }

@@ -24,13 +24,12 @@ from .types import B8, PRED, S32, PtxType, UnsupportedByBackend, mov_constant, p
 def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout):
     """Per element: byte offset from a per-thread base address, and a predicate (in bounds and in tile)."""
     mt: MemRefType = memref.type
-    shape = mt.get_shape()
     strides = t.element_strides(mt)
     elem = ptx_type(mt).bytes
     bases, offs = e.coords(layout)
     terms = [(e.value(off), strides[d]) for d, off in enumerate(offsets)]
     terms += [(bases[k], strides[d]) for k, d in enumerate(tile_dims)]
-    addr = e.element_address(e.value(memref), terms, elem, t.reach(mt))
+    addr = e.element_address(e.value(memref), terms, elem, e.reach(mt))
     # bounds: coordinate along each tiled memory dim = offset + base + const
     starts = []
     for k, d in enumerate(tile_dims):
@@ -47,9 +46,8 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
         if key not in preds:
             p = None
             for k, d in enumerate(tile_dims):
-                lim_mem = shape[d] - off[k]
                 q = e.new(PRED)
-                e.emit(f"setp.lt.s32 {q}, {starts[k]}, {lim_mem};")
+                e.emit(f"setp.lt.s32 {q}, {starts[k]}, {_limit(e, memref, d, off[k])};")
                 if layout.over_covers(k):
                     q2 = e.new(PRED)
                     e.emit(f"setp.lt.s32 {q2}, {bases[k]}, {extents[k] - off[k]};")
@@ -67,11 +65,25 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
     return addr, result
 
 
+def _limit(e: KernelEmitter, memref: SSAValue, d: int, off: int) -> int | str:
+    """Dim `d`'s size less `off`: a constant, or for a dynamic dim a register (made once per offset)."""
+    n = e.extent(memref, d)
+    if isinstance(n, int):
+        return n - off
+    if off == 0:
+        return n
+    limits = e.state.setdefault("dim_limits", {})
+    if (n, off) not in limits:
+        limits[(n, off)] = e.new(S32)
+        e.at_entry(f"sub.s32 {limits[(n, off)]}, {n}, {off};")
+    return limits[(n, off)]
+
+
 def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
     """A rank-0 tile: one element, the same for the whole program (e.g. a per-head ALiBi slope)."""
     ty = ptx_type(op.result.type)
     terms = [(e.value(off), st) for off, st in zip(op.offsets, t.element_strides(op.src.type))]
-    addr, r = e.element_address(e.value(op.src), terms, ty.bytes, t.reach(op.src.type)), e.new(ty)
+    addr, r = e.element_address(e.value(op.src), terms, ty.bytes, e.reach(op.src.type)), e.new(ty)
     if ty is PRED:
         e.env[op.result] = _load_bool(e, addr, 0, None, 0.0)
         return
@@ -248,7 +260,7 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, mt: MemRefType
     e.emit(f"mad.lo.s32 {col}, {piece}, {st.vec}, {col0};")
     e.emit(f"add.s32 {col}, {col}, {offsets[col_dim]};")
     terms = [(row, strides[row_dim]), (col, 1), *((offsets[d], strides[d]) for d in range(row_dim))]
-    addr = e.element_address(dst, terms, ty.bytes, t.reach(mt))
+    addr = e.element_address(dst, terms, ty.bytes, e.reach(mt))
 
     rows_per_pass = 32 // st.lanes_per_row
     mi_n, ni_n = layout.fragments

@@ -1,0 +1,101 @@
+"""Shape-generic kernels (issue 17 item 1): one compile for every row count, against the kernels
+compiled for each count, and the compiles a sweep of random counts costs.
+
+    python3 bench/dynamic_shapes.py [--rows 1000,4097,16384] [--sweep 200]
+
+For each function (layer_norm, softmax, rms_norm and a bias + gelu epilogue over [M, N], bf16) and
+each row count M, in one process on the same inputs: the value-specialized compile (`static=["M"]`),
+the generic one (`dynamic=["M"]`, compiled once, before the timed rows, at another M), and torch's
+own op. Every output is checked against float64 before timing. Times are medians of CUDA-graph
+replays (triton's do_bench_cudagraph), in us; "generic/specialized" above 1.00 means the generic
+kernel is slower. The sweep calls each generic function with `--sweep` random row counts in
+[2, 16384] and prints its `cache_info()` compile count (the issue's goal: a handful).
+"""
+from __future__ import annotations
+
+import argparse
+import random
+import sys
+from pathlib import Path
+
+import torch
+import triton
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT)]
+
+import tessera as tsr  # noqa: E402
+from tessera import Tensor  # noqa: E402
+from tessera.bench.timing import rel_err  # noqa: E402
+
+
+def functions(**kw):
+    @tsr.function(**kw)
+    def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.layer_norm(x, (x.shape[-1],), w, b)
+
+    @tsr.function(**kw)
+    def softmax(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.softmax(x, dim=-1)
+
+    @tsr.function(**kw)
+    def rms_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+    @tsr.function(**kw)
+    def bias_gelu(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.gelu(x * w + b)
+    return {"layer_norm": layer_norm, "softmax": softmax, "rms_norm": rms_norm, "bias_gelu": bias_gelu}
+
+
+TORCH = {
+    "layer_norm": lambda x, w, b: torch.nn.functional.layer_norm(x, x.shape[-1:], w, b),
+    "softmax": lambda x, w, b: torch.softmax(x, dim=-1),
+    "rms_norm": lambda x, w, b: torch.nn.functional.rms_norm(x, x.shape[-1:], w, 1e-6),
+    "bias_gelu": lambda x, w, b: torch.nn.functional.gelu(x * w + b),
+}
+
+
+def graph_us(fn) -> float:
+    return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--rows", default="1000,4097,16384,65536")
+    parser.add_argument("--n", type=int, default=4096)
+    parser.add_argument("--sweep", type=int, default=200)
+    args = parser.parse_args()
+    rows = [int(r) for r in args.rows.split(",")]
+    n = args.n
+    print(f"# device: {torch.cuda.get_device_name()}  command: python3 bench/dynamic_shapes.py "
+          f"--rows {args.rows} --n {n} --sweep {args.sweep}")
+    static, generic = functions(static=["M"]), functions(dynamic=["M"])
+    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
+    for fn in generic.values():   # compiled before the timed rows, at a row count none of them has
+        fn(torch.randn(3, n, device="cuda", dtype=torch.bfloat16), w, b)
+    print("| kernel | M | specialized us | generic us | torch us | generic/specialized |")
+    print("|---|---|---|---|---|---|")
+    for name in generic:
+        for m in rows:
+            x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
+            ref = TORCH[name](x.double(), w.double(), b.double())
+            for fn in (static[name], generic[name]):
+                err = rel_err(fn(x, w, b), ref)
+                assert err < 3e-2, f"{name} M={m}: relative error {err:.2e}"
+            t_static = graph_us(lambda: static[name](x, w, b))
+            t_generic = graph_us(lambda: generic[name](x, w, b))
+            t_torch = graph_us(lambda: TORCH[name](x, w, b))
+            print(f"| {name} | {m} | {t_static:.1f} | {t_generic:.1f} | {t_torch:.1f} | {t_generic / t_static:.3f} |")
+    rng = random.Random(0)
+    for name, fn in generic.items():
+        for _ in range(args.sweep):
+            m = rng.randint(2, 16384)
+            fn(torch.randn(m, n, device="cuda", dtype=torch.bfloat16), w, b)
+        info = fn.cache_info()
+        print(f"sweep {name}: {args.sweep} random row counts, {info.compiles} compile(s), keys {info.keys}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,145 @@
+"""Dims compiled as kernel arguments: what a shape-generic compile knows of them.
+
+A function compiles once per *specialization class* of its call (`Function.cache_info`). A dim
+marked dynamic (`@tsr.function(dynamic=["M"])`, or found to vary between calls) is traced and
+lowered as a `Dynamic`: its value is not known to the compile, only that it is at least 2 (a
+dim of 1 broadcasts, so it is specialized as 1). Every step that needs the value itself
+(`int()`, arithmetic, a comparison, a loop bound) raises `DynamicDim`, and the function then
+compiles that dim as a constant (`Function._compile_generic`): the compile is generic only where
+every step above the code generator was written to take the dim at run time, and a step that
+was not cannot silently bake in the value of the call that happened to compile it.
+
+Schedule choices that only affect speed (a tile height, a grid order) read `hint`, a fixed
+representative value, so one class compiles to the same kernels whatever call compiled it.
+"""
+from __future__ import annotations
+
+import math
+
+from .errors import TesseraError
+
+#: the longest dim a kernel takes: one dim's indices, and a tile's reach past the end, are 32-bit
+#: integers in the generated code (a whole tensor may have more elements: addresses are 64-bit)
+MAX_DIM = 2 ** 31 - 2 ** 16
+
+#: element offsets below this are summed in 32-bit integers (`ptx.core.KernelEmitter.element_address`)
+INDEX_LIMIT = 2 ** 31
+
+#: the value schedule choices assume for a dynamic dim (a serving batch of tokens, a prompt)
+HINT = 4096
+
+
+class DynamicDim(TesseraError):
+    """A compile step needed the value of dim `dim`, which the compile takes at run time."""
+
+    def __init__(self, dim: str, what: str = "its value"):
+        super().__init__(f"dim {dim!r} is dynamic, but {what} was needed at compile time")
+        self.dim = dim
+
+
+class Dynamic:
+    """A dynamic dim's stand-in for its value in dim bindings (`tessera.ir.graph.bindings_of`)."""
+
+    __slots__ = ("name", "hint", "index_bits")
+
+    def __init__(self, name: str, hint: int = HINT, index_bits: int = 64):
+        #: 32 where every tensor with the dim has fewer than 2^31 elements (`index_bits`): the
+        #: kernels then sum element offsets in 32-bit integers, as for a dim of known size
+        self.name, self.hint, self.index_bits = name, hint, index_bits
+
+    def __repr__(self) -> str:
+        return f"{self.name}=?"
+
+    def __hash__(self) -> int:
+        return hash(("Dynamic", self.name))
+
+    def __eq__(self, other) -> bool:
+        if isinstance(other, Dynamic):   # two dynamic dims: equal only by name (values unknown)
+            if other.name != self.name:
+                raise DynamicDim(self.name, f"a comparison with dynamic dim {other.name!r}")
+            return True
+        if other in (0, 1):   # a dynamic dim is at least 2 (`class_of`)
+            return False
+        raise DynamicDim(self.name, f"a comparison with {other!r}")
+
+    def __ne__(self, other) -> bool:
+        return not self == other
+
+    def _value(self, *_):
+        raise DynamicDim(self.name)
+
+    __int__ = __index__ = __float__ = __bool__ = _value
+    __lt__ = __le__ = __gt__ = __ge__ = _value
+    __add__ = __radd__ = __sub__ = __rsub__ = __mul__ = __rmul__ = _value
+    __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _value
+    __neg__ = __pow__ = __rpow__ = _value
+
+
+def is_dynamic(value) -> bool:
+    return isinstance(value, Dynamic)
+
+
+def hint(value) -> int:
+    """A dim's value for a choice that only affects speed: a dynamic dim's `hint`, else the value."""
+    return value.hint if isinstance(value, Dynamic) else value
+
+
+def index_bits(arrays) -> int:
+    """32 when each array (those with a dynamic dim) has fewer than 2^31 elements, else 64: the
+    offset width a generic kernel's addressing takes, part of its specialization key (a kernel
+    of 32-bit offsets over a tensor of 2^31 elements would wrap)."""
+    return 32 if all(math.prod(x.shape) < INDEX_LIMIT for x in arrays) else 64
+
+
+def class_of(value: int):
+    """The specialization class of a dynamic dim's value: 0 and 1 are their own (a zero-size call
+    launches nothing; a dim of 1 broadcasts), every other value is one class."""
+    return value if value < 2 else "dynamic"
+
+
+def bind_shapes(fn_name: str, declared: list[tuple], given: list[tuple], names: list[str],
+                bits: int = 64) -> list[tuple]:
+    """Every buffer's shape for one call: `declared` (each input's, then each other buffer's, a
+    dynamic dim as its name) bound by the inputs' `given` shapes. An input whose shape differs
+    from its declared one where it is static, or that disagrees with another on a dim, or a
+    buffer too large for the compile's 32-bit offsets (`bits`), is a `ShapeError` naming the
+    argument (before anything launches)."""
+    from .errors import ShapeError
+
+    values: dict[str, tuple[int, str]] = {}
+    for name, want, got in zip(names, declared, given):
+        got = tuple(int(n) for n in got)
+        if len(got) != len(want):
+            raise ShapeError(f"{fn_name}: argument {name!r} has shape {got}, compiled for {_shown(want)}")
+        for axis, (w, n) in enumerate(zip(want, got)):
+            if isinstance(w, str):
+                if not 2 <= n < MAX_DIM:
+                    raise ShapeError(f"{fn_name}: argument {name!r} has {w}={n}; this compile takes "
+                                     f"2 <= {w} < {MAX_DIM}")
+                first = values.setdefault(w, (n, name))
+                if first[0] != n:
+                    raise ShapeError(f"{fn_name}: argument {name!r} has {w}={n} but argument {first[1]!r} "
+                                     f"has {w}={first[0]}")
+            elif w != n:
+                raise ShapeError(f"{fn_name}: argument {name!r} has shape {got}, compiled for {_shown(want)}")
+    shapes = [tuple(values[n][0] if isinstance(n, str) else n for n in shape) for shape in
+              (*given, *declared[len(given):])]
+    if bits == 32:
+        for shape, want in zip(shapes, declared):
+            if any(isinstance(n, str) for n in want) and math.prod(shape) >= INDEX_LIMIT:
+                raise ShapeError(f"{fn_name}: a buffer of shape {shape} has 2^31 elements or more, past the "
+                                 f"32-bit offsets this compile takes (a call that large compiles its own)")
+    return shapes
+
+
+def _shown(shape: tuple) -> str:
+    return "(" + ", ".join(str(n) for n in shape) + ")"
+
+
+def launch_grid(constants, terms, shapes) -> tuple[int, int, int]:
+    """A launch's grid for buffers of these shapes: each axis's constant times its terms'
+    cdiv(size, block), a term (axis, buffer, dim, block) (`tile.LaunchOp.grid_dims`)."""
+    grid = list(constants)
+    for axis, arg, dim, block in terms:
+        grid[axis] *= -(-shapes[arg][dim] // block)
+    return tuple(grid)

@@ -1,0 +1,112 @@
+"""Which dims of a call a function compiles as constants, and which as kernel arguments.
+
+A dim is *dynamic* (one compile serves every value of 2 or more: `tessera.dims`) when the user
+marks it (`@tsr.function(dynamic=["S"])`) or, as torch.compile's automatic dynamic shapes do,
+once it has been called with two different values (a dim the annotations name: an unannotated
+argument's dims are dynamic only when marked); `static=[...]` pins a dim as a constant
+whatever it does. A dim the compile could not take at run time (the function's code reads its
+value, or a kernel's template takes it as a constant: `Function._compile_generic`) is fixed for
+the function's later calls, and `cache_info()` says why, so a sweep over a dim the compiler
+cannot make generic costs one failed attempt, not one per call.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+from ..dims import class_of
+from ..errors import TesseraError
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    """What `Function.cache_info()` reports."""
+
+    compiles: int
+    hits: int
+    #: per compile, each dim's value in its key, or "dynamic" (one class for every value >= 2)
+    keys: list[dict[str, Any]]
+    #: the dims compiled as kernel arguments now (marked, or seen with two values)
+    dynamic: tuple[str, ...]
+    #: dims a compile had to take as constants, and why
+    fixed: dict[str, str] = field(default_factory=dict)
+
+
+class Specialization:
+    """One function's specialization state: the user's `static` and `dynamic` dims, the values
+    each dim was called with, the dims fixed as constants, and the compile and hit counts."""
+
+    def __init__(self, fn_name: str, static: Sequence[str] = (), dynamic: Sequence[str] = ()):
+        for what, dims in (("static", static), ("dynamic", dynamic)):
+            if isinstance(dims, str):
+                raise TesseraError(f"{fn_name}: {what}= takes a list of dim names, e.g. {what}=[{dims!r}]")
+        both = set(static) & set(dynamic)
+        if both:
+            raise TesseraError(f"{fn_name}: dim(s) {', '.join(sorted(both))} marked both static and dynamic")
+        self.static, self.dynamic = frozenset(static), frozenset(dynamic)
+        self.seen: dict[str, int] = {}     # each dim's first value
+        self.varied: set[str] = set()      # dims called with two values
+        self.fixed: dict[str, str] = {}    # dims a compile could not take at run time: why
+        self.compiles = self.hits = 0
+        self.keys: list[dict[str, Any]] = []
+        self._checked = False
+
+    def dynamic_for(self, fn_name: str, annotations: dict, tensors) -> dict[str, list[tuple[int, int]]]:
+        """The dims this call compiles as kernel arguments, each with its (tensor, axis) positions,
+        after noting the call's values (a dim seen with a second value becomes dynamic)."""
+        positions = dim_positions(annotations, tensors)
+        if not self._checked:
+            unknown = sorted((self.static | self.dynamic) - set(positions))
+            if unknown:
+                raise TesseraError(f"{fn_name}: static=/dynamic= name dim(s) {', '.join(map(repr, unknown))}, "
+                                   f"which no argument has; its dims are {', '.join(sorted(positions))}")
+            self._checked = True
+        values = {d: int(tensors[i][1].shape[axis]) for d, ((i, axis), *_) in positions.items()}
+        for d, v in values.items():   # (a dim the annotations name: unnamed ones only by `dynamic=`)
+            if self.seen.setdefault(d, v) != v and _named(annotations, tensors, positions[d]):
+                self.varied.add(d)
+        wanted = (self.dynamic | self.varied) - self.static - self.fixed.keys()
+        return {d: positions[d] for d in sorted(wanted) if values[d] >= 2}
+
+    def shapes(self, generic: dict[str, list[tuple[int, int]]], tensors) -> list[tuple]:
+        """Each tensor's shape as a cache key: a generic dim's value replaced by its class."""
+        shapes = [list(x.shape) for _, x in tensors]
+        for places in generic.values():
+            for i, axis in places:
+                shapes[i][axis] = class_of(int(shapes[i][axis]))
+        return [tuple(s) for s in shapes]
+
+    def fix(self, dim: str, why: str) -> None:
+        self.fixed[dim] = why
+
+    def compiled(self, annotations: dict, tensors, generic) -> None:
+        """Counts a compile and keeps its key: each dim's value, or "dynamic"."""
+        self.compiles += 1
+        self.keys.append({d: "dynamic" if d in generic else int(tensors[i][1].shape[axis])
+                          for d, ((i, axis), *_) in dim_positions(annotations, tensors).items()})
+
+    def info(self) -> CacheInfo:
+        return CacheInfo(self.compiles, self.hits, list(self.keys),
+                         tuple(sorted((self.dynamic | self.varied) - self.static - self.fixed.keys())),
+                         dict(self.fixed))
+
+
+def dim_positions(annotations: dict, tensors) -> dict[str, list[tuple[int, int]]]:
+    """Each symbolic dim's (tensor, axis) positions: the annotation's names, and for an
+    unannotated argument `NAME_i` (what `trace.bind_dims` calls them)."""
+    positions: dict[str, list[tuple[int, int]]] = {}
+    for i, (name, x) in enumerate(tensors):
+        spec = annotations.get(name)
+        dims = spec.dims if spec is not None and len(spec.dims) == len(x.shape) else \
+            [f"{name}_{axis}" for axis in range(len(x.shape))]
+        for axis, d in enumerate(dims):
+            if isinstance(d, str):
+                positions.setdefault(d, []).append((i, axis))
+    return positions
+
+
+def _named(annotations: dict, tensors, places) -> bool:
+    """Whether a dim is one the annotations name (a dim of an unannotated argument, `x_0`, is
+    only made dynamic when asked: its equality with other dims is unknown to the compile)."""
+    i, _ = places[0]
+    return tensors[i][0] in annotations

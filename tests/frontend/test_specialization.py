@@ -1,0 +1,267 @@
+"""Shape-generic compiles on the CPU interpreter: specialization keys, compile counts, dims fixed
+as constants and why, and the generic kernels' results against float64 (`tessera.dims`,
+`frontend/specialization.py`)."""
+import math
+import shutil
+
+import numpy as np
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.dims import Dynamic, DynamicDim, bind_shapes, index_bits
+from tessera.errors import ShapeError, TesseraError
+
+ROWS = [2, 3, 17, 1000]
+
+
+def layer_norm_ref(x, w, b):
+    x = x.astype(np.float64)
+    mu, var = x.mean(-1, keepdims=True), x.var(-1, keepdims=True)
+    return (x - mu) / np.sqrt(var + 1e-5) * w + b
+
+
+def softmax_ref(x):
+    x = x.astype(np.float64)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    return e / e.sum(-1, keepdims=True)
+
+
+def rand(rng, *shape):
+    return rng.standard_normal(shape).astype(np.float32)
+
+
+def test_one_compile_serves_every_row_count():
+    @tsr.function(dynamic=["M"])
+    def norm_gelu(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.gelu(tsr.layer_norm(x, (x.shape[-1],), w, b)) + b
+
+    rng = np.random.default_rng(0)
+    w, b = rand(rng, 37), rand(rng, 37)
+    for m in ROWS:
+        x = rand(rng, m, 37)
+        y = layer_norm_ref(x, w, b)
+        ref = 0.5 * y * (1 + np.vectorize(math.erf)(y / math.sqrt(2))) + b
+        out = norm_gelu(x, w, b)
+        assert not np.isnan(out).any()
+        np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
+    info = norm_gelu.cache_info()
+    assert (info.compiles, info.hits, info.dynamic) == (1, len(ROWS) - 1, ("M",))
+    assert info.keys == [{"M": "dynamic", "N": 37}]
+
+
+def test_a_dynamic_batch_dim_of_a_3d_softmax():
+    @tsr.function(dynamic=["B"])
+    def softmax(x: Tensor["B", "S", "N"]):
+        return tsr.softmax(x, dim=-1)
+
+    rng = np.random.default_rng(1)
+    for batch in (2, 5, 11):
+        x = rand(rng, batch, 3, 70)
+        np.testing.assert_allclose(softmax(x), softmax_ref(x), rtol=1e-5, atol=1e-7)
+    assert softmax.cache_info().compiles == 1
+
+
+def test_a_kernel_stores_every_row():
+    @tsr.kernel(dynamic=["M"])
+    def scale_rows(x: Tensor["M", "N"], out: Tensor["M", "N"]):
+        out[:] = tsr.softmax(x, dim=-1) * 3.0
+
+    rng = np.random.default_rng(2)
+    for m in (2, 29):
+        x, out = rand(rng, m, 20), np.full((m, 20), np.nan, np.float32)
+        scale_rows(x, out)
+        np.testing.assert_allclose(out, 3 * softmax_ref(x), rtol=1e-5, atol=1e-6)
+    assert scale_rows.cache_info().compiles == 1
+
+
+def test_a_dim_called_with_a_second_value_becomes_dynamic():
+    @tsr.function
+    def softmax(x: Tensor["M", "N"]):
+        return tsr.softmax(x, dim=-1)
+
+    rng = np.random.default_rng(3)
+    for m in (4, 4, 9, 13, 4):
+        x = rand(rng, m, 8)
+        np.testing.assert_allclose(softmax(x), softmax_ref(x), rtol=1e-5, atol=1e-7)
+    info = softmax.cache_info()
+    assert info.keys == [{"M": 4, "N": 8}, {"M": "dynamic", "N": 8}]
+    assert info.dynamic == ("M",) and info.compiles == 2
+
+
+def test_a_static_dim_compiles_once_per_value():
+    @tsr.function(static=["M"])
+    def softmax(x: Tensor["M", "N"]):
+        return tsr.softmax(x, dim=-1)
+
+    for m in (4, 9, 13):
+        softmax(np.ones((m, 8), np.float32))
+    info = softmax.cache_info()
+    assert info.compiles == 3 and info.dynamic == ()
+
+
+def test_a_dim_of_one_is_its_own_class():
+    """A dim of 1 broadcasts, so it never shares a compile with the generic one."""
+    @tsr.function(dynamic=["M"])
+    def add(x: Tensor["M", "N"], y: Tensor["M", "N"]):
+        return x + y
+
+    rng = np.random.default_rng(4)
+    for m in (1, 5, 1, 6):
+        x, y = rand(rng, m, 3), rand(rng, m, 3)
+        np.testing.assert_allclose(add(x, y), x + y)
+    assert [k["M"] for k in add.cache_info().keys] == [1, "dynamic"]
+
+
+def test_zero_rows_launch_nothing_and_keep_the_generic_compile():
+    @tsr.function(dynamic=["M"])
+    def softmax(x: Tensor["M", "N"]):
+        return tsr.softmax(x, dim=-1)
+
+    assert softmax(np.ones((0, 8), np.float32)).shape == (0, 8)
+    x = np.random.default_rng(5).standard_normal((7, 8)).astype(np.float32)
+    np.testing.assert_allclose(softmax(x), softmax_ref(x), rtol=1e-5, atol=1e-7)
+
+
+def test_code_that_reads_a_dynamic_dim_fixes_it_and_says_why():
+    @tsr.function(dynamic=["M"])
+    def mean_rows(x: Tensor["M", "N"]):
+        return tsr.sum(x, dim=0) / x.shape[0]
+
+    rng = np.random.default_rng(6)
+    for m in (3, 8):
+        x = rand(rng, m, 5)
+        np.testing.assert_allclose(mean_rows(x), x.astype(np.float64).mean(0), rtol=1e-5)
+    info = mean_rows.cache_info()
+    assert info.compiles == 2 and "M" in info.fixed and info.dynamic == ()
+    assert "'M' is dynamic" in info.fixed["M"]
+
+
+def test_a_kernel_that_takes_its_dims_as_constants_fixes_the_dim():
+    """An attention takes the sequence length as a constant (its templates, and its trace, which
+    compares the score dims): S is fixed, and every later length compiles (correctly) for its value."""
+    @tsr.function(dynamic=["S"])
+    def attention(q: Tensor["S", "D"], k: Tensor["S", "D"], v: Tensor["S", "D"]):
+        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * 0.25, dim=-1), v)
+
+    rng = np.random.default_rng(7)
+    for s in (5, 12):
+        q, k, v = (rand(rng, s, 16) for _ in range(3))
+        ref = softmax_ref(q.astype(np.float64) @ k.T * 0.25) @ v
+        np.testing.assert_allclose(attention(q, k, v), ref, rtol=1e-4, atol=1e-5)
+    info = attention.cache_info()
+    assert info.compiles == 2 and "'S' is dynamic" in info.fixed["S"]
+
+
+def test_dims_of_unannotated_arguments_stay_static_unless_marked():
+    @tsr.function
+    def add(x, y):
+        return x + y
+
+    for m in (2, 3, 4):
+        x = np.ones((m, 4), np.float32)
+        np.testing.assert_allclose(add(x, x), 2 * x)
+    assert add.cache_info().compiles == 3 and add.cache_info().dynamic == ()
+
+
+def test_two_dynamic_dims_that_must_agree_are_fixed():
+    """Broadcasting two dims compares their values, which two dynamic dims do not have."""
+    @tsr.function(dynamic=["M", "K"])
+    def add(x: Tensor["M", "N"], y: Tensor["K", "N"]):
+        return x + y
+
+    x = np.ones((3, 4), np.float32)
+    np.testing.assert_allclose(add(x, 2 * x), 3 * x)
+    assert set(add.cache_info().fixed) & {"M", "K"}
+
+
+def test_bad_dim_names_are_clear_errors():
+    with pytest.raises(TesseraError, match="both static and dynamic"):
+        tsr.function(static=["M"], dynamic=["M"])(lambda x: x)
+
+    @tsr.function(dynamic=["Q"])
+    def f(x: Tensor["M", "N"]):
+        return x * 2.0
+
+    with pytest.raises(TesseraError, match="'Q'.*its dims are M, N"):
+        f(np.ones((2, 2), np.float32))
+    with pytest.raises(TesseraError, match="list of dim names"):
+        tsr.function(dynamic="M")(lambda x: x)
+
+
+def test_a_generic_compile_checks_every_call_shape():
+    @tsr.function(dynamic=["M"])
+    def add(x: Tensor["M", "N"], b: Tensor["N"]):
+        return x + b
+
+    add(np.ones((3, 4), np.float32), np.ones(4, np.float32))
+    compiled = next(iter(add._cache.values()))
+    with pytest.raises(ShapeError, match="argument 'b' has shape"):
+        compiled.run(np.ones((5, 4), np.float32), np.ones(5, np.float32))
+    with pytest.raises(ShapeError, match="takes 2 <= M"):
+        compiled.run(np.ones((1, 4), np.float32), np.ones(4, np.float32))
+
+
+def test_bind_shapes_names_disagreeing_arguments():
+    declared = [("M", 4), ("M", 4), ("M", 8)]
+    assert bind_shapes("f", declared, [(5, 4), (5, 4)], ["x", "y"]) == [(5, 4), (5, 4), (5, 8)]
+    with pytest.raises(ShapeError, match="argument 'y' has M=6 but argument 'x' has M=5"):
+        bind_shapes("f", declared, [(5, 4), (6, 4)], ["x", "y"])
+
+
+def test_a_dynamic_dim_refuses_to_be_a_number():
+    d = Dynamic("S")
+    assert d != 1 and d == Dynamic("S") and not (d == 0)
+    for use in (int, lambda d: d + 1, lambda d: d < 4, lambda d: range(d), lambda d: d == Dynamic("T")):
+        with pytest.raises(DynamicDim, match="'S'"):
+            use(d)
+
+
+def test_the_ir_shows_the_dynamic_dim_and_grid():
+    @tsr.function(dynamic=["M"])
+    def softmax(x: Tensor["M", "N"]):
+        return tsr.softmax(x, dim=-1)
+
+    compiled = softmax.compile(softmax.arg_specs_for({"M": 9, "N": 64}), dynamic=frozenset({"M"}))
+    text = compiled.ir("tile")
+    assert "memref<?x64xf32>" in text and "grid_dims = array<i64: 0, 0, 0," in text
+    assert 'tessera.dynamic_dims = ["M"]' in compiled.ir("graph")
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+def test_the_generic_kernels_assemble_with_their_size_params():
+    @tsr.function(dynamic=["M"])
+    def norm(x: Tensor["M", "N", tsr.bf16], w: Tensor["N", tsr.bf16]):
+        return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6) * 2.0
+
+    compiled = norm.compile(norm.arg_specs_for({"M": 9, "N": 4096}), dynamic=frozenset({"M"}), arch="sm_90a")
+    (launch,) = compiled.launches.values()
+    assert launch.grid_terms and launch.dims == ((0, 0), (2, 0))
+    assert launch.param_types[-2:] == ("u32", "u32")
+    ptx = next(iter(compiled.stage("ptx").values())).ptx
+    assert ".param .u32" in ptx
+    assert compiled.stage("cubin")
+
+
+def test_offsets_are_32_bit_below_2_to_the_31_elements_and_part_of_the_key():
+    class Shaped:
+        def __init__(self, *shape):
+            self.shape = shape
+    assert index_bits([Shaped(2 ** 20, 2 ** 10)]) == 32
+    assert index_bits([Shaped(2 ** 21, 2 ** 10), Shaped(4)]) == 64
+    declared = [("M", 2 ** 10), ("M", 2 ** 10)]
+    with pytest.raises(ShapeError, match="32-bit offsets"):
+        bind_shapes("f", declared, [(2 ** 21, 2 ** 10)], ["x"], bits=32)
+    assert bind_shapes("f", declared, [(2 ** 21, 2 ** 10)], ["x"], bits=64)[1] == (2 ** 21, 2 ** 10)
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+def test_a_32_bit_generic_kernel_sums_offsets_in_32_bits():
+    @tsr.function(dynamic=["M"])
+    def add(x: Tensor["M", "N", tsr.fp16], b: Tensor["N", tsr.fp16]):
+        return x + b
+
+    specs = add.arg_specs_for({"M": 9, "N": 256})
+    ptx = {bits: next(iter(add.compile(specs, dynamic=frozenset({"M"}), index_bits=bits, arch="sm_90a")
+                           .stage("ptx").values())).ptx for bits in (32, 64)}
+    assert ptx[32].count("mad.wide.s32") < ptx[64].count("mad.wide.s32")

@@ -1,0 +1,135 @@
+"""Shape-generic kernels on the GPU: one compile serves every row count (`tessera.dims`).
+
+Each function is marked dynamic in its leading dim and called with awkward row counts (2, 3, primes,
+1000, 4097) in one process: every result is checked against float64, outputs written into
+NaN-poisoned buffers (a @kernel) show any row left unwritten, and the function compiled once.
+"""
+import numpy as np
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.errors import ShapeError
+
+TOL = {"fp32": 2e-5, "fp16": 1e-2, "bf16": 3e-2}
+ROWS = [2, 3, 17, 127, 1000, 4097]
+
+
+def torch_dtype(torch, name):
+    return {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}[name]
+
+
+def check(out, ref, dtype, torch):
+    out64 = out.double()
+    assert not torch.isnan(out64).any(), "unwritten (NaN-poisoned) or NaN elements"
+    err = float((out64 - ref).norm() / ref.norm())
+    assert err < TOL[dtype], f"relative error {err:.2e} >= {TOL[dtype]}"
+
+
+def make_functions():
+    """Fresh functions per test (the compile counts are per function)."""
+    @tsr.function(dynamic=["M"])
+    def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.layer_norm(x, (x.shape[-1],), w, b) * 0.5
+
+    @tsr.function(dynamic=["M"])
+    def bias_gelu(x: Tensor["M", "N"], b: Tensor["N"]):
+        return tsr.gelu(x + b)
+
+    @tsr.function(dynamic=["B"])
+    def softmax3(x: Tensor["B", "S", "N"]):
+        return tsr.softmax(x, dim=-1)
+    return layer_norm, bias_gelu, softmax3
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16", "fp32"])
+def test_one_compile_serves_every_row_count(torch_cuda, dtype):
+    torch = torch_cuda
+    dt = torch_dtype(torch, dtype)
+    layer_norm, bias_gelu, softmax3 = make_functions()
+    g = torch.Generator(device="cuda").manual_seed(0)
+    for m in ROWS:
+        x = torch.randn(m, 768, device="cuda", generator=g).to(dt)
+        w = torch.randn(768, device="cuda", generator=g).to(dt)
+        b = torch.randn(768, device="cuda", generator=g).to(dt)
+        ref = torch.nn.functional.layer_norm(x.double(), (768,), w.double(), b.double()) * 0.5
+        check(layer_norm(x, w, b), ref, dtype, torch)
+        ref = torch.nn.functional.gelu(x.double() + b.double())
+        check(bias_gelu(x, b), ref, dtype, torch)
+        x3 = torch.randn(m, 3, 1000, device="cuda", generator=g).to(dt)
+        check(softmax3(x3), torch.softmax(x3.double(), dim=-1), dtype, torch)
+    for fn in (layer_norm, bias_gelu, softmax3):
+        info = fn.cache_info()
+        assert info.compiles == 1 and info.hits == len(ROWS) - 1, info   # each new row count: a cache hit
+        assert list(info.keys[0].values())[0] == "dynamic"
+
+
+def test_a_kernel_writes_every_row_of_a_poisoned_output(torch_cuda):
+    torch = torch_cuda
+
+    @tsr.kernel(dynamic=["M"])
+    def rms(x: Tensor["M", "N"], w: Tensor["N"], out: Tensor["M", "N"]):
+        out[:] = tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+    for m in ROWS:
+        x = torch.randn(m, 4096, device="cuda", dtype=torch.bfloat16)
+        w = torch.randn(4096, device="cuda", dtype=torch.bfloat16)
+        out = torch.full_like(x, float("nan"))
+        rms(x, w, out)
+        ref = torch.nn.functional.rms_norm(x.double(), (4096,), w.double(), 1e-6)
+        check(out, ref, "bf16", torch)
+    assert rms.cache_info().compiles == 1
+
+
+def test_a_dim_varying_between_calls_becomes_dynamic(torch_cuda):
+    """Without `dynamic=`: the first row count compiles a constant, the second a generic kernel,
+    every later one reuses it."""
+    torch = torch_cuda
+
+    @tsr.function
+    def softmax(x: Tensor["M", "N"]):
+        return tsr.softmax(x, dim=-1)
+
+    for m in [100, 37, 4097, 5, 100]:
+        x = torch.randn(m, 333, device="cuda", dtype=torch.float16)
+        check(softmax(x), torch.softmax(x.double(), dim=-1), "fp16", torch)
+    info = softmax.cache_info()
+    assert info.compiles == 2 and info.dynamic == ("M",), info
+
+
+def test_a_generic_program_refuses_a_wrong_static_dim(torch_cuda):
+    torch = torch_cuda
+    layer_norm, _, _ = make_functions()
+    x = torch.randn(5, 64, device="cuda", dtype=torch.float16)
+    w = torch.randn(64, device="cuda", dtype=torch.float16)
+    layer_norm(x, w, w)
+    program = next(iter(layer_norm._programs.values()))[0]
+    with pytest.raises(ShapeError, match="argument 'w'"):
+        program(torch.randn(9, 64, device="cuda", dtype=torch.float16), w[:32].contiguous(), w)
+
+
+def test_cuda_graph_replays_a_generic_kernel(torch_cuda):
+    torch = torch_cuda
+    _, bias_gelu, _ = make_functions()
+    x = torch.randn(300, 512, device="cuda", dtype=torch.float16)
+    b = torch.randn(512, device="cuda", dtype=torch.float16)
+    bias_gelu(x, b)   # compile outside the capture
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        y = bias_gelu(x, b)
+    x.copy_(torch.randn_like(x))
+    graph.replay()
+    torch.cuda.synchronize()
+    check(y, torch.nn.functional.gelu(x.double() + b.double()), "fp16", torch)
+
+
+def test_numpy_rows_on_the_gpu_match_the_interpreter(torch_cuda):
+    """The same generic function on CUDA tensors and on NumPy arrays (the CPU interpreter)."""
+    torch = torch_cuda
+    _, bias_gelu, _ = make_functions()
+    rng = np.random.default_rng(1)
+    for m in (3, 61):
+        x = rng.standard_normal((m, 40)).astype(np.float32)
+        b = rng.standard_normal(40).astype(np.float32)
+        on_gpu = bias_gelu(torch.from_numpy(x).cuda(), torch.from_numpy(b).cuda()).cpu().numpy()
+        np.testing.assert_allclose(on_gpu, bias_gelu(x, b), rtol=2e-5, atol=2e-6)
