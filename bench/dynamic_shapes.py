@@ -8,7 +8,8 @@ each row count M, in one process on the same inputs: the value-specialized compi
 the generic one (`dynamic=["M"]`, compiled once, before the timed rows, at another M), and torch's
 own op. Every output is checked against float64 before timing. Times are medians of CUDA-graph
 replays (triton's do_bench_cudagraph), in us; "generic/specialized" above 1.00 means the generic
-kernel is slower. The sweep calls each generic function with `--sweep` random row counts in
+kernel is slower. The host table is the Python time per steady call of each (8 rows), which a
+shape-generic program spends binding its dims as well. The sweep calls each generic function with `--sweep` random row counts in
 [2, 16384] and prints its `cache_info()` compile count (the issue's goal: a handful).
 """
 from __future__ import annotations
@@ -60,6 +61,24 @@ def graph_us(fn) -> float:
     return 1e3 * triton.testing.do_bench_cudagraph(fn, rep=100, return_mode="median")
 
 
+def host_us(fn, calls: int = 3000) -> float:
+    """Host time per call of a steady call (tiny GPU work, so the launch queue never fills): the
+    median over 5 loops of `calls` calls."""
+    import statistics
+    import time
+    for _ in range(100):
+        fn()
+    torch.cuda.synchronize()
+    loops = []
+    for _ in range(5):
+        start = time.perf_counter()
+        for _ in range(calls):
+            fn()
+        loops.append((time.perf_counter() - start) / calls * 1e6)
+        torch.cuda.synchronize()
+    return statistics.median(loops)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1000,4097,16384,65536")
@@ -88,6 +107,12 @@ def main() -> None:
             t_generic = graph_us(lambda: generic[name](x, w, b))
             t_torch = graph_us(lambda: TORCH[name](x, w, b))
             print(f"| {name} | {m} | {t_static:.1f} | {t_generic:.1f} | {t_torch:.1f} | {t_generic / t_static:.3f} |")
+    print("\n| kernel | M | specialized host us/call | generic host us/call | torch host us/call |")
+    print("|---|---|---|---|---|")
+    x = torch.randn(8, n, device="cuda", dtype=torch.bfloat16)
+    for name in generic:
+        row = [host_us(lambda: f(x, w, b)) for f in (static[name], generic[name], TORCH[name])]
+        print(f"| {name} | 8 | " + " | ".join(f"{t:.1f}" for t in row) + " |")
     rng = random.Random(0)
     for name, fn in generic.items():
         for _ in range(args.sweep):

@@ -525,31 +525,28 @@ def cmd_package(args: argparse.Namespace) -> int:
     dynamic = [d.strip() for d in args.dynamic.split(",") if d.strip()]
     artifacts = package.build(functions, shapes, archs, parse_dtype(args.dtype), args.path, dynamic)
     manifest = package.write(args.output, artifacts)
-    if not dynamic:   # (the C++ entry points take fixed shapes: `cpp_package.groups`)
-        cpp_package.write(args.output, artifacts, _package_references(functions, shapes, archs[0], args),
-                          seed=args.seed)
+    cpp_package.write(args.output, artifacts, _package_references(functions, shapes, archs[0], args, dynamic),
+                      seed=args.seed)
     for a in artifacts:
         shapes_text = ", ".join(f"{x['name']} {x['dtype']}{x['shape']}" for x in a.record["arguments"])
         print(f"  {a.name} for {a.record['arch']}: {shapes_text} ({len(a.record['kernels'])} kernels)")
     print(f"wrote {_show_path(manifest)} ({len(artifacts)} specializations, "
           f"{len(set().union(*(a.files for a in artifacts)))} image files)")
-    for name in cpp_package.skipped(artifacts):
-        print(f"  {name}: its shape-generic (--dynamic) specializations run through tessera.load; the C++ "
-              f"entry points take fixed shapes, so they have none")
     return 0
 
 
-def _package_references(functions, shapes, arch: str, args: argparse.Namespace) -> dict:
-    """Per function, per argument signature (`cpp_package.groups`' key): (inputs, outputs,
-    tolerances) of one run on the CPU interpreter on random inputs for `--seed`, which the package's
-    C++ example checks the GPU against."""
+def _package_references(functions, shapes, arch: str, args: argparse.Namespace, dynamic=()) -> dict:
+    """Per function, per argument signature (`cpp_package.groups`' key, a `dynamic` dim by its
+    name): (inputs, outputs, tolerances) of one run on the CPU interpreter on random inputs for
+    `--seed`, which the package's C++ example checks the GPU against."""
     out: dict = {}
     for fn in functions:
         for dims in shapes:
             specs = fn.arg_specs_for(dict(dims), parse_dtype(args.dtype))
             compiled = fn.compile(specs, arch=arch, path=args.path)
             inputs = [random_input(np.random.default_rng(args.seed), s) for s in specs]
-            key = tuple((tuple(s.shape), s.dtype.name) for s in specs)
+            key = tuple((tuple(d if d in dynamic else n for d, n in zip(s.dims, s.shape)), s.dtype.name)
+                        for s in specs)
             out.setdefault(compiled.name, {})[key] = (inputs, _run_on_cpu(compiled, inputs), tolerances(compiled))
     return out
 

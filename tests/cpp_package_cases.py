@@ -24,6 +24,17 @@ def scaled(a: Tensor["N", "N"], b: Tensor["N", "N"]):
 '''
 FUNCS = ["add_into", "accumulate", "scaled"]
 
+#: a function packaged shape-generic (`--dynamic M`): its C entry point takes M after the buffers
+ROWS = '''
+import tessera as tsr
+from tessera import Tensor
+
+
+@tsr.function
+def norm_gelu(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.gelu(tsr.rms_norm(x, (x.shape[-1],), w, 1e-6))
+'''
+
 
 def cuda_root() -> Path | None:
     """The CUDA toolkit whose include/cuda.h the generated project compiles against, or None."""

@@ -176,7 +176,8 @@ DYNAMIC = DYNAMIC_INDEX
 INDEX_BITS = "tessera.index_bits"
 #: the dim names of dynamic leading dims, which the host binds per call from the arguments' shapes:
 #: on a host function, an array of one string per argument ("" where none is dynamic); on a
-#: `tile.alloc_global`, a string
+#: `tile.alloc_global`, a string; on a kernel, an array over its first params (one size param a
+#: name: buffers of one dim share it, and the bounds checks of their accesses)
 BUFFER_DIMS = "tessera.buffer_dims"
 
 

@@ -213,6 +213,8 @@ def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str |
         kernel.attributes[t.OCCUPANCY] = IntegerAttr(p["occupancy"], 64)
     if dynamic is not None:
         kernel.attributes[t.INDEX_BITS] = IntegerAttr(bindings[dynamic].index_bits, 64)
+        kernel.attributes[t.BUFFER_DIMS] = ArrayAttr([StringAttr(_leading_dynamic(v, bindings))
+                                                      for v in [*block.args, *sk.outputs]])
     kargs = kernel.body.block.args
     b = Builder(kernel.body.block)
     anchor = next((op for op in block.ops if isinstance(op, ANCHORS.get(sk.kind.data, ()))), None)

@@ -219,8 +219,9 @@ class LowerKernel(RewritePattern):
             producer_warps=producers, maxnreg=split.launch if split else None)
         if name in self.dependents and self.platforms[name].has("programmatic_launch"):
             kernel.attributes[target.PROGRAMMATIC_LAUNCH] = UnitAttr()
-        if tile.INDEX_BITS in op.attributes:
-            kernel.attributes[tile.INDEX_BITS] = op.attributes[tile.INDEX_BITS]
+        for name in (tile.INDEX_BITS, tile.BUFFER_DIMS):
+            if name in op.attributes:
+                kernel.attributes[name] = op.attributes[name]
         rewriter.replace(op, kernel)
 
 

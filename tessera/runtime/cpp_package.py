@@ -23,7 +23,6 @@ import numpy as np
 from .. import dtypes
 from . import driver
 from .artifact import Artifact
-from .package import is_generic
 
 RUNTIME_H = "tessera_package_runtime.h"
 RUNTIME_CPP = "tessera_package_runtime.cpp"
@@ -31,29 +30,27 @@ REFERENCE_DIR = "reference"
 
 
 def groups(artifacts: Sequence[Artifact]) -> dict[str, dict[tuple, list[Artifact]]]:
-    """function name -> (shapes and dtypes of its arguments) -> its specializations (one per arch).
-    The C entry points take fixed shapes: a shape-generic specialization (`package.is_generic`)
-    is for `tessera.load` only (`skipped`)."""
+    """function name -> (shapes and dtypes of its arguments, a dynamic dim by its name) -> its
+    specializations (one per arch)."""
     out: dict[str, dict[tuple, list[Artifact]]] = {}
     for a in artifacts:
-        if is_generic(a):
-            continue
         key = tuple((tuple(x["shape"]), x["dtype"]) for x in a.record["arguments"])
         out.setdefault(a.name, {}).setdefault(key, []).append(a)
     return out
-
-
-def skipped(artifacts: Sequence[Artifact]) -> list[str]:
-    """The functions whose shape-generic specializations have no C entry point (`groups`)."""
-    return sorted({a.name for a in artifacts if is_generic(a)})
 
 
 def entry_names(name: str, by_shape: Mapping[tuple, list[Artifact]]) -> dict[tuple, str]:
     """The C function per shape group: `tessera_<name>`, suffixed by the dims when there are several."""
     if len(by_shape) == 1:
         return {key: f"tessera_{name}" for key in by_shape}
-    return {key: f"tessera_{name}_" + "_".join(f"{d}{v}" for d, v in arts[0].record["dims"].items())
+    return {key: f"tessera_{name}_" + "_".join(d if v == "dynamic" else f"{d}{v}"
+                                               for d, v in arts[0].record["dims"].items())
             for key, arts in by_shape.items()}
+
+
+def dynamic_dims(a: Artifact) -> list[str]:
+    """The dims a shape-generic specialization takes from its caller (as `int64_t` params, in this order)."""
+    return [d for d, v in a.record["dims"].items() if v == "dynamic"]
 
 
 def c_params(a: Artifact) -> list[str]:
@@ -65,7 +62,15 @@ def c_params(a: Artifact) -> list[str]:
 
 
 def _nbytes(buffer: Mapping) -> int:
-    return int(np.prod(buffer["shape"], dtype=np.int64)) * dtypes.lookup(buffer["dtype"]).itemsize
+    """A buffer's bytes; of one with a dynamic leading dim, its bytes per unit of that dim."""
+    static = [n for n in buffer["shape"] if not isinstance(n, str)]
+    return int(np.prod(static, dtype=np.int64)) * dtypes.lookup(buffer["dtype"]).itemsize
+
+
+def _buffer_dim(buffer: Mapping, names: Sequence[str]) -> int:
+    """The index in `names` of a buffer's dynamic leading dim, or -1."""
+    shape = buffer["shape"]
+    return names.index(shape[0]) if shape and isinstance(shape[0], str) else -1
 
 
 def _bytes_literal(data: bytes) -> str:
@@ -87,18 +92,23 @@ def function_sources(name: str, by_shape: Mapping[tuple, list[Artifact]], files:
         entry = entries[key]
         first = arts[0]
         params = c_params(first)
+        names = dynamic_dims(first)
         shapes = {x["name"]: (x["shape"], x["dtype"]) for x in first.record["arguments"]}
         shapes.update({r["name"]: (r["shape"], r["dtype"]) for r in first.record["results"]} if first.record["kind"] == "function" else {})
-        doc = "\n".join(f" *   {p}: {shapes[p][1]}{list(shapes[p][0])}" for p in params)
+        doc = "\n".join(f" *   {p}: {shapes[p][1]}[{', '.join(map(str, shapes[p][0]))}]" for p in params)
         writes = ", ".join(first.result_names)
+        fixed = (f"Pass dense row-major device buffers, 16-byte aligned, of these shapes ({', '.join(names)}: "
+                 f"any value from 2 up to 2^31 - 2^16, passed after the buffers):" if names else
+                 "Shapes are fixed: pass dense row-major device buffers, 16-byte aligned, of exactly these shapes:")
+        signature = ", ".join([*(f"CUdeviceptr {p}" for p in params), *(f"int64_t {d}" for d in names)])
         decls.append(f"""/* {entry}: {first.record['kind']} {name} for dims {json.dumps(first.record['dims'])}.
- * Shapes are fixed: pass dense row-major device buffers, 16-byte aligned, of exactly these shapes:
+ * {fixed}
 {doc}
  * Writes {writes}. Launches on `stream` in the current CUDA context (make one current first, e.g.
  * cuDevicePrimaryCtxRetain + cuCtxSetCurrent). Returns 0 on success; otherwise a TESSERA_ERROR_*
  * code with a NUL-terminated message in error[0..error_len) (when error is not NULL), and nothing
  * is launched for bad input. Compiled for: {", ".join(a.record['arch'] for a in arts)}. */
-int {entry}({", ".join(f"CUdeviceptr {p}" for p in params)}, CUstream stream, char* error, size_t error_len);
+int {entry}({signature}, CUstream stream, char* error, size_t error_len);
 """)
         specs = []
         for s, a in enumerate(arts):
@@ -128,15 +138,27 @@ int {entry}({", ".join(f"CUdeviceptr {p}" for p in params)}, CUstream stream, ch
                 if maps:
                     defs.append(f"static const tessera_rt::TensorMap {specs_maps}[] = {{{', '.join(maps)}}};")
                 grid = launch["grid"]
+                terms, sizes_of = launch.get("grid_terms", []), launch.get("dims", [])
+                if any(t[2] != 0 for t in terms) or any(d[1] != 0 for d in sizes_of):
+                    raise ValueError(f"{launch['name']}: a dynamic dim that does not lead its buffer")
+                if terms:
+                    defs.append(f"static const int {tag}_k{i}_grid_terms[] = {_ints(x for t in terms for x in t)};")
+                if sizes_of:
+                    defs.append(f"static const int {tag}_k{i}_dim_params[] = {_ints(x for d in sizes_of for x in d)};")
                 kernel_rows.append(f'{{"{launch["name"]}", {_ints(grid)}, {launch["threads"]}, {launch["dynamic_shared"]}, '
                                    f'{launch["pointers"]}, {specs_maps if maps else "nullptr"}, {len(maps)}, '
-                                   f'{tag}_k{i}_images, {len(image_rows)}}}')
+                                   f'{tag}_k{i}_images, {len(image_rows)}, '
+                                   f'{f"{tag}_k{i}_grid_terms" if terms else "nullptr"}, {len(terms)}, '
+                                   f'{f"{tag}_k{i}_dim_params" if sizes_of else "nullptr"}, {len(sizes_of)}}}')
             for j, step in enumerate(r["steps"]):
                 defs.append(f"static const int {tag}_s{j}_buffers[] = {_ints(step['buffers'] or [0])};")
                 step_rows.append(f"{{{kernel_index[step['kernel']]}, {tag}_s{j}_buffers, {len(step['buffers'])}}}")
             n_args, n_res = len(r["arguments"]), len(r["results"])
-            sizes = [_nbytes(b) for b in r["arguments"]] + [_nbytes(b) for b in r["results"]] + \
-                [_nbytes(b) for b in r["intermediates"]]
+            buffers = [*r["arguments"], *r["results"], *r["intermediates"]]
+            sizes = [_nbytes(b) for b in buffers]
+            if r.get("index_bits", 64) != 64:
+                raise ValueError(f"{entry}: the C entry points take any size; its kernels must use 64-bit offsets")
+            defs.append(f"static const int {tag}_buffer_dim[] = {_ints(_buffer_dim(b, names) for b in buffers)};")
             # where each result lives: the caller's param (function: its own; kernel: the argument it names)
             result_param = ([n_args + i for i in range(n_res)] if r["kind"] == "function"
                             else [a.arg_names.index(n) for n in a.result_names])
@@ -145,18 +167,21 @@ int {entry}({", ".join(f"CUdeviceptr {p}" for p in params)}, CUstream stream, ch
             defs.append(f"static const size_t {tag}_sizes[] = {_ints(sizes)};")
             defs.append(f"static const int {tag}_result_param[] = {_ints(result_param or [0])};")
             specs.append(f'{{"{r["arch"]}", {n_args}, {n_res}, {len(r["intermediates"])}, {tag}_sizes, '
-                         f'{tag}_result_param, {"true" if r["reads_outputs"] else "false"}, '
+                         f'{tag}_buffer_dim, {tag}_result_param, {"true" if r["reads_outputs"] else "false"}, '
                          f'{tag}_kernels, {len(kernel_rows)}, {tag}_steps, {len(step_rows)}}}')
         defs.append(f"static const tessera_rt::Spec {entry}_specs[] = {{{', '.join(specs)}}};")
+        quoted = ", ".join(f'"{d}"' for d in names) or "nullptr"
+        defs.append(f"static const char* const {entry}_dim_names[] = {{{quoted}}};")
         defs.append(f"static tessera_rt::Function {entry}_function = {{\"{entry}\", {entry}_specs, {len(specs)}, "
-                    f"{len(params)}}};")
+                    f"{len(params)}, {len(names)}, {entry}_dim_names}};")
         args = ", ".join(params)
         defs.append(f"""}}  // namespace
 
-extern "C" int {entry}({", ".join(f"CUdeviceptr {p}" for p in params)}, CUstream stream, char* error, size_t error_len) {{
+extern "C" int {entry}({signature}, CUstream stream, char* error, size_t error_len) {{
   const CUdeviceptr tessera_params_[] = {{{args}}};
   const char* tessera_names_[] = {{{", ".join(f'"{p}"' for p in params)}}};
-  return tessera_rt::run({entry}_function, tessera_params_, tessera_names_, stream, error, error_len);
+  const int64_t tessera_dims_[] = {{{", ".join(names) or "0"}}};
+  return tessera_rt::run({entry}_function, tessera_params_, tessera_names_, tessera_dims_, stream, error, error_len);
 }}
 
 namespace {{""")
@@ -207,9 +232,15 @@ def example_source(name: str, by_shape: Mapping[tuple, list[Artifact]], referenc
         a = arts[0]
         ref = references[entry]
         params = c_params(a)
-        bufs = {x["name"]: x for x in a.record["arguments"]}
+        names = dynamic_dims(a)
+        shapes = {x["name"]: x["shape"] for x in [*ref["inputs"].values(), *ref["outputs"]]}
+        bufs = {x["name"]: {**x, "shape": shapes[x["name"]]} for x in a.record["arguments"]}
         if a.record["kind"] == "function":
-            bufs.update({x["name"]: x for x in a.record["results"]})
+            bufs.update({x["name"]: {**x, "shape": shapes[x["name"]]} for x in a.record["results"]})
+        # the dynamic dims' values in the reference run: the leading dim of an argument that has one
+        values = {x["shape"][0]: shapes[x["name"]][0] for x in a.record["arguments"]
+                  if x["shape"] and isinstance(x["shape"][0], str)}
+        dims = "".join(f", (int64_t){values[d]}" for d in names)
         lines = [f"  {{  // {entry}", f"    std::printf(\"{entry}:\\n\");"]
         for p in params:
             lines.append(f"    CUdeviceptr d_{p} = 0; size_t n_{p} = {_nbytes(bufs[p])};")
@@ -220,7 +251,7 @@ def example_source(name: str, by_shape: Mapping[tuple, list[Artifact]], referenc
                              f"CHECK(cuMemcpyHtoD(d_{p}, h.data(), n_{p})); }}")
             else:
                 lines.append(f"    CHECK(cuMemsetD8(d_{p}, 0xff, n_{p}));  // NaN-ish poison: unwritten outputs fail")
-        call = ", ".join(f"d_{p}" for p in params)
+        call = ", ".join(f"d_{p}" for p in params) + dims
         lines.append(f"    int rc = {entry}({call}, stream, error, sizeof error);")
         lines.append(f"    if (rc != 0) {{ std::fprintf(stderr, \"{entry} failed (%d): %s\\n\", rc, error); return 1; }}")
         lines.append("    CHECK(cuStreamSynchronize(stream));")
@@ -231,11 +262,18 @@ def example_source(name: str, by_shape: Mapping[tuple, list[Artifact]], referenc
             lines.append(f"      if (!compare(\"{p}\", \"{dt}\", got, want, {out['tolerance']!r})) failed = true; }}")
         # the API refuses a misaligned pointer without launching
         p0 = params[0]
-        misaligned = ", ".join(f"d_{p} + 8" if p == p0 else f"d_{p}" for p in params)
+        misaligned = ", ".join(f"d_{p} + 8" if p == p0 else f"d_{p}" for p in params) + dims
         lines.append(f"    rc = {entry}({misaligned}, stream, error, sizeof error);")
         lines.append("    if (rc != TESSERA_ERROR_INVALID_ARGUMENT) { std::fprintf(stderr, \"a misaligned pointer "
                      "was not refused (%d)\\n\", rc); failed = true; }")
         lines.append(f"    else std::printf(\"  misaligned {p0} refused: %s\\n\", error);")
+        if names:   # a dynamic dim of 1 (which broadcasts: not this specialization's) is refused too
+            one = ", ".join(f"d_{p}" for p in params) + "".join(
+                ", (int64_t)1" if i == 0 else f", (int64_t){values[d]}" for i, d in enumerate(names))
+            lines.append(f"    rc = {entry}({one}, stream, error, sizeof error);")
+            lines.append("    if (rc != TESSERA_ERROR_INVALID_ARGUMENT) { std::fprintf(stderr, \"a dynamic dim of 1 "
+                         "was not refused (%d)\\n\", rc); failed = true; }")
+            lines.append(f"    else std::printf(\"  {names[0]}=1 refused: %s\\n\", error);")
         for p in params:
             lines.append(f"    cuMemFree(d_{p});")
         lines.append("  }")

@@ -166,6 +166,7 @@ class GpuProgram:
         self._shapes = [b.shape for b in (*self.plan.inputs, *self.plan.outputs, *self.plan.intermediates)]
         #: whether some buffer has a dynamic dim: each call then binds the shapes (`_call_shapes`)
         self.dynamic = any(isinstance(n, str) for shape in self._shapes for n in shape)
+        self._bound: dict[tuple, tuple] = {}   # the inputs' shapes -> `_call_shapes` of them
         self._strides = [b.strides for b in (*self.plan.inputs, *self.plan.outputs)]
         self._torch_signature = None      # (tensor type, [(dtype, device)] per array), once a call validated
         self._per_thread = threading.local()
@@ -173,7 +174,7 @@ class GpuProgram:
 
     def __call__(self, *inputs, out: Sequence | None = None) -> list:
         """Runs on the inputs' current stream; `out` (optional) receives the results in place."""
-        shapes = self._call_shapes(inputs) if self.dynamic else self._shapes
+        shapes, grids = self._call_shapes(inputs) if self.dynamic else (self._shapes, None)
         fast = self._torch_fast_path(inputs, out, shapes) if not self.profiled else None   # (keeps no intermediates)
         if fast is not None:
             pointers, outputs = fast
@@ -196,9 +197,9 @@ class GpuProgram:
         stream = driver.current_torch_stream(self.device) if fast is not None else current_stream(inputs[0], self.device)
         args = [launch_args(step, pointers, self._tensor_map, shapes) for step in self.plan.steps]
         driver.primary_context(self.device)   # after the arguments: encoding a tensor map may switch contexts
-        if self.dynamic:
-            for prepared, step, values in zip(self._prepared_launches(), self.plan.steps, args):
-                prepared(stream, values, step_grid(step, shapes))
+        if grids is not None:
+            for prepared, values, grid in zip(self._prepared_launches(), args, grids):
+                prepared(stream, values, grid)
         else:
             for prepared, values in zip(self._prepared_launches(), args):
                 prepared(stream, values)
@@ -208,13 +209,20 @@ class GpuProgram:
             profile.record_launches(self.profiled, temps)
         return outputs
 
-    def _call_shapes(self, inputs: Sequence) -> list[tuple[int, ...]]:
-        """Every buffer's shape for this call: the plan's, its dynamic dims bound by the inputs'
-        shapes (`dims.bind_shapes`: a wrong shape is an error naming the argument)."""
+    def _call_shapes(self, inputs: Sequence) -> tuple[list[tuple[int, ...]], list[tuple[int, int, int]]]:
+        """(every buffer's shape, every step's grid) for this call: the plan's, its dynamic dims
+        bound by the inputs' shapes (`dims.bind_shapes`: a wrong shape is an error naming the
+        argument), remembered per shapes (a serving loop sees a few hundred)."""
         if len(inputs) != self.n_inputs:
             raise TesseraError(f"{self.name} takes {self.n_inputs} tensors, got {len(inputs)}")
-        return bind_shapes(self.name, self._shapes, [tuple(x.shape) for x in inputs], self.arg_names,
-                           self.plan.index_bits)
+        given = tuple(tuple(x.shape) for x in inputs)
+        known = self._bound.get(given)
+        if known is None:
+            shapes = bind_shapes(self.name, self._shapes, list(given), self.arg_names, self.plan.index_bits)
+            if len(self._bound) >= TENSOR_MAP_CACHE_SIZE:
+                self._bound.clear()
+            known = self._bound[given] = (shapes, [step_grid(step, shapes) for step in self.plan.steps])
+        return known
 
     def _in_compiled_layouts(self, inputs: Sequence) -> list:
         """The inputs, each one the compile chose to copy (`Compiled.copied_args` says why) copied

@@ -248,16 +248,16 @@ def norm(x: Tensor["M", "N"], w: Tensor["N"]):
 
 def test_a_dynamic_dim_packages_one_specialization_for_every_value(tmp_path, monkeypatch, capsys):
     """`--dynamic M`: one artifact whose records name M, which a call of any M of 2 or more loads
-    once; the C++ entry points (fixed shapes) leave it out, and say so."""
+    once; its C entry point takes M after the buffers."""
     source = tmp_path / "rows.py"
     source.write_text(ROWS_SOURCE)
     out = tmp_path / "pkg"
     assert cli.main(["package", f"{source}:norm", "--arch", "sm_90a", "--shape", "M=8,N=256", "--dynamic", "M",
                      "-o", str(out)]) == 0
-    assert "C++" in capsys.readouterr().out
     (spec,) = manifest(out)["functions"]["norm"]["specializations"]
     assert spec["arguments"][0]["shape"] == ["M", 256] and spec["dims"] == {"M": "dynamic", "N": 256}
-    assert not (out / "tessera_norm.cpp").exists()
+    assert "int tessera_norm(CUdeviceptr x, CUdeviceptr w, CUdeviceptr out0, int64_t M, CUstream stream" in \
+        (out / "tessera_norm.h").read_text()
     fakes.install("sm_90a", monkeypatch.setattr)
     fakes.LOADED.clear()
     norm = tsr.load(out).norm

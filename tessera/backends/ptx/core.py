@@ -88,6 +88,7 @@ class KernelEmitter:
         self.extra_params: list[str] = []     # .param declarations after the pointer params
         self.tensor_maps: list[TensorMapSpec] = []
         self.dim_regs: dict[tuple[int, int], str] = {}   # (argument, dim) -> its size, a dynamic dim's
+        self.dims: list[tuple[int, int]] = []              # (argument, dim) of each size param
         self.smem_align = 128                 # alignment the dynamic shared memory is declared with
         self.state: dict[str, object] = {}    # per-kernel state of a backend path (e.g. its leader thread)
         self.debug = KernelDebug.of(kernel)   # line info, asserts, profile stamps; None: the kernel has none
@@ -208,16 +209,23 @@ class KernelEmitter:
         return "\n".join(extern + head + self.regs.declarations() + self.lines + ["}"]) + "\n"
 
     def _dim_params(self) -> list[str]:
-        """A u32 param per dynamic dim of an argument (`tile.DYNAMIC`), loaded at entry; the launch
-        passes their sizes after the tensor maps (`PtxKernel.dims`)."""
-        params = []
+        """A u32 param per dynamic dim (`tile.DYNAMIC`), loaded at entry; arguments whose leading
+        dim is one dim (the kernel's `tile.BUFFER_DIMS`) share it, so their bounds checks are one.
+        The launch passes their sizes after the tensor maps (`PtxKernel.dims`)."""
+        attr = self.kernel.attributes.get(t.BUFFER_DIMS)
+        names = [a.data for a in attr.data] if attr is not None else []
+        params, by_name = [], {}
         for i, arg in enumerate(self.kernel.body.block.args):
             for axis, n in enumerate(arg.type.get_shape()):
-                if n == t.DYNAMIC:
-                    name, reg = f"{self.name}_dim_{i}_{axis}", self.new(S32)
-                    params.append(f"    .param .u32 {name}")
-                    self.emit(f"ld.param.u32 {reg}, [{name}];")
-                    self.dim_regs[(i, axis)] = reg
+                if n != t.DYNAMIC:
+                    continue
+                dim = names[i] if axis == 0 and i < len(names) and names[i] else (i, axis)
+                if dim not in by_name:
+                    param, by_name[dim] = f"{self.name}_dim_{i}_{axis}", self.new(S32)
+                    params.append(f"    .param .u32 {param}")
+                    self.emit(f"ld.param.u32 {by_name[dim]}, [{param}];")
+                    self.dims.append((i, axis))
+                self.dim_regs[(i, axis)] = by_name[dim]
         return params
 
     def reach(self, memref_type: MemRefType) -> int:

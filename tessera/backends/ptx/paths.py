@@ -52,7 +52,7 @@ def emit_kernel(kernel: tgt.KernelOp) -> PtxKernel:
     body = e.run()
     arch = platform.arch
     header = f"{platforms.ptx_version(arch)}\n{platforms.ptx_target(arch)}\n.address_size 64\n\n"
-    return PtxKernel(e.name, header + body, e.threads, e.smem_bytes, tuple(e.tensor_maps), tuple(e.dim_regs))
+    return PtxKernel(e.name, header + body, e.threads, e.smem_bytes, tuple(e.tensor_maps), tuple(e.dims))
 
 
 def emit_module(module) -> dict[str, PtxKernel]:

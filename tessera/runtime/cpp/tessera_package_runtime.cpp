@@ -94,9 +94,14 @@ std::vector<Loaded> loaded;
 
 }  // namespace
 
-int run(Function& f, const CUdeviceptr* params, const char* const* names, CUstream stream, char* error,
-        size_t error_len) {
+int run(Function& f, const CUdeviceptr* params, const char* const* names, const int64_t* dims, CUstream stream,
+        char* error, size_t error_len) {
   if (error && error_len) error[0] = 0;
+  for (int d = 0; d < f.n_dims; ++d)  // tessera.dims.bind_shapes: a dynamic dim is 2 <= d < MAX_DIM
+    if (dims[d] < 2 || dims[d] >= (int64_t(1) << 31) - (int64_t(1) << 16))
+      return fail(error, error_len, TESSERA_ERROR_INVALID_ARGUMENT, "%s: %s=%lld; this package takes 2 <= %s < %lld",
+                  f.name, f.dim_names[d], (long long)dims[d], f.dim_names[d],
+                  (long long)((int64_t(1) << 31) - (int64_t(1) << 16)));
   for (int i = 0; i < f.n_params; ++i) {
     if (!params[i]) return fail(error, error_len, TESSERA_ERROR_INVALID_ARGUMENT, "%s: %s is NULL", f.name, names[i]);
     if (params[i] % 16)
@@ -157,6 +162,13 @@ int run(Function& f, const CUdeviceptr* params, const char* const* names, CUstre
   // Buffers: arguments, results, intermediates. A result lives in the caller's param, or in a fresh
   // buffer copied over it afterwards when the kernel reads the old contents (reads_outputs).
   int n = spec->n_args + spec->n_results + spec->n_intermediates;
+  std::vector<size_t> bytes(n);
+  std::vector<int64_t> leading(n, 0);  // each buffer's dynamic leading dim, 0 where it has none
+  for (int i = 0; i < n; ++i) {
+    int d = spec->buffer_dim[i];
+    leading[i] = d >= 0 ? dims[d] : 0;
+    bytes[i] = spec->sizes[i] * (d >= 0 ? (size_t)dims[d] : 1);
+  }
   std::vector<CUdeviceptr> buffers(n, 0);
   std::vector<CUdeviceptr> owned;
   for (int i = 0; i < spec->n_args; ++i) buffers[i] = params[i];
@@ -164,7 +176,7 @@ int run(Function& f, const CUdeviceptr* params, const char* const* names, CUstre
   int first_fresh = spec->reads_outputs ? spec->n_args : spec->n_args + spec->n_results;
   int code = TESSERA_OK;
   for (int i = first_fresh; i < n && code == TESSERA_OK; ++i) {
-    CUresult r = cuMemAllocAsync(&buffers[i], spec->sizes[i] ? spec->sizes[i] : 16, stream);
+    CUresult r = cuMemAllocAsync(&buffers[i], bytes[i] ? bytes[i] : 16, stream);
     if (r != CUDA_SUCCESS) code = fail(error, error_len, TESSERA_ERROR_CUDA, "%s: cuMemAllocAsync failed (%d)", f.name, (int)r);
     else owned.push_back(buffers[i]);
   }
@@ -189,7 +201,17 @@ int run(Function& f, const CUdeviceptr* params, const char* const* names, CUstre
       args.push_back(&maps[m]);
     }
     if (code != TESSERA_OK) break;
-    CUresult r = cuLaunchKernel(functions[step.kernel], kernel.grid[0], kernel.grid[1], kernel.grid[2],
+    std::vector<uint32_t> sizes(kernel.n_dim_params);
+    for (int p = 0; p < kernel.n_dim_params; ++p) {
+      sizes[p] = (uint32_t)leading[step.buffers[kernel.dim_params[2 * p]]];
+      args.push_back(&sizes[p]);
+    }
+    unsigned grid[3] = {kernel.grid[0], kernel.grid[1], kernel.grid[2]};
+    for (int t = 0; t < kernel.n_grid_terms; ++t) {
+      const int* term = kernel.grid_terms + 4 * t;  // (axis, param, dim, block)
+      grid[term[0]] *= (unsigned)((leading[step.buffers[term[1]]] + term[3] - 1) / term[3]);
+    }
+    CUresult r = cuLaunchKernel(functions[step.kernel], grid[0], grid[1], grid[2],
                                 kernel.threads, 1, 1, kernel.dynamic_shared, stream, args.data(), nullptr);
     if (r != CUDA_SUCCESS)
       code = fail(error, error_len, TESSERA_ERROR_CUDA, "%s: cuLaunchKernel of %s failed (%d)", f.name, kernel.name, (int)r);
@@ -197,7 +219,7 @@ int run(Function& f, const CUdeviceptr* params, const char* const* names, CUstre
   if (code == TESSERA_OK && spec->reads_outputs)
     for (int i = 0; i < spec->n_results && code == TESSERA_OK; ++i) {
       int b = spec->n_args + i;
-      CUresult r = cuMemcpyDtoDAsync(params[spec->result_param[i]], buffers[b], spec->sizes[b], stream);
+      CUresult r = cuMemcpyDtoDAsync(params[spec->result_param[i]], buffers[b], bytes[b], stream);
       if (r != CUDA_SUCCESS) code = fail(error, error_len, TESSERA_ERROR_CUDA, "%s: cuMemcpyDtoDAsync failed (%d)", f.name, (int)r);
     }
   for (CUdeviceptr p : owned) cuMemFreeAsync(p, stream);
