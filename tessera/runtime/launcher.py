@@ -215,7 +215,7 @@ class GpuProgram:
         argument), remembered per shapes (a serving loop sees a few hundred)."""
         if len(inputs) != self.n_inputs:
             raise TesseraError(f"{self.name} takes {self.n_inputs} tensors, got {len(inputs)}")
-        given = tuple(tuple(x.shape) for x in inputs)
+        given = tuple([x.shape for x in inputs])   # (torch.Size, tuple: hashable as they are)
         known = self._bound.get(given)
         if known is None:
             shapes = bind_shapes(self.name, self._shapes, list(given), self.arg_names, self.plan.index_bits)
