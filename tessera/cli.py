@@ -36,6 +36,7 @@ from xdsl.utils.exceptions import ParseError, VerifyException
 from . import dtypes, platforms
 from .compiler import BACKENDS as BACKEND_CHOICES
 from .compiler import DEFAULT_ARCH, DUMP_STAGES, IR_STAGES, STAGES, Compiled, KernelLaunch, Options
+from .dims import DynamicDim
 from .dtypes import DType
 from .errors import TesseraError, is_internal
 from .frontend.function import Function
@@ -193,7 +194,12 @@ def compile_function(fn: Function, args: argparse.Namespace, device: "Device | N
     specs = with_layouts(fn.arg_specs_for(parse_shape(args.shape), parse_dtype(args.dtype)),
                          parse_layouts(getattr(args, "layout", None)))
     debugging = {"line_info": getattr(args, "line_info", False), "profile": getattr(args, "profile", False)}
-    return fn.compile(specs, arch=arch, path=args.path, backend=args.backend, **debugging), specs
+    dynamic = frozenset(d.strip() for d in (getattr(args, "dynamic", "") or "").split(",") if d.strip())
+    try:
+        return fn.compile(specs, dynamic=dynamic, arch=arch, path=args.path, backend=args.backend,
+                          **debugging), specs
+    except DynamicDim as e:   # `--dynamic` named a dim some step needs the value of
+        raise TesseraError(f"{fn.name} cannot take dim {e.dim!r} at run time: {e}") from None
 
 
 @dataclass(frozen=True)
@@ -473,7 +479,11 @@ def write_cuda_tile(compiled: Compiled, out: Path) -> tuple[list[Path], list[str
 def kernel_report(compiled: Compiled, launch: KernelLaunch, resources) -> str:
     """What a kernel engineer asks of a kernel first: its launch, its schedule, and (from ptxas)
     its registers, shared memory, spills and the blocks an SM holds."""
-    grid = " x ".join(map(str, launch.grid))
+    axes = [str(n) for n in launch.grid]
+    for axis, param, dim, block in launch.grid_terms:   # a grid that grows with a dynamic dim
+        grows = f"cdiv(param {param} dim {dim}, {block})"
+        axes[axis] = grows if axes[axis] == "1" else f"{axes[axis]}*{grows}"
+    grid = " x ".join(axes)
     rows = [("launch", f"grid {grid}, {launch.threads} threads, {_bytes(launch.dynamic_shared)} dynamic shared memory"),
             ("schedule", _schedule_text(compiled, launch.name))]
     if resources is not None:
@@ -812,6 +822,9 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {DEFAULT_OUT}/FUNC)")
     p.add_argument("--line-info", action="store_true",
                    help="PTX with .loc line info of your source lines, assembled with ptxas -lineinfo")
+    p.add_argument("--dynamic", default="", metavar="DIM,...",
+                   help="dims the kernels take at run time (shape-generic; --shape gives the hint): the IR "
+                        "shows them as ? and the kernels' size params")
     p.set_defaults(command=cmd_compile)
 
     p = sub.add_parser("run", parents=[common], help="compile, run on random inputs, check against NumPy")

@@ -39,7 +39,7 @@ import numpy as np
 
 from . import platforms
 from . import dims
-from .dims import MAX_DIM, is_dynamic
+from .dims import MAX_DIM, DynamicDim, is_dynamic
 from .errors import TesseraError
 
 if TYPE_CHECKING:
@@ -484,6 +484,10 @@ def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None
     backend_stages(backend)   # an unknown backend fails here
     stages = _dump_request(dump)
     f = next(iter(graph_module.ops))
+    from .ir.graph import dynamic_dims
+    dynamic = dynamic_dims(f)
+    if dynamic and backend != "ptx":   # (its lowering takes every dim as a constant)
+        raise DynamicDim(dynamic[0], f"the {backend} backend takes every dim as a constant")
     _check_dims_index_in_32_bits(f)
     compiled = Compiled(
         name=f.sym_name.data, graph=graph_module, options=options,

@@ -32,8 +32,8 @@ HINT = 4096
 class DynamicDim(TesseraError):
     """A compile step needed the value of dim `dim`, which the compile takes at run time."""
 
-    def __init__(self, dim: str, what: str = "its value"):
-        super().__init__(f"dim {dim!r} is dynamic, but {what} was needed at compile time")
+    def __init__(self, dim: str, why: str = "its value was needed at compile time"):
+        super().__init__(f"dim {dim!r} is dynamic, but {why}")
         self.dim = dim
 
 
@@ -56,11 +56,11 @@ class Dynamic:
     def __eq__(self, other) -> bool:
         if isinstance(other, Dynamic):   # two dynamic dims: equal only by name (values unknown)
             if other.name != self.name:
-                raise DynamicDim(self.name, f"a comparison with dynamic dim {other.name!r}")
+                raise DynamicDim(self.name, f"a comparison with dynamic dim {other.name!r} needs their values")
             return True
         if other in (0, 1):   # a dynamic dim is at least 2 (`class_of`)
             return False
-        raise DynamicDim(self.name, f"a comparison with {other!r}")
+        raise DynamicDim(self.name, f"a comparison with {other!r} needs its value")
 
     def __ne__(self, other) -> bool:
         return not self == other

@@ -344,3 +344,18 @@ def test_run_checks_a_strided_layout_against_the_reference(capsys):
 def test_a_bad_layout_is_a_clear_error(capsys, layout, message):
     with pytest.raises(TesseraError, match=message):
         cli.main(["compile", ATTENTION, "--shape", SMALL, "--layout", layout, "--dump-ir", "tile", "--traceback"])
+
+
+def test_compile_dynamic_shows_the_generic_kernels_and_refuses_what_cannot_be(tmp_path, capsys):
+    source = tmp_path / "rows.py"
+    source.write_text("import tessera as tsr\nfrom tessera import Tensor\n\n\n@tsr.function\n"
+                      "def norm(x: Tensor['M', 'N'], w: Tensor['N']):\n"
+                      "    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)\n")
+    out = tmp_path / "out"
+    assert cli.main(["compile", f"{source}:norm", "--shape", "M=100,N=256", "--dynamic", "M", "--dump-ir", "tile",
+                     "-o", str(out)]) == 0
+    assert "grid cdiv(param 0 dim 0, " in capsys.readouterr().out
+    assert "memref<?x256xf16>" in (out / "tile.mlir").read_text()
+    assert cli.main(["compile", f"{source}:norm", "--shape", "M=100,N=256", "--dynamic", "N",
+                     "-o", str(tmp_path / "n")]) == 1
+    assert "norm cannot take dim 'N' at run time" in capsys.readouterr().err

@@ -82,7 +82,7 @@ def _operands(xs: Sequence) -> list[Tensor]:
             x = x.item() if isinstance(x, np.generic) else x
             out.append(constant(x, _scalar_dtype(x, like)))
         elif is_dynamic(x):   # a dim the compile takes at run time, used as a number: fix it
-            raise DynamicDim(x.name, "its value as an operand")
+            raise DynamicDim(x.name, "it is used as an operand (a number)")
         else:
             raise ArgumentKindError(f"tessera ops take traced Tensors and Python numbers, got {_kind(x)}")
     return out

@@ -62,8 +62,8 @@ def memref_of(v: SSAValue, bindings) -> MemRefType:
     shape = [g.dim_value(d, bindings) for d in tt.shape]
     for axis, n in enumerate(shape):
         if is_dynamic(n) and axis > 0:
-            raise DynamicDim(n.name, f"dim {axis} of a {g.TensorType.of(tt.shape, tt.dtype)} (only a leading "
-                                     f"dim varies at run time)")
+            raise DynamicDim(n.name, f"it is dim {axis} of a {g.TensorType.of(tt.shape, tt.dtype)}, and only a "
+                                     f"leading dim varies at run time")
     return MemRefType(g.element_type(tt.dtype), [t.DYNAMIC if is_dynamic(n) else n for n in shape])
 
 
@@ -125,7 +125,7 @@ class KernelBuild:
             shape = g.tensor_type(v).shape
             if shape and shape[0] == d:
                 return param.index
-        raise DynamicDim(d, "a kernel param of it")
+        raise DynamicDim(d, "no kernel param has it as its leading dim")
 
     def extent(self, d, size) -> int | SSAValue:
         """`size` (dim `d`'s) as the kernel sees it: an int, or for a dynamic dim its value at run time."""
@@ -200,7 +200,7 @@ def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str |
     device_asserts only has no output parameter."""
     dynamic = dynamic_dim_of([*sk.body.block.args, *sk.outputs], bindings)
     if dynamic is not None and sk.kind.data not in GENERIC_KINDS:
-        raise DynamicDim(dynamic, f"a {sk.kind.data} kernel's template (it takes its dims as constants)")
+        raise DynamicDim(dynamic, f"a {sk.kind.data} kernel's template takes its dims as constants")
     outputs = [out_type] if out_type is not None else [memref_of(v, bindings) for v in sk.outputs]
     arg_types = [*in_types, *outputs]
     block = sk.body.block
@@ -1807,7 +1807,7 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
             continue
         if profiled and dynamic_dim_of([*sk.inputs, *sk.outputs], bindings):
             raise DynamicDim(dynamic_dim_of([*sk.inputs, *sk.outputs], bindings),
-                             "a profiled kernel's stamp buffer (one slot per program)")
+                             "a profiled kernel's stamp buffer has a slot per program")
         kb = _start(sk, bindings, [buffers[v].type for v in sk.inputs], stage_operands=stage_operands)
         grid = (TEMPLATES[sk.kind.data] if sk.outputs else lower_asserts)(kb)
         launches = [*kb.before, (_finish(kb), grid), *kb.after]
@@ -1822,7 +1822,7 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
         inputs = [buffers[v] for v in sk.inputs]
         scratch = [b(t.AllocGlobalOp(x.type.get_shape(), x.type.get_element_type())) for x in kb.scratch]
         if any(t.is_dynamic_memref(x.type) for x in kb.scratch):   # (no generic template asks for one)
-            raise DynamicDim(dynamic_dim_of(sk.inputs, bindings) or "?", "a scratch buffer's size")
+            raise DynamicDim(dynamic_dim_of(sk.inputs, bindings) or "?", "a scratch buffer's size needs it")
         for kernel, kernel_grid in launches:
             args = inputs + scratch + ([] if kernel in first else outputs)
             if line_info:
