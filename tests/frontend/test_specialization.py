@@ -265,3 +265,17 @@ def test_a_32_bit_generic_kernel_sums_offsets_in_32_bits():
     ptx = {bits: next(iter(add.compile(specs, dynamic=frozenset({"M"}), index_bits=bits, arch="sm_90a")
                            .stage("ptx").values())).ptx for bits in (32, 64)}
     assert ptx[32].count("mad.wide.s32") < ptx[64].count("mad.wide.s32")
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+def test_a_dynamic_innermost_dim_is_not_accessed_in_vectors():
+    """A vector access is predicated once for its run, which must lie wholly inside or outside the
+    tensor: with a length known only at run time, every element is checked on its own."""
+    @tsr.function(dynamic=["M"])
+    def double(x: Tensor["M", tsr.fp16]):
+        return x * 2.0
+
+    specs = double.arg_specs_for({"M": 4096})
+    ptx = {d: next(iter(double.compile(specs, dynamic=d, arch="sm_90a").stage("ptx").values())).ptx
+           for d in (frozenset(), frozenset({"M"}))}
+    assert "st.global.v" in ptx[frozenset()] and "st.global.v" not in ptx[frozenset({"M"})]

@@ -133,3 +133,22 @@ def test_numpy_rows_on_the_gpu_match_the_interpreter(torch_cuda):
         b = rng.standard_normal(40).astype(np.float32)
         on_gpu = bias_gelu(torch.from_numpy(x).cuda(), torch.from_numpy(b).cuda()).cpu().numpy()
         np.testing.assert_allclose(on_gpu, bias_gelu(x, b), rtol=2e-5, atol=2e-6)
+
+
+def test_a_dynamic_length_writes_nothing_past_its_end(torch_cuda):
+    """A rank-1 tensor of dynamic length, written into the front of a sentinel-filled buffer: every
+    element up to the length is right and nothing after it changed (no vector store runs past the
+    end)."""
+    torch = torch_cuda
+
+    @tsr.kernel(dynamic=["M"])
+    def double(x: Tensor["M"], out: Tensor["M"]):
+        out[:] = x * 2.0
+
+    for m in (2, 7, 1001, 4097):
+        x = torch.randn(m, device="cuda", dtype=torch.float16)
+        buffer = torch.full((m + 64,), 7.0, device="cuda", dtype=torch.float16)
+        double(x, buffer[:m])
+        torch.testing.assert_close(buffer[:m], x * 2, rtol=0, atol=0)
+        assert bool((buffer[m:] == 7.0).all()), f"M={m}: elements past the end were written"
+    assert double.cache_info().compiles == 1

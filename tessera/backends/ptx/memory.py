@@ -115,9 +115,11 @@ def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner
     whose length and every outer stride (so every row start) are multiples of w, from a tile
     whose offset along it (`inner_offset`) is one too (a slice's shifted tile may not be): a run is
     then wholly inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
+    An innermost dim taken at run time (`tile.DYNAMIC`: a rank-1 tensor's) has no known length:
+    one element a register, each checked against it.
     """
     shape = memref.type.get_shape()
-    if not tile_dims or tile_dims[-1] != len(shape) - 1:
+    if not tile_dims or tile_dims[-1] != len(shape) - 1 or shape[-1] == t.DYNAMIC:
         return 1
     width = 16 // ty.bytes
     offsets = layout.offsets
