@@ -112,6 +112,11 @@ python3 bench/norm_backward.py || status=1
 section "Row kernels"
 python3 bench/row_kernels.py || status=1
 
+# Shape-generic kernels (a row count taken at run time) against the kernels compiled for each count and torch,
+# the host time per call, and the compiles a sweep of random counts costs.
+section "Shape-generic kernels"
+python3 bench/dynamic_shapes.py || status=1
+
 # A Llama-style block over every visible GPU (tensor and sequence parallelism) against torch's DTensor.
 section "Tensor parallelism"
 python3 bench/tensor_parallel.py || status=1
