@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import math
 
-from .errors import TesseraError
+from .errors import ShapeError, TesseraError
 
 #: the longest dim a kernel takes: one dim's indices, and a tile's reach past the end, are 32-bit
 #: integers in the generated code (a whole tensor may have more elements: addresses are 64-bit)
@@ -50,10 +50,12 @@ class Dynamic:
     def __repr__(self) -> str:
         return f"{self.name}=?"
 
-    def __hash__(self) -> int:
-        return hash(("Dynamic", self.name))
+    def __hash__(self) -> int:   # a set or dict lookup compares hashes, never asking __eq__
+        raise DynamicDim(self.name, "a set or dict lookup needs its value")
 
     def __eq__(self, other) -> bool:
+        if other is None:   # (a size left to infer)
+            return False
         if isinstance(other, Dynamic):   # two dynamic dims: equal only by name (values unknown)
             if other.name != self.name:
                 raise DynamicDim(self.name, f"a comparison with dynamic dim {other.name!r} needs their values")
@@ -84,10 +86,16 @@ def hint(value) -> int:
     return value.hint if isinstance(value, Dynamic) else value
 
 
+class OffsetWidthError(ShapeError):
+    """A call of a 32-bit-offset generic compile with a buffer of 2^31 elements or more (an output
+    a broadcast made larger than every input): `Function` then compiles with 64-bit offsets."""
+
+
 def index_bits(arrays) -> int:
-    """32 when each array (those with a dynamic dim) has fewer than 2^31 elements, else 64: the
-    offset width a generic kernel's addressing takes, part of its specialization key (a kernel
-    of 32-bit offsets over a tensor of 2^31 elements would wrap)."""
+    """32 when each array has fewer than 2^31 elements, else 64: the offset width a generic
+    kernel's addressing takes, part of its specialization key (a kernel of 32-bit offsets over a
+    tensor of 2^31 elements would wrap; a call whose outputs are that large although its inputs
+    are not raises `OffsetWidthError`, and the function compiles with 64-bit offsets)."""
     return 32 if all(math.prod(x.shape) < INDEX_LIMIT for x in arrays) else 64
 
 
@@ -127,8 +135,9 @@ def bind_shapes(fn_name: str, declared: list[tuple], given: list[tuple], names: 
     if bits == 32:
         for shape, want in zip(shapes, declared):
             if any(isinstance(n, str) for n in want) and math.prod(shape) >= INDEX_LIMIT:
-                raise ShapeError(f"{fn_name}: a buffer of shape {shape} has 2^31 elements or more, past the "
-                                 f"32-bit offsets this compile takes (a call that large compiles its own)")
+                raise OffsetWidthError(f"{fn_name}: a buffer of shape {shape} has 2^31 elements or more, past "
+                                       f"the 32-bit offsets this compile takes (a call of the function compiles "
+                                       f"with 64-bit offsets)")
     return shapes
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import ArgumentKindError, ShapeError, TesseraError
 from ..runtime import interop
-from ..dims import Dynamic, DynamicDim, index_bits
+from ..dims import Dynamic, DynamicDim, OffsetWidthError, index_bits
 from .captures import Captures
 from .specialization import CacheInfo, Specialization
 from .tensor import TensorSpec
@@ -143,6 +143,8 @@ class Function:
                 tensors.append((name, x))
             else:
                 constants[name] = self._constant(name, x)
+        if tensors:   # (the one place a call's dim values are noted: `Specialization.observe`)
+            self.specialization.observe(self.name, self.annotations, tensors)
         return tensors, constants
 
     def _constant(self, name: str, x):
@@ -238,15 +240,15 @@ class Function:
         """The tensors' shapes as a compile key (a dynamic dim's value replaced by its class), and
         the offset width of a shape-generic compile (None: no dim is dynamic)."""
         generic = self._generic_dims(tensors)
-        return (self.specialization.shapes(generic, tensors),
-                index_bits(x for _, x in tensors) if generic else None)
+        bits = 64 if self.specialization.wide else index_bits(x for _, x in tensors)
+        return self.specialization.shapes(generic, tensors), bits if generic else None
 
     def _generic_dims(self, tensors) -> dict[str, list[tuple[int, int]]]:
         """The dims this call compiles as kernel arguments (`Specialization.dynamic_for`), each with
         its (tensor, axis) positions; none for a subclass (a derivative traces by state of its own)."""
         if type(self) not in (Function, Kernel) or not tensors or _zero_size(tensors):
             return {}
-        return self.specialization.dynamic_for(self.name, self.annotations, tensors)
+        return self.specialization.dynamic_for(self.annotations, tensors)
 
     def _compiled_for(self, tensors, constants, options: dict):
         """The compile for this call, from the cache or made now; a call with a zero-size dim gets a
@@ -276,8 +278,9 @@ class Function:
         generator's refusal falls back as well."""
         while True:
             dynamic = frozenset(self._generic_dims(tensors))
+            _, bits = self.key_shapes(tensors)
             try:
-                compiled = self.compile(specs, constants, dynamic, index_bits(x for _, x in tensors), **options)
+                compiled = self.compile(specs, constants, dynamic, bits or 64, **options)
                 if dynamic and "sm_count" in options:   # a GPU call: generate the code now
                     compiled.stage("ptx")
                 return compiled
@@ -424,6 +427,22 @@ class Function:
             program, inputs, _ = known
             outs = program(*[args[i] for i in inputs])
             return outs[0] if len(outs) == 1 else tuple(outs)
+        return self._wide_on_overflow(self._call_slowly, key, args, options)
+
+    def _wide_on_overflow(self, call, key, args, options):
+        """`call(key, args, options)`; when a 32-bit-offset generic compile meets a buffer of 2^31
+        elements or more (`dims.OffsetWidthError`, which no launch preceded), the function's
+        generic compiles take 64-bit offsets from then on, and the call runs again."""
+        try:
+            return call(key, args, options)
+        except OffsetWidthError:
+            if self.specialization.wide:
+                raise
+            self.specialization.wide = True
+            return call(key, args, options)
+
+    def _call_slowly(self, key, args, options):
+        """A call whose program the fast path does not know: split, compile or find, run, remember."""
         tensors, constants = self._split_args(args)
         if any(_on_gpu(x) for _, x in tensors):
             device, options = _gpu_options(tensors, options)
@@ -452,6 +471,9 @@ class Kernel(Function):
             out = [ins[i] for i in out_positions]
             _through_copies_if_aliased(program, ins, out_positions)(*ins, out=out)
             return None
+        return self._wide_on_overflow(self._call_slowly, key, args, options)
+
+    def _call_slowly(self, key, args, options):
         tensors, constants = self._split_args(args)
         arrays = {n: x for n, x in tensors}
         if any(_on_gpu(x) for _, x in tensors):

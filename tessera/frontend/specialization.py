@@ -49,22 +49,28 @@ class Specialization:
         self.fixed: dict[str, str] = {}    # dims a compile could not take at run time: why
         self.compiles = self.hits = 0
         self.keys: list[dict[str, Any]] = []
-        self._checked = False
+        #: a call's outputs outgrew 32-bit offsets (`tessera.dims.OffsetWidthError`): 64 from then on
+        self.wide = False
 
-    def dynamic_for(self, fn_name: str, annotations: dict, tensors) -> dict[str, list[tuple[int, int]]]:
-        """The dims this call compiles as kernel arguments, each with its (tensor, axis) positions,
-        after noting the call's values (a dim seen with a second value becomes dynamic)."""
+    def observe(self, fn_name: str, annotations: dict, tensors) -> None:
+        """Notes a call's dim values (once per call): a dim the annotations name that is seen with
+        a second value becomes dynamic (unnamed ones only by `dynamic=`). The first call checks
+        the names `static=` and `dynamic=` give."""
         positions = dim_positions(annotations, tensors)
-        if not self._checked:
+        if not self.seen:
             unknown = sorted((self.static | self.dynamic) - set(positions))
             if unknown:
                 raise TesseraError(f"{fn_name}: static=/dynamic= name dim(s) {', '.join(map(repr, unknown))}, "
                                    f"which no argument has; its dims are {', '.join(sorted(positions))}")
-            self._checked = True
-        values = {d: int(tensors[i][1].shape[axis]) for d, ((i, axis), *_) in positions.items()}
-        for d, v in values.items():   # (a dim the annotations name: unnamed ones only by `dynamic=`)
+        for d, ((i, axis), *_) in positions.items():
+            v = int(tensors[i][1].shape[axis])
             if self.seen.setdefault(d, v) != v and _named(annotations, tensors, positions[d]):
                 self.varied.add(d)
+
+    def dynamic_for(self, annotations: dict, tensors) -> dict[str, list[tuple[int, int]]]:
+        """The dims this call compiles as kernel arguments, each with its (tensor, axis) positions."""
+        positions = dim_positions(annotations, tensors)
+        values = {d: int(tensors[i][1].shape[axis]) for d, ((i, axis), *_) in positions.items()}
         wanted = (self.dynamic | self.varied) - self.static - self.fixed.keys()
         return {d: positions[d] for d in sorted(wanted) if values[d] >= 2}
 

@@ -432,7 +432,13 @@ class ReshapeOp(_OneTensorOp):
     def verify_(self) -> None:
         bindings = dim_bindings(self)
         sizes = [[dim_value(d, bindings) for d in tensor_type(v).shape] for v in (self.input, self.res)]
-        if all(None not in s for s in sizes) and math.prod(sizes[0]) != math.prod(sizes[1]):
+        if any(None in s for s in sizes):
+            return
+        # a dynamic dim's value is unknown: the same dynamic dims on both sides, and the same
+        # product of the others
+        counts = [(math.prod(n for n in s if not is_dynamic(n)), sorted(n.name for n in s if is_dynamic(n)))
+                  for s in sizes]
+        if counts[0] != counts[1]:
             raise VerifyException(f"reshape: {sizes[0]} and {sizes[1]} have different element counts")
 
 

@@ -1747,6 +1747,8 @@ def _argument_types(f: func.FuncOp, bindings) -> tuple[list[MemRefType], dict[st
         contiguous = memref_of(arg, bindings)
         given = strides.get(name)
         reason = given is not None and _strided_copy_reason(arg, given)
+        if given is not None and t.is_dynamic_memref(contiguous):   # (its strides are keyed per call)
+            raise DynamicDim(_leading_dynamic(arg, bindings), f"argument {name!r} is passed strided")
         if reason:
             copies[name] = reason
         types.append(contiguous if given is None or reason else
@@ -1773,6 +1775,14 @@ def _leading_dynamic(v: SSAValue, bindings) -> str:
     return shape[0] if shape and is_dynamic(g.dim_value(shape[0], bindings)) else ""
 
 
+def _require_same_leading_dim(reshape: g.ReshapeOp, bindings) -> None:
+    """A host view of a buffer with a dynamic dim keeps it as its leading dim: a call sizes a view's
+    kernels by the buffer's shape (`launcher.plan` maps a view to its buffer)."""
+    before, after = _leading_dynamic(reshape.input, bindings), _leading_dynamic(reshape.res, bindings)
+    if before != after:
+        raise DynamicDim(before or after, "a view of a buffer moves it from the leading dim")
+
+
 def _name_dynamic_dim(alloc: t.AllocGlobalOp, v: SSAValue, bindings) -> None:
     """Names the dynamic leading dim of an intermediate buffer (`tile.BUFFER_DIMS`), which the
     host sizes per call."""
@@ -1796,11 +1806,13 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
         view = v.owner
         if isinstance(view, g.ReshapeOp) and isinstance(view.input.owner, s.KernelOp) \
                 and view.input not in buffers:
+            _require_same_leading_dim(view, bindings)
             buffers[view.input] = b(t.ViewOp(buffers[v], memref_of(view.input, bindings).get_shape()))
     kernels = []
     for sk in f.body.block.ops:
         if isinstance(sk, g.ReshapeOp):
             if sk.res not in buffers:
+                _require_same_leading_dim(sk, bindings)
                 buffers[sk.res] = b(t.ViewOp(buffers[sk.input], memref_of(sk.res, bindings).get_shape()))
             continue
         if not isinstance(sk, s.KernelOp):

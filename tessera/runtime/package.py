@@ -187,6 +187,8 @@ class PackagedFunction:
         device = described[0][2]
         known = self._programs.get((signature, device))
         if known is None:
+            if len(self._programs) >= 4096:   # a shape-generic specialization sees every length
+                self._programs.clear()
             known = self._programs[(signature, device)] = self._load(signature, device)
         program, result_positions = known
         if self.kind == "kernel":
@@ -262,9 +264,13 @@ def build(functions: Sequence, shapes: Sequence[Mapping[str, int]], archs: Seque
 
     artifacts = []
     for fn in functions:
+        built = set()
         for dims in shapes:
             specs = fn.arg_specs_for(dict(dims), dtype)
             bound = {d: "dynamic" if d in dynamic else dims[d] for s in specs for d in s.dims if isinstance(d, str)}
+            if tuple(sorted(bound.items())) in built:   # another value of a dynamic dim: the same specialization
+                continue
+            built.add(tuple(sorted(bound.items())))
             unknown = sorted(set(dynamic) - set(bound))
             if unknown:
                 raise TesseraError(f"{fn.name}: --dynamic names {', '.join(unknown)}, which are not its dims "

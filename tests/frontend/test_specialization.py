@@ -279,3 +279,67 @@ def test_a_dynamic_innermost_dim_is_not_accessed_in_vectors():
     ptx = {d: next(iter(double.compile(specs, dynamic=d, arch="sm_90a").stage("ptx").values())).ptx
            for d in (frozenset(), frozenset({"M"}))}
     assert "st.global.v" in ptx[frozenset()] and "st.global.v" not in ptx[frozenset({"M"})]
+
+
+def test_a_set_or_dict_lookup_of_a_dynamic_dim_fixes_it():
+    """Membership hashes first and never compares: a dynamic dim refuses to be hashed, so the
+    function compiles the dim as a constant and the lookup sees its value (review of session 20)."""
+    sizes, scales = {3, 5}, {4: 0.5}
+
+    @tsr.function(dynamic=["M"])
+    def f(x: Tensor["M", "N"]):
+        return x * (2.0 if x.shape[0] in sizes else 1.0) * scales.get(x.shape[0], 1.0)
+
+    for m, factor in ((3, 2.0), (4, 0.5), (6, 1.0)):
+        x = np.ones((m, 2), np.float32)
+        np.testing.assert_allclose(f(x), factor * x)
+    assert "M" in f.cache_info().fixed
+
+
+def test_a_column_slice_of_a_varying_input_compiles_per_value():
+    """An input read in place through its strides (a column slice) keeps its dim a constant."""
+    @tsr.function
+    def f(x: Tensor["M", "N"], b: Tensor["N"]):
+        return tsr.softmax(x + b, dim=-1)
+
+    rng = np.random.default_rng(8)
+    b = rand(rng, 32)
+    for m in (100, 37, 5):
+        x = rand(rng, m, 96)[:, :32]
+        np.testing.assert_allclose(f(x, b), softmax_ref(x + b), rtol=1e-5, atol=1e-7)
+    assert "M" in f.cache_info().fixed
+
+
+def test_outputs_past_32_bit_offsets_recompile_with_64(monkeypatch):
+    """The offset class looks at the inputs; an output a broadcast makes larger than every input
+    raises OffsetWidthError before any launch, and the function takes 64-bit offsets from then on."""
+    import tessera.dims as dims
+    monkeypatch.setattr(dims, "INDEX_LIMIT", 1000)
+
+    @tsr.function(dynamic=["M"])
+    def outer(x: Tensor["M", 1], y: Tensor[1, "N"]):
+        return x * y
+
+    y = np.arange(64, dtype=np.float32)[None, :]
+    for m in (4, 64, 5):
+        x = np.arange(m, dtype=np.float32)[:, None]
+        np.testing.assert_allclose(outer(x, y), x * y)
+    assert outer.specialization.wide and outer.cache_info().compiles == 2
+
+
+def test_a_row_reduction_to_a_vector_and_an_inserted_unit_dim_stay_generic():
+    @tsr.function(dynamic=["M"])
+    def means(x: Tensor["M", "N"]):
+        return tsr.mean(x, dim=-1)
+
+    @tsr.function(dynamic=["M"])
+    def widen(x: Tensor["M", "N"]):
+        return tsr.exp(x[:, None, :])
+
+    rng = np.random.default_rng(9)
+    for m in (2, 7, 130):
+        x = rand(rng, m, 24)
+        np.testing.assert_allclose(means(x), x.astype(np.float64).mean(-1), rtol=1e-5, atol=1e-6)
+        np.testing.assert_allclose(widen(x), np.exp(x.astype(np.float64))[:, None, :], rtol=1e-5)
+    for fn in (means, widen):
+        assert fn.cache_info().compiles == 1 and fn.cache_info().fixed == {}, fn.cache_info()

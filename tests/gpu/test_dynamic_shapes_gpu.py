@@ -152,3 +152,22 @@ def test_a_dynamic_length_writes_nothing_past_its_end(torch_cuda):
         torch.testing.assert_close(buffer[:m], x * 2, rtol=0, atol=0)
         assert bool((buffer[m:] == 7.0).all()), f"M={m}: elements past the end were written"
     assert double.cache_info().compiles == 1
+
+
+def test_a_row_mean_without_keepdim_and_an_inserted_unit_dim(torch_cuda):
+    """A reduction to [M] (its kernel writes a [M, 1] view of the result) and a [M, 1, N] result."""
+    torch = torch_cuda
+
+    @tsr.function(dynamic=["M"])
+    def means(x: Tensor["M", "N"]):
+        return tsr.mean(x, dim=-1)
+
+    @tsr.function(dynamic=["M"])
+    def widen(x: Tensor["M", "N"]):
+        return tsr.exp(x[:, None, :])
+
+    for m in ROWS:
+        x = torch.randn(m, 333, device="cuda", dtype=torch.float32)
+        check(means(x), x.double().mean(-1), "fp32", torch)
+        check(widen(x), x.double().exp()[:, None, :], "fp32", torch)
+    assert means.cache_info().compiles == 1 and widen.cache_info().compiles == 1

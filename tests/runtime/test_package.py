@@ -252,8 +252,8 @@ def test_a_dynamic_dim_packages_one_specialization_for_every_value(tmp_path, mon
     source = tmp_path / "rows.py"
     source.write_text(ROWS_SOURCE)
     out = tmp_path / "pkg"
-    assert cli.main(["package", f"{source}:norm", "--arch", "sm_90a", "--shape", "M=8,N=256", "--dynamic", "M",
-                     "-o", str(out)]) == 0
+    assert cli.main(["package", f"{source}:norm", "--arch", "sm_90a", "--shape", "M=8,N=256", "--shape", "M=9,N=256",
+                     "--dynamic", "M", "-o", str(out)]) == 0   # (two values of M: one specialization)
     (spec,) = manifest(out)["functions"]["norm"]["specializations"]
     assert spec["arguments"][0]["shape"] == ["M", 256] and spec["dims"] == {"M": "dynamic", "N": 256}
     assert "int tessera_norm(CUdeviceptr x, CUdeviceptr w, CUdeviceptr out0, int64_t M, CUstream stream" in \
