@@ -123,7 +123,7 @@ class KernelBuild:
         values = [*zip(self.group_block.args, kargs), *zip(self.sk.outputs, kargs[len(kargs) - len(self.outs):])]
         for v, param in values:
             shape = g.tensor_type(v).shape
-            if shape and shape[0] == d and param.type.get_shape()[0] == t.DYNAMIC:
+            if shape and shape[0] == d:
                 return param.index
         raise DynamicDim(d, "no kernel param has it as its leading dim")
 
@@ -559,9 +559,9 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     sizes = [kb.size(d) for d in x_t.shape]
     red, col, n_red, n_col = axes[axis], axes[-1], sizes[axis], sizes[-1]
     batch = [(axes[i], sizes[i]) for i in range(x_t.rank - 1) if i != axis]
-    bm, bn, warps = s.column_tile(kb.params, hint(n_red), n_col)
-    splits, per_split = s.split_k_splits(cdiv(hint(n_red), bm), kb.params.get("split_rows", 1))
-    dynamic = is_dynamic(n_red)   # the reduced axis taken at run time: its steps counted in the kernel
+    bm, bn, warps = s.column_tile(kb.params, n_red, n_col)
+    chunks = cdiv(n_red, bm)
+    splits, per_split = s.split_k_splits(chunks, kb.params.get("split_rows", 1))
     out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
     if not anchor.keepdim.data:
         out_map = out_map[:axis] + out_map[axis + 1:]
@@ -573,25 +573,19 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         build.limit_warps(warps)
         c0 = build.mul(build.pid(0), bn)
         scalars = build.batch_indices(build.pid(1), batch)
-        rows = build.extent(x_t.shape[axis], n_red)
-        chunks = cdiv(n_red, bm) if not dynamic else build.b(arith.DivSIOp(
-            build.b(arith.AddiOp(rows, build.b.index(bm - 1))), build.b.index(bm)))
         first: int | SSAValue = 0
         end: int | SSAValue = chunks
-        if splits > 1:   # (a dynamic axis: `splits` runs of a length counted here, the last shorter)
-            run = per_split if not dynamic else build.b(arith.DivSIOp(
-                build.b(arith.AddiOp(chunks, build.b.index(splits - 1))), build.b.index(splits)))
-            run = build.b.index(run) if isinstance(run, int) else run
-            first = build.b(arith.MuliOp(build.pid(2), run))
-            limit = build.b.index(chunks) if isinstance(chunks, int) else chunks
-            end = build.b(arith.MaxSIOp(first, build.b(arith.MinSIOp(build.b(arith.AddiOp(first, run)), limit))))
+        if splits > 1:
+            first = build.mul(build.pid(2), per_split)
+            end = build.b(arith.MinSIOp(build.b(arith.AddiOp(first, build.b.index(per_split))),
+                                        build.b.index(chunks)))
 
         def body(iv, acc):
             r0 = build.mul(iv, bm)
             tile = build.em.value(anchor.input, axes, TileCtx({red: (r0, bm), col: (c0, bn)}, scalars))
             tile = convert(build.b, tile, f32)
-            if dynamic or n_red % bm:   # the last step's rows past the reduced axis count as neutral
-                live = _index_mask(build, r0, bm, rows, shape, 0)
+            if n_red % bm:   # the last step's rows past the reduced axis count as neutral
+                live = _index_mask(build, r0, bm, n_red, shape, 0)
                 tile = select(build.b, live, tile, build.b.full(NEUTRAL[kind], shape))
             return [build.b(COMBINE[kind](acc, tile))]
         (acc,) = _for(build.b, first, end, 1, [build.b.full(NEUTRAL[kind], shape)], body)
@@ -624,14 +618,8 @@ def _store_column_result(build: KernelBuild, reduce, total: SSAValue, ctx: TileC
     """A column reduction's combined [columns] tile as its result (a mean's sum scaled by the reduced
     length), then the epilogue and the store of `result` (by default the kernel's) into `out`."""
     if reduce.kind.data == "mean":
-        dim = g.tensor_type(reduce.input).shape[reduce.axis.data]
-        n_red = build.size(dim)
-        if is_dynamic(n_red):   # 1 / the reduced length, at run time
-            length = build.b(t.SIToFPOp(build.b(arith.IndexCastOp(build.extent(dim, n_red), i32)), f32))
-            scale = build.b(arith.DivfOp(build.b.f32(1.0), length))
-        else:
-            scale = build.b.f32(1.0 / n_red)
-        total = build.b(arith.MulfOp(total, build.b.splat(scale, ctx.shape)))
+        n_red = build.size(g.tensor_type(reduce.input).shape[reduce.axis.data])
+        total = build.b(arith.MulfOp(total, build.b.splat(build.b.f32(1.0 / n_red), ctx.shape)))
     build.em.overrides[reduce.results[0]] = total
     build.store_result(out_map, ctx, result, out)
 
@@ -1732,7 +1720,7 @@ def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
 
 #: kernel kinds whose templates take a leading dim at run time (`KernelBuild.extent`, `grid_extent`);
 #: any other kernel over a dynamic dim raises `DynamicDim`, and the function compiles it as a constant
-GENERIC_KINDS = frozenset({"elementwise", "row_reduction", "column_reduction"})
+GENERIC_KINDS = frozenset({"elementwise", "row_reduction"})
 
 TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
     "elementwise": lower_elementwise,

@@ -37,7 +37,6 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from ..errors import TesseraError
-from ..dims import hint
 from ..ir import graph as g
 from ..ir import provenance
 from .. import dtypes, platforms
@@ -947,7 +946,7 @@ def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
     give every SM COLUMN_BLOCKS_PER_SM blocks, each split keeping at least MIN_SPLIT_ROW_STEPS
     steps."""
     (op,) = (op for op in group.ops if isinstance(op, g.ReduceOp))
-    sizes = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(op.input).shape]   # (speed only)
+    sizes = [g.dim_value(d, planner.bindings) for d in g.tensor_type(op.input).shape]
     axis = op.axis.data
     rows, cols, _ = s.column_tile(params, sizes[axis], sizes[-1])   # the template's tile
     programs = math.prod(sz for i, sz in enumerate(sizes[:-1]) if i != axis) * -(-sizes[-1] // cols)

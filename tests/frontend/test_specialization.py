@@ -343,23 +343,3 @@ def test_a_row_reduction_to_a_vector_and_an_inserted_unit_dim_stay_generic():
         np.testing.assert_allclose(widen(x), np.exp(x.astype(np.float64))[:, None, :], rtol=1e-5)
     for fn in (means, widen):
         assert fn.cache_info().compiles == 1 and fn.cache_info().fixed == {}, fn.cache_info()
-
-
-@pytest.mark.parametrize("sm_count", [None, 132], ids=["one-run", "split-rows"])
-def test_a_column_reduction_over_a_dynamic_axis(sm_count):
-    """A sum and a mean over the rows (dim 0, dynamic): the kernel counts the row steps (and,
-    split over a GPU's SMs, each split's run) from the dim, and a mean scales by its reciprocal."""
-    @tsr.function(dynamic=["M"])
-    def colmean(x: Tensor["M", "N"]):
-        return tsr.mean(x, dim=0) + tsr.sum(x, dim=0, keepdim=True) * 0.5
-
-    specs = colmean.arg_specs_for({"M": 4096, "N": 40})
-    options = {"arch": "sm_90a", "sm_count": sm_count} if sm_count else {}
-    compiled = colmean.compile(specs, dynamic=frozenset({"M"}), **options)
-    assert not any("M" in why for why in colmean.cache_info().fixed.values())
-    rng = np.random.default_rng(10)
-    for m in (2, 3, 17, 1000, 4097, 20000):
-        x = rand(rng, m, 40)
-        (y,) = compiled.run(x)
-        x64 = x.astype(np.float64)
-        np.testing.assert_allclose(y, x64.mean(0) + x64.sum(0, keepdims=True) * 0.5, rtol=1e-4, atol=1e-4)

@@ -171,19 +171,3 @@ def test_a_row_mean_without_keepdim_and_an_inserted_unit_dim(torch_cuda):
         check(means(x), x.double().mean(-1), "fp32", torch)
         check(widen(x), x.double().exp()[:, None, :], "fp32", torch)
     assert means.cache_info().compiles == 1 and widen.cache_info().compiles == 1
-
-
-def test_column_reductions_over_a_dynamic_row_count(torch_cuda):
-    """Sums and means over the rows (a bias gradient): the row steps, each split's run and a mean's
-    scale come from the dim at run time."""
-    torch = torch_cuda
-
-    @tsr.function(dynamic=["M"])
-    def col(x: Tensor["M", "N"]):
-        return tsr.mean(x, dim=0) + tsr.sum(x, dim=0)
-
-    for n in (40, 4096):
-        for m in ROWS:
-            x = torch.randn(m, n, device="cuda", dtype=torch.float32)
-            check(col(x), x.double().mean(0) + x.double().sum(0), "fp32", torch)
-    assert col.cache_info().compiles == 2   # one per N
