@@ -123,7 +123,7 @@ class KernelBuild:
         values = [*zip(self.group_block.args, kargs), *zip(self.sk.outputs, kargs[len(kargs) - len(self.outs):])]
         for v, param in values:
             shape = g.tensor_type(v).shape
-            if shape and shape[0] == d:
+            if shape and shape[0] == d and param.type.get_shape()[0] == t.DYNAMIC:
                 return param.index
         raise DynamicDim(d, "no kernel param has it as its leading dim")
 
