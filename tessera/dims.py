@@ -43,7 +43,7 @@ class Dynamic:
     __slots__ = ("name", "hint", "index_bits")
 
     def __init__(self, name: str, hint: int = HINT, index_bits: int = 64):
-        #: 32 where every tensor with the dim has fewer than 2^31 elements (`index_bits`): the
+        #: 32 where every tensor of the call has fewer than 2^31 elements (`index_bits`): the
         #: kernels then sum element offsets in 32-bit integers, as for a dim of known size
         self.name, self.hint, self.index_bits = name, hint, index_bits
 
