@@ -23,6 +23,7 @@ class CacheInfo:
     """What `Function.cache_info()` reports."""
 
     compiles: int
+    #: calls the compile cache served (a call of shapes that ran before takes the fast path: not counted)
     hits: int
     #: per compile, each dim's value in its key, or "dynamic" (one class for every value >= 2)
     keys: list[dict[str, Any]]
