@@ -408,8 +408,7 @@ def buffer_shapes(host) -> list[tuple]:
     from .ir import tile
     names = host.attributes.get(tile.BUFFER_DIMS)
     names = [a.data for a in names.data] if names is not None else [""] * len(host.body.block.args)
-    return [tuple(name if n == tile.DYNAMIC else n for n in t.get_shape())
-            for t, name in zip(host.function_type.inputs.data, names)]
+    return [tile.symbolic_shape(t, name) for t, name in zip(host.function_type.inputs.data, names)]
 
 
 def _in_layout(x: np.ndarray, memref_type, name: str) -> np.ndarray:

@@ -185,6 +185,12 @@ def is_dynamic_memref(t: Attribute) -> bool:
     return isinstance(t, MemRefType) and DYNAMIC in t.get_shape()
 
 
+def symbolic_shape(t: MemRefType, name: str) -> tuple[int | str, ...]:
+    """A global buffer's shape with its dynamic leading dim as `name` (`BUFFER_DIMS`), which a
+    call binds from its arguments' shapes (`tessera.dims.bind_shapes`)."""
+    return tuple(name if n == DYNAMIC else n for n in t.get_shape())
+
+
 def _require_global_shape(op: Operation, what: str, t: Attribute) -> None:
     """A global tensor's shape: static, but for a leading dim of dynamic size (`?`): its strides
     stay constants, and contiguous (a strided layout keeps its strides as constants)."""

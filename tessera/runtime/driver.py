@@ -668,10 +668,9 @@ class PreparedLaunch:
         """Launch on raw stream `stream` with `values`: an int per pointer or size param, 128 bytes
         per map; `grid`: this call's, where it grows with dims taken at run time."""
         if grid is not None and grid != self.grid3:
-            if 0 in grid:
-                return
             self.grid3 = _dim3(grid, "grid")
-            self._streams.clear()   # a programmatic launch's configuration holds the grid
+            if self._programmatic:   # its launch configuration, kept per stream, holds the grid
+                self._streams.clear()
         for slot, is_map, value in zip(self.slots, self._is_map, values):
             if is_map:
                 ctypes.memmove(slot, value, TENSOR_MAP_BYTES)

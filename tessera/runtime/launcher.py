@@ -82,7 +82,8 @@ def plan(compiled: Compiled) -> Plan:
         elif isinstance(op, tile.AllocGlobalOp):
             index[op.result] = len(types) + len(intermediates)
             name = op.attributes.get(tile.BUFFER_DIMS)
-            intermediates.append(_buffer(op.result.type, name.data if name is not None else ""))
+            intermediates.append(_buffer(op.result.type, tile.symbolic_shape(op.result.type,
+                                                                             name.data if name else "")))
         elif isinstance(op, tile.LaunchOp):
             steps.append(Step(compiled.launches[op.kernel.string_value()], tuple(index[a] for a in op.args)))
     buffers = [_buffer(t, shape) for t, shape in zip(types, shapes)]
@@ -106,15 +107,12 @@ def step_grid(step: Step, shapes: Sequence[tuple]) -> tuple[int, int, int]:
     return launch_grid(step.launch.grid, step.launch.grid_terms, [shapes[i] for i in step.buffers])
 
 
-def _buffer(memref_type, shape: tuple | str = "") -> Buffer:
-    """A buffer of `memref_type`; `shape`: its shape with a dynamic dim's name (`compiler.buffer_shapes`),
-    or the name of its dynamic leading dim."""
+def _buffer(memref_type, shape: tuple) -> Buffer:
+    """A buffer of `memref_type` whose shape is `shape` (its dynamic dim by name: `tile.symbolic_shape`)."""
     from ..interpreter.tile_interp import np_dtype
     from ..ir import tile
     from .. import dtypes
     strides = tile.element_strides(memref_type) if tile.is_strided(memref_type) else None
-    if isinstance(shape, str):
-        shape = tuple(shape if n == tile.DYNAMIC else n for n in memref_type.get_shape())
     return Buffer(tuple(shape), dtypes.lookup(np_dtype(memref_type)), strides)
 
 
