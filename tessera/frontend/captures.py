@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import enum
 import types
-from typing import Any, Callable
+from typing import Any, Callable, NamedTuple
 
 import numpy as np
 
@@ -32,7 +32,8 @@ MAX_ARRAY_BYTES = 4096
 MAX_ITEMS = 1024
 MAX_DEPTH = 4
 
-_MISSING = object()
+#: what reading an unassigned closure variable or a deleted global gives
+MISSING = _MISSING = object()
 
 
 class ObjectIdentity(int):
@@ -46,25 +47,51 @@ class Captures:
     def __init__(self, fn: Callable):
         self.fn = fn
         self._plan: list[tuple[str, Callable[[], Any], Any]] | None = None
+        #: (the values read, their key) when every one is immutable or keyed by identity: a call
+        #: that reads the same objects again returns that key object itself, unfrozen (the launch
+        #: fast path compares keys by identity first: a layer_norm's froze in 2 us)
+        self._last: tuple[list, tuple] | None = None
 
     def key(self) -> tuple:
         """The values now, frozen; re-plans when a helper function it looked into was rebound."""
         if self._plan is None:
             self._plan = _plan(self.fn)
+            self._last = None
+        raw = [v.read() for v in self._plan]
+        last = self._last
+        if last is not None and all(a is b for a, b in zip(raw, last[0])):
+            return last[1]
         values = []
-        for label, read, helper in self._plan:
-            value = read()
-            if helper is not None and value is not helper:
+        for variable, value in zip(self._plan, raw):
+            if variable.helper is not None and value is not variable.helper:
                 self._plan = None
                 return self.key()
-            values.append(freeze(value, label))
-        return tuple(values)
+            values.append(freeze(value, variable.label))
+        key = tuple(values)
+        self._last = (raw, key) if all(_same_when_identical(v) for v in raw) else None
+        return key
+
+    def identity_guards(self) -> tuple | None:
+        """What the launch fast path (runtime/fastcall.py) checks instead of `key()`: per variable,
+        ("global", its module's dict, name, the value) or ("cell", the cell, the value), the value
+        the last `key()` read (`MISSING` where absent), each to be the same object again; None when
+        some value is not keyed by identity alone (a list, a config object: their contents can
+        change while they stay the same object)."""
+        if self._plan is None or self._last is None:
+            return None
+        return tuple((*v.source, value) for v, value in zip(self._plan, self._last[0]))
 
 
-def _plan(fn: Callable) -> list[tuple[str, Callable[[], Any], Any]]:
-    """(label, reader, helper) per variable `fn` reads: its closure cells, the globals its code
-    names (nested code objects included), and, through helper functions of its own module, theirs.
-    `helper` is the function looked into, whose rebinding changes the plan."""
+class _Variable(NamedTuple):
+    label: str
+    read: Callable[[], Any]
+    helper: Any                  # the helper function looked into, whose rebinding changes the plan
+    source: tuple                # ("global", module dict, name) or ("cell", cell)
+
+
+def _plan(fn: Callable) -> list[_Variable]:
+    """Each variable `fn` reads: its closure cells, the globals its code names (nested code objects
+    included), and, through helper functions of its own module, theirs."""
     plan: list = []
     seen_code: set = set()
     seen_vars: set = set()
@@ -75,22 +102,22 @@ def _plan(fn: Callable) -> list[tuple[str, Callable[[], Any], Any]]:
         seen_code.add(f.__code__)
         for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
             add(("cell", id(cell)), f"{fn.__name__} reads closure variable {name!r}{through(f)}",
-                _cell_reader(cell), _cell_value(cell))
+                _cell_reader(cell), _cell_value(cell), ("cell", cell))
         module_globals = f.__globals__
         for name in _global_names(f.__code__):
             if name in module_globals:
                 add(("global", id(module_globals), name), f"{fn.__name__} reads global {name!r}{through(f)}",
-                    _global_reader(module_globals, name), module_globals[name])
+                    _global_reader(module_globals, name), module_globals[name], ("global", module_globals, name))
 
     def through(f) -> str:
         return "" if f is fn else f" (in {f.__name__})"
 
-    def add(identity, label, read, value) -> None:
+    def add(identity, label, read, value, source) -> None:
         if identity in seen_vars:
             return
         seen_vars.add(identity)
         helper = value if _is_helper(value, fn) else None
-        plan.append((label, read, helper))
+        plan.append(_Variable(label, read, helper, source))
         if helper is not None:
             visit(helper)
 
@@ -158,6 +185,14 @@ def freeze(value, label: str, depth: int = 0):
     if depth == 0 and hasattr(value, "__dict__") and not type(value).__module__.startswith("tessera."):
         return (type(value), ObjectIdentity(id(value)), freeze(vars(value), label, depth + 1))   # a config object
     return value   # an object inside another, a Tessera function: by identity
+
+
+def _same_when_identical(value) -> bool:
+    """Whether `value`'s frozen form (`freeze`) holds while it is the same object: an immutable
+    value, or one keyed by identity (not a container or a config object, whose contents can change)."""
+    return (isinstance(value, _VALUES) or value is _MISSING or isinstance(value, _IDENTITIES)
+            or callable(value) and not hasattr(value, "__dict__")
+            or type(value).__module__.startswith("tessera.") and hasattr(value, "__dict__"))
 
 
 def _refused(label: str, value, why: str) -> ArgumentKindError:

@@ -82,10 +82,16 @@ def _torch_path(args) -> bool:
 _torch_wanted = None   # torch_autograd.wanted, once a torch tensor was passed
 
 
+def _torch_compiling() -> bool:
+    """Whether torch.compile (Dynamo) is tracing the call, which must reach the torch op (and does
+    not trace into C): torch's own check, once a torch tensor was passed."""
+    return False
+
+
 def _load_torch_wanted():
-    global _torch_wanted
-    from .torch_autograd import wanted
-    _torch_wanted = wanted
+    global _torch_wanted, _torch_compiling
+    from .torch_autograd import _is_compiling, wanted
+    _torch_wanted, _torch_compiling = wanted, _is_compiling
     return wanted
 
 
@@ -120,7 +126,9 @@ class Function:
         self.tuner = None      # an Autotuner, for @kernel.autotune: GPU calls then use its choice
         self._cache: dict[tuple, Any] = {}
         self._tuned: dict[tuple, dict] = {}   # call signature -> the tuner's schedule
-        self._programs: dict[tuple, tuple] = {}   # GPU call key -> (program, tensor positions, out positions)
+        self._programs: dict[tuple, _Known] = {}   # GPU call key -> its program
+        #: the fast path's call (`fastcall`) of the last GPU call, which the next call tries first
+        self._fast: Any = None
         self._warm: dict[tuple, tuple] = {}       # (warm-start key, device) -> what _gpu_program returns
         self.captures = Captures(fn)   # the globals and closure variables it reads: part of every key
         self.specialization = Specialization(self.name, static, dynamic)
@@ -358,8 +366,9 @@ class Function:
             return None
         return key
 
-    def _remember_program(self, key, program, tensors, out_names=()) -> None:
-        """After a GPU call on the slow path: its program, for later calls with the same key."""
+    def _remember_program(self, key, program, tensors, out_names=(), args: Sequence = ()) -> None:
+        """After a GPU call on the slow path: its program, for later calls with the same key, and
+        the record of its call, which the fast path (`fastcall`) replays from the next call on."""
         if key is None:
             return
         if len(self._programs) >= MAX_REMEMBERED_CALLS:   # a shape-generic program sees every length
@@ -367,8 +376,24 @@ class Function:
         names = list(self.signature.parameters)
         tensor_names = [n for n, _ in tensors]
         # each tensor's position among the arguments, and each output's among the tensors
-        self._programs[key] = (program, tuple(names.index(n) for n in tensor_names),
-                               tuple(tensor_names.index(n) for n in out_names))
+        positions = tuple(names.index(n) for n in tensor_names)
+        known = _Known(program, positions, tuple(tensor_names.index(n) for n in out_names))
+        guards = self.captures.identity_guards()
+        if guards is not None and positions and max(positions) < len(args):
+            values = {i: a for i, a in enumerate(args) if i not in positions}
+            record = getattr(program, "fast_record", lambda *a, **k: None)(
+                [args[i] for i in positions], positions, values, out=known.outputs if self.writes_outputs else None)
+            known.record = dataclasses.replace(record, guards=guards) if record is not None else None
+        self._programs[key] = known
+        self._try_first(known)
+
+    def _try_first(self, known: _Known) -> None:
+        """Makes `known`'s fast call the one the next call tries first (made once the C module has
+        loaded: `fastcall.make` is None until then)."""
+        if known.record is not None and known.call is None:
+            from ..runtime import fastcall
+            known.call = fastcall.make(known.record)
+        self._fast = known.call
 
     def _gpu_program(self, tensors, constants, options: dict, device: int) -> tuple:
         """(program, result names, whether it reads an output it writes) for a GPU call: this
@@ -418,14 +443,19 @@ class Function:
         (torch in, torch out, on the CPU too; NumPy in, NumPy out; CuPy in, CuPy out). Torch
         tensors that require grad, and torch.compile, go through the function's torch op
         (`torch_autograd`)."""
+        fast = self._fast
+        if fast is not None and not options and not _torch_compiling():
+            outs = fast(*args)   # the last GPU call's record, checked (captures and grad included) and launched in C
+            if outs is not None:
+                return outs
         if _torch_path(args):
             from . import torch_autograd
             return torch_autograd.call(self, args, options)
         key = self._call_key(args, options)
         known = self._programs.get(key) if key is not None else None
         if known is not None:
-            program, inputs, _ = known
-            outs = program(*[args[i] for i in inputs])
+            outs = known.program(*[args[i] for i in known.inputs])
+            self._try_first(known)
             return outs[0] if len(outs) == 1 else tuple(outs)
         return self._wide_on_overflow(self._call_slowly, key, args, options)
 
@@ -449,7 +479,7 @@ class Function:
             options = self._tuned_options(tensors, constants, options, device)
             program, _, _ = self._gpu_program(tensors, constants, options, device)
             outs = program(*[x for _, x in tensors])
-            self._remember_program(key, program, tensors)
+            self._remember_program(key, program, tensors, args=args)
         else:
             compiled = self._compiled_for(tensors, constants, options)
             outs = compiled.run(*[interop.host_array(x) for _, x in tensors])
@@ -463,13 +493,16 @@ class Kernel(Function):
     writes_outputs = True
 
     def __call__(self, *args, **options):
+        fast = self._fast
+        if fast is not None and not options and not _torch_compiling() and fast(*args) is not None:
+            return None   # (checked and launched in C: the record's outputs overlap no other argument)
         key = self._call_key(args, options)
         known = self._programs.get(key) if key is not None else None
         if known is not None:
-            program, inputs, out_positions = known
-            ins = [args[i] for i in inputs]
-            out = [ins[i] for i in out_positions]
-            _through_copies_if_aliased(program, ins, out_positions)(*ins, out=out)
+            ins = [args[i] for i in known.inputs]
+            out = [ins[i] for i in known.outputs]
+            _through_copies_if_aliased(known.program, ins, known.outputs)(*ins, out=out)
+            self._try_first(known)
             return None
         return self._wide_on_overflow(self._call_slowly, key, args, options)
 
@@ -491,13 +524,26 @@ class Kernel(Function):
             ins, out = [x for _, x in tensors], [arrays[n] for n in result_names]
             names = [n for n, _ in tensors]
             _through_copies_if_aliased(program, ins, [names.index(n) for n in result_names])(*ins, out=out)
-            self._remember_program(key, program, tensors, result_names)
+            self._remember_program(key, program, tensors, result_names, args=args)
             return None
         compiled = self._compiled_for(tensors, constants, options)
         outs = compiled.run(*[interop.host_array(x) for _, x in tensors])
         for name, value in zip(compiled.result_names, outs):
             interop.write_host(arrays[name], value, f"{self.name}: output {name!r}")
         return None
+
+
+@dataclasses.dataclass
+class _Known:
+    """A GPU call's program, for later calls with the same key: its tensors' positions among the
+    arguments, a @kernel's outputs' positions among the tensors, and for a function the record of
+    the call (`GpuProgram.fast_record`) with the fast path's call of it, once made."""
+
+    program: Any
+    inputs: tuple[int, ...]
+    outputs: tuple[int, ...] = ()
+    record: Any = None
+    call: Any = None
 
 
 def _reads_an_output(compiled) -> bool:

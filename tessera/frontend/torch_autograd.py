@@ -380,3 +380,6 @@ class _TaggedCaptures:
 
     def key(self) -> tuple:
         return (self.captures.key(), self.tag)
+
+    def identity_guards(self) -> tuple | None:
+        return self.captures.identity_guards()

@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..dims import bind_shapes, launch_grid
 from ..errors import DTypeError, ShapeError, TesseraError
-from . import driver, interop, profile
+from . import driver, fastcall, interop, profile
 from .cache import functions
 
 if TYPE_CHECKING:
@@ -92,14 +92,21 @@ def plan(compiled: Compiled) -> Plan:
     return Plan(inputs, buffers[n_inputs:], intermediates, steps, bits.value.data if bits is not None else 64)
 
 
+def step_params(step: Step, shapes: Sequence[tuple] | None = None) -> list[tuple]:
+    """`step`'s kernel params in the order its PTX declares them (`param_types`), as the fast path
+    (`fastcall.Launch`) lays them out: (POINTER, buffer) per buffer, then (TENSOR_MAP, buffer, spec)
+    per tensor map, then (U32, size) per dynamic dim it takes, from the call's buffer `shapes`."""
+    return ([(fastcall.POINTER, i) for i in step.buffers]
+            + [(fastcall.TENSOR_MAP, step.buffers[spec.arg], spec) for spec in step.launch.tensor_maps]
+            + [(fastcall.U32, shapes[step.buffers[param]][dim]) for param, dim in step.launch.dims])
+
+
 def launch_args(step: Step, pointers: Sequence[int], encode: Callable[[int, TensorMapSpec], bytes],
                 shapes: Sequence[tuple] | None = None) -> list:
-    """`step`'s kernel argument values in the order its PTX declares its params (`param_types`):
-    a pointer per buffer, then each tensor map, encoded by `encode` over the pointer of the buffer
-    it describes, then the size of each dynamic dim it takes, from the call's buffer `shapes`."""
-    ptrs = [pointers[i] for i in step.buffers]
-    args = ptrs + [encode(ptrs[spec.arg], spec) for spec in step.launch.tensor_maps]
-    return args + [shapes[step.buffers[param]][dim] for param, dim in step.launch.dims]
+    """`step`'s kernel argument values (`step_params`): each buffer's pointer, each tensor map
+    encoded by `encode` over the pointer of the buffer it describes, each dynamic dim's size."""
+    return [pointers[p[1]] if p[0] == fastcall.POINTER else p[1] if p[0] == fastcall.U32 else encode(pointers[p[1]], p[2])
+            for p in step_params(step, shapes)]
 
 
 def step_grid(step: Step, shapes: Sequence[tuple]) -> tuple[int, int, int]:
@@ -288,6 +295,51 @@ class GpuProgram:
         pointers += [x.data_ptr() for x in fresh]
         return pointers, outputs
 
+    def fast_record(self, inputs: Sequence, positions: Sequence[int], values: dict[int, Any],
+                    out: Sequence[int] | None = None) -> fastcall.Record | None:
+        """The record of a call like this one for the fast path (`fastcall`): torch tensors of the
+        types, dtypes, shapes, devices and layouts `inputs` have (the call just validated them), at
+        argument `positions`, and the other arguments' `values` by position; for a @kernel, `out`:
+        its outputs' positions among `inputs`, written in place (the record returns ()). None where
+        a call needs more than the record checks: a profiled program, an input the compile copies,
+        arrays other than one torch tensor type, a value other than a number, string or None."""
+        if self.profiled or self._torch_signature is None or any(b.copied for b in self.plan.inputs) \
+                or not all(type(v) in fastcall.VALUE_TYPES for v in values.values()):
+            return None
+        kind, expected = self._torch_signature
+        raw_stream = driver._torch_raw_stream()
+        if raw_stream is None or any(type(x) is not kind for x in inputs):
+            return None
+        import torch
+        shapes, grids = self._call_shapes(inputs) if self.dynamic else (self._shapes, None)
+        args: dict[int, tuple] = {i: (fastcall.ARG_VALUE, v) for i, v in values.items()}
+        for position, x, strides, (dtype, device) in zip(positions, inputs, self._strides, expected):
+            lo, hi = interop.byte_span(x)
+            if lo != x.data_ptr():   # (a negative stride)
+                return None
+            args[position] = (fastcall.ARG_TENSOR, kind, dtype, tuple(x.shape), device, strides, hi - lo)
+        device = torch.device("cuda", self.device)
+        # torch.empty_like of a contiguous input of the same shape, where there is one: it costs half
+        # of torch.empty's host time (1.5 us against 3.1 on the H200, bench/launch_overhead.py)
+        like = {tuple(x.shape): p for p, x, strides in zip(positions, inputs, self._strides) if strides is None}
+        allocs = tuple(fastcall.Alloc(torch.empty_like, (), (("dtype", dtype),), template=like[tuple(shape)])
+                       if tuple(shape) in like else
+                       fastcall.Alloc(torch.empty, (tuple(shape),), (("dtype", dtype), ("device", device)))
+                       for shape, (dtype, _) in zip(shapes[self.n_inputs:], expected[self.n_inputs:]))
+        written = tuple(positions[i] for i in out) if out is not None else ()
+        if out is not None:   # a kernel's outputs are its arguments
+            allocs = tuple(fastcall.Alloc(_itself, template=p) for p in written) + allocs[len(written):]
+        launches = tuple(
+            fastcall.Launch(int(self.kernels[step.launch.name].handle),
+                            driver._dim3(grids[i] if grids is not None else step.launch.grid, "grid"),
+                            driver._dim3(step.launch.threads, "block"), step.launch.dynamic_shared,
+                            bool(step.launch.programmatic), tuple(step_params(step, shapes)))
+            for i, step in enumerate(self.plan.steps))
+        return fastcall.Record(tuple(args[i] for i in range(len(args))), tuple(positions), allocs,
+                               0 if out is not None else len(self.outputs), raw_stream, self.device,
+                               int(driver.primary_context(self.device)), self._tensor_map, launches,
+                               disjoint=written, owner=self)
+
     def _tensor_map(self, ptr: int, spec: TensorMapSpec) -> bytes:
         """`driver.encode_tensor_map`, remembered: caching allocators hand a steady-state call the
         same addresses again, so it launches without re-encoding (a driver call per map)."""
@@ -298,6 +350,11 @@ class GpuProgram:
                 self._tensor_maps.clear()
             encoded = self._tensor_maps[key] = driver.encode_tensor_map(ptr, spec)
         return encoded   # (not re-read from the dict: another thread may clear it meanwhile)
+
+
+def _itself(x):
+    """A @kernel's output, for the fast path's allocation of it: the argument itself."""
+    return x
 
 
 def current_stream(template, device: int) -> int:

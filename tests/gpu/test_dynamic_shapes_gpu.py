@@ -103,7 +103,7 @@ def test_a_generic_program_refuses_a_wrong_static_dim(torch_cuda):
     x = torch.randn(5, 64, device="cuda", dtype=torch.float16)
     w = torch.randn(64, device="cuda", dtype=torch.float16)
     layer_norm(x, w, w)
-    program = next(iter(layer_norm._programs.values()))[0]
+    program = next(iter(layer_norm._programs.values())).program
     with pytest.raises(ShapeError, match="argument 'w'"):
         program(torch.randn(9, 64, device="cuda", dtype=torch.float16), w[:32].contiguous(), w)
 

@@ -1,0 +1,179 @@
+"""The launch fast path (runtime/fastcall.py) on the GPU: a repeated call is checked and launched in
+C, gives the results the general path gives on fresh inputs, and hands anything that differs from
+its record (a shape, a dtype, a layout, a value, a captured global, grad) back to the general path."""
+import math
+
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.runtime import fastcall
+
+SCALE = 2.0
+
+
+@pytest.fixture
+def torch(torch_cuda):
+    if fastcall.wait(timeout=120) is None:
+        pytest.fail(f"the fast path did not load: {fastcall.unavailable()}")
+    return torch_cuda
+
+
+def close(got, want, tol=2e-2):
+    got = got.double()
+    assert not got.isnan().any()
+    err = ((got - want).norm() / want.norm().clamp_min(1e-30)).item()
+    assert err < tol, f"relative error {err:.2e}"
+
+
+def fast_calls(fn) -> bool:
+    """Whether `fn`'s next call tries a C call first."""
+    return fn._fast is not None and type(fn._fast).__module__ == fastcall.MODULE_NAME
+
+
+def test_repeated_calls_run_in_c_on_fresh_values_and_pointers(torch):
+    @tsr.function
+    def scale_add(x: Tensor["M", "N"], y: Tensor["M", "N"], c: float):
+        return x * c + y * SCALE
+
+    for i in range(4):
+        x, y = (torch.randn(997, 129, device="cuda", dtype=torch.float16) for _ in range(2))
+        close(scale_add(x, y, 0.5), x.double() * 0.5 + y.double() * SCALE)
+    assert fast_calls(scale_add)
+
+
+@pytest.mark.parametrize("change", ["shape", "dtype", "strides", "value", "misaligned", "grad"])
+def test_a_call_unlike_the_record_takes_the_general_path(torch, change):
+    @tsr.function
+    def scale_add(x: Tensor["M", "N"], y: Tensor["M", "N"], c: float):
+        return x * c + y
+
+    x, y = (torch.randn(64, 128, device="cuda", dtype=torch.float16) for _ in range(2))
+    scale_add(x, y, 2.0)
+    scale_add(x, y, 2.0)
+    assert fast_calls(scale_add)
+    c = 2.0
+    if change == "shape":
+        x, y = x[:33], y[:33]
+    elif change == "dtype":
+        x, y = x.bfloat16(), y.bfloat16()
+    elif change == "strides":
+        y = torch.randn(128, 64, device="cuda", dtype=torch.float16).t()
+    elif change == "value":
+        c = 3.0
+    elif change == "misaligned":
+        with pytest.raises(Exception, match="16-byte aligned"):
+            scale_add(x, torch.empty(64 * 128 + 8, device="cuda", dtype=torch.float16)[1:1 + 64 * 128].view(64, 128), c)
+        return
+    elif change == "grad":
+        x = x.clone().requires_grad_()
+    out = scale_add(x, y, c)
+    close(out, x.detach().double() * c + y.double())
+    if change == "grad":
+        assert out.requires_grad
+
+
+def test_a_changed_global_recompiles(torch):
+    global SCALE
+
+    @tsr.function
+    def scaled(x: Tensor["M", "N"]):
+        return x * SCALE
+
+    x = torch.randn(8, 64, device="cuda", dtype=torch.float16)
+    scaled(x)
+    scaled(x)
+    assert fast_calls(scaled)
+    old = SCALE
+    try:
+        SCALE = 3.0
+        close(scaled(x), x.double() * 3.0)
+    finally:
+        SCALE = old
+    close(scaled(x), x.double() * old)
+
+
+def test_several_kernels_tensor_maps_and_dynamic_dims(torch):
+    """A GEMM + gelu + GEMM chain (several launches), an attention (tensor maps on sm_90a) and a
+    shape-generic layer_norm alternating row counts (a record per shape) through the fast path."""
+    @tsr.function
+    def mlp(x: Tensor["M", "K"], w1: Tensor["K", "F"], w2: Tensor["F", "K"]):
+        return tsr.matmul(tsr.gelu(tsr.matmul(x, w1)), w2)
+
+    @tsr.function
+    def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        return tsr.softmax(tsr.matmul(q, k.transpose(-1, -2)) * (q.shape[-1] ** -0.5), dim=-1) @ v
+
+    @tsr.function(dynamic=["M"])
+    def norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.layer_norm(x, (x.shape[-1],), w, b)
+
+    F = torch.nn.functional
+    w1, w2 = (torch.randn(256, 256, device="cuda", dtype=torch.bfloat16) / 16 for _ in range(2))
+    w, b = torch.randn(320, device="cuda", dtype=torch.bfloat16), torch.randn(320, device="cuda", dtype=torch.bfloat16)
+    for i in range(3):
+        x = torch.randn(37, 256, device="cuda", dtype=torch.bfloat16)
+        close(mlp(x, w1, w2), F.gelu(x.double() @ w1.double()) @ w2.double())
+        q, k, v = (torch.randn(1, 3, 131, 64, device="cuda", dtype=torch.float16) for _ in range(3))
+        close(attention(q, k, v), F.scaled_dot_product_attention(q.double(), k.double(), v.double()))
+        for m in (5, 1000):
+            xn = torch.randn(m, 320, device="cuda", dtype=torch.bfloat16)
+            close(norm(xn, w, b), F.layer_norm(xn.double(), (320,), w.double(), b.double()))
+    assert all(fast_calls(f) for f in (mlp, attention, norm))
+    assert norm.cache_info().compiles == 1
+
+
+def test_side_streams_and_graph_capture(torch):
+    """A fast call launches on torch's current stream: work queued on a side stream before it is
+    ordered before it, and a CUDA graph captures it (replayed on new values)."""
+    @tsr.function
+    def gelu(x: Tensor["M", "N"]):
+        return tsr.gelu(x) * 2.0
+
+    x = torch.randn(512, 512, device="cuda", dtype=torch.float16)
+    gelu(x)
+    gelu(x)
+    assert fast_calls(gelu)
+    side = torch.cuda.Stream()
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        y = x * 3            # queued on the side stream ...
+        out = gelu(y)        # ... and the kernel after it, on the same stream
+    side.synchronize()
+    close(out, torch.nn.functional.gelu(x.double() * 3) * 2)
+    with torch.cuda.stream(side):
+        gelu(x)              # allocations from the side stream's pool, before capture
+    torch.cuda.current_stream().wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        captured = gelu(x)
+    for seed in (1, 2):
+        x.copy_(torch.randn(512, 512, device="cuda", generator=torch.Generator(device="cuda").manual_seed(seed)))
+        captured.fill_(math.nan)
+        graph.replay()
+        torch.cuda.synchronize()
+        close(captured, torch.nn.functional.gelu(x.double()) * 2)
+
+
+def test_kernels_write_their_outputs_in_c_unless_an_output_overlaps_an_argument(torch):
+    @tsr.kernel
+    def axpy(x: Tensor["N"], y: Tensor["N"], out: Tensor["N"]):
+        out[:] = x * 2.0 + y
+
+    n = 4097
+    x, y = torch.randn(n, device="cuda"), torch.randn(n, device="cuda")
+    out = torch.full((n,), math.nan, device="cuda")
+    for _ in range(3):
+        x.normal_()
+        axpy(x, y, out)
+        close(out, x.double() * 2 + y.double())
+    assert fast_calls(axpy)
+    # the output is an input: the general path runs it through a copy, with the same result
+    want = x.double() * 2 + y.double()
+    axpy(x, y, y)
+    close(y, want)
+    # a view of an input's memory shifted by a few elements
+    buf = torch.randn(n + 8, device="cuda")
+    want = buf[8:].double() * 2 + buf[:n].double()
+    axpy(buf[8:].clone(), buf[:n], buf[8:])
+    close(buf[8:], want)
