@@ -117,6 +117,10 @@ python3 bench/row_kernels.py || status=1
 section "Shape-generic kernels"
 python3 bench/dynamic_shapes.py || status=1
 
+# Host time per call of a cached function or kernel (the C fast path) against torch's eager ops and a Triton launch.
+section "Launch overhead"
+python3 bench/launch_overhead.py || status=1
+
 # A Llama-style block over every visible GPU (tensor and sequence parallelism) against torch's DTensor.
 section "Tensor parallelism"
 python3 bench/tensor_parallel.py || status=1

@@ -388,11 +388,17 @@ class Function:
         self._try_first(known)
 
     def _try_first(self, known: _Known) -> None:
-        """Makes `known`'s fast call the one the next call tries first (made once the C module has
-        loaded: `fastcall.make` is None until then)."""
-        if known.record is not None and known.call is None:
-            from ..runtime import fastcall
-            known.call = fastcall.make(known.record)
+        """Makes `known`'s fast call the one the next call tries first: made once the C module has
+        loaded (`fastcall.make` is None until then), and made again where a captured variable now
+        holds another object of the same key (`SCALE = 2.0` run again), which its guards decline."""
+        if known.record is not None:
+            guards = self.captures.identity_guards()
+            if guards is None:
+                known.call = None
+            elif known.call is None or not _same_objects(guards, known.record.guards):
+                from ..runtime import fastcall
+                known.record = dataclasses.replace(known.record, guards=guards)
+                known.call = fastcall.make(known.record)
         self._fast = known.call
 
     def _gpu_program(self, tensors, constants, options: dict, device: int) -> tuple:
@@ -531,6 +537,11 @@ class Kernel(Function):
         for name, value in zip(compiled.result_names, outs):
             interop.write_host(arrays[name], value, f"{self.name}: output {name!r}")
         return None
+
+
+def _same_objects(a: tuple, b: tuple) -> bool:
+    """Whether guard tuples `a` and `b` hold the same objects (module dicts are not compared by value)."""
+    return len(a) == len(b) and all(len(x) == len(y) and all(u is v for u, v in zip(x, y)) for x, y in zip(a, b))
 
 
 @dataclasses.dataclass

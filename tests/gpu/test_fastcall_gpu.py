@@ -91,6 +91,11 @@ def test_a_changed_global_recompiles(torch):
     finally:
         SCALE = old
     close(scaled(x), x.double() * old)
+    # another object of the same value: the same program, its record made again with the new object
+    SCALE = old + 0.0
+    assert SCALE is not old
+    scaled(x)
+    assert fast_calls(scaled) and scaled._fast(x) is not None
 
 
 def test_several_kernels_tensor_maps_and_dynamic_dims(torch):
