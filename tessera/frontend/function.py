@@ -366,9 +366,8 @@ class Function:
             return None
         return key
 
-    def _remember_program(self, key, program, tensors, out_names=(), args: Sequence = ()) -> None:
-        """After a GPU call on the slow path: its program, for later calls with the same key, and
-        the record of its call, which the fast path (`fastcall`) replays from the next call on."""
+    def _remember_program(self, key, program, tensors, out_names=()) -> None:
+        """After a GPU call on the slow path: its program, for later calls with the same key."""
         if key is None:
             return
         if len(self._programs) >= MAX_REMEMBERED_CALLS:   # a shape-generic program sees every length
@@ -377,29 +376,38 @@ class Function:
         tensor_names = [n for n, _ in tensors]
         # each tensor's position among the arguments, and each output's among the tensors
         positions = tuple(names.index(n) for n in tensor_names)
-        known = _Known(program, positions, tuple(tensor_names.index(n) for n in out_names))
-        guards = self.captures.identity_guards()
-        if guards is not None and positions and max(positions) < len(args):
-            values = {i: a for i, a in enumerate(args) if i not in positions}
-            record = getattr(program, "fast_record", lambda *a, **k: None)(
-                [args[i] for i in positions], positions, values, out=known.outputs if self.writes_outputs else None)
-            known.record = dataclasses.replace(record, guards=guards) if record is not None else None
-        self._programs[key] = known
-        self._try_first(known)
+        self._programs[key] = _Known(program, positions, tuple(tensor_names.index(n) for n in out_names))
 
-    def _try_first(self, known: _Known) -> None:
-        """Makes `known`'s fast call the one the next call tries first: made once the C module has
-        loaded (`fastcall.make` is None until then), and made again where a captured variable now
-        holds another object of the same key (`SCALE = 2.0` run again), which its guards decline."""
-        if known.record is not None:
-            guards = self.captures.identity_guards()
-            if guards is None:
-                known.call = None
-            elif known.call is None or not _same_objects(guards, known.record.guards):
-                from ..runtime import fastcall
-                known.record = dataclasses.replace(known.record, guards=guards)
-                known.call = fastcall.make(known.record)
+    def _try_first(self, known: _Known, args: Sequence) -> None:
+        """After a call of a known program (its second call or later: a first call, a warm start's
+        included, spends nothing on this), makes its fast call the one the next call tries first.
+        The record is made once, from `args` (which matched the program's key); its C call once
+        the module has loaded (`fastcall.make` is None until then), and again where a captured
+        variable now holds another object of the same key (`SCALE = 2.0` run again), which its
+        guards decline."""
+        from ..runtime import fastcall
+        if fastcall.unavailable() is not None:   # no C compiler, a failed build, TESSERA_NO_FAST_CALL
+            return
+        guards = self.captures.identity_guards()
+        if known.record is None and not known.recorded:
+            known.recorded = True
+            known.record = self._fast_record(known, args, guards)
+        if known.record is None or guards is None:
+            known.call = None
+        elif known.call is None or not _same_objects(guards, known.record.guards):
+            known.record = dataclasses.replace(known.record, guards=guards)
+            known.call = fastcall.make(known.record)
         self._fast = known.call
+
+    def _fast_record(self, known: _Known, args: Sequence, guards: tuple | None):
+        """The program's `fast_record` of a call with `args`, guarding the captured variables."""
+        positions = known.inputs
+        if guards is None or not positions or max(positions) >= len(args):
+            return None
+        values = {i: a for i, a in enumerate(args) if i not in positions}
+        record = getattr(known.program, "fast_record", lambda *a, **k: None)(
+            [args[i] for i in positions], positions, values, out=known.outputs if self.writes_outputs else None)
+        return dataclasses.replace(record, guards=guards) if record is not None else None
 
     def _gpu_program(self, tensors, constants, options: dict, device: int) -> tuple:
         """(program, result names, whether it reads an output it writes) for a GPU call: this
@@ -461,7 +469,7 @@ class Function:
         known = self._programs.get(key) if key is not None else None
         if known is not None:
             outs = known.program(*[args[i] for i in known.inputs])
-            self._try_first(known)
+            self._try_first(known, args)
             return outs[0] if len(outs) == 1 else tuple(outs)
         return self._wide_on_overflow(self._call_slowly, key, args, options)
 
@@ -485,7 +493,7 @@ class Function:
             options = self._tuned_options(tensors, constants, options, device)
             program, _, _ = self._gpu_program(tensors, constants, options, device)
             outs = program(*[x for _, x in tensors])
-            self._remember_program(key, program, tensors, args=args)
+            self._remember_program(key, program, tensors)
         else:
             compiled = self._compiled_for(tensors, constants, options)
             outs = compiled.run(*[interop.host_array(x) for _, x in tensors])
@@ -508,7 +516,7 @@ class Kernel(Function):
             ins = [args[i] for i in known.inputs]
             out = [ins[i] for i in known.outputs]
             _through_copies_if_aliased(known.program, ins, known.outputs)(*ins, out=out)
-            self._try_first(known)
+            self._try_first(known, args)
             return None
         return self._wide_on_overflow(self._call_slowly, key, args, options)
 
@@ -530,7 +538,7 @@ class Kernel(Function):
             ins, out = [x for _, x in tensors], [arrays[n] for n in result_names]
             names = [n for n, _ in tensors]
             _through_copies_if_aliased(program, ins, [names.index(n) for n in result_names])(*ins, out=out)
-            self._remember_program(key, program, tensors, result_names, args=args)
+            self._remember_program(key, program, tensors, result_names)
             return None
         compiled = self._compiled_for(tensors, constants, options)
         outs = compiled.run(*[interop.host_array(x) for _, x in tensors])
@@ -554,6 +562,7 @@ class _Known:
     inputs: tuple[int, ...]
     outputs: tuple[int, ...] = ()
     record: Any = None
+    recorded: bool = False   # whether the record was asked for (it is None where the program has none)
     call: Any = None
 
 
