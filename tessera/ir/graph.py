@@ -193,6 +193,13 @@ def dim_value(d: Dim, bindings: dict[str, int]) -> int | None:
     return d if isinstance(d, int) else bindings.get(d)
 
 
+def is_unit_reshape(op: ReshapeOp, bindings: dict[str, int]) -> bool:
+    """A reshape that only adds or removes size-1 dims (an index map, not a data movement); not one
+    to rank 0: kernels need a dim to tile, so that stays a host view."""
+    sizes = [[dim_value(d, bindings) for d in tensor_type(v).shape] for v in (op.input, op.res)]
+    return bool(sizes[1]) and [n for n in sizes[0] if n != 1] == [n for n in sizes[1] if n != 1]
+
+
 def same_dim(a: Dim, b: Dim, bindings: dict[str, int]) -> bool:
     if a == b:
         return True

@@ -10,6 +10,7 @@ decisions and the code the templates build agree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Callable
 
 from xdsl.ir import Operation
 
@@ -155,6 +156,18 @@ def chain_sinks(block, bindings) -> list[ChainSink]:
         raise TesseraError(f"a flash_chain kernel's {sink.name} must reduce one operand computed from score "
                            f"matmuls along the kernel's tile")
     return out
+
+
+def chain_axis_sizes(sinks: list[ChainSink], size: Callable[[g.Dim], int]) -> dict[str, int]:
+    """Every axis's extent in a flash_chain kernel, from its sinks' computed operands and results
+    (the same for every sink: fusion merges only such kernels); `size` gives a dim's extent."""
+    sizes: dict[str, int] = {}
+    for sink in sinks:
+        for v, m in ((sink.computed, sink.tiling.operand_map), (sink.op.results[0], sink.tiling.result_map)):
+            for axis, d in zip(m, g.tensor_type(v).shape):
+                if axis is not None:
+                    sizes[axis] = max(sizes.get(axis, 1), size(d))
+    return sizes
 
 
 def _sink_behind(v):

@@ -1708,14 +1708,9 @@ def _computed_from(v: SSAValue, op: Operation) -> bool:
 def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
     """Every axis's extent, from the computed operands' and the sink results' dims (the same for
     every sink: fusion merges only such kernels)."""
-    sizes: dict[str, int] = {}
     for sink in sinks:
         _output_map(kb, sink)   # (an epilogue that reshapes the sink's result is refused here)
-        for v, m in ((sink.computed, sink.tiling.operand_map), (sink.op.results[0], sink.tiling.result_map)):
-            for axis, d in zip(m, g.tensor_type(v).shape):
-                if axis is not None:
-                    sizes[axis] = max(sizes.get(axis, 1), kb.size(d))
-    return sizes
+    return index_maps.chain_axis_sizes(sinks, kb.size)
 
 
 #: kernel kinds whose templates take a leading dim at run time (`KernelBuild.extent`, `grid_extent`);

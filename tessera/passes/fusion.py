@@ -50,12 +50,6 @@ from . import query_groups, recompute
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
 
 
-def is_unit_reshape(op: g.ReshapeOp, bindings: dict[str, int]) -> bool:
-    """A reshape that only adds or removes size-1 dims (an index map, not a data movement)."""
-    sizes = [[g.dim_value(d, bindings) for d in g.tensor_type(v).shape] for v in (op.input, op.res)]
-    if not sizes[1]:  # to rank 0: kernels need a dim to tile, so this stays a host view
-        return False
-    return [s for s in sizes[0] if s != 1] == [s for s in sizes[1] if s != 1]
 #: ops that read their operands elsewhere than at their own element (a shifted tile): they fuse into
 #: the kernels that load them, never into an epilogue, which has only the output tile in registers
 WINDOWS = (g.SliceOp, g.ConcatOp)
@@ -136,7 +130,7 @@ class _Planner:
     def cheap(self, op) -> bool:
         """Recomputed inside every kernel that reads it (see the module docstring)."""
         if isinstance(op, g.ReshapeOp):
-            return is_unit_reshape(op, self.bindings)
+            return g.is_unit_reshape(op, self.bindings)
         return isinstance(op, CHEAP)
 
     # --- helpers ----------------------------------------------------------
@@ -858,12 +852,7 @@ def _chain_work(block: Block, planner: _Planner) -> tuple[int, int] | None:
     sinks = index_maps.chain_sinks(block, planner.bindings)
     if not _one_sided(chain_bounds(block, sinks, planner.bindings)):
         return None
-    (sink, *_) = sinks
-    sizes = {}
-    for v, m in ((sink.computed, sink.tiling.operand_map), (sink.op.results[0], sink.tiling.result_map)):
-        for axis, d in zip(m, g.tensor_type(v).shape):
-            if axis is not None:
-                sizes[axis] = max(sizes.get(axis, 1), g.dim_value(d, planner.bindings))
+    sizes = index_maps.chain_axis_sizes(sinks, lambda d: g.dim_value(d, planner.bindings))
     return math.prod(n for a, n in sizes.items() if a not in ("m", "n", "e")), sizes["m"]
 
 

@@ -75,7 +75,7 @@ def _strided_args(f: func.FuncOp) -> set[SSAValue]:
 def _contiguous(q: SSAValue, strided: set[SSAValue], bindings) -> bool:
     """Whether q is a contiguous buffer (through unit views), which a host view can merge two dims
     of: a q passed strided, or a transpose, would be copied first, where unmerged it is read in place."""
-    while isinstance(q.owner, g.ReshapeOp) and _unit_reshape(q.owner, bindings):
+    while isinstance(q.owner, g.ReshapeOp) and g.is_unit_reshape(q.owner, bindings):
         q = q.owner.input
     if isinstance(q.owner, Operation):
         return not isinstance(q.owner, (g.TransposeOp, g.ReshapeOp))
@@ -200,7 +200,7 @@ class _Merge:
             new = g.CastOp(operands[0], result) if isinstance(op, g.CastOp) else \
                 g.ELEMENTWISE_OPS[op.kind](operands, result)
             return self._add(new, op)
-        if isinstance(op, g.ReshapeOp) and _unit_reshape(op, self.bindings):
+        if isinstance(op, g.ReshapeOp) and g.is_unit_reshape(op, self.bindings):
             dims = _input_dims(op, self.bindings)
             src_g = dims.get(g_dim) if g_dim is not None and shape[g_dim] != 1 else None
             src_m = dims.get(m_dim) if m_dim is not None and shape[m_dim] != 1 else None
@@ -323,11 +323,6 @@ def _varies_along_groups(v: SSAValue, bindings) -> bool:
 def _shifted(dim: int | None, lead: int) -> int | None:
     """An op's result dim as its operand's (broadcast right-aligned `lead` dims fewer), or None."""
     return None if dim is None or dim - lead < 0 else dim - lead
-
-
-def _unit_reshape(op: g.ReshapeOp, bindings) -> bool:
-    sizes = [[g.dim_value(d, bindings) for d in g.tensor_type(x).shape] for x in (op.input, op.res)]
-    return [s for s in sizes[0] if s != 1] == [s for s in sizes[1] if s != 1]
 
 
 def _input_dims(op: g.ReshapeOp, bindings) -> dict[int, int]:

@@ -48,12 +48,7 @@ def is_score_matmul(op, bindings: dict[str, int]) -> bool:
 
 def _recomputable(op, bindings) -> bool:
     return isinstance(op, Operation) and (is_score_matmul(op, bindings) or (
-        isinstance(op, RECOMPUTABLE) and not (isinstance(op, g.ReshapeOp) and not _unit_reshape(op, bindings))))
-
-
-def _unit_reshape(op: g.ReshapeOp, bindings) -> bool:
-    sizes = [[g.dim_value(d, bindings) for d in g.tensor_type(v).shape] for v in (op.input, op.res)]
-    return bool(sizes[1]) and [s for s in sizes[0] if s != 1] == [s for s in sizes[1] if s != 1]
+        isinstance(op, RECOMPUTABLE) and not (isinstance(op, g.ReshapeOp) and not g.is_unit_reshape(op, bindings))))
 
 
 def producer_tree(v: SSAValue, bindings) -> list[Operation]:
