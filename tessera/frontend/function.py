@@ -106,6 +106,10 @@ def _signature(fn: Callable) -> inspect.Signature:
 
 #: call keys whose programs a function remembers for its fast path, before it starts over
 MAX_REMEMBERED_CALLS = 4096
+#: the C calls (`fastcall`) a call tries, the most recent first: a function called at a few shapes
+#: in turn (one projection for Q and another for the output, the same norm before and after
+#: attention) finds each; a declining one costs its first differing check (a shape: about 0.2 us)
+FAST_CALLS = 4
 
 
 class Function:
@@ -127,8 +131,8 @@ class Function:
         self._cache: dict[tuple, Any] = {}
         self._tuned: dict[tuple, dict] = {}   # call signature -> the tuner's schedule
         self._programs: dict[tuple, _Known] = {}   # GPU call key -> its program
-        #: the fast path's call (`fastcall`) of the last GPU call, which the next call tries first
-        self._fast: Any = None
+        #: the fast path's calls (`fastcall`) of the last few GPU calls, which a call tries first
+        self._fast: tuple = ()
         self._warm: dict[tuple, tuple] = {}       # (warm-start key, device) -> what _gpu_program returns
         self.captures = Captures(fn)   # the globals and closure variables it reads: part of every key
         self.specialization = Specialization(self.name, static, dynamic)
@@ -380,7 +384,7 @@ class Function:
 
     def _try_first(self, known: _Known, args: Sequence) -> None:
         """After a call of a known program (its second call or later: a first call, a warm start's
-        included, spends nothing on this), makes its fast call the one the next call tries first.
+        included, spends nothing on this), makes its fast call the first of those a call tries.
         The record is made once, from `args` (which matched the program's key); its C call once
         the module has loaded (`fastcall.make` is None until then), and again where a captured
         variable now holds another object of the same key (`SCALE = 2.0` run again), which its
@@ -392,12 +396,14 @@ class Function:
         if known.record is None and not known.recorded:
             known.recorded = True
             known.record = self._fast_record(known, args, guards)
+        old = known.call
         if known.record is None or guards is None:
             known.call = None
         elif known.call is None or not _same_objects(guards, known.record.guards):
             known.record = dataclasses.replace(known.record, guards=guards)
             known.call = fastcall.make(known.record)
-        self._fast = known.call
+        others = tuple(c for c in self._fast if c is not old and c is not known.call)   # (old: stale guards)
+        self._fast = (known.call, *others)[:FAST_CALLS] if known.call is not None else others
 
     def _fast_record(self, known: _Known, args: Sequence, guards: tuple | None):
         """The program's `fast_record` of a call with `args`, guarding the captured variables."""
@@ -457,11 +463,11 @@ class Function:
         (torch in, torch out, on the CPU too; NumPy in, NumPy out; CuPy in, CuPy out). Torch
         tensors that require grad, and torch.compile, go through the function's torch op
         (`torch_autograd`)."""
-        fast = self._fast
-        if fast is not None and not options and not _torch_compiling():
-            outs = fast(*args)   # the last GPU call's record, checked (captures and grad included) and launched in C
-            if outs is not None:
-                return outs
+        if self._fast and not options and not _torch_compiling():
+            for fast in self._fast:   # records of recent GPU calls, checked (captures and grad too) and launched in C
+                outs = fast(*args)
+                if outs is not None:
+                    return outs
         if _torch_path(args):
             from . import torch_autograd
             return torch_autograd.call(self, args, options)
@@ -507,9 +513,10 @@ class Kernel(Function):
     writes_outputs = True
 
     def __call__(self, *args, **options):
-        fast = self._fast
-        if fast is not None and not options and not _torch_compiling() and fast(*args) is not None:
-            return None   # (checked and launched in C: the record's outputs overlap no other argument)
+        if self._fast and not options and not _torch_compiling():
+            for fast in self._fast:   # (checked and launched in C: the record's outputs overlap no other argument)
+                if fast(*args) is not None:
+                    return None
         key = self._call_key(args, options)
         known = self._programs.get(key) if key is not None else None
         if known is not None:

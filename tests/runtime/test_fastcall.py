@@ -211,6 +211,15 @@ def test_tensor_maps_programmatic_launches_templates_and_several_results(module,
     assert int.from_bytes(param(fake, 0, 8), "little") == 0xA000                 # output 0 (first buffer past inputs)
     assert param(fake, 1, 128) == (0x1000).to_bytes(8, "little") * 16      # x's tensor map
     assert int.from_bytes(param(fake, 2, 8), "little") == 0xA100
+    # a map over the same address is not encoded again; one over another address is
+    encoded = []
+    rec2, _ = record(allocs=rec.allocs, n_results=2, launches=rec.launches,
+                     encode=lambda ptr, spec: encoded.append(ptr) or ptr.to_bytes(8, "little") * 16)
+    call = module.Call(rec2.as_tuple())
+    for ptr in (0x1000, 0x1000, 0x4000, 0x4000, 0x1000):
+        call(FakeTensor((4, 8), ptr=ptr), FakeTensor((4, 8), ptr=0x2000), 3)
+        assert param(fake, 1, 128) == ptr.to_bytes(8, "little") * 16
+    assert encoded == [0x1000, 0x4000, 0x1000]
 
 
 def test_a_failed_launch_raises_through_the_error_handler(module, fake):
