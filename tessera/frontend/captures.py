@@ -46,40 +46,43 @@ class Captures:
 
     def __init__(self, fn: Callable):
         self.fn = fn
-        self._plan: list[tuple[str, Callable[[], Any], Any]] | None = None
-        #: (the values read, their key) when every one is immutable or keyed by identity: a call
-        #: that reads the same objects again returns that key object itself, unfrozen (the launch
-        #: fast path compares keys by identity first: a layer_norm's froze in 2 us)
-        self._last: tuple[list, tuple] | None = None
+        self._plan: list[_Variable] | None = None
+        #: (plan, the values read, their key) when every value is immutable or keyed by identity: a
+        #: call that reads the same objects again returns that key object itself, unfrozen (freezing
+        #: a layer_norm's took 2 us), and the launch fast path guards those objects (`identity_guards`)
+        self._last: tuple[list, list, tuple] | None = None
 
     def key(self) -> tuple:
         """The values now, frozen; re-plans when a helper function it looked into was rebound."""
-        if self._plan is None:
-            self._plan = _plan(self.fn)
-            self._last = None
-        raw = [v.read() for v in self._plan]
+        plan = self._plan
+        if plan is None:
+            plan = self._plan = _plan(self.fn)
+        raw = [v.read() for v in plan]
         last = self._last
-        if last is not None and all(a is b for a, b in zip(raw, last[0])):
-            return last[1]
+        if last is not None and last[0] is plan and all(a is b for a, b in zip(raw, last[1])):
+            return last[2]
         values = []
-        for variable, value in zip(self._plan, raw):
+        for variable, value in zip(plan, raw):
             if variable.helper is not None and value is not variable.helper:
                 self._plan = None
                 return self.key()
             values.append(freeze(value, variable.label))
         key = tuple(values)
-        self._last = (raw, key) if all(_same_when_identical(v) for v in raw) else None
+        self._last = (plan, raw, key) if all(_same_when_identical(v) for v in raw) else None
         return key
 
-    def identity_guards(self) -> tuple | None:
-        """What the launch fast path (runtime/fastcall.py) checks instead of `key()`: per variable,
-        ("global", its module's dict, name, the value) or ("cell", the cell, the value), the value
-        the last `key()` read (`MISSING` where absent), each to be the same object again; None when
-        some value is not keyed by identity alone (a list, a config object: their contents can
-        change while they stay the same object)."""
-        if self._plan is None or self._last is None:
+    def identity_guards(self, key: tuple) -> tuple | None:
+        """What the launch fast path (runtime/fastcall.py) checks instead of `key()`, for `key` (one
+        `key()` returned): per variable, ("global", its module's dict, name, value) or ("cell", the
+        cell, value), the value `key` was made of (`MISSING` where absent), each to be the same
+        object again. None when some value is not keyed by identity alone (a list, a config object:
+        their contents can change while they stay the same object), or when a later `key()` (another
+        thread's) replaced `key`'s values."""
+        last = self._last
+        if last is None or last[2] is not key:
             return None
-        return tuple((*v.source, value) for v, value in zip(self._plan, self._last[0]))
+        plan, raw, _ = last
+        return tuple((*v.source, value) for v, value in zip(plan, raw))
 
 
 class _Variable(NamedTuple):
@@ -187,11 +190,15 @@ def freeze(value, label: str, depth: int = 0):
     return value   # an object inside another, a Tessera function: by identity
 
 
-def _same_when_identical(value) -> bool:
+def _same_when_identical(value, depth: int = 0) -> bool:
     """Whether `value`'s frozen form (`freeze`) holds while it is the same object: an immutable
-    value, or one keyed by identity (not a container or a config object, whose contents can change)."""
+    value (a tuple or frozenset of such, a torch dtype), or one keyed by identity; not a mutable
+    container or a config object, whose contents can change."""
+    if isinstance(value, (tuple, frozenset)):
+        return depth < MAX_DEPTH and len(value) <= MAX_ITEMS and all(_same_when_identical(v, depth + 1) for v in value)
     return (isinstance(value, _VALUES) or value is _MISSING or isinstance(value, _IDENTITIES)
             or callable(value) and not hasattr(value, "__dict__")
+            or type(value).__module__ == "torch" and type(value).__name__ in ("dtype", "device")
             or type(value).__module__.startswith("tessera.") and hasattr(value, "__dict__"))
 
 

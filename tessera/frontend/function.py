@@ -382,34 +382,41 @@ class Function:
         positions = tuple(names.index(n) for n in tensor_names)
         self._programs[key] = _Known(program, positions, tuple(tensor_names.index(n) for n in out_names))
 
-    def _try_first(self, known: _Known, args: Sequence) -> None:
-        """After a call of a known program (its second call or later: a first call, a warm start's
-        included, spends nothing on this), makes its fast call the first of those a call tries.
-        The record is made once, from `args` (which matched the program's key); its C call once
-        the module has loaded (`fastcall.make` is None until then), and again where a captured
-        variable now holds another object of the same key (`SCALE = 2.0` run again), which its
-        guards decline."""
+    def _try_first(self, known: _Known, args: Sequence, key: tuple) -> None:
+        """After a call without options of a known program (its second call or later: a first call,
+        a warm start's included, spends nothing on this), makes its fast call the first of those a
+        call tries. The record is made once, from `args` (which matched the program's `key`) and
+        guarding the captured objects `key` was made of; its C call once the module has loaded
+        (`fastcall.make` is None until then), and again where a captured variable now holds
+        another object of the same key (`SCALE = 2.0` run again), which its guards decline."""
         from ..runtime import fastcall
         if fastcall.unavailable() is not None:   # no C compiler, a failed build, TESSERA_NO_FAST_CALL
             return
-        guards = self.captures.identity_guards()
-        if known.record is None and not known.recorded:
+        guards = self.captures.identity_guards(key[1])
+        if guards is None:   # a captured list or config object; or another thread's key came between
+            return
+        if not known.recorded:
             known.recorded = True
             known.record = self._fast_record(known, args, guards)
+        if known.record is None:
+            return
         old = known.call
-        if known.record is None or guards is None:
-            known.call = None
-        elif known.call is None or not _same_objects(guards, known.record.guards):
+        if old is None or not _same_objects(guards, known.record.guards):
             known.record = dataclasses.replace(known.record, guards=guards)
-            known.call = fastcall.make(known.record)
+            try:
+                known.call = fastcall.make(known.record)
+            except ValueError:   # past the C module's limits (arguments, buffers, tensor maps)
+                known.record = known.call = None
         others = tuple(c for c in self._fast if c is not old and c is not known.call)   # (old: stale guards)
         self._fast = (known.call, *others)[:FAST_CALLS] if known.call is not None else others
 
-    def _fast_record(self, known: _Known, args: Sequence, guards: tuple | None):
+    def _fast_record(self, known: _Known, args: Sequence, guards: tuple):
         """The program's `fast_record` of a call with `args`, guarding the captured variables."""
         positions = known.inputs
-        if guards is None or not positions or max(positions) >= len(args):
+        if not positions or max(positions) >= len(args):
             return None
+        if _torch_wanted is None:   # (a @kernel's first torch call: the fast path's torch.compile check)
+            _load_torch_wanted()
         values = {i: a for i, a in enumerate(args) if i not in positions}
         record = getattr(known.program, "fast_record", lambda *a, **k: None)(
             [args[i] for i in positions], positions, values, out=known.outputs if self.writes_outputs else None)
@@ -475,7 +482,8 @@ class Function:
         known = self._programs.get(key) if key is not None else None
         if known is not None:
             outs = known.program(*[args[i] for i in known.inputs])
-            self._try_first(known, args)
+            if not options:
+                self._try_first(known, args, key)
             return outs[0] if len(outs) == 1 else tuple(outs)
         return self._wide_on_overflow(self._call_slowly, key, args, options)
 
@@ -523,7 +531,8 @@ class Kernel(Function):
             ins = [args[i] for i in known.inputs]
             out = [ins[i] for i in known.outputs]
             _through_copies_if_aliased(known.program, ins, known.outputs)(*ins, out=out)
-            self._try_first(known, args)
+            if not options:
+                self._try_first(known, args, key)
             return None
         return self._wide_on_overflow(self._call_slowly, key, args, options)
 

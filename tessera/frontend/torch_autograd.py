@@ -381,5 +381,5 @@ class _TaggedCaptures:
     def key(self) -> tuple:
         return (self.captures.key(), self.tag)
 
-    def identity_guards(self) -> tuple | None:
-        return self.captures.identity_guards()
+    def identity_guards(self, key: tuple) -> tuple | None:
+        return self.captures.identity_guards(key[0])

@@ -26,8 +26,8 @@ import shutil
 import subprocess
 import sys
 import sysconfig
-import tempfile
 import threading
+import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
@@ -147,9 +147,12 @@ def _start_loading():
     return None
 
 
-def _give_up(why: str) -> None:
+def _give_up(why: str, warn: bool = False) -> None:
     global _why_not
     _why_not = why
+    if warn:   # (once: calls keep working, on the general path, at its host cost)
+        warnings.warn(f"Tessera's launch fast path is off, every GPU call takes the general path: {why}",
+                      RuntimeWarning, stacklevel=2)
 
 
 def _load_in_background() -> None:
@@ -159,9 +162,19 @@ def _load_in_background() -> None:
         configure(module)
         _module = module
     except Exception as e:   # noqa: BLE001 - any failure leaves the general path, and says why
-        _give_up(f"the fast launch module did not build or load: {e}")
+        _give_up(f"the fast launch module did not build or load: {e}", warn=True)
     finally:
         _building = False
+
+
+def _after_fork_in_child() -> None:
+    """A child forked during a build has no builder thread: it starts its own when asked."""
+    global _building, _thread
+    if _building:
+        _building, _thread = False, None
+
+
+os.register_at_fork(after_in_child=_after_fork_in_child)
 
 
 def default_directory() -> Path:
@@ -193,13 +206,15 @@ def build(directory: Path) -> Path:
     if not (Path(include) / "Python.h").exists():
         raise OSError(f"no Python.h in {include} (install Python's development headers)")
     directory.mkdir(parents=True, exist_ok=True)
-    with tempfile.TemporaryDirectory(dir=directory) as scratch:
-        out = Path(scratch) / path.name
+    out = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}.tmp")
+    try:
         done = subprocess.run([cc, "-O2", "-shared", "-fPIC", f"-I{include}", str(SOURCE), "-o", str(out), "-ldl"],
                               capture_output=True, text=True, timeout=120)
         if done.returncode != 0:
             raise OSError(f"{cc} failed: {done.stderr.strip()[-2000:]}")
         os.replace(out, path)
+    finally:
+        out.unlink(missing_ok=True)
     return path
 
 

@@ -313,10 +313,11 @@ class GpuProgram:
         import torch
         shapes, grids = self._call_shapes(inputs) if self.dynamic else (self._shapes, None)
         args: dict[int, tuple] = {i: (fastcall.ARG_VALUE, v) for i, v in values.items()}
-        for position, x, strides, (dtype, device) in zip(positions, inputs, self._strides, expected):
+        for position, x, (dtype, device) in zip(positions, inputs, expected):
             lo, hi = interop.byte_span(x)
             if lo != x.data_ptr():   # (a negative stride)
                 return None
+            strides = None if x.is_contiguous() else tuple(x.stride())   # as the C call reads them
             args[position] = (fastcall.ARG_TENSOR, kind, dtype, tuple(x.shape), device, strides, hi - lo)
         device = torch.device("cuda", self.device)
         # torch.empty_like of a contiguous input of the same shape, where there is one: it costs half

@@ -31,6 +31,11 @@ def fast_calls(fn) -> bool:
     return bool(fn._fast) and type(fn._fast[0]).__module__ == fastcall.MODULE_NAME
 
 
+def served_in_c(fn, *args) -> bool:
+    """Whether one of `fn`'s C calls takes `args` (and runs them)."""
+    return any(call(*args) is not None for call in fn._fast)
+
+
 def test_repeated_calls_run_in_c_on_fresh_values_and_pointers(torch):
     @tsr.function
     def scale_add(x: Tensor["M", "N"], y: Tensor["M", "N"], c: float):
@@ -39,7 +44,8 @@ def test_repeated_calls_run_in_c_on_fresh_values_and_pointers(torch):
     for i in range(4):
         x, y = (torch.randn(997, 129, device="cuda", dtype=torch.float16) for _ in range(2))
         close(scale_add(x, y, 0.5), x.double() * 0.5 + y.double() * SCALE)
-    assert fast_calls(scale_add)
+    assert fast_calls(scale_add) and served_in_c(scale_add, x, y, 0.5)
+    close(scale_add._fast[0](x, y, 0.5), x.double() * 0.5 + y.double() * SCALE)
 
 
 @pytest.mark.parametrize("change", ["shape", "dtype", "strides", "value", "misaligned", "grad"])
@@ -67,6 +73,7 @@ def test_a_call_unlike_the_record_takes_the_general_path(torch, change):
         return
     elif change == "grad":
         x = x.clone().requires_grad_()
+    assert not served_in_c(scale_add, x, y, c)
     out = scale_add(x, y, c)
     close(out, x.detach().double() * c + y.double())
     if change == "grad":
@@ -125,6 +132,7 @@ def test_several_kernels_tensor_maps_and_dynamic_dims(torch):
             xn = torch.randn(m, 320, device="cuda", dtype=torch.bfloat16)
             close(norm(xn, w, b), F.layer_norm(xn.double(), (320,), w.double(), b.double()))
     assert all(fast_calls(f) for f in (mlp, attention, norm))
+    assert served_in_c(mlp, x, w1, w2) and served_in_c(attention, q, k, v) and served_in_c(norm, xn, w, b)
     assert norm.cache_info().compiles == 1
 
 
@@ -187,13 +195,16 @@ def test_kernels_write_their_outputs_in_c_unless_an_output_overlaps_an_argument(
         x.normal_()
         axpy(x, y, out)
         close(out, x.double() * 2 + y.double())
-    assert fast_calls(axpy)
-    # the output is an input: the general path runs it through a copy, with the same result
+    assert fast_calls(axpy) and served_in_c(axpy, x, y, out)
+    # the output is an input, or a view of an input's memory shifted by a few elements: the C calls
+    # decline, and the general path runs it through a copy
+    assert not served_in_c(axpy, x, y, y)
     want = x.double() * 2 + y.double()
     axpy(x, y, y)
     close(y, want)
-    # a view of an input's memory shifted by a few elements
     buf = torch.randn(n + 8, device="cuda")
-    want = buf[8:].double() * 2 + buf[:n].double()
-    axpy(buf[8:].clone(), buf[:n], buf[8:])
+    a = buf[8:].clone()
+    assert not served_in_c(axpy, a, buf[:n], buf[8:])
+    want = a.double() * 2 + buf[:n].double()
+    axpy(a, buf[:n], buf[8:])
     close(buf[8:], want)

@@ -7,7 +7,7 @@
  * differs: the caller takes Tessera's general path, which names what is wrong) or allocates the
  * outputs, encodes tensor maps, makes the device's primary context current and launches every step
  * with cuLaunchKernel / cuLaunchKernelEx called directly, never returning to Python in between.
- * fastcall.py's `PythonCall` does the same in Python where no C compiler is found; tests run both.
+ * Without a C compiler every call takes the general path (fastcall.py says why).
  *
  * The driver's entry points are looked up with dlsym in the library `configure` names (libcuda, or
  * a fake one in CPU tests), so the module itself needs no CUDA headers: the two launch structs below
@@ -134,6 +134,13 @@ static void Call_dealloc(CallObject *self) {
     Py_TYPE(self)->tp_free((PyObject *)self);
 }
 
+/* n zeroed items of `size` bytes (at least one item), or NULL with MemoryError. */
+static void *zeroed(Py_ssize_t n, size_t size) {
+    void *p = PyMem_Calloc(n ? (size_t)n : 1, size);
+    if (!p) PyErr_NoMemory();
+    return p;
+}
+
 static int as_uint(PyObject *o, unsigned *out) {
     unsigned long v = PyLong_AsUnsignedLong(o);
     if (v == (unsigned long)-1 && PyErr_Occurred()) return -1;
@@ -175,22 +182,34 @@ static int Call_init(CallObject *self, PyObject *a, PyObject *kw) {
     self->encode = encode;
     if (PyErr_Occurred()) return -1;
 
-    self->args = PyMem_Calloc(self->n_args ? self->n_args : 1, sizeof(ArgSpec));
+    if (!(self->args = zeroed(self->n_args, sizeof(ArgSpec)))) return -1;
     for (Py_ssize_t i = 0; i < self->n_args; i++) {
         ArgSpec *s = &self->args[i];
         PyObject *strides, *spec = PyTuple_GET_ITEM(args, i);
-        if (!PyArg_ParseTuple(spec, "iO", &s->kind, &s->value)) {
-            PyErr_Clear();
+        if (!PyTuple_Check(spec) || PyTuple_GET_SIZE(spec) < 1) {
+            PyErr_SetString(PyExc_ValueError, "fastcall: an argument's spec is a tuple");
+            return -1;
+        }
+        s->kind = (int)PyLong_AsLong(PyTuple_GET_ITEM(spec, 0));
+        if (s->kind == ARG_VALUE) {
+            if (!PyArg_ParseTuple(spec, "iO", &s->kind, &s->value)) return -1;
+            s->type = Py_TYPE(s->value);
+        } else if (s->kind == ARG_TENSOR) {
             if (!PyArg_ParseTuple(spec, "iO!OO!lOn", &s->kind, &PyType_Type, &s->type, &s->dtype,
                                   &PyTuple_Type, &s->shape, &s->device, &strides, &s->nbytes))
                 return -1;
+            if (strides != Py_None && !PyTuple_Check(strides)) {
+                PyErr_SetString(PyExc_ValueError, "fastcall: strides are a tuple or None");
+                return -1;
+            }
             s->strides = strides == Py_None ? NULL : strides;
         } else {
-            s->type = Py_TYPE(s->value);
+            if (!PyErr_Occurred()) PyErr_SetString(PyExc_ValueError, "fastcall: an argument is a tensor or a value");
+            return -1;
         }
     }
     self->n_guards = guards ? PyTuple_GET_SIZE(guards) : 0;
-    self->guards = PyMem_Calloc(self->n_guards ? self->n_guards : 1, sizeof(Guard));
+    if (!(self->guards = zeroed(self->n_guards, sizeof(Guard)))) return -1;
     for (Py_ssize_t i = 0; i < self->n_guards; i++) {
         Guard *g = &self->guards[i];
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(guards, i), "iOOOp", &g->kind, &g->container, &g->name, &g->value,
@@ -203,7 +222,7 @@ static int Call_init(CallObject *self, PyObject *a, PyObject *kw) {
         }
     }
     self->n_disjoint = disjoint ? PyTuple_GET_SIZE(disjoint) : 0;
-    self->disjoint = PyMem_Calloc(self->n_disjoint ? self->n_disjoint : 1, sizeof(Py_ssize_t));
+    if (!(self->disjoint = zeroed(self->n_disjoint, sizeof(Py_ssize_t)))) return -1;
     for (Py_ssize_t i = 0; i < self->n_disjoint; i++) {
         self->disjoint[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(disjoint, i));
         if (self->disjoint[i] < 0 || self->disjoint[i] >= self->n_args ||
@@ -212,7 +231,7 @@ static int Call_init(CallObject *self, PyObject *a, PyObject *kw) {
             return -1;
         }
     }
-    self->inputs = PyMem_Calloc(self->n_inputs ? self->n_inputs : 1, sizeof(Py_ssize_t));
+    if (!(self->inputs = zeroed(self->n_inputs, sizeof(Py_ssize_t)))) return -1;
     for (Py_ssize_t i = 0; i < self->n_inputs; i++) {
         self->inputs[i] = PyLong_AsSsize_t(PyTuple_GET_ITEM(inputs, i));
         if (self->inputs[i] < 0 || self->inputs[i] >= self->n_args) {
@@ -220,7 +239,7 @@ static int Call_init(CallObject *self, PyObject *a, PyObject *kw) {
             return -1;
         }
     }
-    self->allocs = PyMem_Calloc(self->n_allocs ? self->n_allocs : 1, sizeof(Alloc));
+    if (!(self->allocs = zeroed(self->n_allocs, sizeof(Alloc)))) return -1;
     for (Py_ssize_t i = 0; i < self->n_allocs; i++) {
         Alloc *al = &self->allocs[i];
         if (!PyArg_ParseTuple(PyTuple_GET_ITEM(allocs, i), "OnO!O!O!", &al->callable, &al->template,
@@ -233,7 +252,7 @@ static int Call_init(CallObject *self, PyObject *a, PyObject *kw) {
         }
     }
     self->n_steps = PyTuple_GET_SIZE(steps);
-    self->steps = PyMem_Calloc(self->n_steps ? self->n_steps : 1, sizeof(StepSpec));
+    if (!(self->steps = zeroed(self->n_steps, sizeof(StepSpec)))) return -1;
     Py_ssize_t n_buffers = self->n_inputs + self->n_allocs;
     for (Py_ssize_t i = 0; i < self->n_steps; i++) {
         StepSpec *st = &self->steps[i];
@@ -404,8 +423,8 @@ static PyObject *Call_call(CallObject *self, PyObject *args, PyObject *kwargs) {
     uint64_t arg_ptrs[MAX_ARGS], buffers[MAX_BUFFERS];
     PyObject *allocated[MAX_BUFFERS], *maps[MAX_MAPS], *result = NULL, *launched;
     Py_ssize_t n_allocated = 0, n_maps = 0;
-    if (!cuLaunchKernel_) {
-        PyErr_SetString(PyExc_RuntimeError, "fastcall: configure() was not called");
+    if (!cuLaunchKernel_ || !self->record) {
+        PyErr_SetString(PyExc_RuntimeError, "fastcall: configure() was not called, or the Call has no record");
         return NULL;
     }
     if (kwargs && PyDict_GET_SIZE(kwargs)) Py_RETURN_NONE;
@@ -420,7 +439,7 @@ static PyObject *Call_call(CallObject *self, PyObject *args, PyObject *kwargs) {
         if (s->kind == ARG_TENSOR) {
             ok = tensor_matches(s, x, &arg_ptrs[i]);
         } else {
-            ok = Py_TYPE(x) == s->type && (x == s->value || PyObject_RichCompareBool(x, s->value, Py_EQ));
+            ok = Py_TYPE(x) != s->type ? 0 : x == s->value ? 1 : PyObject_RichCompareBool(x, s->value, Py_EQ);
         }
         if (ok < 0) return NULL;
         if (!ok) Py_RETURN_NONE;
