@@ -13,6 +13,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import inspect
+from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -299,7 +300,7 @@ class Function:
             except DynamicDim as e:
                 if e.dim not in dynamic:
                     raise
-                self.specialization.fix(e.dim, str(e))
+                self.specialization.fix(e.dim, f"{e}, needed by {_needed_at(e)}")
 
     def cache_info(self) -> CacheInfo:
         """Compiles, cache hits and the specialization key of each compile (`Specialization`)."""
@@ -561,6 +562,24 @@ class Kernel(Function):
         for name, value in zip(compiled.result_names, outs):
             interop.write_host(arrays[name], value, f"{self.name}: output {name!r}")
         return None
+
+
+def _needed_at(e: DynamicDim) -> str:
+    """Where a `DynamicDim` came from: the innermost frame of its traceback outside tessera/dims.py
+    (the `Dynamic` that refused), as `function in file:line`: the user's line that read the dim, or
+    the compiler step that takes it as a constant (files in Tessera named from the package root)."""
+    package = Path(__file__).resolve().parents[1]
+    where = "?"
+    tb = e.__traceback__
+    while tb is not None:
+        code = tb.tb_frame.f_code
+        path = Path(code.co_filename).resolve()
+        if path.name != "dims.py" or path.parent != package:
+            inside = package in path.parents
+            name = f"tessera/{path.relative_to(package).as_posix()}" if inside else path.name
+            where = f"{code.co_name} in {name}:{tb.tb_lineno}"
+        tb = tb.tb_next
+    return where
 
 
 def _same_objects(a: tuple, b: tuple) -> bool:

@@ -135,6 +135,9 @@ def test_code_that_reads_a_dynamic_dim_fixes_it_and_says_why():
     info = mean_rows.cache_info()
     assert info.compiles == 2 and "M" in info.fixed and info.dynamic == ()
     assert "'M' is dynamic" in info.fixed["M"]
+    # the user's line that used it, and the step that needed its value
+    assert "test_specialization.py:" in info.fixed["M"] and "needed by _operands in tessera/frontend/ops.py:" \
+        in info.fixed["M"], info.fixed["M"]
 
 
 def test_a_kernel_that_takes_its_dims_as_constants_fixes_the_dim():
@@ -151,6 +154,7 @@ def test_a_kernel_that_takes_its_dims_as_constants_fixes_the_dim():
         np.testing.assert_allclose(attention(q, k, v), ref, rtol=1e-4, atol=1e-5)
     info = attention.cache_info()
     assert info.compiles == 2 and "'S' is dynamic" in info.fixed["S"]
+    assert "needed by chain_sink in tessera/passes/recompute.py:" in info.fixed["S"], info.fixed["S"]   # the step
 
 
 def test_dims_of_unannotated_arguments_stay_static_unless_marked():
