@@ -107,10 +107,6 @@ def _signature(fn: Callable) -> inspect.Signature:
 
 #: call keys whose programs a function remembers for its fast path, before it starts over
 MAX_REMEMBERED_CALLS = 4096
-#: the C calls (`fastcall`) a call tries, the most recent first: a function called at a few shapes
-#: in turn (one projection for Q and another for the output, the same norm before and after
-#: attention) finds each; a declining one costs its first differing check (a shape: about 0.2 us)
-FAST_CALLS = 4
 
 
 class Function:
@@ -406,10 +402,9 @@ class Function:
             known.record = dataclasses.replace(known.record, guards=guards)
             try:
                 known.call = fastcall.make(known.record)
-            except ValueError:   # past the C module's limits (arguments, buffers, tensor maps)
+            except ValueError:   # past the C module's limits: not tried again
                 known.record = known.call = None
-        others = tuple(c for c in self._fast if c is not old and c is not known.call)   # (old: stale guards)
-        self._fast = (known.call, *others)[:FAST_CALLS] if known.call is not None else others
+        self._fast = fastcall.most_recent_first(self._fast, known.call, stale=old)
 
     def _fast_record(self, known: _Known, args: Sequence, guards: tuple):
         """The program's `fast_record` of a call with `args`, guarding the captured variables."""

@@ -114,9 +114,19 @@ class Record:
 
 def make(record: Record):
     """The C `Call` of `record`, or None while the module is not loaded (the first request starts
-    its build in the background)."""
+    its build in the background); ValueError for a record past the module's limits (arguments,
+    buffers, tensor maps), which stays on the general path."""
     module = _module or _start_loading()
     return module.Call(record.as_tuple()) if module is not None else None
+
+
+def most_recent_first(calls: tuple, call, stale=None, keep: int = 4) -> tuple:
+    """The C calls a callable tries, most recent first: `calls` with `call` (None: none) in front and
+    `stale` (a call `call` replaces) dropped, at most `keep` of them. A callable called at a few
+    shapes in turn (one projection for Q and another for the output) finds each; a declining call
+    costs its first differing check (a shape: about 0.2 us)."""
+    others = tuple(c for c in calls if c is not stale and c is not call)
+    return (call, *others)[:keep] if call is not None else others
 
 
 def unavailable() -> str | None:

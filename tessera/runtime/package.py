@@ -21,7 +21,7 @@ from pathlib import Path
 from .. import dtypes
 from ..dims import bind_shapes
 from ..errors import DTypeError, ShapeError, TesseraError
-from . import driver, interop
+from . import driver, fastcall, interop
 from .artifact import FORMAT_VERSION, Artifact, ArtifactError, parse_arch, sha256, verify_blob
 
 MANIFEST = "manifest.json"
@@ -170,6 +170,9 @@ class PackagedFunction:
         self.name, self.kind, self.arg_names, self.artifacts = name, kind, arg_names, artifacts
         self._programs: dict[tuple, tuple] = {}   # (signature, device) -> (program, result positions)
         self._loaded: dict[tuple, object] = {}     # (id(artifact), device) -> its program
+        #: (signature, device) -> the fast path's call of it (`fastcall`), None where there is none
+        self._records: dict[tuple, object] = {}
+        self._fast: tuple = ()   # the C calls of the last few signatures, which a call tries first
 
     @property
     def specializations(self) -> list[tuple[str, tuple]]:
@@ -179,6 +182,10 @@ class PackagedFunction:
 
     def __call__(self, *args):
         """Results of a function (one array, or a tuple); None for a kernel, which writes its outputs."""
+        for fast in self._fast:   # a signature called before, checked and launched in C
+            outs = fast(*args)
+            if outs is not None:
+                return None if self.kind == "kernel" else outs
         if len(args) != len(self.arg_names):
             raise TesseraError(f"{self.name} takes {len(self.arg_names)} tensors ({', '.join(self.arg_names)}), "
                                f"got {len(args)}")
@@ -186,16 +193,39 @@ class PackagedFunction:
         signature = tuple((s, d) for s, d, _ in described)
         device = described[0][2]
         known = self._programs.get((signature, device))
+        again = known is not None
         if known is None:
             if len(self._programs) >= 4096:   # a shape-generic specialization sees every length
                 self._programs.clear()
+                self._records.clear()
             known = self._programs[(signature, device)] = self._load(signature, device)
         program, result_positions = known
         if self.kind == "kernel":
             program(*args, out=[args[i] for i in result_positions])
-            return None
-        outs = program(*args)
-        return outs[0] if len(outs) == 1 else tuple(outs)
+            outs = None
+        else:
+            outs = program(*args)
+            outs = outs[0] if len(outs) == 1 else tuple(outs)
+        if again:   # its second call or later: the fast path's record of it
+            self._try_first((signature, device), program, result_positions, args)
+        return outs
+
+    def _try_first(self, key: tuple, program, result_positions: tuple, args: Sequence) -> None:
+        """Makes the C call of `key`'s program, recorded from `args`, the first a call tries; once
+        (None where the program has no record, or the C module is past its limits or unavailable)."""
+        if key in self._records:
+            call = self._records[key]
+        else:
+            record = getattr(program, "fast_record", lambda *a, **k: None)(
+                args, tuple(range(len(args))), {}, out=result_positions if self.kind == "kernel" else None)
+            try:
+                call = fastcall.make(record) if record is not None else None
+            except ValueError:   # past the C module's limits
+                call = None
+            if call is not None or record is None or fastcall.unavailable() is not None:
+                self._records[key] = call   # (else the module is still loading: asked again next call)
+        if call is not None:
+            self._fast = fastcall.most_recent_first(self._fast, call)
 
     def _load(self, signature: tuple, device: int) -> tuple:
         """The program of the specialization for `signature` that runs on `device`'s arch (one

@@ -208,3 +208,39 @@ def test_kernels_write_their_outputs_in_c_unless_an_output_overlaps_an_argument(
     want = a.double() * 2 + buf[:n].double()
     axpy(a, buf[:n], buf[8:])
     close(buf[8:], want)
+
+
+PACKAGED = '''
+import tessera as tsr
+from tessera import Tensor
+
+
+@tsr.function
+def bias_gelu(x: Tensor["M", "N"], b: Tensor["N"]):
+    return tsr.gelu(x + b)
+
+
+@tsr.kernel
+def scale_into(x: Tensor["M", "N"], out: Tensor["M", "N"]):
+    out[:] = x * 3.0
+'''
+
+
+def test_packaged_functions_and_kernels_take_the_fast_path(torch, arch, tmp_path):
+    """`tessera.load`'s callables (runtime/package.py) replay a repeated call in C too."""
+    from tessera import cli
+
+    (tmp_path / "prog.py").write_text(PACKAGED)
+    out = tmp_path / "pkg"
+    assert cli.main(["package", f"{tmp_path / 'prog.py'}:bias_gelu", f"{tmp_path / 'prog.py'}:scale_into",
+                     "--arch", arch, "--shape", "M=97,N=256", "-o", str(out)]) == 0
+    prog = tsr.load(str(out))
+    b = torch.randn(256, device="cuda", dtype=torch.float16)
+    y = torch.full((97, 256), math.nan, device="cuda", dtype=torch.float16)
+    for _ in range(3):
+        x = torch.randn(97, 256, device="cuda", dtype=torch.float16)
+        close(prog.bias_gelu(x, b), torch.nn.functional.gelu(x.double() + b.double()))
+        assert prog.scale_into(x, y) is None
+        close(y, x.double() * 3)
+    assert served_in_c(prog.bias_gelu, x, b) and served_in_c(prog.scale_into, x, y)
+    assert not served_in_c(prog.scale_into, x, x)   # an output that is an input: the general path
