@@ -283,6 +283,17 @@ def test_bad_records_are_refused(module):
     rec, _ = record(launches=(fastcall.Launch(1, (1, 1, 1), (1, 1, 1), 0, False, ((fastcall.POINTER, 9),)),))
     with pytest.raises(ValueError, match="bad parameter"):
         module.Call(rec.as_tuple())
+    rec, _ = record(launches=(fastcall.Launch(1, (1, 1, 1), (1, 1, 1), 0, False, ((7, 0),)),))
+    with pytest.raises(ValueError, match="bad parameter kind"):
+        module.Call(rec.as_tuple())
+    rec, _ = record(args=((fastcall.ARG_TENSOR, FakeTensor),))
+    with pytest.raises(TypeError):
+        module.Call(rec.as_tuple())
+    rec, _ = record(args=((5, 3),))
+    with pytest.raises(ValueError, match="a tensor or a value"):
+        module.Call(rec.as_tuple())
+    with pytest.raises(RuntimeError, match="no record"):
+        module.Call.__new__(module.Call)(1, 2)
 
 
 def test_the_launch_structs_match_cuda_h(module, tmp_path):

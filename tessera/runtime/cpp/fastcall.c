@@ -277,6 +277,10 @@ static int Call_init(CallObject *self, PyObject *a, PyObject *kw) {
             PyObject *x;
             st->pointers[j] = st->storage + j * SLOT_BYTES;
             if (!PyArg_ParseTuple(PyTuple_GET_ITEM(params, j), "iO|O", &p->kind, &x, &p->spec)) return -1;
+            if (p->kind != PARAM_POINTER && p->kind != PARAM_U32 && p->kind != PARAM_TENSOR_MAP) {
+                PyErr_SetString(PyExc_ValueError, "fastcall: bad parameter kind");
+                return -1;
+            }
             if (p->kind == PARAM_U32) {
                 if (as_uint(x, &p->value) < 0) return -1;
             } else {
