@@ -151,6 +151,22 @@ def test_a_function_called_at_a_few_shapes_in_turn_finds_each_record(torch):
         assert any(call(x, w) is not None for call in proj._fast)
 
 
+def test_a_programmatic_launch_through_c(torch):
+    """A decode step (split-KV: a partials kernel, then a combining kernel launched as its
+    programmatic dependent, cuLaunchKernelEx) replayed in C on fresh values."""
+    from decode_attention import decode_attention
+
+    F = torch.nn.functional
+    for _ in range(3):
+        q = torch.randn(1, 8, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(1, 8, 8192, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        close(decode_attention(q, k, v), F.scaled_dot_product_attention(q.double(), k.double(), v.double()))
+    program = next(iter(decode_attention._programs.values())).program
+    assert any(step.launch.programmatic for step in program.plan.steps)
+    assert served_in_c(decode_attention, q, k, v)
+    close(decode_attention._fast[0](q, k, v), F.scaled_dot_product_attention(q.double(), k.double(), v.double()))
+
+
 def test_side_streams_and_graph_capture(torch):
     """A fast call launches on torch's current stream: work queued on a side stream before it is
     ordered before it, and a CUDA graph captures it (replayed on new values)."""
