@@ -585,8 +585,8 @@ def _same_objects(a: tuple, b: tuple) -> bool:
 @dataclasses.dataclass
 class _Known:
     """A GPU call's program, for later calls with the same key: its tensors' positions among the
-    arguments, a @kernel's outputs' positions among the tensors, and for a function the record of
-    the call (`GpuProgram.fast_record`) with the fast path's call of it, once made."""
+    arguments, a @kernel's outputs' positions among the tensors, and the record of a call of it
+    (`GpuProgram.fast_record`) with the fast path's call of that, once made."""
 
     program: Any
     inputs: tuple[int, ...]
