@@ -161,6 +161,9 @@ def _signature_text(names: Iterable[str], specs: Iterable) -> str:
     return ", ".join(f"{n}: {getattr(d, 'name', d)}{list(s)}" for n, (s, d) in zip(names, specs))
 
 
+_UNASKED = object()   # a signature whose record was not asked for yet
+
+
 class PackagedFunction:
     """One function of a package: called with CUDA tensors, it runs the specialization compiled for
     their shapes and dtypes whose images fit the device (a cubin for its arch, a compatible cubin,
@@ -170,7 +173,7 @@ class PackagedFunction:
         self.name, self.kind, self.arg_names, self.artifacts = name, kind, arg_names, artifacts
         self._programs: dict[tuple, tuple] = {}   # (signature, device) -> (program, result positions)
         self._loaded: dict[tuple, object] = {}     # (id(artifact), device) -> its program
-        #: (signature, device) -> the fast path's call of it (`fastcall`), None where there is none
+        #: (signature, device) -> the fast path's call of it (`fastcall`; `_try_first` says what else)
         self._records: dict[tuple, object] = {}
         self._fast: tuple = ()   # the C calls of the last few signatures, which a call tries first
 
@@ -211,21 +214,27 @@ class PackagedFunction:
         return outs
 
     def _try_first(self, key: tuple, program, result_positions: tuple, args: Sequence) -> None:
-        """Makes the C call of `key`'s program, recorded from `args`, the first a call tries; once
-        (None where the program has no record, or the C module is past its limits or unavailable)."""
-        if key in self._records:
-            call = self._records[key]
-        else:
-            record = getattr(program, "fast_record", lambda *a, **k: None)(
+        """Makes the C call of `key`'s program, recorded once from `args`, the first a call tries.
+        `_records[key]` holds that call; its record while the C module is still loading (made into
+        a call on a later call); None where there is none (no record, past the module's limits, no
+        module)."""
+        entry = self._records.get(key, _UNASKED)
+        if entry is _UNASKED:
+            entry = getattr(program, "fast_record", lambda *a, **k: None)(
                 args, tuple(range(len(args))), {}, out=result_positions if self.kind == "kernel" else None)
+        if isinstance(entry, fastcall.Record):
             try:
-                call = fastcall.make(record) if record is not None else None
+                call = fastcall.make(entry)
             except ValueError:   # past the C module's limits
                 call = None
-            if call is not None or record is None or fastcall.unavailable() is not None:
-                self._records[key] = call   # (else the module is still loading: asked again next call)
-        if call is not None:
-            self._fast = fastcall.most_recent_first(self._fast, call)
+                entry = None
+            if call is not None:
+                entry = call
+            elif fastcall.unavailable() is not None:
+                entry = None
+        self._records[key] = entry
+        if entry is not None and not isinstance(entry, fastcall.Record):
+            self._fast = fastcall.most_recent_first(self._fast, entry)
 
     def _load(self, signature: tuple, device: int) -> tuple:
         """The program of the specialization for `signature` that runs on `device`'s arch (one

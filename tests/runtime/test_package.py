@@ -275,3 +275,32 @@ def test_a_dim_a_function_cannot_take_at_run_time_is_a_clear_package_error(tmp_p
                      "--dynamic", "S", "-o", str(tmp_path / "pkg")]) == 1
     assert "flash_attention cannot take dim 'S' at run time" in capsys.readouterr().err
     assert not (tmp_path / "pkg" / "manifest.json").exists()
+
+
+def test_a_packaged_functions_fast_record_is_made_once_and_dropped_past_the_limits(monkeypatch):
+    """`PackagedFunction._try_first`: the record is asked for once per signature; a record the C
+    module refuses (past its limits) is dropped rather than built or refused on every call, and
+    one made while the module loads becomes a call later."""
+    from tessera.runtime import fastcall
+    from tessera.runtime.package import PackagedFunction
+
+    class Program:
+        records = 0
+
+        def fast_record(self, *a, **k):
+            Program.records += 1
+            return fastcall.Record((), (), (), 1, None, 0, 0, None, ())
+
+    fn = PackagedFunction("f", "function", ["x"], [])
+    monkeypatch.setattr(fastcall, "_why_not", None)
+    monkeypatch.setattr(fastcall, "make", lambda record: (_ for _ in ()).throw(ValueError("too many")))
+    for _ in range(3):
+        fn._try_first(("sig", 0), Program(), (), ())
+    assert Program.records == 1 and fn._records[("sig", 0)] is None and not fn._fast
+    loaded = []
+    monkeypatch.setattr(fastcall, "make", lambda record: loaded[0] if loaded else None)   # still loading
+    fn._try_first(("other", 0), Program(), (), ())
+    assert isinstance(fn._records[("other", 0)], fastcall.Record) and not fn._fast
+    loaded.append(call := object())
+    fn._try_first(("other", 0), Program(), (), ())
+    assert Program.records == 2 and fn._records[("other", 0)] is call and fn._fast == (call,)
