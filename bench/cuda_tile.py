@@ -7,8 +7,11 @@ inputs, one process; torch beside them for scale.
                                             # GPU machine without tileiras to run from
 
 Each row: both backends' outputs checked against torch's first; medians of triton's do_bench, in ms;
-TFLOP/s for matmuls and attention, GB/s for the row reductions; `tile/ptx` > 1 means the CUDA Tile
-IR kernel is faster.
+TFLOP/s for matmuls and attention, GB/s for the memory-bound kernels (KV bytes for decode); `tile/ptx`
+> 1 means the CUDA Tile IR kernel is faster. These rows are the measurements behind
+`tessera.passes.backend_choice.RULES` (`backend="auto"`). With `--dtypes fp32`: matmuls of fp32
+operands, which only the CUDA Tile IR backend compiles (rule `fp32_matmul`), against torch's fp32
+matmul (TF32 off).
 """
 from __future__ import annotations
 
@@ -17,13 +20,15 @@ import math
 import sys
 from pathlib import Path
 
-sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parents[1] / "tests")]
+ROOT = Path(__file__).resolve().parents[1]
+sys.path[:0] = [str(ROOT), str(ROOT / "tests"), str(ROOT / "examples")]
 
 import tessera as tsr  # noqa: E402
 from tessera import Tensor  # noqa: E402
 
 import attention_cases  # noqa: E402
-from cuda_tile_cases import gemm_bias_gelu, layer_norm, softmax  # noqa: E402  (the backend's test functions)
+from cuda_tile_cases import column_sum, gelu_scale, gemm_bias_gelu, layer_norm, rms_norm, softmax  # noqa: E402
+from decode_attention import gqa_decode_attention  # noqa: E402
 
 
 @tsr.function
@@ -54,12 +59,29 @@ CASES = [
     ("softmax 16384x8192", softmax, {"x": (16384, 8192)}, ("bytes", 2 * 2 * 16384 * 8192)),
     ("layer_norm 16384x8192", layer_norm, {"x": (16384, 8192), "w": (8192,), "b": (8192,)},
      ("bytes", 2 * 2 * 16384 * 8192)),
+    ("rms_norm 16384x8192", rms_norm, {"x": (16384, 8192), "w": (8192,)}, ("bytes", 2 * 2 * 16384 * 8192)),
+    ("gelu(x)*2+y 16384x8192", gelu_scale, {"x": (16384, 8192), "y": (8192,)}, ("bytes", 2 * 2 * 16384 * 8192)),
+    ("column sum 16384x8192", column_sum, {"x": (16384, 8192)}, ("bytes", 2 * 16384 * 8192)),
+    ("decode GQA 32/8 B=8 N=32768", gqa_decode_attention,
+     {"q": (8, 8, 4, 1, 128), "k": (8, 8, 1, 32768, 128), "v": (8, 8, 1, 32768, 128)},
+     ("bytes", 2 * 2 * 8 * 8 * 32768 * 128)),
+    ("decode GQA 32/8 B=1 N=131072", gqa_decode_attention,
+     {"q": (1, 8, 4, 1, 128), "k": (1, 8, 1, 131072, 128), "v": (1, 8, 1, 131072, 128)},
+     ("bytes", 2 * 2 * 8 * 131072 * 128)),
+]
+
+#: matmuls of fp32 operands: the CUDA Tile IR backend's only (the PTX backend has no CUDA-core matmul)
+FP32_CASES = [
+    ("gemm 4096^3", gemm, {"a": (4096, 4096), "b": (4096, 4096)}, ("flop", 2 * 4096 ** 3)),
+    ("gemm 4000x4096x1000", gemm, {"a": (4000, 1000), "b": (1000, 4096)}, ("flop", 2 * 4000 * 4096 * 1000)),
+    ("gemm+bias+gelu 4096^3", gemm_bias_gelu, {"a": (4096, 4096), "b": (4096, 4096), "bias": (4096,)},
+     ("flop", 2 * 4096 ** 3)),
 ]
 
 
 def prebuild(dtype: str) -> int:
     from tessera.frontend.function import ArgSpec
-    for label, fn, shapes, _ in CASES:
+    for label, fn, shapes, _ in (FP32_CASES if dtype == "fp32" else CASES):
         specs = [ArgSpec(n, s, getattr(tsr, dtype), None) for n, s in shapes.items()]
         compiled = fn.compile(specs, backend="cuda-tile")
         compiled.stage("cubin")
@@ -77,6 +99,17 @@ def torch_reference(torch, fn, args):
         return lambda: torch.softmax(args[0], dim=-1)
     if fn is layer_norm:
         return lambda: F.layer_norm(args[0], (args[0].shape[-1],), args[1], args[2])
+    if fn is rms_norm:
+        return lambda: F.rms_norm(args[0], (args[0].shape[-1],), args[1])
+    if fn is gelu_scale:
+        return lambda: (F.gelu(args[0]) * 2.0 + args[1]).to(args[0].dtype)
+    if fn is column_sum:
+        return lambda: args[0].sum(0)
+    if fn is gqa_decode_attention:
+        def decode():   # (one query, the last position: the causal mask keeps every key)
+            q, k, v = (x.float() for x in args)
+            return torch.softmax((q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1]), -1) @ v
+        return decode
     kind = next(k for k, f in attention_cases.FUNCTIONS.items() if f is fn)
     return lambda: attention_cases.torch_reference(torch, kind, *args)
 
@@ -113,13 +146,38 @@ def run(dtype: str) -> int:
     return 0
 
 
+def run_fp32() -> int:
+    """fp32 matmuls on the CUDA Tile IR backend (what `backend="auto"` gives them) against torch's
+    fp32 matmul with TF32 off, outputs checked against float64 first."""
+    import torch
+    import triton
+
+    torch.backends.cuda.matmul.allow_tf32 = False
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"# python3 bench/cuda_tile.py {' '.join(sys.argv[1:])}")
+    print("| case | dtype | cuda-tile ms | torch ms | cuda-tile/torch | cuda-tile rate | torch rate | rel err (cuda-tile, torch) |")
+    print("|---|---|---|---|---|---|---|---|")
+    for label, fn, shapes, (_, work) in FP32_CASES:
+        gen = torch.Generator(device="cuda").manual_seed(0)
+        args = [torch.randn(s, device="cuda", generator=gen) / math.sqrt(s[-1] if len(s) > 1 else 1)
+                for s in shapes.values()]
+        reference = torch_reference(torch, fn, args)
+        want = torch_reference(torch, fn, [a.double() for a in args])()
+        errs = [((o.double() - want).norm() / want.norm()).item() for o in (fn(*args, backend="cuda-tile"), reference())]
+        ours = triton.testing.do_bench(lambda: fn(*args, backend="cuda-tile"), rep=200, return_mode="median")
+        theirs = triton.testing.do_bench(reference, rep=200, return_mode="median")
+        print(f"| {label} | fp32 | {ours:.3f} | {theirs:.3f} | {theirs / ours:.2f}x | {work / ours / 1e9:.1f} TFLOP/s | "
+              f"{work / theirs / 1e9:.1f} TFLOP/s | {errs[0]:.1e}, {errs[1]:.1e} |", flush=True)
+    return 0
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prebuild", action="store_true", help="only assemble the cuda-tile cubins (no GPU)")
-    parser.add_argument("--dtypes", default="bf16", help="comma-separated from fp16, bf16 (default bf16)")
+    parser.add_argument("--dtypes", default="bf16", help="comma-separated from fp16, bf16, fp32 (default bf16)")
     args = parser.parse_args()
     for dtype in args.dtypes.split(","):
-        code = prebuild(dtype) if args.prebuild else run(dtype)
+        code = prebuild(dtype) if args.prebuild else run_fp32() if dtype == "fp32" else run(dtype)
         if code:
             return code
     return 0

@@ -34,8 +34,9 @@ import numpy as np
 from xdsl.utils.exceptions import ParseError, VerifyException
 
 from . import dtypes, platforms
-from .compiler import BACKENDS as BACKEND_CHOICES
-from .compiler import DEFAULT_ARCH, DUMP_STAGES, IR_STAGES, STAGES, Compiled, KernelLaunch, Options
+from .backends import BACKEND_OPTIONS
+from .passes import backend_choice
+from .compiler import DEFAULT_ARCH, DUMP_STAGES, IR_STAGES, STAGES_BY_NAME, Compiled, KernelLaunch, Options
 from .dims import DynamicDim
 from .dtypes import DType
 from .errors import TesseraError, is_internal
@@ -401,12 +402,9 @@ def cmd_compile(args: argparse.Namespace) -> int:
     out = Path(args.output or DEFAULT_OUT / fn.name)
     ir_stages = [s for s in stages if s in IR_STAGES]   # the kernels' code is written in any case, beside cubins
     written = compiled.dump(out, ir_stages) if ir_stages else []
-    if args.backend == "cuda-tile":
-        binaries, reports, note = write_cuda_tile(compiled, out)
-    else:
-        binaries, reports, note = write_binaries(compiled, out)
-    backend = "" if args.backend == "ptx" else f", {args.backend} backend"
-    print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, {args.path} path{backend})")
+    binaries, reports, notes = write_kernels(compiled, out)
+    print(f"compiled {fn.name} for {args.arch} ({args.dtype}, {_shape_text(args)}, {args.path} path, "
+          f"backend {args.backend})")
     strided = [f"{a.name} {list(a.strides)}" for a in specs if a.strides and a.name not in compiled.copied_args]
     print_fields([("kernels", ", ".join(compiled.kernel_names)),
                   *([("strided", f"{', '.join(strided)} (read in place)")] if strided else []),
@@ -414,66 +412,73 @@ def cmd_compile(args: argparse.Namespace) -> int:
                   ("compile", f"{compiled.compile_seconds:.2f} s"),
                   ("wrote", ", ".join(map(_show_path, written + binaries))
                    or ("nothing" if stages else "nothing (--dump-ir is empty)")),
-                  *([("cubins", note.removeprefix("cubins skipped: "))] if note else [])])
+                  *[("cubins", note) for note in notes]])
     for report in reports:
         print(report)
+    rules = backend_choice.rules_named(why for _, why in compiled.kernel_backends.values())
+    if rules:
+        print_fields([("backend rules", "\n".join(f"{rule.name}: {rule.backend}, {rule.why}" for rule in rules))])
     return 0
 
 
-#: The code generators, by GPU vendor: a target of any other vendor gets IR dumps and an error.
-BACKENDS = {"nvidia": "PTX"}
-
-
-def write_binaries(compiled: Compiled, out: Path) -> tuple[list[Path], list[str], str | None]:
-    """Each kernel's PTX (the ptx stage), and its cubin where ptxas is installed (the cubin stage);
-    a report per kernel (its launch, schedule, and what ptxas says of it), and a note when there
-    are no cubins. A target with no backend, or a kernel the backend cannot emit, is an error."""
-    from .backends.ptx import UnsupportedByBackend
+def write_kernels(compiled: Compiled, out: Path) -> tuple[list[Path], list[str], list[str]]:
+    """Each kernel's code: the PTX backend's `.ptx` (the ptx stage), the CUDA Tile IR backend's
+    `.cuda_tile.mlir` and `.tilebc` (the cuda_tile stage); every kernel's `.cubin` where the
+    assemblers its kernels need are installed (the cubin stage). Returns the files, a report per
+    kernel (its backend, launch, schedule, and what ptxas says of it) and notes of what was
+    skipped. A target with no backend, or a kernel its backend cannot emit, is an error."""
+    from .backends.cuda_tile import tools
     from .runtime import ptxas
 
+    backends = {backend for backend, _ in compiled.kernel_backends.values()}
+    written = _write_ptx(compiled, out) if "ptx" in backends else []
+    if "cuda-tile" in backends:
+        written += compiled.dump(out, ["cuda_tile"])
+    missing = [f"{tool} not found ({hint})" for backend, tool, present, hint in [
+        ("ptx", "ptxas", ptxas.available, "the CUDA toolkit, or pip install nvidia-cuda-nvcc"),
+        ("cuda-tile", "tileiras", tools.available, tools.INSTALL_HINT)] if backend in backends and not present()]
+    if missing:
+        # (a CUDA Tile IR kernel's launch is read from its cubin: no cubin, no report)
+        reports = [] if "cuda-tile" in backends else [kernel_report(compiled, compiled.launches[name], None)
+                                                      for name in compiled.kernel_names]
+        return written, reports, [f"skipped: {why}" for why in missing]
+    cubins = compiled.stage("cubin")
+    reports = []
+    for name in compiled.kernel_names:
+        path = out / f"{name}.cubin"
+        path.write_bytes(cubins[name].cubin)
+        written.append(path)
+        resources = getattr(cubins[name], "resources", {}).get(name)   # (ptxas's report)
+        reports.append(kernel_report(compiled, compiled.launches[name], resources))
+    return written, reports, []
+
+
+#: The code generators, by GPU vendor: a target of any other vendor gets IR dumps and an error.
+VENDOR_BACKENDS = {"nvidia": "PTX"}
+
+
+def _write_ptx(compiled: Compiled, out: Path) -> list[Path]:
+    """Each PTX kernel's `.ptx`; a target no backend emits for, or a kernel the PTX backend cannot
+    emit, is an error that says where the IR dumps are."""
+    from .backends.ptx import UnsupportedByBackend
+
     platform = compiled.options.platform()
-    if platform.vendor not in BACKENDS:
+    if platform.vendor not in VENDOR_BACKENDS:
         raise TesseraError(f"no backend for {platform.arch} ({platform.vendor}): Tessera emits code for "
-                           f"{', '.join(f'{v} GPUs ({b})' for v, b in BACKENDS.items())} only; "
+                           f"{', '.join(f'{v} GPUs ({b})' for v, b in VENDOR_BACKENDS.items())} only; "
                            f"the IR dumps are in {_show_path(out)}")
     try:
         kernels = compiled.stage("ptx")
     except UnsupportedByBackend as e:
-        reason = e.message.removeprefix(f"{BACKENDS[platform.vendor]} backend: ")
-        raise TesseraError(f"the {BACKENDS[platform.vendor]} backend cannot compile {compiled.name} for "
+        reason = e.message.removeprefix(f"{VENDOR_BACKENDS[platform.vendor]} backend: ")
+        raise TesseraError(f"the {VENDOR_BACKENDS[platform.vendor]} backend cannot compile {compiled.name} for "
                            f"{platform.arch}: {reason}; the IR dumps are in {_show_path(out)}") from None
-    cubins = compiled.stage("cubin") if ptxas.available() else {}
     out.mkdir(parents=True, exist_ok=True)
-    written, reports = [], []
+    written = []
     for name, kernel in kernels.items():
-        path = out / f"{name}.ptx"
-        path.write_text(kernel.ptx)
-        written.append(path)
-        resources = None
-        if name in cubins:
-            resources = cubins[name].resources.get(name)
-            cubin = out / f"{name}.cubin"
-            cubin.write_bytes(cubins[name].cubin)
-            written.append(cubin)
-        reports.append(kernel_report(compiled, compiled.launches[name], resources))
-    return written, reports, None if ptxas.available() else "cubins skipped: ptxas not found"
-
-
-def write_cuda_tile(compiled: Compiled, out: Path) -> tuple[list[Path], list[str], str | None]:
-    """Each kernel's CUDA Tile IR (`.cuda_tile.mlir`, and `.tilebc`, the bytecode tileiras takes)
-    and, where tileiras is installed, its `.cubin`; a report per kernel with its launch."""
-    from .backends.cuda_tile import tools
-
-    written = compiled.dump(out, ["cuda_tile"])
-    if not tools.available():
-        return written, [], f"cubins skipped: tileiras not found ({tools.INSTALL_HINT})"
-    reports = []
-    for name, cubin in compiled.stage("cubin").items():
-        path = out / f"{name}.cubin"
-        path.write_bytes(cubin.cubin)
-        written.append(path)
-        reports.append(kernel_report(compiled, compiled.launches[name], None))
-    return written, reports, None
+        written.append(out / f"{name}.ptx")
+        written[-1].write_text(kernel.ptx)
+    return written
 
 
 def kernel_report(compiled: Compiled, launch: KernelLaunch, resources) -> str:
@@ -484,7 +489,9 @@ def kernel_report(compiled: Compiled, launch: KernelLaunch, resources) -> str:
         grows = f"cdiv(param {param} dim {dim}, {block})"
         axes[axis] = grows if axes[axis] == "1" else f"{axes[axis]}*{grows}"
     grid = " x ".join(axes)
-    rows = [("launch", f"grid {grid}, {launch.threads} threads, {_bytes(launch.dynamic_shared)} dynamic shared memory"),
+    backend, why = compiled.kernel_backends[launch.name]
+    rows = [("backend", f"{backend} ({why})" if why else backend),
+            ("launch", f"grid {grid}, {launch.threads} threads, {_bytes(launch.dynamic_shared)} dynamic shared memory"),
             ("schedule", _schedule_text(compiled, launch.name))]
     if resources is not None:
         shared = launch.dynamic_shared + resources.shared_bytes
@@ -528,7 +535,7 @@ def cmd_package(args: argparse.Namespace) -> int:
                            "pip install nvidia-cuda-nvcc)")
     archs = [a.strip() for a in args.arch.split(",") if a.strip()]
     for arch in archs:
-        if platforms.get(arch).vendor not in BACKENDS:
+        if platforms.get(arch).vendor not in VENDOR_BACKENDS:
             raise TesseraError(f"no backend for {arch}: a package holds PTX and cubins for NVIDIA GPUs only")
     functions = [load_function(target) for target in args.targets]
     shapes = [parse_shape(s) for s in args.shape]
@@ -616,7 +623,7 @@ class Pass:
 
 def _stage(name: str) -> Callable[[object, argparse.Namespace], object]:
     """The compiler's stage `name` (tessera/compiler.py's STAGES) as an `opt` pass, for --arch."""
-    run_stage = dict(STAGES)[name]
+    run_stage = STAGES_BY_NAME[name].run
     return lambda module, args: run_stage(module, Options(arch=args.arch))
 
 
@@ -795,9 +802,10 @@ def _function_options(parser: argparse.ArgumentParser, shape: str | None = None)
     parser.add_argument("--layout", action="append", metavar="ARG=DIM,...",
                         help="an argument's dims in memory order, outermost first (repeatable): --layout q=B,S,H,D "
                              "compiles for q a [B, S, H, D] buffer seen as its annotated [B, H, S, D]")
-    parser.add_argument("--backend", choices=list(BACKEND_CHOICES), default="ptx",
-                        help="code generator: ptx (Tessera's PTX, assembled by ptxas) or cuda-tile (NVIDIA's "
-                             "CUDA Tile IR, assembled by tileiras: pip install 'tessera[cuda-tile]') (default ptx)")
+    parser.add_argument("--backend", choices=list(BACKEND_OPTIONS), default="auto",
+                        help="code generator of each kernel: auto (a rule per kernel, which the compile report "
+                             "states), ptx (Tessera's PTX, assembled by ptxas) or cuda-tile (NVIDIA's CUDA Tile IR, "
+                             "assembled by tileiras: pip install 'tessera[cuda-tile]') (default auto)")
 
 
 def _run_options(parser: argparse.ArgumentParser) -> None:

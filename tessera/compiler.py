@@ -1,27 +1,28 @@
-"""The pipeline, as a list of stages: those every backend shares, then the backend's own.
+"""The pipeline, as a list of stages, each naming the stages it reads.
 
     graph     the traced function (Graph IR)                  tessera.frontend
-    schedule  fusion groups with tiling parameters            tessera.passes.fusion
+    schedule  fusion groups with tiling parameters, and the   tessera.passes.fusion,
+              backend that compiles each kernel               tessera.passes.backend_choice
     tile      block programs + host launches                  tessera.lowering.schedule_to_tile
-  backend "ptx" (the default):
+  the PTX backend's kernels:
     target    platform instructions (mma.sync, wgmma)         tessera.lowering.tile_to_target
     ptx       each kernel's PTX module                        tessera.backends.ptx
-    cubin     each kernel assembled by ptxas, with its        tessera.runtime.cache (on disk),
-              resource report                                 tessera.runtime.ptxas
-  backend "cuda-tile" (NVIDIA's CUDA Tile IR; docs/CUDA_TILE.md):
+  the CUDA Tile IR backend's kernels (NVIDIA's; docs/CUDA_TILE.md):
     cuda_tile each kernel as a cuda_tile module: text and     tessera.backends.cuda_tile
               the bytecode tileiras takes
-    cubin     each kernel assembled by tileiras               tessera.backends.cuda_tile.tools
+  every kernel:
+    cubin     each kernel assembled, by ptxas (with its       tessera.runtime.cache (on disk),
+              resource report) or by tileiras                 tessera.runtime.ptxas, cuda_tile.tools
 
-Each stage is a function from the previous stage's result to its own.
-`compile_module` runs them through `tile` and returns a `Compiled`, which runs
-the later ones on first request and keeps every result: a call on the CPU
-tile interpreter never builds target, ptx or cubin. IR stages are verified as
-they are built. `Compiled.launches` is the one source of how each kernel is
-launched (grid, threads, shared memory, params), for the GPU runtime and the
-CLI alike. `dump=("all",)` or the TESSERA_DUMP_IR environment variable writes
-stages' text (`<stage>.mlir`, and each kernel's `<kernel>.ptx`) into `dump_dir`
-or TESSERA_DUMP_DIR.
+The `backend` option says which backends kernels get: "auto" (the default) a backend per kernel by
+`backend_choice.RULES`, or "ptx" or "cuda-tile" for every kernel. Each stage is a function from the
+results of the stages it reads to its own. `compile_module` runs them through `tile` and returns a
+`Compiled`, which runs the later ones on first request and keeps every result: a call on the CPU
+tile interpreter never builds target, ptx or cubin. IR stages are verified as they are built.
+`Compiled.launches` is the one source of how each kernel is launched (grid, threads, shared memory,
+params), for the GPU runtime and the CLI alike. `dump=("all",)` or the TESSERA_DUMP_IR environment
+variable writes stages' text (`<stage>.mlir`, each kernel's `<kernel>.ptx` or
+`<kernel>.cuda_tile.mlir`) into `dump_dir` or TESSERA_DUMP_DIR.
 """
 from __future__ import annotations
 
@@ -39,6 +40,7 @@ import numpy as np
 
 from . import platforms
 from . import dims
+from .backends import check_backend_option
 from .dims import MAX_DIM, DynamicDim, is_dynamic
 from .errors import TesseraError
 
@@ -64,14 +66,16 @@ class Options:
                                        # registry (an H100 PCIe has 114): persistent kernels use them
     line_info: bool = False            # PTX with .file/.loc line info of the user's source (ptxas -lineinfo)
     profile: bool = False              # kernels stamp their profile regions (tessera.runtime.profile)
-    backend: str = "ptx"               # "ptx", or "cuda-tile": CUDA Tile IR assembled by NVIDIA's tileiras
+    backend: str = "auto"              # which backend compiles each kernel (BACKEND_OPTIONS): "auto", a
+                                       # rule per kernel; "ptx"; or "cuda-tile", CUDA Tile IR assembled
+                                       # by NVIDIA's tileiras
 
     def platform(self):
+        """The target as the PTX backend's kernels see it (a kernel of another backend is scheduled
+        for `Backend.platform` of it)."""
         p = platforms.get(self.arch)
         if self.sm_count is not None:
             p = dataclasses.replace(p, sm_count=self.sm_count)
-        if BACKENDS[self.backend].masked:
-            p = platforms.without(p, BACKENDS[self.backend].masked)
         if self.path == "ampere":
             return platforms.without(p, platforms.BEYOND_AMPERE)
         if self.path != "native":
@@ -81,13 +85,12 @@ class Options:
 
 def _schedule(graph, options: Options):
     from .passes.fusion import fuse
-    return fuse(graph, options.space, options.platform(), tile_compiler=not BACKENDS[options.backend].stage_operands)
+    return fuse(graph, options.space, options.platform(), options.backend, options.profile)
 
 
 def _tile(schedule, options: Options):
     from .lowering.schedule_to_tile import lower_schedule_to_tile
-    return lower_schedule_to_tile(schedule, line_info=options.line_info, profile=options.profile,
-                                  stage_operands=BACKENDS[options.backend].stage_operands)
+    return lower_schedule_to_tile(schedule, line_info=options.line_info, profile=options.profile)
 
 
 def _target(tile, options: Options):
@@ -104,69 +107,51 @@ def _ptx(target, options: Options):
     return emit_module(target)
 
 
-def _cubin(ptx, options: Options):
-    from .runtime.cache import CubinCache
-    cache = CubinCache()
-    return {name: cache.assembled(kernel.ptx, options.arch, options.opt_level) for name, kernel in ptx.items()}
-
-
 def _cuda_tile(tile, options: Options):
+    from .ir import tile as t
+    if not any(isinstance(op, t.KernelOp) and t.kernel_backend(op) == "cuda-tile" for op in tile.ops):
+        return {}   # (no import of the backend)
     from .backends.cuda_tile import lower_module
     return lower_module(tile, options.arch)
 
 
-def _tile_cubin(cuda_tile, options: Options):
-    from .backends.cuda_tile import assemble_kernels
-    return assemble_kernels(cuda_tile, options.arch, options.opt_level)
-
-
-#: (name, function from the previous stage's result): the stages every backend shares.
-SHARED_STAGES: list[tuple[str, Callable]] = [
-    ("schedule", _schedule),   # Graph IR -> Schedule IR
-    ("tile", _tile),           # -> Tile IR
-]
+def _cubin(ptx, cuda_tile, options: Options):
+    cubins = {}
+    if ptx:
+        from .runtime.cache import CubinCache
+        cache = CubinCache()
+        cubins.update({name: cache.assembled(kernel.ptx, options.arch, options.opt_level) for name, kernel in ptx.items()})
+    if cuda_tile:
+        from .backends.cuda_tile import assemble_kernels
+        cubins.update(assemble_kernels(cuda_tile, options.arch, options.opt_level))
+    return cubins
 
 
 @dataclass(frozen=True)
-class Backend:
-    """What a backend adds to the pipeline, and what it asks of the stages before it."""
-
-    stages: tuple[tuple[str, Callable], ...]   # after tile, in order; the last is "cubin"
-    stage_operands: bool        # Tile IR stages matmul operands through shared memory itself
-                                # (False: the backend's own compiler pipelines plain loads)
-    text_stage: str             # the stage `dump` writes a file per kernel of
-    masked: frozenset = frozenset()   # platform features the schedule must not plan for (the
-                                      # backend's own compiler decides whether to use them)
+class Stage:
+    name: str
+    reads: tuple[str, ...]     # the stages whose results `run` takes, in order (then the Options)
+    run: Callable
 
 
-BACKENDS: dict[str, Backend] = {
-    "ptx": Backend((("target", _target),        # -> Target IR
-                    ("ptx", _ptx),              # -> {kernel: PtxKernel}
-                    ("cubin", _cubin)),         # -> {kernel: ptxas.Assembled}, via the on-disk cubin cache
-                   stage_operands=True, text_stage="ptx"),
-    "cuda-tile": Backend((("cuda_tile", _cuda_tile),   # -> {kernel: cuda_tile.CudaTileKernel}
-                          ("cubin", _tile_cubin)),     # -> {kernel: tileiras's cubin}, via the same cache
-                         stage_operands=False, text_stage="cuda_tile",
-                         # tileiras chooses TMA, wgmma and clusters itself: schedules are the ones
-                         # planned for plain tensor-core tiles (no persistent or warp-specialized GEMMs)
-                         masked=platforms.BEYOND_AMPERE),
-}
-
-#: The default (PTX) backend's whole compiler, in order.
-STAGES: list[tuple[str, Callable]] = [*SHARED_STAGES, *BACKENDS["ptx"].stages]
-STAGE_NAMES = ("graph", *(name for name, _ in STAGES))
+#: The compiler, in order. The PTX backend's kernels go through target and ptx, the CUDA Tile IR
+#: backend's through cuda_tile (each stage holds only its backend's kernels); cubin has them all.
+STAGES: tuple[Stage, ...] = (
+    Stage("schedule", ("graph",), _schedule),          # Graph IR -> Schedule IR
+    Stage("tile", ("schedule",), _tile),               # -> Tile IR
+    Stage("target", ("tile",), _target),               # -> Target IR
+    Stage("ptx", ("target",), _ptx),                   # -> {kernel: PtxKernel}
+    Stage("cuda_tile", ("tile",), _cuda_tile),         # -> {kernel: cuda_tile.CudaTileKernel}
+    Stage("cubin", ("ptx", "cuda_tile"), _cubin),      # -> {kernel: ptxas.Assembled or cuda_tile.TileCubin},
+                                                       #    via the on-disk cubin cache
+)
+STAGES_BY_NAME = {stage.name: stage for stage in STAGES}
+STAGE_NAMES = ("graph", *STAGES_BY_NAME)
 #: The stages whose result is an MLIR module: verified once built, dumped as `<stage>.mlir`.
 IR_STAGES = ("graph", "schedule", "tile", "target")
-#: What `dump` can write: the IR stages, and each backend's text stage as a file per kernel
-#: (`<kernel>.ptx`; `<kernel>.cuda_tile.mlir` and its bytecode `<kernel>.tilebc`).
+#: What `dump` can write: the IR stages, and as a file per kernel `ptx` (`<kernel>.ptx`) and
+#: `cuda_tile` (`<kernel>.cuda_tile.mlir` and its bytecode `<kernel>.tilebc`).
 DUMP_STAGES = (*IR_STAGES, "ptx", "cuda_tile")
-
-
-def backend_stages(backend: str) -> list[tuple[str, Callable]]:
-    """The whole compiler for `backend`, in order."""
-    if backend not in BACKENDS:
-        raise TesseraError(f"unknown backend {backend!r}; backends are {', '.join(BACKENDS)}")
-    return [*SHARED_STAGES, *BACKENDS[backend].stages]
 
 
 @dataclass(frozen=True)
@@ -214,15 +199,15 @@ class _Modules(Mapping):
         self._compiled = compiled
 
     def __getitem__(self, stage: str):
-        if stage not in self._compiled.ir_stages:
+        if stage not in IR_STAGES:
             raise KeyError(stage)
         return self._compiled.stage(stage)
 
     def __iter__(self):
-        return iter(self._compiled.ir_stages)
+        return iter(IR_STAGES)
 
     def __len__(self) -> int:
-        return len(self._compiled.ir_stages)
+        return len(IR_STAGES)
 
 
 @dataclass
@@ -244,24 +229,13 @@ class Compiled:
     def arch(self) -> str:
         return self.options.arch
 
-    @property
-    def stage_names(self) -> tuple[str, ...]:
-        """This compile's stages (its backend's pipeline), graph first."""
-        return ("graph", *(name for name, _ in backend_stages(self.options.backend)))
-
-    @property
-    def ir_stages(self) -> tuple[str, ...]:
-        """The stages of this compile whose result is an MLIR module."""
-        return tuple(s for s in IR_STAGES if s in self.stage_names)
-
     def stage(self, name: str, arch: str | None = None):
         """Stage `name`'s result, run (after the stages before it) on first request and kept:
         an IR stage's module, {kernel: PtxKernel} for ptx, {kernel: ptxas.Assembled} for cubin.
         `arch` asks for cubins of another arch than the compile's: a GPU assembles for its own."""
         arch = arch or self.arch
-        if name not in self.stage_names:
-            raise TesseraError(f"unknown stage {name!r} for backend {self.options.backend!r}; "
-                               f"stages are {', '.join(self.stage_names)}")
+        if name not in STAGE_NAMES:
+            raise TesseraError(f"unknown stage {name!r}; stages are {', '.join(STAGE_NAMES)}")
         if arch != self.arch and name != "cubin":
             raise TesseraError(f"only the cubin stage is built for another arch than {self.arch}, not {name}")
         key = (name, arch)
@@ -270,14 +244,14 @@ class Compiled:
         return self._results[key]
 
     def _run(self, name: str, arch: str):
-        """Runs stage `name` on the previous stage's result, and verifies an IR stage's module."""
+        """Runs stage `name` on the results of the stages it reads, and verifies an IR stage's module."""
         if name == "graph":
             self.graph.verify()
             return self.graph
-        names = self.stage_names
-        previous = self.stage(names[names.index(name) - 1])
+        stage = STAGES_BY_NAME[name]
+        inputs = [self.stage(read) for read in stage.reads]
         start = time.perf_counter()
-        result = dict(backend_stages(self.options.backend))[name](previous, dataclasses.replace(self.options, arch=arch))
+        result = stage.run(*inputs, dataclasses.replace(self.options, arch=arch))
         if name in IR_STAGES:
             result.verify()
         self.compile_seconds += time.perf_counter() - start
@@ -295,16 +269,25 @@ class Compiled:
 
     @functools.cached_property
     def launches(self) -> dict[str, KernelLaunch]:
-        """Each kernel's launch, in the order the Target IR module defines them (builds target and
-        ptx; under the cuda-tile backend, cuda_tile and cubin, in the Tile IR module's order)."""
+        """Each kernel's launch, in the order the Tile IR module defines them: the PTX backend's
+        from target and ptx, the CUDA Tile IR backend's from cuda_tile and their cubins (the
+        threads tileiras compiled each for)."""
         from .ir import target
 
-        if self.options.backend == "cuda-tile":
-            from .backends.cuda_tile import kernel_launches
-            return kernel_launches(self.stage("cuda_tile"), self.stage("cubin"))
         ptx = self.stage("ptx")
-        return {op.sym_name.data: _kernel_launch(op, ptx[op.sym_name.data])
-                for op in self.stage("target").ops if isinstance(op, target.KernelOp)}
+        launches = {op.sym_name.data: _kernel_launch(op, ptx[op.sym_name.data])
+                    for op in self.stage("target").ops if isinstance(op, target.KernelOp)}
+        if self.stage("cuda_tile"):
+            from .backends.cuda_tile import kernel_launches
+            launches.update(kernel_launches(self.stage("cuda_tile"), self.stage("cubin")))
+        return {name: launches[name] for name in self.kernel_names}
+
+    @property
+    def kernel_backends(self) -> dict[str, tuple[str, str]]:
+        """Each kernel's backend and the rule or option that chose it (`tile.BACKEND`, `BACKEND_WHY`)."""
+        from .ir import tile
+        return {op.sym_name.data: (tile.kernel_backend(op), getattr(op.attributes.get(tile.BACKEND_WHY), "data", ""))
+                for op in self.stage("tile").ops if isinstance(op, tile.KernelOp)}
 
     def gpu_program(self, device: int = 0):
         """This function loaded on a CUDA device (built once per device)."""
@@ -323,13 +306,13 @@ class Compiled:
         return [op.sym_name.data for op in self.stage("tile").ops if isinstance(op, tile.KernelOp)]
 
     def dump(self, directory: str | os.PathLike, stages: Sequence[str] = DUMP_STAGES) -> list[Path]:
-        """Writes each IR stage of `stages` as `<stage>.mlir` and, for `ptx`, each kernel's
-        `<kernel>.ptx` (for `cuda_tile`, `<kernel>.cuda_tile.mlir` and `<kernel>.tilebc`) into
-        `directory`; returns the files written. Stages of another backend's pipeline are skipped."""
+        """Writes each IR stage of `stages` as `<stage>.mlir` and, for `ptx`, each PTX kernel's
+        `<kernel>.ptx` (for `cuda_tile`, each CUDA Tile IR kernel's `<kernel>.cuda_tile.mlir` and
+        `<kernel>.tilebc`) into `directory`; returns the files written."""
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         written = []
-        for stage in (s for s in stages if s in self.stage_names):
+        for stage in stages:
             if stage == "ptx":
                 written += self._dump_ptx(directory)
             elif stage == "cuda_tile":
@@ -472,7 +455,7 @@ def _check_dims_index_in_32_bits(f) -> None:
 def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None = None,
                    tensor_cores: bool = True, opt_level: int = 3, path: str = "native",
                    sm_count: int | None = None, line_info: bool = False, profile: bool = False,
-                   backend: str = "ptx", dump: Sequence[str] | None = None,
+                   backend: str = "auto", dump: Sequence[str] | None = None,
                    dump_dir: str | os.PathLike | None = None) -> Compiled:
     """Compiles a Graph IR module through the tile stage, which every use of the result needs (so a
     program the compiler rejects fails here); target, ptx and cubin run when first asked for.
@@ -480,12 +463,13 @@ def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None
     options = Options(arch=arch, space=space, tensor_cores=tensor_cores, opt_level=opt_level, path=path,
                       sm_count=sm_count, line_info=line_info or _env_on("TESSERA_LINE_INFO"),
                       profile=profile or _env_on("TESSERA_PROFILE"), backend=backend)
-    backend_stages(backend)   # an unknown backend fails here
+    check_backend_option(backend)
     stages = _dump_request(dump)
     f = next(iter(graph_module.ops))
     from .ir.graph import dynamic_dims
     dynamic = dynamic_dims(f)
-    if dynamic and backend != "ptx":   # (its lowering takes every dim as a constant)
+    if dynamic and backend == "cuda-tile":   # (its lowering takes every dim as a constant; under
+        # "auto", a kernel that takes one is the PTX backend's: backend_choice.cannot_compile)
         raise DynamicDim(dynamic[0], f"the {backend} backend takes every dim as a constant")
     _check_dims_index_in_32_bits(f)
     compiled = Compiled(

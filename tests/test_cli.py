@@ -93,7 +93,7 @@ def test_compile_backend_cuda_tile_writes_cuda_tile_ir(capsys, tmp_path):
 
     status, out, _ = run_cli(capsys, "compile", CAUSAL, "--shape", SMALL, "--backend", "cuda-tile",
                              "--dump-ir", "tile", "-o", str(tmp_path))
-    assert status == 0 and "cuda-tile backend" in out
+    assert status == 0 and "backend cuda-tile)" in out
     name = "causal_flash_attention_flash_attention_0"
     assert (tmp_path / f"{name}.cuda_tile.mlir").read_text().startswith(f"cuda_tile.module @{name}")
     assert (tmp_path / f"{name}.tilebc").stat().st_size > 0 and not list(tmp_path.glob("*.ptx"))
@@ -126,14 +126,17 @@ def test_compile_path_picks_the_gemm_instruction(capsys, tmp_path, path, instruc
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
 def test_compile_reports_each_kernels_launch_and_resources(capsys, tmp_path):
-    """Per kernel: grid and threads, the schedule, ptxas's registers and spills, and the blocks an
-    SM holds with what limits them (a persistent native GEMM: one per SM, as its grid assumes)."""
+    """Per kernel: its backend and the rule that chose it, grid and threads, the schedule, ptxas's
+    registers and spills, and the blocks an SM holds with what limits them (a persistent native
+    GEMM: one per SM, as its grid assumes); then the reason of each rule named."""
     source = tmp_path / "gemm.py"
     source.write_text(GEMM_SOURCE)
     status, out, _ = run_cli(capsys, "compile", f"{source}:gemm", "--shape", "M=4096,K=512,N=4096",
                              "--arch", "sm_90a", "-o", str(tmp_path / "out"))
     assert status == 0
-    report = out[out.index("\n  gemm_gemm_0\n    launch"):]
+    report = out[out.index("\n  gemm_gemm_0\n    backend"):]
+    assert re.search(r"backend +ptx \(rule measured\)", report)
+    assert re.search(r"backend rules +measured: ptx, the PTX backend's kernels are faster", report)
     assert re.search(r"launch +grid 132 x 1 x 1, 256 threads, 210\.0 KiB dynamic shared memory", report)   # buffers, mbarriers, staging
     assert re.search(r"schedule +block_m=128 block_n=256 .*persistent=1 .*programs=132", report)
     assert re.search(r"ptxas +\d+ registers, 0 bytes static shared memory, no spills", report)   # all of it placed in the IR

@@ -3,7 +3,7 @@ import pytest
 
 import tessera as tsr
 from tessera import Tensor
-from tessera.compiler import DUMP_STAGES, IR_STAGES, STAGE_NAMES, STAGES, backend_stages
+from tessera.compiler import DUMP_STAGES, IR_STAGES, STAGE_NAMES, STAGES
 from tessera.errors import TesseraError
 from tessera.runtime import ptxas
 
@@ -18,21 +18,27 @@ def compile_gemm(dtype: str = "fp16", **options):
 
 
 def test_the_stage_list_is_the_compiler_in_order():
-    assert [name for name, _ in STAGES] == ["schedule", "tile", "target", "ptx", "cubin"]
-    assert STAGE_NAMES == ("graph", "schedule", "tile", "target", "ptx", "cubin")
+    assert [stage.name for stage in STAGES] == ["schedule", "tile", "target", "ptx", "cuda_tile", "cubin"]
+    assert {stage.name: stage.reads for stage in STAGES}["cubin"] == ("ptx", "cuda_tile")
+    assert STAGE_NAMES == ("graph", "schedule", "tile", "target", "ptx", "cuda_tile", "cubin")
     assert IR_STAGES == STAGE_NAMES[:4] and DUMP_STAGES == (*IR_STAGES, "ptx", "cuda_tile")
-    assert [name for name, _ in backend_stages("cuda-tile")] == ["schedule", "tile", "cuda_tile", "cubin"]
 
 
-def test_a_backend_has_its_own_stages():
-    """The CUDA Tile IR backend shares graph, schedule and tile; asking it for Target IR or PTX is
-    an error naming its stages, and dumps skip the other backend's stages."""
+def test_each_backends_stages_hold_its_kernels_only():
+    """A compile for the CUDA Tile IR backend has no Target IR kernel and no PTX; one for the PTX
+    backend no cuda_tile module (and imports nothing of that backend); an unknown backend or stage
+    is an error naming the known ones."""
+    from tessera.ir import target
+
     compiled = compile_gemm(backend="cuda-tile")
-    assert compiled.stage_names == ("graph", "schedule", "tile", "cuda_tile", "cubin")
-    assert compiled.ir_stages == ("graph", "schedule", "tile") and list(compiled.modules) == ["graph", "schedule", "tile"]
-    with pytest.raises(TesseraError, match="unknown stage 'ptx' for backend 'cuda-tile'"):
-        compiled.stage("ptx")
-    with pytest.raises(TesseraError, match="unknown backend 'triton'; backends are ptx, cuda-tile"):
+    assert compiled.kernel_backends == {"gemm_gemm_0": ("cuda-tile", "the backend option")}
+    assert compiled.stage("ptx") == {} and list(compiled.stage("cuda_tile")) == ["gemm_gemm_0"]
+    assert not any(isinstance(op, target.KernelOp) for op in compiled.stage("target").ops)
+    ptx = compile_gemm(backend="ptx")
+    assert ptx.stage("cuda_tile") == {} and list(ptx.stage("ptx")) == ["gemm_gemm_0"]
+    with pytest.raises(TesseraError, match="unknown stage 'sass'; stages are graph, schedule"):
+        ptx.stage("sass")
+    with pytest.raises(TesseraError, match="unknown backend 'triton'; backends are auto, ptx, cuda-tile"):
         compile_gemm(backend="triton")
 
 

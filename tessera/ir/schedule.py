@@ -3,8 +3,9 @@
 Each `schedule.kernel` is one GPU kernel. Its region holds the Graph IR ops of
 its fusion group (block arguments are the group's inputs, `schedule.yield`
 its outputs); its properties say which kernel template implements it (`kind`),
-the tiling parameters in force (`params`) and the space the autotuner may
-search (`space`).
+the tiling parameters in force (`params`), the space the autotuner may
+search (`space`), and which backend compiles it (`backend`, and `backend_why`:
+the rule or option that chose it, `tessera.passes.backend_choice`).
 """
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
     irdl_op_definition,
+    opt_prop_def,
     prop_def,
     region_def,
     traits_def,
@@ -24,6 +26,8 @@ from xdsl.irdl import (
 )
 from xdsl.traits import IsTerminator
 from xdsl.utils.exceptions import VerifyException
+
+from ..backends import BACKENDS
 
 #: Kernel templates, each with its default tiling and the space the autotuner searches.
 KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
@@ -283,19 +287,30 @@ class KernelOp(IRDLOperation):
     kind = prop_def(StringAttr)
     params = prop_def(DictionaryAttr)
     space = prop_def(DictionaryAttr)
+    backend = opt_prop_def(StringAttr)       # absent: "ptx"
+    backend_why = opt_prop_def(StringAttr)
     body = region_def()
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = ("$sym_name $kind `(` $inputs `)` attr-dict `:` functional-type($inputs, $outputs) $body")
 
     def __init__(self, name: str, kind: str, inputs: Sequence[SSAValue], output_types: Sequence[Attribute],
-                 body: Block, params: dict[str, int], space: dict[str, Sequence[int]]):
+                 body: Block, params: dict[str, int], space: dict[str, Sequence[int]],
+                 backend: str = "ptx", backend_why: str | None = None):
+        properties = {"sym_name": StringAttr(name), "kind": StringAttr(kind), "params": int_dict(params),
+                      "space": space_dict(space), "backend": StringAttr(backend)}
+        if backend_why is not None:
+            properties["backend_why"] = StringAttr(backend_why)
         super().__init__(operands=[list(inputs)], result_types=[list(output_types)], regions=[Region(body)],
-                         properties={"sym_name": StringAttr(name), "kind": StringAttr(kind),
-                                     "params": int_dict(params), "space": space_dict(space)})
+                         properties=properties)
 
     @property
     def param_values(self) -> dict[str, int]:
         return {k: v.value.data for k, v in self.params.data.items()}
+
+    @property
+    def backend_name(self) -> str:
+        """The backend that compiles this kernel (`tessera.backends.BACKENDS`)."""
+        return self.backend.data if self.backend is not None else "ptx"
 
     def verify_(self) -> None:
         if self.kind.data not in KINDS:
@@ -303,6 +318,9 @@ class KernelOp(IRDLOperation):
                                   f"expected one of {sorted(KINDS)}")
         if len(self.body.blocks) != 1:
             raise VerifyException(f"schedule.kernel {self.sym_name.data} must have exactly one block")
+        if self.backend_name not in BACKENDS:
+            raise VerifyException(f"schedule.kernel {self.sym_name.data}: unknown backend {self.backend_name!r}; "
+                                  f"expected one of {sorted(BACKENDS)}")
         block = self.body.block
         if [a.type for a in block.args] != [v.type for v in self.inputs]:
             raise VerifyException(f"schedule.kernel {self.sym_name.data}: block arguments do not match its inputs")

@@ -295,6 +295,17 @@ WARPGROUP_WARPS = 4
 #: A tile.kernel attribute: the blocks per SM its schedule asks of a backend that sizes blocks
 #: itself (the CUDA Tile IR backend's `occupancy` hint to tileiras); the PTX backend sizes its own.
 OCCUPANCY = "tessera.occupancy"
+#: tile.kernel attributes: the backend that compiles it (`tessera.backends.BACKENDS`) and the rule
+#: or option that chose it, its schedule.kernel's `backend` and `backend_why`. The Target IR lowers
+#: the "ptx" ones and leaves the others as they are.
+BACKEND = "tessera.backend"
+BACKEND_WHY = "tessera.backend_why"
+
+
+def kernel_backend(kernel) -> str:
+    """The backend of a tile.kernel (`BACKEND`; a kernel without one is the PTX backend's)."""
+    attr = kernel.attributes.get(BACKEND)
+    return attr.data if attr is not None else "ptx"
 #: A host function attribute: {argument name: why it is copied to a contiguous buffer first}, for
 #: each argument passed strided that the kernels cannot address in place; the runtime copies them.
 COPIED_ARGS = "tessera.copied_args"

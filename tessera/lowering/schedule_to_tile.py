@@ -34,6 +34,7 @@ from xdsl.dialects.builtin import (
 from xdsl.ir import Block, Operation, Region, SSAValue
 
 from .. import dtypes
+from ..backends import BACKENDS
 from ..dims import DynamicDim, hint, is_dynamic
 from ..errors import TesseraError
 from ..ir import graph as g
@@ -193,11 +194,12 @@ ANCHORS = {"row_reduction": (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp
 
 
 def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str | None = None,
-           out_type: MemRefType | None = None, stage_operands: bool = True) -> KernelBuild:
+           out_type: MemRefType | None = None) -> KernelBuild:
     """The build of `sk`'s kernel over inputs of `in_types` (the host's buffers: an argument passed
     strided keeps its layout), or (`name`, `out_type`) of another kernel on the same inputs
     that writes a buffer of that type instead (a split-K GEMM's partial products). A kernel of
-    device_asserts only has no output parameter."""
+    device_asserts only has no output parameter. The kernel is its schedule's backend's, built as
+    that backend asks (`Backend.stage_operands`)."""
     dynamic = dynamic_dim_of([*sk.body.block.args, *sk.outputs], bindings)
     if dynamic is not None and sk.kind.data not in GENERIC_KINDS:
         raise DynamicDim(dynamic, f"a {sk.kind.data} kernel's template takes its dims as constants")
@@ -206,6 +208,10 @@ def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str |
     block = sk.body.block
     p = sk.param_values
     kernel = t.KernelOp.build_kernel(name or sk.sym_name.data, arg_types, p["num_warps"], p["num_stages"])
+    kernel.attributes[t.BACKEND] = StringAttr(sk.backend_name)
+    if sk.backend_why is not None:
+        kernel.attributes[t.BACKEND_WHY] = sk.backend_why
+    stage_operands = BACKENDS[sk.backend_name].stage_operands
     # the Target IR honours it where copies are TMA's; a split-K GEMM's partial products never use it
     if p.get("warp_specialize") and p["num_stages"] > 1 and out_type is None and stage_operands:
         kernel.attributes[t.PRODUCER_WARPS] = IntegerAttr(t.WARPGROUP_WARPS, 64)
@@ -527,8 +533,7 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
             ctx = TileCtx({axes[1]: (kb.b.index(c * bn), bn)}, {"p": kb.pid(0)})
             kb.em.store(accs[i * chunks + c], buffer, ("p", axes[1]), ctx, dtypes.fp32)
     for i, rider in enumerate(riders):
-        after = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_combine{i}",
-                       stage_operands=kb.stage_operands)
+        after = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_combine{i}")
         scratch = [after.add_scratch(partials_type) for _ in riders]
         out_map = (None, axes[1]) if rider.keepdim.data else (axes[1],)
 
@@ -601,7 +606,7 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         return grid
     partials_type = MemRefType(f32, [splits, *(sz for _, sz in batch), n_col])
     part = _start(kb.sk, kb.bindings, kb.in_types,
-                  kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type, kb.stage_operands)
+                  kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type)
     total, scalars, c0 = reduce_run(part)
     part.em.store(total, part.out, ("s", *kept), TileCtx({col: (c0, bn)}, {**scalars, "s": part.pid(2)}),
                   dtypes.fp32)
@@ -1076,7 +1081,7 @@ def _split_k_gemm(kb: KernelBuild, gemm: _Gemm, splits: int, per_split: int) -> 
     on timing) and applies the epilogue, as an elementwise kernel over the output."""
     partials_type = MemRefType(f32, [splits, *(sz for _, sz in gemm.batch), gemm.sizes["m"], gemm.sizes["n"]])
     part = _start(kb.sk, kb.bindings, kb.in_types,
-                  kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type, kb.stage_operands)
+                  kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type)
     part.limit_warps(gemm.warps)
     scalars = part.batch_indices(part.pid(1), gemm.batch)
     split = part.pid(2)
@@ -1425,7 +1430,7 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
     lse_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes[:-1])])
     out_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes)])
     part = _start(kb.sk, kb.bindings, kb.in_types,
-                  kb.sk.sym_name.data + SPLIT_PARTIALS, out_type, kb.stage_operands)
+                  kb.sk.sym_name.data + SPLIT_PARTIALS, out_type)
     part_lse = part.add_scratch(lse_type)
     split = part.pid(2)
     rows = _attention_rows(part, att, (split, splits))
@@ -1786,7 +1791,7 @@ def _name_dynamic_dim(alloc: t.AllocGlobalOp, v: SSAValue, bindings) -> None:
         alloc.attributes[t.BUFFER_DIMS] = StringAttr(name)
 
 
-def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_operands: bool) -> tuple[list, func.FuncOp]:
+def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool) -> tuple[list, func.FuncOp]:
     ret = f.body.block.last_op
     in_types, copies = _argument_types(f, bindings)
     out_types = [memref_of(v, bindings) for v in ret.operands]
@@ -1815,7 +1820,7 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
         if profiled and dynamic_dim_of([*sk.inputs, *sk.outputs], bindings):
             raise DynamicDim(dynamic_dim_of([*sk.inputs, *sk.outputs], bindings),
                              "a profiled kernel's stamp buffer has a slot per program")
-        kb = _start(sk, bindings, [buffers[v].type for v in sk.inputs], stage_operands=stage_operands)
+        kb = _start(sk, bindings, [buffers[v].type for v in sk.inputs])
         grid = (TEMPLATES[sk.kind.data] if sk.outputs else lower_asserts)(kb)
         launches = [*kb.before, (_finish(kb), grid), *kb.after]
         first = {kernel for kernel, _ in kb.before}   # on the inputs and scratch only
@@ -1852,17 +1857,16 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool, stage_opera
     return kernels, host
 
 
-def lower_schedule_to_tile(module: ModuleOp, *, line_info: bool = False, profile: bool = False,
-                           stage_operands: bool = True) -> ModuleOp:
+def lower_schedule_to_tile(module: ModuleOp, *, line_info: bool = False, profile: bool = False) -> ModuleOp:
     """The Tile IR module (kernels, then host functions) for a Schedule IR module. With `line_info`,
     every kernel asks its backend for source line info (`tessera.line_info`); with `profile`, every
-    kernel stamps the times of its profile regions into a buffer of its own; without
-    `stage_operands`, matmul operands are register tiles loaded from global memory, for a backend
-    that stages and pipelines them itself (`KernelBuild.stage_operands`)."""
+    kernel stamps the times of its profile regions into a buffer of its own. Each kernel is built
+    for its schedule's backend (`tile.BACKEND`): for one that stages and pipelines matmul operands
+    itself, they are register tiles loaded from global memory (`KernelBuild.stage_operands`)."""
     ops = []
     for f in module.ops:
         bindings = g.bindings_of(f)
-        kernels, host = _host(f, bindings, line_info, profile, stage_operands)
+        kernels, host = _host(f, bindings, line_info, profile)
         ops.extend(kernels)
         ops.append(host)
     return ModuleOp(ops)

@@ -211,6 +211,8 @@ class LowerKernel(RewritePattern):
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.KernelOp, rewriter: PatternRewriter) -> None:
         name = op.sym_name.data
+        if name not in self.configs:   # another backend's kernel (`tile.BACKEND`)
+            return
         producers = producer_warps(op, self.platforms[name]) or None
         split = self.splits.get(name)
         body = op.detach_region(op.body)
@@ -403,7 +405,9 @@ class LowerLaunch(RewritePattern):
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.LaunchOp, rewriter: PatternRewriter) -> None:
-        cfg = self.configs[op.kernel.string_value()]
+        cfg = self.configs.get(op.kernel.string_value())
+        if cfg is None:   # another backend's kernel, which keeps its tile.launch
+            return
         rewriter.replace(op, target.LaunchOp(
             op.kernel.string_value(), op.args, cfg.grid_dims, cfg.block_dims, cfg.shared.data))
 
@@ -427,7 +431,8 @@ def _rewrite(patterns_: Iterable[RewritePattern], region) -> None:
 
 def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_cores: bool = True) -> ModuleOp:
     """A Target IR copy of the tile module `module` for `platform` (a Platform or
-    an arch name); `module` itself is left unchanged. Per kernel: its platform
+    an arch name); `module` itself is left unchanged. The PTX backend's kernels (`tile.BACKEND`)
+    are lowered; another backend's kernels and their launches stay as they are. Per kernel: its platform
     (`kernel_platform`), the TMA pipelines' protocol (`lower_tma_pipelines`), one pattern
     per remaining tile op, on NVIDIA targets its register layouts (`annotate_layouts`),
     the shared-memory allocation (`allocate_shared`, which needs the layouts to size
@@ -441,7 +446,7 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
     configs: dict[str, target.KernelConfigAttr] = {}
     chosen: dict[str, Platform] = {}
     splits: dict[str, RegisterSplit | None] = {}
-    for kernel in [op for op in lowered.ops if isinstance(op, tile.KernelOp)]:
+    for kernel in [op for op in lowered.ops if isinstance(op, tile.KernelOp) and tile.kernel_backend(op) == "ptx"]:
         name = kernel.sym_name.data
         if name not in grids:
             raise TargetLoweringError(f"kernel @{name} has no tile.launch in the module, so its grid is unknown")

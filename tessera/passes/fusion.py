@@ -45,7 +45,9 @@ from ..ir import schedule as s
 from ..ir import index_maps, tile
 from ..ir.masks import ColumnBounds, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
-from . import query_groups, recompute
+from ..backends import BACKENDS, Backend, check_backend_option
+from ..dims import DynamicDim, is_dynamic
+from . import backend_choice, query_groups, recompute
 
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
 
@@ -84,6 +86,10 @@ class Group:
 
 
 class _Planner:
+    target = None                    # the compile's platform, when known
+    backend_option: str = "ptx"      # the compile's `backend` option (backend_choice.choose)
+    profiled: bool = False           # kernels stamp profile regions
+    # the platform as the kernel being planned sees it (its backend's, `_aim`):
     max_shared: int | None = None    # the target's shared memory per block, when known
     native: bool = False             # the target has the Hopper-native path (TMA + wgmma)
     sm_count: int = 1                # the target's SMs: with the blocks one holds, how many blocks
@@ -722,6 +728,28 @@ def _clone_op(op: Operation, mapping: dict, block: Block, inputs: list, planner:
         mapping[old] = new
 
 
+def _aim(planner: _Planner, backend: Backend) -> None:
+    """Points the planner's view of the platform at `backend`'s (`Backend.platform`) for the kernel
+    it plans next: a kernel's tiling fits the backend that compiles it."""
+    platform = backend.platform(planner.target) if planner.target else None
+    planner.max_shared = platform.max_shared_per_block if platform else None
+    planner.native = bool(platform) and HOPPER_NATIVE <= platform.features
+    planner.sm_count = platform.sm_count if platform else 1
+    planner.platform = platform
+    planner.tile_compiler = backend.tile_compiler
+
+
+def _kernel_facts(group: Group, planner: _Planner, inputs: list[SSAValue]) -> backend_choice.KernelFacts:
+    """What the backend rules read of a group's kernel."""
+    matmul_dtypes = {g.tensor_type(op.lhs).dtype for op in group.ops if isinstance(op, g.MatmulOp)}
+    dynamic = next((d for v in [*inputs, *group.outputs] for d in g.tensor_type(v).shape
+                    if is_dynamic(g.dim_value(d, planner.bindings))), None)
+    return backend_choice.KernelFacts(
+        group.kind,
+        ptx_matmul=planner.target is None or all(platforms.mma_instructions(planner.target, dt) for dt in matmul_dtypes),
+        dynamic=dynamic, asserts=any(isinstance(op, g.AssertOp) for op in group.ops), profiled=planner.profiled)
+
+
 def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     block = Block()
     mapping: dict = {}
@@ -742,6 +770,11 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     block.add_op(s.YieldOp(outs))
     if group.kind == "flash_chain" and len(outs) > 1:
         _merge_duplicates(block)
+    facts = _kernel_facts(group, planner, inputs)
+    choice = backend_choice.choose(facts, planner.backend_option, (space_override or {}).get("backend", [None])[0])
+    if facts.dynamic is not None and not BACKENDS[choice.backend].dynamic_dims:
+        raise DynamicDim(facts.dynamic, f"the {choice.backend} backend takes every dim as a constant")
+    _aim(planner, BACKENDS[choice.backend])
     features = _features(group, planner, block)
     params = s.default_params(group.kind, features, planner.max_shared)
     space = s.KINDS[group.kind][1]
@@ -765,7 +798,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
         params["programs"] = pinned.get("programs", [planner.sm_count * ROW_WALK_BLOCKS_PER_SM])[0]
-    return block, inputs, params, space
+    return block, inputs, params, space, choice
 
 
 #: the fewest K steps (of block_k) each split of a split-K GEMM gets: fewer, and the second kernel's
@@ -1032,19 +1065,21 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
     return {"head_dim": max(widths), "row_tiles": len(scores), "streamed_tiles": len(streamed)}
 
 
-def fuse(module: ModuleOp, space: dict | None = None, platform=None, tile_compiler: bool = False) -> ModuleOp:
-    """The Schedule IR module for a Graph IR module (the input is left unchanged). With a target
-    `platform`, default tilings fit its shared memory per block and suit its matrix instructions;
-    with `tile_compiler`, they suit a backend whose own compiler stages and pipelines tiles
-    (schedule.SHAPE_DEFAULTS' `tile_compiler` rules)."""
+def fuse(module: ModuleOp, space: dict | None = None, platform=None, backend: str = "ptx",
+         profile: bool = False) -> ModuleOp:
+    """The Schedule IR module for a Graph IR module (the input is left unchanged). Each kernel is
+    assigned a backend (`backend`: one for all, or "auto": `backend_choice.RULES` per kernel, which
+    read `profile`, whether kernels stamp profile regions). With a target `platform`, a kernel's
+    default tiling fits its shared memory per block and suits the matrix instructions its backend
+    plans for; a backend whose own compiler stages and pipelines tiles (tileiras) gets
+    schedule.SHAPE_DEFAULTS' `tile_compiler` rules."""
+    check_backend_option(backend)
     out_funcs = []
     for f in recompute.copy_shared_prologues(recompute.recompute_scores(query_groups.merge_query_groups(module))).ops:
         planner = _Planner(f)
-        planner.max_shared = platform.max_shared_per_block if platform else None
-        planner.native = bool(platform) and HOPPER_NATIVE <= platform.features
-        planner.sm_count = platform.sm_count if platform else 1
-        planner.platform = platform
-        planner.tile_compiler = tile_compiler
+        planner.target = platform
+        planner.backend_option = backend
+        planner.profiled = profile
         groups = planner.plan()
         body = Block(arg_types=[a.type for a in f.body.block.args])
         outer = dict(zip(f.body.block.args, body.args))
@@ -1057,12 +1092,12 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None, tile_compil
                 body.add_op(view)
                 outer[item.res] = view.res
                 continue
-            block, inputs, params, group_space = _kernel_body(item, planner, space)
+            block, inputs, params, group_space, choice = _kernel_body(item, planner, space)
             name = f"{f.sym_name.data}_{item.kind}_{index}"
             index += 1
             outputs = item.outputs
             kernel = s.KernelOp(name, item.kind, [outer[v] for v in inputs], [v.type for v in outputs], block,
-                                params, group_space)
+                                params, group_space, choice.backend, choice.why)
             body.add_op(kernel)
             outer.update(zip(outputs, kernel.outputs))
         body.add_op(func.ReturnOp(*[outer[v] for v in f.body.block.last_op.operands]))

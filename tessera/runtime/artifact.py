@@ -109,12 +109,16 @@ def _buffer_from_record(r: Mapping) -> launcher.Buffer:
 
 
 def _toolchain(compiled) -> dict:
-    """The assembler that built the artifact's cubins."""
-    if compiled.options.backend == "cuda-tile":
+    """The assemblers that built the artifact's cubins."""
+    backends = {backend for backend, _ in compiled.kernel_backends.values()}
+    toolchain = {}
+    if "ptx" in backends:
+        from . import ptxas
+        toolchain["ptxas"] = ptxas.version()
+    if "cuda-tile" in backends:
         from ..backends.cuda_tile import tools
-        return {"backend": "cuda-tile", "tileiras": tools.version() if tools.available() else "(cubins from the cache)"}
-    from . import ptxas
-    return {"ptxas": ptxas.version()}
+        toolchain["tileiras"] = tools.version() if tools.available() else "(cubins from the cache)"
+    return toolchain
 
 
 @dataclass
@@ -135,7 +139,7 @@ class Artifact:
             raise ArtifactError(f"{compiled.name}: arguments {[a.name for a in arguments]} are not the "
                                 f"compile's {compiled.arg_names}")
         call_plan = launcher.plan(compiled)
-        ptx = compiled.stage("ptx") if "ptx" in compiled.stage_names else {}   # cuda-tile: cubins only
+        ptx = compiled.stage("ptx")   # (a CUDA Tile IR kernel has its cubins only)
         archs = tuple(dict.fromkeys((compiled.arch, *cubin_archs)))
         cubins = {arch: compiled.stage("cubin", arch=arch) for arch in archs}
         files: dict[str, bytes] = {}

@@ -41,6 +41,9 @@ REPEATS = 25
 
 #: every schedule parameter some kernel template takes, or the fusion pass derives
 PARAMS = frozenset(k for defaults, _ in schedule.KINDS.values() for k in defaults) | schedule.DERIVED
+#: the space's one parameter that is not a number: the backend of every kernel (`tessera.backends`),
+#: so a tuner can time the PTX backend's kernels against tileiras's
+BACKEND = "backend"
 
 
 def default_directory() -> Path:
@@ -51,14 +54,23 @@ def default_directory() -> Path:
 
 def normalize_space(space: dict, where: str) -> dict[str, tuple[int, ...]]:
     """The space with Schedule IR's parameter names (`BLOCK_M` is `block_m`) and tuples of values;
-    an unknown name or a value that is not a positive int (0 or 1 for a switch) is an error."""
-    out: dict[str, tuple[int, ...]] = {}
+    an unknown name or a value that is not a positive int (0 or 1 for a switch; for `backend`, a
+    backend's name) is an error."""
+    from ..backends import BACKENDS
+
+    out: dict[str, tuple] = {}
     for name, values in space.items():
         key = str(name).lower()
-        if key not in PARAMS:
+        if key not in PARAMS | {BACKEND}:
             raise TesseraError(f"{where}: autotune space names {name!r}, which no kernel template takes; "
-                               f"known parameters: {', '.join(sorted(PARAMS))}")
+                               f"known parameters: {', '.join(sorted(PARAMS | {BACKEND}))}")
         values = tuple(values) if isinstance(values, (list, tuple, range)) else (values,)
+        if key == BACKEND:
+            if not values or not all(v in BACKENDS for v in values):
+                raise TesseraError(f"{where}: autotune space {name!r} must list backends ({', '.join(BACKENDS)}), "
+                                   f"got {list(values)!r}")
+            out[key] = values
+            continue
         allowed = (lambda v: v in (0, 1)) if key in schedule.SWITCHES else (lambda v: v >= 1)
         if not values or not all(type(v) is int and allowed(v) for v in values):
             kind = "0 or 1" if key in schedule.SWITCHES else "positive ints"
@@ -148,7 +160,8 @@ class TuningCache:
 
 def _is_entry(v) -> bool:
     return (isinstance(v, dict) and isinstance(v.get("config"), dict) and isinstance(v.get("ms"), (int, float))
-            and all(isinstance(k, str) and type(x) is int for k, x in v["config"].items()))
+            and all(isinstance(k, str) and (type(x) is int or (k == BACKEND and isinstance(x, str)))
+                    for k, x in v["config"].items()))
 
 
 def host_copy(x) -> np.ndarray:

@@ -214,7 +214,7 @@ def test_a_split_copies_only_its_own_k_steps(monkeypatch):
         return counted
     monkeypatch.setitem(tile_interp.BUILDERS, tile.CopyAsyncOp, counting)
     fn = tsr.function(gemm.fn, space=dict(split_k=[4], block_m=[32], block_n=[32], block_k=[16], num_stages=[4]))
-    compiled = fn.compile(fn.arg_specs_for(dict(M=32, K=1024, N=32), "fp32"), arch="sm_90a")
+    compiled = fn.compile(fn.arg_specs_for(dict(M=32, K=1024, N=32), "fp32"), arch="sm_90a", backend="ptx")
     a, b = np.ones((32, 1024), np.float32), np.ones((1024, 32), np.float32)
     np.testing.assert_allclose(compiled.run(a, b)[0], a @ b)
     assert sorted(k for k in k_offsets if k < 1024) == sorted(2 * list(range(0, 1024, 16)))
@@ -268,7 +268,7 @@ def test_split_kv_attention_matches_float64(split, stages, m, n):
                       (capped_gqa, dict(B=1, Hk=2, G=6, M=m, N=n, D=64))):   # rows: G for M < 6
         fn = tsr.function(fn.fn, space=space)
         specs = fn.arg_specs_for(shape, "fp32")
-        compiled = fn.compile(specs, arch="sm_90a")
+        compiled = fn.compile(specs, arch="sm_90a", backend="ptx")
         if split > 1:
             assert compiled.kernel_names[0].endswith("_partials")
         args = [rng.standard_normal(spec.shape).astype(np.float32) for spec in specs]
@@ -298,7 +298,7 @@ def test_a_split_reads_only_its_own_key_blocks(monkeypatch):
     monkeypatch.setitem(tile_interp.BUILDERS, tile.CopyAsyncOp, counting)
     fn = tsr.function(decode_attention.fn, space=dict(split_kv=[5], block_n=[32], num_stages=[3]))
     specs = fn.arg_specs_for(dict(B=1, H=1, M=1, N=1024, D=64), "fp32")
-    compiled = fn.compile(specs, arch="sm_90a")
+    compiled = fn.compile(specs, arch="sm_90a", backend="ptx")
     args = [np.ones(spec.shape, np.float32) for spec in specs]
     np.testing.assert_allclose(compiled.run(*args)[0], np.ones((1, 1, 1, 64)), rtol=1e-6)
     assert sorted(k for k in key_offsets if k < 1024) == sorted(2 * list(range(0, 1024, 32)))
@@ -313,7 +313,7 @@ def test_heaviest_query_blocks_first_match_float64(kind, s, block_m, random_inpu
     fn = tsr.function(FUNCTIONS[kind].fn, space=dict(heavy_first=[1], block_m=[block_m], block_n=[32]))
     dims = dict(B=2, H=3, M=s, N=s, D=64) if kind == "plain" else dict(B=2, H=3, S=s, D=64)
     specs = fn.arg_specs_for(dims, "fp32")
-    compiled = fn.compile(specs, arch="sm_90a")
+    compiled = fn.compile(specs, arch="sm_90a", backend="ptx")
     assert_matches_reference(compiled, random_inputs(specs, s))
 
 

@@ -1,4 +1,4 @@
-"""The CUDA Tile IR backend's stages as the compiler calls them (compiler.py's BACKENDS):
+"""The CUDA Tile IR backend's stages as the compiler calls them (compiler.py's STAGES):
 `lower_module` (Tile IR -> a cuda_tile module per kernel), `assemble_kernels` (tileiras, through
 the on-disk cubin cache), `kernel_launches` (how the runtime launches each cubin) and
 `dump_kernels` (each kernel's text and bytecode)."""
@@ -46,12 +46,12 @@ def _grids(tile_module) -> dict[str, tuple[int, int, int]]:
 
 
 def lower_module(tile_module, arch: str) -> dict[str, CudaTileKernel]:
-    """Each tile.kernel of `tile_module` (built with `stage_operands` off) as a cuda_tile module
-    for `arch` (its hints name tileiras's arch)."""
+    """Each of `tile_module`'s kernels this backend compiles (`tile.BACKEND`; built with
+    `stage_operands` off) as a cuda_tile module for `arch` (its hints name tileiras's arch)."""
     grids = _grids(tile_module)
     kernels = {}
     for op in tile_module.ops:
-        if isinstance(op, t.KernelOp):
+        if isinstance(op, t.KernelOp) and t.kernel_backend(op) == "cuda-tile":
             name = op.sym_name.data
             kernels[name] = CudaTileKernel(name, lower.lower_kernel(op, tileiras_arch(arch)), grids[name],
                                            len(op.body.block.args))

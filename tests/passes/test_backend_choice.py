@@ -1,0 +1,150 @@
+"""The backend of each kernel (`backend="auto"`, the default): the rules as data, the fallbacks with
+their reasons, the Schedule/Tile/Target IR of a function whose kernels two backends compile, and
+the autotune space's `backend`."""
+import numpy as np
+import pytest
+
+import backend_auto_cases as cases
+import tessera as tsr
+from tessera.backends import BACKENDS, UnsupportedByBackend
+from tessera.backends.cuda_tile import tools
+from tessera.errors import TesseraError
+from tessera.ir import schedule as s
+from tessera.ir import target
+from tessera.ir import tile as t
+from tessera.passes import backend_choice
+from tessera.passes.backend_choice import KernelFacts, choose
+from tessera.runtime.autotune import normalize_space
+
+
+scores = cases.scores
+
+
+def specs(dtype, m=70, k=33, n=129):
+    return scores.arg_specs_for(dict(M=m, K=k, N=n), dtype)
+
+
+@pytest.fixture
+def tileiras(monkeypatch):
+    """Whether the rules see tileiras installed, set by the test (the choice reads only that)."""
+    def set_installed(installed: bool):
+        monkeypatch.setattr(backend_choice, "_tileiras_installed", lambda: installed)
+    return set_installed
+
+
+def test_the_rules_are_data_ending_in_one_that_takes_every_kernel():
+    assert all(rule.backend in BACKENDS for rule in backend_choice.RULES)
+    assert len({rule.name for rule in backend_choice.RULES}) == len(backend_choice.RULES)
+    last = backend_choice.RULES[-1]
+    for kind in s.KINDS:
+        assert last.applies(KernelFacts(kind, ptx_matmul=True)) and last.applies(KernelFacts(kind, ptx_matmul=False))
+
+
+def test_a_matmul_without_a_matrix_instruction_goes_to_tileiras_when_it_is_there(tileiras):
+    fp32 = KernelFacts("gemm", ptx_matmul=False)
+    tileiras(True)
+    assert choose(fp32) == backend_choice.Choice("cuda-tile", "rule fp32_matmul")
+    assert choose(KernelFacts("gemm", ptx_matmul=True)) == backend_choice.Choice("ptx", "rule measured")
+    tileiras(False)
+    assert choose(fp32) == backend_choice.Choice(
+        "ptx", "rule measured (fp32_matmul: cuda-tile cannot compile it, tileiras is not installed "
+               "(pip install 'tessera[cuda-tile]'))")
+
+
+@pytest.mark.parametrize("facts, reason", [
+    (KernelFacts("gemm", ptx_matmul=False, dynamic="M"), "takes every dim as a constant, and this kernel takes M"),
+    (KernelFacts("gemm", ptx_matmul=False, asserts=True), "it has no device_assert"),
+    (KernelFacts("gemm", ptx_matmul=False, profiled=True), "it has no profile regions"),
+])
+def test_what_tileiras_cannot_compile_stays_with_ptx_and_says_why(tileiras, facts, reason):
+    tileiras(True)
+    choice = choose(facts)
+    assert choice.backend == "ptx" and reason in choice.why and choice.why.startswith("rule measured (fp32_matmul")
+
+
+def test_an_option_or_a_space_names_the_backend_of_every_kernel(tileiras):
+    tileiras(False)
+    assert choose(KernelFacts("gemm", True), "cuda-tile") == backend_choice.Choice("cuda-tile", "the backend option")
+    assert choose(KernelFacts("gemm", False), "ptx") == backend_choice.Choice("ptx", "the backend option")
+    assert choose(KernelFacts("gemm", True), "auto", "cuda-tile") == backend_choice.Choice("cuda-tile", "the autotune space")
+
+
+def test_rules_named_finds_chosen_and_passed_over_rules():
+    whys = ["rule measured (fp32_matmul: cuda-tile cannot compile it, tileiras is not installed)", "the backend option"]
+    assert [rule.name for rule in backend_choice.rules_named(whys)] == ["fp32_matmul", "measured"]
+    assert backend_choice.rules_named(["the autotune space"]) == []
+
+
+def test_two_backends_in_one_function(tileiras):
+    """fp32 scores: the GEMM is tileiras's (its operands are register tiles loaded from global
+    memory), the softmax Tessera's PTX; each IR stage says so, each backend's stage holds its own
+    kernels, and the CPU run of the whole matches float64."""
+    tileiras(True)
+    compiled = scores.compile(specs(tsr.fp32))
+    assert compiled.kernel_backends == {"scores_gemm_0": ("cuda-tile", "rule fp32_matmul"),
+                                        "scores_row_reduction_1": ("ptx", "rule measured")}
+    assert 'backend = "cuda-tile", backend_why = "rule fp32_matmul"' in compiled.ir("schedule")
+    gemm, row = (op for op in compiled.stage("tile").ops if isinstance(op, t.KernelOp))
+    assert not any(isinstance(op, t.CopyAsyncOp) for op in gemm.walk())   # tileiras pipelines its loads
+    kernels = {op.sym_name.data: op for op in compiled.stage("target").ops if isinstance(op, (t.KernelOp, target.KernelOp))}
+    assert isinstance(kernels["scores_gemm_0"], t.KernelOp) and isinstance(kernels["scores_row_reduction_1"], target.KernelOp)
+    assert list(compiled.stage("ptx")) == ["scores_row_reduction_1"]
+    assert list(compiled.stage("cuda_tile")) == ["scores_gemm_0"]
+    rng = np.random.default_rng(0)
+    a, b = rng.standard_normal((70, 33)).astype(np.float32), rng.standard_normal((33, 129)).astype(np.float32)
+    x = (a.astype(np.float64) @ b) * 0.5
+    want = np.exp(x - x.max(-1, keepdims=True))
+    want /= want.sum(-1, keepdims=True)
+    np.testing.assert_allclose(compiled.run(a, b)[0], want, rtol=1e-5, atol=1e-6)
+
+
+def test_16_bit_kernels_stay_with_ptx(tileiras):
+    tileiras(True)
+    compiled = scores.compile(specs(tsr.fp16))
+    assert {backend for backend, _ in compiled.kernel_backends.values()} == {"ptx"}
+    assert compiled.stage("cuda_tile") == {}
+
+
+def test_without_tileiras_an_fp32_matmul_is_refused_with_the_way_out(tileiras):
+    tileiras(False)
+    compiled = scores.compile(specs(tsr.fp32))
+    assert compiled.kernel_backends["scores_gemm_0"][0] == "ptx"
+    with pytest.raises(UnsupportedByBackend, match=r"tessera\[cuda-tile\]"):
+        compiled.stage("ptx")
+
+
+@pytest.mark.skipif(not tools.available(), reason="tileiras not installed (CI installs the test extra's)")
+def test_a_mixed_compile_assembles_every_kernel_and_launches_each_as_its_backend_says(tileiras):
+    tileiras(True)
+    compiled = scores.compile(specs(tsr.fp32))
+    cubins = compiled.stage("cubin")
+    assert set(cubins) == {"scores_gemm_0", "scores_row_reduction_1"}
+    assert all(c.cubin[:4] == b"\x7fELF" for c in cubins.values())
+    gemm, row = compiled.launches.values()   # in the Tile IR module's order
+    assert (gemm.name, gemm.tensor_maps, gemm.programmatic) == ("scores_gemm_0", (), False)
+    assert row.name == "scores_row_reduction_1" and row.arch == "sm_90a"
+
+
+def test_the_autotune_space_takes_backends():
+    assert normalize_space({"BACKEND": ["ptx", "cuda-tile"], "block_m": [64]}, "f") == \
+        {"backend": ("ptx", "cuda-tile"), "block_m": (64,)}
+    with pytest.raises(TesseraError, match=r"autotune space 'backend' must list backends \(ptx, cuda-tile\)"):
+        normalize_space({"backend": ["triton"]}, "f")
+
+
+def test_a_space_pins_every_kernels_backend(tileiras):
+    tileiras(False)
+    compiled = scores.compile(specs(tsr.fp16), space={"backend": ["cuda-tile"]})
+    assert set(compiled.kernel_backends.values()) == {("cuda-tile", "the autotune space")}
+
+
+@pytest.mark.parametrize("name", sorted(cases.CASES))
+def test_fp32_cases_split_between_backends_and_assemble(tileiras, name):
+    """Each GPU case's kernels go to the backends it names; with tileiras, every kernel assembles
+    (run with TESSERA_CACHE_DIR set, this fills the cubin cache the GPU test reads)."""
+    tileiras(True)
+    case = cases.CASES[name]
+    compiled = case.fn.compile(case.specs())
+    assert tuple(backend for backend, _ in compiled.kernel_backends.values()) == case.backends
+    if tools.available():
+        assert set(compiled.stage("cubin")) == set(compiled.kernel_names)
