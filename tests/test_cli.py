@@ -103,6 +103,42 @@ def test_compile_backend_cuda_tile_writes_cuda_tile_ir(capsys, tmp_path):
         assert "tileiras not found" in out
 
 
+SCORES_SOURCE = """
+import tessera as tsr
+
+@tsr.function
+def scores(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+    return tsr.softmax(tsr.matmul(a, b), dim=-1)
+"""
+
+
+@pytest.mark.parametrize("installed", [True, False])
+def test_compile_auto_reports_each_kernels_backend_and_the_rules(capsys, tmp_path, monkeypatch, installed):
+    """fp32 scores under the default `--backend auto`: with tileiras the GEMM is CUDA Tile IR and
+    the softmax PTX, each kernel's report says which and by what rule, and the rules' reasons
+    follow; without tileiras the report says why the GEMM stayed with PTX, which cannot emit it."""
+    from tessera.passes import backend_choice
+
+    monkeypatch.setattr(backend_choice, "_tileiras_installed", lambda: installed)
+    source = tmp_path / "scores.py"
+    source.write_text(SCORES_SOURCE)
+    argv = ("compile", f"{source}:scores", "--shape", "M=64,K=32,N=96", "--dtype", "fp32", "--dump-ir", "schedule",
+            "-o", str(tmp_path / "out"))
+    if not installed:
+        status, _, err = run_cli(capsys, *argv)
+        assert status != 0 and re.search(r"PTX backend cannot compile scores .*tessera\[cuda-tile\]", err)
+        assert 'backend_why = "rule measured (fp32_matmul: cuda-tile cannot compile it, tileiras is not installed' \
+            in (tmp_path / "out" / "schedule.mlir").read_text()
+        return
+    status, out, _ = run_cli(capsys, *argv)
+    assert status == 0 and "native path, backend auto)" in out
+    assert (tmp_path / "out" / "scores_gemm_0.cuda_tile.mlir").is_file()
+    assert (tmp_path / "out" / "scores_row_reduction_1.ptx").is_file()
+    assert not (tmp_path / "out" / "scores_gemm_0.ptx").exists()
+    assert re.search(r"scores_gemm_0\n +backend +cuda-tile \(rule fp32_matmul\)", out) or "tileiras not found" in out
+    assert re.search(r"backend rules +fp32_matmul: cuda-tile, its matmul's operands have no matrix instruction", out)
+
+
 GEMM_SOURCE = """
 import tessera as tsr
 

@@ -10,6 +10,10 @@ shows and `tessera compile` reports per kernel, with each rule's reason.
 wins. A backend that cannot (tileiras not installed, a dim taken at run time, device asserts,
 profile regions) is named in `backend_why`, and the next rule decides. The measurements behind the
 rules are in bench/RESULTS.md; `bench/cuda_tile.py` times both backends on the same kernels.
+
+Whether tileiras is installed decides only kernels the PTX backend cannot compile, so a warm-start
+entry (tessera.runtime.warm) never holds a choice that another machine would make otherwise. A rule
+sending tileiras a kernel PTX can compile must add tileiras to `warm.toolchain_fingerprint`.
 """
 from __future__ import annotations
 
