@@ -61,3 +61,16 @@ TOLERANCE = 2e-5
 
 def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     return float(np.linalg.norm(got.astype(np.float64) - want) / max(np.linalg.norm(want), 1e-30))
+
+
+#: an autotune space over the backends, and the problem the GPU test tunes it on
+BACKEND_SPACE = {"backend": ["ptx", "cuda-tile"]}
+TUNED_DIMS = {"M": 512, "K": 256, "N": 384}
+
+
+def backend_tuned_gemm(cache_dir):
+    """A GEMM whose autotuner times the PTX backend's kernel against tileiras's."""
+    @tsr.kernel.autotune(space=BACKEND_SPACE, cache=str(cache_dir))
+    def gemm_into(A: Tensor["M", "K"], B: Tensor["K", "N"], C: Tensor["M", "N"]):
+        C[:] = tsr.matmul(A, B)
+    return gemm_into

@@ -130,6 +130,10 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # bench/RESULTS.md session 14: 8x16x4096x128 219 TFLOP/s with 128 keys, 408 with 64; 16x16x2048x64
     # 265 -> 360 with the hint
     ("flash_attention", lambda f: f.get("tile_compiler"), {"occupancy": 2}),
+    # ... and fp32 GEMMs (tileiras computes them on the CUDA cores and spills at 128 x 128): 128 x 64.
+    # H200, 4096^3: 128 x 128 4.2 TFLOP/s, 64 x 64 5.3, 64 x 128 8.1, 128 x 64 8.2 (bench/RESULTS.md
+    # session 22; cuBLAS fp32 51)
+    ("gemm", lambda f: f.get("tile_compiler") and f.get("element_bytes") == 4, {"block_m": 128, "block_n": 64}),
     # a norm or a softmax over rows longer than one 8192-element chunk: 16 warps, and the whole row
     # (a norm) or half of it (a softmax, whose exponentials take registers too) a chunk, so the row
     # is read from memory once or twice rather than in three passes. H100 (copy 2950 GB/s), 4096 x

@@ -52,3 +52,22 @@ def test_a_call_on_cuda_tensors_takes_both_backends(torch_cuda):
     for _ in range(3):
         got = case.fn(a, b)
         assert ((got.double() - want).norm() / want.norm()).item() < cases.TOLERANCE
+
+
+def test_the_autotuner_times_both_backends_and_keeps_the_faster(torch_cuda, tmp_path):
+    """A space listing both backends: each point compiled, checked and timed, the faster kept."""
+    torch = torch_cuda
+    gemm = cases.backend_tuned_gemm(tmp_path)
+    dims = cases.TUNED_DIMS
+    a = torch.randn(dims["M"], dims["K"], device="cuda", dtype=torch.float16)
+    b = torch.randn(dims["K"], dims["N"], device="cuda", dtype=torch.float16)
+    c = torch.full((dims["M"], dims["N"]), float("nan"), device="cuda", dtype=torch.float16)
+    gemm(a, b, c)
+    (tuned,) = gemm.tuner.results.values()
+    if any(t.skipped and "tileiras" in t.skipped for t in tuned.trials):
+        pytest.skip(f"no tileiras and no cached cubin: {[t.skipped for t in tuned.trials]}")
+    assert [t.config["backend"] for t in tuned.trials] == ["ptx", "cuda-tile"]
+    assert all(t.ms is not None for t in tuned.trials)
+    assert tuned.ms == min(t.ms for t in tuned.trials)
+    want = a.double() @ b.double()
+    assert ((c.double() - want).norm() / want.norm()).item() < 1e-3

@@ -148,3 +148,14 @@ def test_fp32_cases_split_between_backends_and_assemble(tileiras, name):
     assert tuple(backend for backend, _ in compiled.kernel_backends.values()) == case.backends
     if tools.available():
         assert set(compiled.stage("cubin")) == set(compiled.kernel_names)
+
+
+def test_the_tuned_gemms_cuda_tile_point_assembles(tmp_path):
+    """The GPU test's autotuned GEMM, compiled as its tuner compiles the cuda-tile point on an
+    H100/H200 (fills TESSERA_CACHE_DIR for a GPU machine without tileiras)."""
+    gemm = cases.backend_tuned_gemm(tmp_path)
+    compiled = gemm.compile(gemm.arg_specs_for(cases.TUNED_DIMS, tsr.fp16), arch="sm_90a", sm_count=132,
+                            space={"backend": ["cuda-tile"]})
+    assert {backend for backend, _ in compiled.kernel_backends.values()} == {"cuda-tile"}
+    if tools.available():
+        assert set(compiled.stage("cubin")) == set(compiled.kernel_names)
