@@ -46,6 +46,12 @@ CASES = [
     ("gemm 8192^3", gemm, {"a": (8192, 8192), "b": (8192, 8192)}, ("flop", 2 * 8192 ** 3)),
     ("gemm 4000x4096x4096", gemm, {"a": (4000, 4096), "b": (4096, 4096)}, ("flop", 2 * 4000 * 4096 * 4096)),
     ("gemm 1000x3000x8192", gemm, {"a": (1000, 8192), "b": (8192, 3000)}, ("flop", 2 * 1000 * 3000 * 8192)),
+    ("gemm 512^3", gemm, {"a": (512, 512), "b": (512, 512)}, ("flop", 2 * 512 ** 3)),
+    ("gemm 1024^3", gemm, {"a": (1024, 1024), "b": (1024, 1024)}, ("flop", 2 * 1024 ** 3)),
+    ("gemm 2048^3", gemm, {"a": (2048, 2048), "b": (2048, 2048)}, ("flop", 2 * 2048 ** 3)),
+    ("gemm 16x4096x4096", gemm, {"a": (16, 4096), "b": (4096, 4096)}, ("flop", 2 * 16 * 4096 * 4096)),
+    ("gemm 128x4096x4096", gemm, {"a": (128, 4096), "b": (4096, 4096)}, ("flop", 2 * 128 * 4096 * 4096)),
+    ("gemm 512x256x384", gemm, {"a": (512, 256), "b": (256, 384)}, ("flop", 2 * 512 * 256 * 384)),
     ("gemm+bias+gelu 8192^3", gemm_bias_gelu, {"a": (8192, 8192), "b": (8192, 8192), "bias": (8192,)},
      ("flop", 2 * 8192 ** 3)),
     ("attention 8x16x4096x128", attention_cases.FUNCTIONS["plain"], _qkv(8, 16, 4096, 128),
@@ -117,11 +123,13 @@ def torch_reference(torch, fn, args):
     return lambda: attention_cases.torch_reference(torch, kind, *args)
 
 
-def run(dtype: str) -> int:
+def run(dtype: str, graphs: bool = False) -> int:
     import torch
     import triton
 
     def ms(f) -> float:
+        if graphs:   # replays of a CUDA graph of the calls: the kernels' time without the host's
+            return triton.testing.do_bench_cudagraph(f, rep=100, return_mode="median")
         return triton.testing.do_bench(f, rep=200, return_mode="median")
 
     tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
@@ -178,9 +186,14 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--prebuild", action="store_true", help="only assemble the cuda-tile cubins (no GPU)")
     parser.add_argument("--dtypes", default="bf16", help="comma-separated from fp16, bf16, fp32 (default bf16)")
+    parser.add_argument("--graphs", action="store_true",
+                        help="time CUDA-graph replays of the calls (the kernels alone: small problems take "
+                             "less GPU time than a call takes host time)")
+    parser.add_argument("--filter", default="", help="only the cases whose label contains this")
     args = parser.parse_args()
+    CASES[:] = [c for c in CASES if args.filter in c[0]]
     for dtype in args.dtypes.split(","):
-        code = prebuild(dtype) if args.prebuild else run_fp32() if dtype == "fp32" else run(dtype)
+        code = prebuild(dtype) if args.prebuild else run_fp32() if dtype == "fp32" else run(dtype, args.graphs)
         if code:
             return code
     return 0

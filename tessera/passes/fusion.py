@@ -781,6 +781,9 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if space_override:
         space = {k: list(v) for k, v in space_override.items() if k in params}
         params = {k: (space[k][0] if k in space else v) for k, v in params.items()}
+    if group.kind == "gemm" and features.get("wgmma") and features.get("element_bytes") == 2 and planner.platform \
+            and not {"block_m", "block_n", "num_warps"} & set(space_override or {}):
+        params.update(_small_gemm_tile(group, planner, params, features))
     if params.get("persistent"):   # as many blocks as the SMs' shared memory holds, or as the space says
         shared = s.shared_bytes(group.kind, params, features)
         per_sm = max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared)) if planner.platform else 1
@@ -799,6 +802,40 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
         params["programs"] = pinned.get("programs", [planner.sm_count * ROW_WALK_BLOCKS_PER_SM])[0]
     return block, inputs, params, space, choice
+
+
+#: the output tiles of a native 16-bit GEMM, largest first, and the warps each takes: a GEMM whose default
+#: tiles are too few for the SMs takes the largest of these of which it has SMALL_GEMM_TILES_PER_SM
+#: x the SMs at least, else the smallest. H200 bf16, CUDA-graph us, default (128 x 256) -> chosen,
+#: cuBLAS beside: 512^3 7.6 -> 3.3 (64 x 64; cuBLAS 3.2), 1024^3 12.3 -> 7.3 (128 x 128; 64 x 128
+#: was 6.7; cuBLAS 5.4), 16x4096x4096 11.0 -> 8.1 (64 x 64; 9.5), 128x4096x4096 18.3 -> 15.7
+#: (64 x 128; 128 x 128 was 14.6; 13.1), 256x4096x4096 23.5 -> 20.2 (128 x 128; 16.1); 2048^3 keeps
+#: 128 x 256 (26.5; 128 x 128 26.7). A threshold of half the SMs did worse at 128 and 256 rows
+#: (bench/RESULTS.md session 22)
+GEMM_TILES = ((128, 256, 8), (128, 128, 8), (64, 128, 4), (64, 64, 4))
+SMALL_GEMM_TILES_PER_SM = 0.25
+
+
+def _small_gemm_tile(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict:
+    """A native GEMM's tile (block_m, block_n, num_warps) where its default leaves most SMs idle
+    (`GEMM_TILES`); {} where the default fills them, or is not one of those tiles."""
+    if (params["block_m"], params["block_n"], params["num_warps"]) not in GEMM_TILES:
+        return {}
+    (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
+    dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(mm.res).shape]
+    k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
+    batch = math.prod(dims[:-2])
+    usable = [t for t in GEMM_TILES if t[1] <= params["block_n"]]   # (an epilogue that asked for 128 columns)
+
+    def tiles(t) -> int:
+        tile = s.gemm_tile({**params, "block_m": t[0], "block_n": t[1]}, dims[-2], dims[-1], k,
+                           features["element_bytes"])
+        return batch * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])
+    enough = planner.sm_count * SMALL_GEMM_TILES_PER_SM
+    chosen = next((t for t in usable if tiles(t) >= enough), usable[-1])
+    if chosen == (params["block_m"], params["block_n"], params["num_warps"]):
+        return {}
+    return {"block_m": chosen[0], "block_n": chosen[1], "num_warps": chosen[2]}
 
 
 #: the fewest K steps (of block_k) each split of a split-K GEMM gets: fewer, and the second kernel's

@@ -44,7 +44,8 @@ def _descriptor_fields(ptx: str) -> set[tuple[int, int, int]]:
 def test_descriptors_of_a_k_major_a_and_an_n_major_b():
     """A [128, 64] is K-major: 8-row groups 1024 bytes apart, no leading offset (1). B [64, 256]
     is N-major: 1024 bytes between 8-row K groups, one box (64 rows x 128 bytes) between 64-column blocks."""
-    compiled = gemm.compile(gemm.arg_specs_for(dict(M=512, K=512, N=512), "fp16"), arch="sm_90a")
+    compiled = gemm.compile(gemm.arg_specs_for(dict(M=512, K=512, N=512), "fp16"), arch="sm_90a",
+                            space={"block_m": [128], "block_n": [256]})
     descriptors = [op for op in compiled.modules["target"].walk() if isinstance(op, tgt.WgmmaDescriptorOp)]
     assert sorted((op.result.type.major.data, op.result.type.shape_dims, op.leading.value.data, op.stride.value.data,
                    op.per_warpgroup.value.data) for op in descriptors) == [
@@ -99,7 +100,7 @@ def test_a_warp_specialized_gemm_splits_copies_from_compute():
     """`warp_specialize`: a fifth warpgroup whose first thread issues every TMA copy; the eight
     computing warps copy nothing and hand each stage back, one arrive per warp, on its free
     mbarrier; no block barrier is left in the loop, and nothing spills."""
-    ws = tsr.function(gemm.fn, space=dict(warp_specialize=[1]))
+    ws = tsr.function(gemm.fn, space=dict(warp_specialize=[1], block_m=[128], block_n=[256]))
     compiled = ws.compile(ws.arg_specs_for(dict(M=512, K=1024, N=512), "fp16"), arch="sm_90a")
     assert "producer_warps = 4" in compiled.ir("target") and "block = [384, 1, 1]" in compiled.ir("target")
     (kernel,) = emit_module(compiled.modules["target"]).values()

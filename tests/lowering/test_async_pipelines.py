@@ -28,7 +28,7 @@ def ops(root, kind):
 
 
 def test_each_pipeline_gets_mbarriers_a_tensor_map_per_box_and_one_arm_per_group():
-    kernel = kernel_of(gemm, dict(M=512, K=1024, N=512), persistent=0)
+    kernel = kernel_of(gemm, dict(M=512, K=1024, N=512), persistent=0, block_m=128, block_n=256)
     (full,) = ops(kernel, tgt.MBarrierAllocOp)
     (init,) = ops(kernel, tgt.MBarrierInitOp)
     assert init.arrivals.value.data == 1 and full.result.type.count.data == 4     # a stage each
@@ -68,7 +68,7 @@ def test_a_barrier_that_only_publishes_copies_goes():
 
 
 def test_warp_specialization_is_two_regions_with_the_register_split():
-    kernel = kernel_of(gemm, dict(M=512, K=1024, N=512), warp_specialize=1)
+    kernel = kernel_of(gemm, dict(M=512, K=1024, N=512), warp_specialize=1, block_m=128, block_n=256)
     (ws,) = ops(kernel, tgt.WarpSpecializeOp)
     producer, consumer = ws.producer.block, ws.consumer.block
     assert ws.producer_warps.value.data == 4 and kernel.maxnreg.value.data == 168

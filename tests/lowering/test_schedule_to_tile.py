@@ -148,7 +148,8 @@ def test_persistent_gemm_matches_numpy(stages, mma_async, dims):
 def test_persistent_gemm_keeps_a_tile_per_block_where_it_gains_nothing():
     """No more tiles than blocks, one k step a tile, or warp specialization: one tile per block."""
     def grid(dims, **space):
-        fn = tsr.function(gemm.fn, space={"persistent": [1], "programs": [4], **space})
+        fn = tsr.function(gemm.fn, space={"persistent": [1], "programs": [4], "block_m": [128], "block_n": [256],
+                                          **space})
         ir = fn.compile(fn.arg_specs_for(dims, "fp16"), arch="sm_90a").ir("tile")
         return next(line for line in ir.splitlines() if "tile.launch" in line).split("grid = ")[1][:24]
     assert grid(dict(M=1024, K=512, N=1024)).startswith("array<i64: 4,")       # 32 tiles of 128 x 256

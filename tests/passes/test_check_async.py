@@ -47,7 +47,7 @@ GEMM, ATTN = dict(M=256, K=384, N=256), dict(B=1, H=1, S=640, D=64)
 CASES = {
     "gemm": Case(gemm, GEMM, {}),
     "gemm-ampere": Case(gemm, GEMM, {}, "ampere"),
-    "gemm-ws": Case(gemm, GEMM, {"warp_specialize": [1]}),
+    "gemm-ws": Case(gemm, GEMM, {"warp_specialize": [1], "block_m": [128], "block_n": [256]}),   # two consumer warpgroups
     "gemm-1stage": Case(gemm, GEMM, {"num_stages": [1]}),
     "gemm-1stage-ampere": Case(gemm, GEMM, {"num_stages": [1]}, "ampere"),
     "gemm-sync-mma": Case(gemm, GEMM, {"mma_async": [0]}),

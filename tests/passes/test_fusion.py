@@ -398,13 +398,54 @@ def test_native_tiling_only_for_gemms_the_native_path_can_take():
         return tsr.matmul(a, b)
 
     def params(k):
-        module = fuse(mm.trace(mm.arg_specs_for({"M": 256, "K": k, "N": 256}, "fp16")),
+        module = fuse(mm.trace(mm.arg_specs_for({"M": 4096, "K": k, "N": 4096}, "fp16")),
                       platform=platforms.get("sm_90a"))
         (kernel,) = [op for op in module.walk() if op.name == "schedule.kernel"]
         return kernel.param_values
     native, fallback = params(128), params(70)
     assert (native["block_m"], native["block_n"], native["mma_async"]) == (128, 256, 1)
     assert (fallback["block_m"], fallback["block_n"], fallback["mma_async"]) == (128, 128, 0)
+
+
+@pytest.mark.parametrize("m, k, n, dtype, space, tile", [
+    (512, 512, 512, "bf16", None, (64, 64, 4)),
+    (1024, 1024, 1024, "bf16", None, (128, 128, 8)),
+    (2048, 2048, 2048, "bf16", None, (128, 256, 8)),          # 128 tiles: the default fills the SMs
+    (16, 4096, 4096, "fp16", None, (64, 64, 4)),
+    (128, 4096, 4096, "bf16", None, (64, 128, 4)),
+    (256, 4096, 4096, "bf16", None, (128, 128, 8)),
+    (512, 512, 512, "bf16", {"block_m": [128]}, (128, 256, 8)),   # a space's tile wins
+    (70, 64, 70, "fp16", None, (128, 128, 4)),                # 70-element rows: mma.sync's tiling
+])
+def test_a_small_native_gemm_takes_tiles_for_the_sms(m, k, n, dtype, space, tile):
+    """A native GEMM whose 128 x 256 tiles would fill under a quarter of the SMs takes the largest
+    of GEMM_TILES that does, else 64 x 64 (H200 sweep in fusion.GEMM_TILES's comment)."""
+    import tessera as tsr
+    from tessera import platforms
+
+    @tsr.function
+    def mm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+
+    module = fuse(mm.trace(mm.arg_specs_for({"M": m, "K": k, "N": n}, dtype)), space,
+                  platform=platforms.get("sm_90a"))
+    p = next(op for op in module.walk() if op.name == "schedule.kernel").param_values
+    assert (p["block_m"], p["block_n"], p["num_warps"]) == tile
+
+
+def test_small_gemm_tiles_keep_an_epilogues_narrower_tile():
+    """An epilogue that asked for 128 columns (a division) never gets 256 back."""
+    import tessera as tsr
+    from tessera import platforms
+
+    @tsr.function
+    def divided(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        return tsr.matmul(a, b) / 3.0
+
+    module = fuse(divided.trace(divided.arg_specs_for({"M": 2048, "K": 512, "N": 2048}, "bf16")),
+                  platform=platforms.get("sm_90a"))
+    p = next(op for op in module.walk() if op.name == "schedule.kernel").param_values
+    assert p["block_n"] <= 128
 
 
 def test_native_tiling_for_attention_whatever_the_sequence_length():
@@ -437,10 +478,15 @@ def split_k_of(dims, **options) -> int:
     return kernel.param_values["split_k"]
 
 
+#: the native GEMM's default tile, pinned where a test is about what follows from it
+WIDE = dict(block_m=[128], block_n=[256])
+
+
 @pytest.mark.parametrize("dims,options,expected", [
-    (dict(M=128, K=4096, N=4096), dict(arch="sm_90a"), 4),                  # 16 tiles; 64 K steps make 4 splits
-    (dict(M=512, K=16384, N=512), dict(arch="sm_90a"), 16),                 # 8 tiles of 128 x 256, 132 SMs
-    (dict(M=512, K=16384, N=512), dict(arch="sm_90a", sm_count=66), 8),     # half the SMs, half the splits
+    (dict(M=128, K=4096, N=4096), dict(arch="sm_90a"), 4),                  # 64 tiles of 64 x 128; 64 K steps make 4 splits
+    (dict(M=512, K=16384, N=512), dict(arch="sm_90a", space=WIDE), 16),     # 8 tiles of 128 x 256, 132 SMs
+    (dict(M=512, K=16384, N=512), dict(arch="sm_90a", sm_count=66, space=WIDE), 8),   # half the SMs, half the splits
+    (dict(M=512, K=16384, N=512), dict(arch="sm_90a"), 6),                  # 64 tiles of 64 x 64, 3 blocks an SM
     (dict(M=128, K=8192, N=4096), dict(arch="sm_80"), 6),                   # 32 tiles of 128 x 128, 108 SMs x 2
     (dict(M=4096, K=4096, N=4096), dict(arch="sm_90a"), 1),                 # enough tiles
     (dict(M=128, K=1984, N=4096), dict(arch="sm_90a"), 1),                  # 31 K steps: too short to split
