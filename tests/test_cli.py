@@ -319,8 +319,8 @@ def test_compile_reports_a_split_k_gemm_as_its_two_kernels(capsys, tmp_path):
                              "--arch", "sm_90a", "-o", str(tmp_path / "out"))
     assert status == 0
     partials = out[out.index("\n  gemm_gemm_0_partials\n"):out.index("\n  gemm_gemm_0\n")]
-    assert re.search(r"launch +grid 16 x 1 x 4, 256 threads", partials)
-    assert re.search(r"schedule +block_m=128 block_n=256 .*split_k=4", partials)
+    assert re.search(r"launch +grid 64 x 1 x 4, 128 threads", partials)   # 64 x 128 tiles: a small GEMM's
+    assert re.search(r"schedule +block_m=64 block_n=128 .*num_warps=4 .*split_k=4", partials)
     total = out[out.index("\n  gemm_gemm_0\n"):]
     assert re.search(r"schedule +sums the fp32 partial products of gemm_gemm_0_partials", total)
     assert {p.name for p in (tmp_path / "out").glob("gemm_gemm_0*.ptx")} == {"gemm_gemm_0.ptx", "gemm_gemm_0_partials.ptx"}
