@@ -192,6 +192,7 @@ def main() -> int:
     parser.add_argument("--filter", default="", help="only the cases whose label contains this")
     args = parser.parse_args()
     CASES[:] = [c for c in CASES if args.filter in c[0]]
+    FP32_CASES[:] = [c for c in FP32_CASES if args.filter in c[0]]
     for dtype in args.dtypes.split(","):
         code = prebuild(dtype) if args.prebuild else run_fp32() if dtype == "fp32" else run(dtype, args.graphs)
         if code:

@@ -369,11 +369,11 @@ def check(compiled: Compiled, specs: Sequence[ArgSpec], device: Device, seed: in
 # --- reports -------------------------------------------------------------------------
 
 def print_fields(rows: Iterable[tuple[str, object]], indent: str = "  ") -> None:
-    """`label  value` lines with the values aligned."""
+    """`label  value` lines with the values aligned (a value's further lines too)."""
     rows = list(rows)
     width = max(len(label) for label, _ in rows)
     for label, value in rows:
-        print(f"{indent}{label:<{width}}  {value}")
+        print(f"{indent}{label:<{width}}  " + str(value).replace("\n", "\n" + " " * (len(indent) + width + 2)))
 
 
 def _shape_text(args: argparse.Namespace) -> str:
@@ -430,6 +430,11 @@ def write_kernels(compiled: Compiled, out: Path) -> tuple[list[Path], list[str],
     from .backends.cuda_tile import tools
     from .runtime import ptxas
 
+    platform = compiled.options.platform()
+    if platform.vendor not in VENDOR_BACKENDS:
+        raise TesseraError(f"no backend for {platform.arch} ({platform.vendor}): Tessera emits code for "
+                           f"{', '.join(f'{v} GPUs ({b})' for v, b in VENDOR_BACKENDS.items())} only; "
+                           f"the IR dumps are in {_show_path(out)}")
     backends = {backend for backend, _ in compiled.kernel_backends.values()}
     written = _write_ptx(compiled, out) if "ptx" in backends else []
     if "cuda-tile" in backends:
@@ -454,25 +459,21 @@ def write_kernels(compiled: Compiled, out: Path) -> tuple[list[Path], list[str],
 
 
 #: The code generators, by GPU vendor: a target of any other vendor gets IR dumps and an error.
-VENDOR_BACKENDS = {"nvidia": "PTX"}
+VENDOR_BACKENDS = {"nvidia": "PTX and CUDA Tile IR"}
 
 
 def _write_ptx(compiled: Compiled, out: Path) -> list[Path]:
-    """Each PTX kernel's `.ptx`; a target no backend emits for, or a kernel the PTX backend cannot
-    emit, is an error that says where the IR dumps are."""
+    """Each PTX kernel's `.ptx`; a kernel the PTX backend cannot emit is an error that says where
+    the IR dumps are."""
     from .backends.ptx import UnsupportedByBackend
 
     platform = compiled.options.platform()
-    if platform.vendor not in VENDOR_BACKENDS:
-        raise TesseraError(f"no backend for {platform.arch} ({platform.vendor}): Tessera emits code for "
-                           f"{', '.join(f'{v} GPUs ({b})' for v, b in VENDOR_BACKENDS.items())} only; "
-                           f"the IR dumps are in {_show_path(out)}")
     try:
         kernels = compiled.stage("ptx")
     except UnsupportedByBackend as e:
-        reason = e.message.removeprefix(f"{VENDOR_BACKENDS[platform.vendor]} backend: ")
-        raise TesseraError(f"the {VENDOR_BACKENDS[platform.vendor]} backend cannot compile {compiled.name} for "
-                           f"{platform.arch}: {reason}; the IR dumps are in {_show_path(out)}") from None
+        reason = e.message.removeprefix("PTX backend: ")
+        raise TesseraError(f"the PTX backend cannot compile {compiled.name} for {platform.arch}: {reason} "
+                           f"The IR dumps are in {_show_path(out)}.") from None
     out.mkdir(parents=True, exist_ok=True)
     written = []
     for name, kernel in kernels.items():

@@ -103,8 +103,23 @@ def _target(tile, options: Options):
 
 
 def _ptx(target, options: Options):
-    from .backends.ptx import emit_module
-    return emit_module(target)
+    """Each PTX kernel's module. A kernel the backend cannot emit is an error that also says why the
+    kernel is this backend's (its `backend_why`: where tileiras would have compiled it, what kept it)."""
+    from .backends.ptx import UnsupportedByBackend, emit_kernel
+    from .ir import target as tgt
+    from .ir import tile
+
+    kernels = {}
+    for op in (op for op in target.ops if isinstance(op, tgt.KernelOp)):
+        try:
+            kernels[op.sym_name.data] = emit_kernel(op)
+        except UnsupportedByBackend as e:
+            why = op.attributes.get(tile.BACKEND_WHY)
+            if why is None:
+                raise
+            raise UnsupportedByBackend(f"{e.message}. (The PTX backend has kernel {op.sym_name.data} by "
+                                       f"{why.data}.)", e.location) from None
+    return kernels
 
 
 def _cuda_tile(tile, options: Options):
@@ -316,13 +331,27 @@ class Compiled:
             if stage == "ptx":
                 written += self._dump_ptx(directory)
             elif stage == "cuda_tile":
-                from .backends.cuda_tile import dump_kernels
-                written += dump_kernels(self.stage("cuda_tile"), directory)
+                written += self._dump_cuda_tile(directory)
             else:
                 path = directory / f"{stage}.mlir"
                 path.write_text(self.ir(stage))
                 written.append(path)
         return written
+
+    def _dump_cuda_tile(self, directory: Path) -> list[Path]:
+        """Each CUDA Tile IR kernel's text and bytecode; where the backend cannot lower a kernel, a
+        logged warning says why instead (as `_dump_ptx`)."""
+        from .backends import UnsupportedByBackend
+
+        try:
+            kernels = self.stage("cuda_tile")
+        except UnsupportedByBackend as e:
+            log.warning("no CUDA Tile IR dumped for %s: %s", self.name, e.message)
+            return []
+        if not kernels:
+            return []
+        from .backends.cuda_tile import dump_kernels
+        return dump_kernels(kernels, directory)
 
     def _dump_ptx(self, directory: Path) -> list[Path]:
         """Each kernel's `<kernel>.ptx`. Where the backend cannot emit a kernel yet, a logged warning

@@ -136,7 +136,7 @@ def test_compile_auto_reports_each_kernels_backend_and_the_rules(capsys, tmp_pat
     assert (tmp_path / "out" / "scores_row_reduction_1.ptx").is_file()
     assert not (tmp_path / "out" / "scores_gemm_0.ptx").exists()
     assert re.search(r"scores_gemm_0\n +backend +cuda-tile \(rule fp32_matmul\)", out) or "tileiras not found" in out
-    assert re.search(r"backend rules +fp32_matmul: cuda-tile, its matmul's operands have no matrix instruction", out)
+    assert re.search(r"backend rules +fp32_matmul: cuda-tile, its matmul's fp32 operands have no matrix instruction", out)
 
 
 GEMM_SOURCE = """
@@ -172,7 +172,7 @@ def test_compile_reports_each_kernels_launch_and_resources(capsys, tmp_path):
     assert status == 0
     report = out[out.index("\n  gemm_gemm_0\n    backend"):]
     assert re.search(r"backend +ptx \(rule measured\)", report)
-    assert re.search(r"backend rules +measured: ptx, the PTX backend's kernels are faster", report)
+    assert re.search(r"backend rules +measured: ptx, the PTX backend's kernels were faster", report)
     assert re.search(r"launch +grid 132 x 1 x 1, 256 threads, 210\.0 KiB dynamic shared memory", report)   # buffers, mbarriers, staging
     assert re.search(r"schedule +block_m=128 block_n=256 .*persistent=1 .*programs=132", report)
     assert re.search(r"ptxas +\d+ registers, 0 bytes static shared memory, no spills", report)   # all of it placed in the IR

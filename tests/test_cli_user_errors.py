@@ -84,7 +84,7 @@ def test_compile_for_a_target_without_a_backend_fails_naming_it(capsys, tmp_path
     status, _, err = run_cli(capsys, "compile", str(path), "--shape", "M=64,N=64,K=64", "--arch", "gfx90a",
                              "-o", str(tmp_path / "out"))
     assert status == 1
-    assert err.startswith("error: no backend for gfx90a (amd): Tessera emits code for nvidia GPUs (PTX) only")
+    assert err.startswith("error: no backend for gfx90a (amd): Tessera emits code for nvidia GPUs (PTX and CUDA Tile IR) only")
     assert (tmp_path / "out" / "tile.mlir").is_file()   # the IR dumps are still written
 
 

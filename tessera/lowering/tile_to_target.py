@@ -221,7 +221,7 @@ class LowerKernel(RewritePattern):
             producer_warps=producers, maxnreg=split.launch if split else None)
         if name in self.dependents and self.platforms[name].has("programmatic_launch"):
             kernel.attributes[target.PROGRAMMATIC_LAUNCH] = UnitAttr()
-        for name in (tile.INDEX_BITS, tile.BUFFER_DIMS):
+        for name in (tile.INDEX_BITS, tile.BUFFER_DIMS, tile.BACKEND_WHY):
             if name in op.attributes:
                 kernel.attributes[name] = op.attributes[name]
         rewriter.replace(op, kernel)

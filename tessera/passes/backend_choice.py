@@ -21,7 +21,8 @@ import functools
 from dataclasses import dataclass
 from typing import Callable
 
-from ..backends import BACKENDS
+from ..backends import BACKEND_OPTIONS, BACKENDS
+from ..errors import TesseraError
 
 
 @dataclass(frozen=True)
@@ -29,8 +30,11 @@ class KernelFacts:
     """What of one kernel the rules and the backends' limits read (fusion derives them)."""
 
     kind: str                     # the schedule.kernel kind
-    ptx_matmul: bool              # every matmul it has (if any) has a matrix instruction on the
-                                  # target (the PTX backend has no CUDA-core matmul)
+    #: the operand dtypes (Tessera names) of its matmuls that have no matrix instruction on the
+    #: target (the PTX backend has no CUDA-core matmul)
+    no_matrix_instruction: frozenset = frozenset()
+    dtypes: frozenset = frozenset()   # the element types of its inputs, outputs and matmul operands
+    target: object = None         # the compile's platforms.Platform (None: no target)
     dynamic: str | None = None    # a dim it takes at run time (`tessera.dims`)
     asserts: bool = False         # it checks device_asserts
     profiled: bool = False        # its compile stamps profile regions
@@ -45,13 +49,15 @@ class Rule:
 
 
 RULES: tuple[Rule, ...] = (
-    Rule("fp32_matmul", "cuda-tile", lambda k: not k.ptx_matmul,
-         "its matmul's operands have no matrix instruction on the target (fp32, whose tensor-core path "
-         "would be TF32); the PTX backend has no CUDA-core matmul, and tileiras compiles one"),
+    Rule("fp32_matmul", "cuda-tile", lambda k: "fp32" in k.no_matrix_instruction,
+         "its matmul's fp32 operands have no matrix instruction on the target (its tensor-core path "
+         "would be TF32); the PTX backend has no CUDA-core matmul, and tileiras computes one in fp32 "
+         "(8.2 TFLOP/s at 4096^3 on the H100 and H200, cuBLAS 51.7)"),
     Rule("measured", "ptx", lambda k: True,
-         "the PTX backend's kernels are faster than tileiras's on every kernel kind measured on the "
-         "H100 and H200 (GEMMs 0.67-0.92x, attention 0.86-0.96x, soft-capped attention 0.79x, row "
-         "kernels 0.26-0.40x as fast on cuda-tile; bench/RESULTS.md sessions 14 and 22)"),
+         "the PTX backend's kernels were faster than tileiras's on the H100 and H200 (as fast on "
+         "cuda-tile: GEMMs 0.68-0.94x, attention 0.80-0.96x, decode 0.78-0.95x, row kernels "
+         "0.34-0.58x, elementwise 0.64-0.88x), but for column sums over as many rows as columns or "
+         "more (1.01-1.09x, no rule yet; bench/RESULTS.md session 22)"),
 )
 
 RULES_BY_NAME = {rule.name: rule for rule in RULES}
@@ -69,6 +75,9 @@ def cannot_compile(backend: str, kernel: KernelFacts) -> str | None:
         return f"it takes every dim as a constant, and this kernel takes {kernel.dynamic} at run time"
     if backend != "cuda-tile":
         return None
+    reason = BACKENDS[backend].cannot_target(kernel.target, kernel.dtypes)
+    if reason is not None:
+        return reason
     if not _tileiras_installed():
         return "tileiras is not installed (pip install 'tessera[cuda-tile]')"
     if kernel.asserts:
@@ -88,9 +97,12 @@ class Choice:
 def choose(kernel: KernelFacts, option: str = "auto", pinned: str | None = None) -> Choice:
     """The backend of `kernel` under the compile's `backend` option ("auto", or one backend for
     every kernel), or as an autotune space `pinned` it."""
-    if pinned is not None:
+    if pinned is not None and pinned != "auto":
+        if pinned not in BACKENDS:
+            raise TesseraError(f"a schedule space's backend is {pinned!r}; backends are "
+                               f"{', '.join(BACKEND_OPTIONS)} (a space lists them: {{'backend': ['ptx']}})")
         return Choice(pinned, "the autotune space")
-    if option != "auto":
+    if option != "auto" and pinned is None:
         return Choice(option, "the backend option")
     passed = []
     for rule in RULES:
@@ -109,4 +121,4 @@ def rules_named(whys) -> list[Rule]:
     return [rule for rule in RULES if rule.name in named]
 
 
-assert all(rule.backend in BACKENDS for rule in RULES) and RULES[-1].applies(KernelFacts("gemm", True))
+assert all(rule.backend in BACKENDS for rule in RULES) and RULES[-1].applies(KernelFacts("gemm"))

@@ -741,13 +741,16 @@ def _aim(planner: _Planner, backend: Backend) -> None:
 
 def _kernel_facts(group: Group, planner: _Planner, inputs: list[SSAValue]) -> backend_choice.KernelFacts:
     """What the backend rules read of a group's kernel."""
-    matmul_dtypes = {g.tensor_type(op.lhs).dtype for op in group.ops if isinstance(op, g.MatmulOp)}
+    matmul_dtypes = {g.tensor_type(v).dtype for op in group.ops if isinstance(op, g.MatmulOp) for v in (op.lhs, op.rhs)}
     dynamic = next((d for v in [*inputs, *group.outputs] for d in g.tensor_type(v).shape
                     if is_dynamic(g.dim_value(d, planner.bindings))), None)
+    no_instruction = frozenset(dt.name for dt in matmul_dtypes
+                               if planner.target is not None and not platforms.mma_instructions(planner.target, dt))
     return backend_choice.KernelFacts(
-        group.kind,
-        ptx_matmul=planner.target is None or all(platforms.mma_instructions(planner.target, dt) for dt in matmul_dtypes),
-        dynamic=dynamic, asserts=any(isinstance(op, g.AssertOp) for op in group.ops), profiled=planner.profiled)
+        group.kind, no_matrix_instruction=no_instruction,
+        dtypes=frozenset(dt.name for dt in matmul_dtypes | {g.tensor_type(v).dtype for v in [*inputs, *group.outputs]}),
+        target=planner.target, dynamic=dynamic, asserts=any(isinstance(op, g.AssertOp) for op in group.ops),
+        profiled=planner.profiled)
 
 
 def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:

@@ -31,6 +31,7 @@ from typing import Callable
 import numpy as np
 
 from .. import __version__
+from ..backends import BACKEND_OPTIONS
 from ..errors import TesseraError
 from ..ir import schedule
 
@@ -41,8 +42,8 @@ REPEATS = 25
 
 #: every schedule parameter some kernel template takes, or the fusion pass derives
 PARAMS = frozenset(k for defaults, _ in schedule.KINDS.values() for k in defaults) | schedule.DERIVED
-#: the space's one parameter that is not a number: the backend of every kernel (`tessera.backends`),
-#: so a tuner can time the PTX backend's kernels against tileiras's
+#: the space's one parameter that is not a number: the backend of every kernel (`tessera.backends`;
+#: "auto": each kernel's by the rules), so a tuner can time the PTX backend's kernels against tileiras's
 BACKEND = "backend"
 
 
@@ -56,7 +57,7 @@ def normalize_space(space: dict, where: str) -> dict[str, tuple[int, ...]]:
     """The space with Schedule IR's parameter names (`BLOCK_M` is `block_m`) and tuples of values;
     an unknown name or a value that is not a positive int (0 or 1 for a switch; for `backend`, a
     backend's name) is an error."""
-    from ..backends import BACKENDS
+    from ..backends import BACKEND_OPTIONS
 
     out: dict[str, tuple] = {}
     for name, values in space.items():
@@ -66,9 +67,9 @@ def normalize_space(space: dict, where: str) -> dict[str, tuple[int, ...]]:
                                f"known parameters: {', '.join(sorted(PARAMS | {BACKEND}))}")
         values = tuple(values) if isinstance(values, (list, tuple, range)) else (values,)
         if key == BACKEND:
-            if not values or not all(v in BACKENDS for v in values):
-                raise TesseraError(f"{where}: autotune space {name!r} must list backends ({', '.join(BACKENDS)}), "
-                                   f"got {list(values)!r}")
+            if not values or not all(v in BACKEND_OPTIONS for v in values):
+                raise TesseraError(f"{where}: autotune space {name!r} must list backends "
+                                   f"({', '.join(BACKEND_OPTIONS)}), got {list(values)!r}")
             out[key] = values
             continue
         allowed = (lambda v: v in (0, 1)) if key in schedule.SWITCHES else (lambda v: v >= 1)
@@ -160,7 +161,7 @@ class TuningCache:
 
 def _is_entry(v) -> bool:
     return (isinstance(v, dict) and isinstance(v.get("config"), dict) and isinstance(v.get("ms"), (int, float))
-            and all(isinstance(k, str) and (type(x) is int or (k == BACKEND and isinstance(x, str)))
+            and all(isinstance(k, str) and (type(x) is int or (k == BACKEND and x in BACKEND_OPTIONS))
                     for k, x in v["config"].items()))
 
 

@@ -6,6 +6,7 @@ import pytest
 
 import backend_auto_cases as cases
 import tessera as tsr
+from tessera import platforms
 from tessera.backends import BACKENDS, UnsupportedByBackend
 from tessera.backends.cuda_tile import tools
 from tessera.errors import TesseraError
@@ -32,19 +33,26 @@ def tileiras(monkeypatch):
     return set_installed
 
 
+H100 = platforms.get("sm_90a")
+
+
+def gemm_facts(no_instruction=frozenset({"fp32"}), dtypes=frozenset({"fp32"}), target=H100, **kw):
+    return KernelFacts("gemm", no_matrix_instruction=no_instruction, dtypes=dtypes, target=target, **kw)
+
+
 def test_the_rules_are_data_ending_in_one_that_takes_every_kernel():
     assert all(rule.backend in BACKENDS for rule in backend_choice.RULES)
     assert len({rule.name for rule in backend_choice.RULES}) == len(backend_choice.RULES)
     last = backend_choice.RULES[-1]
     for kind in s.KINDS:
-        assert last.applies(KernelFacts(kind, ptx_matmul=True)) and last.applies(KernelFacts(kind, ptx_matmul=False))
+        assert last.applies(KernelFacts(kind)) and last.applies(KernelFacts(kind, no_matrix_instruction={"fp32"}))
 
 
 def test_a_matmul_without_a_matrix_instruction_goes_to_tileiras_when_it_is_there(tileiras):
-    fp32 = KernelFacts("gemm", ptx_matmul=False)
+    fp32 = gemm_facts()
     tileiras(True)
     assert choose(fp32) == backend_choice.Choice("cuda-tile", "rule fp32_matmul")
-    assert choose(KernelFacts("gemm", ptx_matmul=True)) == backend_choice.Choice("ptx", "rule measured")
+    assert choose(gemm_facts(frozenset(), frozenset({"fp16"}))) == backend_choice.Choice("ptx", "rule measured")
     tileiras(False)
     assert choose(fp32) == backend_choice.Choice(
         "ptx", "rule measured (fp32_matmul: cuda-tile cannot compile it, tileiras is not installed "
@@ -52,9 +60,12 @@ def test_a_matmul_without_a_matrix_instruction_goes_to_tileiras_when_it_is_there
 
 
 @pytest.mark.parametrize("facts, reason", [
-    (KernelFacts("gemm", ptx_matmul=False, dynamic="M"), "takes every dim as a constant, and this kernel takes M"),
-    (KernelFacts("gemm", ptx_matmul=False, asserts=True), "it has no device_assert"),
-    (KernelFacts("gemm", ptx_matmul=False, profiled=True), "it has no profile regions"),
+    (gemm_facts(dynamic="M"), "takes every dim as a constant, and this kernel takes M"),
+    (gemm_facts(asserts=True), "it has no device_assert"),
+    (gemm_facts(profiled=True), "it has no profile regions"),
+    (gemm_facts(target=platforms.get("gfx942")), "it compiles for nvidia sm_80 and newer, not gfx942"),
+    (gemm_facts(target=platforms.get("sm_75")), "it compiles for nvidia sm_80 and newer, not sm_75"),
+    (gemm_facts(dtypes=frozenset({"fp32", "fp8_e4m3"})), "it has no fp8_e4m3 yet"),
 ])
 def test_what_tileiras_cannot_compile_stays_with_ptx_and_says_why(tileiras, facts, reason):
     tileiras(True)
@@ -64,9 +75,41 @@ def test_what_tileiras_cannot_compile_stays_with_ptx_and_says_why(tileiras, fact
 
 def test_an_option_or_a_space_names_the_backend_of_every_kernel(tileiras):
     tileiras(False)
-    assert choose(KernelFacts("gemm", True), "cuda-tile") == backend_choice.Choice("cuda-tile", "the backend option")
-    assert choose(KernelFacts("gemm", False), "ptx") == backend_choice.Choice("ptx", "the backend option")
-    assert choose(KernelFacts("gemm", True), "auto", "cuda-tile") == backend_choice.Choice("cuda-tile", "the autotune space")
+    fp16 = gemm_facts(frozenset(), frozenset({"fp16"}))
+    assert choose(fp16, "cuda-tile") == backend_choice.Choice("cuda-tile", "the backend option")
+    assert choose(gemm_facts(), "ptx") == backend_choice.Choice("ptx", "the backend option")
+    assert choose(fp16, "auto", "cuda-tile") == backend_choice.Choice("cuda-tile", "the autotune space")
+    tileiras(True)
+    assert choose(gemm_facts(), "ptx", "auto") == backend_choice.Choice("cuda-tile", "rule fp32_matmul")
+    with pytest.raises(TesseraError, match="a schedule space's backend is 'triton'; backends are auto, ptx, cuda-tile"):
+        choose(fp16, "auto", "triton")
+
+
+def test_fp8_without_a_matrix_instruction_is_not_an_fp32_rule(tileiras):
+    """fp8 on sm_80 has no matrix instruction either, but no rule sends it to tileiras (which has
+    no fp8 yet): PTX, which says what it cannot do."""
+    tileiras(True)
+    choice = choose(gemm_facts(frozenset({"fp8_e4m3"}), frozenset({"fp8_e4m3", "bf16"}), platforms.get("sm_80")))
+    assert choice == backend_choice.Choice("ptx", "rule measured")
+
+
+def test_the_ptx_error_says_why_the_kernel_is_ptxs(tileiras):
+    """An fp32 GEMM with a device_assert, tileiras installed: PTX has it because tileiras has no
+    asserts, and its refusal says so rather than suggesting to install tileiras."""
+    tileiras(True)
+
+    @tsr.function
+    def checked(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        y = tsr.matmul(a, b)
+        tsr.device_assert(y < 1e30, "finite")
+        return y
+
+    compiled = checked.compile(checked.arg_specs_for(dict(M=64, K=32, N=64), tsr.fp32))
+    with pytest.raises(UnsupportedByBackend, match=r"without tensor cores.*\(The PTX backend has kernel checked_gemm_0 by "
+                                                   r"rule measured \(fp32_matmul: cuda-tile cannot compile it, it has no "
+                                                   r"device_assert\)\.\)") as e:
+        compiled.stage("ptx")
+    assert "pip install" not in str(e.value)
 
 
 def test_rules_named_finds_chosen_and_passed_over_rules():
@@ -126,9 +169,9 @@ def test_a_mixed_compile_assembles_every_kernel_and_launches_each_as_its_backend
 
 
 def test_the_autotune_space_takes_backends():
-    assert normalize_space({"BACKEND": ["ptx", "cuda-tile"], "block_m": [64]}, "f") == \
-        {"backend": ("ptx", "cuda-tile"), "block_m": (64,)}
-    with pytest.raises(TesseraError, match=r"autotune space 'backend' must list backends \(ptx, cuda-tile\)"):
+    assert normalize_space({"BACKEND": ["ptx", "cuda-tile", "auto"], "block_m": [64]}, "f") == \
+        {"backend": ("ptx", "cuda-tile", "auto"), "block_m": (64,)}
+    with pytest.raises(TesseraError, match=r"autotune space 'backend' must list backends \(auto, ptx, cuda-tile\)"):
         normalize_space({"backend": ["triton"]}, "f")
 
 

@@ -505,9 +505,7 @@ def _mma_without_tensor_cores(e: KernelEmitter, op: t.MmaOp):
     raise UnsupportedByBackend(
         f"PTX backend: kernel {e.name} has a matmul of {op.a.type.get_element_type()} operands without "
         f"tensor cores, which it cannot run on the GPU yet; give the matmul fp16 or bf16 operands "
-        f"(x.to(tsr.fp16)), install NVIDIA's tileiras (pip install 'tessera[cuda-tile]'), which compiles "
-        f"such a matmul under backend='auto' (the default), or call with NumPy arrays to run it on the "
-        f"CPU interpreter")
+        f"(x.to(tsr.fp16)), or call with NumPy arrays to run it on the CPU interpreter")
 
 
 #: the Ampere-class path's handlers (on top of `paths.BASE`): shared buffers, cp.async, mma.sync, and
