@@ -1052,7 +1052,7 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     if group.kind == "row_reduction":
         return _row_features(group, planner)
     if not matmuls:
-        return {}
+        return {"tile_compiler": int(planner.tile_compiler)}
     lhs = g.tensor_type(matmuls[0].lhs)
     features = {"element_bytes": lhs.dtype.itemsize,
                 "epilogue_ops": sum(isinstance(op, ELEMENTWISE) and op not in planner.assert_only for op in group.ops),
