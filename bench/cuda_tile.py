@@ -123,6 +123,19 @@ def torch_reference(torch, fn, args):
     return lambda: attention_cases.torch_reference(torch, kind, *args)
 
 
+def _header(torch, triton, columns: list[str]) -> None:
+    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
+    print(f"# python3 bench/cuda_tile.py {' '.join(sys.argv[1:])}")
+    print("| " + " | ".join(columns) + " |")
+    print("|" + "---|" * len(columns))
+
+
+def _inputs(torch, shapes: dict) -> list:
+    """fp32 normal inputs of `shapes`, each over the square root of its last dim (seeded)."""
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    return [torch.randn(s, device="cuda", generator=gen) / math.sqrt(s[-1] if len(s) > 1 else 1) for s in shapes.values()]
+
+
 def run(dtype: str, graphs: bool = False) -> int:
     import torch
     import triton
@@ -133,14 +146,10 @@ def run(dtype: str, graphs: bool = False) -> int:
         return triton.testing.do_bench(f, rep=200, return_mode="median")
 
     tdtype = {"fp16": torch.float16, "bf16": torch.bfloat16}[dtype]
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"# python3 bench/cuda_tile.py {' '.join(sys.argv[1:])}")
-    print("| case | dtype | ptx ms | cuda-tile ms | tile/ptx | ptx rate | cuda-tile rate | torch ms | max rel err |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    _header(torch, triton, ["case", "dtype", "ptx ms", "cuda-tile ms", "tile/ptx", "ptx rate", "cuda-tile rate",
+                            "torch ms", "max rel err"])
     for label, fn, shapes, (unit, work) in CASES:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        args = [(torch.randn(s, device="cuda", generator=gen) / math.sqrt(s[-1] if len(s) > 1 else 1)).to(tdtype)
-                for s in shapes.values()]
+        args = [x.to(tdtype) for x in _inputs(torch, shapes)]
         want = torch_reference(torch, fn, args)().float()
         outs, times = {}, {}
         for backend in ("ptx", "cuda-tile"):
@@ -164,14 +173,10 @@ def run_fp32() -> int:
     import triton
 
     torch.backends.cuda.matmul.allow_tf32 = False
-    print(f"# {torch.cuda.get_device_name()}, torch {torch.__version__}, triton {triton.__version__}")
-    print(f"# python3 bench/cuda_tile.py {' '.join(sys.argv[1:])}")
-    print("| case | dtype | cuda-tile ms | torch ms | cuda-tile/torch | cuda-tile rate | torch rate | rel err (cuda-tile, torch) |")
-    print("|---|---|---|---|---|---|---|---|")
+    _header(torch, triton, ["case", "dtype", "cuda-tile ms", "torch ms", "cuda-tile/torch", "cuda-tile rate",
+                            "torch rate", "rel err (cuda-tile, torch)"])
     for label, fn, shapes, (_, work) in FP32_CASES:
-        gen = torch.Generator(device="cuda").manual_seed(0)
-        args = [torch.randn(s, device="cuda", generator=gen) / math.sqrt(s[-1] if len(s) > 1 else 1)
-                for s in shapes.values()]
+        args = _inputs(torch, shapes)
         reference = torch_reference(torch, fn, args)
         want = torch_reference(torch, fn, [a.double() for a in args])()
         errs = [((o.double() - want).norm() / want.norm()).item() for o in (fn(*args, backend="cuda-tile"), reference())]

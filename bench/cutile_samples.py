@@ -81,6 +81,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT)]
 
+from tessera.backends.cuda_tile.kernels import elf_sections, nv_info  # noqa: E402  (the cubin readers)
+
 #: the manifest's format; a run refuses another
 FORMAT = 1
 #: the GPU the cubins are for (cuTile names sm_90a `sm_90`; tileiras targets the `a` features itself)
@@ -126,31 +128,7 @@ def our_cases(bench) -> list[tuple]:
 # Cubin facts (.nv.info), read without the driver
 # ---------------------------------------------------------------------------
 
-def elf_sections(elf: bytes) -> dict[str, bytes]:
-    shoff, = struct.unpack_from("<Q", elf, 0x28)
-    shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
-    headers = [struct.unpack_from("<IIQQQQ", elf, shoff + i * shentsize) for i in range(shnum)]
-    names = headers[shstrndx][4]
-    return {elf[names + n:elf.index(b"\0", names + n)].decode(): (bytes(size) if kind == 8 else elf[off:off + size])
-            for n, kind, _, _, off, size in headers}
-
-
-EIFMT_SVAL = 0x04
 EIATTR = {"frame_size": 0x11, "regcount": 0x2F, "reqntid": 0x10, "kparam_info": 0x17, "kparam_info_v2": 0x45}
-
-
-def nv_info(section: bytes) -> list[tuple[int, bytes | int]]:
-    """(attribute, payload bytes or 2-byte value) entries of a .nv.info section."""
-    out, i = [], 0
-    while i + 4 <= len(section):
-        fmt, attr, value = section[i], section[i + 1], struct.unpack_from("<H", section, i + 2)[0]
-        if fmt == EIFMT_SVAL:
-            out.append((attr, section[i + 4:i + 4 + value]))
-            i += 4 + value
-        else:
-            out.append((attr, value))
-            i += 4
-    return out
 
 
 def cubin_facts(cubin: bytes, symbol: str) -> dict:

@@ -182,3 +182,18 @@ def relative_error(got: np.ndarray, want: np.ndarray) -> float:
     got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
     return float(np.linalg.norm(got - want) / max(np.linalg.norm(want), 1e-30))
 
+
+def assembled(compiled):
+    """`compiled` with every kernel's cubin built. A GPU machine without tileiras takes CUDA Tile IR
+    cubins from the cubin cache (TESSERA_CACHE_DIR, filled where tileiras is); where a cubin is in
+    neither, the test skips, saying so."""
+    import pytest
+
+    from tessera.errors import TesseraError
+    try:
+        compiled.stage("cubin")
+    except TesseraError as e:
+        if "tileiras" in str(e) and "not found" in str(e):
+            pytest.skip(f"no tileiras and no cached cubin: {e}")
+        raise
+    return compiled

@@ -105,7 +105,7 @@ def assemble_kernels(kernels: dict[str, CudaTileKernel], arch: str, opt_level: i
     return out
 
 
-def _sections(elf: bytes) -> dict[str, bytes]:
+def elf_sections(elf: bytes) -> dict[str, bytes]:
     """An ELF file's sections by name (NOBITS sections as zeros of their size)."""
     shoff, = struct.unpack_from("<Q", elf, 0x28)
     shentsize, shnum, shstrndx = struct.unpack_from("<HHH", elf, 0x3A)
@@ -124,26 +124,34 @@ EIATTR_REQNTID = 0x10
 EIFMT_SVAL = 0x04
 
 
+def nv_info(section: bytes) -> list[tuple[int, bytes | int]]:
+    """The (attribute, payload bytes or 2-byte value) entries of a `.nv.info` section."""
+    out, i = [], 0
+    while i + 4 <= len(section):
+        fmt, attr, value = section[i], section[i + 1], struct.unpack_from("<H", section, i + 2)[0]
+        if fmt == EIFMT_SVAL:
+            out.append((attr, section[i + 4:i + 4 + value]))
+            i += 4 + value
+        else:
+            out.append((attr, value))
+            i += 4
+    return out
+
+
 def required_threads(cubin: bytes, kernel: str) -> int:
     """The threads per block tileiras compiled `kernel` for (its REQNTID): a launch must use
     exactly these. Read from the cubin's `.nv.info.<kernel>` section."""
-    info = _sections(cubin).get(f".nv.info.{kernel}")
+    info = elf_sections(cubin).get(f".nv.info.{kernel}")
     if info is None:
         raise tools.TesseraError(f"tileiras's cubin has no .nv.info section for kernel {kernel}")
-    i = 0
-    while i + 4 <= len(info):
-        fmt, attr, value = info[i], info[i + 1], struct.unpack_from("<H", info, i + 2)[0]
-        if fmt == EIFMT_SVAL:
-            if attr == EIATTR_REQNTID:
-                return math.prod(struct.unpack_from("<III", info, i + 4))
-            i += 4 + value
-        else:
-            i += 4
+    for attr, payload in nv_info(info):
+        if attr == EIATTR_REQNTID:
+            return math.prod(struct.unpack_from("<III", payload))
     raise tools.TesseraError(f"tileiras's cubin does not say how many threads kernel {kernel} needs (no REQNTID)")
 
 
 def static_shared_bytes(cubin: bytes, kernel: str) -> int:
-    return len(_sections(cubin).get(f".nv.shared.{kernel}", b""))
+    return len(elf_sections(cubin).get(f".nv.shared.{kernel}", b""))
 
 
 def kernel_launches(kernels: dict[str, CudaTileKernel], cubins: dict[str, TileCubin]) -> dict:
