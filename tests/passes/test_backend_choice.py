@@ -175,10 +175,16 @@ def test_the_autotune_space_takes_backends():
         normalize_space({"backend": ["triton"]}, "f")
 
 
-def test_a_space_pins_every_kernels_backend(tileiras):
+@pytest.mark.parametrize("pin", [["cuda-tile"], "cuda-tile"])
+def test_a_space_pins_every_kernels_backend(tileiras, pin):
     tileiras(False)
-    compiled = scores.compile(specs(tsr.fp16), space={"backend": ["cuda-tile"]})
+    compiled = scores.compile(specs(tsr.fp16), space={"backend": pin})
     assert set(compiled.kernel_backends.values()) == {("cuda-tile", "the autotune space")}
+
+
+def test_a_space_naming_no_backend_is_an_error():
+    with pytest.raises(TesseraError, match="a schedule space's backend is 'triton'; backends are auto, ptx, cuda-tile"):
+        scores.compile(specs(tsr.fp16), space={"backend": ["triton"]})
 
 
 @pytest.mark.parametrize("name", sorted(cases.CASES))
