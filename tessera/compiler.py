@@ -41,7 +41,7 @@ import numpy as np
 from . import platforms
 from . import dims
 from .backends import check_backend_option
-from .dims import MAX_DIM, DynamicDim, is_dynamic
+from .dims import MAX_DIM, is_dynamic
 from .errors import TesseraError
 
 if TYPE_CHECKING:
@@ -124,7 +124,7 @@ def _ptx(target, options: Options):
 
 def _cuda_tile(tile, options: Options):
     from .ir import tile as t
-    if not any(isinstance(op, t.KernelOp) and t.kernel_backend(op) == "cuda-tile" for op in tile.ops):
+    if not t.kernels_of(tile, "cuda-tile"):
         return {}   # (no import of the backend)
     from .backends.cuda_tile import lower_module
     return lower_module(tile, options.arch)
@@ -495,11 +495,6 @@ def compile_module(graph_module, *, arch: str = DEFAULT_ARCH, space: dict | None
     check_backend_option(backend)
     stages = _dump_request(dump)
     f = next(iter(graph_module.ops))
-    from .ir.graph import dynamic_dims
-    dynamic = dynamic_dims(f)
-    if dynamic and backend == "cuda-tile":   # (its lowering takes every dim as a constant; under
-        # "auto", a kernel that takes one is the PTX backend's: backend_choice.cannot_compile)
-        raise DynamicDim(dynamic[0], f"the {backend} backend takes every dim as a constant")
     _check_dims_index_in_32_bits(f)
     compiled = Compiled(
         name=f.sym_name.data, graph=graph_module, options=options,

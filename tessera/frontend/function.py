@@ -319,7 +319,8 @@ class Function:
         dims, _ = self.arg_specs(tensors)
         target = {"device": driver.Device(device).name, "arch": options["arch"],
                   "path": options.get("path", "native")}
-        if "backend" in self.tuner.space:   # a point on tileiras runs where it is installed (or its cubins are)
+        from ..runtime.autotune import BACKEND
+        if BACKEND in self.tuner.space:   # a point on tileiras runs where it is installed (or its cubins are)
             from ..backends.cuda_tile import tools
             target["tileiras"] = tools.version() if tools.available() else None
         layouts = [interop.layout_of(x) for _, x in tensors]

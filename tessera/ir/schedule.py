@@ -88,6 +88,10 @@ SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent", 
 #: sum over 16384 rows of 8192 columns has 32 of 256 columns): its reduced rows.
 DERIVED = frozenset({"programs", "split_k", "split_kv", "split_rows"})
 
+#: A space's one entry that is not a tiling param: the backend of every kernel (`tessera.backends`;
+#: "auto": each kernel's by `tessera.passes.backend_choice`), so a tuner can time the backends
+BACKEND_PARAM = "backend"
+
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
 SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [

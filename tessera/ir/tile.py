@@ -306,6 +306,11 @@ def kernel_backend(kernel) -> str:
     """The backend of a tile.kernel (`BACKEND`; a kernel without one is the PTX backend's)."""
     attr = kernel.attributes.get(BACKEND)
     return attr.data if attr is not None else "ptx"
+
+
+def kernels_of(module, backend: str) -> list:
+    """The tile.kernels of `module` that `backend` compiles, in the module's order."""
+    return [op for op in module.ops if isinstance(op, KernelOp) and kernel_backend(op) == backend]
 #: A host function attribute: {argument name: why it is copied to a contiguous buffer first}, for
 #: each argument passed strided that the kernels cannot address in place; the runtime copies them.
 COPIED_ARGS = "tessera.copied_args"

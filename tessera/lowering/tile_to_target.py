@@ -446,7 +446,7 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
     configs: dict[str, target.KernelConfigAttr] = {}
     chosen: dict[str, Platform] = {}
     splits: dict[str, RegisterSplit | None] = {}
-    for kernel in [op for op in lowered.ops if isinstance(op, tile.KernelOp) and tile.kernel_backend(op) == "ptx"]:
+    for kernel in tile.kernels_of(lowered, "ptx"):
         name = kernel.sym_name.data
         if name not in grids:
             raise TargetLoweringError(f"kernel @{name} has no tile.launch in the module, so its grid is unknown")

@@ -774,7 +774,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if group.kind == "flash_chain" and len(outs) > 1:
         _merge_duplicates(block)
     facts = _kernel_facts(group, planner, inputs)
-    pins = (space_override or {}).get("backend", [None])   # (a space lists values; a bare name is one)
+    pins = (space_override or {}).get(s.BACKEND_PARAM, [None])   # (a space lists values; a bare name is one)
     choice = backend_choice.choose(facts, planner.backend_option, pins if isinstance(pins, str) else pins[0])
     if facts.dynamic is not None and not BACKENDS[choice.backend].dynamic_dims:
         raise DynamicDim(facts.dynamic, f"the {choice.backend} backend takes every dim as a constant")

@@ -42,9 +42,7 @@ REPEATS = 25
 
 #: every schedule parameter some kernel template takes, or the fusion pass derives
 PARAMS = frozenset(k for defaults, _ in schedule.KINDS.values() for k in defaults) | schedule.DERIVED
-#: the space's one parameter that is not a number: the backend of every kernel (`tessera.backends`;
-#: "auto": each kernel's by the rules), so a tuner can time the PTX backend's kernels against tileiras's
-BACKEND = "backend"
+BACKEND = schedule.BACKEND_PARAM
 
 
 def default_directory() -> Path:
@@ -57,8 +55,6 @@ def normalize_space(space: dict, where: str) -> dict[str, tuple[int, ...]]:
     """The space with Schedule IR's parameter names (`BLOCK_M` is `block_m`) and tuples of values;
     an unknown name or a value that is not a positive int (0 or 1 for a switch; for `backend`, a
     backend's name) is an error."""
-    from ..backends import BACKEND_OPTIONS
-
     out: dict[str, tuple] = {}
     for name, values in space.items():
         key = str(name).lower()

@@ -208,3 +208,18 @@ def test_the_tuned_gemms_cuda_tile_point_assembles(tmp_path):
     assert {backend for backend, _ in compiled.kernel_backends.values()} == {"cuda-tile"}
     if tools.available():
         assert set(compiled.stage("cubin")) == set(compiled.kernel_names)
+
+
+def test_a_dim_taken_at_run_time_never_reaches_tileiras():
+    """Asked for CUDA Tile IR, a kernel over a dynamic dim is a DynamicDim naming it (the function
+    then fixes the dim and compiles again); under auto it is PTX's, generic."""
+    from tessera.dims import DynamicDim
+
+    @tsr.function
+    def soft(x: tsr.Tensor["M", "N"]):
+        return tsr.softmax(x, dim=-1)
+
+    spec = soft.arg_specs_for(dict(M=100, N=64), tsr.fp16)
+    with pytest.raises(DynamicDim, match="the cuda-tile backend takes every dim as a constant"):
+        soft.compile(spec, None, frozenset({"M"}), backend="cuda-tile")
+    assert soft.compile(spec, None, frozenset({"M"})).dynamic_dims == ("M",)

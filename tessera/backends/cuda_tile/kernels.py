@@ -50,11 +50,10 @@ def lower_module(tile_module, arch: str) -> dict[str, CudaTileKernel]:
     `stage_operands` off) as a cuda_tile module for `arch` (its hints name tileiras's arch)."""
     grids = _grids(tile_module)
     kernels = {}
-    for op in tile_module.ops:
-        if isinstance(op, t.KernelOp) and t.kernel_backend(op) == "cuda-tile":
-            name = op.sym_name.data
-            kernels[name] = CudaTileKernel(name, lower.lower_kernel(op, tileiras_arch(arch)), grids[name],
-                                           len(op.body.block.args))
+    for op in t.kernels_of(tile_module, "cuda-tile"):
+        name = op.sym_name.data
+        kernels[name] = CudaTileKernel(name, lower.lower_kernel(op, tileiras_arch(arch)), grids[name],
+                                       len(op.body.block.args))
     return kernels
 
 
