@@ -135,8 +135,8 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # 265 -> 360 with the hint
     ("flash_attention", lambda f: f.get("tile_compiler"), {"occupancy": 2}),
     # ... and fp32 GEMMs (tileiras computes them on the CUDA cores and spills at 128 x 128): 128 x 64.
-    # H200, 4096^3: 128 x 128 4.2 TFLOP/s, 64 x 64 5.3, 64 x 128 8.1, 128 x 64 8.2 (bench/RESULTS.md
-    # session 22; cuBLAS fp32 51)
+    # H200, 4096^3: 128 x 128 4.2 TFLOP/s, 64 x 64 5.3, 64 x 128 8.1, 128 x 64 8.2 (`python3 bench/sweep.py
+    # --only fp32-tiles`, bench/RESULTS.md session 22; cuBLAS fp32 51)
     ("gemm", lambda f: f.get("tile_compiler") and f.get("element_bytes") == 4, {"block_m": 128, "block_n": 64}),
     # a norm or a softmax over rows longer than one 8192-element chunk: 16 warps, and the whole row
     # (a norm) or half of it (a softmax, whose exponentials take registers too) a chunk, so the row
@@ -159,7 +159,8 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # A column sum's tile (KINDS): 32 x 256 on 4 warps. bf16, CUDA-graph, of the copy bandwidth, 32 x 128
     # -> 32 x 256: H200 16384x8192 0.82 -> 0.95, 65536x1024 0.73 -> 0.86, 4096x32768 0.91 -> 0.97,
     # 8192x4096 0.64 -> 0.75; H100 0.92 -> 0.98, 0.84 -> 0.91, 0.95 -> 0.99, 0.76 -> 0.82 (64 x 128
-    # was as good but for 4096x32768: 0.81 and 0.89; bench/RESULTS.md session 22). CUDA Tile IR keeps
+    # was as good but for 4096x32768: 0.81 and 0.89; `python3 bench/sweep.py --only column-tiles`,
+    # bench/RESULTS.md session 22). CUDA Tile IR keeps
     # the 32 x 128 it was measured at (1.01-1.09x the PTX kernel's 32 x 128 on tall matrices)
     ("column_reduction", lambda f: f.get("tile_compiler"), {"block_n": 128}),
 ]

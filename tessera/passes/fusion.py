@@ -815,7 +815,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
 #: was 6.7; cuBLAS 5.4), 16x4096x4096 11.0 -> 8.1 (64 x 64; 9.5), 128x4096x4096 18.3 -> 15.7
 #: (64 x 128; 128 x 128 was 14.6; 13.1), 256x4096x4096 23.5 -> 20.2 (128 x 128; 16.1); 2048^3 keeps
 #: 128 x 256 (26.5; 128 x 128 26.7). A threshold of half the SMs did worse at 128 and 256 rows
-#: (bench/RESULTS.md session 22)
+#: (`python3 bench/sweep.py --only gemm-tiles`; bench/RESULTS.md session 22)
 GEMM_TILES = ((128, 256, 8), (128, 128, 8), (64, 128, 4), (64, 64, 4))
 SMALL_GEMM_TILES_PER_SM = 0.25
 
