@@ -272,8 +272,11 @@ def _view(x: Tensor, view: Tensor, remake) -> Tensor:
 
 
 def getitem(x: Tensor, index) -> Tensor:
-    """NumPy-style indexing with `None` (new axis), `:` and `...`."""
+    """NumPy-style indexing with `None` (new axis), `:`, `...`, ints, ranges, and an int32 tensor
+    along the first dim (`gather`)."""
     items = index if isinstance(index, tuple) else (index,)
+    if any(isinstance(i, Tensor) for i in items):
+        return _gather_item(x, items)
     if any(isinstance(i, int) or (isinstance(i, slice) and i != slice(None)) for i in items):
         from .torch_ops import index as index_static   # ints and ranges: a window of x
         return _view(x, index_static(x, items), lambda base: index_static(base, items))   # stores reach it
@@ -298,6 +301,34 @@ def getitem(x: Tensor, index) -> Tensor:
             raise TesseraError(f"indexing: only None, ':' and '...' are supported, got {item!r}")
     dims.extend(x.dims[src:])
     return x if tuple(dims) == x.dims else _reshape_dims(x, dims)
+
+
+def _gather_item(x: Tensor, items: tuple) -> Tensor:
+    """`x[index]`, `x[index, ...]`, `x[index, :, ...]`: a gather along the first dim."""
+    first, rest = items[0], items[1:]
+    if not isinstance(first, Tensor) or any(isinstance(i, Tensor) for i in rest):
+        raise TesseraError("indexing by a tensor is supported along the first dim only (x[index]); "
+                           "move the dim first (x.transpose(...)[index]) and back")
+    if any(i is not Ellipsis and i != slice(None) for i in rest):
+        raise TesseraError(f"indexing {_label(x)} by a tensor: only ':' and '...' may follow the index; "
+                           f"index the result further")
+    return gather(x, first)
+
+
+def gather(x: Tensor, index: Tensor) -> Tensor:
+    """`x[index]`: rows of `x` picked by the int32 tensor `index` ([*index.shape, *x.shape[1:]]).
+    An index outside [0, x.shape[0]) reads zeros (`graph.GatherOp`)."""
+    g = _graph()
+    index = _operands([index])[0] if not isinstance(index, Tensor) else index
+    if index.dtype != dtypes.int32:
+        hint = " (a bool mask selects a data-dependent number of rows, which Tessera does not trace)" \
+            if index.dtype == dtypes.bool_ else ""
+        raise TesseraError(f"indexing {_label(x)} by a tensor: the index must be int32, got {index.dtype.name}{hint}")
+    if x.ndim < 1:
+        raise ShapeError(f"indexing {_label(x)}: a scalar has no rows to pick")
+    dims = (*index.dims, *x.dims[1:])
+    op = current_trace().add(g.GatherOp(x.value, index.value, g.TensorType.of(dims, x.dtype)))
+    return _make(op.res, dims, x.dtype, _label(x))
 
 
 def setitem(x: Tensor, index, value) -> None:

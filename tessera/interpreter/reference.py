@@ -114,7 +114,15 @@ _RULES: dict[type, Callable] = {
     g.SliceOp: lambda op, x, bindings: x[tuple(slice(s, s + n) for s, n in
                                                zip(op.offsets, _concrete(op.res.type, bindings)))],
     g.ConcatOp: lambda op, *xs: np.concatenate(xs, axis=op.axis.data),
+    g.GatherOp: lambda op, x, index: _gather(x, index),
 }
+
+
+def _gather(x: np.ndarray, index: np.ndarray) -> np.ndarray:
+    """x[index], an index outside [0, rows) reading zeros (graph.GatherOp)."""
+    inside = (index >= 0) & (index < x.shape[0])
+    rows = x[np.where(inside, index, 0)] if x.shape[0] else np.zeros((*index.shape, *x.shape[1:]), x.dtype)
+    return np.where(inside.reshape(*index.shape, *[1] * (x.ndim - 1)), rows, 0).astype(x.dtype)
 _NEEDS_BINDINGS = {g.ReshapeOp, g.ArangeOp, g.SliceOp}
 
 

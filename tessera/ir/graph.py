@@ -704,6 +704,57 @@ class ConcatOp(IRDLOperation):
 
 
 @irdl_op_definition
+class GatherOp(IRDLOperation):
+    """`res[i..., j...] = input[index[i...], j...]`: NumPy's `input[index]` for an int32 `index` (rows
+    of `input` picked by a tensor of row numbers: an embedding lookup, a paged KV cache's pages
+    through its block table). An index outside [0, rows) reads zeros: a kernel never reads past
+    `input`, and a table's unused entries (-1, or stale) cost no fault.
+
+    Fusion reads a gather whose pages are merged into one dim (`cache[table].reshape(B, J * page,
+    ...)`) as an attention's keys or values page by page (`paged_view`); any other gather is a
+    kernel of its own, one row of `input` a program."""
+
+    name = "graph.gather"
+    input = operand_def(TensorType)
+    index = operand_def(TensorType)
+    res = result_def(TensorType)
+    assembly_format = "$input `[` $index `]` attr-dict `:` type($input) `,` type($index) `->` type($res)"
+
+    def __init__(self, x: SSAValue, index: SSAValue, result_type: TensorType):
+        super().__init__(operands=[x, index], result_types=[result_type])
+
+    def verify_(self) -> None:
+        src, index, out = tensor_type(self.input), tensor_type(self.index), tensor_type(self.res)
+        if index.dtype != dtypes.int32:
+            raise VerifyException(f"gather: the index must be int32, got {index.dtype}")
+        if src.rank < 1:
+            raise VerifyException("gather: the indexed tensor needs at least one dim")
+        if out.dtype != src.dtype:
+            raise VerifyException(f"gather: the result is {out.dtype}, the indexed tensor {src.dtype}")
+        bindings = dim_bindings(self)
+        want = (*index.shape, *src.shape[1:])
+        if len(want) != out.rank or not all(same_dim(a, b, bindings) for a, b in zip(want, out.shape)):
+            raise VerifyException(f"gather: the result {_show(out.shape, bindings)} should be the index's dims "
+                                  f"then the indexed tensor's after its first, {_show(want, bindings)}")
+
+
+def paged_view(op: ReshapeOp, bindings: dict[str, int]) -> GatherOp | None:
+    """The gather a reshape merges pages of: `cache[table]` ([..., J, page, ...]: the table's dims,
+    then the cache's) with the table's last dim and the cache's page dim (dim 1) merged into one
+    ([..., J * page, ...]), every other dim kept. None for any other reshape."""
+    gather = op.input.owner
+    if not isinstance(gather, GatherOp):
+        return None
+    src = [dim_value(d, bindings) for d in tensor_type(op.input).shape]
+    dst = [dim_value(d, bindings) for d in tensor_type(op.res).shape]
+    k = tensor_type(gather.index).rank
+    if k < 1 or None in src or None in dst or any(is_dynamic(n) for n in src + dst):
+        return None
+    merged = src[:k - 1] + [src[k - 1] * src[k]] + src[k + 1:]
+    return gather if merged == dst else None
+
+
+@irdl_op_definition
 class AssertOp(IRDLOperation):
     """`tsr.device_assert`: every element of the bool tensor `cond` must hold, else the kernel stops
     and reports `message`. No result, and no Pure trait: nothing may drop it as dead."""
@@ -723,6 +774,6 @@ class AssertOp(IRDLOperation):
 
 
 STRUCTURAL_OPS = [MatmulOp, TransposeOp, ReshapeOp, ReduceOp, SoftmaxOp, LayerNormOp, RmsNormOp, NormStatisticOp,
-                  ArangeOp, ConstantOp, CastOp, SliceOp, ConcatOp, AssertOp]
+                  ArangeOp, ConstantOp, CastOp, SliceOp, ConcatOp, GatherOp, AssertOp]
 
 Graph = Dialect("graph", [*ELEMENTWISE_OPS.values(), *STRUCTURAL_OPS], [TensorType])

@@ -300,6 +300,8 @@ class Emitter:
             return self.value(op.input, *self._sliced(op, m, ctx))
         if isinstance(op, g.ConcatOp):
             return self._concat(op, m, ctx)
+        if isinstance(op, g.GatherOp):
+            return self._gather(op, m, ctx)
         operands = [self.value(x, xm, ctx) for x, xm in zip(op.operands, operand_maps(op, m, self.bindings))]
         if isinstance(op, (g.TransposeOp, g.ReshapeOp)):
             return operands[0]
@@ -371,6 +373,53 @@ class Emitter:
             below = compare(self.b, index, self.b.splat(self.b.i32(end), ctx.shape), "slt")
             out = select(self.b, below, tile, out)
         return out
+
+    def source(self, v: SSAValue, m: Map, what: str) -> tuple[SSAValue, Map]:
+        """The kernel input `v` views (through transposes and unit reshapes) and its map; `what`
+        names `v` in the error where it is computed in the kernel instead."""
+        while v not in self.params:
+            op = v.owner
+            if not isinstance(op, (g.TransposeOp, g.ReshapeOp)):
+                raise TesseraError(f"{what} must be an input (or a view of one), not the result of "
+                                   f"{getattr(op, 'name', 'an argument')} inside the same kernel")
+            (m,) = operand_maps(op, m, self.bindings)
+            v = op.input
+        return v, m
+
+    def row_index(self, index: SSAValue, index_map: Map, ctx: TileCtx, rows: int) -> SSAValue:
+        """The row a gather reads: its index tensor's element at this tile (whose dims walk
+        `index_map`, each a program index: a scalar axis or a tiled one of one element), as
+        tile.load_index gives it (`rows`, a padding row, for one outside [0, rows))."""
+        src, src_map = self.source(index, index_map, "a gather's index")
+        offsets = []
+        for axis in src_map:
+            if axis in ctx.scalars:
+                offsets.append(ctx.scalars[axis])
+            elif axis in ctx.tiled and ctx.tiled[axis][1] == 1:
+                offsets.append(ctx.tiled[axis][0])
+            elif axis is None:
+                offsets.append(self.b.index(0))
+            else:
+                raise TesseraError(f"a gather's index walks axis {axis} in tiles of {ctx.tiled[axis][1]}: "
+                                   f"each of its elements must be a program's own (fusion's _gather_blocks)")
+        return self.b(t.LoadIndexOp(self.params[src], offsets, rows))
+
+    def _gather(self, op: g.GatherOp, m: Map, ctx: TileCtx) -> SSAValue:
+        """`input[index]` on the tile: the tile's row of `input` is one index (`row_index`), which
+        becomes a scalar axis along input's first dim. A row outside `input` reads row 0, and
+        the tile is zeros there (graph.GatherOp): a scalar offset is never out of bounds."""
+        k = g.tensor_type(op.index).rank
+        rows = g.dim_value(g.tensor_type(op.input).shape[0], self.bindings)
+        key = ("gather", id(ctx), op, m)
+        if key not in self._contexts:   # (keeps ctx, so its id stays unique)
+            row, axis = self.row_index(op.index, m[:k], ctx, rows), f"gather{len(self._contexts)}"
+            inside = self.b(t.CmpiOp(row, self.b.index(rows), "ult"))
+            safe = self.b(t.SelectOp(inside, row, self.b.index(0)))
+            self._contexts[key] = (ctx, TileCtx(ctx.tiled, {**ctx.scalars, axis: safe}), inside, axis)
+        _, inner, inside, axis = self._contexts[key]
+        tile = self.value(op.input, (axis, *m[k:]), inner)
+        zeros = self._constant(0, g.tensor_type(op.res).dtype, ctx.shape)
+        return select(self.b, self.b.splat(inside, ctx.shape), convert(self.b, tile, zeros.type.get_element_type()), zeros)
 
     def _constant(self, value: float, dt, shape) -> SSAValue:
         element = compute_element(dt)

@@ -747,17 +747,45 @@ def _erase_unused(v: SSAValue, keep: SSAValue) -> None:
 
 # --- matmul operands ------------------------------------------------------------------------------
 
-def source_of(kb: KernelBuild, v: SSAValue, m: Map) -> tuple[SSAValue, Map]:
-    """Follows views back to the kernel parameter a matmul operand reads, carrying its map."""
+#: the axis name a paged operand's map gives the cache's page-number dim (`Pages`)
+PAGE_AXIS = "page"
 
+
+@dataclass(frozen=True)
+class Pages:
+    """How a paged operand (`graph.paged_view`: a KV cache gathered page by page through a block
+    table, its pages merged into the keys' axis) finds a tile: `table`, the block table's kernel
+    input, whose dims walk `table_map` (its last dim: pages along `axis`); `page`, the keys a page
+    holds; `count`, the cache's pages. A tile along `axis` lies within one page (fusion's
+    `_paged_key_block`): it is the cache's page `table[..., n0 // page]` from row n0 % page."""
+
+    table: SSAValue
+    table_map: Map
+    axis: str
+    page: int
+    count: int
+
+
+def source_of(kb: KernelBuild, v: SSAValue, m: Map) -> tuple[SSAValue, Map, Pages | None]:
+    """Follows views back to the kernel parameter a matmul operand reads, carrying its map; through
+    a paged view, to the cache (its page-number dim walking PAGE_AXIS) and the `Pages` it is read by."""
+    pages = None
     while v not in kb.em.params:
         op = v.owner
-        if not isinstance(op, (g.TransposeOp, g.ReshapeOp)):
-            raise TesseraError(f"{kb.sk.sym_name.data}: a matmul operand must be an input (or a view of one), "
-                               f"not the result of {getattr(op, 'name', 'an argument')} inside the same kernel")
-        (m,) = operand_maps(op, m, kb.bindings)
-        v = op.input
-    return v, m
+        gather = g.paged_view(op, kb.bindings) if isinstance(op, g.ReshapeOp) and pages is None else None
+        if gather is None:
+            if not isinstance(op, (g.TransposeOp, g.ReshapeOp)):
+                raise TesseraError(f"{kb.sk.sym_name.data}: a matmul operand must be an input (or a view of one), "
+                                   f"not the result of {getattr(op, 'name', 'an argument')} inside the same kernel")
+            (m,) = operand_maps(op, m, kb.bindings)
+            v = op.input
+            continue
+        k = g.tensor_type(gather.index).rank
+        table, table_map = kb.em.source(gather.index, m[:k], f"{kb.sk.sym_name.data}: a block table")
+        cache_t = g.tensor_type(gather.input)
+        pages = Pages(table, table_map, m[k - 1], kb.size(cache_t.shape[1]), kb.size(cache_t.shape[0]))
+        v, m = gather.input, (PAGE_AXIS, m[k - 1], *m[k:])
+    return v, m, pages
 
 
 @dataclass
@@ -768,6 +796,7 @@ class Operand:
     map: Map
     order: tuple[str, str]   # tile axes, outer to inner
     sizes: dict[str, int]
+    pages: Pages | None = None
 
     @property
     def shape(self) -> list[int]:
@@ -776,10 +805,31 @@ class Operand:
 
 def operand(kb: KernelBuild, v: SSAValue, m: Map, axes: tuple[str, str], sizes: dict[str, int]) -> Operand:
     """Tile layout follows memory: the axis of the innermost source dim is the tile's inner axis."""
-    src, src_map = source_of(kb, v, m)
+    src, src_map, pages = source_of(kb, v, m)
     a, b = axes
     order = (a, b) if src_map.index(a) < src_map.index(b) else (b, a)
-    return Operand(src, src_map, order, sizes)
+    return Operand(src, src_map, order, sizes, pages)
+
+
+def _access(kb: KernelBuild, o: Operand, offsets: dict[str, SSAValue],
+            scalars: dict[str, SSAValue]) -> tuple[list[SSAValue], list[int]]:
+    """The offsets and tile dims of operand `o`'s tile at `offsets`. A paged operand's tile starts
+    at row n0 % page of page table[..., n0 // page]; where the table has no such page (past its
+    end, or an entry outside the cache) the tile starts a page's length into page 0 instead, all
+    of it past the page's end: padding, as a gather of a row outside the cache reads."""
+    ctx = TileCtx({a: (offsets[a], o.sizes[a]) for a in o.order}, scalars)
+    offs, tile_dims, _ = kb.em.access(o.map, ctx)
+    p = o.pages
+    if p is None:
+        return offs, tile_dims
+    b, n0 = kb.b, offsets[p.axis]
+    page_of, row = b(arith.DivSIOp(n0, b.index(p.page))), b(arith.RemSIOp(n0, b.index(p.page)))
+    at = [page_of if a == p.axis else scalars[a] if a in scalars else b.index(0) for a in p.table_map]
+    slot = b(t.LoadIndexOp(kb.em.params[p.table], at, p.count))
+    inside = b(t.CmpiOp(slot, b.index(p.count), "ult"))
+    offs[o.map.index(PAGE_AXIS)] = b(t.SelectOp(inside, slot, b.index(0)))
+    offs[o.map.index(p.axis)] = b(t.SelectOp(inside, row, b.index(p.page)))
+    return offs, tile_dims
 
 
 def operand_layout(o: Operand, want: tuple[str, str]) -> bool:
@@ -789,16 +839,14 @@ def operand_layout(o: Operand, want: tuple[str, str]) -> bool:
 
 def _copy(kb: KernelBuild, o: Operand, smem: SSAValue, stage: SSAValue, offsets: dict[str, SSAValue],
           scalars: dict[str, SSAValue]) -> None:
-    ctx = TileCtx({a: (offsets[a], o.sizes[a]) for a in o.order}, scalars)
-    offs, tile_dims, _ = kb.em.access(o.map, ctx)
+    offs, tile_dims = _access(kb, o, offsets, scalars)
     kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims))
 
 
 def _load(kb: KernelBuild, o: Operand, offsets: dict[str, SSAValue], scalars: dict[str, SSAValue]) -> SSAValue:
     """Operand `o`'s tile at `offsets` as a register tile read from global memory (the tile `_copy`
     would stage, in the same axis order; zero past the tensor's end)."""
-    ctx = TileCtx({a: (offsets[a], o.sizes[a]) for a in o.order}, scalars)
-    offs, tile_dims, _ = kb.em.access(o.map, ctx)
+    offs, tile_dims = _access(kb, o, offsets, scalars)
     return kb.b(t.LoadOp(kb.em.params[o.value], offs, tile_dims, o.shape))
 
 

@@ -38,6 +38,7 @@ class KernelFacts:
     dynamic: str | None = None    # a dim it takes at run time (`tessera.dims`)
     asserts: bool = False         # it checks device_asserts
     profiled: bool = False        # its compile stamps profile regions
+    gathers: bool = False         # it reads rows through a tensor of indices (graph.gather)
 
 
 @dataclass(frozen=True)
@@ -84,6 +85,8 @@ def cannot_compile(backend: str, kernel: KernelFacts) -> str | None:
         return "it has no device_assert"
     if kernel.profiled:
         return "it has no profile regions"
+    if kernel.gathers:
+        return "its lowering reads no rows through a tensor of indices (a gather) yet"
     return None
 
 

@@ -54,12 +54,16 @@ CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
 
 #: ops that read their operands elsewhere than at their own element (a shifted tile): they fuse into
 #: the kernels that load them, never into an epilogue, which has only the output tile in registers
-WINDOWS = (g.SliceOp, g.ConcatOp)
+WINDOWS = (g.SliceOp, g.ConcatOp, g.GatherOp)
 ELEMENTWISE = (g.ElementwiseOp, g.CastOp, *WINDOWS)
 ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp, g.NormStatisticOp)
 #: reductions a tile accumulates elementwise: those the column template computes (a log-sum-exp over
 #: a leading axis takes the row template) and a row kernel computes beside its own (siblings)
 ACCUMULATED_KINDS = ("sum", "mean", "max", "min")
+#: an attention reads a paged KV cache page by page where its pages hold a multiple of this many
+#: keys (its key blocks then divide a page: `_paged_key_block`); other page sizes are gathered into
+#: a contiguous copy first
+PAGE_MULTIPLE = 16
 
 
 def is_column_reduction(op) -> bool:
@@ -107,9 +111,53 @@ class _Planner:
         self.order = {op: i for i, op in enumerate(f.body.block.ops)}
         self.group_of: dict[Operation, Group] = {}
         self.groups: list[Group] = []
+        #: reshapes merging a gather's pages into one dim (`graph.paged_view`), with their gathers:
+        #: cheap while an attention can read them page by page (`_unpage_all_but_attention`)
+        self.paged: dict[g.ReshapeOp, g.GatherOp] = self._paged_views(f)
         self.views = [op for op in f.body.block.ops if isinstance(op, g.ReshapeOp)
                       and (not self.cheap(op) or self._returned_unit_view(op))]
         self.assert_only = self._assert_only_ops()
+
+    def _paged_views(self, f: func.FuncOp) -> dict:
+        """The reshapes that merge a gather's pages into one dim (`graph.paged_view`), each with its
+        gather, where the gather has no other reader and the page dim fits key blocks (a multiple
+        of PAGE_MULTIPLE elements)."""
+        paged = {}
+        for op in f.body.block.ops:
+            gather = g.paged_view(op, self.bindings) if isinstance(op, g.ReshapeOp) else None
+            if gather is None or not all(isinstance(u.operation, g.ReshapeOp)
+                                         and g.paged_view(u.operation, self.bindings) is gather
+                                         for u in gather.res.uses):
+                continue
+            page = g.dim_value(g.tensor_type(gather.input).shape[1], self.bindings)
+            if page % PAGE_MULTIPLE == 0 and op.res not in f.body.block.last_op.operands:
+                paged[op] = gather
+        return paged
+
+    def _unpage_all_but_attention(self) -> None:
+        """Keeps a paged view cheap (each reader reads the cache page by page) only where every
+        reader is an attention kernel's keys or values (the second operand of either matmul);
+        any other is a gather kernel writing the pages out, then a view at the host level."""
+        for view, gather in list(self.paged.items()):
+            if all(self._attention_reads(u.operation, v) for v, u in self._view_readers(view.res)):
+                continue
+            del self.paged[view]
+            self.views.append(view)
+
+    def _view_readers(self, v: SSAValue) -> list:
+        """(value, use) for every reader of `v` through cheap transposes and unit reshapes."""
+        out = []
+        for u in v.uses:
+            op = u.operation
+            if isinstance(op, (g.TransposeOp, g.ReshapeOp)) and self.cheap(op) and op not in self.paged:
+                out.extend(self._view_readers(op.results[0]))
+            else:
+                out.append((v, u))
+        return out
+
+    def _attention_reads(self, op: Operation, v: SSAValue) -> bool:
+        group = self.group_of.get(op)
+        return group is not None and group.kind == "flash_attention" and isinstance(op, g.MatmulOp) and op.rhs is v
 
     def _returned_unit_view(self, op: g.ReshapeOp) -> bool:
         """A unit reshape that is returned, of a value computed by an op that is not cheap and
@@ -134,9 +182,12 @@ class _Planner:
         return only
 
     def cheap(self, op) -> bool:
-        """Recomputed inside every kernel that reads it (see the module docstring)."""
+        """Recomputed inside every kernel that reads it (see the module docstring); a paged view
+        and its gather are an attention's keys or values read page by page."""
         if isinstance(op, g.ReshapeOp):
-            return g.is_unit_reshape(op, self.bindings)
+            return g.is_unit_reshape(op, self.bindings) or op in self.paged
+        if isinstance(op, g.GatherOp):
+            return op in self.paged.values()
         return isinstance(op, CHEAP)
 
     # --- helpers ----------------------------------------------------------
@@ -186,9 +237,11 @@ class _Planner:
                 continue
             if group.kind == "flash_attention" and isinstance(op, WINDOWS):
                 continue
+            if isinstance(op, g.GatherOp) and group.kind != "elementwise":   # (its rows are program indices)
+                continue
             if self.read_only_by(group, op.results[0]):
                 self.claim(group, [op])
-                work.extend(op.operands)
+                work.extend([op.input] if isinstance(op, g.GatherOp) else op.operands)   # (an index is read)
 
     def read_only_by(self, group: Group, v: SSAValue) -> bool:
         """Whether every user of `v` is in `group`, directly or through cheap ops (a causal mask's
@@ -505,6 +558,7 @@ class _Planner:
         for op in reversed(ops):
             if isinstance(op, g.MatmulOp) and self.free(op):
                 self.attention(op)
+        self._unpage_all_but_attention()
         for op in ops:
             if isinstance(op, (g.MatmulOp, g.ReduceOp)) and self.free(op):
                 self.chain(op)
@@ -523,7 +577,7 @@ class _Planner:
         for op in reversed(ops):
             if isinstance(op, ELEMENTWISE) and self.free(op):
                 group = self.new_group("elementwise", [op], op.results[0])
-                self.pull_producers(group, op.operands)
+                self.pull_producers(group, [op.input] if isinstance(op, g.GatherOp) else op.operands)
         self.merge_epilogues()
         self.merge_row_broadcasts()
         self.merge_column_reductions()
@@ -739,7 +793,7 @@ def _aim(planner: _Planner, backend: Backend) -> None:
     planner.tile_compiler = backend.tile_compiler
 
 
-def _kernel_facts(group: Group, planner: _Planner, inputs: list[SSAValue]) -> backend_choice.KernelFacts:
+def _kernel_facts(group: Group, planner: _Planner, block: Block, inputs: list[SSAValue]) -> backend_choice.KernelFacts:
     """What the backend rules read of a group's kernel."""
     matmul_dtypes = {g.tensor_type(v).dtype for op in group.ops if isinstance(op, g.MatmulOp) for v in (op.lhs, op.rhs)}
     dynamic = next((d for v in [*inputs, *group.outputs] for d in g.tensor_type(v).shape
@@ -750,7 +804,7 @@ def _kernel_facts(group: Group, planner: _Planner, inputs: list[SSAValue]) -> ba
         group.kind, no_matrix_instruction=no_instruction,
         dtypes=frozenset(dt.name for dt in matmul_dtypes | {g.tensor_type(v).dtype for v in [*inputs, *group.outputs]}),
         target=planner.target, dynamic=dynamic, asserts=any(isinstance(op, g.AssertOp) for op in group.ops),
-        profiled=planner.profiled)
+        profiled=planner.profiled, gathers=any(isinstance(op, g.GatherOp) for op in block.ops))
 
 
 def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
@@ -773,7 +827,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     block.add_op(s.YieldOp(outs))
     if group.kind == "flash_chain" and len(outs) > 1:
         _merge_duplicates(block)
-    facts = _kernel_facts(group, planner, inputs)
+    facts = _kernel_facts(group, planner, block, inputs)
     pins = (space_override or {}).get(s.BACKEND_PARAM, [None])   # (a space lists values; a bare name is one)
     choice = backend_choice.choose(facts, planner.backend_option, pins if isinstance(pins, str) else pins[0])
     if facts.dynamic is not None and not BACKENDS[choice.backend].dynamic_dims:
@@ -793,6 +847,10 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         per_sm = max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared)) if planner.platform else 1
         params["programs"] = (space_override or {}).get("programs", [planner.sm_count * per_sm])[0]
     pinned = space_override or {}
+    if group.kind == "elementwise" and any(isinstance(op, g.GatherOp) for op in block.ops):
+        params.update(_gather_blocks(group, planner))
+    if group.kind == "flash_attention":
+        params.update(_paged_key_block(block, planner, params, pinned))
     if group.kind == "gemm" and planner.platform and "split_k" not in pinned:
         # a split GEMM's partial products neither walk tiles nor warp-specialize: a pin of either wins
         wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize"))
@@ -806,6 +864,51 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
         params["programs"] = pinned.get("programs", [planner.sm_count * ROW_WALK_BLOCKS_PER_SM])[0]
     return block, inputs, params, space, choice
+
+
+def _gather_blocks(group: Group, planner: _Planner) -> dict[str, int]:
+    """An elementwise kernel's tile along the output dims a gather's index walks: one element,
+    since a gathered row is an index per program (`emit.Emitter`'s gather), while the dims of the
+    rows themselves keep their blocks (an embedding lookup: a program per token, D in blocks)."""
+    rank = g.tensor_type(group.output).rank
+    axes = tuple(f"d{i}" for i in range(rank))
+    walked, work, seen = set(), [(group.output, axes)], set()
+    while work:
+        v, m = work.pop()
+        op = planner.producer(v)
+        if (v, m) in seen or op is None or not (op in group.ops or planner.cheap(op)):
+            continue
+        seen.add((v, m))
+        if isinstance(op, g.GatherOp):
+            walked.update(a for a in m[:g.tensor_type(op.index).rank] if a is not None)
+            work.append((op.input, (None, *m[g.tensor_type(op.index).rank:])))
+        elif isinstance(op, WINDOWS):
+            work.extend((x, m) for x in op.operands)
+        elif isinstance(op, (g.ElementwiseOp, g.CastOp, g.TransposeOp, g.ReshapeOp)):
+            work.extend(zip(op.operands, index_maps.operand_maps(op, m, planner.bindings)))
+    blocks = {}
+    if axes[-1] in walked:
+        blocks["block_n"] = 1
+    if rank >= 2 and axes[-2] in walked:
+        blocks["block_m"] = 1
+    return blocks
+
+
+def _paged_key_block(block: Block, planner: _Planner, params: dict[str, int], pinned: dict) -> dict[str, int]:
+    """An attention over a paged KV cache (`_Planner.paged`) reads a key block from one page: its
+    key blocks (block_n) divide the page, a power of two no larger than the default's."""
+    pages = {g.dim_value(g.tensor_type(op.input).shape[1], planner.bindings)
+             for op in block.ops if isinstance(op, g.GatherOp)}
+    if not pages:
+        return {}
+    page = math.gcd(*pages)
+    fits = page & -page   # the largest power of two dividing every page size
+    if "block_n" in pinned:
+        if page % params["block_n"]:
+            raise TesseraError(f"the schedule space's block_n={params['block_n']} does not divide the KV cache's "
+                               f"page of {page} keys: a key block must lie within one page")
+        return {}
+    return {"block_n": min(params["block_n"], fits)}
 
 
 #: the output tiles of a native 16-bit GEMM, largest first, and the warps each takes: a GEMM whose default
@@ -1023,7 +1126,7 @@ def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
     holds: 16-byte rows (one computed in the kernel, like attention's probabilities, is not
     copied). A GEMM with 70-element fp16 rows takes the mma.sync path, so it should not get the
     native path's tiling (Target IR decides the path per kernel; this keeps the defaults in step)."""
-    while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp)):
+    while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp, g.GatherOp)):   # (a paged cache's pages: its rows)
         v = v.owner.input
     if v.owner in group.ops:
         return True

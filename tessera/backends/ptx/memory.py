@@ -91,6 +91,26 @@ def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
     e.env[op.result] = r
 
 
+def _load_index(e: KernelEmitter, op: t.LoadIndexOp) -> None:
+    """One s32 element as an index, `bound` where the offsets leave the memref or the element
+    [0, bound) (one unsigned compare covers a negative one)."""
+    bound = op.bound.value.data
+    terms = [(e.value(off), st) for off, st in zip(op.offsets, t.element_strides(op.src.type))]
+    inside = None
+    for d, off in enumerate(op.offsets):
+        q = e.new(PRED)
+        e.emit(f"setp.lt.u32 {q}, {e.value(off)}, {e.extent(op.src, d)};")
+        if inside is not None:
+            e.emit(f"and.pred {q}, {q}, {inside};")
+        inside = q
+    addr, r, ok = e.element_address(e.value(op.src), terms, 4, e.reach(op.src.type)), e.new(S32), e.new(PRED)
+    e.emit(f"mov.s32 {r}, {bound};")
+    e.emit(f"{f'@{inside} ' if inside else ''}ld.global.nc.s32 {r}, [{addr}];")
+    e.emit(f"setp.lt.u32 {ok}, {r}, {bound};")
+    e.emit(f"selp.s32 {r}, {r}, {bound}, {ok};")
+    e.env[op.result] = r
+
+
 def _load_bool(e: KernelEmitter, addr: str, byte: int, pred: str | None, pad: float) -> str:
     """A bool element: PTX has no predicate loads, so its byte is loaded (`pad` where `pred` is false)
     and compared with zero."""
@@ -301,5 +321,6 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, mt: MemRefType
 #: tile loads and stores (a rank-0 tile's load is one scalar)
 HANDLERS: dict[type, Callable] = {
     t.LoadOp: _load,
+    t.LoadIndexOp: _load_index,
     t.StoreOp: _store,
 }
