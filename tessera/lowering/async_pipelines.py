@@ -380,11 +380,16 @@ def _inside_control_flow(op: Operation) -> bool:
 
 
 def _guards_refill(op: Operation) -> bool:
-    """Whether the next op after `op`, index arithmetic aside, is a copy into a shared stage."""
+    """Whether the next op after `op`, index arithmetic aside (a paged copy's table read and the
+    choice of its page included), is a copy into a shared stage."""
     nxt = op.next_op
-    while nxt is not None and nxt.dialect_name() == "arith":
+    while nxt is not None and (nxt.dialect_name() == "arith" or _computes_index(nxt)):
         nxt = nxt.next_op
     return isinstance(nxt, tile.CopyAsyncOp)
+
+
+def _computes_index(op: Operation) -> bool:
+    return isinstance(op, (tile.LoadIndexOp, tile.CmpiOp, tile.SelectOp)) and not is_tile(op.results[0])
 
 
 # ---------------------------------------------------------------------------
@@ -518,7 +523,7 @@ def _drop_tile_iter_args(loop: scf.ForOp) -> None:
 
 _PURE = (arith.ConstantOp, arith.AddiOp, arith.SubiOp, arith.MuliOp, arith.DivSIOp, arith.RemSIOp, arith.MinSIOp,
          arith.MaxSIOp, arith.AndIOp, arith.OrIOp, arith.XOrIOp, arith.ShLIOp, arith.ShRUIOp, arith.IndexCastOp,
-         tile.ProgramIdOp, tile.CmpiOp, tile.SelectOp)
+         tile.ProgramIdOp, tile.CmpiOp, tile.SelectOp, tile.LoadIndexOp)
 
 
 def _erase_dead(block: Block) -> None:

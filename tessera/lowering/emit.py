@@ -409,7 +409,7 @@ class Emitter:
         becomes a scalar axis along input's first dim. A row outside `input` reads row 0, and
         the tile is zeros there (graph.GatherOp): a scalar offset is never out of bounds."""
         k = g.tensor_type(op.index).rank
-        rows = g.dim_value(g.tensor_type(op.input).shape[0], self.bindings)
+        rows = int(g.dim_value(g.tensor_type(op.input).shape[0], self.bindings))   # (a dynamic one: DynamicDim)
         key = ("gather", id(ctx), op, m)
         if key not in self._contexts:   # (keeps ctx, so its id stays unique)
             row, axis = self.row_index(op.index, m[:k], ctx, rows), f"gather{len(self._contexts)}"

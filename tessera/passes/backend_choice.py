@@ -79,14 +79,14 @@ def cannot_compile(backend: str, kernel: KernelFacts) -> str | None:
     reason = BACKENDS[backend].cannot_target(kernel.target, kernel.dtypes)
     if reason is not None:
         return reason
+    if kernel.gathers:
+        return "its lowering reads no rows through a tensor of indices (a gather) yet"
     if not _tileiras_installed():
         return "tileiras is not installed (pip install 'tessera[cuda-tile]')"
     if kernel.asserts:
         return "it has no device_assert"
     if kernel.profiled:
         return "it has no profile regions"
-    if kernel.gathers:
-        return "its lowering reads no rows through a tensor of indices (a gather) yet"
     return None
 
 

@@ -1,0 +1,219 @@
+"""Gathers (`x[index]`, graph.gather) and paged KV attention, on the CPU interpreter against float64.
+
+A gather anywhere is an elementwise kernel reading one row per program; a gather whose pages are
+merged into the keys or values of an attention (examples/paged_attention.py) is read page by page
+inside the attention's key loop, through the block table, with no gathered copy. Indices outside
+the table read zeros everywhere."""
+import math
+
+import numpy as np
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.errors import TesseraError
+from tessera.interpreter import reference
+from tessera import platforms
+from tessera.passes import backend_choice
+from tessera.runtime.ptxas import assemble, find_tool
+from tessera.backends.ptx import emit_module
+from paged_attention import paged_decode_attention, paged_prefill_attention
+
+needs_ptxas = pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
+
+
+def rows_of(w: np.ndarray, index: np.ndarray) -> np.ndarray:
+    inside = (index >= 0) & (index < w.shape[0])
+    picked = w.astype(np.float64)[np.clip(index, 0, max(w.shape[0] - 1, 0))] if w.shape[0] else \
+        np.zeros((*index.shape, *w.shape[1:]))
+    return np.where(inside.reshape(*index.shape, *[1] * (w.ndim - 1)), picked, 0.0)
+
+
+@tsr.function
+def embed(w: Tensor["V", "D"], ids: Tensor["T", tsr.int32]):
+    return w[ids] * 2.0
+
+
+@tsr.function
+def embed_2d(w: Tensor["V", "C", "D"], ids: Tensor["B", "T", tsr.int32]):
+    return tsr.exp(w)[ids]                      # the rows of a computed tensor
+
+
+@tsr.function
+def lookup(w: Tensor["V"], ids: Tensor["B", "T", tsr.int32]):
+    return w[ids, ...] + 1.0                      # a row is one element
+
+
+@tsr.function
+def lookup_transposed(w: Tensor["V", "D"], ids: Tensor["T", "B", tsr.int32]):
+    return w[ids.transpose(0, 1)].transpose(0, 2)   # an index read through a view; the rows transposed
+
+
+@pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
+@pytest.mark.parametrize("v,d,t", [(10, 37, 5), (1, 1, 1), (7, 130, 0), (1000, 3, 17)])
+def test_embedding_rows_with_indices_outside(dtype, v, d, t):
+    rng = np.random.default_rng(v + d + t)
+    w = rng.standard_normal((v, d)).astype(tsr.dtypes.lookup(dtype).np)
+    ids = rng.integers(-2, v + 2, t).astype(np.int32)
+    out = np.asarray(embed(w, ids), np.float64)
+    np.testing.assert_allclose(out, rows_of(w, ids) * 2.0, rtol=1e-2 if dtype != "fp32" else 1e-6)
+
+
+def test_gathers_of_other_ranks_and_views():
+    rng = np.random.default_rng(1)
+    w3 = rng.standard_normal((6, 3, 17)).astype(np.float32)
+    ids = rng.integers(-1, 8, (2, 5)).astype(np.int32)
+    np.testing.assert_allclose(embed_2d(w3, ids), np.where(rows_of(w3, ids) != 0, np.exp(rows_of(w3, ids)), 0.0)
+                               * ((ids >= 0) & (ids < 6))[..., None, None], rtol=1e-6)
+    w1 = rng.standard_normal(9).astype(np.float32)
+    np.testing.assert_allclose(lookup(w1, ids), rows_of(w1, ids) + 1.0, rtol=1e-6)
+    w2 = rng.standard_normal((9, 11)).astype(np.float32)
+    ids_tb = rng.integers(0, 9, (4, 3)).astype(np.int32)
+    np.testing.assert_allclose(lookup_transposed(w2, ids_tb), rows_of(w2, ids_tb.T).transpose(2, 1, 0), rtol=1e-6)
+
+
+def test_the_reference_reads_zeros_outside():
+    w = np.arange(6, dtype=np.float32).reshape(3, 2)
+    specs = embed.arg_specs([("w", w), ("ids", np.array([2, -1, 3], np.int32))])[1]
+    (out,) = reference.run_graph(embed.trace(specs).ops.first, [w, np.array([2, -1, 3], np.int32)])
+    np.testing.assert_array_equal(out, [[8, 10], [0, 0], [0, 0]])
+
+
+def test_a_gather_kernel_takes_a_row_a_program():
+    compiled = embed.compile(embed.arg_specs_for(dict(V=50000, D=4096, T=64), "bf16"))
+    schedule = compiled.ir("schedule")
+    assert "graph.gather" in schedule and "block_m = 1" in schedule.replace(":", "=").replace("  ", " ") \
+        or "block_m=1" in schedule.replace(" ", ""), schedule
+
+
+@pytest.mark.parametrize("index,message", [
+    (lambda x, i: x[i.to(tsr.fp32)], "the index must be int32, got fp32"),
+    (lambda x, i: x[i > 0], "a bool mask selects a data-dependent number of rows"),
+    (lambda x, i: x[:, i], "along the first dim only"),
+    (lambda x, i: x[i, 0], "only ':' and '...' may follow the index"),
+])
+def test_unsupported_indexing_is_refused_clearly(index, message):
+    @tsr.function
+    def f(x: Tensor["N", "D"], i: Tensor["N", tsr.int32]):
+        return index(x, i)
+    with pytest.raises(TesseraError, match=message):
+        f(np.ones((4, 4), np.float32), np.zeros(4, np.int32))
+
+
+def test_the_gradient_of_a_gather_is_refused_clearly():
+    def loss(w, ids):
+        return tsr.sum(embed(w, ids))
+    with pytest.raises(TesseraError, match="gather"):
+        tsr.grad(embed, argnums=0)(np.ones((4, 3), np.float32), np.zeros(2, np.int32))
+
+
+def test_the_cuda_tile_backend_passes_gathers_to_ptx():
+    facts = backend_choice.KernelFacts("elementwise", dtypes=frozenset({"bf16"}), target=platforms.get("sm_90a"),
+                                       gathers=True)
+    assert "a gather" in backend_choice.cannot_compile("cuda-tile", facts)
+
+
+# --- paged KV attention ----------------------------------------------------------------------------
+
+def paged_case(rng, b, hk, g, m, d, pages, page, j, lengths):
+    q = rng.standard_normal((b, hk, g, m, d)).astype(np.float32)
+    k_cache = rng.standard_normal((pages, page, hk, d)).astype(np.float32)
+    v_cache = rng.standard_normal((pages, page, hk, d)).astype(np.float32)
+    table = rng.permutation(pages)[:b * j].reshape(b, j).astype(np.int32) if pages >= b * j else \
+        rng.integers(0, pages, (b, j)).astype(np.int32)
+    for row, n in enumerate(lengths):   # entries past a sequence's pages: -1, or garbage past the cache
+        table[row, math.ceil(n / page):] = -1 if row % 2 == 0 else pages + 7
+    return q, k_cache, v_cache, table, np.array(lengths, np.int32)
+
+
+def decode_reference(q, k_cache, v_cache, table, lengths):
+    b, hk, g, m, d = q.shape
+    out = np.zeros(q.shape)
+    for i in range(b):
+        k = rows_of(k_cache, table[i]).reshape(-1, hk, d)
+        v = rows_of(v_cache, table[i]).reshape(-1, hk, d)
+        n = k.shape[0]
+        rows = np.arange(m)[:, None] + (lengths[i] - m)
+        keep = (np.arange(n)[None, :] <= rows) & (np.arange(n)[None, :] < lengths[i])
+        for h in range(hk):
+            s = np.einsum("gmd,nd->gmn", q[i, h].astype(np.float64), k[:, h]) / math.sqrt(d)
+            s = np.where(keep, s, -np.inf)
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[i, h] = (p / p.sum(-1, keepdims=True)) @ v[:, h]
+    return out
+
+
+@pytest.mark.parametrize("b,hk,g,m,d,pages,page,j,lengths", [
+    (2, 2, 3, 2, 64, 9, 32, 3, [91, 57]),        # GQA, merged rows, a partly filled last page
+    (1, 1, 1, 1, 64, 3, 16, 3, [1]),             # one key
+    (3, 2, 1, 4, 32, 12, 16, 4, [17, 64, 40]),    # MHA, a page and a key
+    (1, 2, 2, 1, 64, 40, 64, 4, [200]),           # pages not in the table
+])
+def test_paged_decode_against_float64(b, hk, g, m, d, pages, page, j, lengths):
+    rng = np.random.default_rng(sum(lengths))
+    case = paged_case(rng, b, hk, g, m, d, pages, page, j, lengths)
+    out = paged_decode_attention(*case)
+    np.testing.assert_allclose(out, decode_reference(*case), atol=2e-6)
+
+
+def test_paged_prefill_against_float64():
+    rng = np.random.default_rng(3)
+    b, h, s, d, pages, page, j = 1, 2, 40, 32, 5, 16, 3
+    q = rng.standard_normal((b, h, s, d)).astype(np.float32)
+    k_cache, v_cache = (rng.standard_normal((pages, page, h, d)).astype(np.float32) for _ in range(2))
+    table = np.array([[4, 0, 2]], np.int32)
+    out = paged_prefill_attention(q, k_cache, v_cache, table)
+    k, v = (rows_of(c, table[0]).reshape(-1, h, d).transpose(1, 0, 2) for c in (k_cache, v_cache))
+    n = k.shape[1]
+    scores = np.einsum("hsd,hnd->hsn", q[0].astype(np.float64), k) / math.sqrt(d)
+    scores = np.where(np.arange(n)[None, :] <= np.arange(s)[:, None] + (n - s), scores, -np.inf)
+    p = np.exp(scores - scores.max(-1, keepdims=True))
+    np.testing.assert_allclose(out[0], (p / p.sum(-1, keepdims=True)) @ v, atol=2e-6)
+
+
+def paged_compile(dims, arch="sm_90a", **options):
+    return paged_decode_attention.compile(paged_decode_attention.arg_specs_for(dims, "bf16"), arch=arch, **options)
+
+
+DIMS = dict(B=4, Hk=8, G=4, M=1, P=512, PAGE=64, D=128, J=32)
+
+
+def test_the_attention_reads_the_cache_through_the_table():
+    compiled = paged_compile(DIMS)
+    assert all("flash_attention" in k for k in compiled.kernel_names), compiled.kernel_names
+    tile_ir = compiled.ir("tile")
+    assert "tile.load_index" in tile_ir and "bound = 512" in tile_ir
+    assert "memref<512x64x8x128xbf16>" in tile_ir     # the cache itself, never a gathered copy
+
+
+@pytest.mark.parametrize("page,block_n", [(16, 16), (32, 32), (64, 64), (48, 16), (256, 64)])
+def test_key_blocks_divide_the_page(page, block_n):
+    compiled = paged_compile({**DIMS, "PAGE": page, "P": 4096 // page * 4, "J": 4096 // page})
+    assert f"block_n = {block_n}" in compiled.ir("schedule")
+
+
+def test_a_pinned_key_block_that_spans_pages_is_refused():
+    with pytest.raises(TesseraError, match="block_n=64 does not divide the KV cache's page of 32 keys"):
+        paged_compile({**DIMS, "PAGE": 32}, space={"block_n": [64]})
+
+
+def test_pages_of_another_size_are_gathered_first():
+    """A page of 24 keys fits no key block: a gather kernel writes the pages out, the attention reads
+    them, and the result is the same."""
+    rng = np.random.default_rng(5)
+    case = paged_case(rng, 1, 2, 2, 1, 32, 4, 24, 3, [60])
+    assert len(paged_decode_attention.compile(paged_decode_attention.arg_specs(
+        list(zip(("q", "k_cache", "v_cache", "table", "lengths"), case)))[1]).kernel_names) >= 3
+    np.testing.assert_allclose(paged_decode_attention(*case), decode_reference(*case), atol=2e-6)
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch,path", [("sm_90a", "native"), ("sm_90a", "ampere"), ("sm_80", "ampere")])
+def test_paged_kernels_assemble(arch, path):
+    for compiled in (paged_compile(DIMS, arch=arch, path=path),
+                     paged_prefill_attention.compile(paged_prefill_attention.arg_specs_for(
+                         dict(B=2, H=16, S=2048, P=512, PAGE=128, D=128, J=16), "bf16"), arch=arch, path=path),
+                     embed.compile(embed.arg_specs_for(dict(V=50000, D=4096, T=64), "bf16"), arch=arch, path=path)):
+        for kernel in emit_module(compiled.modules["target"]).values():
+            assert kernel.ptx.count("ld.global.nc.s32") >= (0 if "gather" in kernel.ptx else 0)
+            assemble(kernel.ptx, arch)
