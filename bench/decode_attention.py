@@ -1,7 +1,7 @@
 """Decode attention: a few queries against a long KV cache (issue 16), Tessera against torch SDPA.
 
     python3 bench/decode_attention.py [--quick] [--queries 1,4,16] [--splits 1,4,16] [--space block_n=32,...]
-                                      [--kinds MHA]
+                                      [--kinds MHA] [--paged 16,64,256]
 
 Llama-3-style heads (32 query heads; 8 KV heads for GQA, 32 for MHA), D = 128, bf16, M = 1, 4 and 16
 queries per sequence (the last M positions: causal, the mask's diagonal at the bottom right), for
@@ -16,6 +16,12 @@ Python's launch cost, which a serving loop hides in a graph too), in us. "KV GB/
 bytes read per second; "of copy" is that against the device's copy bandwidth (a 1 GiB
 device-to-device copy, read + write bytes), the issue's goal being 0.9; "vs best" is the best
 peer's time over Tessera's (above 1: Tessera is faster).
+
+With --paged PAGE,...: the same K and V scattered into a paged cache ([P, PAGE, Hk, D], pages in
+a shuffled order, a block table per sequence) and read by examples/paged_attention.py's
+paged_decode_attention (the same attention, its keys gathered through the table and masked by
+each sequence's length); "of unpaged" is the unpaged Tessera kernel's time over the paged one's
+(issue 16's goal: at least 0.9).
 """
 from __future__ import annotations
 
@@ -31,6 +37,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 import tessera as tsr  # noqa: E402
 from decode_attention import gqa_decode_attention  # noqa: E402
+from paged_attention import paged_decode_attention  # noqa: E402
 from tessera.bench.timing import copy_bandwidth, rel_err  # noqa: E402
 
 HEADS, D = 32, 128
@@ -71,6 +78,20 @@ def reference(q, k, v):
     return torch.stack(out)
 
 
+def paged(k, v, page: int):
+    """K and V [B, Hk, N, D] as a paged cache: (k_cache, v_cache [P, PAGE, Hk, D] with the pages
+    shuffled, table [B, N / PAGE] int32)."""
+    b, hk, n, d = k.shape
+    j = n // page
+    order = torch.randperm(b * j, device=k.device)
+    caches = []
+    for x in (k, v):
+        cache = torch.empty(b * j, page, hk, d, device=x.device, dtype=x.dtype)
+        cache[order] = x.permute(0, 2, 1, 3).reshape(b * j, page, hk, d)
+        caches.append(cache)
+    return (*caches, order.to(torch.int32).view(b, j))
+
+
 def derived_split(dims: dict, space: dict) -> int:
     """The split_kv a call derives for these dims on this GPU (from its compile's schedule)."""
     from tessera.runtime import driver
@@ -90,7 +111,9 @@ def main() -> int:
                         "block_n=32,num_stages=3 (the split is still derived, or pinned by --splits)")
     parser.add_argument("--kinds", default=",".join(KV_HEADS), help=f"of {', '.join(KV_HEADS)}")
     parser.add_argument("--queries", default="1,4,16", help="query lengths M")
+    parser.add_argument("--paged", default="", help="page sizes: each case also read from a paged cache")
     args = parser.parse_args()
+    page_sizes = [int(x) for x in args.paged.split(",") if x]
     pins = [int(x) for x in args.splits.split(",") if x]
     pinned = {k: [int(v)] for k, v in (item.split("=") for item in args.space.split(",") if item)}
     copy = copy_bandwidth()
@@ -138,6 +161,21 @@ def main() -> int:
                     print(f"{label:<34} {split:>6} {us:9.1f} {gbs:8.0f} {gbs / copy:8.2f} "
                           + " ".join(f"{peers[p]:9.1f}" if peers[p] else f"{'n/a':>9}" for p in ("cudnn", "flash"))
                           + f" {best / us if best else float('nan'):8.2f} {err:8.1e}")
+                    unpaged = us if split == derived else unpaged
+                for page in (p for p in page_sizes if n % p == 0):
+                    k_cache, v_cache, table = paged(k, v, page)
+                    lengths = torch.full((b,), n, device="cuda", dtype=torch.int32)
+                    fn = tsr.function(paged_decode_attention.fn, space=pinned) if pinned else paged_decode_attention
+                    out = fn(qg, k_cache, v_cache, table, lengths)
+                    err = rel_err(out.view(b, HEADS, m, D), ref)
+                    if err > 2e-2:
+                        status = 1
+                    us = graph_us(lambda: fn(qg, k_cache, v_cache, table, lengths))
+                    gbs = kv_bytes / us / 1e3
+                    label = f"{kind} B={b} M={m} N={n} paged {page}"
+                    print(f"{label:<34} {'':>6} {us:9.1f} {gbs:8.0f} {gbs / copy:8.2f} {'':>9} {'':>9} "
+                          f"{'':>8} {err:8.1e}   of unpaged {unpaged / us:.2f}")
+                    del k_cache, v_cache
                 del q, k, v, qg, kg, vg
                 torch.cuda.empty_cache()
     return status

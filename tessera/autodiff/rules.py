@@ -22,7 +22,7 @@ import math
 from typing import Callable, Sequence
 
 from .. import dtypes
-from ..errors import DTypeError
+from ..errors import DTypeError, TesseraError
 from ..frontend import ops, torch_ops
 from ..frontend.tensor import Tensor
 
@@ -221,7 +221,14 @@ def _norm_statistic(op, g, y, x):
     return (-(g * y * y * y) * c * (1.0 / n),)
 
 
+def _gather(op, g, y, x, index):
+    raise TesseraError("the gradient of x[index] (a gather) with respect to x is a scatter-add (a row picked "
+                       "twice gets both gradients), which Tessera does not have yet; pass x as a constant "
+                       "(argnums) or compute the lookup outside the differentiated function")
+
+
 VJP_RULES: dict[str, Rule] = {
+    "graph.gather": _gather,
     **{f"graph.{kind}": rule for kind, rule in _ELEMENTWISE.items()},
     "graph.cast": lambda op, g, y, x: (g,),
     "graph.transpose": _transpose,

@@ -848,7 +848,9 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params["programs"] = (space_override or {}).get("programs", [planner.sm_count * per_sm])[0]
     pinned = space_override or {}
     if group.kind == "elementwise" and any(isinstance(op, g.GatherOp) for op in block.ops):
-        params.update(_gather_blocks(group, planner))
+        blocks = _gather_blocks(group, planner)   # (no tuning moves them)
+        params.update(blocks)
+        space = {**space, **{k: [v] for k, v in blocks.items()}}
     if group.kind == "flash_attention":
         params.update(_paged_key_block(block, planner, params, pinned))
     if group.kind == "gemm" and planner.platform and "split_k" not in pinned:

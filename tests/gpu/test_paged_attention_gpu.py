@@ -11,7 +11,7 @@ import pytest
 import tessera as tsr
 from tessera import Tensor
 from paged_attention import paged_decode_attention, paged_prefill_attention
-from test_kernels import PATHS, TOL, check, run
+from test_kernels import PATHS, check, run
 
 
 def paged_inputs(torch, spec, gen, lengths):
