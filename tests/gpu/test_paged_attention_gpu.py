@@ -99,7 +99,7 @@ def embed(w: Tensor["V", "D"], ids: Tensor["B", "T", tsr.int32]):
 
 
 @pytest.mark.parametrize("dtype", ["fp32", "fp16", "bf16"])
-@pytest.mark.parametrize("v,d,b,t", [(1000, 777, 3, 17), (7, 1, 1, 1), (50, 4096, 1, 0)])
+@pytest.mark.parametrize("v,d,b,t", [(1000, 777, 3, 17), (7, 1, 1, 1), (50, 4096, 1, 2)])
 def test_gather_rows(torch_cuda, dtype, v, d, b, t):
     """Rows picked by an index tensor, one outside the table on each side (zeros), then scaled."""
     torch = torch_cuda
@@ -114,3 +114,10 @@ def test_gather_rows(torch_cuda, dtype, v, d, b, t):
     (w, ids), (out,) = run(embed, dict(V=v, D=d, B=b, T=t), dtype, torch, make=make)
     inside = ((ids >= 0) & (ids < v))[..., None]
     check(out, w.double()[ids.clamp(0, v - 1).long()] * inside * 2.0, dtype, torch)
+
+
+def test_gather_of_no_rows(torch_cuda):
+    torch = torch_cuda
+    w = torch.randn(50, 64, device="cuda", dtype=torch.bfloat16)
+    out = embed(w, torch.zeros(2, 0, device="cuda", dtype=torch.int32))
+    assert tuple(out.shape) == (2, 0, 64)
