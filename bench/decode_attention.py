@@ -164,13 +164,13 @@ def main() -> int:
                     unpaged = us if split == derived else unpaged
                 for page in (p for p in page_sizes if n % p == 0):
                     k_cache, v_cache, table = paged(k, v, page)
-                    lengths = torch.full((b,), n, device="cuda", dtype=torch.int32)
+                    in_use = torch.full((b,), n, device="cuda", dtype=torch.int32)   # every key of the cache
                     fn = tsr.function(paged_decode_attention.fn, space=pinned) if pinned else paged_decode_attention
-                    out = fn(qg, k_cache, v_cache, table, lengths)
+                    out = fn(qg, k_cache, v_cache, table, in_use)
                     err = rel_err(out.view(b, HEADS, m, D), ref)
                     if err > 2e-2:
                         status = 1
-                    us = graph_us(lambda: fn(qg, k_cache, v_cache, table, lengths))
+                    us = graph_us(lambda: fn(qg, k_cache, v_cache, table, in_use))
                     gbs = kv_bytes / us / 1e3
                     label = f"{kind} B={b} M={m} N={n} paged {page}"
                     print(f"{label:<34} {'':>6} {us:9.1f} {gbs:8.0f} {gbs / copy:8.2f} {'':>9} {'':>9} "
