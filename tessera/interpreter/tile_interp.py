@@ -507,13 +507,10 @@ def _load(c: Compiler, op: tile.LoadOp) -> Step:
 
 
 def _load_index(c: Compiler, op: tile.LoadIndexOp) -> Step:
-    bound = op.bound.value.data
+    window = Window((), (), op.src.type.get_num_dims())
     src, offs, out = c.slot(op.src), [c.slot(v) for v in op.offsets], c.out(op)
 
-    def step(f):
-        buf, at = f[src], [int(f[o]) for o in offs]
-        value = int(buf[tuple(at)]) if all(0 <= i < n for i, n in zip(at, buf.shape)) else bound
-        f[out] = np.int64(value if 0 <= value < bound else bound)
+    def step(f): f[out] = np.int64(window.read(f[src], [f[o] for o in offs], np.zeros((), np.int32)))
     return step
 
 

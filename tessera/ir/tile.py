@@ -442,21 +442,20 @@ class LoadOp(IRDLOperation):
 
 @irdl_op_definition
 class LoadIndexOp(IRDLOperation):
-    """One int32 element of a global memref as an index (a gather's row: a block table's page),
-    uniform over the program: the element at `offsets` where they lie inside `src` and it lies in
-    [0, bound), else `bound`. A tile read at row `bound` of a tensor of `bound` rows is padding, so
-    a gather through this index never leaves its tensor, whatever the table holds."""
+    """One int32 element of a global memref as an index, uniform over the program: a gather's row
+    (a block table's page), a sequence's length bounding a key loop. Its offsets lie inside `src`,
+    as every scalar offset does; what the element may be (a row outside the gathered tensor) is
+    the reader's to check, in ops a dump shows."""
 
     name = "tile.load_index"
     src = operand_def(MemRefType)
     offsets = var_operand_def(IndexType)
-    bound = prop_def(IntegerAttr)
     result = result_def(IndexType)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "$src `[` $offsets `]` attr-dict `:` type($src)"
 
-    def __init__(self, src: Value, offsets: Sequence[Value], bound: int):
-        super().__init__(operands=[src, offsets], properties={"bound": _i64(bound)}, result_types=[IndexType()])
+    def __init__(self, src: Value, offsets: Sequence[Value]):
+        super().__init__(operands=[src, offsets], result_types=[IndexType()])
 
     def verify_(self) -> None:
         src_t = self.src.type
@@ -464,7 +463,6 @@ class LoadIndexOp(IRDLOperation):
         _require(not is_shared(src_t), self, "source must be a global memref")
         _require(_element_type(src_t) == i32, self, f"source must hold i32 indices, got {src_t}")
         _require_offsets(self, self.offsets, src_t)
-        _require(self.bound.value.data >= 0, self, f"bound must be non-negative, got {self.bound.value.data}")
 
 
 @irdl_op_definition

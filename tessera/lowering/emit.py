@@ -386,11 +386,11 @@ class Emitter:
             v = op.input
         return v, m
 
-    def row_index(self, index: SSAValue, index_map: Map, ctx: TileCtx, rows: int) -> SSAValue:
-        """The row a gather reads: its index tensor's element at this tile (whose dims walk
-        `index_map`, each a program index: a scalar axis or a tiled one of one element), as
-        tile.load_index gives it (`rows`, a padding row, for one outside [0, rows))."""
-        src, src_map = self.source(index, index_map, "a gather's index")
+    def index_at(self, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
+        """Int tensor `v`'s element at this tile, as an index: each of its dims (walking `m`) a
+        program index (a scalar axis, or a tiled one of one element), `v` an input read through
+        views at most (a gather's index, a sequence's length)."""
+        src, src_map = self.source(v, m, "a tensor read as an index (a gather's rows, a length)")
         offsets = []
         for axis in src_map:
             if axis in ctx.scalars:
@@ -400,9 +400,9 @@ class Emitter:
             elif axis is None:
                 offsets.append(self.b.index(0))
             else:
-                raise TesseraError(f"a gather's index walks axis {axis} in tiles of {ctx.tiled[axis][1]}: "
+                raise TesseraError(f"a tensor read as an index walks axis {axis} in tiles of {ctx.tiled[axis][1]}: "
                                    f"each of its elements must be a program's own (fusion's _gather_blocks)")
-        return self.b(t.LoadIndexOp(self.params[src], offsets, rows))
+        return self.b(t.LoadIndexOp(self.params[src], offsets))
 
     def _gather(self, op: g.GatherOp, m: Map, ctx: TileCtx) -> SSAValue:
         """`input[index]` on the tile: the tile's row of `input` is one index (`row_index`), which
@@ -412,7 +412,7 @@ class Emitter:
         rows = int(g.dim_value(g.tensor_type(op.input).shape[0], self.bindings))   # (a dynamic one: DynamicDim)
         key = ("gather", id(ctx), op, m)
         if key not in self._contexts:   # (keeps ctx, so its id stays unique)
-            row, axis = self.row_index(op.index, m[:k], ctx, rows), f"gather{len(self._contexts)}"
+            row, axis = self.index_at(op.index, m[:k], ctx), f"gather{len(self._contexts)}"
             inside = self.b(t.CmpiOp(row, self.b.index(rows), "ult"))
             safe = self.b(t.SelectOp(inside, row, self.b.index(0)))
             self._contexts[key] = (ctx, TileCtx(ctx.tiled, {**ctx.scalars, axis: safe}), inside, axis)

@@ -756,14 +756,16 @@ class Pages:
     """How a paged operand (`graph.paged_view`: a KV cache gathered page by page through a block
     table, its pages merged into the keys' axis) finds a tile: `table`, the block table's kernel
     input, whose dims walk `table_map` (its last dim: pages along `axis`); `page`, the keys a page
-    holds; `count`, the cache's pages. A tile along `axis` lies within one page (fusion's
-    `_paged_key_block`): it is the cache's page `table[..., n0 // page]` from row n0 % page."""
+    holds; `count`, the cache's pages; `listed`, the table's pages a sequence. A tile along `axis`
+    lies within one page (fusion's `_paged_key_block`): it is the cache's page
+    `table[..., n0 // page]` from row n0 % page."""
 
     table: SSAValue
     table_map: Map
     axis: str
     page: int
     count: int
+    listed: int     # the table's pages a sequence (its last dim)
 
 
 def source_of(kb: KernelBuild, v: SSAValue, m: Map) -> tuple[SSAValue, Map, Pages | None]:
@@ -783,7 +785,8 @@ def source_of(kb: KernelBuild, v: SSAValue, m: Map) -> tuple[SSAValue, Map, Page
         k = g.tensor_type(gather.index).rank
         table, table_map = kb.em.source(gather.index, m[:k], f"{kb.sk.sym_name.data}: a block table")
         cache_t = g.tensor_type(gather.input)
-        pages = Pages(table, table_map, m[k - 1], kb.size(cache_t.shape[1]), kb.size(cache_t.shape[0]))
+        pages = Pages(table, table_map, m[k - 1], kb.size(cache_t.shape[1]), kb.size(cache_t.shape[0]),
+                      kb.size(g.tensor_type(gather.index).shape[-1]))
         v, m = gather.input, (PAGE_AXIS, m[k - 1], *m[k:])
     return v, m, pages
 
@@ -824,9 +827,11 @@ def _access(kb: KernelBuild, o: Operand, offsets: dict[str, SSAValue],
         return offs, tile_dims
     b, n0 = kb.b, offsets[p.axis]
     page_of, row = b(arith.DivSIOp(n0, b.index(p.page))), b(arith.RemSIOp(n0, b.index(p.page)))
-    at = [page_of if a == p.axis else scalars[a] if a in scalars else b.index(0) for a in p.table_map]
-    slot = b(t.LoadIndexOp(kb.em.params[p.table], at, p.count))
-    inside = b(t.CmpiOp(slot, b.index(p.count), "ult"))
+    listed = b(t.CmpiOp(page_of, b.index(p.listed), "slt"))   # (a copy past the keys' end is not)
+    at = [b(t.SelectOp(listed, page_of, b.index(0))) if a == p.axis else scalars[a] if a in scalars
+          else b.index(0) for a in p.table_map]
+    slot = b(t.LoadIndexOp(kb.em.params[p.table], at))
+    inside = b(arith.AndIOp(listed, b(t.CmpiOp(slot, b.index(p.count), "ult"))))
     offs[o.map.index(PAGE_AXIS)] = b(t.SelectOp(inside, slot, b.index(0)))
     offs[o.map.index(p.axis)] = b(t.SelectOp(inside, row, b.index(p.page)))
     return offs, tile_dims

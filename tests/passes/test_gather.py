@@ -184,7 +184,7 @@ def test_the_attention_reads_the_cache_through_the_table():
     compiled = paged_compile(DIMS)
     assert all("flash_attention" in k for k in compiled.kernel_names), compiled.kernel_names
     tile_ir = compiled.ir("tile")
-    assert "tile.load_index" in tile_ir and "bound = 512" in tile_ir
+    assert "tile.load_index" in tile_ir
     assert "memref<512x64x8x128xbf16>" in tile_ir     # the cache itself, never a gathered copy
 
 

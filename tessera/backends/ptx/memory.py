@@ -92,22 +92,10 @@ def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
 
 
 def _load_index(e: KernelEmitter, op: t.LoadIndexOp) -> None:
-    """One s32 element as an index, `bound` where the offsets leave the memref or the element
-    [0, bound) (one unsigned compare covers a negative one)."""
-    bound = op.bound.value.data
+    """One s32 element as an index (its offsets lie inside the memref, as scalar offsets do)."""
     terms = [(e.value(off), st) for off, st in zip(op.offsets, t.element_strides(op.src.type))]
-    inside = None
-    for d, off in enumerate(op.offsets):
-        q = e.new(PRED)
-        e.emit(f"setp.lt.u32 {q}, {e.value(off)}, {e.extent(op.src, d)};")
-        if inside is not None:
-            e.emit(f"and.pred {q}, {q}, {inside};")
-        inside = q
-    addr, r, ok = e.element_address(e.value(op.src), terms, 4, e.reach(op.src.type)), e.new(S32), e.new(PRED)
-    e.emit(f"mov.s32 {r}, {bound};")
-    e.emit(f"{f'@{inside} ' if inside else ''}ld.global.nc.s32 {r}, [{addr}];")
-    e.emit(f"setp.lt.u32 {ok}, {r}, {bound};")
-    e.emit(f"selp.s32 {r}, {r}, {bound}, {ok};")
+    addr, r = e.element_address(e.value(op.src), terms, 4, e.reach(op.src.type)), e.new(S32)
+    e.emit(f"ld.global.nc.s32 {r}, [{addr}];")
     e.env[op.result] = r
 
 
