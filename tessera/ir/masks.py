@@ -13,8 +13,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from xdsl.ir import SSAValue
+from xdsl.ir import Operation, SSAValue
 
+from .. import dtypes
 from ..ir import graph as g
 from ..ir.index_maps import Map, operand_maps
 
@@ -37,57 +38,158 @@ def _constant(v: SSAValue) -> float | None:
     return op.value.value.data if isinstance(op, g.ConstantOp) else None
 
 
-def index_expression(v: SSAValue, m: Map, bindings) -> tuple[str, int] | None:
-    """`v` as `arange` along an axis plus an integer constant: (axis, constant), or None."""
+@dataclass(frozen=True)
+class _Linear:
+    """An int index expression on a mask's tile: `axis`'s index (reduced `% modulo` if set) + `const`
+    + `value` (an int kernel input read per program, e.g. a sequence's length; its dims walk
+    `value_map`, none of them the tile's axes)."""
+
+    axis: str | None = None
+    const: int = 0
+    value: SSAValue | None = None
+    value_map: Map = ()
+    modulo: int | None = None
+
+    def plus(self, other: "_Linear") -> "_Linear | None":
+        if (self.axis and other.axis) or (self.value is not None and other.value is not None):
+            return None
+        a, b = (self, other) if self.axis or not other.axis else (other, self)
+        v = self if self.value is not None else other
+        return _Linear(a.axis, self.const + other.const, v.value, v.value_map, a.modulo)
+
+
+def _linear(v: SSAValue, m: Map, bindings, tile_axes: tuple[str, str]) -> _Linear | None:
+    """`v` as a `_Linear`, or None."""
     op = v.owner
+    c = _constant(v)
+    if c is not None:
+        return _Linear(const=int(c)) if float(c).is_integer() else None
     if isinstance(op, g.ArangeOp):
-        return (m[0], 0) if m[0] is not None else None
+        return _Linear(axis=m[0]) if m[0] is not None else None
+    if not isinstance(op, Operation):   # a kernel input: an int read per program
+        if any(a in tile_axes for a in m) or g.tensor_type(v).dtype != dtypes.int32:
+            return None
+        return _Linear(value=v, value_map=m)
     if isinstance(op, (g.ReshapeOp, g.TransposeOp, g.CastOp)):
+        if isinstance(op, g.CastOp) and g.tensor_type(v).dtype.is_float:
+            return None
         (inner,) = operand_maps(op, m, bindings)
-        return index_expression(op.operands[0], inner, bindings)
-    if isinstance(op, g.ElementwiseOp) and op.kind in ("add", "sub"):
-        a, b = op.inputs
-        ma, mb = operand_maps(op, m, bindings)
-        cb, ca = _constant(b), _constant(a)
-        if cb is not None and float(cb).is_integer():
-            inner = index_expression(a, ma, bindings)
-            return (inner[0], inner[1] + int(cb) * (1 if op.kind == "add" else -1)) if inner else None
-        if ca is not None and float(ca).is_integer() and op.kind == "add":
-            inner = index_expression(b, mb, bindings)
-            return (inner[0], inner[1] + int(ca)) if inner else None
+        return _linear(op.operands[0], inner, bindings, tile_axes)
+    if not isinstance(op, g.ElementwiseOp) or op.kind not in ("add", "sub", "remainder"):
+        return None
+    a, b = (_linear(x, xm, bindings, tile_axes) for x, xm in zip(op.inputs, operand_maps(op, m, bindings)))
+    if a is None or b is None:
+        return None
+    if op.kind == "add":
+        return a.plus(b)
+    if op.kind == "sub":   # minus a constant only
+        return None if b.axis or b.value is not None else _Linear(a.axis, a.const - b.const, a.value, a.value_map,
+                                                                  a.modulo)
+    # remainder: a bare index modulo a positive constant (query_groups' merged rows' query position)
+    if a.axis and a.const == 0 and a.value is None and a.modulo is None and not b.axis and b.value is None \
+            and b.const > 0:
+        return _Linear(a.axis, modulo=b.const)
     return None
 
 
-def column_bounds(softmax_input: SSAValue, m: Map, row_axis: str, col_axis: str, bindings) -> ColumnBounds:
-    """The bounds a `where(col REL row + c, s, -inf)` mask puts on the columns of each row."""
-    none = ColumnBounds(None, None)
+def index_expression(v: SSAValue, m: Map, bindings) -> tuple[str, int] | None:
+    """`v` as `arange` along an axis plus an integer constant: (axis, constant), or None."""
+    x = _linear(v, m, bindings, ())
+    return (x.axis, x.const) if x is not None and x.axis and x.value is None and x.modulo is None else None
+
+
+@dataclass(frozen=True)
+class ColumnLimit:
+    """A mask's upper bound on the columns a row keeps, beyond `ColumnBounds`: col < `const`
+    + `value` (if any: an int kernel input read per program, a sequence's length; its dims walk
+    `value_map`) + the row's index (`rows` "index"), or its index % `modulo` (`rows` "modulo": the
+    query position of rows merged from several heads' queries), or nothing (`rows` None)."""
+
+    const: int
+    value: SSAValue | None
+    value_map: Map
+    rows: str | None = None
+    modulo: int | None = None
+
+
+@dataclass(frozen=True)
+class MaskTerms:
+    """What a mask's conjuncts say: constant bounds relative to the row, and limits read at run time."""
+
+    bounds: ColumnBounds
+    limits: tuple[ColumnLimit, ...] = ()
+
+
+def _intersect(a: ColumnBounds, b: ColumnBounds) -> ColumnBounds:
+    lower = [x for x in (a.lower, b.lower) if x is not None]
+    upper = [x for x in (a.upper, b.upper) if x is not None]
+    return ColumnBounds(max(lower) if lower else None, min(upper) if upper else None)
+
+
+def mask_terms(cond: SSAValue, cond_map: Map, row_axis: str, col_axis: str, bindings) -> MaskTerms | None:
+    """The columns `cond` keeps for each row, where it is a conjunction (`&`) of comparisons of the
+    column index with a row index plus a constant (`ColumnBounds`) or with an upper limit read per
+    program (`ColumnLimit`: `col < length`, `col <= row + length - m`); None where a conjunct is
+    neither (the mask is then computed on every block)."""
+    op = cond.owner
+    while isinstance(op, (g.ReshapeOp, g.TransposeOp, g.CastOp)):
+        (cond_map,) = operand_maps(op, cond_map, bindings)
+        cond = op.operands[0]
+        op = cond.owner
+    if isinstance(op, g.ElementwiseOp) and op.kind == "logical_and":
+        parts = [mask_terms(x, xm, row_axis, col_axis, bindings)
+                 for x, xm in zip(op.inputs, operand_maps(op, cond_map, bindings))]
+        if None in parts:
+            return None
+        return MaskTerms(_intersect(parts[0].bounds, parts[1].bounds), parts[0].limits + parts[1].limits)
+    if not (isinstance(op, g.ElementwiseOp) and op.kind in _RELATION):
+        return None
+    tile_axes = (row_axis, col_axis)
+    left, right = (_linear(v, vm, bindings, tile_axes) for v, vm in zip(op.inputs, operand_maps(op, cond_map, bindings)))
+    if left is None or right is None:
+        return None
+    if left.axis == col_axis and left.value is None and left.modulo is None and right.axis != col_axis:
+        relation, other, shift = _RELATION[op.kind][0], right, left.const
+    elif right.axis == col_axis and right.value is None and right.modulo is None and left.axis != col_axis:
+        relation, other, shift = _RELATION[op.kind][1], left, right.const
+    else:
+        return None
+    c = other.const - shift            # col REL other - shift
+    if other.axis not in (None, row_axis):
+        return None
+    if other.value is None and other.modulo is None and other.axis == row_axis:
+        return MaskTerms({"le": ColumnBounds(None, c), "lt": ColumnBounds(None, c - 1),
+                          "ge": ColumnBounds(c, None), "gt": ColumnBounds(c + 1, None)}[relation])
+    if relation not in ("le", "lt"):
+        return None                    # (a lower limit read at run time, or of merged rows: not kept)
+    rows = None if other.axis is None else "modulo" if other.modulo else "index"
+    return MaskTerms(ColumnBounds(None, None),
+                     (ColumnLimit(c + (relation == "le"), other.value, other.value_map, rows, other.modulo),))
+
+
+def attention_mask(softmax_input: SSAValue, m: Map, row_axis: str, col_axis: str, bindings) -> MaskTerms | None:
+    """The terms of a `where(cond, s, -inf)` mask (`mask_terms`), or None."""
     op = softmax_input.owner
     if not (isinstance(op, g.ElementwiseOp) and op.kind == "where"):
-        return none
+        return None
     fill = _constant(op.inputs[2])
     if fill is None or not (math.isinf(fill) and fill < 0):
-        return none
-    return condition_bounds(op.inputs[0], operand_maps(op, m, bindings)[0], row_axis, col_axis, bindings)
+        return None
+    return mask_terms(op.inputs[0], operand_maps(op, m, bindings)[0], row_axis, col_axis, bindings)
+
+
+def column_bounds(softmax_input: SSAValue, m: Map, row_axis: str, col_axis: str, bindings) -> ColumnBounds:
+    """The bounds a `where(col REL row + c, s, -inf)` mask (or a conjunction of such) puts on the
+    columns of each row; unbounded where the mask has any other term."""
+    terms = attention_mask(softmax_input, m, row_axis, col_axis, bindings)
+    return terms.bounds if terms is not None and not terms.limits else ColumnBounds(None, None)
 
 
 def condition_bounds(cond: SSAValue, cond_map: Map, row_axis: str, col_axis: str, bindings) -> ColumnBounds:
-    """The columns a condition `col REL row + c` holds at, for each row (unbounded when it is not
-    such a comparison)."""
-    none = ColumnBounds(None, None)
-    cmp = cond.owner
-    if not (isinstance(cmp, g.ElementwiseOp) and cmp.kind in _RELATION):
-        return none
-    left, right = (index_expression(v, vm, bindings) for v, vm in zip(cmp.inputs, operand_maps(cmp, cond_map, bindings)))
-    if left is None or right is None:
-        return none
-    if (left[0], right[0]) == (col_axis, row_axis):
-        relation, c = _RELATION[cmp.kind][0], right[1] - left[1]
-    elif (left[0], right[0]) == (row_axis, col_axis):
-        relation, c = _RELATION[cmp.kind][1], left[1] - right[1]
-    else:
-        return none
-    return {"le": ColumnBounds(None, c), "lt": ColumnBounds(None, c - 1),
-            "ge": ColumnBounds(c, None), "gt": ColumnBounds(c + 1, None)}[relation]
+    """The columns a condition `col REL row + c` (or a conjunction of such) holds at, for each row
+    (unbounded when it has any other term)."""
+    terms = mask_terms(cond, cond_map, row_axis, col_axis, bindings)
+    return terms.bounds if terms is not None and not terms.limits else ColumnBounds(None, None)
 
 
 def masked_value(v: SSAValue, cond: SSAValue, memo: dict | None = None) -> float | None:

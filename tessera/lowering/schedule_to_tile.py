@@ -45,7 +45,7 @@ from . import profile
 from ..ir import index_maps
 from ..ir.index_maps import Map, matmul_operand_maps, operand_maps
 from .emit import Builder, Emitter, TileCtx, compare, convert, select, to_storage
-from ..ir.masks import ColumnBounds, chain_bounds, column_bounds
+from ..ir.masks import ColumnBounds, ColumnLimit, attention_mask, chain_bounds
 
 
 def cdiv(a: int, b: int) -> int:
@@ -1348,7 +1348,8 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     axes, sizes, tile, p = att.axes, att.sizes, att.tile, kb.params
     kb.limit_warps(tile["m"] // 16)
     p_map, v_map = matmul_operand_maps(m2, axes, "n", kb.bindings)
-    bounds = column_bounds(sm.input, p_map, "m", "n", kb.bindings)
+    terms = attention_mask(sm.input, p_map, "m", "n", kb.bindings)
+    bounds = terms.bounds if terms is not None else ColumnBounds(None, None)
     query_block, batch_index = _ordered_program(kb, *att.grid()[:2], bounds,
                                                 heavy_first=split is None and p.get("heavy_first", 0))
     scalars = kb.batch_indices(batch_index, att.batch)
@@ -1362,7 +1363,9 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     (q_tile,) = _resident_tiles(kb, [(q, {"m": m0, "d": zero})], scalars, zero)
     block = [tile["m"], tile["n"]]
 
-    where = sm.input.owner if bounds != ColumnBounds(None, None) else None   # where(cond, s, -inf)
+    where = sm.input.owner if terms is not None and (bounds != ColumnBounds(None, None) or terms.limits) \
+        else None   # where(cond, s, -inf)
+    kept = _kept_columns(kb, terms.limits, m0, tile, scalars) if where is not None and terms.limits else None
     tail = sizes["n"] % tile["n"] != 0   # the last key block is partial
     scales: list[float] = []             # the constant the scores are scaled by (one per block, all equal)
 
@@ -1396,7 +1399,8 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
                 keep.append(_col_mask(kb, n0, tile["n"], key_limit, block))
             keep_all = keep[0] if len(keep) == 1 else kb.b(arith.AndIOp(keep[0], keep[1]))
             return [select(kb.b, keep_all, x, kb.b.full(-math.inf, block))]
-        inside = _block_unmasked(kb, n0, m0, tile, bounds if where is not None else None, key_limit)
+        inside = _block_unmasked(kb, n0, m0, tile, bounds if where is not None else None, key_limit,
+                                 kept[0] if kept else None)
         (x,) = _if(kb.b, inside, lambda: [x], mask)
         return x, scale
 
@@ -1416,7 +1420,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
             return kb.b(t.MmaOp(probs, v_tile, acc, transpose_b=operand_layout(v, ("n", "e"))))
 
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
-    steps = _key_blocks(kb, bounds, m0, tile, sizes["n"])
+    steps = _key_blocks(kb, bounds, m0, tile, sizes["n"], kept[1] if kept else None)
     fixed = {"d": zero, "e": zero}
     if split is None and p.get("qk_ahead") and p["num_stages"] >= 3 and kb.stage_operands:
         key_limit = _key_limit(kb, steps[1], tile["n"], sizes["n"])
@@ -1561,12 +1565,39 @@ def _key_limit(kb: KernelBuild, end: int | SSAValue, bn: int, n_keys: int) -> in
     return kb.b(arith.MinSIOp(kb.mul(end, bn), kb.b.index(n_keys)))
 
 
+def _kept_columns(kb: KernelBuild, limits: tuple[ColumnLimit, ...], m0: SSAValue, tile: dict[str, int],
+                  scalars: dict[str, SSAValue]) -> tuple[SSAValue, SSAValue]:
+    """(every, any) for query block [m0, m0 + BM) under a mask's column limits (`ColumnLimit`, read
+    per program: a sequence's length): every row keeps the columns below `every`, and no row one at
+    or past `any`; a key block below `every` needs no mask, the key loop stops at `any`."""
+    b = kb.b
+    every = any_ = None
+    for limit in limits:
+        base = b.index(limit.const)
+        if limit.value is not None:
+            value = kb.em.index_at(limit.value, limit.value_map, TileCtx({}, scalars))
+            base = b(arith.AddiOp(base, value))
+        if limit.rows == "index":      # the block's rows m0 .. m0 + BM - 1
+            low, high = b(arith.AddiOp(base, m0)), b(arith.AddiOp(base, b(arith.AddiOp(m0, b.index(tile["m"] - 1)))))
+        elif limit.rows == "modulo":   # a query position of merged rows: 0 .. modulo - 1
+            low, high = base, b(arith.AddiOp(base, b.index(limit.modulo - 1)))
+        else:
+            low = high = base
+        every = low if every is None else b(arith.MinSIOp(every, low))
+        any_ = high if any_ is None else b(arith.MinSIOp(any_, high))
+    return every, any_
+
+
 def _block_unmasked(kb: KernelBuild, n0: SSAValue, m0: SSAValue, tile: dict[str, int],
-                    bounds: ColumnBounds | None, n_keys: int | SSAValue | None) -> SSAValue:
+                    bounds: ColumnBounds | None, n_keys: int | SSAValue | None,
+                    kept: SSAValue | None = None) -> SSAValue:
     """i1: every column of key block [n0, n0 + BN) is inside the mask's bounds for every query row
-    of [m0, m0 + BM), and inside the `n_keys` keys (None: no such limit), so no element is masked."""
+    of [m0, m0 + BM), inside the `n_keys` keys (None: no such limit) and below `kept` (the columns
+    every row's column limits keep: `_kept_columns`), so no element is masked."""
     b, bm, bn = kb.b, tile["m"], tile["n"]
     tests = []
+    if kept is not None:                                  # n0 + BN <= kept
+        tests.append(b(t.CmpiOp(b(arith.AddiOp(n0, b.index(bn))), kept, "sle")))
     if bounds is not None and bounds.upper is not None:   # n0 + BN - 1 <= m0 + upper
         tests.append(b(t.CmpiOp(b(arith.AddiOp(n0, b.index(bn - 1 - bounds.upper))), m0, "sle")))
     if bounds is not None and bounds.lower is not None:   # n0 >= m0 + BM - 1 + lower
@@ -1595,8 +1626,10 @@ def _if(b: Builder, cond: SSAValue, then: Callable, otherwise: Callable) -> list
     return list(op.results)
 
 
-def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_keys: int) -> tuple:
-    """[first, end) of the key blocks a query block [m0, m0 + BM) can see under the mask's bounds."""
+def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_keys: int,
+                kept: SSAValue | None = None) -> tuple:
+    """[first, end) of the key blocks a query block [m0, m0 + BM) can see under the mask's bounds,
+    and below `kept` (no row keeps a column at or past it: `_kept_columns`)."""
     b, bn = kb.b, tile["n"]
     first: int | SSAValue = 0
     end: int | SSAValue = cdiv(n_keys, bn)
@@ -1607,6 +1640,10 @@ def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_k
     if bounds.lower is not None:  # columns >= m0 + lower
         cols = b(arith.MaxSIOp(b(arith.AddiOp(m0, b.index(bounds.lower))), b.index(0)))
         first = b(arith.DivSIOp(cols, b.index(bn)))
+    if kept is not None:          # columns < kept
+        cols = b(arith.MaxSIOp(kept, b.index(0)))
+        blocks = b(arith.DivSIOp(b(arith.AddiOp(cols, b.index(bn - 1))), b.index(bn)))
+        end = b(arith.MinSIOp(blocks, end if isinstance(end, SSAValue) else b.index(end)))
     return first, end
 
 

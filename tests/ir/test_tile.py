@@ -35,6 +35,7 @@ tessera.profile = ["every_op", "mainloop"]} {
     %c2 = arith.constant 2 : index
     %c32 = arith.constant 32 : index
     %om = arith.muli %pm, %c32 : index
+    %row = tile.load_index %stamps[%c0, %c0, %c1, %c0, %c2] : memref<1x2x3x2x4xi32>
     %on = arith.muli %pn, %c32 : index
     %sa = tile.alloc_shared : memref<2x32x16xf16, 3 : i64>
     %zero = arith.constant dense<0.000000e+00> : tensor<32x32xf32>
