@@ -10,8 +10,11 @@ bits rather than guessing them from the IR's shape.
 The model (a concrete abstract interpreter):
 
 * Each kernel runs for a few blocks (`program_ids`: first, middle and last of its grid, and
-  their neighbours). Scalar `arith`/`scf` ops are evaluated (compilation is specialised to
-  shapes, so every loop bound, stage index and parity is a number); tile data is not. A tensor value is a *marker* of who
+  their neighbours), and a kernel that reads indices from memory (`tile.load_index`: a page,
+  a sequence's length) once for each of a few values they may read (`INDEX_SAMPLES`). Scalar
+  `arith`/`scf` ops are evaluated (compilation is specialised to shapes, and such indices are
+  sampled, so every loop bound, stage index and parity is a number); tile data is not. A tensor
+  value is a *marker* of who
   wrote it: a wgmma group (`("wg", agent, group, op)`), registers written at clock t
   (`("reg", t)`), or a shared stage a wgmma reads through a descriptor (`("sh", stage)`).
 * Agents: the block (its threads run alike, as Tile IR promises); inside `warp_specialize`, the
@@ -279,8 +282,9 @@ def _wrap(v: int, bits: int) -> int:
 class _Run:
     """Runs one kernel for one program id and collects its hazards into `report`."""
 
-    def __init__(self, kernel: tgt.KernelOp, pid: tuple[int, ...], report, plans: dict):
+    def __init__(self, kernel: tgt.KernelOp, pid: tuple[int, ...], report, plans: dict, index_value: int = 0):
         self.kernel, self.pid, self._report, self.plans = kernel, pid, report, plans
+        self.index_value = index_value   # what every tile.load_index reads (`INDEX_SAMPLES`)
         self.env: dict = {}
         self.clock = 0
         self.agents: list[_Agent] = []
@@ -363,6 +367,9 @@ class _Run:
 
     def _program_id(self, agent: _Agent, op: Operation) -> None:
         self.env[op.results[0]] = self.pid[op.axis.value.data]
+
+    def _load_index(self, agent: _Agent, op: Operation) -> None:
+        self.env[op.results[0]] = self.index_value
 
     # control flow
 
@@ -666,6 +673,7 @@ def _nothing(run: _Run, agent: _Agent, op: Operation) -> None:
 #: ops that never wait: op name -> handler(run, agent, op)
 _STEPS = {
     "tile.program_id": _Run._program_id,
+    "tile.load_index": _Run._load_index,
     "tessera_target.allocate": _Run._allocate,
     "tessera_target.memcpy": _Run._memcpy,
     "tessera_target.cp_async_commit": _Run._cp_commit,
@@ -788,9 +796,18 @@ def check_kernel(kernel: tgt.KernelOp) -> list[Hazard]:
         found.setdefault((kind, id(op)), Hazard(kind, kernel.sym_name.data, op, message, pid))
 
     plans: dict = {}   # block -> its ops' handlers, shared by the blocks' runs
-    for pid in program_ids(kernel):
-        _Run(kernel, pid, report, plans).run()
+    reads_indices = any(op.name == "tile.load_index" for op in kernel.walk())
+    for value in INDEX_SAMPLES if reads_indices else (0,):
+        for pid in program_ids(kernel):
+            _Run(kernel, pid, report, plans, value).run()
     return list(found.values())
+
+
+#: what a kernel's tile.load_index ops read in its checked runs (one run per value and block): the
+#: data a loop bound comes from (a sequence's length) is no number at compile time, so each block
+#: runs with none, one, a few blocks' worth and more than every extent (a loop then runs its
+#: whole static trip count; a page table's entry then names no page)
+INDEX_SAMPLES = (0, 1, 200, 2 ** 20)
 
 
 def check_async(module: builtin.ModuleOp) -> list[Hazard]:

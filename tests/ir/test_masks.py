@@ -7,7 +7,9 @@ import pytest
 import tessera as tsr
 from tessera import Tensor
 from tessera.ir import graph as g
-from tessera.ir.masks import ColumnBounds, column_bounds
+from xdsl.ir import Block
+
+from tessera.ir.masks import ColumnBounds, attention_mask, column_bounds
 
 
 def bounds_of(mask, fill=-math.inf):
@@ -57,3 +59,52 @@ def test_causal_kernel_loops_over_visible_blocks_only():
     xs = [rng.standard_normal(s.shape).astype(np.float16) for s in specs]
     out, ref = compiled.run(*xs)[0].astype(np.float64), compiled.reference(*xs)[0]
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
+
+
+@pytest.mark.parametrize("mask,expected", [
+    (lambda i: (i[:, None] >= i[None, :]) & (i[None, :] >= i[:, None] - 4), ColumnBounds(-4, 0)),   # a window
+    (lambda i: (i[:, None] + 2 >= i[None, :]) & (i[:, None] >= i[None, :]), ColumnBounds(None, 0)),  # the tighter
+])
+def test_conjunctions_intersect(mask, expected):
+    assert bounds_of(mask) == expected
+
+
+def test_a_conjunct_of_another_kind_leaves_no_bounds():
+    assert bounds_of(lambda i: (i[:, None] >= i[None, :]) & (i[:, None] * 2 >= i[None, :])) == ColumnBounds(None, None)
+
+
+@tsr.function
+def by_length(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+              lengths: Tensor["B", tsr.int32]):
+    """Each sequence's last M positions against its first lengths[b] keys (a cache partly filled)."""
+    m, n = q.shape[-2], k.shape[-2]
+    length = lengths[:, None, None, None]
+    rows = tsr.arange(m)[:, None] + (length - m)
+    cols = tsr.arange(n)[None, :]
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(tsr.where((cols <= rows) & (cols < length), s, -math.inf), dim=-1), v)
+
+
+def test_limits_read_per_program_are_found():
+    module = by_length.trace(by_length.arg_specs_for(dict(B=2, H=1, M=3, N=40, D=16), "fp32"))
+    (sm,) = [op for op in module.walk() if isinstance(op, g.SoftmaxOp)]
+    terms = attention_mask(sm.input, ("b0", "b1", "m", "n"), "m", "n", g.bindings_of(module.ops.first))
+    assert terms.bounds == ColumnBounds(None, None)
+    assert sorted((limit.const, limit.rows) for limit in terms.limits) == [(-2, "index"), (0, None)]
+    assert all(isinstance(limit.value.owner, Block) for limit in terms.limits)   # the argument itself
+    assert column_bounds(sm.input, ("b0", "b1", "m", "n"), "m", "n", {}) == ColumnBounds(None, None)
+
+
+@pytest.mark.parametrize("lengths", [[40, 1], [17, 33], [3, 0], [-5, 200]])
+def test_a_kernel_stops_at_each_sequences_length(lengths):
+    """The key loop ends at the length read per program, and blocks below it skip the mask; a length
+    of 0 or below masks every key (NaN rows, as the reference's softmax of nothing), one past the
+    keys reads them all."""
+    specs = by_length.arg_specs_for(dict(B=2, H=2, M=3, N=40, D=16), "fp32")
+    compiled = by_length.compile(specs, space={"block_n": [16]})
+    assert "tile.load_index" in compiled.ir("tile")
+    rng = np.random.default_rng(sum(lengths))
+    xs = [rng.standard_normal(s.shape).astype(np.float32) for s in specs[:3]] + [np.array(lengths, np.int32)]
+    out, ref = compiled.run(*xs)[0].astype(np.float64), compiled.reference(*xs)[0]
+    np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
+    np.testing.assert_allclose(np.nan_to_num(out), np.nan_to_num(ref), atol=2e-6)

@@ -210,9 +210,12 @@ def test_pages_of_another_size_are_gathered_first():
 
 
 @needs_ptxas
+@pytest.mark.parametrize("queries", [1, 4, 16])
 @pytest.mark.parametrize("arch,path", [("sm_90a", "native"), ("sm_90a", "ampere"), ("sm_80", "ampere")])
-def test_paged_kernels_assemble(arch, path):
-    for compiled in (paged_compile(DIMS, arch=arch, path=path),
+def test_paged_kernels_assemble(arch, path, queries):
+    """Every paged kernel, the async checker running each block with the lengths and pages it
+    samples (conftest turns it on), then ptxas."""
+    for compiled in (paged_compile({**DIMS, "M": queries}, arch=arch, path=path),
                      paged_prefill_attention.compile(paged_prefill_attention.arg_specs_for(
                          dict(B=2, H=16, S=2048, P=512, PAGE=128, D=128, J=16), "bf16"), arch=arch, path=path),
                      embed.compile(embed.arg_specs_for(dict(V=50000, D=4096, T=64), "bf16"), arch=arch, path=path)):
