@@ -194,6 +194,13 @@ def test_key_blocks_divide_the_page(page, block_n):
     assert f"block_n = {block_n}" in compiled.ir("schedule")
 
 
+def test_smaller_key_blocks_take_more_stages():
+    def stages(page):
+        schedule = paged_compile({**DIMS, "PAGE": page, "P": 4096 // page * 4, "J": 4096 // page}).ir("schedule")
+        return int(schedule.split("num_stages = ")[1].split(" ")[0])
+    assert stages(16) == 2 * stages(64)
+
+
 def test_a_pinned_key_block_that_spans_pages_is_refused():
     with pytest.raises(TesseraError, match="block_n=64 does not divide the KV cache's page of 32 keys"):
         paged_compile({**DIMS, "PAGE": 32}, space={"block_n": [64]})
