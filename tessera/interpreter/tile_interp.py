@@ -523,15 +523,17 @@ def _store(c: Compiler, op: tile.StoreOp) -> Step:
 
 
 def _copy_async(c: Compiler, op: tile.CopyAsyncOp) -> Step:
-    shape = op.dst.type.get_shape()[1:]
+    shape = op.tile_shape
     window = Window(tile.int_values(op.tile_dims), shape, op.src.type.get_num_dims())
     padded = _padded(shape, op.padding.value.data, np_dtype(op.dst.type))
     src, dst, stage = c.slot(op.src), c.slot(op.dst), c.slot(op.stage)
     offs = [c.slot(v) for v in op.offsets]
+    start, count = op.rows
+    rows = slice(start, start + count)
 
     def step(f):
         data = window.read(f[src], [f[o] for o in offs], padded)
-        f[ASYNC_SLOT].open.append((f[dst], f[stage], data))
+        f[ASYNC_SLOT].open.append((f[dst], (f[stage], rows), data))
     return step
 
 

@@ -557,7 +557,9 @@ class AllocSharedOp(IRDLOperation):
 
 @irdl_op_definition
 class CopyAsyncOp(IRDLOperation):
-    """Starts copying a tile of global `src` into stage `stage` of shared `dst`."""
+    """Starts copying a tile of global `src` into stage `stage` of shared `dst`: the whole stage,
+    or with `dst_rows` = [start, count] its rows start .. start + count - 1 (a stage filled by
+    several copies: a paged KV cache's key block, a page a copy)."""
 
     name = "tile.copy_async"
     src = operand_def(MemRefType)
@@ -566,15 +568,29 @@ class CopyAsyncOp(IRDLOperation):
     offsets = var_operand_def(IndexType)
     tile_dims = prop_def(DenseArrayBase)
     padding = prop_def(FloatAttr, default_value=FloatAttr(0.0, f64))
+    dst_rows = opt_prop_def(DenseArrayBase)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = ("$src `[` $offsets `]` `,` $dst `[` $stage `]` attr-dict "
                        "`:` type($src) `,` type($dst)")
 
     def __init__(self, src: Value, dst: Value, stage: Value, offsets: Sequence[Value],
-                 tile_dims: Sequence[int], padding: float = 0.0):
-        super().__init__(
-            operands=[src, dst, stage, offsets],
-            properties={"tile_dims": _i64_array(tile_dims), "padding": FloatAttr(padding, f64)})
+                 tile_dims: Sequence[int], padding: float = 0.0, dst_rows: tuple[int, int] | None = None):
+        properties = {"tile_dims": _i64_array(tile_dims), "padding": FloatAttr(padding, f64)}
+        if dst_rows is not None:
+            properties["dst_rows"] = _i64_array(dst_rows)
+        super().__init__(operands=[src, dst, stage, offsets], properties=properties)
+
+    @property
+    def rows(self) -> tuple[int, int]:
+        """(first row, rows) of the stage the copy fills."""
+        if self.dst_rows is None:
+            return 0, self.dst.type.get_shape()[1]
+        start, count = int_values(self.dst_rows)
+        return start, count
+
+    @property
+    def tile_shape(self) -> list[int]:
+        return [self.rows[1], *self.dst.type.get_shape()[2:]]
 
     def verify_(self) -> None:
         src_t, dst_t = self.src.type, self.dst.type
@@ -582,9 +598,13 @@ class CopyAsyncOp(IRDLOperation):
         _require(not is_shared(src_t), self, "source must be a global memref")
         _require(is_shared(dst_t), self, f"destination {dst_t} must be in shared memory space 3")
         _require_offsets(self, self.offsets, src_t)
-        tile_shape = dst_t.get_shape()[1:]
-        _require_tile_dims(self, int_values(self.tile_dims), src_t.get_num_dims(), len(tile_shape),
-                           f"one stage of {dst_t} ({_fmt(tile_shape)})")
+        start, count = self.rows
+        _require(self.dst_rows is None or (len(int_values(self.dst_rows)) == 2 and start >= 0 and count > 0
+                                           and start + count <= dst_t.get_shape()[1]), self,
+                 f"dst_rows {list(int_values(self.dst_rows or _i64_array([])))} must be [start, count] inside a "
+                 f"stage of {dst_t}")
+        _require_tile_dims(self, int_values(self.tile_dims), src_t.get_num_dims(), len(self.tile_shape),
+                           f"the copied part of a stage of {dst_t} ({_fmt(self.tile_shape)})")
         _require_same_element(self, "source", src_t, "destination", dst_t)
 
 

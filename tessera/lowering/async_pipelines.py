@@ -147,14 +147,12 @@ def _pipes(kernel: tile.KernelOp) -> dict[SSAValue, _Pipe]:
     return by_buffer
 
 
-def _box(dst: MemRefType, src: MemRefType, tile_dims) -> tuple[int, ...]:
-    """A TMA box of `dst`'s tile: its rows along the row dim, one 128-byte span along the
+def _box(op: tile.CopyAsyncOp) -> tuple[int, ...]:
+    """A TMA box of a copy's tile: its rows along the row dim, one 128-byte span along the
     contiguous dim, 1 along every other dim."""
-    _, rows, _ = dst.get_shape()
-    rank = src.get_num_dims()
-    row_dim = tile_dims[0]
-    box_cols = TMA_ROW_BYTES // (dst.get_element_type().bitwidth // 8)
-    return tuple(rows if d == row_dim else box_cols if d == rank - 1 else 1 for d in range(rank))
+    rank, row_dim = op.src.type.get_num_dims(), tile.int_values(op.tile_dims)[0]
+    box_cols = TMA_ROW_BYTES // (op.dst.type.get_element_type().bitwidth // 8)
+    return tuple(op.rows[1] if d == row_dim else box_cols if d == rank - 1 else 1 for d in range(rank))
 
 
 # ---------------------------------------------------------------------------
@@ -228,15 +226,16 @@ class _Lowering:
             _erase(op)
             return
         src, dst = op.src, op.dst
-        box = _box(dst.type, src.type, tile.int_values(op.tile_dims))
+        box = _box(op)
         tmap = self.maps[(src, box)]
         rows, cols = dst.type.get_shape()[1:]
+        first_row = op.rows[0]   # (a copy of part of the stage: its rows of each 128-byte column span)
         box_cols = box[-1]
         offsets = list(op.offsets)
         for j in range(cols // box_cols):
             inner = offsets[-1] if j == 0 else at(arith.AddiOp(offsets[-1], at.index(j * box_cols)))
             self.pending.append(target.TmaLoadOp(tmap, [*offsets[:-1], inner], dst, op.stage,
-                                                 j * rows * TMA_ROW_BYTES, pipe.full))
+                                                 (j * rows + first_row) * TMA_ROW_BYTES, pipe.full))
         _erase(op)
 
     def commit(self, op: tile.AsyncCommitOp, at: _Insert) -> None:
@@ -477,7 +476,7 @@ def _tensor_maps(kernel: tile.KernelOp, at: _Insert) -> dict[tuple, SSAValue]:
     for op in kernel.walk():
         if isinstance(op, tile.CopyAsyncOp):
             src = op.src
-            box = _box(op.dst.type, src.type, tile.int_values(op.tile_dims))
+            box = _box(op)
             if (src, box) not in maps:
                 t: MemRefType = src.type
                 maps[(src, box)] = at(target.TensorMapOp(src, target.TensorMapType.of(

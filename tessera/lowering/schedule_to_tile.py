@@ -757,8 +757,8 @@ class Pages:
     table, its pages merged into the keys' axis) finds a tile: `table`, the block table's kernel
     input, whose dims walk `table_map` (its last dim: pages along `axis`); `page`, the keys a page
     holds; `count`, the cache's pages; `listed`, the table's pages a sequence. A tile along `axis`
-    lies within one page (fusion's `_paged_key_block`): it is the cache's page
-    `table[..., n0 // page]` from row n0 % page."""
+    at n0 lies within one page, `table[..., n0 // page]` from row n0 % page, or spans whole pages,
+    a copy each (fusion's `_paged_key_block`)."""
 
     table: SSAValue
     table_map: Map
@@ -844,13 +844,28 @@ def operand_layout(o: Operand, want: tuple[str, str]) -> bool:
 
 def _copy(kb: KernelBuild, o: Operand, smem: SSAValue, stage: SSAValue, offsets: dict[str, SSAValue],
           scalars: dict[str, SSAValue]) -> None:
-    offs, tile_dims = _access(kb, o, offsets, scalars)
-    kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims))
+    """Operand `o`'s tile at `offsets` into `stage` of `smem`: one copy, or for a paged operand whose
+    tile spans several pages, one copy of each page's rows (`tile.copy_async`'s `dst_rows`)."""
+    p = o.pages
+    if p is None or o.sizes[p.axis] <= p.page:
+        offs, tile_dims = _access(kb, o, offsets, scalars)
+        kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims))
+        return
+    if o.order[0] != p.axis or o.sizes[p.axis] % p.page:
+        raise TesseraError(f"{kb.sk.sym_name.data}: a tile of {o.sizes[p.axis]} keys over pages of {p.page} must "
+                           f"run its rows along the keys and span whole pages (fusion's _paged_key_block)")
+    for first in range(0, o.sizes[p.axis], p.page):
+        at = {**offsets, p.axis: kb.b(arith.AddiOp(offsets[p.axis], kb.b.index(first)))}
+        offs, tile_dims = _access(kb, o, at, scalars)
+        kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims, dst_rows=(first, p.page)))
 
 
 def _load(kb: KernelBuild, o: Operand, offsets: dict[str, SSAValue], scalars: dict[str, SSAValue]) -> SSAValue:
     """Operand `o`'s tile at `offsets` as a register tile read from global memory (the tile `_copy`
     would stage, in the same axis order; zero past the tensor's end)."""
+    if o.pages is not None and o.sizes[o.pages.axis] > o.pages.page:
+        raise TesseraError(f"{kb.sk.sym_name.data}: a tile spanning several pages is staged page by page; "
+                           f"this kernel loads its operands unstaged")
     offs, tile_dims = _access(kb, o, offsets, scalars)
     return kb.b(t.LoadOp(kb.em.params[o.value], offs, tile_dims, o.shape))
 

@@ -106,7 +106,7 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
     src: MemRefType = op.src.type
     dst: MemRefType = op.dst.type
     bits = src.get_element_type().bitwidth
-    rows, cols = dst.get_shape()[1:]
+    rows, cols = op.tile_shape
     stride_problem = tensor_maps.stride_problem(tile.element_strides(src), max(1, bits // 8))
     checks = [
         (op.padding.value.data == 0.0, "a copy padded with a value other than 0"),
@@ -116,6 +116,7 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
         (stride_problem is None, f"{stride_problem}"),
         (cols * bits // 8 % TMA_ROW_BYTES == 0, f"a tile {cols} elements wide (not whole 128-byte rows)"),
         (rows <= 256, f"a tile of {rows} rows (a TMA box has at most 256)"),
+        (op.rows[0] % 8 == 0, f"a copy into stage row {op.rows[0]} (the 128-byte swizzle repeats every 8 rows)"),
     ]
     return [why for ok, why in checks if not ok]
 
@@ -343,7 +344,7 @@ class LowerCopyAsync(RewritePattern):
         mechanism = platforms.copy_mechanism(self.platform, op.padding.value.data)
         rewriter.replace(op, target.MemcpyOp(
             op.dst, [op.stage], op.src, op.offsets, "global_to_shared", True, mechanism,
-            tuple(op.tile_dims.get_values()), op.padding))
+            tuple(op.tile_dims.get_values()), op.padding, op.dst_rows and op.rows))
 
 
 @dataclass

@@ -491,7 +491,7 @@ class _Run:
         else:
             agent.own["ld"] += 1
             write = _Write(op, "ld.global", agent, agent.own["ld"])
-        self._write(agent, op, stage, 0, write)
+        self._write(agent, op, stage, op.rows[0] if op.rows else 0, write)   # (copies of a stage's rows apart)
 
     def _cp_commit(self, agent: _Agent, op: Operation) -> None:
         agent.cp_commits += 1

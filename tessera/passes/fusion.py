@@ -852,7 +852,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params.update(blocks)
         space = {**space, **{k: [v] for k, v in blocks.items()}}
     if group.kind == "flash_attention":
-        params.update(_paged_key_block(block, planner, params, pinned, features))
+        params.update(_paged_key_block(block, planner, params, pinned))
     if group.kind == "gemm" and planner.platform and "split_k" not in pinned:
         # a split GEMM's partial products neither walk tiles nor warp-specialize: a pin of either wins
         wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize"))
@@ -896,34 +896,27 @@ def _gather_blocks(group: Group, planner: _Planner) -> dict[str, int]:
     return blocks
 
 
-def _paged_key_block(block: Block, planner: _Planner, params: dict[str, int], pinned: dict,
-                     features: dict[str, int]) -> dict[str, int]:
-    """An attention over a paged KV cache (`_Planner.paged`) reads a key block from one page: its
-    key blocks (block_n) divide the page, a power of two no larger than the default's. Smaller key
-    blocks take twice the default's pipeline stages (if the shared memory holds them): H200, decode
-    over 16-key pages (a quarter of the default's 64-key blocks), 32k keys, us for 2 / 4 / 8 stages
-    against unpaged: GQA 32/8, 16 queries, B=8: 345 / 304 / 366 against 273; 4 queries, B=1:
-    56.0 / 49.7 / 45.3 against 42.8; MHA, one query, B=8: 974 (2) / 1232 (8) against 921: 8 stages
-    cost blocks per SM (bench/decode_attention.py --paged 16, --space num_stages=4)."""
+def _paged_key_block(block: Block, planner: _Planner, params: dict[str, int], pinned: dict) -> dict[str, int]:
+    """An attention over a paged KV cache (`_Planner.paged`) reads each key block from whole pages,
+    a copy each, or from part of one: its key blocks (block_n) keep the default where the pages
+    divide it or it divides them, else shrink to the largest power of two dividing the page. H200,
+    GQA 32/8 decode over 16-key pages, 16 queries, B=8, 32k keys: 16-key blocks on 2 stages 345 us,
+    on 4 stages 304, 64-key blocks of four pages ... against 272 unpaged (bench/decode_attention.py
+    --paged 16)."""
     pages = {g.dim_value(g.tensor_type(op.input).shape[1], planner.bindings)
              for op in block.ops if isinstance(op, g.GatherOp)}
     if not pages:
         return {}
     page = math.gcd(*pages)
-    fits = page & -page   # the largest power of two dividing every page size
+    block_n = params["block_n"]
     if "block_n" in pinned:
-        if page % params["block_n"]:
-            raise TesseraError(f"the schedule space's block_n={params['block_n']} does not divide the KV cache's "
-                               f"page of {page} keys: a key block must lie within one page")
+        if page % block_n and block_n % page:
+            raise TesseraError(f"the schedule space's block_n={block_n} neither divides the KV cache's page of "
+                               f"{page} keys nor spans whole pages")
         return {}
-    chosen = {"block_n": min(params["block_n"], fits)}
-    if chosen["block_n"] < params["block_n"] and "num_stages" not in pinned:
-        stages = 2 * params["num_stages"]
-        while stages > params["num_stages"] and planner.max_shared is not None and s.shared_bytes(
-                "flash_attention", {**params, **chosen, "num_stages": stages}, features) > planner.max_shared:
-            stages -= 1
-        chosen["num_stages"] = stages
-    return chosen
+    if page % block_n == 0 or block_n % page == 0:
+        return {}
+    return {"block_n": min(block_n, page & -page)}   # (the largest power of two dividing the page)
 
 
 #: the output tiles of a native 16-bit GEMM, largest first, and the warps each takes: a GEMM whose default

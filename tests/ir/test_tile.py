@@ -43,6 +43,7 @@ tessera.profile = ["every_op", "mainloop"]} {
     %acc = scf.for %k = %c0 to %c2 step %c1 iter_args(%acc_1 = %zero) -> (tensor<32x32xf32>) {
       %ko = arith.muli %k, %c32 : index
       tile.copy_async %a[%om, %ko], %sa[%k] {tile_dims = array<i64: 0, 1>} : memref<77x100xf16>, memref<2x32x16xf16, 3 : i64>
+      tile.copy_async %a[%om, %ko], %sa[%k] {tile_dims = array<i64: 0, 1>, dst_rows = array<i64: 16, 16>} : memref<77x100xf16>, memref<2x32x16xf16, 3 : i64>
       tile.async_commit
       tile.async_wait {pending = 0 : i64}
       tile.barrier
@@ -231,9 +232,9 @@ def broadcast(in_shape, dims, shape):
     return tile.BroadcastOp(x, dims, shape)
 
 
-def copy_async(dst_type, tile_dims=(0, 1)):
+def copy_async(dst_type, tile_dims=(0, 1), dst_rows=None):
     src, dst, stage, i, j = values(MemRefType(f16, [77, 100]), dst_type, IndexType(), IndexType(), IndexType())
-    return tile.CopyAsyncOp(src, dst, stage, [i, j], tile_dims)
+    return tile.CopyAsyncOp(src, dst, stage, [i, j], tile_dims, dst_rows=dst_rows)
 
 
 def load_shared_wrong_shape():
@@ -270,7 +271,10 @@ VERIFIER_CASES = {
     "broadcast size": (lambda: broadcast((32,), (0,), (64, 64)),
                        "input dim 0 (size 32) cannot broadcast to result dim 0 (size 64)"),
     "copy_async stage shape": (lambda: copy_async(shared(2, 64, 32), tile_dims=(0,)),
-                               "tile_dims [0] has 1 entries but one stage of memref<2x64x32xf16, 3 : i64> (64x32) has rank 2"),
+                               "tile_dims [0] has 1 entries but the copied part of a stage of "
+                               "memref<2x64x32xf16, 3 : i64> (64x32) has rank 2"),
+    "copy_async rows": (lambda: copy_async(shared(2, 64, 32), dst_rows=(48, 32)),
+                        "dst_rows [48, 32] must be [start, count] inside a stage of memref<2x64x32xf16, 3 : i64>"),
     "copy_async space": (lambda: copy_async(MemRefType(f16, [2, 64, 32])), "destination memref<2x64x32xf16> must be in shared memory space 3"),
     "load_shared shape": (load_shared_wrong_shape, "result shape 64x64 differs from one stage of memref<2x64x32xf16, 3 : i64> (64x32)"),
     "alloc_shared space": (lambda: tile.AllocSharedOp.create(result_types=[MemRefType(f16, [2, 64, 32])]),

@@ -188,22 +188,23 @@ def test_the_attention_reads_the_cache_through_the_table():
     assert "memref<512x64x8x128xbf16>" in tile_ir     # the cache itself, never a gathered copy
 
 
-@pytest.mark.parametrize("page,block_n", [(16, 16), (32, 32), (64, 64), (48, 16), (256, 64)])
-def test_key_blocks_divide_the_page(page, block_n):
+@pytest.mark.parametrize("page,block_n,copies", [(16, 64, 4), (32, 64, 2), (64, 64, 1), (48, 16, 1),
+                                                  (256, 64, 1)])
+def test_key_blocks_span_whole_pages_or_part_of_one(page, block_n, copies):
+    """A key block of the default's 64 keys reads whole pages, a copy each (into its rows of the
+    stage), or part of one; a page of 48 keys takes 16-key blocks."""
     compiled = paged_compile({**DIMS, "PAGE": page, "P": 4096 // page * 4, "J": 4096 // page})
     assert f"block_n = {block_n}" in compiled.ir("schedule")
+    tile_ir = compiled.ir("tile")
+    if copies == 1:
+        assert "dst_rows" not in tile_ir
+    else:
+        assert all(f"dst_rows = array<i64: {j * page}, {page}>" in tile_ir for j in range(copies))
 
 
-def test_smaller_key_blocks_take_more_stages():
-    def stages(page):
-        schedule = paged_compile({**DIMS, "PAGE": page, "P": 4096 // page * 4, "J": 4096 // page}).ir("schedule")
-        return int(schedule.split("num_stages = ")[1].split(" ")[0])
-    assert stages(16) == 2 * stages(64)
-
-
-def test_a_pinned_key_block_that_spans_pages_is_refused():
-    with pytest.raises(TesseraError, match="block_n=64 does not divide the KV cache's page of 32 keys"):
-        paged_compile({**DIMS, "PAGE": 32}, space={"block_n": [64]})
+def test_a_pinned_key_block_across_part_of_a_page_is_refused():
+    with pytest.raises(TesseraError, match="block_n=64 neither divides the KV cache's page of 48 keys nor spans"):
+        paged_compile({**DIMS, "PAGE": 48, "P": 512, "J": 32}, space={"block_n": [64]})
 
 
 def test_pages_of_another_size_are_gathered_first():

@@ -171,30 +171,31 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
               and (shape[-1] * elem) % 16 == 0 and t.rows_aligned(src.type, 16 // elem)
               and (buf.cols * elem) % 16 == 0)
     chunk = 16 // elem if vector else 1
-    row, col, offsets, overhang = _thread_chunks(e, buf.rows, buf.cols // chunk, chunk)
+    start, rows = op.rows or (0, buf.rows)   # (the stage's rows this copy fills)
+    row, col, offsets, overhang = _thread_chunks(e, rows, buf.cols // chunk, chunk)
     offs = [e.value(v) for v in op.src_indices]
     # global element index of this thread's first chunk, and its coordinates along the two tile dims
     terms = [*((off, strides[d]) for d, off in enumerate(offs)), (row, strides[dims[0]]), (col, strides[dims[1]])]
     gbase = e.element_address(e.value(src), terms, elem, t.reach(src.type))
     sbase = stage_address(e, buf, stage)
-    first = _shared_slot(e, buf, sbase, row, 0, col, 0)
+    first = _shared_slot(e, buf, sbase, row, start, col, 0)
 
     def shared_slot(r_off: int, c_off: int) -> str:
         if c_off == 0 and r_off % SharedBuffer.SWIZZLE_PERIOD == 0:  # same swizzle as row + 0
             return f"{first}+{r_off * buf.row_bytes}"
-        return _shared_slot(e, buf, sbase, row, r_off, col, c_off)
+        return _shared_slot(e, buf, sbase, row, start + r_off, col, c_off)
 
     def in_tile(r_off: int) -> str | None:
         if not overhang:
             return None
         p = e.new(PRED)
-        e.emit(f"setp.lt.s32 {p}, {row}, {buf.rows - r_off};")
+        e.emit(f"setp.lt.s32 {p}, {row}, {rows - r_off};")
         return p
 
     def gbyte(r_off: int, c_off: int) -> int:
         return (r_off * strides[dims[0]] + c_off * strides[dims[1]]) * elem
 
-    if vector and _whole_tile(op, shape, dims, (buf.rows, buf.cols)):
+    if vector and _whole_tile(op, shape, dims, (rows, buf.cols)):
         ok, ok_c, src_at, size = e.new(PRED), e.new(PRED), e.new(U64), e.new(S32)
         e.emit(f"setp.lt.s32 {ok}, {offs[dims[0]]}, {shape[dims[0]]};")
         e.emit(f"setp.lt.s32 {ok_c}, {offs[dims[1]]}, {shape[dims[1]]};")
