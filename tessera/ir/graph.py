@@ -748,7 +748,7 @@ def paged_view(op: ReshapeOp, bindings: dict[str, int]) -> GatherOp | None:
     src = [dim_value(d, bindings) for d in tensor_type(op.input).shape]
     dst = [dim_value(d, bindings) for d in tensor_type(op.res).shape]
     k = tensor_type(gather.index).rank
-    if k < 1 or None in src or None in dst or any(is_dynamic(n) for n in src + dst):
+    if k < 1 or len(src) <= k or None in src or None in dst or any(is_dynamic(n) for n in src + dst):
         return None
     merged = src[:k - 1] + [src[k - 1] * src[k]] + src[k + 1:]
     return gather if merged == dst else None

@@ -61,9 +61,9 @@ class _Linear:
 def _linear(v: SSAValue, m: Map, bindings, tile_axes: tuple[str, str]) -> _Linear | None:
     """`v` as a `_Linear`, or None."""
     op = v.owner
-    c = _constant(v)
-    if c is not None:
-        return _Linear(const=int(c)) if float(c).is_integer() else None
+    if isinstance(op, g.ConstantOp):   # (a bool constant or a cast is no integer: no casts are looked through)
+        c = op.value.value.data
+        return _Linear(const=int(c)) if g.tensor_type(v).dtype != dtypes.bool_ and float(c).is_integer() else None
     if isinstance(op, g.ArangeOp):
         return _Linear(axis=m[0]) if m[0] is not None else None
     if not isinstance(op, Operation):   # a kernel input: an int read per program
@@ -71,8 +71,8 @@ def _linear(v: SSAValue, m: Map, bindings, tile_axes: tuple[str, str]) -> _Linea
             return None
         return _Linear(value=v, value_map=m)
     if isinstance(op, (g.ReshapeOp, g.TransposeOp, g.CastOp)):
-        if isinstance(op, g.CastOp) and g.tensor_type(v).dtype.is_float:
-            return None
+        if isinstance(op, g.CastOp) and not (g.tensor_type(v).dtype == g.tensor_type(op.input).dtype == dtypes.int32):
+            return None   # (a cast to bool, to a float or from one changes the value)
         (inner,) = operand_maps(op, m, bindings)
         return _linear(op.operands[0], inner, bindings, tile_axes)
     if not isinstance(op, g.ElementwiseOp) or op.kind not in ("add", "sub", "remainder"):

@@ -388,21 +388,43 @@ class Emitter:
 
     def index_at(self, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
         """Int tensor `v`'s element at this tile, as an index: each of its dims (walking `m`) a
-        program index (a scalar axis, or a tiled one of one element), `v` an input read through
-        views at most (a gather's index, a sequence's length)."""
-        src, src_map = self.source(v, m, "a tensor read as an index (a gather's rows, a length)")
+        program index (a scalar axis, or a tiled one of one element); `v` an input read through
+        views (a gather's index, a sequence's length), an `arange` (that index itself) or a
+        constant. An offset outside the input (a concatenation's shifted context reads every
+        input at every row) is clamped into it: what is read there is not used."""
+        while v not in self.params:
+            op = v.owner
+            if isinstance(op, g.ArangeOp):
+                return self._program_index(m[0], ctx)
+            if isinstance(op, g.ConstantOp) and float(op.value.value.data).is_integer():
+                return self.b.index(int(op.value.value.data))
+            if not isinstance(op, (g.TransposeOp, g.ReshapeOp)):
+                raise TesseraError(f"a tensor read as an index (a gather's rows, a length) must be an input, a view "
+                                   f"of one or an arange, not the result of {getattr(op, 'name', 'an argument')} "
+                                   f"inside the same kernel")
+            (m,) = operand_maps(op, m, self.bindings)
+            v = op.input
+        memref = self.params[v]
         offsets = []
-        for axis in src_map:
-            if axis in ctx.scalars:
-                offsets.append(ctx.scalars[axis])
-            elif axis in ctx.tiled and ctx.tiled[axis][1] == 1:
-                offsets.append(ctx.tiled[axis][0])
-            elif axis is None:
-                offsets.append(self.b.index(0))
-            else:
-                raise TesseraError(f"a tensor read as an index walks axis {axis} in tiles of {ctx.tiled[axis][1]}: "
-                                   f"each of its elements must be a program's own (fusion's _gather_blocks)")
-        return self.b(t.LoadIndexOp(self.params[src], offsets))
+        for d, (axis, n) in enumerate(zip(m, memref.type.get_shape())):
+            index = self._program_index(axis, ctx)
+            if axis is not None:
+                extent = self.b(t.DimOp(memref, d)) if n == t.DYNAMIC else self.b.index(n)
+                index = self.b(arith.MaxSIOp(self.b(arith.MinSIOp(index, self.b(arith.SubiOp(
+                    extent, self.b.index(1))))), self.b.index(0)))
+            offsets.append(index)
+        return self.b(t.LoadIndexOp(memref, offsets))
+
+    def _program_index(self, axis: str | None, ctx: TileCtx) -> SSAValue:
+        """This program's index along `axis`: a scalar axis, or a tiled one of one element."""
+        if axis is None:
+            return self.b.index(0)
+        if axis in ctx.scalars:
+            return ctx.scalars[axis]
+        if axis in ctx.tiled and ctx.tiled[axis][1] == 1:
+            return ctx.tiled[axis][0]
+        raise TesseraError(f"a tensor read as an index walks axis {axis} in tiles of {ctx.tiled[axis][1]}: "
+                           f"each of its elements must be a program's own (fusion's _gather_blocks)")
 
     def _gather(self, op: g.GatherOp, m: Map, ctx: TileCtx) -> SSAValue:
         """`input[index]` on the tile: the tile's row of `input` is one index (`row_index`), which

@@ -1380,7 +1380,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
 
     where = sm.input.owner if terms is not None and (bounds != ColumnBounds(None, None) or terms.limits) \
         else None   # where(cond, s, -inf)
-    kept = _kept_columns(kb, terms.limits, m0, tile, scalars) if where is not None and terms.limits else None
+    kept = _kept_columns(kb, terms.limits, m0, tile, scalars, sizes) if where is not None and terms.limits else None
     tail = sizes["n"] % tile["n"] != 0   # the last key block is partial
     scales: list[float] = []             # the constant the scores are scaled by (one per block, all equal)
 
@@ -1581,16 +1581,22 @@ def _key_limit(kb: KernelBuild, end: int | SSAValue, bn: int, n_keys: int) -> in
 
 
 def _kept_columns(kb: KernelBuild, limits: tuple[ColumnLimit, ...], m0: SSAValue, tile: dict[str, int],
-                  scalars: dict[str, SSAValue]) -> tuple[SSAValue, SSAValue]:
+                  scalars: dict[str, SSAValue], sizes: dict[str, int]) -> tuple[SSAValue, SSAValue]:
     """(every, any) for query block [m0, m0 + BM) under a mask's column limits (`ColumnLimit`, read
     per program: a sequence's length): every row keeps the columns below `every`, and no row one at
-    or past `any`; a key block below `every` needs no mask, the key loop stops at `any`."""
+    or past `any`; a key block below `every` needs no mask, the key loop stops at `any`. A value
+    read is first clamped to where it still decides something (past the keys, or below every
+    row's first), so the 32-bit index arithmetic never wraps (a length of 2^31 - 1 meaning
+    "all")."""
     b = kb.b
     every = any_ = None
     for limit in limits:
         base = b.index(limit.const)
         if limit.value is not None:
             value = kb.em.index_at(limit.value, limit.value_map, TileCtx({}, scalars))
+            high = sizes["n"] + abs(limit.const)
+            low = -(high + sizes["m"] + tile["m"] + (limit.modulo or 0))
+            value = b(arith.MaxSIOp(b(arith.MinSIOp(value, b.index(high))), b.index(low)))
             base = b(arith.AddiOp(base, value))
         if limit.rows == "index":      # the block's rows m0 .. m0 + BM - 1
             low, high = b(arith.AddiOp(base, m0)), b(arith.AddiOp(base, b(arith.AddiOp(m0, b.index(tile["m"] - 1)))))

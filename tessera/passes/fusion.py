@@ -120,14 +120,20 @@ class _Planner:
 
     def _paged_views(self, f: func.FuncOp) -> dict:
         """The reshapes that merge a gather's pages into one dim (`graph.paged_view`), each with its
-        gather, where the gather has no other reader and the page dim fits key blocks (a multiple
-        of PAGE_MULTIPLE elements)."""
+        gather, where the gather has no other reader, its table is in memory (not an `arange`
+        recomputed in the kernel) and the page dim fits key blocks (a multiple of PAGE_MULTIPLE
+        elements)."""
         paged = {}
         for op in f.body.block.ops:
             gather = g.paged_view(op, self.bindings) if isinstance(op, g.ReshapeOp) else None
             if gather is None or not all(isinstance(u.operation, g.ReshapeOp)
                                          and g.paged_view(u.operation, self.bindings) is gather
                                          for u in gather.res.uses):
+                continue
+            table = gather.index
+            while isinstance(table.owner, (g.TransposeOp, g.ReshapeOp)):
+                table = table.owner.input
+            if isinstance(table.owner, (g.ConstantOp, g.ArangeOp)):
                 continue
             page = g.dim_value(g.tensor_type(gather.input).shape[1], self.bindings)
             if page % PAGE_MULTIPLE == 0 and op.res not in f.body.block.last_op.operands:
@@ -136,28 +142,39 @@ class _Planner:
 
     def _unpage_all_but_attention(self) -> None:
         """Keeps a paged view cheap (each reader reads the cache page by page) only where every
-        reader is an attention kernel's keys or values (the second operand of either matmul);
-        any other is a gather kernel writing the pages out, then a view at the host level."""
+        reader is an attention kernel's keys or values (the second operand of either matmul) with
+        the merged pages along its key axis; any other is a gather kernel writing the pages out,
+        then a view at the host level."""
         for view, gather in list(self.paged.items()):
-            if all(self._attention_reads(u.operation, v) for v, u in self._view_readers(view.res)):
+            merged = g.tensor_type(gather.index).rank - 1
+            if all(self._attention_keys(u.operation, v, dim) for v, u, dim in self._view_readers(view.res, merged)):
                 continue
             del self.paged[view]
             self.views.append(view)
 
-    def _view_readers(self, v: SSAValue) -> list:
-        """(value, use) for every reader of `v` through cheap transposes and unit reshapes."""
+    def _view_readers(self, v: SSAValue, dim: int) -> list:
+        """(value, use, where dim `dim` of `v` is in it) for every reader of `v` through cheap
+        transposes and unit reshapes (`dim` None once a view drops it)."""
         out = []
         for u in v.uses:
             op = u.operation
             if isinstance(op, (g.TransposeOp, g.ReshapeOp)) and self.cheap(op) and op not in self.paged:
-                out.extend(self._view_readers(op.results[0]))
+                out.extend(self._view_readers(op.results[0], _dim_after_view(op, dim, self.bindings)))
             else:
-                out.append((v, u))
+                out.append((v, u, dim))
         return out
 
-    def _attention_reads(self, op: Operation, v: SSAValue) -> bool:
+    def _attention_keys(self, op: Operation, v: SSAValue, dim: int | None) -> bool:
+        """Whether `v` is an attention kernel's K (scores = Q @ v, v's last dim the keys) or V
+        (out = P @ v, its dim before last the keys) with its dim `dim` the keys."""
         group = self.group_of.get(op)
-        return group is not None and group.kind == "flash_attention" and isinstance(op, g.MatmulOp) and op.rhs is v
+        if group is None or group.kind != "flash_attention" or not isinstance(op, g.MatmulOp) or op.rhs is not v:
+            return False
+        rank = g.tensor_type(v).rank
+        probabilities = self.producer(op.lhs)
+        while isinstance(probabilities, g.CastOp):
+            probabilities = self.producer(probabilities.input)
+        return dim == (rank - 2 if isinstance(probabilities, g.SoftmaxOp) else rank - 1)
 
     def _returned_unit_view(self, op: g.ReshapeOp) -> bool:
         """A unit reshape that is returned, of a value computed by an op that is not cheap and
@@ -722,6 +739,20 @@ class _Planner:
         if producer is None and not returned:  # an argument read through a view: already a buffer
             return
         self.groups.append(Group("elementwise", output=v))
+
+def _dim_after_view(op, dim: int | None, bindings) -> int | None:
+    """Where dim `dim` of a transpose's or unit reshape's input is in its result (a dim of size > 1:
+    among the non-unit dims, in order)."""
+    if dim is None:
+        return None
+    if isinstance(op, g.TransposeOp):
+        return op.permutation.index(dim)
+    src = [g.dim_value(d, bindings) for d in g.tensor_type(op.input).shape]
+    dst = [g.dim_value(d, bindings) for d in g.tensor_type(op.res).shape]
+    nth = sum(1 for n in src[:dim] if n != 1)
+    kept = [i for i, n in enumerate(dst) if n != 1]
+    return kept[nth] if src[dim] != 1 and nth < len(kept) else None
+
 
 def _structure(v: SSAValue):
     """A key equal for values computed by the same ops from the same function arguments (the

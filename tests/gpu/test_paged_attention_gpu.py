@@ -56,6 +56,7 @@ DECODE = [   # (dims, lengths, dtype)
     (dict(B=2, Hk=8, G=4, M=1, P=800, PAGE=256, J=400, D=128), [100003, 65536], "bf16"),
     (dict(B=2, Hk=4, G=1, M=1, P=130, PAGE=64, J=65, D=128), [4097, 17], "fp16"),       # MHA
     (dict(B=1, Hk=8, G=4, M=16, P=66, PAGE=64, J=66, D=128), [4200], "bf16"),
+    (dict(B=2, Hk=8, G=4, M=4, P=64, PAGE=16, J=32, D=128), [2 ** 31 - 1, 300], "bf16"),   # "all": no wrap
 ]
 
 

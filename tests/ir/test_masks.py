@@ -108,3 +108,21 @@ def test_a_kernel_stops_at_each_sequences_length(lengths):
     out, ref = compiled.run(*xs)[0].astype(np.float64), compiled.reference(*xs)[0]
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref))
     np.testing.assert_allclose(np.nan_to_num(out), np.nan_to_num(ref), atol=2e-6)
+
+
+@pytest.mark.parametrize("mask", [
+    lambda c, length: c.to(tsr.bool_) < length,            # a cast to bool is no index
+    lambda c, length: c < length.to(tsr.bool_),
+    lambda c, length: c.to(tsr.fp32) < length.to(tsr.fp32),
+])
+def test_casts_that_change_the_value_are_no_limits(mask):
+    @tsr.function
+    def f(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+          lengths: Tensor["B", tsr.int32]):
+        s = tsr.matmul(q, k.transpose(-2, -1))
+        cond = mask(tsr.arange(k.shape[-2])[None, :], lengths[:, None, None, None])
+        return tsr.matmul(tsr.softmax(tsr.where(cond, s, -math.inf), dim=-1), v)
+    module = f.trace(f.arg_specs_for(dict(B=2, H=1, M=3, N=40, D=16), "fp32"))
+    (sm,) = [op for op in module.walk() if isinstance(op, g.SoftmaxOp)]
+    terms = attention_mask(sm.input, ("b0", "b1", "m", "n"), "m", "n", g.bindings_of(module.ops.first))
+    assert terms is None or not terms.limits

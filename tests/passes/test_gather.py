@@ -231,3 +231,76 @@ def test_paged_kernels_assemble(arch, path, queries):
         assert any("ld.global.nc.s32" in kernel.ptx for kernel in kernels.values())   # the table's reads
         for kernel in kernels.values():
             assemble(kernel.ptx, arch)
+
+
+# --- what a review found ---------------------------------------------------------------------------
+
+@tsr.function
+def values_paged_on_their_columns(q: Tensor["H", "M", "D"], k: Tensor["H", "N", "D"],
+                                  v_cache: Tensor["P", "PAGE", "H", "N"], table: Tensor["J", tsr.int32]):
+    """V's pages merged into its value dim (E), not the keys: read as a gathered copy."""
+    h, n = k.shape[0], k.shape[1]
+    v = v_cache[table].reshape(table.shape[0] * v_cache.shape[1], h, n).transpose(0, 1).transpose(1, 2)
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+def test_pages_merged_along_another_axis_than_the_keys_are_gathered_first():
+    rng = np.random.default_rng(11)
+    q, k = rng.standard_normal((2, 5, 32)).astype(np.float32), rng.standard_normal((2, 48, 32)).astype(np.float32)
+    v_cache, table = rng.standard_normal((6, 16, 2, 48)).astype(np.float32), np.array([3, 0, 5, 1], np.int32)
+    fn = values_paged_on_their_columns
+    specs = fn.arg_specs([("q", q), ("k", k), ("v_cache", v_cache), ("table", table)])[1]
+    assert any("elementwise" in name for name in fn.compile(specs).kernel_names)
+    v = rows_of(v_cache, table).reshape(64, 2, 48).transpose(1, 2, 0)
+    s = np.einsum("hmd,hnd->hmn", q.astype(np.float64), k) / math.sqrt(32)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(fn(q, k, v_cache, table), (p / p.sum(-1, keepdims=True)) @ v, atol=1e-6)
+
+
+@tsr.function
+def gathered_then_concatenated(w: Tensor["V", "D"], ids: Tensor["T", tsr.int32], x: Tensor["S", "D"]):
+    return tsr.cat([w[ids], x], 0)
+
+
+def test_a_gather_read_in_a_shifted_context_stays_inside_its_index():
+    """cat reads every input at every row: the index's offsets are clamped into it (the GPU would
+    read past its end), and the rows past it are the other input's."""
+    rng = np.random.default_rng(12)
+    w, x = rng.standard_normal((9, 37)).astype(np.float32), rng.standard_normal((4, 37)).astype(np.float32)
+    ids = np.array([8, -1, 0, 3, 9, 2], np.int32)
+    np.testing.assert_allclose(gathered_then_concatenated(w, ids, x), np.concatenate([rows_of(w, ids), x]), rtol=1e-6)
+
+
+@tsr.function
+def scaled_by_gathered_scalars(x: Tensor["T", "D"], s: Tensor["V"], ids: Tensor["T", tsr.int32]):
+    return tsr.softmax(x, dim=-1) * s[ids][:, None]
+
+
+@tsr.function
+def rows_in_order(w: Tensor["V", "D"]):
+    return w[tsr.arange(w.shape[0] - 1) + 1]
+
+
+def test_gathers_of_rank_one_tensors_and_by_aranges():
+    rng = np.random.default_rng(13)
+    x, s = rng.standard_normal((5, 7)).astype(np.float32), rng.standard_normal(4).astype(np.float32)
+    ids = np.array([3, 0, -2, 1, 4], np.int32)
+    e = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(scaled_by_gathered_scalars(x, s, ids),
+                               e / e.sum(-1, keepdims=True) * rows_of(s, ids)[:, None], rtol=1e-5)
+    w = rng.standard_normal((6, 3)).astype(np.float32)
+    np.testing.assert_allclose(rows_in_order(w), w[1:], rtol=1e-6)
+
+
+def test_a_length_read_per_program_is_clamped_before_the_index_arithmetic():
+    """A length of 2^31 - 1 ("all of it") must not wrap the 32-bit index sums on the GPU: the value
+    is clamped to just past the keys first (what the interpreter's 64-bit indices cannot show)."""
+    tile_ir = paged_compile({**DIMS, "M": 4}).ir("tile")
+    assert tile_ir.count("arith.minsi") >= 2 and tile_ir.count("arith.maxsi") >= 2
+    rng = np.random.default_rng(14)
+    case = paged_case(rng, 1, 2, 2, 3, 32, 4, 16, 4, [64])
+    q, k_cache, v_cache, table, _ = case
+    huge = np.array([2 ** 31 - 1], np.int32)
+    np.testing.assert_allclose(paged_decode_attention(q, k_cache, v_cache, table, huge),
+                               decode_reference(q, k_cache, v_cache, table, huge.astype(np.int64)), atol=2e-6)
