@@ -932,8 +932,8 @@ def _paged_key_block(block: Block, planner: _Planner, params: dict[str, int], pi
     a copy each, or from part of one: its key blocks (block_n) keep the default where the pages
     divide it or it divides them, else shrink to the largest power of two dividing the page. H200,
     GQA 32/8 decode over 16-key pages, 16 queries, B=8, 32k keys: 16-key blocks on 2 stages 345 us,
-    on 4 stages 304, 64-key blocks of four pages ... against 272 unpaged (bench/decode_attention.py
-    --paged 16)."""
+    on 4 stages 304, 64-key blocks of four pages 280, against 275 unpaged (bench/decode_attention.py
+    --paged 16; bench/RESULTS.md session 23)."""
     pages = {g.dim_value(g.tensor_type(op.input).shape[1], planner.bindings)
              for op in block.ops if isinstance(op, g.GatherOp)}
     if not pages:
