@@ -847,7 +847,7 @@ def _copy(kb: KernelBuild, o: Operand, smem: SSAValue, stage: SSAValue, offsets:
     """Operand `o`'s tile at `offsets` into `stage` of `smem`: one copy, or for a paged operand whose
     tile spans several pages, one copy of each page's rows (`tile.copy_async`'s `dst_rows`)."""
     p = o.pages
-    if p is None or o.sizes[p.axis] <= p.page:
+    if p is None or (o.sizes[p.axis] <= p.page and p.page % o.sizes[p.axis] == 0):
         offs, tile_dims = _access(kb, o, offsets, scalars)
         kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims))
         return

@@ -938,16 +938,14 @@ def _paged_key_block(block: Block, planner: _Planner, params: dict[str, int], pi
              for op in block.ops if isinstance(op, g.GatherOp)}
     if not pages:
         return {}
-    page = math.gcd(*pages)
     block_n = params["block_n"]
+    if all(page % block_n == 0 or block_n % page == 0 for page in pages):   # (K's and V's pages may differ)
+        return {}
     if "block_n" in pinned:
-        if page % block_n and block_n % page:
-            raise TesseraError(f"the schedule space's block_n={block_n} neither divides the KV cache's page of "
-                               f"{page} keys nor spans whole pages")
-        return {}
-    if page % block_n == 0 or block_n % page == 0:
-        return {}
-    return {"block_n": min(block_n, page & -page)}   # (the largest power of two dividing the page)
+        raise TesseraError(f"the schedule space's block_n={block_n} neither divides the KV cache's pages of "
+                           f"{', '.join(map(str, sorted(pages)))} keys nor spans whole pages")
+    page = math.gcd(*pages)
+    return {"block_n": min(block_n, page & -page)}   # (the largest power of two dividing every page)
 
 
 #: the output tiles of a native 16-bit GEMM, largest first, and the warps each takes: a GEMM whose default

@@ -203,7 +203,7 @@ def test_key_blocks_span_whole_pages_or_part_of_one(page, block_n, copies):
 
 
 def test_a_pinned_key_block_across_part_of_a_page_is_refused():
-    with pytest.raises(TesseraError, match="block_n=64 neither divides the KV cache's page of 48 keys nor spans"):
+    with pytest.raises(TesseraError, match="block_n=64 neither divides the KV cache's pages of 48 keys nor spans"):
         paged_compile({**DIMS, "PAGE": 48, "P": 512, "J": 32}, space={"block_n": [64]})
 
 
@@ -304,3 +304,44 @@ def test_a_length_read_per_program_is_clamped_before_the_index_arithmetic():
     huge = np.array([2 ** 31 - 1], np.int32)
     np.testing.assert_allclose(paged_decode_attention(q, k_cache, v_cache, table, huge),
                                decode_reference(q, k_cache, v_cache, table, huge.astype(np.int64)), atol=2e-6)
+
+
+@tsr.function
+def keys_and_values_of_other_pages(q: Tensor["H", "M", "D"], k_cache: Tensor["PK", "PAGEK", "H", "D"],
+                                   v_cache: Tensor["PV", "PAGEV", "H", "D"], kt: Tensor["JK", tsr.int32],
+                                   vt: Tensor["JV", tsr.int32]):
+    h, m, d = q.shape
+    k = k_cache[kt].reshape(kt.shape[0] * k_cache.shape[1], h, d).transpose(0, 1)
+    v = v_cache[vt].reshape(vt.shape[0] * v_cache.shape[1], h, d).transpose(0, 1)
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+@pytest.mark.parametrize("k_page,v_page,n,block_n", [(96, 64, 192, 32), (48, 16, 96, 16), (32, 48, 96, 16),
+                                                     (32, 16, 256, 64)])
+def test_keys_and_values_in_pages_of_different_sizes(k_page, v_page, n, block_n):
+    """A key block fits every cache's pages (each a multiple of it, or it of each): a block that
+    straddled two of K's pages read padding past the first."""
+    rng = np.random.default_rng(k_page + v_page)
+    h, m, d = 2, 3, 64
+    q = rng.standard_normal((h, m, d)).astype(np.float32)
+    k_cache = rng.standard_normal((n // k_page + 2, k_page, h, d)).astype(np.float32)
+    v_cache = rng.standard_normal((n // v_page + 2, v_page, h, d)).astype(np.float32)
+    kt = rng.permutation(n // k_page + 2)[:n // k_page].astype(np.int32)
+    vt = rng.permutation(n // v_page + 2)[:n // v_page].astype(np.int32)
+    fn = keys_and_values_of_other_pages
+    args = [("q", q), ("k_cache", k_cache), ("v_cache", v_cache), ("kt", kt), ("vt", vt)]
+    compiled = fn.compile(fn.arg_specs(args)[1])
+    assert f"block_n = {block_n}" in compiled.ir("schedule")
+    k, v = (rows_of(c, t).reshape(n, h, d).transpose(1, 0, 2) for c, t in ((k_cache, kt), (v_cache, vt)))
+    s = np.einsum("hmd,hnd->hmn", q.astype(np.float64), k) / math.sqrt(d)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    np.testing.assert_allclose(compiled.run(q, k_cache, v_cache, kt, vt)[0], (p / p.sum(-1, keepdims=True)) @ v,
+                               atol=2e-6)
+
+
+def test_a_pinned_key_block_must_fit_every_caches_pages():
+    fn = keys_and_values_of_other_pages
+    specs = fn.arg_specs_for(dict(H=2, M=3, D=64, PK=4, PAGEK=48, PV=8, PAGEV=16, JK=2, JV=6), "fp32")
+    with pytest.raises(TesseraError, match="block_n=32 neither divides the KV cache's pages of 16, 48 keys"):
+        fn.compile(specs, space={"block_n": [32]})
