@@ -104,7 +104,6 @@ def native_blockers(kernel: tile.KernelOp, platform: Platform) -> list[str]:
 
 def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
     src: MemRefType = op.src.type
-    dst: MemRefType = op.dst.type
     bits = src.get_element_type().bitwidth
     rows, cols = op.tile_shape
     stride_problem = tensor_maps.stride_problem(tile.element_strides(src), max(1, bits // 8))

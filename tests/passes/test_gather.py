@@ -160,7 +160,7 @@ def test_paged_decode_against_float64(b, hk, g, m, d, pages, page, j, lengths):
 
 def test_paged_prefill_against_float64():
     rng = np.random.default_rng(3)
-    b, h, s, d, pages, page, j = 1, 2, 40, 32, 5, 16, 3
+    b, h, s, d, pages, page = 1, 2, 40, 32, 5, 16
     q = rng.standard_normal((b, h, s, d)).astype(np.float32)
     k_cache, v_cache = (rng.standard_normal((pages, page, h, d)).astype(np.float32) for _ in range(2))
     table = np.array([[4, 0, 2]], np.int32)
