@@ -1594,9 +1594,9 @@ def _kept_columns(kb: KernelBuild, limits: tuple[ColumnLimit, ...], m0: SSAValue
         base = b.index(limit.const)
         if limit.value is not None:
             value = kb.em.index_at(limit.value, limit.value_map, TileCtx({}, scalars))
-            high = sizes["n"] + abs(limit.const)
-            low = -(high + sizes["m"] + tile["m"] + (limit.modulo or 0))
-            value = b(arith.MaxSIOp(b(arith.MinSIOp(value, b.index(high))), b.index(low)))
+            cap = sizes["n"] + abs(limit.const)
+            floor = -(cap + sizes["m"] + tile["m"] + (limit.modulo or 0))
+            value = b(arith.MaxSIOp(b(arith.MinSIOp(value, b.index(cap))), b.index(floor)))
             base = b(arith.AddiOp(base, value))
         if limit.rows == "index":      # the block's rows m0 .. m0 + BM - 1
             low, high = b(arith.AddiOp(base, m0)), b(arith.AddiOp(base, b(arith.AddiOp(m0, b.index(tile["m"] - 1)))))

@@ -61,8 +61,8 @@ ROW_REDUCTIONS = (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp, g.NormSta
 #: a leading axis takes the row template) and a row kernel computes beside its own (siblings)
 ACCUMULATED_KINDS = ("sum", "mean", "max", "min")
 #: an attention reads a paged KV cache page by page where its pages hold a multiple of this many
-#: keys (its key blocks then divide a page: `_paged_key_block`); other page sizes are gathered into
-#: a contiguous copy first
+#: keys (a key block then spans whole pages, a copy each, or lies in one: `_paged_key_block`); other
+#: page sizes are gathered into a contiguous copy first
 PAGE_MULTIPLE = 16
 
 
@@ -739,6 +739,7 @@ class _Planner:
         if producer is None and not returned:  # an argument read through a view: already a buffer
             return
         self.groups.append(Group("elementwise", output=v))
+
 
 def _dim_after_view(op, dim: int | None, bindings) -> int | None:
     """Where dim `dim` of a transpose's or unit reshape's input is in its result (a dim of size > 1:
