@@ -864,8 +864,9 @@ def _load(kb: KernelBuild, o: Operand, offsets: dict[str, SSAValue], scalars: di
     """Operand `o`'s tile at `offsets` as a register tile read from global memory (the tile `_copy`
     would stage, in the same axis order; zero past the tensor's end)."""
     if o.pages is not None and o.sizes[o.pages.axis] > o.pages.page:
-        raise TesseraError(f"{kb.sk.sym_name.data}: a tile spanning several pages is staged page by page; "
-                           f"this kernel loads its operands unstaged")
+        raise TesseraError(f"{kb.sk.sym_name.data}: its backend loads operands unstaged (CUDA Tile IR), and no "
+                           f"such load reads a key block spanning several pages of a paged KV cache yet: compile "
+                           f"it with backend='ptx' (or 'auto', which picks PTX for it)")
     offs, tile_dims = _access(kb, o, offsets, scalars)
     return kb.b(t.LoadOp(kb.em.params[o.value], offs, tile_dims, o.shape))
 

@@ -345,3 +345,10 @@ def test_a_pinned_key_block_must_fit_every_caches_pages():
     specs = fn.arg_specs_for(dict(H=2, M=3, D=64, PK=4, PAGEK=48, PV=8, PAGEV=16, JK=2, JV=6), "fp32")
     with pytest.raises(TesseraError, match="block_n=32 neither divides the KV cache's pages of 16, 48 keys"):
         fn.compile(specs, space={"block_n": [32]})
+
+
+@pytest.mark.parametrize("page", [16, 64])
+def test_the_cuda_tile_backend_forced_on_a_paged_attention_says_why_not(page):
+    specs = paged_decode_attention.arg_specs_for(dict(B=2, Hk=2, G=4, M=1, P=64, PAGE=page, D=64, J=8), "bf16")
+    with pytest.raises(TesseraError, match="tile.load_index|backend='ptx'"):
+        paged_decode_attention.compile(specs, arch="sm_90a", backend="cuda-tile").stage("cubin")
