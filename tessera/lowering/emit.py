@@ -374,11 +374,15 @@ class Emitter:
             out = select(self.b, below, tile, out)
         return out
 
-    def source(self, v: SSAValue, m: Map, what: str) -> tuple[SSAValue, Map]:
+    def source(self, v: SSAValue, m: Map, what: str,
+               stop: Callable[[Operation], bool] | None = None) -> tuple[SSAValue, Map]:
         """The kernel input `v` views (through transposes and unit reshapes) and its map; `what`
-        names `v` in the error where it is computed in the kernel instead."""
+        names `v` in the error where it is computed in the kernel instead. With `stop`, the walk
+        ends early at the first view it holds for (its result and map)."""
         while v not in self.params:
             op = v.owner
+            if stop is not None and stop(op):
+                break
             if not isinstance(op, (g.TransposeOp, g.ReshapeOp)):
                 raise TesseraError(f"{what} must be an input (or a view of one), not the result of "
                                    f"{getattr(op, 'name', 'an argument')} inside the same kernel")

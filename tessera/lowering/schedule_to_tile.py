@@ -771,23 +771,17 @@ class Pages:
 def source_of(kb: KernelBuild, v: SSAValue, m: Map) -> tuple[SSAValue, Map, Pages | None]:
     """Follows views back to the kernel parameter a matmul operand reads, carrying its map; through
     a paged view, to the cache (its page-number dim walking PAGE_AXIS) and the `Pages` it is read by."""
-    pages = None
-    while v not in kb.em.params:
-        op = v.owner
-        gather = g.paged_view(op, kb.bindings) if isinstance(op, g.ReshapeOp) and pages is None else None
-        if gather is None:
-            if not isinstance(op, (g.TransposeOp, g.ReshapeOp)):
-                raise TesseraError(f"{kb.sk.sym_name.data}: a matmul operand must be an input (or a view of one), "
-                                   f"not the result of {getattr(op, 'name', 'an argument')} inside the same kernel")
-            (m,) = operand_maps(op, m, kb.bindings)
-            v = op.input
-            continue
-        k = g.tensor_type(gather.index).rank
-        table, table_map = kb.em.source(gather.index, m[:k], f"{kb.sk.sym_name.data}: a block table")
-        cache_t = g.tensor_type(gather.input)
-        pages = Pages(table, table_map, m[k - 1], kb.size(cache_t.shape[1]), kb.size(cache_t.shape[0]),
-                      kb.size(g.tensor_type(gather.index).shape[-1]))
-        v, m = gather.input, (PAGE_AXIS, m[k - 1], *m[k:])
+    what = f"{kb.sk.sym_name.data}: a matmul operand"
+    v, m = kb.em.source(v, m, what, stop=lambda op: isinstance(op, g.ReshapeOp) and g.paged_view(op, kb.bindings))
+    if v in kb.em.params:
+        return v, m, None
+    gather = g.paged_view(v.owner, kb.bindings)
+    k = g.tensor_type(gather.index).rank
+    table, table_map = kb.em.source(gather.index, m[:k], f"{kb.sk.sym_name.data}: a block table")
+    cache_t = g.tensor_type(gather.input)
+    pages = Pages(table, table_map, m[k - 1], kb.size(cache_t.shape[1]), kb.size(cache_t.shape[0]),
+                  kb.size(g.tensor_type(gather.index).shape[-1]))
+    v, m = kb.em.source(gather.input, (PAGE_AXIS, m[k - 1], *m[k:]), what)
     return v, m, pages
 
 
