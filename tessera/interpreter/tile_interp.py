@@ -514,6 +514,17 @@ def _load_index(c: Compiler, op: tile.LoadIndexOp) -> Step:
     return step
 
 
+def _load_index_reduce(c: Compiler, op: tile.LoadIndexReduceOp) -> Step:
+    axis, count, reduce = op.axis.value.data, op.count.value.data, {"min": np.min, "max": np.max}[op.kind.data]
+    src, offs, out = c.slot(op.src), [c.slot(v) for v in op.offsets], c.out(op)
+
+    def step(f):
+        index = [int(f[o]) for o in offs]
+        run = f[src][(*index[:axis], slice(index[axis], index[axis] + count), *index[axis + 1:])]
+        f[out] = np.int64(reduce(run))
+    return step
+
+
 def _store(c: Compiler, op: tile.StoreOp) -> Step:
     window = Window(tile.int_values(op.tile_dims), op.value.type.get_shape(), op.dst.type.get_num_dims())
     val, dst, offs = c.slot(op.value), c.slot(op.dst), [c.slot(v) for v in op.offsets]
@@ -677,7 +688,8 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     arith.ConstantOp: _constant, arith.CmpfOp: _cmpf, arith.CmpiOp: _cmpi, arith.SelectOp: _select,
     tile.CmpfOp: _cmpf, tile.CmpiOp: _cmpi, tile.SelectOp: _select,
     scf.ForOp: _for, scf.IfOp: _if,
-    tile.ProgramIdOp: _program_id, tile.DimOp: _dim, tile.LoadOp: _load, tile.LoadIndexOp: _load_index, tile.StoreOp: _store,
+    tile.ProgramIdOp: _program_id, tile.DimOp: _dim, tile.LoadOp: _load, tile.LoadIndexOp: _load_index,
+    tile.LoadIndexReduceOp: _load_index_reduce, tile.StoreOp: _store,
     tile.AllocSharedOp: _fresh, tile.AllocGlobalOp: _fresh, tile.ViewOp: _view, tile.CopyAsyncOp: _copy_async,
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,
     tile.MmaWaitOp: _no_op,

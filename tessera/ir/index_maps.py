@@ -46,14 +46,40 @@ def operand_maps(op, result_map: Map, bindings) -> list[Map]:
 
 
 def _unsqueeze_map(op: g.ReshapeOp, result_map: Map, bindings) -> Map:
-    src = [_size(d, bindings) for d in g.tensor_type(op.input).shape]
-    dst = [_size(d, bindings) for d in g.tensor_type(op.res).shape]
-    kept = [m for m, size in zip(result_map, dst) if size != 1]
+    """The input's map of a reshape that adds or removes size-1 dims (`unit_reshape_map`)."""
+    return unit_reshape_map(g.tensor_type(op.res).shape, result_map, g.tensor_type(op.input).shape, bindings)
+
+
+def unit_reshape_map(from_dims, m: Map, to_dims, bindings) -> Map:
+    """The map of a tensor of `to_dims` that is a view of one of `from_dims` (walking `m`) by adding
+    or removing size-1 dims: its other dims walk the view's in order, and its size-1 dims the axes
+    of the last as many of the view's size-1 dims between the same neighbours (a dim inserted by
+    `x[:, None]` comes before the one it pushes along): a one-key sequence's dim of 1 in
+    `k[:, None]` stays the keys' axis. (Either way the element read is the dim's one element; what
+    differs is whether the tile keeps the axis.)"""
+    src = [_size(d, bindings) for d in to_dims]
+    dst = [_size(d, bindings) for d in from_dims]
     if [s for s in src if s != 1] != [s for s in dst if s != 1]:
-        raise TesseraError(f"reshape {src} -> {dst} inside a fused kernel is not supported yet "
+        raise TesseraError(f"reshape {src} <-> {dst} inside a fused kernel is not supported yet "
                            f"(only adding or removing size-1 dims is)")
-    it = iter(kept)
-    return tuple(None if s == 1 else next(it) for s in src)
+
+    def unit_gaps(sizes):   # each size-1 dim's gap: the number of other dims before it
+        return [sum(1 for x in sizes[:i] if x != 1) if n == 1 else None for i, n in enumerate(sizes)]
+    dst_units: dict[int, list] = {}
+    for axis, gap in zip(m, unit_gaps(dst)):
+        if gap is not None:
+            dst_units.setdefault(gap, []).append(axis)
+    src_gaps = unit_gaps(src)
+    kept = iter([axis for axis, size in zip(m, dst) if size != 1])
+    out = []
+    for i, gap in enumerate(src_gaps):
+        if gap is None:
+            out.append(next(kept))
+            continue
+        there = dst_units.get(gap, [])
+        j = len(there) - 1 - src_gaps[i + 1:].count(gap)   # (this gap's size-1 dims after this one)
+        out.append(there[j] if j >= 0 else None)
+    return tuple(out)
 
 
 def matmul_operand_maps(op: g.MatmulOp, result_map: Map, k_axis: str, bindings) -> tuple[Map, Map]:

@@ -39,77 +39,92 @@ def _constant(v: SSAValue) -> float | None:
 
 
 @dataclass(frozen=True)
+class Term:
+    """`sign` times an int32 kernel input read at run time, its dims walking `value_map`: per
+    program (none of them the tile's axes: a sequence's length) or per row (one on the row axis:
+    each packed query's first or last key, varlen attention)."""
+
+    value: SSAValue
+    value_map: Map
+    sign: int = 1
+
+    def negated(self) -> "Term":
+        return Term(self.value, self.value_map, -self.sign)
+
+
+@dataclass(frozen=True)
 class _Linear:
     """An int index expression on a mask's tile: `axis`'s index (reduced `% modulo` if set) + `const`
-    + `value` (an int kernel input read per program, e.g. a sequence's length; its dims walk
-    `value_map`, none of them the tile's axes)."""
+    + the sum of `terms` (values read at run time)."""
 
     axis: str | None = None
     const: int = 0
-    value: SSAValue | None = None
-    value_map: Map = ()
+    terms: tuple[Term, ...] = ()
     modulo: int | None = None
 
     def plus(self, other: "_Linear") -> "_Linear | None":
-        if (self.axis and other.axis) or (self.value is not None and other.value is not None):
+        if self.axis and other.axis:
             return None
-        a, b = (self, other) if self.axis or not other.axis else (other, self)
-        v = self if self.value is not None else other
-        return _Linear(a.axis, self.const + other.const, v.value, v.value_map, a.modulo)
+        a = self if self.axis or not other.axis else other
+        return _Linear(a.axis, self.const + other.const, self.terms + other.terms, a.modulo)
 
 
-def _linear(v: SSAValue, m: Map, bindings, tile_axes: tuple[str, str]) -> _Linear | None:
-    """`v` as a `_Linear`, or None."""
+def _linear(v: SSAValue, m: Map, bindings, col_axis: str | None) -> _Linear | None:
+    """`v` as a `_Linear` (its kernel inputs read at run time, none along `col_axis`), or None."""
     op = v.owner
     if isinstance(op, g.ConstantOp):   # (a bool constant or a cast is no integer: no casts are looked through)
         c = op.value.value.data
         return _Linear(const=int(c)) if g.tensor_type(v).dtype != dtypes.bool_ and float(c).is_integer() else None
     if isinstance(op, g.ArangeOp):
         return _Linear(axis=m[0]) if m[0] is not None else None
-    if not isinstance(op, Operation):   # a kernel input: an int read per program
-        if any(a in tile_axes for a in m) or g.tensor_type(v).dtype != dtypes.int32:
+    if not isinstance(op, Operation):   # a kernel input: an int read per program, or per row
+        if (col_axis is not None and col_axis in m) or g.tensor_type(v).dtype != dtypes.int32:
             return None
-        return _Linear(value=v, value_map=m)
+        return _Linear(terms=(Term(v, m),))
     if isinstance(op, (g.ReshapeOp, g.TransposeOp, g.CastOp)):
         if isinstance(op, g.CastOp) and not (g.tensor_type(v).dtype == g.tensor_type(op.input).dtype == dtypes.int32):
             return None   # (a cast to bool, to a float or from one changes the value)
         (inner,) = operand_maps(op, m, bindings)
-        return _linear(op.operands[0], inner, bindings, tile_axes)
+        return _linear(op.operands[0], inner, bindings, col_axis)
     if not isinstance(op, g.ElementwiseOp) or op.kind not in ("add", "sub", "remainder"):
         return None
-    a, b = (_linear(x, xm, bindings, tile_axes) for x, xm in zip(op.inputs, operand_maps(op, m, bindings)))
+    a, b = (_linear(x, xm, bindings, col_axis) for x, xm in zip(op.inputs, operand_maps(op, m, bindings)))
     if a is None or b is None:
         return None
     if op.kind == "add":
         return a.plus(b)
-    if op.kind == "sub":   # minus a constant only
-        return None if b.axis or b.value is not None else _Linear(a.axis, a.const - b.const, a.value, a.value_map,
-                                                                  a.modulo)
+    if op.kind == "sub":   # minus constants and values, not an index
+        return None if b.axis else _Linear(a.axis, a.const - b.const, a.terms + tuple(x.negated() for x in b.terms),
+                                           a.modulo)
     # remainder: a bare index modulo a positive constant (query_groups' merged rows' query position)
-    if a.axis and a.const == 0 and a.value is None and a.modulo is None and not b.axis and b.value is None \
-            and b.const > 0:
+    if a.axis and a.const == 0 and not a.terms and a.modulo is None and not b.axis and not b.terms and b.const > 0:
         return _Linear(a.axis, modulo=b.const)
     return None
 
 
 def index_expression(v: SSAValue, m: Map, bindings) -> tuple[str, int] | None:
     """`v` as `arange` along an axis plus an integer constant: (axis, constant), or None."""
-    x = _linear(v, m, bindings, ())
-    return (x.axis, x.const) if x is not None and x.axis and x.value is None and x.modulo is None else None
+    x = _linear(v, m, bindings, None)
+    return (x.axis, x.const) if x is not None and x.axis and not x.terms and x.modulo is None else None
 
 
 @dataclass(frozen=True)
 class ColumnLimit:
-    """A mask's upper bound on the columns a row keeps, beyond `ColumnBounds`: col < `const`
-    + `value` (if any: an int kernel input read per program, a sequence's length; its dims walk
-    `value_map`) + the row's index (`rows` "index"), or its index % `modulo` (`rows` "modulo": the
-    query position of rows merged from several heads' queries), or nothing (`rows` None)."""
+    """A mask's bound on the columns a row keeps, beyond `ColumnBounds`: col < (col >= where
+    `lower`) `const` + the sum of `terms` (values read at run time: per program, a sequence's
+    length; per row, a packed query's first or last key) + the row's index (`rows` "index"), or
+    its index % `modulo` (`rows` "modulo": the query position of rows merged from several heads'
+    queries), or nothing (`rows` None)."""
 
     const: int
-    value: SSAValue | None
-    value_map: Map
+    terms: tuple[Term, ...]
     rows: str | None = None
     modulo: int | None = None
+    lower: bool = False
+
+    def per_row(self, row_axis: str) -> bool:
+        """Whether a term is read per row (a query block then reads a run of it)."""
+        return any(row_axis in term.value_map for term in self.terms)
 
 
 @dataclass(frozen=True)
@@ -128,9 +143,9 @@ def _intersect(a: ColumnBounds, b: ColumnBounds) -> ColumnBounds:
 
 def mask_terms(cond: SSAValue, cond_map: Map, row_axis: str, col_axis: str, bindings) -> MaskTerms | None:
     """The columns `cond` keeps for each row, where it is a conjunction (`&`) of comparisons of the
-    column index with a row index plus a constant (`ColumnBounds`) or with an upper limit read per
-    program (`ColumnLimit`: `col < length`, `col <= row + length - m`); None where a conjunct is
-    neither (the mask is then computed on every block)."""
+    column index with a row index plus a constant (`ColumnBounds`) or with a limit read at run time
+    (`ColumnLimit`: `col < length`, `col <= row + length - m`, `col >= first[row]`); None where a
+    conjunct is neither (the mask is then computed on every block)."""
     op = cond.owner
     while isinstance(op, (g.ReshapeOp, g.TransposeOp, g.CastOp)):
         (cond_map,) = operand_maps(op, cond_map, bindings)
@@ -144,27 +159,27 @@ def mask_terms(cond: SSAValue, cond_map: Map, row_axis: str, col_axis: str, bind
         return MaskTerms(_intersect(parts[0].bounds, parts[1].bounds), parts[0].limits + parts[1].limits)
     if not (isinstance(op, g.ElementwiseOp) and op.kind in _RELATION):
         return None
-    tile_axes = (row_axis, col_axis)
-    left, right = (_linear(v, vm, bindings, tile_axes) for v, vm in zip(op.inputs, operand_maps(op, cond_map, bindings)))
+    left, right = (_linear(v, vm, bindings, col_axis) for v, vm in zip(op.inputs, operand_maps(op, cond_map, bindings)))
     if left is None or right is None:
         return None
-    if left.axis == col_axis and left.value is None and left.modulo is None and right.axis != col_axis:
+    if left.axis == col_axis and not left.terms and left.modulo is None and right.axis != col_axis:
         relation, other, shift = _RELATION[op.kind][0], right, left.const
-    elif right.axis == col_axis and right.value is None and right.modulo is None and left.axis != col_axis:
+    elif right.axis == col_axis and not right.terms and right.modulo is None and left.axis != col_axis:
         relation, other, shift = _RELATION[op.kind][1], left, right.const
     else:
         return None
     c = other.const - shift            # col REL other - shift
     if other.axis not in (None, row_axis):
         return None
-    if other.value is None and other.modulo is None and other.axis == row_axis:
+    if not other.terms and other.modulo is None and other.axis == row_axis:
         return MaskTerms({"le": ColumnBounds(None, c), "lt": ColumnBounds(None, c - 1),
                           "ge": ColumnBounds(c, None), "gt": ColumnBounds(c + 1, None)}[relation])
-    if relation not in ("le", "lt"):
-        return None                    # (a lower limit read at run time, or of merged rows: not kept)
+    if other.modulo and any(row_axis in term.value_map for term in other.terms):
+        return None                    # (values per row of merged rows: not read as limits)
     rows = None if other.axis is None else "modulo" if other.modulo else "index"
+    const = c + (relation in ("le", "gt"))   # col < const + ... (col >= const + ... where lower)
     return MaskTerms(ColumnBounds(None, None),
-                     (ColumnLimit(c + (relation == "le"), other.value, other.value_map, rows, other.modulo),))
+                     (ColumnLimit(const, other.terms, rows, other.modulo, lower=relation in ("ge", "gt")),))
 
 
 def attention_mask(softmax_input: SSAValue, m: Map, row_axis: str, col_axis: str, bindings) -> MaskTerms | None:

@@ -466,6 +466,42 @@ class LoadIndexOp(IRDLOperation):
 
 
 @irdl_op_definition
+class LoadIndexReduceOp(IRDLOperation):
+    """The min or max (`kind`) of `count` consecutive int32 elements of a global memref along dim
+    `axis`, from `offsets` (those past the dim's end not read), as an index uniform over the
+    program: the extreme of a query block's per-row limits (each packed sequence's first and last
+    key, varlen attention), which bounds its key loop. The offset along `axis` lies inside `src`."""
+
+    name = "tile.load_index_reduce"
+    src = operand_def(MemRefType)
+    offsets = var_operand_def(IndexType)
+    kind = prop_def(StringAttr)
+    axis = prop_def(IntegerAttr)
+    count = prop_def(IntegerAttr)
+    result = result_def(IndexType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$src `[` $offsets `]` attr-dict `:` type($src)"
+
+    def __init__(self, src: Value, offsets: Sequence[Value], kind: str, axis: int, count: int):
+        super().__init__(operands=[src, offsets], result_types=[IndexType()],
+                         properties={"kind": StringAttr(kind), "axis": _i64(axis), "count": _i64(count)})
+
+    def verify_(self) -> None:
+        src_t, axis = self.src.type, self.axis.value.data
+        _require_global_shape(self, "source memref", src_t)
+        _require(not is_shared(src_t), self, "source must be a global memref")
+        _require(_element_type(src_t) == i32, self, f"source must hold i32 indices, got {src_t}")
+        _require_offsets(self, self.offsets, src_t)
+        _require(self.kind.data in ("min", "max"), self, f"kind must be min or max, got {self.kind.data!r}")
+        _require(0 <= axis < src_t.get_num_dims(), self, f"axis {axis} out of range for {src_t}")
+        _require(self.count.value.data >= 1, self, f"count must be positive, got {self.count.value.data}")
+
+
+#: the ops that read indices from memory into scalars: page tables, lengths, per-row limits
+INDEX_READS = (LoadIndexOp, LoadIndexReduceOp)
+
+
+@irdl_op_definition
 class StoreOp(IRDLOperation):
     """Writes the in-bounds part of a register tile to a global memref."""
 
@@ -1129,8 +1165,8 @@ ArithOnTiles = Dialect(
 
 Tile = Dialect(
     "tile",
-    [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, StoreOp, AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp,
-     AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp,
+    [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, StoreOp, AllocGlobalOp, ViewOp,
+     AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp,
      AssertOp, ProfileBeginOp, ProfileEndOp],
     [],
 )

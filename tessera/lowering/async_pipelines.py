@@ -388,7 +388,7 @@ def _guards_refill(op: Operation) -> bool:
 
 
 def _computes_index(op: Operation) -> bool:
-    return isinstance(op, (tile.LoadIndexOp, tile.CmpiOp, tile.SelectOp)) and not is_tile(op.results[0])
+    return isinstance(op, (*tile.INDEX_READS, tile.CmpiOp, tile.SelectOp)) and not is_tile(op.results[0])
 
 
 # ---------------------------------------------------------------------------
@@ -522,7 +522,7 @@ def _drop_tile_iter_args(loop: scf.ForOp) -> None:
 
 _PURE = (arith.ConstantOp, arith.AddiOp, arith.SubiOp, arith.MuliOp, arith.DivSIOp, arith.RemSIOp, arith.MinSIOp,
          arith.MaxSIOp, arith.AndIOp, arith.OrIOp, arith.XOrIOp, arith.ShLIOp, arith.ShRUIOp, arith.IndexCastOp,
-         tile.ProgramIdOp, tile.CmpiOp, tile.SelectOp, tile.LoadIndexOp)
+         tile.ProgramIdOp, tile.CmpiOp, tile.SelectOp, *tile.INDEX_READS)
 
 
 def _erase_dead(block: Block) -> None:

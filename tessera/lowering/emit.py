@@ -390,12 +390,14 @@ class Emitter:
             v = op.input
         return v, m
 
-    def index_at(self, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
+    def index_at(self, v: SSAValue, m: Map, ctx: TileCtx, reduce: str | None = None) -> SSAValue:
         """Int tensor `v`'s element at this tile, as an index: each of its dims (walking `m`) a
         program index (a scalar axis, or a tiled one of one element); `v` an input read through
         views (a gather's index, a sequence's length), an `arange` (that index itself) or a
         constant. An offset outside the input (a concatenation's shifted context reads every
-        input at every row) is clamped into it: what is read there is not used."""
+        input at every row) is clamped into it: what is read there is not used. With `reduce`
+        ("min" or "max"), a dim walking a tiled axis of several elements is read whole (those of
+        its elements inside the input) and reduced: a query block's per-row limits."""
         while v not in self.params:
             op = v.owner
             if isinstance(op, g.ArangeOp):
@@ -409,14 +411,20 @@ class Emitter:
             (m,) = operand_maps(op, m, self.bindings)
             v = op.input
         memref = self.params[v]
-        offsets = []
+        offsets, run = [], None
         for d, (axis, n) in enumerate(zip(m, memref.type.get_shape())):
+            if reduce is not None and axis in ctx.tiled and ctx.tiled[axis][1] > 1:
+                run = (d, ctx.tiled[axis][1])   # the tile's offset along it lies inside the input
+                offsets.append(ctx.tiled[axis][0])
+                continue
             index = self._program_index(axis, ctx)
             if axis is not None:
                 extent = self.b(t.DimOp(memref, d)) if n == t.DYNAMIC else self.b.index(n)
                 index = self.b(arith.MaxSIOp(self.b(arith.MinSIOp(index, self.b(arith.SubiOp(
                     extent, self.b.index(1))))), self.b.index(0)))
             offsets.append(index)
+        if run is not None:
+            return self.b(t.LoadIndexReduceOp(memref, offsets, reduce, *run))
         return self.b(t.LoadIndexOp(memref, offsets))
 
     def _program_index(self, axis: str | None, ctx: TileCtx) -> SSAValue:

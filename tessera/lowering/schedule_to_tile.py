@@ -43,9 +43,10 @@ from ..ir import schedule as s
 from ..ir import tile as t
 from . import profile
 from ..ir import index_maps
-from ..ir.index_maps import Map, matmul_operand_maps, operand_maps
+from ..ir.index_maps import Map, matmul_operand_maps, operand_maps, unit_reshape_map
 from .emit import Builder, Emitter, TileCtx, compare, convert, select, to_storage
 from ..ir.masks import ColumnBounds, ColumnLimit, attention_mask, chain_bounds
+from .grid_limits import fit_grid
 
 
 def cdiv(a: int, b: int) -> int:
@@ -801,10 +802,12 @@ class Operand:
 
 
 def operand(kb: KernelBuild, v: SSAValue, m: Map, axes: tuple[str, str], sizes: dict[str, int]) -> Operand:
-    """Tile layout follows memory: the axis of the innermost source dim is the tile's inner axis."""
+    """Tile layout follows memory: the axis of the innermost source dim is the tile's inner axis (an
+    axis no dim walks, a view having dropped its one element, is the outer one)."""
     src, src_map, pages = source_of(kb, v, m)
     a, b = axes
-    order = (a, b) if src_map.index(a) < src_map.index(b) else (b, a)
+    inner = {x: src_map.index(x) if x in src_map else -1 for x in axes}
+    order = (a, b) if inner[a] < inner[b] else (b, a)
     return Operand(src, src_map, order, sizes, pages)
 
 
@@ -1247,29 +1250,28 @@ def _grouped_tile(kb: KernelBuild, pid: SSAValue, tiles_m: int, tiles_n: int, gr
 
 @dataclass
 class _AttentionShape:
-    """What a flash-attention kernel computes: the output's axes (batch..., m, e), every axis's
-    size (n: keys, d: head dim) and the tile."""
+    """What a flash-attention kernel computes: P @ V's axes (batch..., m, e), every axis's size
+    (n: keys, d: head dim), the tile, and the axes of the output (P @ V, or its transpose)."""
 
-    axes: tuple[str, ...]
+    axes: tuple[str, ...]       # the axes P @ V's dims walk
     sizes: dict[str, int]
     tile: dict[str, int]
+    out_axes: tuple[str, ...]   # the axes the kernel's output's dims walk (P @ V's, or transposed)
 
     @classmethod
     def of(cls, kb: KernelBuild) -> _AttentionShape:
         m1, m2 = kb.op(g.MatmulOp)
-        out_t = g.tensor_type(kb.result)
-        rows = out_t.rank - 2
-        if out_t.shape == g.tensor_type(m2.res).shape:   # (not through a transpose of P @ V)
-            rows = s.attention_rows_of(m1, m2, kb.bindings)
-        batch = iter(_axes("b", out_t.rank - 2))
-        axes = tuple("e" if i == out_t.rank - 1 else "m" if i == rows else next(batch) for i in range(out_t.rank))
-        sizes = {a: kb.size(d) for a, d in zip(axes, out_t.shape)}
+        pv_t = g.tensor_type(m2.res)
+        rows = s.attention_rows_of(m1, m2, kb.bindings)
+        batch = iter(_axes("b", pv_t.rank - 2))
+        axes = tuple("e" if i == pv_t.rank - 1 else "m" if i == rows else next(batch) for i in range(pv_t.rank))
+        sizes = {a: kb.size(d) for a, d in zip(axes, pv_t.shape)}
         sizes["n"] = kb.size(g.tensor_type(m1.res).shape[-1])
         sizes["d"] = kb.size(g.tensor_type(m1.lhs).shape[-1])
         p = kb.params
         tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": s.fit_block(p["block_n"], sizes["n"]),
                 "d": pow2_at_least(sizes["d"]), "e": pow2_at_least(sizes["e"])}
-        return cls(axes, sizes, tile)
+        return cls(axes, sizes, tile, epilogue_map(kb, kb.result, m2, axes))
 
     @property
     def batch(self) -> list[tuple[str, int]]:
@@ -1310,7 +1312,7 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     out = kb.b(arith.MulfOp(rows.acc, _broadcast_rows(kb.b, inv_l, [tile["m"], tile["e"]])))
     ctx = TileCtx({"m": (rows.m0, tile["m"]), "e": (kb.b.index(0), tile["e"])}, rows.scalars)
     kb.em.overrides[kb.op(g.MatmulOp)[1].res] = out
-    kb.store_result(shape.axes, ctx)
+    kb.store_result(shape.out_axes, ctx)
     _store_logsumexp(kb, _logsumexp_of_stats(kb, rows.m_i, rows.l_i, rows.scale), rows.score_map,
                      TileCtx({"m": (rows.m0, tile["m"])}, rows.scalars))
     return shape.grid()
@@ -1409,8 +1411,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
                 keep.append(_col_mask(kb, n0, tile["n"], key_limit, block))
             keep_all = keep[0] if len(keep) == 1 else kb.b(arith.AndIOp(keep[0], keep[1]))
             return [select(kb.b, keep_all, x, kb.b.full(-math.inf, block))]
-        inside = _block_unmasked(kb, n0, m0, tile, bounds if where is not None else None, key_limit,
-                                 kept[0] if kept else None)
+        inside = _block_unmasked(kb, n0, m0, tile, bounds if where is not None else None, key_limit, kept)
         (x,) = _if(kb.b, inside, lambda: [x], mask)
         return x, scale
 
@@ -1430,7 +1431,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
             return kb.b(t.MmaOp(probs, v_tile, acc, transpose_b=operand_layout(v, ("n", "e"))))
 
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
-    steps = _key_blocks(kb, bounds, m0, tile, sizes["n"], kept[1] if kept else None)
+    steps = _key_blocks(kb, bounds, m0, tile, sizes["n"], kept)
     fixed = {"d": zero, "e": zero}
     if split is None and p.get("qk_ahead") and p["num_stages"] >= 3 and kb.stage_operands:
         key_limit = _key_limit(kb, steps[1], tile["n"], sizes["n"])
@@ -1558,7 +1559,7 @@ def _combine_splits(kb: KernelBuild, att: _AttentionShape, lse: SSAValue, partia
     inv_total = b(arith.DivfOp(b.full(1.0, [bm]), total))
     m2 = kb.op(g.MatmulOp)[1]
     kb.em.overrides[m2.res] = b(arith.MulfOp(acc, _broadcast_rows(b, inv_total, [bm, be])))
-    kb.store_result(att.axes, ctx)
+    kb.store_result(att.out_axes, ctx)
     if len(kb.outs) > 1:   # the splits' log-sum-exps (base 2, about their max) combined, in natural log
         lse2 = b(arith.AddfOp(_safe_max(kb, m_i, bm), b(mathd.Log2Op(total))))
         score_map = matmul_operand_maps(m2, att.axes, "n", kb.bindings)[0]
@@ -1575,45 +1576,79 @@ def _key_limit(kb: KernelBuild, end: int | SSAValue, bn: int, n_keys: int) -> in
     return kb.b(arith.MinSIOp(kb.mul(end, bn), kb.b.index(n_keys)))
 
 
+@dataclass
+class _KeptColumns:
+    """The columns a query block's rows keep under a mask's limits read at run time (`ColumnLimit`):
+    every row keeps those in [every_from, every_below), and no row one outside [any_from,
+    any_below); None where no limit bounds that side."""
+
+    any_from: SSAValue | None = None
+    every_from: SSAValue | None = None
+    every_below: SSAValue | None = None
+    any_below: SSAValue | None = None
+
+
 def _kept_columns(kb: KernelBuild, limits: tuple[ColumnLimit, ...], m0: SSAValue, tile: dict[str, int],
-                  scalars: dict[str, SSAValue], sizes: dict[str, int]) -> tuple[SSAValue, SSAValue]:
-    """(every, any) for query block [m0, m0 + BM) under a mask's column limits (`ColumnLimit`, read
-    per program: a sequence's length): every row keeps the columns below `every`, and no row one at
-    or past `any`; a key block below `every` needs no mask, the key loop stops at `any`. A value
-    read is first clamped to where it still decides something (past the keys, or below every
-    row's first), so the 32-bit index arithmetic never wraps (a length of 2^31 - 1 meaning
-    "all")."""
+                  scalars: dict[str, SSAValue], sizes: dict[str, int]) -> _KeptColumns:
+    """`_KeptColumns` of query block [m0, m0 + BM) under `limits`: a key block inside [every_from,
+    every_below) needs no mask, the key loop runs over [any_from, any_below). A limit's values are
+    read per program, or per row as the min and the max over the block's rows
+    (`tile.load_index_reduce`); their sum, taken in 32-bit ints as the mask's own arithmetic takes
+    it, is then clamped to where it still decides something (past the keys, or below every row's
+    first), so the index arithmetic after it never wraps (a length of 2^31 - 1 meaning "all")."""
     b = kb.b
-    every = any_ = None
+    kept = _KeptColumns()
+    rows_ctx = TileCtx({"m": (m0, tile["m"])}, scalars)
+    read: dict = {}   # (value, map) -> (least, most): a value in several limits is read once
+
+    def extremes(term):
+        key = (term.value, term.value_map)
+        if key not in read:
+            if "m" in term.value_map:
+                read[key] = tuple(kb.em.index_at(term.value, term.value_map, rows_ctx, kind) for kind in ("min", "max"))
+            else:
+                read[key] = (kb.em.index_at(term.value, term.value_map, rows_ctx),) * 2
+        return read[key]
+
+    def pick(current, value, op):
+        return value if current is None else b(op(current, value))
     for limit in limits:
-        base = b.index(limit.const)
-        if limit.value is not None:
-            value = kb.em.index_at(limit.value, limit.value_map, TileCtx({}, scalars))
-            cap = sizes["n"] + abs(limit.const)
-            floor = -(cap + sizes["m"] + tile["m"] + (limit.modulo or 0))
-            value = b(arith.MaxSIOp(b(arith.MinSIOp(value, b.index(cap))), b.index(floor)))
-            base = b(arith.AddiOp(base, value))
+        low = high = b.index(0)
+        for term in limit.terms:
+            least, most = extremes(term)
+            if term.sign < 0:
+                least, most = b(arith.SubiOp(b.index(0), most)), b(arith.SubiOp(b.index(0), least))
+            low, high = b(arith.AddiOp(low, least)), b(arith.AddiOp(high, most))
+        cap = sizes["n"] + abs(limit.const)
+        floor = -(cap + sizes["m"] + tile["m"] + (limit.modulo or 0))
+        low, high = (b(arith.AddiOp(b.index(limit.const), b(arith.MaxSIOp(b(arith.MinSIOp(x, b.index(cap))),
+                                                                             b.index(floor)))))
+                     for x in (low, high))
         if limit.rows == "index":      # the block's rows m0 .. m0 + BM - 1
-            low, high = b(arith.AddiOp(base, m0)), b(arith.AddiOp(base, b(arith.AddiOp(m0, b.index(tile["m"] - 1)))))
+            low, high = b(arith.AddiOp(low, m0)), b(arith.AddiOp(high, b(arith.AddiOp(m0, b.index(tile["m"] - 1)))))
         elif limit.rows == "modulo":   # a query position of merged rows: 0 .. modulo - 1
-            low, high = base, b(arith.AddiOp(base, b.index(limit.modulo - 1)))
+            high = b(arith.AddiOp(high, b.index(limit.modulo - 1)))
+        if limit.lower:
+            kept.any_from = pick(kept.any_from, low, arith.MaxSIOp)
+            kept.every_from = pick(kept.every_from, high, arith.MaxSIOp)
         else:
-            low = high = base
-        every = low if every is None else b(arith.MinSIOp(every, low))
-        any_ = high if any_ is None else b(arith.MinSIOp(any_, high))
-    return every, any_
+            kept.every_below = pick(kept.every_below, low, arith.MinSIOp)
+            kept.any_below = pick(kept.any_below, high, arith.MinSIOp)
+    return kept
 
 
 def _block_unmasked(kb: KernelBuild, n0: SSAValue, m0: SSAValue, tile: dict[str, int],
                     bounds: ColumnBounds | None, n_keys: int | SSAValue | None,
-                    kept: SSAValue | None = None) -> SSAValue:
+                    kept: _KeptColumns | None = None) -> SSAValue:
     """i1: every column of key block [n0, n0 + BN) is inside the mask's bounds for every query row
-    of [m0, m0 + BM), inside the `n_keys` keys (None: no such limit) and below `kept` (the columns
-    every row's column limits keep: `_kept_columns`), so no element is masked."""
+    of [m0, m0 + BM), inside the `n_keys` keys (None: no such limit) and inside the columns every
+    row's limits read at run time keep (`_KeptColumns`), so no element is masked."""
     b, bm, bn = kb.b, tile["m"], tile["n"]
     tests = []
-    if kept is not None:                                  # n0 + BN <= kept
-        tests.append(b(t.CmpiOp(b(arith.AddiOp(n0, b.index(bn))), kept, "sle")))
+    if kept is not None and kept.every_below is not None:   # n0 + BN <= every_below
+        tests.append(b(t.CmpiOp(b(arith.AddiOp(n0, b.index(bn))), kept.every_below, "sle")))
+    if kept is not None and kept.every_from is not None:    # n0 >= every_from
+        tests.append(b(t.CmpiOp(n0, kept.every_from, "sge")))
     if bounds is not None and bounds.upper is not None:   # n0 + BN - 1 <= m0 + upper
         tests.append(b(t.CmpiOp(b(arith.AddiOp(n0, b.index(bn - 1 - bounds.upper))), m0, "sle")))
     if bounds is not None and bounds.lower is not None:   # n0 >= m0 + BM - 1 + lower
@@ -1643,9 +1678,10 @@ def _if(b: Builder, cond: SSAValue, then: Callable, otherwise: Callable) -> list
 
 
 def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_keys: int,
-                kept: SSAValue | None = None) -> tuple:
+                kept: _KeptColumns | None = None) -> tuple:
     """[first, end) of the key blocks a query block [m0, m0 + BM) can see under the mask's bounds,
-    and below `kept` (no row keeps a column at or past it: `_kept_columns`)."""
+    and inside the columns any of its rows keeps under limits read at run time (`_KeptColumns`;
+    an empty range then has end = first)."""
     b, bn = kb.b, tile["n"]
     first: int | SSAValue = 0
     end: int | SSAValue = cdiv(n_keys, bn)
@@ -1656,10 +1692,15 @@ def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_k
     if bounds.lower is not None:  # columns >= m0 + lower
         cols = b(arith.MaxSIOp(b(arith.AddiOp(m0, b.index(bounds.lower))), b.index(0)))
         first = b(arith.DivSIOp(cols, b.index(bn)))
-    if kept is not None:          # columns < kept
-        cols = b(arith.MaxSIOp(kept, b.index(0)))
+    if kept is not None and kept.any_below is not None:   # columns < any_below
+        cols = b(arith.MaxSIOp(kept.any_below, b.index(0)))
         blocks = b(arith.DivSIOp(b(arith.AddiOp(cols, b.index(bn - 1))), b.index(bn)))
         end = b(arith.MinSIOp(blocks, end if isinstance(end, SSAValue) else b.index(end)))
+    if kept is not None and kept.any_from is not None:    # columns >= any_from
+        cols = b(arith.MaxSIOp(kept.any_from, b.index(0)))
+        block = b(arith.DivSIOp(cols, b.index(bn)))
+        first = block if isinstance(first, int) else b(arith.MaxSIOp(first, block))
+        end = b(arith.MaxSIOp(end if isinstance(end, SSAValue) else b.index(end), first))
     return first, end
 
 
@@ -1784,23 +1825,32 @@ def _distinct_tiles(operands: list[Operand]) -> tuple[list[Operand], list[int]]:
 
 
 def _output_map(kb: KernelBuild, sink) -> Map:
-    """The map of a chain sink's output: its result's, through an elementwise epilogue of the same
-    shape and transposes (the backward's dK = (Q^T @ dS)^T, stored transposed by the kernel itself,
-    where a copy kernel would read and write it again: fusion's `_transposed_chain_output`)."""
-    path, v = [], sink.output
-    while v is not sink.op.results[0]:
-        op = v.owner
-        on_path = list(dict.fromkeys(x for x in getattr(op, "operands", ()) if _computed_from(x, sink.op)))
-        if not isinstance(op, (g.ElementwiseOp, g.CastOp, g.TransposeOp)) or len(on_path) != 1 or (
-                not isinstance(op, g.TransposeOp) and g.tensor_type(on_path[0]).shape != g.tensor_type(v).shape):
-            raise TesseraError(f"{kb.sk.sym_name.data}: a flash_chain kernel's epilogue keeps its sink's shape "
+    """The map of a chain sink's output: its result's, through its epilogue (`epilogue_map`)."""
+    return epilogue_map(kb, sink.output, sink.op, tuple(sink.tiling.result_map))
+
+
+def epilogue_map(kb: KernelBuild, out: SSAValue, op: Operation, m: Map) -> Map:
+    """The map of a kernel's output `out`, computed from `op`'s result (whose dims walk `m`) by an
+    elementwise epilogue of the same shape, transposes and size-1 dims added or removed: an attention's [B, H, S, D] stored as
+    [B, S, H, D], the backward's dK = (Q^T @ dS)^T, each stored transposed by the kernel itself,
+    where a copy kernel would read and write it again (fusion's `_transposed_output`)."""
+    path, v = [], out
+    while v is not op.results[0]:
+        step = v.owner
+        on_path = list(dict.fromkeys(x for x in getattr(step, "operands", ()) if _computed_from(x, op)))
+        view = isinstance(step, g.TransposeOp) or (isinstance(step, g.ReshapeOp)
+                                                    and g.is_unit_reshape(step, kb.bindings))
+        if not (view or isinstance(step, (g.ElementwiseOp, g.CastOp))) or len(on_path) != 1 or (
+                not view and g.tensor_type(on_path[0]).shape != g.tensor_type(v).shape):
+            raise TesseraError(f"{kb.sk.sym_name.data}: a kernel's epilogue keeps its result's shape "
                                f"(or transposes it)")
-        path.append(op)
+        path.append(step)
         v = on_path[0]
-    m = tuple(sink.tiling.result_map)
-    for op in reversed(path):
-        if isinstance(op, g.TransposeOp):
-            m = tuple(m[p] for p in op.permutation)
+    for step in reversed(path):
+        if isinstance(step, g.TransposeOp):
+            m = tuple(m[p] for p in step.permutation)
+        elif isinstance(step, g.ReshapeOp):
+            m = unit_reshape_map(g.tensor_type(step.input).shape, m, g.tensor_type(step.res).shape, kb.bindings)
     return m
 
 
@@ -1942,6 +1992,7 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool) -> tuple[li
         if any(t.is_dynamic_memref(x.type) for x in kb.scratch):   # (no generic template asks for one)
             raise DynamicDim(dynamic_dim_of(sk.inputs, bindings) or "?", "a scratch buffer's size needs it")
         for kernel, kernel_grid in launches:
+            kernel_grid = fit_grid(kernel, kernel_grid)
             args = inputs + scratch + ([] if kernel in first else outputs)
             if line_info:
                 kernel.attributes[provenance.LINE_INFO] = UnitAttr()

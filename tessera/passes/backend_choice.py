@@ -38,7 +38,9 @@ class KernelFacts:
     dynamic: str | None = None    # a dim it takes at run time (`tessera.dims`)
     asserts: bool = False         # it checks device_asserts
     profiled: bool = False        # its compile stamps profile regions
-    gathers: bool = False         # it reads rows through a tensor of indices (graph.gather)
+    #: it reads indices from memory: rows through a tensor of indices (graph.gather), or a mask's
+    #: limits read at run time (`masks.ColumnLimit`: a sequence's length, a packed query's keys)
+    reads_indices: bool = False
 
 
 @dataclass(frozen=True)
@@ -79,8 +81,8 @@ def cannot_compile(backend: str, kernel: KernelFacts) -> str | None:
     reason = BACKENDS[backend].cannot_target(kernel.target, kernel.dtypes)
     if reason is not None:
         return reason
-    if kernel.gathers:
-        return "its lowering reads no rows through a tensor of indices (a gather) yet"
+    if kernel.reads_indices:
+        return "its lowering reads no indices from memory (a gather's rows, a mask's limits per sequence) yet"
     if not _tileiras_installed():
         return "tileiras is not installed (pip install 'tessera[cuda-tile]')"
     if kernel.asserts:

@@ -10,11 +10,11 @@ bits rather than guessing them from the IR's shape.
 The model (a concrete abstract interpreter):
 
 * Each kernel runs for a few blocks (`program_ids`: first, middle and last of its grid, and
-  their neighbours), and a kernel that reads indices from memory (`tile.load_index`: a page,
-  a sequence's length) once for each of a few values they may read (`INDEX_SAMPLES`). Scalar
-  `arith`/`scf` ops are evaluated (compilation is specialised to shapes, and such indices are
-  sampled, so every loop bound, stage index and parity is a number); tile data is not. A tensor
-  value is a *marker* of who
+  their neighbours), and a kernel that reads indices from memory (`tile.INDEX_READS`: a page,
+  a sequence's length, a block's per-row limits) once for each of a few values they may read
+  (`INDEX_SAMPLES`). Scalar `arith`/`scf` ops are evaluated (compilation is specialised to
+  shapes, and such indices are sampled, so every loop bound, stage index and parity is a
+  number); tile data is not. A tensor value is a *marker* of who
   wrote it: a wgmma group (`("wg", agent, group, op)`), registers written at clock t
   (`("reg", t)`), or a shared stage a wgmma reads through a descriptor (`("sh", stage)`).
 * Agents: the block (its threads run alike, as Tile IR promises); inside `warp_specialize`, the
@@ -54,6 +54,7 @@ from xdsl.printer import Printer
 
 from ..errors import TesseraError
 from ..ir import target as tgt
+from ..ir import tile
 
 #: hazard kind -> what it means (the brief's (a)..(d), and the rest of the protocol)
 KINDS: dict[str, str] = {
@@ -674,6 +675,7 @@ def _nothing(run: _Run, agent: _Agent, op: Operation) -> None:
 _STEPS = {
     "tile.program_id": _Run._program_id,
     "tile.load_index": _Run._load_index,
+    "tile.load_index_reduce": _Run._load_index,
     "tessera_target.allocate": _Run._allocate,
     "tessera_target.memcpy": _Run._memcpy,
     "tessera_target.cp_async_commit": _Run._cp_commit,
@@ -796,14 +798,14 @@ def check_kernel(kernel: tgt.KernelOp) -> list[Hazard]:
         found.setdefault((kind, id(op)), Hazard(kind, kernel.sym_name.data, op, message, pid))
 
     plans: dict = {}   # block -> its ops' handlers, shared by the blocks' runs
-    reads_indices = any(op.name == "tile.load_index" for op in kernel.walk())
+    reads_indices = any(isinstance(op, tile.INDEX_READS) for op in kernel.walk())
     for value in INDEX_SAMPLES if reads_indices else (0,):
         for pid in program_ids(kernel):
             _Run(kernel, pid, report, plans, value).run()
     return list(found.values())
 
 
-#: what a kernel's tile.load_index ops read in its checked runs (one run per value and block): the
+#: what a kernel's tile.load_index(_reduce) ops read in its checked runs (one run per value and block): the
 #: data a loop bound comes from (a sequence's length) is no number at compile time, so each block
 #: runs with none, one, a few blocks' worth and more than every extent (a loop then runs its
 #: whole static trip count; a page table's entry then names no page)

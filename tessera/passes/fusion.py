@@ -43,7 +43,7 @@ from .. import dtypes, platforms
 from ..platforms import HOPPER_NATIVE
 from ..ir import schedule as s
 from ..ir import index_maps, tile
-from ..ir.masks import ColumnBounds, chain_bounds, column_bounds
+from ..ir.masks import ColumnBounds, attention_mask, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
 from ..backends import BACKENDS, Backend, check_backend_option
 from ..dims import DynamicDim, is_dynamic
@@ -694,7 +694,8 @@ class _Planner:
         returned view of the same output (or of a returned output) is a copy."""
         ret = self.f.body.block.last_op
         for view in self.views:
-            self._materialize(view.input)
+            if not self._transposed_output(view.input):
+                self._materialize(view.input)
         written_through = set(ret.operands)
         for v in ret.operands:
             producer = self.producer(v)
@@ -702,30 +703,38 @@ class _Planner:
                     and producer.input not in written_through:
                 written_through.add(producer.input)
                 continue
-            if self._transposed_chain_output(v):
+            if self._transposed_output(v):
                 continue
             self._materialize(v)
 
-    def _transposed_chain_output(self, v: SSAValue) -> bool:
-        """A returned transpose of a flash_chain kernel's output that nothing else reads (the
-        attention backward's dK = (Q^T @ dS)^T): the kernel's output becomes the transpose, which
-        it stores through its own tile's map, where a copy kernel would read and write it again.
-        Returns whether it did."""
-        op = self.producer(v)
-        if not isinstance(op, g.TransposeOp):
-            return False
-        src = op.input
-        group = next((grp for grp in self.groups if grp.kind == "flash_chain" and src in grp.outputs), None)
+    def _transposed_output(self, v: SSAValue) -> bool:
+        """A transpose (or a chain of them, with size-1 dims added or removed) of an attention's or a
+        flash_chain kernel's output that nothing else reads, returned or read only by host views: the kernel's output becomes the
+        transpose, which it stores through its own tile's map, where a copy kernel would read and
+        write it again (an attention's [B, H, S, D] output returned as [B, S, H, D], FlashAttention's
+        layout; an attention backward's dK = (Q^T @ dS)^T). Returns whether it did."""
+        chain, src = [], v
+        while isinstance(self.producer(src), g.TransposeOp) or (
+                isinstance(self.producer(src), g.ReshapeOp) and g.is_unit_reshape(self.producer(src), self.bindings)
+                and self.producer(src) not in self.paged):
+            chain.append(self.producer(src))
+            src = chain[-1].input
+        group = next((grp for grp in self.groups if grp.kind in ("flash_chain", "flash_attention")
+                      and src in grp.outputs), None)
         ret = self.f.body.block.last_op
-        if group is None or [u.operation for u in src.uses] != [op] or src in ret.operands \
-                or any(u.operation is not ret for u in v.uses):
+        if not any(isinstance(op, g.TransposeOp) for op in chain) or group is None or src in ret.operands:
+            return False
+        if any([u.operation for u in op.input.uses] != [op] for op in chain):
+            return False
+        if any(u.operation is not ret and u.operation not in self.views for u in v.uses):
             return False
         if group.output is src:
             group.output = v
         else:
             group.extra = [v if x is src else x for x in group.extra]
-        group.ops.add(op)
-        self.group_of[op] = group
+        for op in chain:
+            group.ops.add(op)
+            self.group_of[op] = group
         return True
 
     def _written_by_kernel(self, v: SSAValue) -> bool:
@@ -836,7 +845,20 @@ def _kernel_facts(group: Group, planner: _Planner, block: Block, inputs: list[SS
         group.kind, no_matrix_instruction=no_instruction,
         dtypes=frozenset(dt.name for dt in matmul_dtypes | {g.tensor_type(v).dtype for v in [*inputs, *group.outputs]}),
         target=planner.target, dynamic=dynamic, asserts=any(isinstance(op, g.AssertOp) for op in group.ops),
-        profiled=planner.profiled, gathers=any(isinstance(op, g.GatherOp) for op in block.ops))
+        profiled=planner.profiled, reads_indices=_reads_indices(block, planner.bindings))
+
+
+def _reads_indices(block: Block, bindings) -> bool:
+    """Whether a kernel body reads indices from memory: a gather's, or an attention mask's limits
+    read at run time (`masks.ColumnLimit`)."""
+    if any(isinstance(op, g.GatherOp) for op in block.ops):
+        return True
+    for sm in (op for op in block.ops if isinstance(op, g.SoftmaxOp)):
+        rank = g.tensor_type(sm.input).rank
+        terms = attention_mask(sm.input, (*(f"b{i}" for i in range(rank - 2)), "m", "n"), "m", "n", bindings)
+        if terms is not None and terms.limits:
+            return True
+    return False
 
 
 def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:

@@ -91,7 +91,8 @@ def test_limits_read_per_program_are_found():
     terms = attention_mask(sm.input, ("b0", "b1", "m", "n"), "m", "n", g.bindings_of(module.ops.first))
     assert terms.bounds == ColumnBounds(None, None)
     assert sorted((limit.const, limit.rows) for limit in terms.limits) == [(-2, "index"), (0, None)]
-    assert all(isinstance(limit.value.owner, Block) for limit in terms.limits)   # the argument itself
+    assert all(isinstance(term.value.owner, Block) for limit in terms.limits for term in limit.terms)   # the argument
+    assert not any(limit.lower or limit.per_row("m") for limit in terms.limits)
     assert column_bounds(sm.input, ("b0", "b1", "m", "n"), "m", "n", {}) == ColumnBounds(None, None)
 
 

@@ -111,7 +111,7 @@ def test_the_gradient_of_a_gather_is_refused_clearly():
 
 def test_the_cuda_tile_backend_passes_gathers_to_ptx():
     facts = backend_choice.KernelFacts("elementwise", dtypes=frozenset({"bf16"}), target=platforms.get("sm_90a"),
-                                       gathers=True)
+                                       reads_indices=True)
     assert "a gather" in backend_choice.cannot_compile("cuda-tile", facts)
 
 

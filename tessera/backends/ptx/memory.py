@@ -18,7 +18,7 @@ from ...ir.layouts import Layout, Mma
 from ...lowering.assign_layouts import is_tile
 from ...lowering.shared_memory import Staging
 from .core import KernelEmitter
-from .types import B8, PRED, S32, PtxType, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
+from .types import B8, PRED, S32, U64, PtxType, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
 
 def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout):
@@ -97,6 +97,46 @@ def _load_index(e: KernelEmitter, op: t.LoadIndexOp) -> None:
     addr, r = e.element_address(e.value(op.src), terms, 4, e.reach(op.src.type)), e.new(S32)
     e.emit(f"ld.global.nc.s32 {r}, [{addr}];")
     e.env[op.result] = r
+
+
+def _load_index_reduce(e: KernelEmitter, op: t.LoadIndexReduceOp) -> None:
+    """The min or max of a run of s32 elements along one dim. Every warp reads it on its own, lane l
+    the elements l, l + 32, ... inside the dim (the first element lies inside), and combines its
+    lanes with butterfly shuffles: a few loads a thread, not one per element. In a producer region
+    (one thread running) that thread reads every element itself."""
+    axis, count, kind = op.axis.value.data, op.count.value.data, op.kind.data
+    strides = t.element_strides(op.src.type)
+    terms = [(e.value(off), st) for off, st in zip(op.offsets, strides)]
+    addr = e.element_address(e.value(op.src), terms, 4, e.reach(op.src.type))
+    left = e.new(S32)                      # the run's elements inside the dim
+    e.emit(f"sub.s32 {left}, {e.extent(op.src, axis)}, {e.value(op.offsets[axis])};")
+    e.emit(f"min.s32 {left}, {left}, {count};")
+    acc = e.new(S32)
+    e.emit(f"ld.global.nc.s32 {acc}, [{addr}];")   # the first element: inside, and any lane's neutral value
+    if e.role == "producer":               # one thread: each further element at a constant offset
+        for i in range(1, count):
+            inside, r = e.new(PRED), e.new(S32)
+            e.emit(f"setp.lt.s32 {inside}, {i}, {left};")
+            e.emit(f"mov.s32 {r}, {acc};")
+            e.emit(f"@{inside} ld.global.nc.s32 {r}, [{addr}+{i * strides[axis] * 4}];")
+            e.emit(f"{kind}.s32 {acc}, {acc}, {r};")
+        e.env[op.result] = acc
+        return
+    lane = e.tid()[1]
+    for i in range(0, count, 32):          # lane l: elements l + i
+        index, inside, r, at = e.new(S32), e.new(PRED), e.new(S32), e.new(U64)
+        e.emit(f"add.s32 {index}, {lane}, {i};")
+        e.emit(f"setp.lt.s32 {inside}, {index}, {left};")
+        e.emit(f"mov.s32 {r}, {acc};")
+        e.emit(f"mul.wide.s32 {at}, {index}, {strides[axis] * 4};")
+        e.emit(f"add.s64 {at}, {addr}, {at};")
+        e.emit(f"@{inside} ld.global.nc.s32 {r}, [{at}];")
+        e.emit(f"{kind}.s32 {acc}, {acc}, {r};")
+    for mask in (16, 8, 4, 2, 1):
+        other = e.new(S32)
+        e.emit(f"shfl.sync.bfly.b32 {other}, {acc}, {mask}, 31, -1;")
+        e.emit(f"{kind}.s32 {acc}, {acc}, {other};")
+    e.env[op.result] = acc
 
 
 def _load_bool(e: KernelEmitter, addr: str, byte: int, pred: str | None, pad: float) -> str:
@@ -310,5 +350,6 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, mt: MemRefType
 HANDLERS: dict[type, Callable] = {
     t.LoadOp: _load,
     t.LoadIndexOp: _load_index,
+    t.LoadIndexReduceOp: _load_index_reduce,
     t.StoreOp: _store,
 }

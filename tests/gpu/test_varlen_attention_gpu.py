@@ -1,0 +1,77 @@
+"""Variable-length (packed) attention on the GPU against a float64 reference written in torch.
+
+examples/varlen_attention.py as written: sequences of lengths 1, 17, primes, 1000 and 4097 packed
+without padding, FlashAttention's cumulative lengths, queries fewer than keys (the causal diagonal
+at the bottom right) and a sequence of no queries, GQA 32/8 and MHA, head dims 64 and 128, both
+code paths; NaN-poisoned outputs."""
+import math
+
+import pytest
+
+from varlen_attention import varlen_attention
+from test_kernels import PATHS, check, run
+
+
+def cumulative(torch, lengths):
+    return torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+
+
+def reference(torch, q, k, v, cu_q, cu_k):
+    """float64 attention per sequence (a row with no key would be NaN: none here)."""
+    out = torch.zeros(q.shape, dtype=torch.float64, device="cuda")
+    g = q.shape[1] // k.shape[1]
+    for b in range(len(cu_q) - 1):
+        a, e, ka, ke = (int(x) for x in (cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]))
+        if e == a:
+            continue
+        qs = q[a:e].double().transpose(0, 1)
+        ks, vs = (x[ka:ke].double().transpose(0, 1).repeat_interleave(g, 0) for x in (k, v))
+        s = qs @ ks.transpose(-1, -2) / math.sqrt(q.shape[-1])
+        rows = torch.arange(e - a, device="cuda")[:, None] + (ke - ka) - (e - a)
+        s = s.masked_fill(torch.arange(ke - ka, device="cuda")[None, :] > rows, -math.inf)
+        out[a:e] = (torch.softmax(s, -1) @ vs).transpose(0, 1)
+    return out
+
+
+CASES = [   # (queries per sequence, keys per sequence, H, Hk, D, dtype)
+    ([17, 1, 4097, 31], [17, 1, 4097, 31], 32, 8, 128, "bf16"),
+    ([1000, 257, 64], [1000, 257, 64], 16, 16, 64, "fp16"),
+    ([1], [1], 4, 4, 128, "bf16"),                                   # one query, one key
+    ([5, 0, 130, 1], [300, 7, 1000, 4099], 8, 2, 128, "bf16"),       # fewer queries than keys; one of none
+]
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("queries,keys,h,hk,d,dtype", CASES, ids=[f"{q}-{k}-H{h}-Hk{hk}-D{d}"
+                                                                   for q, k, h, hk, d, _ in CASES])
+def test_varlen_attention(torch_cuda, queries, keys, h, hk, d, dtype, path):
+    torch = torch_cuda
+    cu_q, cu_k = cumulative(torch, queries), cumulative(torch, keys)
+    dims = dict(T=sum(queries), N=sum(keys), H=h, Hk=hk, D=d, B1=len(queries) + 1)
+
+    def make(spec, gen):
+        if spec.name in ("cu_seqlens_q", "cu_seqlens_k"):
+            return cu_q if spec.name == "cu_seqlens_q" else cu_k
+        return torch.randn(spec.shape, generator=gen, device="cuda").to(
+            {"bf16": torch.bfloat16, "fp16": torch.float16}[dtype])
+    (q, k, v, _, _), (out,) = run(varlen_attention, dims, dtype, torch, path=path, make=make)
+    check(out, reference(torch, q, k, v, cu_q, cu_k), dtype, torch)
+
+
+def test_a_query_block_loops_over_its_sequences_keys_only(torch_cuda):
+    """Values outside every query's sequence are NaN: a key block no row of a query block keeps
+    must not be read (0 * NaN would poison the row), so the loop skips them."""
+    torch = torch_cuda
+    lengths = [256, 512, 128, 384]
+    cu = cumulative(torch, lengths)
+    t, h, d = sum(lengths), 8, 128
+    gen = torch.Generator(device="cuda").manual_seed(1)
+    q, k, v = (torch.randn(t, h, d, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(3))
+    out = varlen_attention(q, k, v, cu, cu)
+    check(out, reference(torch, q, k, v, cu, cu), "bf16", torch)
+    v_poisoned = v.clone()
+    v_poisoned[256:768] = float("nan")     # sequence 1's values: sequences 0, 2 and 3 never see them
+    out = varlen_attention(q, k, v_poisoned, cu, cu)
+    rows = torch.ones(t, dtype=torch.bool, device="cuda")
+    rows[256:768] = False
+    assert not torch.isnan(out[rows]).any()
