@@ -129,6 +129,7 @@ def main() -> int:
     print(f"{'case':<40} {'tessera':>9} {'TFLOP/s':>8} " + " ".join(f"{n:>15}" for n in names)
           + f" {'vs best':>8} {'rel err':>8}")
     status = 0
+    refused: dict[str, str] = {}
     for kind, (h, hk) in HEADS.items():
         for label, lengths in batches(args.quick).items():
             cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
@@ -147,8 +148,10 @@ def main() -> int:
                 try:
                     assert run is not None and rel_err(post(run()), ref) < 2e-2
                     times[name] = graph_us(run)
-                except Exception:
+                except Exception as e:   # a peer this machine lacks, or that refuses these inputs
                     times[name] = None
+                    if run is not None and name not in refused:
+                        refused[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:160] if str(e) else ''}"
             best = min((x for x in times.values() if x), default=None)
             print(f"{kind + ' ' + label:<40} {us:9.1f} {flops / us / 1e6:8.0f} "
                   + " ".join(f"{times[n]:15.1f}" if times.get(n) else f"{'n/a':>15}" for n in names)
@@ -164,6 +167,8 @@ def main() -> int:
                       f"   varlen / batch time {us / batch_us:.2f}")
             del q, k, v
             torch.cuda.empty_cache()
+    for name, why in refused.items():
+        print(f"{name}: n/a ({why})")
     return int(status)
 
 

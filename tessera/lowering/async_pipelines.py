@@ -493,10 +493,35 @@ def _drop_tiles(block: Block) -> None:
         if isinstance(op, scf.ForOp):
             _drop_tile_iter_args(op)
             continue
+        if isinstance(op, scf.IfOp):
+            _drop_tile_results(op)
+            continue
         if isinstance(op, (tile.MmaWaitOp, tile.StoreOp)) or (
                 not isinstance(op, _KEEP_IN_PRODUCER)
                 and any(is_tile(v) for v in (*op.operands, *op.results))):
             _erase(op, safe=False)
+
+
+def _drop_tile_results(branch: scf.IfOp) -> None:
+    """An scf.if in the producer: its branches without their tiles, and without the tile results
+    (a block's mask, chosen where the block is cut) -- gone when nothing else is left."""
+    blocks = [block for region in branch.regions for block in region.blocks]
+    for block in blocks:
+        _drop_tiles(block)
+    keep = [i for i, v in enumerate(branch.results) if not is_tile(v)]
+    if len(keep) == len(branch.results):
+        return
+    for block in blocks:
+        block.last_op.operands = [block.last_op.operands[i] for i in keep]
+    if not keep and all(len(block.ops) == 1 for block in blocks):
+        _erase(branch, safe=False)
+        return
+    regions = [branch.detach_region(region) for region in list(branch.regions)]
+    new = scf.IfOp(branch.cond, [branch.results[i].type for i in keep], *regions)
+    branch.parent_block().insert_op_before(new, branch)
+    for j, i in enumerate(keep):
+        branch.results[i].replace_all_uses_with(new.results[j])
+    _erase(branch, safe=False)
 
 
 def _drop_tile_iter_args(loop: scf.ForOp) -> None:

@@ -1831,27 +1831,33 @@ def _output_map(kb: KernelBuild, sink) -> Map:
 
 def epilogue_map(kb: KernelBuild, out: SSAValue, op: Operation, m: Map) -> Map:
     """The map of a kernel's output `out`, computed from `op`'s result (whose dims walk `m`) by an
-    elementwise epilogue of the same shape, transposes and size-1 dims added or removed: an attention's [B, H, S, D] stored as
-    [B, S, H, D], the backward's dK = (Q^T @ dS)^T, each stored transposed by the kernel itself,
-    where a copy kernel would read and write it again (fusion's `_transposed_output`)."""
-    path, v = [], out
-    while v is not op.results[0]:
-        step = v.owner
-        on_path = list(dict.fromkeys(x for x in getattr(step, "operands", ()) if _computed_from(x, op)))
-        view = isinstance(step, g.TransposeOp) or (isinstance(step, g.ReshapeOp)
-                                                    and g.is_unit_reshape(step, kb.bindings))
-        if not (view or isinstance(step, (g.ElementwiseOp, g.CastOp))) or len(on_path) != 1 or (
-                not view and g.tensor_type(on_path[0]).shape != g.tensor_type(v).shape):
-            raise TesseraError(f"{kb.sk.sym_name.data}: a kernel's epilogue keeps its result's shape "
-                               f"(or transposes it)")
-        path.append(step)
-        v = on_path[0]
-    for step in reversed(path):
-        if isinstance(step, g.TransposeOp):
-            m = tuple(m[p] for p in step.permutation)
-        elif isinstance(step, g.ReshapeOp):
-            m = unit_reshape_map(g.tensor_type(step.input).shape, m, g.tensor_type(step.res).shape, kb.bindings)
-    return m
+    elementwise epilogue of the same shape, transposes and size-1 dims added or removed: an
+    attention's [B, H, S, D] stored as [B, S, H, D], the backward's dK = (Q^T @ dS)^T, each stored
+    transposed by the kernel itself, where a copy kernel would read and write it again (fusion's
+    `_transposed_output`)."""
+    memo: dict = {}
+
+    def map_of(v: SSAValue) -> Map:
+        if v is op.results[0]:
+            return m
+        if v not in memo:
+            step = v.owner
+            on_path = list(dict.fromkeys(x for x in getattr(step, "operands", ()) if _computed_from(x, op)))
+            if isinstance(step, g.TransposeOp):
+                inner = map_of(step.input)
+                memo[v] = tuple(inner[p] for p in step.permutation)
+            elif isinstance(step, g.ReshapeOp) and g.is_unit_reshape(step, kb.bindings):
+                memo[v] = unit_reshape_map(g.tensor_type(step.input).shape, map_of(step.input),
+                                           g.tensor_type(step.res).shape, kb.bindings)
+            elif isinstance(step, (g.ElementwiseOp, g.CastOp)) and on_path and all(
+                    g.tensor_type(x).shape == g.tensor_type(v).shape for x in on_path) and \
+                    len({map_of(x) for x in on_path}) == 1:
+                memo[v] = map_of(on_path[0])
+            else:
+                raise TesseraError(f"{kb.sk.sym_name.data}: a kernel's epilogue keeps its result's shape "
+                                   f"(or transposes it)")
+        return memo[v]
+    return map_of(out)
 
 
 def _computed_from(v: SSAValue, op: Operation) -> bool:
