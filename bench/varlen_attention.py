@@ -77,7 +77,7 @@ def peers(q, k, v, cu, lengths) -> dict[str, object]:
     longest = max(lengths)
     try:
         from torch.nn.attention.varlen import varlen_attn
-        calls["torch varlen"] = lambda: varlen_attn(q, k, v, cu, cu, longest, longest, is_causal=True)
+        calls["torch varlen"] = lambda: varlen_attn(q, k, v, cu, cu, longest, longest, window_size=(-1, 0))
     except Exception:
         calls["torch varlen"] = None
     try:

@@ -260,7 +260,7 @@ def _platform_of(op: Operation) -> Platform:
 
 
 #: a kernel's optional integer properties, in print order
-_KERNEL_INTS = ("opt_level", "producer_warps", "maxnreg")
+_KERNEL_INTS = ("opt_level", "producer_warps", "maxnreg", "min_blocks")
 
 
 #: a kernel attribute: the grid axes that grow with dynamic dims, as `tile.launch`'s `grid_dims`
@@ -284,13 +284,15 @@ class KernelOp(IRDLOperation):
     opt_level = opt_prop_def(IntegerAttr[I64])
     producer_warps = opt_prop_def(IntegerAttr[I64])   # of the config's block: warps that only issue copies
     maxnreg = opt_prop_def(IntegerAttr[I64])          # registers per thread at launch (a register split's pool)
+    min_blocks = opt_prop_def(IntegerAttr[I64])       # blocks per SM its registers must allow (tile.OCCUPANCY)
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
 
     def __init__(self, name: str, arg_types: Sequence[Attribute], config: KernelConfigAttr,
                  platform: PlatformAttr, body: Region | None = None, opt_level: int | None = None,
-                 producer_warps: int | None = None, maxnreg: int | None = None):
-        ints = {k: v for k, v in zip(_KERNEL_INTS, (opt_level, producer_warps, maxnreg)) if v is not None}
+                 producer_warps: int | None = None, maxnreg: int | None = None, min_blocks: int | None = None):
+        ints = {k: v for k, v in zip(_KERNEL_INTS, (opt_level, producer_warps, maxnreg, min_blocks))
+                if v is not None}
         super().__init__(
             properties={"sym_name": StringAttr(name), "function_type": FunctionType.from_lists(arg_types, []),
                         "config": config, "platform": platform, **{k: _i64(v) for k, v in ints.items()}},

@@ -292,8 +292,8 @@ class KernelOp(IRDLOperation):
 #: warp-specialized kernel, on a target whose copies are asynchronous bulk copies); one warpgroup.
 PRODUCER_WARPS = "producer_warps"
 WARPGROUP_WARPS = 4
-#: A tile.kernel attribute: the blocks per SM its schedule asks of a backend that sizes blocks
-#: itself (the CUDA Tile IR backend's `occupancy` hint to tileiras); the PTX backend sizes its own.
+#: A tile.kernel attribute: the blocks per SM its schedule asks for (its `occupancy` param): a hint
+#: to tileiras, and to ptxas the registers that many blocks need at most (`.minnctapersm`).
 OCCUPANCY = "tessera.occupancy"
 #: tile.kernel attributes: the backend that compiles it (`tessera.backends.BACKENDS`) and the rule
 #: or option that chose it, its schedule.kernel's `backend` and `backend_why`. The Target IR lowers

@@ -216,9 +216,11 @@ class LowerKernel(RewritePattern):
         producers = producer_warps(op, self.platforms[name]) or None
         split = self.splits.get(name)
         body = op.detach_region(op.body)
+        occupancy = op.attributes.get(tile.OCCUPANCY)
         kernel = target.KernelOp(
             name, op.function_type.inputs.data, self.configs[name], target.PlatformAttr.of(self.platforms[name]), body,
-            producer_warps=producers, maxnreg=split.launch if split else None)
+            producer_warps=producers, maxnreg=split.launch if split else None,
+            min_blocks=occupancy.value.data if occupancy is not None and not split else None)
         if name in self.dependents and self.platforms[name].has("programmatic_launch"):
             kernel.attributes[target.PROGRAMMATIC_LAUNCH] = UnitAttr()
         for name in (tile.INDEX_BITS, tile.BUFFER_DIMS, tile.BACKEND_WHY):

@@ -915,11 +915,41 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params["split_kv"] = _split_kv(group, planner, params, features)
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and params.get("split_kv", 1) == 1:
         _schedule_few_heads(group, block, planner, params, features, pinned)   # (a split attention's order is its own)
+    if group.kind == "flash_attention" and planner.platform and not planner.tile_compiler and "occupancy" not in pinned:
+        params.pop("occupancy", None)
+        params.update(_attention_occupancy(planner, params, features))
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
         params["programs"] = pinned.get("programs", [planner.sm_count * ROW_WALK_BLOCKS_PER_SM])[0]
     return block, inputs, params, space, choice
+
+
+#: the registers a thread of an attention kernel may spend on its tiles' fp32 accumulators (the output
+#: block [BM, E] and one key block's scores [BM, BN]) for two blocks to share an SM (128 registers a
+#: thread at 256 threads): H200, bf16 D=128, 128 x 64 tiles on 8 warps (96 a thread): a plain causal
+#: kernel takes 126 registers, two blocks, 551 us at 8 x 32 x 2048; the same with each packed
+#: sequence's keys read per row (varlen) took 140, one block, 797 us, and 128 without spilling under
+#: `.minnctapersm 2`; 128-key blocks (128 a thread: 167-185 registers) stay at one
+TWO_BLOCK_TILE_REGISTERS = 96
+
+
+def _attention_occupancy(planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict[str, int]:
+    """{"occupancy": 2} for an attention whose tiles leave two blocks an SM's registers and shared
+    memory (`TWO_BLOCK_TILE_REGISTERS`), so that ptxas keeps to them (a mask read from memory
+    costs a few registers, and one past 128 halved the blocks); else nothing (ptxas decides).
+    Hopper's wgmma path only (mma.sync holds the query block in registers too), and not where
+    warp-specialized (its registers are its split's)."""
+    if params.get("warp_specialize") or not features.get("wgmma"):
+        return {}
+    threads = 32 * params["num_warps"]
+    e = 1 << max(0, features.get("head_dim", 128) - 1).bit_length()
+    tile_registers = params["block_m"] * (e + params["block_n"]) // threads
+    shared = s.shared_bytes("flash_attention", params, features)
+    if tile_registers > TWO_BLOCK_TILE_REGISTERS or platforms.blocks_per_sm_by_shared(planner.platform, shared) < 2 \
+            or 2 * threads > planner.platform.max_threads_per_sm:
+        return {}
+    return {"occupancy": 2}
 
 
 def _gather_blocks(group: Group, planner: _Planner) -> dict[str, int]:

@@ -36,6 +36,7 @@ tessera.profile = ["every_op", "mainloop"]} {
     %c32 = arith.constant 32 : index
     %om = arith.muli %pm, %c32 : index
     %row = tile.load_index %stamps[%c0, %c0, %c1, %c0, %c2] : memref<1x2x3x2x4xi32>
+    %least = tile.load_index_reduce %stamps[%c0, %c0, %c1, %c0, %c0] {kind = "min", axis = 4 : i64, count = 4 : i64} : memref<1x2x3x2x4xi32>
     %on = arith.muli %pn, %c32 : index
     %sa = tile.alloc_shared : memref<2x32x16xf16, 3 : i64>
     %zero = arith.constant dense<0.000000e+00> : tensor<32x32xf32>
@@ -217,6 +218,11 @@ def load(tile_dims, shape, n_offsets=2):
     return tile.LoadOp(src, offsets, tile_dims, shape)
 
 
+def load_index_reduce(kind="min", axis=0, count=4, el=i32):
+    src, offset = values(MemRefType(el, [77]), IndexType())
+    return tile.LoadIndexReduceOp(src, [offset], kind, axis, count)
+
+
 def store(tile_dims, shape, n_offsets=2):
     val, dst, *offsets = values(t(*shape), MemRefType(f16, [77, 100]), *[IndexType()] * n_offsets)
     return tile.StoreOp(val, dst, offsets, tile_dims)
@@ -261,6 +267,10 @@ VERIFIER_CASES = {
     "load tile_dims count": (lambda: load((0,), (64, 64)), "tile_dims [0] has 1 entries but result tile"),
     "load tile_dims distinct": (lambda: load((1, 1), (64, 64)), "tile_dims [1, 1] are not distinct"),
     "load tile_dims range": (lambda: load((0, 2), (64, 64)), "tile_dims [0, 2]: [2] out of range for a rank-2 memref"),
+    "load_index_reduce kind": (lambda: load_index_reduce(kind="sum"), "kind must be min or max, got 'sum'"),
+    "load_index_reduce axis": (lambda: load_index_reduce(axis=1), "axis 1 out of range for memref<77xi32>"),
+    "load_index_reduce count": (lambda: load_index_reduce(count=0), "count must be positive, got 0"),
+    "load_index_reduce element": (lambda: load_index_reduce(el=f32), "source must hold i32 indices, got memref<77xf32>"),
     "store offsets": (lambda: store((0, 1), (64, 64), n_offsets=3), "'tile.store': 3 offsets given for rank-2"),
     "store tile_dims": (lambda: store((0, 1, 2), (4, 4, 4), n_offsets=2), "tile_dims [0, 1, 2]: [2] out of range"),
     "reduce axis": (lambda: reduce("max", 2), "'tile.reduce': axis 2 out of range for a 64x32 tile"),

@@ -306,10 +306,10 @@ def bshd_attention_bshd_out(q: Tensor["B", "S", "H", "D"], k: Tensor["B", "S", "
     return tsr.matmul(tsr.softmax(s, dim=-1), v).transpose(1, 2)
 
 
-def test_attention_with_a_transposed_result_still_fuses(random_inputs, assert_matches_reference):
+def test_attention_with_a_transposed_result_is_one_kernel(random_inputs, assert_matches_reference):
     """[B, S, H, D] in and out (the usual layout of a transformer's activations)."""
     c = compile_and_check(bshd_attention_bshd_out, ATTN_DIMS, "fp16", random_inputs, assert_matches_reference)
-    assert "flash_attention" in [k.kind.data for k in schedule_kernels(c)]
+    assert [k.kind.data for k in schedule_kernels(c)] == ["flash_attention"]   # it stores the transpose itself
 
 
 @tsr.function

@@ -205,6 +205,8 @@ class KernelEmitter:
         extern = (self.debug.directives() if self.debug else []) + extern
         maxnreg = self.kernel.maxnreg
         bounds = f".maxntid {self.threads}, 1, 1" + (f" .maxnreg {maxnreg.value.data}" if maxnreg else "")
+        if self.kernel.min_blocks is not None:   # registers for that many blocks per SM (tile.OCCUPANCY)
+            bounds += f" .minnctapersm {self.kernel.min_blocks.value.data}"
         head = [f".visible .entry {self.name}(", ",\n".join(params), f") {bounds}", "{"]
         return "\n".join(extern + head + self.regs.declarations() + self.lines + ["}"]) + "\n"
 

@@ -1,0 +1,210 @@
+"""Variable-length (packed) attention on the CPU interpreter against float64, and what makes it fast.
+
+examples/varlen_attention.py packs sequences of different lengths without padding (FlashAttention's
+cumulative lengths); its mask compares each key with the first and last keys of the query's own
+sequence, which the compiler reads per row: a query block's key loop runs between the least and the
+greatest of its rows' limits (`tile.load_index_reduce`), unmasked inside. Also here: what that
+needed elsewhere (a transposed attention output stored by the attention itself, grids past CUDA's
+axis limits, a unit dim keeping its axis through a view, two blocks an SM for attention tiles)."""
+import math
+
+import numpy as np
+import pytest
+
+import tessera as tsr
+from tessera import Tensor
+from tessera.backends.ptx import emit_module
+from tessera.ir import graph as g
+from tessera.ir.masks import attention_mask
+from tessera import platforms
+from tessera.passes import backend_choice, fusion
+from tessera.runtime.ptxas import assemble, find_tool
+from varlen_attention import varlen_attention
+
+needs_ptxas = pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
+
+
+def cumulative(lengths):
+    return np.concatenate([[0], np.cumsum(lengths)]).astype(np.int32)
+
+
+def reference(q, k, v, cu_q, cu_k):
+    """float64 causal attention per sequence, the diagonal at the bottom right; rows of a sequence
+    with no keys are NaN (softmax over nothing)."""
+    t, h, d = q.shape
+    g_ = h // k.shape[1]
+    out = np.full((t, h, d), np.nan)
+    for b in range(len(cu_q) - 1):
+        a, e, ka, ke = cu_q[b], cu_q[b + 1], cu_k[b], cu_k[b + 1]
+        if e == a:
+            continue
+        kk, vv = (np.repeat(x[ka:ke].astype(np.float64), g_, axis=1) for x in (k, v))
+        s = np.einsum("thd,nhd->htn", q[a:e].astype(np.float64), kk) / math.sqrt(d)
+        s = np.where(np.arange(ke - ka)[None, :] <= np.arange(e - a)[:, None] + (ke - ka) - (e - a), s, -np.inf)
+        with np.errstate(invalid="ignore"):
+            p = np.exp(s - s.max(-1, keepdims=True))
+            out[a:e] = np.einsum("htn,nhd->thd", p / p.sum(-1, keepdims=True), vv)
+    return out
+
+
+def inputs(rng, queries, keys, h, hk, d):
+    q = rng.standard_normal((sum(queries), h, d)).astype(np.float32)
+    k, v = (rng.standard_normal((sum(keys), hk, d)).astype(np.float32) for _ in range(2))
+    return q, k, v, cumulative(queries), cumulative(keys)
+
+
+def compiled(args, **options):
+    names = ("q", "k", "v", "cu_seqlens_q", "cu_seqlens_k")
+    return varlen_attention.compile(varlen_attention.arg_specs(list(zip(names, args)))[1], **options)
+
+
+@pytest.mark.parametrize("queries,keys,h,hk,d", [
+    ([5, 17, 1, 40], [5, 17, 1, 40], 4, 2, 32),        # prefill: a sequence of one token among others
+    ([3, 70, 1], [30, 90, 200], 4, 1, 32),              # fewer queries than keys (MQA)
+    ([1] * 7, [100, 3, 50, 64, 1, 17, 300], 2, 2, 64),  # a decode step of each sequence
+    ([1], [1], 2, 1, 64),                                # one token
+    ([13, 0, 29], [13, 0, 29], 2, 2, 16),                # a sequence of no tokens
+])
+@pytest.mark.parametrize("block", [16, 64])
+def test_varlen_against_float64(queries, keys, h, hk, d, block):
+    rng = np.random.default_rng(sum(queries) + block)
+    args = inputs(rng, queries, keys, h, hk, d)
+    out = compiled(args, space={"block_m": [block], "block_n": [block]}).run(*args)[0]
+    np.testing.assert_allclose(out, reference(*args), atol=2e-6)
+
+
+def test_a_query_block_reads_its_sequences_keys_only():
+    """Values no query's sequence holds are NaN: a key block none of a query block's rows keeps
+    would poison its rows (0 * NaN); the loop never reaches them."""
+    rng = np.random.default_rng(7)
+    q, k, v, cu, _ = inputs(rng, [32, 64, 16, 48], [32, 64, 16, 48], 2, 2, 32)
+    v[32:96] = np.nan                                   # the second sequence's values
+    out = compiled((q, k, v, cu, cu), space={"block_m": [16], "block_n": [16]}).run(q, k, v, cu, cu)[0]
+    outside = np.r_[0:32, 96:160]
+    assert not np.isnan(out[outside]).any()
+    np.testing.assert_allclose(out[outside], reference(q, k, v, cu, cu)[outside], atol=2e-6)
+
+
+DIMS = dict(T=16384, N=16384, H=32, Hk=8, D=128, B1=9)
+
+
+def test_the_attention_reads_each_blocks_rows_limits():
+    c = varlen_attention.compile(varlen_attention.arg_specs_for(DIMS, "bf16"), arch="sm_90a", sm_count=132)
+    tile_ir = c.ir("tile")
+    # the least and greatest of the first key, the last key and the last query over a block's rows
+    assert tile_ir.count("tile.load_index_reduce") == 6
+    assert [name.split("_")[-2] for name in c.kernel_names][-1] == "attention"   # the output stored by it
+
+
+def test_the_limits_are_per_row_and_lower_as_well_as_upper():
+    """In the attention's kernel, where fusion has made each row's limits kernel inputs."""
+    c = varlen_attention.compile(varlen_attention.arg_specs_for(dict(T=40, N=40, H=2, Hk=2, D=16, B1=3), "fp32"))
+    host = next(iter(c.modules["schedule"].ops))
+    (sm,) = [op for op in host.walk() if isinstance(op, g.SoftmaxOp)]
+    terms = attention_mask(sm.input, ("b0", "b1", "m", "n"), "m", "n", g.bindings_of(host))
+    assert [(limit.lower, limit.rows, len(limit.terms), limit.per_row("m")) for limit in terms.limits] == [
+        (True, None, 1, True), (False, None, 1, True), (False, "index", 2, True)]
+    assert sorted(term.sign for term in terms.limits[2].terms) == [-1, 1]   # end_key - end_query
+
+
+@needs_ptxas
+@pytest.mark.parametrize("space", [{}, {"warp_specialize": [1]}, {"qk_ahead": [1], "num_stages": [3]},
+                                   {"block_n": [128]}])
+def test_varlen_kernels_assemble(space):
+    """On the Hopper path, each schedule: the async checker runs each block with the indices it
+    samples (conftest turns it on); a producer's one thread reads a block's limits on its own,
+    the computing warps share them out over lanes."""
+    c = varlen_attention.compile(varlen_attention.arg_specs_for(DIMS, "bf16"), arch="sm_90a", sm_count=132,
+                                 space=space)
+    for name, kernel in emit_module(c.modules["target"]).items():
+        if "flash_attention" in name:
+            assert "shfl.sync.bfly.b32" in kernel.ptx
+        assemble(kernel.ptx, "sm_90a")
+
+
+@tsr.function
+def masked_by_a_tensor(q: Tensor["M", "D"], k: Tensor["N", "D"], v: Tensor["N", "D"], keep: Tensor["M", "N", tsr.int32]):
+    scores = tsr.where(keep > 0, tsr.matmul(q, k.transpose(-2, -1)), -math.inf)
+    return tsr.matmul(tsr.softmax(scores, dim=-1), v)
+
+
+def test_the_cuda_tile_backend_passes_row_limits_to_ptx():
+    """A mask read from memory per row is the PTX backend's (fusion's `reads_indices` fact); a
+    mask read from memory elementwise only (a bias) is not such a fact."""
+    c = varlen_attention.compile(varlen_attention.arg_specs_for(DIMS, "bf16"), arch="sm_90a")
+    host = next(iter(c.modules["schedule"].ops))
+    (attention,) = [op for op in host.body.block.ops if getattr(op, "kind", None) and op.kind.data == "flash_attention"]
+    assert fusion._reads_indices(attention.body.block, g.bindings_of(host))
+    specs = masked_by_a_tensor.arg_specs_for(dict(M=64, N=64, D=32), "bf16")
+    host = next(iter(masked_by_a_tensor.compile(specs, arch="sm_90a").modules["schedule"].ops))
+    (attention,) = [op for op in host.body.block.ops if getattr(op, "kind", None) and op.kind.data == "flash_attention"]
+    assert not fusion._reads_indices(attention.body.block, g.bindings_of(host))
+    facts = backend_choice.KernelFacts("flash_attention", dtypes=frozenset({"bf16"}), target=platforms.get("sm_90a"),
+                                       reads_indices=True)
+    assert "a mask's limits per sequence" in backend_choice.cannot_compile("cuda-tile", facts)
+
+
+# --- what varlen needed elsewhere ----------------------------------------------------------------
+
+@tsr.function
+def bshd_gqa(q: Tensor["B", "S", "H", "D"], k: Tensor["B", "S", "Hk", "D"], v: Tensor["B", "S", "Hk", "D"]):
+    """[B, S, H, D] in and out, GQA: the output's transposes and merged heads are the kernel's store."""
+    b, s, h, d = q.shape
+    hk = k.shape[2]
+    qh = q.reshape(b, s, hk, h // hk, d).transpose(1, 2).transpose(2, 3)
+    kh, vh = (x.transpose(1, 2)[:, :, None] for x in (k, v))
+    scores = tsr.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+    out = tsr.matmul(tsr.softmax(scores, dim=-1), vh)
+    return out.transpose(2, 3).transpose(1, 2).reshape(b, s, h, d)
+
+
+@pytest.mark.parametrize("dims", [dict(B=2, S=37, H=4, Hk=2, D=16), dict(B=1, S=1, H=4, Hk=1, D=16),
+                                  dict(B=3, S=20, H=2, Hk=2, D=8)])
+def test_a_transposed_attention_output_is_stored_by_the_attention(dims):
+    specs = bshd_gqa.arg_specs_for(dims, "fp32")
+    c = bshd_gqa.compile(specs)
+    assert len(c.kernel_names) == 1, c.kernel_names
+    rng = np.random.default_rng(dims["S"])
+    xs = [rng.standard_normal(s.shape).astype(np.float32) for s in specs]
+    np.testing.assert_allclose(c.run(*xs)[0], c.reference(*xs)[0], atol=2e-6)
+
+
+@tsr.function
+def transposed_twice(x: Tensor["A", "B", "C", "D"]):
+    return x.transpose(0, 2) * 2.0
+
+
+def test_a_grid_past_65535_on_axis_2_is_laid_along_axis_0():
+    """[3, 70000, 2, 4] -> [2, 70000, 3, 4]: 140,000 batch programs, more than CUDA's 65,535 along
+    grid axis 2; the launch has them along axis 0 and the kernel finds its coordinates from there."""
+    x = np.random.default_rng(0).standard_normal((3, 70000, 2, 4)).astype(np.float32)
+    c = transposed_twice.compile(transposed_twice.arg_specs([("x", x)])[1])
+    assert "grid = array<i64: 140000, 1, 1>" in c.ir("tile")
+    np.testing.assert_array_equal(c.run(x)[0], x.transpose(2, 1, 0, 3) * 2.0)
+
+
+@tsr.function
+def tall(x: Tensor["M", "N"]):
+    return x * 2.0 + 1.0
+
+
+def test_a_dynamic_dim_on_grid_axis_1_is_laid_along_axis_0():
+    """A dim taken at run time may pass 65,535 blocks at any call."""
+    fn = tsr.function(tall.fn, dynamic=["M"])
+    c = fn.compile(fn.arg_specs_for({"M": 1000, "N": 3}), dynamic=frozenset({"M"}))
+    launch = next(line for line in c.ir("tile").splitlines() if "tile.launch" in line)
+    assert "grid = array<i64: 1, 1, 1>, grid_dims = array<i64: 0, 0, 0, 16>" in launch   # 1 x cdiv(M, 16) along x
+    for rows in (1000, 17):
+        y = np.random.default_rng(rows).standard_normal((rows, 3)).astype(np.float32)
+        np.testing.assert_array_equal(c.run(y)[0], y * 2.0 + 1.0)
+
+
+@pytest.mark.parametrize("space,blocks", [({}, 2), ({"block_n": [128]}, None), ({"warp_specialize": [1]}, None)])
+def test_attention_tiles_that_leave_room_ask_for_two_blocks_an_sm(space, blocks):
+    c = varlen_attention.compile(varlen_attention.arg_specs_for(DIMS, "bf16"), arch="sm_90a", sm_count=132,
+                                 space=space)
+    kernels = emit_module(c.modules["target"])
+    ptx = next(k.ptx for name, k in kernels.items() if name.endswith("attention_5"))
+    assert (".minnctapersm 2" in ptx) == (blocks == 2)
+    ampere = varlen_attention.compile(varlen_attention.arg_specs_for(DIMS, "bf16"), arch="sm_80")
+    assert ".minnctapersm" not in "".join(k.ptx for k in emit_module(ampere.modules["target"]).values())
