@@ -165,7 +165,6 @@ def main() -> int:
                 batch_us = graph_us(lambda: causal_flash_attention(qb, kb, vb))
                 print(f"{'   packed as batch (plain causal kernel)':<40} {batch_us:9.1f} {flops / batch_us / 1e6:8.0f}"
                       f"   varlen / batch time {us / batch_us:.2f}")
-            del q, k, v
             torch.cuda.empty_cache()
     for name, why in refused.items():
         print(f"{name}: n/a ({why})")
