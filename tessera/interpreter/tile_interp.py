@@ -525,6 +525,19 @@ def _load_index_reduce(c: Compiler, op: tile.LoadIndexReduceOp) -> Step:
     return step
 
 
+def _load_gather(c: Compiler, op: tile.LoadGatherOp) -> Step:
+    axis, dt = op.axis.value.data, np_dtype(op.result.type)
+    src, index, offs, out = c.slot(op.src), c.slot(op.index), [c.slot(v) for v in op.offsets], c.out(op)
+
+    def step(f):
+        rows, x = f[index].astype(np.int64), f[src]
+        inside = (rows >= 0) & (rows < x.shape[axis])
+        at = tuple(np.where(inside, rows, 0) if d == axis else np.full(rows.shape, int(f[o]))
+                   for d, o in enumerate(offs))
+        f[out] = np.where(inside, x[at], np.zeros((), dt)).astype(dt) if x.size else np.zeros(rows.shape, dt)
+    return step
+
+
 def _store(c: Compiler, op: tile.StoreOp) -> Step:
     window = Window(tile.int_values(op.tile_dims), op.value.type.get_shape(), op.dst.type.get_num_dims())
     val, dst, offs = c.slot(op.value), c.slot(op.dst), [c.slot(v) for v in op.offsets]
@@ -689,7 +702,7 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     tile.CmpfOp: _cmpf, tile.CmpiOp: _cmpi, tile.SelectOp: _select,
     scf.ForOp: _for, scf.IfOp: _if,
     tile.ProgramIdOp: _program_id, tile.DimOp: _dim, tile.LoadOp: _load, tile.LoadIndexOp: _load_index,
-    tile.LoadIndexReduceOp: _load_index_reduce, tile.StoreOp: _store,
+    tile.LoadIndexReduceOp: _load_index_reduce, tile.LoadGatherOp: _load_gather, tile.StoreOp: _store,
     tile.AllocSharedOp: _fresh, tile.AllocGlobalOp: _fresh, tile.ViewOp: _view, tile.CopyAsyncOp: _copy_async,
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,
     tile.MmaWaitOp: _no_op,

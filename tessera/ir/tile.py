@@ -497,6 +497,40 @@ class LoadIndexReduceOp(IRDLOperation):
         _require(self.count.value.data >= 1, self, f"count must be positive, got {self.count.value.data}")
 
 
+@irdl_op_definition
+class LoadGatherOp(IRDLOperation):
+    """A register tile of single elements of a global memref picked by a tile of indices: element i
+    is `src[offsets]` with the offset along dim `axis` replaced by `index[i]`, and 0 where that lies
+    outside [0, size of `axis`) (graph.gather of rows of one element: each packed query's sequence's
+    first key, `cu_seqlens[seq]`). The other offsets lie inside `src`."""
+
+    name = "tile.load_gather"
+    src = operand_def(MemRefType)
+    index = operand_def(TensorType)
+    offsets = var_operand_def(IndexType)
+    axis = prop_def(IntegerAttr)
+    result = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = ("$src `[` $offsets `]` `rows` $index attr-dict `:` type($src) `,` type($index) `->` "
+                       "type($result)")
+
+    def __init__(self, src: Value, index: Value, offsets: Sequence[Value], axis: int):
+        shape = SSAValue.get(index).type.get_shape()
+        super().__init__(operands=[src, index, offsets], properties={"axis": _i64(axis)},
+                         result_types=[TensorType(SSAValue.get(src).type.get_element_type(), shape)])
+
+    def verify_(self) -> None:
+        src_t, index_t, axis = self.src.type, self.index.type, self.axis.value.data
+        _require_global_shape(self, "source memref", src_t)
+        _require(not is_shared(src_t), self, "source must be a global memref")
+        _require_offsets(self, self.offsets, src_t)
+        _require(0 <= axis < src_t.get_num_dims(), self, f"axis {axis} out of range for {src_t}")
+        _require(index_t.get_element_type() == i32, self, f"index must be an i32 tile, got {index_t}")
+        _require(self.result.type.get_shape() == index_t.get_shape(), self,
+                 f"result {self.result.type} must have the index's shape {_fmt(index_t.get_shape())}")
+        _require_same_element(self, "source", src_t, "result", self.result.type)
+
+
 #: the ops that read indices from memory into scalars: page tables, lengths, per-row limits
 INDEX_READS = (LoadIndexOp, LoadIndexReduceOp)
 
@@ -1165,8 +1199,8 @@ ArithOnTiles = Dialect(
 
 Tile = Dialect(
     "tile",
-    [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, StoreOp, AllocGlobalOp, ViewOp,
-     AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp,
+    [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, LoadGatherOp, StoreOp,
+     AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp,
      AssertOp, ProfileBeginOp, ProfileEndOp],
     [],
 )

@@ -439,10 +439,15 @@ class Emitter:
                            f"each of its elements must be a program's own (fusion's _gather_blocks)")
 
     def _gather(self, op: g.GatherOp, m: Map, ctx: TileCtx) -> SSAValue:
-        """`input[index]` on the tile: the tile's row of `input` is one index (`row_index`), which
-        becomes a scalar axis along input's first dim. A row outside `input` reads row 0, and
-        the tile is zeros there (graph.GatherOp): a scalar offset is never out of bounds."""
+        """`input[index]` on the tile: where the tile holds one element along each of the index's
+        axes, the tile's row of `input` is one index (`index_at`), which becomes a scalar axis
+        along input's first dim; a row outside `input` reads row 0, and the tile is zeros there
+        (graph.GatherOp): a scalar offset is never out of bounds. Where it holds several (rows of
+        one element of an input, fusion's `_gather_blocks`), each element reads its own
+        (`tile.load_gather`)."""
         k = g.tensor_type(op.index).rank
+        if any(a in ctx.tiled and ctx.tiled[a][1] > 1 for a in m[:k]):
+            return self._gather_elements(op, m, ctx)
         rows = int(g.dim_value(g.tensor_type(op.input).shape[0], self.bindings))   # (a dynamic one: DynamicDim)
         key = ("gather", id(ctx), op, m)
         if key not in self._contexts:   # (keeps ctx, so its id stays unique)
@@ -454,6 +459,16 @@ class Emitter:
         tile = self.value(op.input, (axis, *m[k:]), inner)
         zeros = self._constant(0, g.tensor_type(op.res).dtype, ctx.shape)
         return select(self.b, self.b.splat(inside, ctx.shape), convert(self.b, tile, zeros.type.get_element_type()), zeros)
+
+    def _gather_elements(self, op: g.GatherOp, m: Map, ctx: TileCtx) -> SSAValue:
+        """`input[index]` of rows of one element, an element a row of the index tile."""
+        k, rows_axis = g.tensor_type(op.index).rank, "gathered rows"
+        src, src_map = self.source(op.input, (rows_axis,) + (None,) * (g.tensor_type(op.input).rank - 1),
+                                   "a tensor whose rows of one element a gather reads an element a row")
+        memref = self.params[src]
+        tile = self.b(t.LoadGatherOp(memref, self.value(op.index, m[:k], ctx),
+                                     [self.b.index(0)] * memref.type.get_num_dims(), src_map.index(rows_axis)))
+        return convert(self.b, tile, compute_element(g.tensor_type(op.res).dtype))
 
     def _constant(self, value: float, dt, shape) -> SSAValue:
         element = compute_element(dt)

@@ -952,10 +952,29 @@ def _attention_occupancy(planner: _Planner, params: dict[str, int], features: di
     return {"occupancy": 2}
 
 
+def _gathers_elements(op: g.GatherOp, group: Group, planner: _Planner) -> bool:
+    """Whether a gather's rows are single elements of a tensor in memory (an argument or another
+    kernel's output, through views): a kernel reads them an element a row of its index tile
+    (`tile.load_gather`), where a row a program would take one program an element (three such
+    gathers of FlashAttention's cumulative lengths by each packed query's sequence took 11 us each
+    for 16k queries on the H200, a program each)."""
+    shape = [g.dim_value(d, planner.bindings) for d in g.tensor_type(op.input).shape]
+    if shape[0] == 1 or any(n != 1 for n in shape[1:]):
+        return False
+    v = op.input
+    while (producer := planner.producer(v)) in group.ops or (producer is not None and planner.cheap(producer)):
+        if not (isinstance(producer, g.TransposeOp) or (isinstance(producer, g.ReshapeOp)
+                                                        and g.is_unit_reshape(producer, planner.bindings))):
+            return False
+        v = producer.input
+    return True
+
+
 def _gather_blocks(group: Group, planner: _Planner) -> dict[str, int]:
     """An elementwise kernel's tile along the output dims a gather's index walks: one element,
     since a gathered row is an index per program (`emit.Emitter`'s gather), while the dims of the
-    rows themselves keep their blocks (an embedding lookup: a program per token, D in blocks)."""
+    rows themselves keep their blocks (an embedding lookup: a program per token, D in blocks);
+    none where the rows are single elements of a tensor in memory (`_gathers_elements`)."""
     rank = g.tensor_type(group.output).rank
     axes = tuple(f"d{i}" for i in range(rank))
     walked, work, seen = set(), [(group.output, axes)], set()
@@ -966,8 +985,9 @@ def _gather_blocks(group: Group, planner: _Planner) -> dict[str, int]:
             continue
         seen.add((v, m))
         if isinstance(op, g.GatherOp):
-            walked.update(a for a in m[:g.tensor_type(op.index).rank] if a is not None)
-            work.append((op.input, (None, *m[g.tensor_type(op.index).rank:])))
+            if not _gathers_elements(op, group, planner):
+                walked.update(a for a in m[:g.tensor_type(op.index).rank] if a is not None)
+                work.append((op.input, (None, *m[g.tensor_type(op.index).rank:])))
         elif isinstance(op, WINDOWS):
             work.extend((x, m) for x in op.operands)
         elif isinstance(op, (g.ElementwiseOp, g.CastOp, g.TransposeOp, g.ReshapeOp)):

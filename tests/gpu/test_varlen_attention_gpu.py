@@ -3,11 +3,14 @@
 examples/varlen_attention.py as written: sequences of lengths 1, 17, primes, 1000 and 4097 packed
 without padding, FlashAttention's cumulative lengths, queries fewer than keys (the causal diagonal
 at the bottom right) and a sequence of no queries, GQA 32/8 and MHA, head dims 64 and 128, both
-code paths; NaN-poisoned outputs."""
+code paths; NaN-poisoned outputs. Also an attention output stored transposed by the attention
+itself ([B, S, H, D] out), and a grid past CUDA's 65,535 blocks along axis 2."""
 import math
 
 import pytest
 
+import tessera as tsr
+from tessera import Tensor
 from varlen_attention import varlen_attention
 from test_kernels import PATHS, check, run
 
@@ -75,3 +78,45 @@ def test_a_query_block_loops_over_its_sequences_keys_only(torch_cuda):
     rows = torch.ones(t, dtype=torch.bool, device="cuda")
     rows[256:768] = False
     assert not torch.isnan(out[rows]).any()
+
+
+# --- what varlen needed elsewhere ----------------------------------------------------------------
+
+@tsr.function
+def bshd_gqa(q: Tensor["B", "S", "H", "D"], k: Tensor["B", "S", "Hk", "D"], v: Tensor["B", "S", "Hk", "D"]):
+    """[B, S, H, D] in and out (FlashAttention's layout), GQA, causal: the attention kernel stores
+    its output through the transposes and the merged heads itself."""
+    b, s, h, d = q.shape
+    hk = k.shape[2]
+    qh = q.reshape(b, s, hk, h // hk, d).transpose(1, 2).transpose(2, 3)
+    kh, vh = (x.transpose(1, 2)[:, :, None] for x in (k, v))
+    scores = tsr.matmul(qh, kh.transpose(-2, -1)) * (1.0 / math.sqrt(d))
+    i = tsr.arange(s)
+    scores = tsr.where(i[None, :] <= i[:, None], scores, -math.inf)
+    out = tsr.matmul(tsr.softmax(scores, dim=-1), vh)
+    return out.transpose(2, 3).transpose(1, 2).reshape(b, s, h, d)
+
+
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("dims,dtype", [(dict(B=2, S=1000, H=8, Hk=2, D=128), "bf16"),
+                                        (dict(B=1, S=17, H=4, Hk=4, D=64), "fp16"),
+                                        (dict(B=3, S=1, H=4, Hk=1, D=128), "bf16")])
+def test_a_transposed_attention_output_is_stored_by_the_attention(torch_cuda, dims, dtype, path):
+    torch = torch_cuda
+    (q, k, v), (out,) = run(bshd_gqa, dims, dtype, torch, path=path)
+    b, s, h, d = q.shape
+    cu = cumulative(torch, [s] * b)
+    packed = [x.reshape(b * s, *x.shape[2:]) for x in (q, k, v)]
+    check(out.reshape(b * s, h, d), reference(torch, *packed, cu, cu), dtype, torch)
+
+
+@tsr.function
+def transposed_twice(x: Tensor["A", "B", "C", "D"]):
+    return x.transpose(0, 2) * 2.0
+
+
+def test_a_grid_past_65535_on_axis_2_launches(torch_cuda):
+    """140,000 batch programs (CUDA allows 65,535 along grid axis 2): laid along axis 0."""
+    torch = torch_cuda
+    (x,), (out,) = run(transposed_twice, dict(A=3, B=70000, C=2, D=4), "bf16", torch)
+    check(out, x.double().transpose(0, 2) * 2.0, "bf16", torch)

@@ -139,6 +139,31 @@ def _load_index_reduce(e: KernelEmitter, op: t.LoadIndexReduceOp) -> None:
     e.env[op.result] = acc
 
 
+def _load_gather(e: KernelEmitter, op: t.LoadGatherOp) -> None:
+    """Each element of the index tile a thread holds picks its own element of the source: an
+    address from the base of the other dims' offsets plus the row times its stride (64-bit), a
+    load where the row is inside the dim (an unsigned compare: a negative row is outside), 0
+    elsewhere."""
+    axis, ty, mt = op.axis.value.data, ptx_type(op.result.type), op.src.type
+    strides = t.element_strides(mt)
+    terms = [(e.value(off), st) for d, (off, st) in enumerate(zip(op.offsets, strides)) if d != axis]
+    base = e.element_address(e.value(op.src), terms, ty.bytes, e.reach(mt))
+    rows = e.extent(op.src, axis)
+    regs = []
+    for row in e.env[op.index]:
+        inside, addr = e.new(PRED), e.new(U64)
+        e.emit(f"setp.lt.u32 {inside}, {row}, {rows};")
+        e.emit(f"mad.wide.s32 {addr}, {row}, {strides[axis] * ty.bytes}, {base};")
+        if ty is PRED:
+            regs.append(_load_bool(e, addr, 0, inside, 0.0))
+            continue
+        r = e.new(ty)
+        e.emit(mov_constant(ty, r, 0.0))
+        e.emit(f"@{inside} ld.global.{storage_suffix(ty)} {r}, [{addr}];")
+        regs.append(r)
+    e.env[op.result] = regs
+
+
 def _load_bool(e: KernelEmitter, addr: str, byte: int, pred: str | None, pad: float) -> str:
     """A bool element: PTX has no predicate loads, so its byte is loaded (`pad` where `pred` is false)
     and compared with zero."""
@@ -351,5 +376,6 @@ HANDLERS: dict[type, Callable] = {
     t.LoadOp: _load,
     t.LoadIndexOp: _load_index,
     t.LoadIndexReduceOp: _load_index_reduce,
+    t.LoadGatherOp: _load_gather,
     t.StoreOp: _store,
 }
