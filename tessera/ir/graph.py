@@ -712,7 +712,8 @@ class GatherOp(IRDLOperation):
 
     Fusion reads a gather whose pages are merged into one dim (`cache[table].reshape(B, J * page,
     ...)`) as an attention's keys or values page by page (`paged_view`); any other gather is a
-    kernel of its own, one row of `input` a program."""
+    kernel of its own, one row of `input` a program, or, for rows of one element, an element a
+    row of its index tile (`tile.load_gather`)."""
 
     name = "graph.gather"
     input = operand_def(TensorType)

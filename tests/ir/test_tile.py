@@ -61,6 +61,8 @@ tessera.profile = ["every_op", "mainloop"]} {
     %rmax = tile.reduce %acc {kind = "max", axis = 1 : i64} : tensor<32x32xf32> -> tensor<32xf32>
     %bmax = tile.broadcast %rmax {dims = array<i64: 0>} : tensor<32xf32> -> tensor<32x32xf32>
     %idx = tile.arange %on : tensor<32xi32>
+    %picked = tile.load_gather %stamps[%c0, %c0, %c1, %c0, %c0] rows %idx {axis = 4 : i64} : \
+memref<1x2x3x2x4xi32>, tensor<32xi32> -> tensor<32xi32>
     %nv = tile.broadcast %n {dims = array<i64>} : i32 -> tensor<32xi32>
     %in = arith.cmpi slt, %idx, %nv : tensor<32xi32>
     %inb = tile.broadcast %in {dims = array<i64: 1>} : tensor<32xi1> -> tensor<32x32xi1>
@@ -223,6 +225,11 @@ def load_index_reduce(kind="min", axis=0, count=4, el=i32):
     return tile.LoadIndexReduceOp(src, [offset], kind, axis, count)
 
 
+def load_gather(index_type):
+    src, index, offset = values(MemRefType(f16, [77]), index_type, IndexType())
+    return tile.LoadGatherOp(src, index, [offset], 0)
+
+
 def store(tile_dims, shape, n_offsets=2):
     val, dst, *offsets = values(t(*shape), MemRefType(f16, [77, 100]), *[IndexType()] * n_offsets)
     return tile.StoreOp(val, dst, offsets, tile_dims)
@@ -271,6 +278,11 @@ VERIFIER_CASES = {
     "load_index_reduce axis": (lambda: load_index_reduce(axis=1), "axis 1 out of range for memref<77xi32>"),
     "load_index_reduce count": (lambda: load_index_reduce(count=0), "count must be positive, got 0"),
     "load_index_reduce element": (lambda: load_index_reduce(el=f32), "source must hold i32 indices, got memref<77xf32>"),
+    "load_gather shape": (lambda: tile.LoadGatherOp.create(
+        operands=list(values(MemRefType(f16, [77]), t(8, el=i32), IndexType())), properties={"axis": tile._i64(0)},
+        result_types=[t(4)]), "result tensor<4xf16> must have the index's shape 8"),
+    "load_gather index": (lambda: load_gather(t(8, el=f32)),
+                          "index must be an i32 tile, got tensor<8xf32>"),
     "store offsets": (lambda: store((0, 1), (64, 64), n_offsets=3), "'tile.store': 3 offsets given for rank-2"),
     "store tile_dims": (lambda: store((0, 1, 2), (4, 4, 4), n_offsets=2), "tile_dims [0, 1, 2]: [2] out of range"),
     "reduce axis": (lambda: reduce("max", 2), "'tile.reduce': axis 2 out of range for a 64x32 tile"),

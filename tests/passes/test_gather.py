@@ -293,6 +293,24 @@ def test_gathers_of_rank_one_tensors_and_by_aranges():
     np.testing.assert_allclose(rows_in_order(w), w[1:], rtol=1e-6)
 
 
+@tsr.function
+def scalars_by_index(s: Tensor["V"], ids: Tensor["B", "T", tsr.int32]):
+    return s[ids + 1] * 2.0
+
+
+@pytest.mark.parametrize("b,t", [(3, 77), (1, 1), (2, 1000)])
+def test_rows_of_one_element_are_read_an_element_a_row(b, t):
+    """A gather of scalars tiles its index like any elementwise kernel (tile.load_gather), rather
+    than one program an element; indices outside read zeros, and computed ones are fine."""
+    rng = np.random.default_rng(t)
+    s = rng.standard_normal(50).astype(np.float32)
+    ids = rng.integers(-3, 53, (b, t)).astype(np.int32)
+    c = scalars_by_index.compile(scalars_by_index.arg_specs([("s", s), ("ids", ids)])[1])
+    if t > 1:   # (a tile of one element reads its one row as an index)
+        assert "tile.load_gather" in c.ir("tile") and "block_n = 1 " not in c.ir("schedule")
+    np.testing.assert_allclose(c.run(s, ids)[0], rows_of(s, ids + 1) * 2.0, rtol=1e-6)
+
+
 def test_a_length_read_per_program_is_clamped_before_the_index_arithmetic():
     """A length of 2^31 - 1 ("all of it") must not wrap the 32-bit index sums on the GPU: the value
     is clamped to just past the keys first (what the interpreter's 64-bit indices cannot show)."""
