@@ -82,6 +82,14 @@ def unit_reshape_map(from_dims, m: Map, to_dims, bindings) -> Map:
     return tuple(out)
 
 
+def view_map(op, m: Map, bindings) -> Map:
+    """The map of a view's result (a transpose, or a reshape adding or removing size-1 dims) from
+    its input's `m`: what `operand_maps` inverts."""
+    if isinstance(op, g.TransposeOp):
+        return tuple(m[p] for p in op.permutation)
+    return unit_reshape_map(g.tensor_type(op.input).shape, m, g.tensor_type(op.res).shape, bindings)
+
+
 def matmul_operand_maps(op: g.MatmulOp, result_map: Map, k_axis: str, bindings) -> tuple[Map, Map]:
     """Maps of a matmul's operands: batch dims right-aligned (broadcasting), then (m, k) and (k, n)."""
     batch_map = result_map[:-2]

@@ -43,7 +43,7 @@ from ..ir import schedule as s
 from ..ir import tile as t
 from . import profile
 from ..ir import index_maps
-from ..ir.index_maps import Map, matmul_operand_maps, operand_maps, unit_reshape_map
+from ..ir.index_maps import Map, matmul_operand_maps, operand_maps, view_map
 from .emit import Builder, Emitter, TileCtx, compare, convert, select, to_storage
 from ..ir.masks import ColumnBounds, ColumnLimit, attention_mask, chain_bounds
 from .grid_limits import fit_grid
@@ -1593,9 +1593,11 @@ def _kept_columns(kb: KernelBuild, limits: tuple[ColumnLimit, ...], m0: SSAValue
     """`_KeptColumns` of query block [m0, m0 + BM) under `limits`: a key block inside [every_from,
     every_below) needs no mask, the key loop runs over [any_from, any_below). A limit's values are
     read per program, or per row as the min and the max over the block's rows
-    (`tile.load_index_reduce`); their sum, taken in 32-bit ints as the mask's own arithmetic takes
-    it, is then clamped to where it still decides something (past the keys, or below every row's
-    first), so the index arithmetic after it never wraps (a length of 2^31 - 1 meaning "all")."""
+    (`tile.load_index_reduce`); their sum is then clamped to where it still decides something
+    (past the keys, or below every row's first), so the index arithmetic after it never wraps (a
+    length of 2^31 - 1 meaning "all"). Where several terms add up, their extremes (perhaps of
+    different rows) could wrap a 32-bit sum no row's own does: a term past 2^31 / (terms + 1)
+    then leaves the limit bounding nothing (every key block read, and masked)."""
     b = kb.b
     kept = _KeptColumns()
     rows_ctx = TileCtx({"m": (m0, tile["m"])}, scalars)
@@ -1614,16 +1616,23 @@ def _kept_columns(kb: KernelBuild, limits: tuple[ColumnLimit, ...], m0: SSAValue
         return value if current is None else b(op(current, value))
     for limit in limits:
         low = high = b.index(0)
+        small = None   # (several terms) every term's extremes within +-bound: their sums cannot wrap
+        bound = (2 ** 31 - 1) // (len(limit.terms) + 1)
         for term in limit.terms:
             least, most = extremes(term)
+            if len(limit.terms) > 1:
+                inside = b(arith.AndIOp(b(t.CmpiOp(least, b.index(-bound), "sge")),
+                                        b(t.CmpiOp(most, b.index(bound), "sle"))))
+                small = inside if small is None else b(arith.AndIOp(small, inside))
             if term.sign < 0:
                 least, most = b(arith.SubiOp(b.index(0), most)), b(arith.SubiOp(b.index(0), least))
             low, high = b(arith.AddiOp(low, least)), b(arith.AddiOp(high, most))
         cap = sizes["n"] + abs(limit.const)
         floor = -(cap + sizes["m"] + tile["m"] + (limit.modulo or 0))
-        low, high = (b(arith.AddiOp(b.index(limit.const), b(arith.MaxSIOp(b(arith.MinSIOp(x, b.index(cap))),
-                                                                             b.index(floor)))))
-                     for x in (low, high))
+        low, high = (b(arith.MaxSIOp(b(arith.MinSIOp(x, b.index(cap))), b.index(floor))) for x in (low, high))
+        if small is not None:   # else no bound: no key skipped, every block masked
+            low, high = b(t.SelectOp(small, low, b.index(floor))), b(t.SelectOp(small, high, b.index(cap)))
+        low, high = (b(arith.AddiOp(b.index(limit.const), x)) for x in (low, high))
         if limit.rows == "index":      # the block's rows m0 .. m0 + BM - 1
             low, high = b(arith.AddiOp(low, m0)), b(arith.AddiOp(high, b(arith.AddiOp(m0, b.index(tile["m"] - 1)))))
         elif limit.rows == "modulo":   # a query position of merged rows: 0 .. modulo - 1
@@ -1843,12 +1852,9 @@ def epilogue_map(kb: KernelBuild, out: SSAValue, op: Operation, m: Map) -> Map:
         if v not in memo:
             step = v.owner
             on_path = list(dict.fromkeys(x for x in getattr(step, "operands", ()) if _computed_from(x, op)))
-            if isinstance(step, g.TransposeOp):
-                inner = map_of(step.input)
-                memo[v] = tuple(inner[p] for p in step.permutation)
-            elif isinstance(step, g.ReshapeOp) and g.is_unit_reshape(step, kb.bindings):
-                memo[v] = unit_reshape_map(g.tensor_type(step.input).shape, map_of(step.input),
-                                           g.tensor_type(step.res).shape, kb.bindings)
+            if isinstance(step, g.TransposeOp) or (isinstance(step, g.ReshapeOp)
+                                                   and g.is_unit_reshape(step, kb.bindings)):
+                memo[v] = view_map(step, map_of(step.input), kb.bindings)
             elif isinstance(step, (g.ElementwiseOp, g.CastOp)) and on_path and all(
                     g.tensor_type(x).shape == g.tensor_type(v).shape for x in on_path) and \
                     len({map_of(x) for x in on_path}) == 1:

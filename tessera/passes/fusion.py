@@ -724,6 +724,10 @@ class _Planner:
         ret = self.f.body.block.last_op
         if not any(isinstance(op, g.TransposeOp) for op in chain) or group is None or src in ret.operands:
             return False
+        if group.kind == "flash_attention" and (src is not group.output or not self._keeps_tile_axes(group, chain)):
+            return False   # (its log-sum-exp is stored as the scores' rows; a view dropping a tile axis: a copy)
+        if group.kind == "flash_chain" and any(isinstance(op, g.ReshapeOp) for op in chain):
+            return False
         if any([u.operation for u in op.input.uses] != [op] for op in chain):
             return False
         if any(u.operation is not ret and u.operation not in self.views for u in v.uses):
@@ -736,6 +740,17 @@ class _Planner:
             group.ops.add(op)
             self.group_of[op] = group
         return True
+
+    def _keeps_tile_axes(self, group: Group, views: list) -> bool:
+        """Whether an attention's output through `views` (the last first) still has the dims its
+        template tiles (the query rows and the head dim): a view that drops a size-1 one (a decode
+        step's one query squeezed out) leaves its store no dim to walk."""
+        m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=self.order.__getitem__)
+        rank, rows = g.tensor_type(m2.res).rank, s.attention_rows_of(m1, m2, self.bindings)
+        m = tuple("e" if i == rank - 1 else "m" if i == rows else None for i in range(rank))
+        for op in reversed(views):
+            m = index_maps.view_map(op, m, self.bindings)
+        return "m" in m and "e" in m
 
     def _written_by_kernel(self, v: SSAValue) -> bool:
         return self.producer(v) in self.group_of or any(v in grp.outputs for grp in self.groups)
@@ -1121,9 +1136,7 @@ def _attention_work(group: Group, planner: _Planner) -> tuple[int, int] | None:
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     (sm,) = (op for op in group.ops if isinstance(op, g.SoftmaxOp))
     out = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m2.res).shape]
-    rows = len(out) - 2
-    if g.tensor_type(group.output).shape == g.tensor_type(m2.res).shape:   # as the template tiles it
-        rows = s.attention_rows_of(m1, m2, planner.bindings)
+    rows = s.attention_rows_of(m1, m2, planner.bindings)   # as the template tiles P @ V, whatever it stores
     if rows != len(out) - 2:   # the query heads as rows (a decode step): no per-position bounds
         return None
     axes = (*(f"b{i}" for i in range(rows)), "m", "e")
@@ -1168,8 +1181,7 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]   # [*batch, M, N]
     query = dims[:-1]
-    if g.tensor_type(group.output).shape == g.tensor_type(m2.res).shape:   # as the template tiles it
-        query.append(query.pop(s.attention_rows_of(m1, m2, planner.bindings)))
+    query.append(query.pop(s.attention_rows_of(m1, m2, planner.bindings)))   # as the template tiles P @ V
     rows, keys = s.fit_block(params["block_m"], query[-1]), s.fit_block(params["block_n"], dims[-1])
     programs = math.prod(query[:-1]) * -(-query[-1] // rows)
     shared = s.shared_bytes(group.kind, {**params, "block_m": rows, "block_n": keys}, features)

@@ -208,3 +208,65 @@ def test_attention_tiles_that_leave_room_ask_for_two_blocks_an_sm(space, blocks)
     assert (".minnctapersm 2" in ptx) == (blocks == 2)
     ampere = varlen_attention.compile(varlen_attention.arg_specs_for(DIMS, "bf16"), arch="sm_80")
     assert ".minnctapersm" not in "".join(k.ptx for k in emit_module(ampere.modules["target"]).values())
+
+
+# --- what a review found ---------------------------------------------------------------------------
+
+@tsr.function
+def attention_and_transposed_lse(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"],
+                                 v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * 0.25
+    return tsr.matmul(tsr.softmax(s, dim=-1), v), tsr.logsumexp(s, -1, keepdim=True).transpose(1, 2)
+
+
+@tsr.function
+def decode_squeezed(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
+    o = tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * 0.25, dim=-1), v)   # [B, H, 1, D]
+    return o.transpose(1, 2).reshape(q.shape[0], q.shape[1], q.shape[3])                 # the query dim dropped
+
+
+@tsr.function
+def chain_squeezed(x: Tensor["B", "M", "C"], w1: Tensor["C", "F"], w2: Tensor["F", "E"]):
+    r = tsr.matmul(tsr.relu(tsr.matmul(x, w1)), w2)                 # [B, M, 1]
+    return r.transpose(-2, -1).reshape(x.shape[0], x.shape[1])
+
+
+@pytest.mark.parametrize("fn,dims,space", [
+    (attention_and_transposed_lse, dict(B=2, H=4, S=20, D=16), {}),       # the log-sum-exp is a copy
+    (attention_and_transposed_lse, dict(B=1, H=4, S=4, D=16), {}),
+    (attention_and_transposed_lse, dict(B=1, H=2, S=40, D=16), {"split_kv": [3], "block_n": [16]}),
+    (decode_squeezed, dict(B=2, H=3, S=1, N=20, D=16), {}),               # a view that drops a tiled dim
+    (chain_squeezed, dict(B=2, M=50, C=32, F=300, E=1), {}),
+])
+def test_outputs_the_kernel_cannot_store_transposed_are_copied(fn, dims, space):
+    specs = fn.arg_specs_for(dims, "fp32")
+    c = fn.compile(specs, space=space)
+    rng = np.random.default_rng(sum(dims.values()))
+    xs = [rng.standard_normal(s.shape).astype(np.float32) for s in specs]
+    for out, ref in zip(c.run(*xs), c.reference(*xs)):
+        np.testing.assert_allclose(out, ref, rtol=1e-5, atol=2e-6)
+
+
+@tsr.function
+def limited_by_a_difference(q: Tensor["M", "D"], k: Tensor["N", "D"], v: Tensor["N", "D"],
+                            a: Tensor["M", tsr.int32], b: Tensor["M", tsr.int32]):
+    cols, rows = tsr.arange(k.shape[0])[None, :], tsr.arange(q.shape[0])[:, None]
+    s = tsr.where(cols <= rows + (a - b)[:, None], tsr.matmul(q, k.transpose(-2, -1)), -math.inf)
+    return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+def test_a_limit_of_several_huge_terms_bounds_nothing_rather_than_wrap():
+    """A per-row limit a - b where a block's greatest a and greatest b (of different rows) would
+    wrap a 32-bit sum: the block reads every key, masked, and the rows are right."""
+    rng = np.random.default_rng(3)
+    q, k, v = (rng.standard_normal((40, 16)).astype(np.float32) for _ in range(3))
+    a = np.zeros(40, np.int32)
+    b = np.zeros(40, np.int32)
+    a[::2], b[1::2] = 2 ** 31 - 1, -5           # a row keeping everything next to one keeping a few
+    c = limited_by_a_difference.compile(limited_by_a_difference.arg_specs(
+        [("q", q), ("k", k), ("v", v), ("a", a), ("b", b)])[1], space={"block_m": [16], "block_n": [16]})
+    tile_ir = c.ir("tile")
+    assert tile_ir.count("tile.load_index_reduce") == 4
+    # the interpreter's indices are 64-bit: what guards the GPU's 32-bit sums is the bounds' fallback
+    assert sum(1 for line in tile_ir.splitlines() if "arith.select" in line and line.endswith(": index")) == 2
+    np.testing.assert_allclose(c.run(q, k, v, a, b)[0], c.reference(q, k, v, a, b)[0], atol=2e-6)
