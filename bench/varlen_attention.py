@@ -12,6 +12,11 @@ varlen saves; padding not timed). "packed as batch" is Tessera's plain causal at
 (examples/flash_attention.py) on the same sequences when they are all one length: what the
 per-row key ranges cost against a batch.
 
+A second table packs a decode step: one query per sequence against its keys packed with
+cu_seqlens_k, against torch's varlen_attn and against Tessera's paged decode over the same keys in
+64-key pages (examples/paged_attention.py: the batched form, which the packed one's query blocks,
+each spanning many sequences, cannot match; --no-decode leaves it out).
+
 Times are medians of CUDA-graph replays (the kernels' time; Tessera's launches its small index
 kernels too), in us; TFLOP/s counts the causal half of each sequence's scores (4 * kept pairs * H
 * D); "vs best" is the best peer's time over Tessera's. Every output is checked against fp32
@@ -116,9 +121,43 @@ def peers(q, k, v, cu, lengths) -> dict[str, object]:
     return calls
 
 
+def decode_case(b: int, lengths: list[int]) -> str:
+    """One decode step of `b` sequences packed (one query each) against their keys: Tessera's varlen
+    kernel, torch's varlen_attn, and Tessera's paged decode over the same keys (the batched form)."""
+    from paged_attention import paged_decode_attention
+    from torch.nn.attention.varlen import varlen_attn
+    h, hk, page = 32, 8, 64
+    cu_k = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+    cu_q = torch.arange(b + 1, dtype=torch.int32, device="cuda")
+    q = torch.randn(b, h, D, device="cuda", dtype=torch.bfloat16)
+    k, v = (torch.randn(int(cu_k[-1]), hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    j = -(-max(lengths) // page)
+    k_cache, v_cache = (torch.zeros(b * j, page, hk, D, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+    table = torch.full((b, j), -1, dtype=torch.int32, device="cuda")
+    used = 0
+    for i, n in enumerate(lengths):
+        for p in range(-(-n // page)):
+            first, rows = int(cu_k[i]) + p * page, min(page, n - p * page)
+            k_cache[used, :rows], v_cache[used, :rows] = k[first:first + rows], v[first:first + rows]
+            table[i, p] = used
+            used += 1
+    in_use = torch.tensor(lengths, dtype=torch.int32, device="cuda")
+    qg = q.view(b, hk, h // hk, 1, D)
+    packed = varlen_attention(q, k, v, cu_q, cu_k)
+    paged = paged_decode_attention(qg, k_cache, v_cache, table, in_use).view(b, h, D)
+    torch_out = varlen_attn(q, k, v, cu_q, cu_k, 1, max(lengths), window_size=(-1, 0))
+    err = max(rel_err(packed, paged), rel_err(torch_out, paged))
+    times = [graph_us(lambda: varlen_attention(q, k, v, cu_q, cu_k)),
+             graph_us(lambda: varlen_attn(q, k, v, cu_q, cu_k, 1, max(lengths), window_size=(-1, 0))),
+             graph_us(lambda: paged_decode_attention(qg, k_cache, v_cache, table, in_use))]
+    label = f"GQA 32/8 decode B={b}, keys in [{min(lengths)}, {max(lengths)}]"
+    return f"{label:<44} " + " ".join(f"{x:14.1f}" for x in times) + f" {err:8.1e}"
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="three batches, not five")
+    parser.add_argument("--no-decode", action="store_true", help="leave out the packed decode table")
     parser.add_argument("--space", default="", help="schedule params pinned in Tessera's runs, e.g. block_m=64")
     args = parser.parse_args()
     pinned = {k: [int(v)] for k, v in (item.split("=") for item in args.space.split(",") if item)}
@@ -168,6 +207,12 @@ def main() -> int:
             torch.cuda.empty_cache()
     for name, why in refused.items():
         print(f"{name}: n/a ({why})")
+    if not args.no_decode:
+        print(f"\n{'packed decode (one query a sequence)':<44} {'tessera varlen':>14} {'torch varlen':>14} "
+              f"{'tessera paged':>14} {'rel err':>8}")
+        g = torch.Generator().manual_seed(1)
+        for b, lo, hi in ((8, 4096, 8192), (64, 1024, 4096)):
+            print(decode_case(b, torch.randint(lo, hi + 1, (b,), generator=g).tolist()))
     return int(status)
 
 
