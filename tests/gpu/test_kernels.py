@@ -375,6 +375,29 @@ def test_key_window_attention(torch_cuda, s, path):
     check(out, sdpa(torch, q, k, v, mask=i[None, :] >= i[:, None] - 200), "fp16", torch)
 
 
+@tsr.function
+def sliding_window(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    i = tsr.arange(q.shape[-2])
+    keep = (i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - 300)
+    return tsr.matmul(tsr.softmax(tsr.where(keep, s, -math.inf), dim=-1), v)
+
+
+@pytest.mark.parametrize("space", [{}, {"warp_specialize": [1]}, {"qk_ahead": [1], "num_stages": [3]}],
+                         ids=["default", "warp_specialize", "qk_ahead"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("s", [1000, 4097])
+def test_sliding_window_attention(torch_cuda, s, path, space):
+    """A causal window (a bound on both sides): each query block's key loop starts past the blocks
+    the window leaves behind (a first block computed at run time, which a warp-specialized
+    producer computes too) and stops at the diagonal."""
+    torch = torch_cuda
+    (q, k, v), (out,) = run(sliding_window, dict(B=2, H=2, S=s, D=128), "bf16", torch, path=path, space=space)
+    i = torch.arange(s, device="cuda")
+    check(out, sdpa(torch, q, k, v, mask=(i[None, :] <= i[:, None]) & (i[None, :] >= i[:, None] - 300)), "bf16",
+          torch)
+
+
 def test_torch_tensors_in_and_out(torch_cuda):
     """The plain call path: CUDA tensors in, CUDA tensors of the right dtype out, on torch's stream."""
     torch = torch_cuda
