@@ -440,6 +440,15 @@ class LoadOp(IRDLOperation):
         _require_same_element(self, "source", src_t, "result", res_t)
 
 
+def _require_index_source(op: Operation) -> None:
+    """`op.src` holds indices in global memory and `op.offsets` place one element of it."""
+    src_t = op.src.type
+    _require_global_shape(op, "source memref", src_t)
+    _require(not is_shared(src_t), op, "source must be a global memref")
+    _require(_element_type(src_t) == i32, op, f"source must hold i32 indices, got {src_t}")
+    _require_offsets(op, op.offsets, src_t)
+
+
 @irdl_op_definition
 class LoadIndexOp(IRDLOperation):
     """One int32 element of a global memref as an index, uniform over the program: a gather's row
@@ -458,11 +467,7 @@ class LoadIndexOp(IRDLOperation):
         super().__init__(operands=[src, offsets], result_types=[IndexType()])
 
     def verify_(self) -> None:
-        src_t = self.src.type
-        _require_global_shape(self, "source memref", src_t)
-        _require(not is_shared(src_t), self, "source must be a global memref")
-        _require(_element_type(src_t) == i32, self, f"source must hold i32 indices, got {src_t}")
-        _require_offsets(self, self.offsets, src_t)
+        _require_index_source(self)
 
 
 @irdl_op_definition
@@ -488,10 +493,7 @@ class LoadIndexReduceOp(IRDLOperation):
 
     def verify_(self) -> None:
         src_t, axis = self.src.type, self.axis.value.data
-        _require_global_shape(self, "source memref", src_t)
-        _require(not is_shared(src_t), self, "source must be a global memref")
-        _require(_element_type(src_t) == i32, self, f"source must hold i32 indices, got {src_t}")
-        _require_offsets(self, self.offsets, src_t)
+        _require_index_source(self)
         _require(self.kind.data in ("min", "max"), self, f"kind must be min or max, got {self.kind.data!r}")
         _require(0 <= axis < src_t.get_num_dims(), self, f"axis {axis} out of range for {src_t}")
         _require(self.count.value.data >= 1, self, f"count must be positive, got {self.count.value.data}")
