@@ -83,6 +83,11 @@ python3 bench/split_k_gemm.py || status=1
 section "Decode attention"
 python3 bench/decode_attention.py || status=1
 
+# Variable-length attention (packed sequences, FlashAttention's cumulative lengths) against torch's varlen kernel,
+# FlexAttention's document mask and cuDNN on the padded batch; a packed decode step against the paged form.
+section "Varlen attention"
+python3 bench/varlen_attention.py || status=1
+
 # FP8 GEMMs (scales as tensor math, wgmma m64nNk32) against torch._scaled_mm (cuBLASLt) and Tessera's bf16 GEMM.
 section "FP8 GEMM"
 python3 bench/fp8_gemm.py || status=1
