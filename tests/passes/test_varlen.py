@@ -270,3 +270,26 @@ def test_a_limit_of_several_huge_terms_bounds_nothing_rather_than_wrap():
     # the interpreter's indices are 64-bit: what guards the GPU's 32-bit sums is the bounds' fallback
     assert sum(1 for line in tile_ir.splitlines() if "arith.select" in line and line.endswith(": index")) == 2
     np.testing.assert_allclose(c.run(q, k, v, a, b)[0], c.reference(q, k, v, a, b)[0], atol=2e-6)
+
+
+def test_batches_in_buffers_of_one_capacity_compile_once():
+    """A serving loop's packed buffers keep their capacity (tokens, keys, sequences) from batch to
+    batch: rows past the last sequence belong to none (NaN: softmax over no key), keys past the
+    last are never read, and trailing empty sequences change nothing, so one compile serves every
+    batch (a new total length would compile anew: issue 17's shape-generic attention)."""
+    fn = tsr.function(varlen_attention.fn)
+    cap_t, cap_n, cap_b, h, d = 96, 128, 6, 2, 16
+    rng = np.random.default_rng(11)
+    q = rng.standard_normal((cap_t, h, d)).astype(np.float32)
+    k, v = (rng.standard_normal((cap_n, h, d)).astype(np.float32) for _ in range(2))
+    for batch in range(4):
+        b = int(rng.integers(1, cap_b))
+        queries = rng.integers(0, cap_t // cap_b + 1, b)
+        keys = queries + rng.integers(0, 4, b)
+        cu_q, cu_k = (np.concatenate([x, np.full(cap_b + 1 - len(x), x[-1])]).astype(np.int32)
+                      for x in (cumulative(queries), cumulative(keys)))
+        out = fn(q, k, v, cu_q, cu_k)
+        t = cu_q[-1]
+        np.testing.assert_allclose(out[:t], reference(q[:t], k, v, cu_q, cu_k)[:t], atol=2e-6)
+        assert np.isnan(out[t:]).all()
+    assert fn.cache_info().compiles == 1
