@@ -2,8 +2,8 @@
 
 examples/varlen_attention.py as written: sequences of lengths 1, 17, primes, 1000 and 4097 packed
 without padding, FlashAttention's cumulative lengths, queries fewer than keys (the causal diagonal
-at the bottom right) and a sequence of no queries, GQA 32/8 and MHA, head dims 64 and 128, both
-code paths; NaN-poisoned outputs. Also an attention output stored transposed by the attention
+at the bottom right), a sequence of no queries, a packed decode step and a hundred short sequences
+(query blocks spanning many), GQA 32/8 and MHA, head dims 64 and 128, both code paths; NaN-poisoned outputs. Also an attention output stored transposed by the attention
 itself ([B, S, H, D] out), and a grid past CUDA's 65,535 blocks along axis 2."""
 import math
 
@@ -41,6 +41,8 @@ CASES = [   # (queries per sequence, keys per sequence, H, Hk, D, dtype)
     ([1000, 257, 64], [1000, 257, 64], 16, 16, 64, "fp16"),
     ([1], [1], 4, 4, 128, "bf16"),                                   # one query, one key
     ([5, 0, 130, 1], [300, 7, 1000, 4099], 8, 2, 128, "bf16"),       # fewer queries than keys; one of none
+    ([1] * 64, [1000 + 37 * i for i in range(64)], 32, 8, 128, "bf16"),   # a decode step packed: blocks span sequences
+    ([3, 1, 17, 2, 5] * 20, [3, 1, 17, 2, 5] * 20, 8, 8, 64, "fp16"),      # a hundred short sequences
 ]
 
 

@@ -64,6 +64,8 @@ def compiled(args, **options):
     ([1] * 7, [100, 3, 50, 64, 1, 17, 300], 2, 2, 64),  # a decode step of each sequence
     ([1], [1], 2, 1, 64),                                # one token
     ([13, 0, 29], [13, 0, 29], 2, 2, 16),                # a sequence of no tokens
+    ([1, 2, 3, 1, 5, 2, 1, 1, 4, 3, 2, 1, 1, 2, 3, 1, 1, 1, 2, 5], [7, 3, 30, 1, 9, 2, 64, 5, 4, 3, 2, 1, 1, 2, 17,
+                                                                 1, 1, 1, 2, 5], 8, 1, 32),   # many short: blocks span them
 ])
 @pytest.mark.parametrize("block", [16, 64])
 def test_varlen_against_float64(queries, keys, h, hk, d, block):
