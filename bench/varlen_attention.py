@@ -101,7 +101,8 @@ def peers(q, k, v, cu, lengths) -> dict[str, object]:
         block = create_block_mask(document_causal, None, None, t, t, device="cuda")
         flex = torch.compile(flex_attention)
         qf, kf, vf = (x.transpose(0, 1)[None] for x in (q, k, v))
-        calls["flex (doc mask)"] = lambda: flex(qf, kf, vf, block_mask=block, enable_gqa=k.shape[1] != q.shape[1])[0].transpose(0, 1)
+        gqa = k.shape[1] != q.shape[1]
+        calls["flex (doc mask)"] = lambda: flex(qf, kf, vf, block_mask=block, enable_gqa=gqa)[0].transpose(0, 1)
     except Exception:
         calls["flex (doc mask)"] = None
     h, hk = q.shape[1], k.shape[1]

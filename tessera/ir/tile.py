@@ -1202,8 +1202,8 @@ ArithOnTiles = Dialect(
 Tile = Dialect(
     "tile",
     [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, LoadGatherOp, StoreOp,
-     AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp,
-     AssertOp, ProfileBeginOp, ProfileEndOp],
+     AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp,
+     MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
     [],
 )
 

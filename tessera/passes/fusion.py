@@ -709,9 +709,9 @@ class _Planner:
 
     def _transposed_output(self, v: SSAValue) -> bool:
         """A transpose (or a chain of them, with size-1 dims added or removed) of an attention's or a
-        flash_chain kernel's output that nothing else reads, returned or read only by host views: the kernel's output becomes the
-        transpose, which it stores through its own tile's map, where a copy kernel would read and
-        write it again (an attention's [B, H, S, D] output returned as [B, S, H, D], FlashAttention's
+        flash_chain kernel's output that nothing else reads, returned or read only by host views:
+        the kernel's output becomes the transpose, which it stores through its own tile's map,
+        where a copy kernel would read and write it again (an attention's [B, H, S, D] output returned as [B, S, H, D], FlashAttention's
         layout; an attention backward's dK = (Q^T @ dS)^T). Returns whether it did."""
         chain, src = [], v
         while isinstance(self.producer(src), g.TransposeOp) or (

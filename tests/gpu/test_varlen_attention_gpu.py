@@ -3,8 +3,9 @@
 examples/varlen_attention.py as written: sequences of lengths 1, 17, primes, 1000 and 4097 packed
 without padding, FlashAttention's cumulative lengths, queries fewer than keys (the causal diagonal
 at the bottom right), a sequence of no queries, a packed decode step and a hundred short sequences
-(query blocks spanning many), GQA 32/8 and MHA, head dims 64 and 128, both code paths; NaN-poisoned outputs. Also an attention output stored transposed by the attention
-itself ([B, S, H, D] out), and a grid past CUDA's 65,535 blocks along axis 2."""
+(query blocks spanning many), GQA 32/8 and MHA, head dims 64 and 128, both code paths;
+NaN-poisoned outputs. Also an attention output stored transposed by the attention itself
+([B, S, H, D] out), and a grid past CUDA's 65,535 blocks along axis 2."""
 import math
 
 import pytest
