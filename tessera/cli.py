@@ -332,9 +332,16 @@ class OutputError:
 
 
 def compare(name: str, out: np.ndarray, ref: np.ndarray, tol: float) -> OutputError:
-    """Max abs and relative (||out-ref|| / ||ref||) error in float64."""
-    diff = out.astype(np.float64) - ref.astype(np.float64)
-    ref_norm = np.linalg.norm(ref.astype(np.float64))
+    """Max abs and relative (||out-ref|| / ||ref||) error in float64, over the elements the reference
+    is not NaN at: where it is (a softmax over no key, a row no sequence holds), the output must be
+    NaN too, and an output NaN anywhere else (an unwritten, poisoned element) is an error of NaN."""
+    out, ref = out.astype(np.float64), ref.astype(np.float64)
+    undefined = np.isnan(ref)
+    if (np.isnan(out) != undefined).any():
+        return OutputError(name, float("nan"), float("nan"), tol)
+    out, ref = np.where(undefined, 0.0, out), np.where(undefined, 0.0, ref)
+    diff = out - ref
+    ref_norm = np.linalg.norm(ref)
     relative = np.linalg.norm(diff) / ref_norm if ref_norm else (np.inf if diff.any() else 0.0)
     return OutputError(name, float(np.abs(diff).max(initial=0.0)), float(relative), tol)
 

@@ -398,3 +398,20 @@ def test_compile_dynamic_shows_the_generic_kernels_and_refuses_what_cannot_be(tm
     assert cli.main(["compile", f"{source}:norm", "--shape", "M=100,N=256", "--dynamic", "N",
                      "-o", str(tmp_path / "n")]) == 1
     assert "norm cannot take dim 'N' at run time" in capsys.readouterr().err
+
+
+def test_run_counts_nans_where_the_reference_has_them_as_agreement():
+    """A softmax over no key is NaN in the reference (a row no packed sequence holds): the output
+    must be NaN there too; NaN anywhere else (an unwritten, poisoned element) still fails."""
+    ref = np.array([1.0, np.nan, 3.0])
+    assert cli.compare("out", np.array([1.0, np.nan, 3.0]), ref, 1e-3).passed
+    assert not cli.compare("out", np.array([1.0, 2.0, 3.0]), ref, 1e-3).passed
+    assert not cli.compare("out", np.array([np.nan, np.nan, 3.0]), ref, 1e-3).passed
+
+
+def test_run_checks_the_varlen_example(capsys):
+    """examples/varlen_attention.py on random int32 cumulative lengths: rows of no sequence are NaN
+    in both."""
+    varlen = str(Path(EXAMPLE).with_name("varlen_attention.py")) + ":varlen_attention"
+    status, out, _ = run_cli(capsys, "run", varlen, "--shape", "T=40,N=40,H=2,Hk=2,D=16,B1=3")
+    assert status == 0 and out.rstrip().endswith("PASS"), out
