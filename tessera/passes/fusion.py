@@ -930,9 +930,10 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params["split_kv"] = _split_kv(group, planner, params, features)
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and params.get("split_kv", 1) == 1:
         _schedule_few_heads(group, block, planner, params, features, pinned)   # (a split attention's order is its own)
-    if group.kind == "flash_attention" and planner.platform and not planner.tile_compiler and "occupancy" not in pinned:
+    if group.kind in ("flash_attention", "flash_chain") and planner.platform and not planner.tile_compiler \
+            and "occupancy" not in pinned:
         params.pop("occupancy", None)
-        params.update(_attention_occupancy(planner, params, features))
+        params.update(_occupancy(group.kind, planner, params, features))
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
@@ -940,31 +941,48 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     return block, inputs, params, space, choice
 
 
-#: the registers a thread of an attention kernel may spend on its tiles' fp32 accumulators (the output
-#: block [BM, E] and one key block's scores [BM, BN]) for two blocks to share an SM (128 registers a
-#: thread at 256 threads): H200, bf16 D=128, 128 x 64 tiles on 8 warps (96 a thread): a plain causal
-#: kernel takes 126 registers, two blocks, 551 us at 8 x 32 x 2048; the same with each packed
-#: sequence's keys read per row (varlen) took 140, one block, 797 us, and 128 without spilling under
-#: `.minnctapersm 2`; 128-key blocks (128 a thread: 167-185 registers) stay at one
-TWO_BLOCK_TILE_REGISTERS = 96
+#: registers a thread holds, over its share of a kernel's fp32 tiles (`_tile_registers`), as ptxas
+#: allocated them on the wgmma path (sm_90a, bf16): attention 128 x 64 tiles at D=128 on 8 warps, 96
+#: a thread: 125-140 (126 plain causal, 140 with each packed sequence's keys read per row); D=64
+#: with 128 keys: 128; the backward's chain kernels on 4 warps, 64 x 64 tiles: dQ at D=64 96 -> 122,
+#: dK/dV at D=64 128 -> 177, at D=128 192 -> 240. Below TILE_REGISTERS_KNOWN the tiles are not what
+#: a thread's registers go to, and nothing is asked
+TILE_REGISTER_RATIO = 1.3
+TILE_REGISTERS_KNOWN = 64
 
 
-def _attention_occupancy(planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict[str, int]:
-    """{"occupancy": 2} for an attention whose tiles leave two blocks an SM's registers and shared
-    memory (`TWO_BLOCK_TILE_REGISTERS`), so that ptxas keeps to them (a mask read from memory
-    costs a few registers, and one past 128 halved the blocks); else nothing (ptxas decides).
-    Hopper's wgmma path only (mma.sync holds the query block in registers too), and not where
-    warp-specialized (its registers are its split's)."""
+def _tile_registers(kind: str, params: dict[str, int], features: dict[str, int]) -> int:
+    """A thread's share of a kernel's fp32 tiles: an attention's output block [BM, E] and one key
+    block's scores [BM, BN]; a chain's sinks' accumulators [BM, their columns] and its recomputed
+    score tiles [BM, BN] (`_chain_tiles`)."""
+    e = 1 << max(0, features.get("head_dim", 128) - 1).bit_length()
+    columns = e if kind == "flash_attention" else features.get("sink_columns", e)
+    scores = 1 if kind == "flash_attention" else features.get("row_tiles", 1)
+    return params["block_m"] * (columns + scores * params["block_n"]) // (32 * params["num_warps"])
+
+
+def _occupancy(kind: str, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict[str, int]:
+    """{"occupancy": N}: the blocks an SM's shared memory holds, down to those the registers its tiles
+    take leave room for (`TILE_REGISTER_RATIO`), where that is more than the registers ptxas would
+    take on its own allow, so that ptxas keeps to them. Attention, H200: with each packed sequence's
+    keys read per row (varlen) 140 registers made one block an SM, 797 us; asked for two, 128 without
+    spilling, ~600 us (plain kernels unchanged, within 0.6%). The backward's dK/dV kernel at D=64
+    (177 registers, two blocks, four by shared memory): three blocks, causal 16x16x2048x64 1.67 ->
+    1.58 ms; at D=128 shared memory holds two, as its registers do, and nothing is asked (three
+    squeezed it to 168: 4.4 -> 7.3 ms). The wgmma path only (mma.sync holds operand tiles in
+    registers too), and not where warp-specialized (its registers are its split's)."""
     if params.get("warp_specialize") or not features.get("wgmma"):
         return {}
-    threads = 32 * params["num_warps"]
-    e = 1 << max(0, features.get("head_dim", 128) - 1).bit_length()
-    tile_registers = params["block_m"] * (e + params["block_n"]) // threads
-    shared = s.shared_bytes("flash_attention", params, features)
-    if tile_registers > TWO_BLOCK_TILE_REGISTERS or platforms.blocks_per_sm_by_shared(planner.platform, shared) < 2 \
-            or 2 * threads > planner.platform.max_threads_per_sm:
+    tiles = _tile_registers(kind, params, features)
+    if tiles < TILE_REGISTERS_KNOWN:
         return {}
-    return {"occupancy": 2}
+    threads = 32 * params["num_warps"]
+    shared = s.shared_bytes(kind, params, features)
+    blocks = min(platforms.blocks_per_sm_by_shared(planner.platform, shared),
+                 planner.platform.max_threads_per_sm // threads)
+    while blocks > 1 and TILE_REGISTER_RATIO * tiles > min(255, 65536 // (blocks * threads)):
+        blocks -= 1
+    return {"occupancy": blocks} if blocks > 1 else {}
 
 
 def _gathers_elements(op: g.GatherOp, group: Group, planner: _Planner) -> bool:
@@ -1314,7 +1332,7 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
     matmuls' column operands and the matmul sinks' other operands, each input once, as the
     template streams them), and `head_dim`, the widest of their rows: the head dims, not the
     reduced sequence length that a sink's own inner dim is (taking that shrank dV/dQ/dK's key
-    blocks to 32 rows)."""
+    blocks to 32 rows); and `sink_columns`, the matmul sinks' accumulator columns together."""
     def size(d) -> int:
         return g.dim_value(d, bindings)
     sinks = index_maps.chain_sinks(block, bindings)
@@ -1328,7 +1346,10 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
             computed_lhs = sink.computed is sink.op.lhs
             streamed.add(index_maps.chain_source(sink.op.rhs if computed_lhs else sink.op.lhs))
             widths.append(size(g.tensor_type(sink.op.res).shape[-1 if computed_lhs else -2]))
-    return {"head_dim": max(widths), "row_tiles": len(scores), "streamed_tiles": len(streamed)}
+    columns = sum(size(g.tensor_type(sink.op.res).shape[-1 if sink.computed is sink.op.lhs else -2])
+                  for sink in sinks if isinstance(sink.op, g.MatmulOp))
+    return {"head_dim": max(widths), "row_tiles": len(scores), "streamed_tiles": len(streamed),
+            "sink_columns": columns}
 
 
 def fuse(module: ModuleOp, space: dict | None = None, platform=None, backend: str = "ptx",

@@ -203,6 +203,8 @@ def test_a_dynamic_dim_on_grid_axis_1_is_laid_along_axis_0():
 
 @pytest.mark.parametrize("space,blocks", [({}, 2), ({"block_n": [128]}, None), ({"warp_specialize": [1]}, None)])
 def test_attention_tiles_that_leave_room_ask_for_two_blocks_an_sm(space, blocks):
+    """fusion._occupancy: two blocks of 128 x 64 tiles at D=128 on 8 warps; none with 128 keys (one
+    block's worth of registers) or warp-specialized (a register split), nor on the mma.sync path."""
     c = varlen_attention.compile(varlen_attention.arg_specs_for(DIMS, "bf16"), arch="sm_90a", sm_count=132,
                                  space=space)
     kernels = emit_module(c.modules["target"])
@@ -295,3 +297,15 @@ def test_batches_in_buffers_of_one_capacity_compile_once():
         np.testing.assert_allclose(out[:t], reference(q[:t], k, v, cu_q, cu_k)[:t], atol=2e-6)
         assert np.isnan(out[t:]).all()
     assert fn.cache_info().compiles == 1
+
+
+def test_the_backwards_chain_kernels_ask_for_what_shared_memory_holds_where_registers_allow():
+    """The attention backward's dK/dV kernel at D=64 (tiles of 128 registers a thread: 3 blocks, 4 by
+    shared memory) and dQ (96: 4); at D=128 shared memory holds 2, which registers allow."""
+    for d, wanted in ((64, [4, 3]), (128, [2, 2])):
+        features = {"wgmma": 1, "head_dim": d, "row_tiles": 2, "streamed_tiles": 2, "element_bytes": 2}
+        params = {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2}
+        planner = type("P", (), {"platform": platforms.get("sm_90a")})()
+        got = [fusion._occupancy("flash_chain", planner, params, {**features, "sink_columns": columns}).get("occupancy")
+               for columns in (d, 2 * d)]   # dQ's one sink, dK's and dV's two
+        assert got == wanted, (d, got)

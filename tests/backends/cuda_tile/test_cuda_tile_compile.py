@@ -106,7 +106,7 @@ def test_attention_schedule_for_cuda_tile():
     """Flash attention's defaults under the CUDA Tile IR backend (schedule.SHAPE_DEFAULTS'
     tile_compiler rules): 64 keys per block at D = 128 and an occupancy hint, which the entry
     carries to tileiras; the PTX backend's schedule asks two blocks of ptxas where its tiles leave
-    them room (fusion's `_attention_occupancy`), and not with 128 keys a block."""
+    them room (fusion's `_occupancy`), and not with 128 keys a block."""
     case = cases.CASES["causal-fp16"]    # D = 128
     tiled = case.fn.compile(case.specs(), backend="cuda-tile")
     (kernel,) = [k for k in tiled.stage("schedule").walk() if k.name == "schedule.kernel"]
