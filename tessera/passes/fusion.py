@@ -931,7 +931,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and params.get("split_kv", 1) == 1:
         _schedule_few_heads(group, block, planner, params, features, pinned)   # (a split attention's order is its own)
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and not planner.tile_compiler \
-            and "occupancy" not in pinned:
+            and "occupancy" not in pinned and (group.kind == "flash_attention" or _chain_work(block, planner)):
         params.pop("occupancy", None)
         params.update(_occupancy(group.kind, planner, params, features))
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
@@ -968,8 +968,10 @@ def _occupancy(kind: str, planner: _Planner, params: dict[str, int], features: d
     keys read per row (varlen) 140 registers made one block an SM, 797 us; asked for two, 128 without
     spilling, ~600 us (plain kernels unchanged, within 0.6%). The backward's dK/dV kernel at D=64
     (177 registers, two blocks, four by shared memory): three blocks, causal 16x16x2048x64 1.67 ->
-    1.58 ms; at D=128 shared memory holds two, as its registers do, and nothing is asked (three
-    squeezed it to 168: 4.4 -> 7.3 ms). The wgmma path only (mma.sync holds operand tiles in
+    1.59 ms on the H200, 1.69 -> 1.60 on the H100; at D=128 shared memory holds two, as its
+    registers do (three squeezed it to 168: 4.4 -> 7.3 ms). A chain kernel is asked only where a
+    one-sided mask makes its blocks' work uneven (`_chain_work`): unmasked, the D=64 one's third
+    block paid its 12 bytes of spill for nothing (H100 2.63 -> 2.65 ms). The wgmma path only (mma.sync holds operand tiles in
     registers too), and not where warp-specialized (its registers are its split's)."""
     if params.get("warp_specialize") or not features.get("wgmma"):
         return {}

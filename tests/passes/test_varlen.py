@@ -309,3 +309,24 @@ def test_the_backwards_chain_kernels_ask_for_what_shared_memory_holds_where_regi
         got = [fusion._occupancy("flash_chain", planner, params, {**features, "sink_columns": columns}).get("occupancy")
                for columns in (d, 2 * d)]   # dQ's one sink, dK's and dV's two
         assert got == wanted, (d, got)
+
+
+@pytest.mark.parametrize("kind,asked", [("causal", True), ("plain", False)])
+def test_only_chain_kernels_of_uneven_blocks_ask_for_more(kind, asked):
+    """A one-sided mask (causal) makes a backward's blocks uneven, and a third block an SM fills
+    the slots short ones leave (+5% at D=64); unmasked, the squeeze only costs."""
+    from attention_cases import FUNCTIONS
+    from tessera.autodiff.api import _vjp_function, saving
+    f = FUNCTIONS[kind]
+    q = np.zeros((2, 4, 512, 64), np.float16)
+    forward = saving(f)
+    positions = forward.layout(*f._split_args([q, q, q]))[1]
+    outs = forward.compile(forward.arg_specs([("q", q), ("k", q), ("v", q)])[1], arch="sm_90a",
+                           sm_count=132).host_function().function_type.inputs.data[3:]
+    saved = [np.zeros(tuple(outs[i].get_shape()), np.float32 if "f32" in str(outs[i]) else np.float16)
+             for i in positions]
+    backward = _vjp_function(f, (0,), len(saved))
+    specs = backward.arg_specs(list(zip(backward.signature.parameters, [q, q, q, *saved, q])))[1]
+    schedule = backward.compile(specs, arch="sm_90a", sm_count=132).ir("schedule")
+    chains = [line for line in schedule.splitlines() if '"flash_chain"' in line and "params" in line]
+    assert chains and all(("occupancy = " in line) == asked for line in chains)
