@@ -16,7 +16,8 @@ def _rank(rank: int, world: int, port: int) -> None:
     try:
         for case in cases_for(world):
             check(case, world, "cpu", "float32", 1e-4)
-    finally:
+        dist.barrier()   # every rank's collectives done before any tears its group down (else, at times,
+    finally:             # gloo's threads outlived a group the other rank destroyed: "terminate called", SIGABRT)
         dist.destroy_process_group()
 
 
