@@ -711,8 +711,9 @@ class _Planner:
         """A transpose (or a chain of them, with size-1 dims added or removed) of an attention's or a
         flash_chain kernel's output that nothing else reads, returned or read only by host views:
         the kernel's output becomes the transpose, which it stores through its own tile's map,
-        where a copy kernel would read and write it again (an attention's [B, H, S, D] output returned as [B, S, H, D], FlashAttention's
-        layout; an attention backward's dK = (Q^T @ dS)^T). Returns whether it did."""
+        where a copy kernel would read and write it again (an attention's [B, H, S, D] output
+        returned as [B, S, H, D], FlashAttention's layout; an attention backward's dK = (Q^T @ dS)^T).
+        Returns whether it did."""
         chain, src = [], v
         while isinstance(self.producer(src), g.TransposeOp) or (
                 isinstance(self.producer(src), g.ReshapeOp) and g.is_unit_reshape(self.producer(src), self.bindings)
@@ -971,8 +972,9 @@ def _occupancy(kind: str, planner: _Planner, params: dict[str, int], features: d
     1.59 ms on the H200, 1.69 -> 1.60 on the H100; at D=128 shared memory holds two, as its
     registers do (three squeezed it to 168: 4.4 -> 7.3 ms). A chain kernel is asked only where a
     one-sided mask makes its blocks' work uneven (`_chain_work`): unmasked, the D=64 one's third
-    block paid its 12 bytes of spill for nothing (H100 2.63 -> 2.65 ms). The wgmma path only (mma.sync holds operand tiles in
-    registers too), and not where warp-specialized (its registers are its split's)."""
+    block paid its 12 bytes of spill for nothing (H100 2.63 -> 2.65 ms). The wgmma path only
+    (mma.sync holds operand tiles in registers too), and not where warp-specialized (its registers
+    are its split's)."""
     if params.get("warp_specialize") or not features.get("wgmma"):
         return {}
     tiles = _tile_registers(kind, params, features)
