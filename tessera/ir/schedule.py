@@ -129,6 +129,13 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2,
      {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}),
     ("flash_attention", lambda f: f.get("wgmma") and f.get("head_dim", 0) > 64, {"block_n": 64}),
+    # ... but 128 keys with 8-bit operands (fp8), whose transposed V tile ([D, keys]) must be whole
+    # 128-byte swizzled rows of keys for TMA and wgmma, and a producer warpgroup: with the matmuls
+    # twice as fast, the softmax bounds the loop, and the consumers issuing no copies pays. H200,
+    # 8x16x4096x128 with V passed transposed: 1.763 ms -> 1.606 (causal 1.263 -> 1.182 with V's
+    # copy); qk_ahead and 3 stages were slower (1.74-1.86 ms; bench/RESULTS.md session 25)
+    ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 1,
+     {"block_n": 128, "warp_specialize": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at
     # D = 128, and two blocks per SM asked of tileiras (`occupancy`, the entry's hint). H200 bf16,
     # bench/RESULTS.md session 14: 8x16x4096x128 219 TFLOP/s with 128 keys, 408 with 64; 16x16x2048x64
@@ -163,6 +170,11 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # bench/RESULTS.md session 22). CUDA Tile IR keeps
     # the 32 x 128 it was measured at (1.01-1.09x the PTX kernel's 32 x 128 on tall matrices)
     ("column_reduction", lambda f: f.get("tile_compiler"), {"block_n": 128}),
+    # an 8-bit layout copy (an fp8 attention's V transposed, `passes.byte_operands`): 32 x 128
+    # tiles. H200, [8, 16, 4096, 128] e4m3: 16 x 128 279 us, 32 x 128 192 us; 64 x 64, 32 x 256
+    # and 8 x 256 323-336 us (bench/RESULTS.md session 25; a transpose through shared memory would
+    # do better: bf16's 64 x 64 reaches 3452 GB/s against this 697)
+    ("elementwise", lambda f: f.get("layout_copy_bytes") == 1, {"block_m": 32}),
 ]
 
 

@@ -292,6 +292,11 @@ class KernelOp(IRDLOperation):
 #: warp-specialized kernel, on a target whose copies are asynchronous bulk copies); one warpgroup.
 PRODUCER_WARPS = "producer_warps"
 WARPGROUP_WARPS = 4
+#: An arith.truncf attribute: its input is within the finite range of the narrower type (attention's
+#: probabilities, at most 1, cast for P @ V), which a template knows and a backend cannot see; the
+#: backend may convert with saturation, which then never applies (PTX: one `cvt.rn.satfinite` an
+#: fp8 element, without the overflow check a cast otherwise needs to give NaN as torch does).
+IN_RANGE = "tessera.in_range"
 #: A tile.kernel attribute: the blocks per SM its schedule asks for (its `occupancy` param): a hint
 #: to tileiras, and to ptxas the registers that many blocks need at most (`.minnctapersm`).
 OCCUPANCY = "tessera.occupancy"

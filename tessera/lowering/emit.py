@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 from xdsl.dialects import arith, math
-from xdsl.dialects.builtin import FloatAttr, IndexType, IntegerAttr, TensorType, f32, i1, i32
+from xdsl.dialects.builtin import FloatAttr, IndexType, IntegerAttr, TensorType, UnitAttr, f32, i1, i32
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
 from ..errors import TesseraError
@@ -115,13 +115,17 @@ def to_compute(b: Builder, v: SSAValue, dt) -> SSAValue:
     return v
 
 
-def to_storage(b: Builder, v: SSAValue, dt) -> SSAValue:
-    """Rounds a compute tile to a dtype's storage type (for stores and tensor-core operands)."""
+def to_storage(b: Builder, v: SSAValue, dt, in_range: bool = False) -> SSAValue:
+    """Rounds a compute tile to a dtype's storage type (for stores and tensor-core operands);
+    `in_range`: the caller knows every value is finite in that type (`tile.IN_RANGE`)."""
     target = g.element_type(dt)
     if v.type.get_element_type() == target:
         return v
     shape = v.type.get_shape()
-    return b(arith.TruncFOp(v, TensorType(target, shape)))
+    narrowed = b(arith.TruncFOp(v, TensorType(target, shape)))
+    if in_range:
+        narrowed.owner.attributes[t.IN_RANGE] = UnitAttr()
+    return narrowed
 
 
 def convert(b: Builder, v: SSAValue, want: Attribute) -> SSAValue:

@@ -1269,8 +1269,11 @@ class _AttentionShape:
         sizes["n"] = kb.size(g.tensor_type(m1.res).shape[-1])
         sizes["d"] = kb.size(g.tensor_type(m1.lhs).shape[-1])
         p = kb.params
-        tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": s.fit_block(p["block_n"], sizes["n"]),
-                "d": pow2_at_least(sizes["d"]), "e": pow2_at_least(sizes["e"])}
+        # (a K step spans 32 bytes of each operand's rows, one tensor-core instruction's: 16 keys or
+        # head-dim elements of 16 bits, 32 of 8 bits)
+        least_n, least_d = (32 // g.tensor_type(mm.lhs).dtype.itemsize for mm in (m2, m1))
+        tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": max(least_n, s.fit_block(p["block_n"], sizes["n"])),
+                "d": max(least_d, pow2_at_least(sizes["d"])), "e": pow2_at_least(sizes["e"])}
         return cls(axes, sizes, tile, epilogue_map(kb, kb.result, m2, axes))
 
     @property
@@ -1422,8 +1425,8 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
         return m_new, l_new, alpha, probs
 
     def stored(probs):
-        """The probabilities in V's element type, as P @ V takes them."""
-        return to_storage(kb.b, probs, g.tensor_type(m2.rhs).dtype)
+        """The probabilities in V's element type, as P @ V takes them (at most 1: in range)."""
+        return to_storage(kb.b, probs, g.tensor_type(m2.rhs).dtype, in_range=True)
 
     def accumulate(acc, alpha, probs, v_tile):
         with kb.b.origin(m2):

@@ -47,7 +47,7 @@ from ..ir.masks import ColumnBounds, attention_mask, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
 from ..backends import BACKENDS, Backend, check_backend_option
 from ..dims import DynamicDim, is_dynamic
-from . import backend_choice, query_groups, recompute
+from . import backend_choice, byte_operands, query_groups, recompute
 
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
 
@@ -200,7 +200,10 @@ class _Planner:
 
     def cheap(self, op) -> bool:
         """Recomputed inside every kernel that reads it (see the module docstring); a paged view
-        and its gather are an attention's keys or values read page by page."""
+        and its gather are an attention's keys or values read page by page. A layout copy
+        (`byte_operands`) is a transpose written to memory."""
+        if byte_operands.is_layout_copy(op):
+            return False
         if isinstance(op, g.ReshapeOp):
             return g.is_unit_reshape(op, self.bindings) or op in self.paged
         if isinstance(op, g.GatherOp):
@@ -295,7 +298,7 @@ class _Planner:
                 continue
             if g.tensor_type(consumer.output).shape != g.tensor_type(value).shape:
                 continue
-            if any(isinstance(o, WINDOWS) for o in consumer.ops):
+            if any(isinstance(o, WINDOWS) or byte_operands.is_layout_copy(o) for o in consumer.ops):
                 continue
             if not self._extras_read_after(producer, self.producer(consumer.output)):
                 continue
@@ -583,6 +586,9 @@ class _Planner:
         for op in ops:
             if isinstance(op, g.MatmulOp) and self.free(op):
                 self.new_group("gemm", [op], op.res)
+        for op in ops:
+            if byte_operands.is_layout_copy(op) and self.free(op):
+                self.new_group("elementwise", [op], op.res)
         for op in ops:
             if isinstance(op, ROW_REDUCTIONS) and self.free(op):
                 kind = "column_reduction" if is_column_reduction(op) else "row_reduction"
@@ -1300,7 +1306,9 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     if group.kind == "row_reduction":
         return _row_features(group, planner)
     if not matmuls:
-        return {"tile_compiler": int(planner.tile_compiler)}
+        copies = [op for op in group.ops if byte_operands.is_layout_copy(op)]
+        return {"tile_compiler": int(planner.tile_compiler),
+                **({"layout_copy_bytes": g.tensor_type(copies[0].res).dtype.itemsize} if copies else {})}
     lhs = g.tensor_type(matmuls[0].lhs)
     features = {"element_bytes": lhs.dtype.itemsize,
                 "epilogue_ops": sum(isinstance(op, ELEMENTWISE) and op not in planner.assert_only for op in group.ops),
@@ -1356,6 +1364,15 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
             "sink_columns": columns}
 
 
+def _graph_passes(module: ModuleOp) -> ModuleOp:
+    """The Graph IR rewrites fusion plans over, in order (each returns its input when it has
+    nothing to do)."""
+    for rewrite in (query_groups.merge_query_groups, byte_operands.transpose_byte_values,
+                    recompute.recompute_scores, recompute.copy_shared_prologues):
+        module = rewrite(module)
+    return module
+
+
 def fuse(module: ModuleOp, space: dict | None = None, platform=None, backend: str = "ptx",
          profile: bool = False) -> ModuleOp:
     """The Schedule IR module for a Graph IR module (the input is left unchanged). Each kernel is
@@ -1366,7 +1383,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None, backend: st
     schedule.SHAPE_DEFAULTS' `tile_compiler` rules."""
     check_backend_option(backend)
     out_funcs = []
-    for f in recompute.copy_shared_prologues(recompute.recompute_scores(query_groups.merge_query_groups(module))).ops:
+    for f in _graph_passes(module).ops:
         planner = _Planner(f)
         planner.target = platform
         planner.backend_option = backend

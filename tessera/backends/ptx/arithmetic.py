@@ -316,6 +316,13 @@ def _truncf_fp8(e: KernelEmitter, op, dst: PtxType) -> None:
     if ptx_type(op.input.type) is not F32:
         raise UnsupportedByBackend(f"PTX backend: {ptx_type(op.input.type).op} to {dst.op} (fp8 narrows from f32)")
     compare, bound, positive, negative = _FP8_OVERFLOW[dst.op]
+    if t.IN_RANGE in op.attributes:    # (no overflow to replace)
+        def in_range(args):
+            r = e.new(dst)
+            e.emit(f"cvt.rn.satfinite.{dst.op}x2.f32 {r}, {args[0]}, {args[0]};")
+            return r
+        e.elementwise(op, in_range)
+        return
 
     def build(args):
         x = args[0]

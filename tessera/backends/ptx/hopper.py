@@ -40,7 +40,7 @@ from ...ir.layouts import Mma
 from ...lowering.async_pipelines import TMA_ROW_BYTES
 from . import tensor_core
 from .core import KernelEmitter, TensorMapSpec
-from .tensor_core import TileBuffer, _a_fragments, stage_address
+from .tensor_core import TileBuffer, _a_fragments, register_tile, stage_address
 from .types import F32, PRED, S32, U64, UnsupportedByBackend
 
 #: bytes of one TMA box row (`async_pipelines.TMA_ROW_BYTES`) and of the swizzle pattern's repeat (8 rows)
@@ -275,13 +275,13 @@ def _wgmma(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     k_steps = op.operand_shape(op.a)[1 if a_k_major else 0] // k
     b_k_major = op.b.type.major.data == "k"     # B stored [N, K]; else [K, N] (N-major)
     eight_bit = dtypes.BY_MLIR[op.precision.data].bits == 8
-    if eight_bit and not (a_shared and a_k_major and b_k_major):
+    if eight_bit and not (a_k_major and b_k_major):
         raise UnsupportedByBackend(f"PTX backend: an 8-bit wgmma (tessera.loc {op.attributes.get('tessera.loc')}) "
-                                   f"reads both operands K-major from shared memory")
+                                   f"reads both operands K-major")
     if a_shared:
         desc_a, a_buf = e.env[op.a]
     else:
-        fragments = _a_fragments(e, (e.regs_of(op.a), e.layouts[op.a]), acc, k_steps, 1, k=k)
+        fragments = _a_fragments(e, register_tile(e, op.a), acc, k_steps, 1, k=k)
     desc_b, b_buf = e.env[op.b]
     regs = e.regs_of(op.acc)
     from_zero = _is_zero_fill(op.acc)

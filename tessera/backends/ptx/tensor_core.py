@@ -20,6 +20,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from xdsl.dialects import arith
 from xdsl.dialects.builtin import MemRefType
 
 from ... import dtypes
@@ -338,9 +339,11 @@ def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int, transpose
             addr = buf.address(e, base, row, chunk, f)
             out.append([_ldmatrix(e, 4, f"{addr}+{mi * 16 * buf.row_bytes}", trans=False) for mi in range(mi_n)])
         return out
-    regs, layout = a
+    regs, layout = a.regs, a.layout
     if not isinstance(layout, Mma) or layout.wn != 1 or layout.fragments[0] != mi_n:
         raise UnsupportedByBackend("PTX backend: an mma A operand in registers must be a full-row accumulator tile")
+    if k == 32:
+        return _byte_a_fragments(e, a, k_steps)
     out = []
     for kk in range(k_steps):
         row = []
@@ -354,6 +357,101 @@ def _a_fragments(e: KernelEmitter, a, acc: Mma, k_steps: int, wn: int, transpose
             row.append(frag)
         out.append(row)
     return out
+
+
+@dataclass(frozen=True)
+class RegisterTile:
+    """An mma A operand computed in the kernel: its registers in accumulator layout, and for an
+    8-bit tile narrowed from f32 in range (`tile.IN_RANGE`: attention's probabilities) the f32
+    registers it was narrowed from, which `_byte_a_fragments` converts two at a time."""
+
+    regs: list[str]
+    layout: object
+    ty: object                      # the PtxType of the elements
+    wide: list[str] | None = None
+
+
+def register_tile(e: KernelEmitter, v) -> RegisterTile:
+    op = v.owner
+    wide = None
+    if isinstance(op, arith.TruncFOp) and t.IN_RANGE in op.attributes and ptx_type(op.input.type) is F32 \
+            and ptx_type(v.type).bytes == 1:
+        wide = e.regs_of(op.input)
+    return RegisterTile(e.regs_of(v), e.layouts[v], ptx_type(v.type), wide)
+
+
+def _byte_a_fragments(e: KernelEmitter, a: RegisterTile, k_steps: int) -> list[list[list[str]]]:
+    """A fragments of an 8-bit instruction (k 32) from an accumulator-layout tile of 8-bit values
+    (attention's probabilities cast to fp8), by shuffles within each quad of lanes.
+
+    In the accumulator layout, lane t of a quad holds columns 2t, 2t+1 of every 8-column chunk (of
+    rows g and g + 8); an 8-bit A fragment wants columns 4t..4t+3 and 16+4t..19+4t of each 32, which
+    lanes 2(t % 2) and 2(t % 2) + 1 hold in chunk t // 2 (and t // 2 + 2). So each lane packs its
+    bytes of chunks (0, 1) and (2, 3) of a row into a word each, and every lane takes both source
+    lanes' words and keeps the half its chunk is in (`prmt`): 8 shuffles and 4 permutes per 32
+    columns of 16 rows. (FlashAttention-3 instead permutes V's keys to match the accumulator and
+    moves nothing.)"""
+    first, second, select = _byte_fragment_lanes(e)
+    layout = a.layout
+    out = []
+    for kk in range(k_steps):
+        row = []
+        for mi in range(layout.fragments[0]):
+            frag = []
+            for chunk in (4 * kk, 4 * kk + 2):          # columns 0-15, then 16-31, of the step
+                for pair in ((0, 1), (2, 3)):           # rows g, then g + 8
+                    index = [layout.register(mi, ni, c) for ni in (chunk, chunk + 1) for c in pair]
+                    word = _pack_bytes(e, [a.regs[i] for i in index]) if a.wide is None else \
+                        _narrow_pairs(e, [a.wide[i] for i in index], a.ty)
+                    lo, hi, r = e.new(S32), e.new(S32), e.new(S32)
+                    e.emit(f"shfl.sync.idx.b32 {lo}, {word}, {first}, 31, -1;")
+                    e.emit(f"shfl.sync.idx.b32 {hi}, {word}, {second}, 31, -1;")
+                    e.emit(f"prmt.b32 {r}, {lo}, {hi}, {select};")
+                    frag.append(r)
+            row.append(frag)
+        out.append(row)
+    return out
+
+
+def _byte_fragment_lanes(e: KernelEmitter) -> tuple[str, str, str]:
+    """(first source lane, second source lane, prmt selector) of `_byte_a_fragments`, computed once
+    at entry: lanes 2(t % 2) and 2(t % 2) + 1 of the quad, and bytes 0-1 (t < 2) or 2-3 of each."""
+    if "byte_fragment_lanes" not in e.state:
+        tid, t, quad, odd, first, second, select = (e.new(S32) for _ in range(7))
+        high = e.new(PRED)
+        e.at_entry(f"mov.u32 {tid}, %tid.x;")
+        e.at_entry(f"and.b32 {t}, {tid}, 3;")
+        e.at_entry(f"and.b32 {quad}, {tid}, 28;")
+        e.at_entry(f"and.b32 {odd}, {tid}, 1;")
+        e.at_entry(f"mad.lo.u32 {first}, {odd}, 2, {quad};")
+        e.at_entry(f"or.b32 {second}, {first}, 1;")
+        e.at_entry(f"setp.ge.u32 {high}, {t}, 2;")
+        e.at_entry(f"selp.b32 {select}, 0x7632, 0x5410, {high};")
+        e.state["byte_fragment_lanes"] = (first, second, select)
+    return e.state["byte_fragment_lanes"]
+
+
+def _narrow_pairs(e: KernelEmitter, values: list[str], ty) -> str:
+    """One 32-bit word of four f32 values narrowed to 8 bits with saturation (in range: see
+    `tile.IN_RANGE`), two to an instruction: the narrowing's own one-per-element instructions are
+    then left unread, and ptxas drops them."""
+    halves = []
+    for lo, hi in ((values[0], values[1]), (values[2], values[3])):
+        h = e.new(ty)
+        e.emit(f"cvt.rn.satfinite.{ty.op}x2.f32 {h}, {hi}, {lo};")
+        halves.append(h)
+    word = e.new(S32)
+    e.emit(f"mov.b32 {word}, {{{halves[0]}, {halves[1]}}};")
+    return word
+
+
+def _pack_bytes(e: KernelEmitter, values: list[str]) -> str:
+    """One 32-bit word of four 8-bit values, each the low byte of a 16-bit register."""
+    lo, hi, word = e.new(S32), e.new(S32), e.new(S32)
+    e.emit(f"mov.b32 {lo}, {{{values[0]}, {values[1]}}};")
+    e.emit(f"mov.b32 {hi}, {{{values[2]}, {values[3]}}};")
+    e.emit(f"prmt.b32 {word}, {lo}, {hi}, 0x6420;")
+    return word
 
 
 def _a_fragments_transposed(e: KernelEmitter, a: SharedTile, acc: Mma, k_steps: int, wn: int):
@@ -455,11 +553,6 @@ def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     a = e.env[op.a]
     transposed = _a_transposed(op)
     k_major_b = op.layout.data[1] == "n"
-    if k == 32 and not isinstance(a, (SharedTile, Fragments)):
-        raise UnsupportedByBackend(
-            f"PTX backend: an 8-bit matmul (tessera.loc {op.attributes.get('tessera.loc')}) whose A operand is "
-            f"computed in the kernel (as attention's probabilities are) has no tensor-core path yet: compute it "
-            f"in bf16 or fp16, with its B operand cast to the same dtype")
     if k == 32 and (transposed or k_major_b):
         raise UnsupportedByBackend(
             f"PTX backend: an 8-bit matmul (tessera.loc {op.attributes.get('tessera.loc')}) reads both operands "
@@ -469,7 +562,7 @@ def _mma_sync(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
     if isinstance(a, Fragments):
         a_frags = a.a
     else:
-        a_frags = _a_fragments(e, a if isinstance(a, SharedTile) else (e.regs_of(op.a), e.layouts[op.a]),
+        a_frags = _a_fragments(e, a if isinstance(a, SharedTile) else register_tile(e, op.a),
                                acc, k_steps, acc.wn, transposed, k)
     b_frags = _b_fragments(e, e.env[op.b], acc, k_steps, acc.wn, k_major_b, k)
     regs = list(e.regs_of(op.acc))

@@ -1,0 +1,46 @@
+"""FP8 attention in the Tessera DSL: Q, K and V in e4m3 with per-tensor scales, as ordinary tensor math.
+
+    tessera compile examples/fp8_attention.py:fp8_attention --shape B=2,H=4,S=1000,N=1000,D=128 \\
+        --dtype q=fp8_e4m3,k=fp8_e4m3,v=fp8_e4m3,q_scale=fp32,k_scale=fp32,v_scale=fp32 --arch sm_90a
+
+The scores are the fp8 product Q @ K^T (fp32 accumulation) times the scales and 1/sqrt(D); the
+probabilities are cast to e4m3 for the second product, as FlashAttention-3's FP8 forward does, and
+the output is bf16. Fusion makes it one flash-attention kernel on fp8 tensor cores (wgmma m64nNk32
+on sm_90a, mma.sync m16n8k32 on sm_89), plus a copy of V transposed to [B, H, D, N]
+(`tessera.passes.byte_operands`: 8-bit tensor cores read both operands K-contiguous); a V passed
+already transposed (`fp8_attention_vt`) needs no copy.
+"""
+import math
+
+import tessera as tsr
+from tessera import Tensor
+
+
+@tsr.function
+def fp8_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+                  q_scale: Tensor["one"], k_scale: Tensor["one"], v_scale: Tensor["one"]) -> Tensor["B", "H", "S", "D"]:
+    scores = tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
+    probs = tsr.softmax(scores, dim=-1)
+    return (tsr.matmul(probs.to(tsr.fp8_e4m3), v) * v_scale).to(tsr.bf16)
+
+
+@tsr.function
+def causal_fp8_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "N", "D"],
+                         v: Tensor["B", "H", "N", "D"], q_scale: Tensor["one"], k_scale: Tensor["one"],
+                         v_scale: Tensor["one"]) -> Tensor["B", "H", "S", "D"]:
+    """Causal, its diagonal at the bottom right (the last query sees every key) when N > S."""
+    scores = tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
+    rows = tsr.arange(q.shape[-2]) + (k.shape[-2] - q.shape[-2])
+    cols = tsr.arange(k.shape[-2])
+    scores = tsr.where(rows[:, None] >= cols[None, :], scores, -math.inf)
+    probs = tsr.softmax(scores, dim=-1)
+    return (tsr.matmul(probs.to(tsr.fp8_e4m3), v) * v_scale).to(tsr.bf16)
+
+
+@tsr.function
+def fp8_attention_vt(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "N", "D"], vt: Tensor["B", "H", "D", "N"],
+                     q_scale: Tensor["one"], k_scale: Tensor["one"], v_scale: Tensor["one"]) -> Tensor["B", "H", "S", "D"]:
+    """V passed transposed ([B, H, D, N], keys contiguous): the layout fp8 tensor cores read, no copy."""
+    scores = tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
+    probs = tsr.softmax(scores, dim=-1)
+    return (tsr.matmul(probs.to(tsr.fp8_e4m3), vt.transpose(-2, -1)) * v_scale).to(tsr.bf16)
