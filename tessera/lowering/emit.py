@@ -121,6 +121,8 @@ def to_storage(b: Builder, v: SSAValue, dt, in_range: bool = False) -> SSAValue:
     target = g.element_type(dt)
     if v.type.get_element_type() == target:
         return v
+    if isinstance(v.owner, arith.ExtFOp) and v.owner.input.type.get_element_type() == target:
+        return v.owner.input     # (a value widened and narrowed back is itself: a copy moves bits)
     shape = v.type.get_shape()
     narrowed = b(arith.TruncFOp(v, TensorType(target, shape)))
     if in_range:
