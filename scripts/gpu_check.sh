@@ -91,6 +91,10 @@ python3 bench/varlen_attention.py || status=1
 # FP8 GEMMs (scales as tensor math, wgmma m64nNk32) against torch._scaled_mm (cuBLASLt) and Tessera's bf16 GEMM.
 section "FP8 GEMM"
 python3 bench/fp8_gemm.py || status=1
+# FP8 attention (e4m3 Q, K, V with scales; P @ V on fp8 tensor cores) against Tessera's bf16 attention and cuDNN,
+# with each one's error against float64.
+section "FP8 attention"
+python3 bench/fp8_attention.py || status=1
 
 # Transcendental epilogues (GEMM + gelu/silu) against torch, and soft-capped attention against FlexAttention.
 section "Activations"
