@@ -170,11 +170,10 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # bench/RESULTS.md session 22). CUDA Tile IR keeps
     # the 32 x 128 it was measured at (1.01-1.09x the PTX kernel's 32 x 128 on tall matrices)
     ("column_reduction", lambda f: f.get("tile_compiler"), {"block_n": 128}),
-    # an 8-bit layout copy (an fp8 attention's V transposed, `passes.byte_operands`): 32 x 128
-    # tiles. H200, [8, 16, 4096, 128] e4m3: 16 x 128 279 us, 32 x 128 192 us; 64 x 64, 32 x 256
-    # and 8 x 256 323-336 us (bench/RESULTS.md session 25; a transpose through shared memory would
-    # do better: bf16's 64 x 64 reaches 3452 GB/s against this 697)
-    ("elementwise", lambda f: f.get("layout_copy_bytes") == 1, {"block_m": 32}),
+    # an 8-bit layout copy (an fp8 attention's V transposed, `passes.byte_operands`), with its bytes
+    # stored 16 at a time: 32 x 64 tiles. H200, [8, 16, 4096, 128] e4m3: 32 x 64 43 us (3089 GB/s),
+    # 64 x 64 44, 16 x 128 and 32 x 128 71-72, 32 x 256 144 (bench/RESULTS.md session 25)
+    ("elementwise", lambda f: f.get("layout_copy_bytes") == 1, {"block_m": 32, "block_n": 64}),
 ]
 
 

@@ -480,3 +480,24 @@ HANDLERS: dict[type, Callable] = {
     t.BroadcastOp: _broadcast,
 }
 
+
+def pack_bytes(e: KernelEmitter, values: list[str]) -> str:
+    """One 32-bit word of four 8-bit values, each the low byte of a 16-bit register (fp8 elements)."""
+    lo, hi, word = e.new(S32), e.new(S32), e.new(S32)
+    e.emit(f"mov.b32 {lo}, {{{values[0]}, {values[1]}}};")
+    e.emit(f"mov.b32 {hi}, {{{values[2]}, {values[3]}}};")
+    e.emit(f"prmt.b32 {word}, {lo}, {hi}, 0x6420;")
+    return word
+
+
+def unpack_bytes(e: KernelEmitter, word: str, ty) -> list[str]:
+    """The four bytes of a 32-bit word, each the low byte of a 16-bit register of type `ty` (its
+    high byte zero, as a byte load leaves it)."""
+    halves, out = [e.new(ty), e.new(ty)], []
+    e.emit(f"mov.b32 {{{halves[0]}, {halves[1]}}}, {word};")
+    for half in halves:
+        low, high = e.new(ty), e.new(ty)
+        e.emit(f"and.b16 {low}, {half}, 255;")
+        e.emit(f"shr.u16 {high}, {half}, 8;")
+        out += [low, high]
+    return out

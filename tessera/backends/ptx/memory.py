@@ -17,7 +17,7 @@ from ...ir import tile as t
 from ...ir.layouts import Layout, Mma
 from ...lowering.assign_layouts import is_tile
 from ...lowering.shared_memory import Staging
-from .core import KernelEmitter
+from .core import KernelEmitter, pack_bytes, unpack_bytes
 from .types import B8, PRED, S32, U64, PtxType, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
 
@@ -208,12 +208,30 @@ def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner
     return 1
 
 
+def _vector_width(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner_offset: SSAValue) -> int:
+    """`_vector_runs`, where 8-bit elements (fp8) move four or more at a time (in 32-bit words) or
+    one at a time."""
+    width = _vector_runs(memref, tile_dims, layout, ty, inner_offset)
+    return width if ty.bytes > 1 or width >= 4 else 1
+
+
 def _vector_suffix(ty: PtxType, width: int) -> tuple[str, int]:
     """(ld/st type with vector prefix, registers packed per 32-bit word) for a run of `width` elements."""
-    if ty.bytes == 2 and width >= 2:
-        words = width // 2
-        return (f"v{words}.b32" if words > 1 else "b32"), 2
+    if ty.bytes < 4 and width * ty.bytes >= 4:
+        pack = 4 // ty.bytes
+        words = width // pack
+        return (f"v{words}.b32" if words > 1 else "b32"), pack
     return (f"v{width}.{storage_suffix(ty)}" if width > 1 else storage_suffix(ty)), 1
+
+
+def _pack(e: KernelEmitter, run: list[str], pack: int) -> list[str]:
+    """A run's registers as 32-bit words of `pack` elements each."""
+    if pack == 4:
+        return [pack_bytes(e, run[i:i + 4]) for i in range(0, len(run), 4)]
+    words = [e.new(S32) for _ in range(len(run) // 2)]
+    for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
+        e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
+    return words
 
 
 def _load(e: KernelEmitter, op: t.LoadOp):
@@ -227,7 +245,7 @@ def _load(e: KernelEmitter, op: t.LoadOp):
     if ty is PRED:
         e.env[op.result] = [_load_bool(e, addr, byte, pred, pad) for byte, pred in elems]
         return
-    width = _vector_runs(op.src, tile_dims, layout, ty, op.offsets[-1]) if ty.bytes > 1 else 1   # fp8: bytes
+    width = _vector_width(op.src, tile_dims, layout, ty, op.offsets[-1])
     suffix, pack = _vector_suffix(ty, width)
     regs = []
     for i in range(0, len(elems), width):
@@ -235,16 +253,13 @@ def _load(e: KernelEmitter, op: t.LoadOp):
         run = [e.new(ty) for _ in range(width)]
         for r in run:
             e.emit(mov_constant(ty, r, pad))
-        if pack == 1:
-            targets = run
-        else:
-            targets = [e.new(S32) for _ in range(width // 2)]
-            for w, (lo, hi) in zip(targets, zip(run[::2], run[1::2])):
-                e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
+        targets = run if pack == 1 else _pack(e, run, pack)   # (the padding, where the run is out of bounds)
         e.emit(f"@{pred} ld.global.{suffix} {_braced(targets)}, [{addr}+{byte}];")
         if pack == 2:
             for w, (lo, hi) in zip(targets, zip(run[::2], run[1::2])):
                 e.emit(f"mov.b32 {{{lo}, {hi}}}, {w};")
+        elif pack == 4:
+            run = [r for w in targets for r in unpack_bytes(e, w, ty)]
         regs.extend(run)
     e.env[op.result] = regs
 
@@ -265,16 +280,13 @@ def _store(e: KernelEmitter, op: t.StoreOp):
         for (byte, pred), value in zip(elems, regs):
             _store_bool(e, addr, byte, pred, value)
         return
-    width = _vector_runs(op.dst, tile_dims, layout, ty, op.offsets[-1]) if ty.bytes > 1 else 1   # fp8: bytes
+    width = _vector_width(op.dst, tile_dims, layout, ty, op.offsets[-1])
     suffix, pack = _vector_suffix(ty, width)
     for i in range(0, len(elems), width):
         byte, pred = elems[i]
         run = regs[i:i + width]
-        if pack == 2:
-            words = [e.new(S32) for _ in range(width // 2)]
-            for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
-                e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
-            run = words
+        if pack > 1:
+            run = _pack(e, run, pack)
         e.emit(f"@{pred} st.global.{suffix} [{addr}+{byte}], {_braced(run)};")
 
 

@@ -28,7 +28,7 @@ from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Mma
-from .core import KernelEmitter
+from .core import KernelEmitter, pack_bytes
 from .types import F32, PRED, S32, U64, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
 
@@ -401,7 +401,7 @@ def _byte_a_fragments(e: KernelEmitter, a: RegisterTile, k_steps: int) -> list[l
             for chunk in (4 * kk, 4 * kk + 2):          # columns 0-15, then 16-31, of the step
                 for pair in ((0, 1), (2, 3)):           # rows g, then g + 8
                     index = [layout.register(mi, ni, c) for ni in (chunk, chunk + 1) for c in pair]
-                    word = _pack_bytes(e, [a.regs[i] for i in index]) if a.wide is None else \
+                    word = pack_bytes(e, [a.regs[i] for i in index]) if a.wide is None else \
                         _narrow_pairs(e, [a.wide[i] for i in index], a.ty)
                     lo, hi, r = e.new(S32), e.new(S32), e.new(S32)
                     e.emit(f"shfl.sync.idx.b32 {lo}, {word}, {first}, 31, -1;")
@@ -442,15 +442,6 @@ def _narrow_pairs(e: KernelEmitter, values: list[str], ty) -> str:
         halves.append(h)
     word = e.new(S32)
     e.emit(f"mov.b32 {word}, {{{halves[0]}, {halves[1]}}};")
-    return word
-
-
-def _pack_bytes(e: KernelEmitter, values: list[str]) -> str:
-    """One 32-bit word of four 8-bit values, each the low byte of a 16-bit register."""
-    lo, hi, word = e.new(S32), e.new(S32), e.new(S32)
-    e.emit(f"mov.b32 {lo}, {{{values[0]}, {values[1]}}};")
-    e.emit(f"mov.b32 {hi}, {{{values[2]}, {values[3]}}};")
-    e.emit(f"prmt.b32 {word}, {lo}, {hi}, 0x6420;")
     return word
 
 
