@@ -1,7 +1,7 @@
 """FP8 attention in the Tessera DSL: Q, K and V in e4m3 with per-tensor scales, as ordinary tensor math.
 
-    tessera compile examples/fp8_attention.py:fp8_attention --shape B=2,H=4,S=1000,N=1000,D=128 \\
-        --dtype q=fp8_e4m3,k=fp8_e4m3,v=fp8_e4m3,q_scale=fp32,k_scale=fp32,v_scale=fp32 --arch sm_90a
+    tessera compile examples/fp8_attention.py:fp8_attention --shape B=2,H=4,S=1000,N=1000,D=128 --arch sm_90a
+    tessera run examples/fp8_attention.py:causal_fp8_attention --shape B=1,H=2,S=130,N=257,D=64
 
 The scores are the fp8 product Q @ K^T (fp32 accumulation) times the scales and 1/sqrt(D); the
 probabilities are cast to e4m3 for the second product, as FlashAttention-3's FP8 forward does, and
@@ -15,19 +15,22 @@ import math
 import tessera as tsr
 from tessera import Tensor
 
+E4M3 = tsr.fp8_e4m3
+
 
 @tsr.function
-def fp8_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
-                  q_scale: Tensor["one"], k_scale: Tensor["one"], v_scale: Tensor["one"]) -> Tensor["B", "H", "S", "D"]:
+def fp8_attention(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "N", "D", E4M3],
+                  v: Tensor["B", "H", "N", "D", E4M3], q_scale: Tensor[1, tsr.fp32], k_scale: Tensor[1, tsr.fp32],
+                  v_scale: Tensor[1, tsr.fp32]) -> Tensor["B", "H", "S", "D", tsr.bf16]:
     scores = tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
     probs = tsr.softmax(scores, dim=-1)
     return (tsr.matmul(probs.to(tsr.fp8_e4m3), v) * v_scale).to(tsr.bf16)
 
 
 @tsr.function
-def causal_fp8_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "N", "D"],
-                         v: Tensor["B", "H", "N", "D"], q_scale: Tensor["one"], k_scale: Tensor["one"],
-                         v_scale: Tensor["one"]) -> Tensor["B", "H", "S", "D"]:
+def causal_fp8_attention(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "N", "D", E4M3],
+                         v: Tensor["B", "H", "N", "D", E4M3], q_scale: Tensor[1, tsr.fp32],
+                         k_scale: Tensor[1, tsr.fp32], v_scale: Tensor[1, tsr.fp32]) -> Tensor["B", "H", "S", "D", tsr.bf16]:
     """Causal, its diagonal at the bottom right (the last query sees every key) when N > S."""
     scores = tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
     rows = tsr.arange(q.shape[-2]) + (k.shape[-2] - q.shape[-2])
@@ -38,8 +41,9 @@ def causal_fp8_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "N",
 
 
 @tsr.function
-def fp8_attention_vt(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "N", "D"], vt: Tensor["B", "H", "D", "N"],
-                     q_scale: Tensor["one"], k_scale: Tensor["one"], v_scale: Tensor["one"]) -> Tensor["B", "H", "S", "D"]:
+def fp8_attention_vt(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "N", "D", E4M3],
+                     vt: Tensor["B", "H", "D", "N", E4M3], q_scale: Tensor[1, tsr.fp32],
+                     k_scale: Tensor[1, tsr.fp32], v_scale: Tensor[1, tsr.fp32]) -> Tensor["B", "H", "S", "D", tsr.bf16]:
     """V passed transposed ([B, H, D, N], keys contiguous): the layout fp8 tensor cores read, no copy."""
     scores = tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
     probs = tsr.softmax(scores, dim=-1)

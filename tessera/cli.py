@@ -416,6 +416,7 @@ def cmd_compile(args: argparse.Namespace) -> int:
     print_fields([("kernels", ", ".join(compiled.kernel_names)),
                   *([("strided", f"{', '.join(strided)} (read in place)")] if strided else []),
                   *[("copied", f"{name}: {why}") for name, why in compiled.copied_args.items()],
+                  *[("layout copy", f"{name}: {what}") for name, what in compiled.layout_copies.items()],
                   ("compile", f"{compiled.compile_seconds:.2f} s"),
                   ("wrote", ", ".join(map(_show_path, written + binaries))
                    or ("nothing" if stages else "nothing (--dump-ir is empty)")),

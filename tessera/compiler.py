@@ -409,6 +409,27 @@ class Compiled:
         attr = self.host_function().attributes.get(tile.COPIED_ARGS)
         return {} if attr is None else {name: why.data for name, why in attr.data.items()}
 
+    @property
+    def layout_copies(self) -> dict[str, str]:
+        """Each kernel that only copies a value into the layout another kernel's matrix
+        instructions need (`passes.byte_operands`), and what it copies."""
+        from xdsl.dialects import func
+
+        from .ir import graph as g
+        from .ir import schedule as s
+        from .passes.byte_operands import is_layout_copy
+        out = {}
+        for f in (op for op in self.stage("schedule").ops if isinstance(op, func.FuncOp)):
+            names = dict(zip(f.body.block.args, (a.data for a in f.attributes["tessera.arg_names"].data)))
+            for kernel in (op for op in f.body.block.ops if isinstance(op, s.KernelOp)):
+                for copy in (op for op in kernel.body.block.ops if is_layout_copy(op)):
+                    source = kernel.inputs[kernel.body.block.args.index(copy.input)] \
+                        if copy.input in kernel.body.block.args else None
+                    what = names.get(source, "a computed value")
+                    dims = ", ".join(str(d) for d in g.tensor_type(copy.res).shape)
+                    out[kernel.sym_name.data] = f"{what} transposed to [{dims}], as 8-bit tensor cores read it"
+        return out
+
     def reference(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """The Graph IR oracle on the same inputs."""
         from .interpreter.reference import run_graph

@@ -415,3 +415,12 @@ def test_run_checks_the_varlen_example(capsys):
     varlen = str(Path(EXAMPLE).with_name("varlen_attention.py")) + ":varlen_attention"
     status, out, _ = run_cli(capsys, "run", varlen, "--shape", "T=40,N=40,H=2,Hk=2,D=16,B1=3")
     assert status == 0 and out.rstrip().endswith("PASS"), out
+
+
+def test_compile_names_a_layout_copy(capsys, tmp_path):
+    """An fp8 attention's V, copied transposed for the 8-bit tensor cores, is named in the summary."""
+    target = str(Path(CAUSAL.split(":")[0]).with_name("fp8_attention.py")) + ":fp8_attention"
+    status, out, _ = run_cli(capsys, "compile", target, "--shape", "B=2,H=4,S=256,N=256,D=128", "--arch", "sm_90a",
+                             "--dump-ir=graph", "-o", str(tmp_path))
+    assert status == 0
+    assert "layout copy  fp8_attention_elementwise_0: v transposed to [B, H, D, N]" in out
