@@ -1424,9 +1424,12 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(probs, "sum", 1))))
         return m_new, l_new, alpha, probs
 
+    p_dtype, v_dtype = g.tensor_type(m2.lhs).dtype, g.tensor_type(m2.rhs).dtype
+
     def stored(probs):
-        """The probabilities in V's element type, as P @ V takes them (at most 1: in range)."""
-        return to_storage(kb.b, probs, g.tensor_type(m2.rhs).dtype, in_range=True)
+        """The probabilities as P @ V takes them (at most 1: in range): in the dtype they are cast
+        to (fp8's two formats mix: e5m2 probabilities against e4m3 values), else in V's."""
+        return to_storage(kb.b, probs, p_dtype if p_dtype.bits <= v_dtype.bits else v_dtype, in_range=True)
 
     def accumulate(acc, alpha, probs, v_tile):
         with kb.b.origin(m2):

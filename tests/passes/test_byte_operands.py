@@ -121,3 +121,26 @@ def test_one_key_takes_a_32_byte_step():
     """An 8-bit instruction's K is 32 elements: one key (or a head dim of 16) is one padded step."""
     for s, n, d in ((1, 1, 128), (5, 3, 16)):
         fp8_attention.compile(specs(1, 1, s, n, d), arch="sm_90a").stage("cubin")
+
+
+@tsr.function
+def e5m2_probabilities(q, k, v):
+    """The probabilities cast to e5m2 against e4m3 values: the formats mix on the tensor cores."""
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(s, dim=-1).to(tsr.fp8_e5m2), v).to(tsr.bf16)
+
+
+def test_the_probabilities_take_the_dtype_they_are_cast_to():
+    """(They were cast to V's dtype, e4m3, whatever the function said.)"""
+    rng = np.random.default_rng(5)
+    q, k, v = (rng.standard_normal(shape).astype(E4M3) for shape in ((1, 2, 64, 64), (1, 2, 80, 64), (1, 2, 80, 64)))
+    _, arg_specs = e5m2_probabilities.arg_specs(list(zip("qkv", (q, k, v))))
+    compiled = e5m2_probabilities.compile(arg_specs, arch="sm_90a")
+    assert "tessera.in_range} : tensor<64x128xf32> to tensor<64x128xf8E5M2>" in compiled.ir("tile")
+    out = compiled.run(q, k, v)[0].astype(np.float64)
+    s = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) / 8
+    p = np.exp(s - s.max(-1, keepdims=True))
+    exact = p / p.sum(-1, keepdims=True) @ v.astype(np.float64)
+    assert np.linalg.norm(out - exact) / np.linalg.norm(exact) < 6e-2   # (e5m2: 2 mantissa bits)
+    ptx = "".join(kernel.ptx for kernel in compiled.stage("ptx").values())
+    assert re.search(r"\.f32\.e5m2\.e4m3\b", ptx)
