@@ -134,7 +134,7 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # twice as fast, the softmax bounds the loop, and the consumers issuing no copies pays. H200,
     # 8x16x4096x128 with V passed transposed: 1.763 ms -> 1.606 (causal 1.263 -> 1.182 with V's
     # copy); qk_ahead and 3 stages were slower (1.74-1.86 ms; bench/RESULTS.md session 25)
-    ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 1,
+    ("flash_attention", lambda f: f.get("wgmma") and f.get("value_bytes") == 1,
      {"block_n": 128, "warp_specialize": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at
     # D = 128, and two blocks per SM asked of tileiras (`occupancy`, the entry's hint). H200 bf16,
@@ -201,12 +201,17 @@ def fit_block(block: int, size: int) -> int:
     return min(block, max(16, 1 << max(0, size - 1).bit_length()))
 
 
+def mma_k_extent(extent: int, element_bytes: int) -> int:
+    """A tile's extent along a matmul's K, at least one tensor-core instruction's K step: 32 bytes
+    of its operands' rows (16 elements of 16 bits, 32 of 8 bits)."""
+    return max(32 // element_bytes, extent)
+
+
 def gemm_tile(params: dict[str, int], m: int, n: int, k: int, element_bytes: int = 2) -> dict[str, int]:
-    """The tile a GEMM kernel computes for an M x N output over K (`fit_block` of each); a K step
-    spans at least 32 bytes of its operands' rows, one tensor-core instruction's (16 elements of
-    16 bits, 32 of 8 bits)."""
+    """The tile a GEMM kernel computes for an M x N output over K (`fit_block` of each, K at least
+    one instruction's step)."""
     return {"m": fit_block(params["block_m"], m), "n": fit_block(params["block_n"], n),
-            "k": max(32 // element_bytes, fit_block(params["block_k"], k))}
+            "k": mma_k_extent(fit_block(params["block_k"], k), element_bytes)}
 
 
 #: elements of a column-reduction tile per warp, at least: the widest vector (16 one-byte elements)

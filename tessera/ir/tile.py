@@ -292,10 +292,13 @@ class KernelOp(IRDLOperation):
 #: warp-specialized kernel, on a target whose copies are asynchronous bulk copies); one warpgroup.
 PRODUCER_WARPS = "producer_warps"
 WARPGROUP_WARPS = 4
-#: An arith.truncf attribute: its input is within the finite range of the narrower type (attention's
-#: probabilities, at most 1, cast for P @ V), which a template knows and a backend cannot see; the
-#: backend may convert with saturation, which then never applies (PTX: one `cvt.rn.satfinite` an
-#: fp8 element, without the overflow check a cast otherwise needs to give NaN as torch does).
+#: An arith.truncf attribute: its input is within the finite range of the narrower type, which a
+#: template knows and a backend cannot see; the backend may convert with saturation, which then
+#: never applies (PTX: one `cvt.rn.satfinite` an fp8 element, without the overflow check a cast
+#: otherwise needs to give NaN as torch does). Attention's probabilities, cast for P @ V, are
+#: 2^(s c - m c) with the row max's product m c rounded: at most 2^(half its ulp), which is 1 for
+#: |m c| < 2^24 and stays below e4m3's 448 up to about 1.5e8, where float32 scores have long lost
+#: the softmax's precision.
 IN_RANGE = "tessera.in_range"
 #: A tile.kernel attribute: the blocks per SM its schedule asks for (its `occupancy` param): a hint
 #: to tileiras, and to ptxas the registers that many blocks need at most (`.minnctapersm`).

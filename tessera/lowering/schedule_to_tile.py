@@ -1269,11 +1269,9 @@ class _AttentionShape:
         sizes["n"] = kb.size(g.tensor_type(m1.res).shape[-1])
         sizes["d"] = kb.size(g.tensor_type(m1.lhs).shape[-1])
         p = kb.params
-        # (a K step spans 32 bytes of each operand's rows, one tensor-core instruction's: 16 keys or
-        # head-dim elements of 16 bits, 32 of 8 bits)
-        least_n, least_d = (32 // g.tensor_type(mm.lhs).dtype.itemsize for mm in (m2, m1))
-        tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": max(least_n, s.fit_block(p["block_n"], sizes["n"])),
-                "d": max(least_d, pow2_at_least(sizes["d"])), "e": pow2_at_least(sizes["e"])}
+        p_bytes, q_bytes = (g.tensor_type(mm.lhs).dtype.itemsize for mm in (m2, m1))   # (the keys: P @ V's K)
+        tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": s.mma_k_extent(s.fit_block(p["block_n"], sizes["n"]), p_bytes),
+                "d": s.mma_k_extent(pow2_at_least(sizes["d"]), q_bytes), "e": pow2_at_least(sizes["e"])}
         return cls(axes, sizes, tile, epilogue_map(kb, kb.result, m2, axes))
 
     @property

@@ -39,8 +39,11 @@ def transpose_byte_values(module: ModuleOp) -> ModuleOp:
         return module
     module = module.clone()
     for f in _functions(module):
+        transposed: dict[SSAValue, SSAValue] = {}   # V -> its copy transposed back (one copy per V)
         for mm in _byte_attention_values(f):
-            _read_transposed(mm)
+            if mm.rhs not in transposed:
+                transposed[mm.rhs] = _transposed_copy(mm)
+            mm.operands[1] = transposed[mm.rhs]
     return module
 
 
@@ -69,7 +72,8 @@ def _swaps_last_dims(v: SSAValue) -> bool:
     return isinstance(op, g.TransposeOp) and op.permutation[-2:] == (rank - 1, rank - 2)
 
 
-def _read_transposed(mm: g.MatmulOp) -> None:
+def _transposed_copy(mm: g.MatmulOp) -> SSAValue:
+    """`transpose(transpose(v) {layout_copy})` of `mm`'s V, inserted before `mm`."""
     v = mm.rhs
     src = g.tensor_type(v)
     perm = (*range(src.rank - 2), src.rank - 1, src.rank - 2)
@@ -81,4 +85,4 @@ def _read_transposed(mm: g.MatmulOp) -> None:
         if "tessera.loc" in mm.attributes:
             op.attributes["tessera.loc"] = mm.attributes["tessera.loc"]
         mm.parent_block().insert_op_before(op, mm)
-    mm.operands[1] = back.res
+    return back.res

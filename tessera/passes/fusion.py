@@ -1210,7 +1210,8 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]   # [*batch, M, N]
     query = dims[:-1]
     query.append(query.pop(s.attention_rows_of(m1, m2, planner.bindings)))   # as the template tiles P @ V
-    rows, keys = s.fit_block(params["block_m"], query[-1]), s.fit_block(params["block_n"], dims[-1])
+    rows = s.fit_block(params["block_m"], query[-1])
+    keys = s.mma_k_extent(s.fit_block(params["block_n"], dims[-1]), g.tensor_type(m2.lhs).dtype.itemsize)
     programs = math.prod(query[:-1]) * -(-query[-1] // rows)
     shared = s.shared_bytes(group.kind, {**params, "block_m": rows, "block_n": keys}, features)
     slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))
@@ -1318,6 +1319,7 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
                 "tile_compiler": int(planner.tile_compiler)}
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
+        features["value_bytes"] = g.tensor_type(matmuls[1].rhs).dtype.itemsize
     if group.kind == "flash_chain":
         features.update(_chain_tiles(block, planner.bindings))
     return features
@@ -1364,11 +1366,14 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
             "sink_columns": columns}
 
 
-def _graph_passes(module: ModuleOp) -> ModuleOp:
+def _graph_passes(module: ModuleOp, backend: str) -> ModuleOp:
     """The Graph IR rewrites fusion plans over, in order (each returns its input when it has
-    nothing to do)."""
-    for rewrite in (query_groups.merge_query_groups, byte_operands.transpose_byte_values,
-                    recompute.recompute_scores, recompute.copy_shared_prologues):
+    nothing to do). V's layout copy is for the PTX backend's matrix instructions: tileiras lays
+    out an 8-bit attention's V itself."""
+    rewrites = (query_groups.merge_query_groups,
+                *((byte_operands.transpose_byte_values,) if backend != "cuda-tile" else ()),
+                recompute.recompute_scores, recompute.copy_shared_prologues)
+    for rewrite in rewrites:
         module = rewrite(module)
     return module
 
@@ -1383,7 +1388,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None, backend: st
     schedule.SHAPE_DEFAULTS' `tile_compiler` rules."""
     check_backend_option(backend)
     out_funcs = []
-    for f in _graph_passes(module).ops:
+    for f in _graph_passes(module, backend).ops:
         planner = _Planner(f)
         planner.target = platform
         planner.backend_option = backend

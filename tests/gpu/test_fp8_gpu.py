@@ -9,7 +9,7 @@ from fp8_cases import narrow, widen
 
 FP8 = {"fp8_e4m3": ml_dtypes.float8_e4m3fn, "fp8_e5m2": ml_dtypes.float8_e5m2}
 WIDE = {"fp32": np.float32, "fp16": np.float16, "bf16": ml_dtypes.bfloat16}
-SHAPES = [(1, 1), (61, 130), (7, 4097)]
+SHAPES = [(1, 1), (61, 130), (7, 4097), (3, 4), (5, 1000), (9, 1024)]   # (the last three: 4, 8, 16 bytes at a time)
 
 
 def to_cuda(torch, a: np.ndarray):

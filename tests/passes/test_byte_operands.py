@@ -144,3 +144,24 @@ def test_the_probabilities_take_the_dtype_they_are_cast_to():
     assert np.linalg.norm(out - exact) / np.linalg.norm(exact) < 6e-2   # (e5m2: 2 mantissa bits)
     ptx = "".join(kernel.ptx for kernel in compiled.stage("ptx").values())
     assert re.search(r"\.f32\.e5m2\.e4m3\b", ptx)
+
+
+def _attention(q, k, v):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+    return tsr.matmul(tsr.softmax(s, dim=-1).to(tsr.fp8_e4m3), v).to(tsr.bf16)
+
+
+def test_one_copy_for_a_v_two_attentions_read():
+    @tsr.function
+    def two(q, q2, k, v):
+        return _attention(q, k, v) + _attention(q2, k, v)
+
+    arg_specs = [ArgSpec(name, (2, 4, 256, 128), tsr.fp8_e4m3, ("B", "H", "S", "D")) for name in ("q", "q2", "k", "v")]
+    compiled = two.compile(arg_specs, arch="sm_90a")
+    assert compiled.ir("schedule").count("tessera.layout_copy") == 1
+    assert re.findall(r'schedule.kernel "\w+" "(\w+)"', compiled.ir("schedule")).count("flash_attention") == 2
+
+
+def test_no_copy_where_tileiras_compiles_the_kernels():
+    compiled = fp8_attention.compile(specs(2, 4, 256, 256, 128), arch="sm_90a", backend="cuda-tile")
+    assert "layout_copy" not in compiled.ir("schedule")
