@@ -16,35 +16,37 @@ import tessera as tsr
 from tessera import Tensor
 
 E4M3 = tsr.fp8_e4m3
+Q, K, V = Tensor["B", "H", "S", "D", E4M3], Tensor["B", "H", "N", "D", E4M3], Tensor["B", "H", "N", "D", E4M3]
+SCALE, OUT = Tensor[1, tsr.fp32], Tensor["B", "H", "S", "D", tsr.bf16]
 
 
-@tsr.function
-def fp8_attention(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "N", "D", E4M3],
-                  v: Tensor["B", "H", "N", "D", E4M3], q_scale: Tensor[1, tsr.fp32], k_scale: Tensor[1, tsr.fp32],
-                  v_scale: Tensor[1, tsr.fp32]) -> Tensor["B", "H", "S", "D", tsr.bf16]:
-    scores = tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
+def scores(q, k, q_scale, k_scale):
+    """The fp8 product Q @ K^T (fp32) times the scales and 1/sqrt(D)."""
+    return tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
+
+
+def attend(scores, v, v_scale):
+    """softmax(scores) @ V, the probabilities cast to e4m3, times V's scale, in bf16."""
     probs = tsr.softmax(scores, dim=-1)
     return (tsr.matmul(probs.to(tsr.fp8_e4m3), v) * v_scale).to(tsr.bf16)
 
 
 @tsr.function
-def causal_fp8_attention(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "N", "D", E4M3],
-                         v: Tensor["B", "H", "N", "D", E4M3], q_scale: Tensor[1, tsr.fp32],
-                         k_scale: Tensor[1, tsr.fp32], v_scale: Tensor[1, tsr.fp32]) -> Tensor["B", "H", "S", "D", tsr.bf16]:
+def fp8_attention(q: Q, k: K, v: V, q_scale: SCALE, k_scale: SCALE, v_scale: SCALE) -> OUT:
+    return attend(scores(q, k, q_scale, k_scale), v, v_scale)
+
+
+@tsr.function
+def causal_fp8_attention(q: Q, k: K, v: V, q_scale: SCALE, k_scale: SCALE, v_scale: SCALE) -> OUT:
     """Causal, its diagonal at the bottom right (the last query sees every key) when N > S."""
-    scores = tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
     rows = tsr.arange(q.shape[-2]) + (k.shape[-2] - q.shape[-2])
     cols = tsr.arange(k.shape[-2])
-    scores = tsr.where(rows[:, None] >= cols[None, :], scores, -math.inf)
-    probs = tsr.softmax(scores, dim=-1)
-    return (tsr.matmul(probs.to(tsr.fp8_e4m3), v) * v_scale).to(tsr.bf16)
+    masked = tsr.where(rows[:, None] >= cols[None, :], scores(q, k, q_scale, k_scale), -math.inf)
+    return attend(masked, v, v_scale)
 
 
 @tsr.function
-def fp8_attention_vt(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "N", "D", E4M3],
-                     vt: Tensor["B", "H", "D", "N", E4M3], q_scale: Tensor[1, tsr.fp32],
-                     k_scale: Tensor[1, tsr.fp32], v_scale: Tensor[1, tsr.fp32]) -> Tensor["B", "H", "S", "D", tsr.bf16]:
+def fp8_attention_vt(q: Q, k: K, vt: Tensor["B", "H", "D", "N", E4M3], q_scale: SCALE, k_scale: SCALE,
+                     v_scale: SCALE) -> OUT:
     """V passed transposed ([B, H, D, N], keys contiguous): the layout fp8 tensor cores read, no copy."""
-    scores = tsr.matmul(q, k.transpose(-2, -1)) * (q_scale * k_scale * (1.0 / math.sqrt(q.shape[-1])))
-    probs = tsr.softmax(scores, dim=-1)
-    return (tsr.matmul(probs.to(tsr.fp8_e4m3), vt.transpose(-2, -1)) * v_scale).to(tsr.bf16)
+    return attend(scores(q, k, q_scale, k_scale), vt.transpose(-2, -1), v_scale)
