@@ -13,9 +13,6 @@ from .cases import Case
 from .results import CaseResult, PeerResult
 from .stats import summarize
 
-#: ||out - ref|| / ||ref|| above which Tessera's output is wrong and goes untimed (fp16 outputs
-#: against peers that round differently stay two orders of magnitude below it)
-TOLERANCE = 1e-2
 
 
 @dataclass(frozen=True)
@@ -68,7 +65,7 @@ def run_case(case: Case, instruments: Instruments) -> CaseResult:
     result.peers = {name: PeerResult(None, errors.get(name), notes.get(name, "")) for name in prepared.peers}
     if result.error is None:
         result.note = "unchecked: no peer ran"
-    elif not result.error <= TOLERANCE:
+    elif not result.error <= case.tolerance:
         result.status, result.note = "wrong", f"rel err {result.error:.1e} against {reference}: not timed"
         return result
     result.tessera = summarize(instruments.rounds(prepared.ours, case.timer))

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import pytest
 
-from tessera.bench.cases import Case, Prepared, all_cases, select
-from tessera.bench.runner import TOLERANCE, Instruments, run_case, run_cases
+from tessera.bench.cases import TOLERANCE, Case, Prepared, all_cases, select
+from tessera.bench.runner import Instruments, run_case, run_cases
 
 
 def recorded(samples_by_output):
@@ -35,6 +35,17 @@ def test_a_wrong_output_is_not_timed():
     result = run_case(fixed("c", 1.0, {"peer": 1.0 + 10 * TOLERANCE}), instruments)
     assert result.status == "wrong" and result.tessera is None and not timed
     assert "against peer: not timed" in result.note
+
+
+def test_a_case_checks_against_its_own_tolerance():
+    """An fp8 case is checked at the rounding its e4m3 probabilities give, not at fp16's."""
+    instruments, _ = recorded({1.0: [0.2, 0.2, 0.2], 1.03: [0.3, 0.3, 0.3]})
+    loose = Case("c", "attention", "TFLOP/s", 1.0, lambda: Prepared(lambda: 1.0, {"peer": lambda: 1.03}),
+                 tolerance=5e-2)
+    assert run_case(loose, instruments).status == "ok"
+    assert run_case(fixed("c", 1.0, {"peer": 1.03}), instruments).status == "wrong"
+    fp8 = next(c for c in all_cases() if c.name.startswith("fp8 e4m3 attention"))
+    assert fp8.tolerance > TOLERANCE and fp8.suite == "attention"
 
 
 def test_a_peer_that_cannot_run_is_noted_and_the_next_is_the_reference():
