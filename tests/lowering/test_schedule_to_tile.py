@@ -309,13 +309,46 @@ def test_a_split_reads_only_its_own_key_blocks(monkeypatch):
 @pytest.mark.parametrize("s,block_m", [(1, 64), (67, 64), (300, 128), (257, 64)])
 def test_heaviest_query_blocks_first_match_float64(kind, s, block_m, random_inputs, assert_matches_reference):
     """`heavy_first`: blocks in launch order take the last query blocks of every batch program first
-    (6 programs over 2 batch dims); every output row is still written once, with its own rows' keys."""
+    (6 programs over 2 batch dims); every output row is still written once, with its own rows' keys.
+    (split_kv pinned to 1: on this small grid the derived split would take its own order.)"""
     from attention_cases import FUNCTIONS
-    fn = tsr.function(FUNCTIONS[kind].fn, space=dict(heavy_first=[1], block_m=[block_m], block_n=[32]))
+    fn = tsr.function(FUNCTIONS[kind].fn, space=dict(heavy_first=[1], block_m=[block_m], block_n=[32], split_kv=[1]))
     dims = dict(B=2, H=3, M=s, N=s, D=64) if kind == "plain" else dict(B=2, H=3, S=s, D=64)
     specs = fn.arg_specs_for(dims, "fp32")
     compiled = fn.compile(specs, arch="sm_90a", backend="ptx")
     assert_matches_reference(compiled, random_inputs(specs, s))
+
+
+@pytest.mark.parametrize("heavy_first", [0, 1])
+def test_heaviest_query_blocks_are_launched_first(heavy_first, monkeypatch):
+    """The order itself, as the interpreter launches blocks (axis 0 fastest, as the GPU does): under a
+    causal mask `heavy_first` gives the first 6 blocks (one per batch program) the last query block,
+    the next 6 the one before, ...; without it each batch program's blocks run first to last."""
+    from attention_cases import FUNCTIONS
+    from tessera.interpreter import tile_interp
+
+    stores = []
+    original = tile_interp.BUILDERS[tile.StoreOp]
+
+    def recording(c, op):
+        step, offsets = original(c, op), [c.slot(v) for v in op.offsets]
+
+        def recorded(f):
+            if tuple(op.dst.type.get_shape()) == (2, 3, 300, 64):      # the output, not the log-sum-exp
+                stores.append(tuple(int(f[o]) for o in offsets[:3]))   # (b, h, first query row)
+            step(f)
+        return recorded
+    monkeypatch.setitem(tile_interp.BUILDERS, tile.StoreOp, recording)
+    fn = tsr.function(FUNCTIONS["causal"].fn, space=dict(heavy_first=[heavy_first], block_m=[64], block_n=[32], split_kv=[1]))
+    specs = fn.arg_specs_for(dict(B=2, H=3, S=300, D=64), "fp32")
+    compiled = fn.compile(specs, arch="sm_90a", backend="ptx")
+    compiled.run(*[np.zeros(spec.shape, np.float32) for spec in specs])
+    rows = [row for _, _, row in stores]
+    if heavy_first:
+        assert rows == [64 * (4 - i // 6) for i in range(30)]
+        assert [(b, h) for b, h, _ in stores[:6]] == [(b, h) for b in range(2) for h in range(3)]
+    else:
+        assert rows == [64 * (i % 5) for i in range(30)]
 
 
 @pytest.mark.parametrize("g,m,rows", [(4, 1, "G"), (8, 1, "G"), (32, 16, "M")])
