@@ -1270,7 +1270,8 @@ class _AttentionShape:
         sizes["d"] = kb.size(g.tensor_type(m1.lhs).shape[-1])
         p = kb.params
         p_bytes, q_bytes = (g.tensor_type(mm.lhs).dtype.itemsize for mm in (m2, m1))   # (the keys: P @ V's K)
-        tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": s.mma_k_extent(s.fit_block(p["block_n"], sizes["n"]), p_bytes),
+        tile = {"m": s.fit_block(p["block_m"], sizes["m"]),
+                "n": s.mma_k_extent(s.fit_block(p["block_n"], sizes["n"]), p_bytes),
                 "d": s.mma_k_extent(pow2_at_least(sizes["d"]), q_bytes), "e": pow2_at_least(sizes["e"])}
         return cls(axes, sizes, tile, epilogue_map(kb, kb.result, m2, axes))
 

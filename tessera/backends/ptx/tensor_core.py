@@ -372,6 +372,7 @@ class RegisterTile:
 
 
 def register_tile(e: KernelEmitter, v) -> RegisterTile:
+    """Tile `v`, an mma's A operand in registers, as `_a_fragments` takes it."""
     op = v.owner
     wide = None
     if isinstance(op, arith.TruncFOp) and t.IN_RANGE in op.attributes and ptx_type(op.input.type) is F32 \
