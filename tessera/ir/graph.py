@@ -739,6 +739,19 @@ class GatherOp(IRDLOperation):
                                   f"then the indexed tensor's after its first, {_show(want, bindings)}")
 
 
+def swaps_last_dims(v: SSAValue) -> bool:
+    """Whether `v` is a transpose exchanging its operand's last two dims (`b.T` of a matmul's B:
+    the transpose of a K-contiguous [N, K] tensor), whatever it does to the dims before them."""
+    op = v.owner
+    rank = len(op.permutation) if isinstance(op, TransposeOp) else 0
+    return rank >= 2 and op.permutation[-2:] == (rank - 1, rank - 2)
+
+
+def functions(module) -> list[func.FuncOp]:
+    """The functions of a Graph IR module."""
+    return [f for f in module.ops if isinstance(f, func.FuncOp)]
+
+
 def paged_view(op: ReshapeOp, bindings: dict[str, int]) -> GatherOp | None:
     """The gather a reshape merges pages of: `cache[table]` ([..., J, page, ...]: the table's dims,
     then the cache's) with the table's last dim and the cache's page dim (dim 1) merged into one

@@ -35,10 +35,10 @@ def is_layout_copy(op) -> bool:
 def transpose_byte_values(module: ModuleOp) -> ModuleOp:
     """`module` with each 8-bit attention's V read through a transposed copy (module doc): a copy
     of the module where one is found, else `module` itself (which is never changed)."""
-    if not any(_byte_attention_values(f) for f in _functions(module)):
+    if not any(_byte_attention_values(f) for f in g.functions(module)):
         return module
     module = module.clone()
-    for f in _functions(module):
+    for f in g.functions(module):
         transposed: dict[SSAValue, SSAValue] = {}   # V -> its copy transposed back (one copy per V)
         for mm in _byte_attention_values(f):
             if mm.rhs not in transposed:
@@ -47,16 +47,12 @@ def transpose_byte_values(module: ModuleOp) -> ModuleOp:
     return module
 
 
-def _functions(module: ModuleOp) -> list[func.FuncOp]:
-    return [f for f in module.ops if isinstance(f, func.FuncOp)]
-
-
 def _byte_attention_values(f: func.FuncOp) -> list[g.MatmulOp]:
     """The P @ V matmuls of `f` whose operands are 8-bit, P a softmax's probabilities (through
     casts) and V not already the transpose of a K-contiguous tensor."""
     return [op for op in f.body.block.ops if isinstance(op, g.MatmulOp)
             and g.tensor_type(op.lhs).dtype.bits == 8 and g.tensor_type(op.rhs).dtype.bits == 8
-            and _probabilities(op.lhs) and not _swaps_last_dims(op.rhs)]
+            and _probabilities(op.lhs) and not g.swaps_last_dims(op.rhs)]
 
 
 def _probabilities(v: SSAValue) -> bool:
@@ -64,12 +60,6 @@ def _probabilities(v: SSAValue) -> bool:
     while isinstance(op, g.CastOp):
         op = op.input.owner
     return isinstance(op, g.SoftmaxOp)
-
-
-def _swaps_last_dims(v: SSAValue) -> bool:
-    op = v.owner
-    rank = g.tensor_type(v).rank
-    return isinstance(op, g.TransposeOp) and op.permutation[-2:] == (rank - 1, rank - 2)
 
 
 def _transposed_copy(mm: g.MatmulOp) -> SSAValue:

@@ -1293,12 +1293,7 @@ def _wgmma_reads(mm: g.MatmulOp) -> bool:
     `tile_to_target.native_blockers` requires."""
     if g.tensor_type(mm.lhs).dtype.bits != 8:
         return True
-    return not _swaps_last_dims(mm.lhs) and _swaps_last_dims(mm.rhs)
-
-
-def _swaps_last_dims(v: SSAValue) -> bool:
-    op = v.owner
-    return isinstance(op, g.TransposeOp) and op.permutation[-2:] == (len(op.permutation) - 1, len(op.permutation) - 2)
+    return not g.swaps_last_dims(mm.lhs) and g.swaps_last_dims(mm.rhs)
 
 
 def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:

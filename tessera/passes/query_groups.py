@@ -41,17 +41,13 @@ class _Unmergeable(Exception):
 def merge_query_groups(module: ModuleOp) -> ModuleOp:
     """`module` with each grouped-query attention of few queries over merged rows (module doc):
     a copy where one is found, else `module` itself (which is never changed)."""
-    if not any(_mergeable(f) for f in _functions(module)):
+    if not any(_mergeable(f) for f in g.functions(module)):
         return module
     module = module.clone()
-    for f in _functions(module):
+    for f in g.functions(module):
         while (found := _mergeable(f)) is not None:
             found.apply()
     return module
-
-
-def _functions(module: ModuleOp) -> list[func.FuncOp]:
-    return [f for f in module.ops if isinstance(f, func.FuncOp)]
 
 
 def _mergeable(f: func.FuncOp) -> _Merge | None:
