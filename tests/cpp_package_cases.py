@@ -33,7 +33,13 @@ from tessera import Tensor
 @tsr.function
 def norm_gelu(x: Tensor["M", "N"], w: Tensor["N"]):
     return tsr.gelu(tsr.rms_norm(x, (x.shape[-1],), w, 1e-6))
+
+
+@tsr.function
+def project(x: Tensor["M", "K"], w: Tensor["K", "N"]):
+    return tsr.gelu(tsr.matmul(x, w))
 '''
+ROWS_FUNCS = ["norm_gelu", "project"]
 
 
 def cuda_root() -> Path | None:

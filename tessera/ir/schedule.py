@@ -28,6 +28,7 @@ from xdsl.traits import IsTerminator
 from xdsl.utils.exceptions import VerifyException
 
 from ..backends import BACKENDS
+from ..dims import hint
 
 #: Kernel templates, each with its default tiling and the space the autotuner searches.
 KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
@@ -197,8 +198,8 @@ def default_params(kind: str, features: dict[str, int], max_shared: int | None =
 
 def fit_block(block: int, size: int) -> int:
     """A tile's extent along a dim of `size`: the param's `block`, cut to the size rounded up to a
-    power of two (16 at least, the tensor cores' granule)."""
-    return min(block, max(16, 1 << max(0, size - 1).bit_length()))
+    power of two (16 at least, the tensor cores' granule); for a dynamic dim, cut to its hint."""
+    return min(block, max(16, 1 << max(0, hint(size) - 1).bit_length()))
 
 
 def mma_k_extent(extent: int, element_bytes: int) -> int:

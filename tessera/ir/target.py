@@ -133,11 +133,14 @@ def _int_array(values: Sequence[int]) -> ArrayAttr:
 
 
 def _parse_int_list(parser) -> list[int]:
-    return parser.parse_comma_separated_list(parser.Delimiter.SQUARE, parser.parse_integer)
+    """`[1, 2, ?]`: a `?` is a dim taken at run time (`tile.DYNAMIC`, a dynamic dim)."""
+    def item() -> int:
+        return builtin.DYNAMIC_INDEX if parser.parse_optional_punctuation("?") is not None else parser.parse_integer()
+    return parser.parse_comma_separated_list(parser.Delimiter.SQUARE, item)
 
 
 def _int_list_text(values: Sequence[int]) -> str:
-    return "[" + ", ".join(str(v) for v in values) + "]"
+    return "[" + ", ".join("?" if v == builtin.DYNAMIC_INDEX else str(v) for v in values) + "]"
 
 
 @irdl_attr_definition

@@ -674,7 +674,7 @@ class CopyAsyncOp(IRDLOperation):
 
     def verify_(self) -> None:
         src_t, dst_t = self.src.type, self.dst.type
-        _require_static(self, "source memref", src_t)
+        _require_global_shape(self, "source memref", src_t)
         _require(not is_shared(src_t), self, "source must be a global memref")
         _require(is_shared(dst_t), self, f"destination {dst_t} must be in shared memory space 3")
         _require_offsets(self, self.offsets, src_t)

@@ -1039,11 +1039,13 @@ def _pipelined_loop_ahead(kb: KernelBuild, steps: tuple, stages: int, operands: 
 
 @dataclass
 class _Gemm:
-    """What a GEMM kernel computes: its matmul, the output's axes (batch..., m, n) and sizes, the
-    tile, the tile counts and the K steps."""
+    """What a GEMM kernel computes: its matmul, the output's axes (batch..., m, n), graph dims and
+    sizes, the tile, the tile counts and the K steps. A dynamic dim (`tessera.dims`) leads the
+    output: M of a 2-D GEMM, or the first batch dim; its tile count is computed at run time."""
 
     mm: g.MatmulOp
     axes: tuple[str, ...]
+    dims: tuple              # the output's graph dims, one per axis
     sizes: dict[str, int]
     tile: dict[str, int]
     steps: int
@@ -1056,19 +1058,37 @@ class _Gemm:
         sizes = {a: kb.size(d) for a, d in zip(axes, out_t.shape)}
         k_size = kb.size(g.tensor_type(mm.lhs).shape[-1])
         tile = s.gemm_tile(kb.params, sizes["m"], sizes["n"], k_size, g.tensor_type(mm.lhs).dtype.itemsize)
-        return cls(mm, axes, sizes, tile, cdiv(k_size, tile["k"]))
+        return cls(mm, axes, tuple(out_t.shape), sizes, tile, cdiv(k_size, tile["k"]))
 
     @property
     def batch(self) -> list[tuple[str, int]]:
         return [(a, self.sizes[a]) for a in self.axes[:-2]]
 
-    @property
-    def batch_programs(self) -> int:
-        return math.prod(sz for _, sz in self.batch)
+    def batch_grid(self, kb: KernelBuild) -> int | t.GridDim:
+        """Grid axis 1: one program per batch index (growing with a dynamic leading batch dim)."""
+        if not self.batch:
+            return 1
+        (_, first), *rest = self.batch
+        return kb.grid_extent(self.dims[0], first, 1, math.prod(sz for _, sz in rest))
 
     @property
     def tiles(self) -> tuple[int, int]:
-        return cdiv(self.sizes["m"], self.tile["m"]), cdiv(self.sizes["n"], self.tile["n"])
+        """The output tiles along M and N (a dynamic M's by its hint: for choices of speed only)."""
+        return cdiv(hint(self.sizes["m"]), self.tile["m"]), cdiv(self.sizes["n"], self.tile["n"])
+
+    def tile_counts(self, kb: KernelBuild) -> tuple[int | SSAValue, int]:
+        """The output tiles along M (a dynamic M's counted at run time) and along N."""
+        m, tiles_n = self.sizes["m"], self.tiles[1]
+        if not is_dynamic(m):
+            return self.tiles
+        rows = kb.extent(self.dims[-2], m)
+        padded = kb.b(arith.AddiOp(rows, kb.b.index(self.tile["m"] - 1)))
+        return kb.b(arith.DivSIOp(padded, kb.b.index(self.tile["m"]))), tiles_n
+
+    def grid(self, kb: KernelBuild) -> tuple:
+        """One program per output tile (axis 0) and batch index (axis 1)."""
+        m_grid = kb.grid_extent(self.dims[-2], self.sizes["m"], self.tile["m"], self.tiles[1])
+        return m_grid, self.batch_grid(kb), 1
 
     @property
     def warps(self) -> int:
@@ -1098,7 +1118,7 @@ class _Gemm:
         the pipeline's copies for steps past `steps` read past K (padding), not data after the run."""
         a, b = self.operands(kb)
         acc0 = self.zero(kb)
-        pid_m, pid_n = _grouped_tile(kb, kb.pid(0), *self.tiles, kb.params.get("group_m", 1))
+        pid_m, pid_n = _grouped_tile(kb, kb.pid(0), *self.tile_counts(kb), kb.params.get("group_m", 1))
         m0, n0 = kb.mul(pid_m, self.tile["m"]), kb.mul(pid_n, self.tile["n"])
         (acc,) = _pipelined_loop(kb, steps or (0, self.steps), kb.params["num_stages"], [a, b], "k", self.tile["k"],
                                  {"m": m0, "n": n0}, scalars, [acc0], self.step(kb, a, b),
@@ -1121,14 +1141,13 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
         kb.em.overrides[gemm.mm.res] = acc
         kb.store_result(gemm.axes, ctx)
 
-    tiles_m, tiles_n = gemm.tiles
-    if _walks_tiles(p, tiles_m * tiles_n, gemm.steps):
+    if _walks_tiles(p, math.prod(gemm.tiles), gemm.steps):
         a, b = gemm.operands(kb)
-        _persistent_tiles(kb, p["programs"], gemm.tiles, gemm.steps, [a, b], scalars, gemm.zero(kb), gemm.step(kb, a, b),
-                          store)
-        return (p["programs"], gemm.batch_programs, 1)
+        _persistent_tiles(kb, p["programs"], gemm.tile_counts(kb), gemm.steps, [a, b], scalars, gemm.zero(kb),
+                          gemm.step(kb, a, b), store)
+        return (p["programs"], gemm.batch_grid(kb), 1)
     store(*gemm.tile_loop(kb, scalars))
-    return (tiles_m * tiles_n, gemm.batch_programs, 1)
+    return gemm.grid(kb)
 
 
 #: the name of a split kernel's first kernel (a split-K GEMM's partial products, a split-KV
@@ -1158,7 +1177,7 @@ def _split_k_gemm(kb: KernelBuild, gemm: _Gemm, splits: int, per_split: int) -> 
     acc, m0, n0 = gemm.tile_loop(part, scalars, (0, count), origin=part.mul(first, gemm.tile["k"]))
     ctx = TileCtx({"m": (m0, gemm.tile["m"]), "n": (n0, gemm.tile["n"])}, {**scalars, "s": split})
     part.em.store(acc, part.out, ("s", *gemm.axes), ctx, dtypes.fp32)
-    kb.before.append((_finish(part), (math.prod(gemm.tiles), gemm.batch_programs, splits)))
+    kb.before.append((_finish(part), (math.prod(gemm.tiles), math.prod(sz for _, sz in gemm.batch), splits)))
     return _sum_partials(kb, gemm, kb.add_scratch(partials_type), splits)
 
 
@@ -1188,16 +1207,19 @@ def _walks_tiles(params: dict, tiles: int, steps: int) -> bool:
             and not (params.get("warp_specialize") and params["num_stages"] > 1))
 
 
-def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int, int], steps: int, operands, scalars,
-                      acc0, compute, store) -> None:
+def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int | SSAValue, int], steps: int, operands,
+                      scalars, acc0, compute, store) -> None:
     """`programs` blocks, each walking the output tiles pid, pid + programs, ... (in grouped order),
     `steps` k steps each. The pipeline counts steps across tiles (step j * steps + k of a block's
     j-th tile), so the last steps of one tile already issue the first copies of the next: they
-    land while this tile's accumulator is stored, and no tile starts with an empty pipeline."""
+    land while this tile's accumulator is stored, and no tile starts with an empty pipeline. The
+    tile rows may be counted at run time (a dynamic M)."""
     b, p = kb.b, kb.params
     tiles_m, tiles_n = tiles
     a, bb = operands
     pid = kb.pid(0)
+    total = tiles_m * tiles_n if isinstance(tiles_m, int) else kb.mul(tiles_m, tiles_n)
+    last = b.index(total - 1) if isinstance(total, int) else b(arith.SubiOp(total, b.index(1)))
 
     def tile_origin(tile_index):
         pid_m, pid_n = _grouped_tile(kb, tile_index, tiles_m, tiles_n, p.get("group_m", 1))
@@ -1207,7 +1229,7 @@ def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int, int], st
         """Where pipeline step `step` copies from: its tile (the last one for steps past this
         block's tiles, whose copies are never read) and k step."""
         j, k = b(arith.DivSIOp(step, b.index(steps))), b(arith.RemSIOp(step, b.index(steps)))
-        index = b(arith.MinSIOp(b(arith.AddiOp(pid, kb.mul(j, programs))), b.index(tiles_m * tiles_n - 1)))
+        index = b(arith.MinSIOp(b(arith.AddiOp(pid, kb.mul(j, programs))), last))
         m0, n0 = tile_origin(index)
         return {"m": m0, "n": n0, "k": kb.mul(k, a.sizes["k"])}
     pipe = _Pipeline(kb, p["num_stages"], operands, offsets, scalars, bool(p.get("mma_async")))
@@ -1219,21 +1241,28 @@ def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int, int], st
             b(t.MmaWaitOp(0))
         store(acc, *tile_origin(tile_index))
         return [b(arith.AddiOp(first_step, b.index(steps)))]
-    _for(b, pid, b.index(tiles_m * tiles_n), programs, [b.index(0)], one_tile)
+    _for(b, pid, total, programs, [b.index(0)], one_tile)
     if pipe.mma_async:
         b(t.MmaWaitOp(0))   # outside every loop: where the backend drains copies past the last tile
 
 
-def _grouped_tile(kb: KernelBuild, pid: SSAValue, tiles_m: int, tiles_n: int, group: int):
+def _grouped_tile(kb: KernelBuild, pid: SSAValue, tiles_m: int | SSAValue, tiles_n: int, group: int):
     """(tile row, tile column) of program `pid`, walking `group` tile rows at a time column by column,
     so the programs running together share A rows and B columns in L2. Every division is by a
     constant (the last group, `tiles_m % group` rows high, is divided by that and selected), which
-    the backend turns into multiplies: a persistent GEMM does this every step."""
+    the backend turns into multiplies: a persistent GEMM does this every step. Tile rows counted at
+    run time (a dynamic M) make the last group's height a run-time value, divided by as it is."""
     b = kb.b
-    group = min(group, tiles_m)
+    if isinstance(tiles_m, int):
+        group = min(group, tiles_m)
     per_group = b.index(group * tiles_n)
     first_m = b(arith.MuliOp(b(arith.DivSIOp(pid, per_group)), b.index(group)))
     within = b(arith.RemSIOp(pid, per_group))
+    if not isinstance(tiles_m, int):
+        if group == 1:
+            return first_m, within
+        rows = b(arith.MinSIOp(b.index(group), b(arith.SubiOp(tiles_m, first_m))))
+        return b(arith.AddiOp(first_m, b(arith.RemSIOp(within, rows)))), b(arith.DivSIOp(within, rows))
 
     def row_col(rows: int):
         return b(arith.RemSIOp(within, b.index(rows))), b(arith.DivSIOp(within, b.index(rows)))
@@ -1893,7 +1922,7 @@ def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
 
 #: kernel kinds whose templates take a leading dim at run time (`KernelBuild.extent`, `grid_extent`);
 #: any other kernel over a dynamic dim raises `DynamicDim`, and the function compiles it as a constant
-GENERIC_KINDS = frozenset({"elementwise", "row_reduction"})
+GENERIC_KINDS = frozenset({"elementwise", "row_reduction", "gemm"})
 
 TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
     "elementwise": lower_elementwise,

@@ -7,8 +7,9 @@ instructions). The choice is a property of the kernel in the Schedule IR (`sched
 shows and `tessera compile` reports per kernel, with each rule's reason.
 
 `RULES` are data, tried in order; the first that applies and whose backend can compile the kernel
-wins. A backend that cannot (tileiras not installed, a dim taken at run time, device asserts,
-profile regions) is named in `backend_why`, and the next rule decides. The measurements behind the
+wins. A backend that cannot (tileiras not installed, device asserts, profile regions) is named in
+`backend_why`, and the next rule decides; a rule whose backend takes no dim at run time, for a
+kernel over a dynamic dim, fixes the dim (`tessera.dims.DynamicDim`) rather than pass the kernel on. The measurements behind the
 rules are in bench/RESULTS.md; `bench/cuda_tile.py` times both backends on the same kernels.
 
 Whether tileiras is installed decides only kernels the PTX backend cannot compile, so a warm-start
@@ -22,6 +23,7 @@ from dataclasses import dataclass
 from typing import Callable
 
 from ..backends import BACKEND_OPTIONS, BACKENDS
+from ..dims import DynamicDim
 from ..errors import TesseraError
 
 
@@ -73,9 +75,8 @@ def _tileiras_installed() -> bool:
 
 
 def cannot_compile(backend: str, kernel: KernelFacts) -> str | None:
-    """Why `backend` cannot compile `kernel` (None: it can, as far as a schedule shows)."""
-    if kernel.dynamic is not None and not BACKENDS[backend].dynamic_dims:
-        return f"it takes every dim as a constant, and this kernel takes {kernel.dynamic} at run time"
+    """Why `backend` cannot compile `kernel` (None: it can, as far as a schedule shows; a dim taken at
+    run time is `choose`'s to handle)."""
     if backend != "cuda-tile":
         return None
     reason = BACKENDS[backend].cannot_target(kernel.target, kernel.dtypes)
@@ -113,6 +114,11 @@ def choose(kernel: KernelFacts, option: str = "auto", pinned: str | None = None)
     for rule in RULES:
         if not rule.applies(kernel):
             continue
+        if kernel.dynamic is not None and not BACKENDS[rule.backend].dynamic_dims:
+            # (the next rule's backend would take the dim, but a kernel the rule's backend compiles
+            # better, or alone, such as an fp32 matmul, is worth a compile per value)
+            raise DynamicDim(kernel.dynamic, f"rule {rule.name} gives this kernel to the {rule.backend} "
+                                             f"backend, which takes every dim as a constant")
         reason = cannot_compile(rule.backend, kernel)
         if reason is None:
             return Choice(rule.backend, f"rule {rule.name}" + (f" ({'; '.join(passed)})" if passed else ""))

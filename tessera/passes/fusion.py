@@ -46,7 +46,7 @@ from ..ir import index_maps, tile
 from ..ir.masks import ColumnBounds, attention_mask, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
 from ..backends import BACKENDS, Backend, check_backend_option
-from ..dims import DynamicDim, is_dynamic
+from ..dims import DynamicDim, hint, is_dynamic
 from . import backend_choice, byte_operands, query_groups, recompute
 
 CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
@@ -1082,7 +1082,7 @@ def _small_gemm_tile(group: Group, planner: _Planner, params: dict[str, int], fe
     if (params["block_m"], params["block_n"], params["num_warps"]) not in GEMM_TILES:
         return {}
     (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
-    dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(mm.res).shape]
+    dims = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(mm.res).shape]   # (a speed choice)
     k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
     batch = math.prod(dims[:-2])
     usable = [t for t in GEMM_TILES if t[1] <= params["block_n"]]   # (an epilogue that asked for 128 columns)
@@ -1111,6 +1111,8 @@ def _split_k(group: Group, planner: _Planner, params: dict[str, int], features: 
     second kernel, which is cheap next to an idle GPU, not next to a busy one or a short K loop."""
     (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
     dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(mm.res).shape]
+    if any(map(is_dynamic, dims)):   # (the partial products' buffer [splits, *batch, M, N] needs them)
+        return 1
     k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
     tile = s.gemm_tile(params, dims[-2], dims[-1], k, g.tensor_type(mm.lhs).dtype.itemsize)
     tiles = math.prod(dims[:-2]) * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])

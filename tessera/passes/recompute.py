@@ -27,6 +27,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
+from ..dims import hint, is_dynamic
 from ..ir import graph as g
 
 #: the longest inner dim of a matmul whose result is recomputed rather than stored: a head dim
@@ -42,8 +43,8 @@ def is_score_matmul(op, bindings: dict[str, int]) -> bool:
     if not isinstance(op, g.MatmulOp):
         return False
     inner = g.dim_value(g.tensor_type(op.lhs).shape[-1], bindings)
-    rows, cols = (g.dim_value(d, bindings) for d in g.tensor_type(op.res).shape[-2:])
-    return inner <= MAX_SCORE_INNER and inner < rows and inner < cols
+    rows, cols = (hint(g.dim_value(d, bindings)) for d in g.tensor_type(op.res).shape[-2:])
+    return not is_dynamic(inner) and inner <= MAX_SCORE_INNER and inner < rows and inner < cols
 
 
 def _recomputable(op, bindings) -> bool:
@@ -84,8 +85,8 @@ def chain_sink(op, operand: SSAValue, bindings: dict[str, int]) -> bool:
         rank = g.tensor_type(op.input).rank
         return op.kind.data in ("sum", "max", "min") and rank >= 2 and op.axis.data >= rank - 2
     if isinstance(op, g.MatmulOp) and (op.lhs is operand) != (op.rhs is operand):
-        kept = g.tensor_type(op.res).shape[-1 if op.lhs is operand else -2]
-        return g.dim_value(kept, bindings) <= MAX_SCORE_INNER
+        kept = g.dim_value(g.tensor_type(op.res).shape[-1 if op.lhs is operand else -2], bindings)
+        return not is_dynamic(kept) and kept <= MAX_SCORE_INNER   # (a dynamic dim has no bound)
     return False
 
 

@@ -21,7 +21,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from .. import dtypes
-from . import driver
+from . import driver, tensor_maps
 from .artifact import Artifact
 
 RUNTIME_H = "tessera_package_runtime.h"
@@ -130,6 +130,7 @@ int {entry}({signature}, CUstream stream, char* error, size_t error_len);
                 for m in launch["tensor_maps"]:
                     dtype = dtypes.lookup(m["dtype"])
                     dims, strides, box = driver._tensor_map_layout(SimpleNamespace(**m), dtype.itemsize)
+                    dims = [0 if d == tensor_maps.DYNAMIC else d for d in dims]   # (the run's size)
                     maps.append(f"{{{m['arg']}, CU_TENSOR_MAP_DATA_TYPE_{driver._TENSOR_MAP_DTYPES[dtype]}, "
                                 f"{len(dims)}, {_ints(dims)}, {_ints(strides or [0])}, {_ints(box)}, "
                                 f"CU_TENSOR_MAP_SWIZZLE_{driver._TENSOR_MAP_SWIZZLES[m['swizzle']]}}}")

@@ -86,12 +86,13 @@ def _dtype_of_numpy(dt: np.dtype) -> DType | None:
 # ---------------------------------------------------------------------------
 
 def c_strides(shape: Sequence[int]) -> tuple[int, ...]:
-    """Row-major (C-contiguous) element strides of `shape` (a size-0 dim counted as 1)."""
+    """Row-major (C-contiguous) element strides of `shape` (a size-0 dim counted as 1). The leading
+    dim's size is never read: it may be a dynamic dim (`tessera.dims`)."""
     strides, step = [], 1
-    for size in reversed(shape):
+    for size in reversed(shape[1:]):
         strides.append(step)
         step *= max(size, 1)
-    return tuple(reversed(strides))
+    return (step, *reversed(strides)) if shape else ()
 
 
 def is_c_contiguous(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:

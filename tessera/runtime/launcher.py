@@ -97,7 +97,9 @@ def step_params(step: Step, shapes: Sequence[tuple] | None = None) -> list[tuple
     (`fastcall.Launch`) lays them out: (POINTER, buffer) per buffer, then (TENSOR_MAP, buffer, spec)
     per tensor map, then (U32, size) per dynamic dim it takes, from the call's buffer `shapes`."""
     return ([(fastcall.POINTER, i) for i in step.buffers]
-            + [(fastcall.TENSOR_MAP, step.buffers[spec.arg], spec) for spec in step.launch.tensor_maps]
+            + [(fastcall.TENSOR_MAP, step.buffers[spec.arg],
+                spec.bound(shapes[step.buffers[spec.arg]]) if spec.dynamic else spec)
+               for spec in step.launch.tensor_maps]
             + [(fastcall.U32, shapes[step.buffers[param]][dim]) for param, dim in step.launch.dims])
 
 

@@ -6,7 +6,12 @@ serialized artifacts (`tessera.runtime.artifact`) in processes that never import
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
+
+#: a dim of `TensorMapSpec.shape` the kernel takes at run time (`tessera.dims`): a buffer's leading
+#: dim, whose size each call's map is encoded with (`TensorMapSpec.bound`)
+DYNAMIC = -1
 
 
 @dataclass(frozen=True)
@@ -19,10 +24,21 @@ class TensorMapSpec:
 
     arg: int
     dtype: str
-    shape: tuple[int, ...]
+    shape: tuple[int, ...]     # a dynamic leading dim: DYNAMIC
     box: tuple[int, ...]       # per dim, outermost first, like `shape`
     swizzle: int = 128
     strides: tuple[int, ...] | None = None   # element strides, outermost first; None: row-major
+
+    @property
+    def dynamic(self) -> bool:
+        return DYNAMIC in self.shape
+
+    def bound(self, shape) -> TensorMapSpec:
+        """The map over a buffer of this call's `shape`: a dynamic dim takes its size there (the
+        strides do not change: only a leading dim is dynamic)."""
+        if not self.dynamic:
+            return self
+        return dataclasses.replace(self, shape=tuple(int(n) if d == DYNAMIC else d for d, n in zip(self.shape, shape)))
 
 
 #: cuTensorMapEncodeTiled's bound on an outer dim's byte stride

@@ -13,7 +13,7 @@ from tessera import cli
 from tessera.runtime import ptxas
 
 REPO = Path(__file__).resolve().parents[2]
-from cpp_package_cases import FUNCS, KERNELS, ROWS, cuda_root  # noqa: E402
+from cpp_package_cases import FUNCS, KERNELS, ROWS, ROWS_FUNCS, cuda_root  # noqa: E402
 
 
 @pytest.mark.skipif(shutil.which("cmake") is None or cuda_root() is None, reason="cmake or the CUDA toolkit missing")
@@ -32,8 +32,8 @@ def test_the_generated_examples_build_run_and_match_the_reference(cuda_device, a
                      "--shape", "B=1,H=2,S=256,D=64", "-o", str(flash)]) == 0
     (tmp_path / "rows.py").write_text(ROWS)
     rows = tmp_path / "rows"   # shape-generic: the example passes M (37) and sees M=1 refused
-    assert cli.main(["package", f"{tmp_path / 'rows.py'}:norm_gelu", "--arch", archs, "--shape", "M=37,N=256",
-                     "--dynamic", "M", "-o", str(rows)]) == 0
+    assert cli.main(["package", *(f"{tmp_path / 'rows.py'}:{f}" for f in ROWS_FUNCS), "--arch", archs,
+                     "--shape", "M=37,N=256,K=128", "--dynamic", "M", "-o", str(rows)]) == 0
     for directory in (pkg, flash, rows):
         build = directory / "build"
         for cmd in (["cmake", "-S", str(directory), "-B", str(build), f"-DCUDAToolkit_ROOT={cuda_root()}"],

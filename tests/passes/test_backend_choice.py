@@ -9,6 +9,7 @@ import tessera as tsr
 from tessera import platforms
 from tessera.backends import BACKENDS, UnsupportedByBackend
 from tessera.backends.cuda_tile import tools
+from tessera.dims import DynamicDim
 from tessera.errors import TesseraError
 from tessera.ir import schedule as s
 from tessera.ir import target
@@ -59,8 +60,16 @@ def test_a_matmul_without_a_matrix_instruction_goes_to_tileiras_when_it_is_there
                "(pip install 'tessera[cuda-tile]'))")
 
 
+def test_a_rule_for_a_backend_of_constant_dims_fixes_a_dynamic_dim(tileiras):
+    """An fp32 matmul over a dynamic dim: the fp32 rule's backend (tileiras) takes no dim at run time,
+    and the next rule's (PTX) cannot run the matmul on a GPU, so the dim is fixed (compiled per value)."""
+    tileiras(True)
+    with pytest.raises(DynamicDim, match="rule fp32_matmul gives this kernel to the cuda-tile backend"):
+        choose(gemm_facts(dynamic="M"))
+    assert choose(gemm_facts(frozenset(), frozenset({"fp16"}), dynamic="M")) == backend_choice.Choice("ptx", "rule measured")
+
+
 @pytest.mark.parametrize("facts, reason", [
-    (gemm_facts(dynamic="M"), "takes every dim as a constant, and this kernel takes M"),
     (gemm_facts(asserts=True), "it has no device_assert"),
     (gemm_facts(profiled=True), "it has no profile regions"),
     (gemm_facts(target=platforms.get("gfx942")), "it compiles for nvidia sm_80 and newer, not gfx942"),

@@ -15,7 +15,7 @@ from tessera.runtime import ptxas
 
 pytestmark = pytest.mark.skipif(not ptxas.available(), reason="ptxas not installed")
 
-from cpp_package_cases import FUNCS, KERNELS, ROWS, cuda_root
+from cpp_package_cases import FUNCS, KERNELS, ROWS, ROWS_FUNCS, cuda_root
 
 
 @pytest.fixture(scope="module")
@@ -115,17 +115,20 @@ def test_the_cmake_project_builds_and_the_examples_link(pkg, tmp_path):
 @pytest.mark.skipif(cuda_root() is None, reason="CUDA toolkit headers not installed")
 def test_a_shape_generic_package_builds_with_its_dims_as_parameters(tmp_path):
     """`--dynamic M`: the entry point takes `int64_t M`, the tables size each buffer per unit of M
-    and grow the grids with it; the example passes the reference run's M and checks M=1 is refused."""
+    and grow the grids with it; the example passes the reference run's M and checks M=1 is refused.
+    A GEMM's tensor map of an [M, K] operand leaves M to the run (0 in its dims, innermost first)."""
     source = tmp_path / "rows.py"
     source.write_text(ROWS)
     out = tmp_path / "pkg"
-    assert cli.main(["package", f"{source}:norm_gelu", "--arch", "sm_90a", "--shape", "M=37,N=256",
-                     "--dynamic", "M", "-o", str(out)]) == 0
+    assert cli.main(["package", *(f"{source}:{f}" for f in ROWS_FUNCS), "--arch", "sm_90a",
+                     "--shape", "M=37,N=256,K=128", "--dynamic", "M", "-o", str(out)]) == 0
     header = (out / "tessera_norm_gelu.h").read_text()
     assert "int64_t M, CUstream stream" in header and "x: fp16[M, 256]" in header
     source_text = (out / "tessera_norm_gelu.cpp").read_text()
     assert "_grid_terms[] = {" in source_text and "_dim_params[] = {" in source_text
     assert "(int64_t)37" in (out / "example_norm_gelu.cpp").read_text()
+    assert "int64_t M, CUstream stream" in (out / "tessera_project.h").read_text()
+    assert "CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 2, {128, 0}, {256}" in (out / "tessera_project.cpp").read_text()
     done = build(out, tmp_path / "build", tmp_path / "stub")
     assert done.returncode == 0, done.stdout + done.stderr
-    assert (tmp_path / "build" / "example_norm_gelu").is_file()
+    assert (tmp_path / "build" / "example_norm_gelu").is_file() and (tmp_path / "build" / "example_project").is_file()

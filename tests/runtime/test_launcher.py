@@ -37,6 +37,16 @@ def test_tensor_maps_follow_the_pointers_over_the_buffers_they_name():
     assert step((3, 1, 2), (a, b)).launch.param_types == ("u64",) * 3 + ("tmap",) * 2
 
 
+def test_a_map_over_a_dynamic_leading_dim_is_encoded_with_the_calls_size():
+    """A shape-generic GEMM's A operand [M, K]: the spec leaves M to the call (`DYNAMIC`), and each
+    call's map takes the size of the buffer it describes (the strides do not depend on it)."""
+    a = TensorMapSpec(arg=0, dtype="f16", shape=(-1, 256), box=(128, 64))
+    assert a.dynamic and a.bound((37, 256)) == TensorMapSpec(0, "f16", (37, 256), (128, 64))
+    shapes = [(5, 5), (37, 256), (1000, 256)]
+    assert launch_args(step((1,), (a,)), POINTERS, fake_encode, shapes) == [0x2000, ("encoded", 0x2000, (37, 256))]
+    assert launch_args(step((2,), (a,)), POINTERS, fake_encode, shapes) == [0x3000, ("encoded", 0x3000, (1000, 256))]
+
+
 @tsr.function
 def gemm_softmax(a: Tensor["M", "K"], b: Tensor["K", "N"]):
     return tsr.softmax(tsr.matmul(a, b), dim=-1)

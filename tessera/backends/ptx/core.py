@@ -245,6 +245,20 @@ class KernelEmitter:
             raise UnsupportedByBackend(f"PTX backend: a dynamic dim of {memref.type} that is not a kernel argument's")
         return self.dim_regs[(memref.index, axis)]
 
+    def dim_limit(self, memref: SSAValue, axis: int, off: int) -> int | str:
+        """Dim `axis` of a global tensor less `off` (the bound an element `off` into a tile checks
+        its tile's start against): a constant, or for a dynamic dim a register made once per offset."""
+        n = self.extent(memref, axis)
+        if isinstance(n, int):
+            return n - off
+        if off == 0:
+            return n
+        limits = self.state.setdefault("dim_limits", {})
+        if (n, off) not in limits:
+            limits[(n, off)] = self.new(S32)
+            self.at_entry(f"sub.s32 {limits[(n, off)]}, {n}, {off};")
+        return limits[(n, off)]
+
     def _programmatic(self, entry: list[str]) -> list[str]:
         """The entry lines of a kernel launched as a programmatic dependent (`tgt.PROGRAMMATIC_LAUNCH`):
         its setup (parameter loads, thread ids and shared-memory addresses: nothing that touches

@@ -38,6 +38,7 @@ from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Mma
 from ...lowering.async_pipelines import TMA_ROW_BYTES
+from ...runtime import tensor_maps
 from . import tensor_core
 from .core import KernelEmitter, TensorMapSpec
 from .tensor_core import TileBuffer, _a_fragments, register_tile, stage_address
@@ -109,7 +110,8 @@ def _issuer(e: KernelEmitter) -> str:
 def _tensor_map(e: KernelEmitter, op: tgt.TensorMapOp) -> None:
     """A by-value tensor-map `.param` after the pointer params, and its generic address."""
     m: tgt.TensorMapType = op.result.type
-    spec = TensorMapSpec(op.tensor.index, str(m.element_type), m.shape_dims, m.box_dims, m.swizzle.data,
+    shape = tuple(tensor_maps.DYNAMIC if n == t.DYNAMIC else n for n in m.shape_dims)
+    spec = TensorMapSpec(op.tensor.index, str(m.element_type), shape, m.box_dims, m.swizzle.data,
                          m.element_strides if m.strides.data else None)
     name = f"{e.name}_tmap_{len(e.tensor_maps)}"
     e.tensor_maps.append(spec)

@@ -47,7 +47,7 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
             p = None
             for k, d in enumerate(tile_dims):
                 q = e.new(PRED)
-                e.emit(f"setp.lt.s32 {q}, {starts[k]}, {_limit(e, memref, d, off[k])};")
+                e.emit(f"setp.lt.s32 {q}, {starts[k]}, {e.dim_limit(memref, d, off[k])};")
                 if layout.over_covers(k):
                     q2 = e.new(PRED)
                     e.emit(f"setp.lt.s32 {q2}, {bases[k]}, {extents[k] - off[k]};")
@@ -63,20 +63,6 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
         byte = sum(o * strides[d] for o, d in zip(off, tile_dims)) * elem
         result.append((byte, preds[key]))
     return addr, result
-
-
-def _limit(e: KernelEmitter, memref: SSAValue, d: int, off: int) -> int | str:
-    """Dim `d`'s size less `off`: a constant, or for a dynamic dim a register (made once per offset)."""
-    n = e.extent(memref, d)
-    if isinstance(n, int):
-        return n - off
-    if off == 0:
-        return n
-    limits = e.state.setdefault("dim_limits", {})
-    if (n, off) not in limits:
-        limits[(n, off)] = e.new(S32)
-        e.at_entry(f"sub.s32 {limits[(n, off)]}, {n}, {off};")
-    return limits[(n, off)]
 
 
 def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:

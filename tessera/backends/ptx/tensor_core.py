@@ -177,7 +177,7 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     offs = [e.value(v) for v in op.src_indices]
     # global element index of this thread's first chunk, and its coordinates along the two tile dims
     terms = [*((off, strides[d]) for d, off in enumerate(offs)), (row, strides[dims[0]]), (col, strides[dims[1]])]
-    gbase = e.element_address(e.value(src), terms, elem, t.reach(src.type))
+    gbase = e.element_address(e.value(src), terms, elem, e.reach(src.type))
     sbase = stage_address(e, buf, stage)
     first = _shared_slot(e, buf, sbase, row, start, col, 0)
 
@@ -198,8 +198,8 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
 
     if vector and _whole_tile(op, shape, dims, (rows, buf.cols)):
         ok, ok_c, src_at, size = e.new(PRED), e.new(PRED), e.new(U64), e.new(S32)
-        e.emit(f"setp.lt.s32 {ok}, {offs[dims[0]]}, {shape[dims[0]]};")
-        e.emit(f"setp.lt.s32 {ok_c}, {offs[dims[1]]}, {shape[dims[1]]};")
+        e.emit(f"setp.lt.s32 {ok}, {offs[dims[0]]}, {e.dim_limit(src, dims[0], 0)};")
+        e.emit(f"setp.lt.s32 {ok_c}, {offs[dims[1]]}, {e.dim_limit(src, dims[1], 0)};")
         e.emit(f"and.pred {ok}, {ok}, {ok_c};")
         e.emit(f"selp.b64 {src_at}, {gbase}, {e.value(src)}, {ok};")  # a tile wholly outside reads 0 bytes
         e.emit(f"selp.b32 {size}, 16, 0, {ok};")
@@ -213,8 +213,8 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     e.emit(f"add.s32 {at_c}, {offs[dims[1]]}, {col};")
     for r_off, c_off in offsets:
         ok, ok_c = e.new(PRED), e.new(PRED)
-        e.emit(f"setp.lt.s32 {ok}, {at_r}, {shape[dims[0]] - r_off};")
-        e.emit(f"setp.lt.s32 {ok_c}, {at_c}, {shape[dims[1]] - c_off};")
+        e.emit(f"setp.lt.s32 {ok}, {at_r}, {e.dim_limit(src, dims[0], r_off)};")
+        e.emit(f"setp.lt.s32 {ok_c}, {at_c}, {e.dim_limit(src, dims[1], c_off)};")
         e.emit(f"and.pred {ok}, {ok}, {ok_c};")
         guard, saddr = in_tile(r_off), shared_slot(r_off, c_off)
         if vector:
@@ -224,8 +224,9 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
 
 
 def _whole_tile(op: tgt.MemcpyOp, shape, dims, extents) -> bool:
-    """Whether the copied tile is always wholly inside its tensor or wholly outside it."""
-    return all(shape[d] % n == 0 and index_facts.known_multiple(op.src_indices[d]) % n == 0
+    """Whether the copied tile is always wholly inside its tensor or wholly outside it (never
+    along a dim taken at run time, whose size may be any)."""
+    return all(shape[d] != t.DYNAMIC and shape[d] % n == 0 and index_facts.known_multiple(op.src_indices[d]) % n == 0
                for d, n in zip(dims, extents))
 
 

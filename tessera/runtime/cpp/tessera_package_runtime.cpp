@@ -191,8 +191,11 @@ int run(Function& f, const CUdeviceptr* params, const char* const* names, const 
     for (int m = 0; m < kernel.n_maps && code == TESSERA_OK; ++m) {
       const TensorMap& t = kernel.maps[m];
       cuuint32_t strides[5] = {1, 1, 1, 1, 1};
+      cuuint64_t map_dims[5];
+      for (unsigned d = 0; d < t.rank; ++d) map_dims[d] = t.dims[d];
+      if (map_dims[t.rank - 1] == 0) map_dims[t.rank - 1] = (cuuint64_t)leading[step.buffers[t.arg]];
       CUresult r = cuTensorMapEncodeTiled(&maps[m], t.dtype, t.rank, reinterpret_cast<void*>(pointers[t.arg]),
-                                          t.dims, t.strides, t.box, strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          map_dims, t.strides, t.box, strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                           t.swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
       if (r != CUDA_SUCCESS)

@@ -8,7 +8,7 @@
 namespace tessera_rt {
 
 struct Image { const char* arch; int is_ptx; const unsigned char* data; size_t size; };  // PTX: arch = its target
-struct TensorMap {
+struct TensorMap {  // dims innermost first; a dynamic leading dim (the last) is 0, the call's size
   int arg; CUtensorMapDataType dtype; unsigned rank;
   cuuint64_t dims[5]; cuuint64_t strides[4]; cuuint32_t box[5]; CUtensorMapSwizzle swizzle;
 };
