@@ -3,8 +3,8 @@ compiled for each count, and the compiles a sweep of random counts costs.
 
     python3 bench/dynamic_shapes.py [--rows 1000,4097,16384] [--sweep 200]
 
-For each function (layer_norm, softmax, rms_norm and a bias + gelu epilogue over [M, N], bf16) and
-each row count M, in one process on the same inputs: the value-specialized compile (`static=["M"]`),
+For each function (layer_norm, softmax, rms_norm and a bias + gelu epilogue over [M, N], and a
+GEMM [M, N] x [N, N] with a bias + gelu epilogue, bf16) and each row count M, in one process on the same inputs: the value-specialized compile (`static=["M"]`),
 the generic one (`dynamic=["M"]`, compiled once, before the timed rows, at another M), and torch's
 own op. Every output is checked against float64 before timing. Times are medians of CUDA-graph
 replays (triton's do_bench_cudagraph), in us; "generic/specialized" above 1.00 means the generic
@@ -46,7 +46,12 @@ def functions(**kw):
     @tsr.function(**kw)
     def bias_gelu(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
         return tsr.gelu(x * w + b)
-    return {"layer_norm": layer_norm, "softmax": softmax, "rms_norm": rms_norm, "bias_gelu": bias_gelu}
+
+    @tsr.function(**kw)
+    def linear_gelu(x: Tensor["M", "K"], w: Tensor["K", "N"], b: Tensor["N"]):
+        return tsr.gelu(tsr.matmul(x, w) + b)
+    return {"layer_norm": layer_norm, "softmax": softmax, "rms_norm": rms_norm, "bias_gelu": bias_gelu,
+            "linear_gelu": linear_gelu}
 
 
 TORCH = {
@@ -54,7 +59,17 @@ TORCH = {
     "softmax": lambda x, w, b: torch.softmax(x, dim=-1),
     "rms_norm": lambda x, w, b: torch.nn.functional.rms_norm(x, x.shape[-1:], w, 1e-6),
     "bias_gelu": lambda x, w, b: torch.nn.functional.gelu(x * w + b),
+    "linear_gelu": lambda x, w, b: torch.nn.functional.gelu(x @ w + b),
 }
+
+
+def weights(name: str, n: int) -> tuple:
+    """(w, b) of function `name` (a GEMM's w is an [N, N] matrix, scaled so outputs stay O(1))."""
+    shape = (n, n) if name == "linear_gelu" else (n,)
+    w = torch.randn(shape, device="cuda", dtype=torch.bfloat16)
+    if name == "linear_gelu":
+        w = w / n ** 0.5
+    return w, torch.randn(n, device="cuda", dtype=torch.bfloat16)
 
 
 def graph_us(fn) -> float:
@@ -90,13 +105,13 @@ def main() -> None:
     print(f"# device: {torch.cuda.get_device_name()}  command: python3 bench/dynamic_shapes.py "
           f"--rows {args.rows} --n {n} --sweep {args.sweep}")
     static, generic = functions(static=["M"]), functions(dynamic=["M"])
-    w = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    b = torch.randn(n, device="cuda", dtype=torch.bfloat16)
-    for fn in generic.values():   # compiled before the timed rows, at a row count none of them has
-        fn(torch.randn(3, n, device="cuda", dtype=torch.bfloat16), w, b)
+    params = {name: weights(name, n) for name in generic}
+    for name, fn in generic.items():   # compiled before the timed rows, at a row count none of them has
+        fn(torch.randn(3, n, device="cuda", dtype=torch.bfloat16), *params[name])
     print("| kernel | M | specialized us | generic us | torch us | generic/specialized |")
     print("|---|---|---|---|---|---|")
     for name in generic:
+        w, b = params[name]
         for m in rows:
             x = torch.randn(m, n, device="cuda", dtype=torch.bfloat16)
             ref = TORCH[name](x.double(), w.double(), b.double())
@@ -111,13 +126,13 @@ def main() -> None:
     print("|---|---|---|---|---|")
     x = torch.randn(8, n, device="cuda", dtype=torch.bfloat16)
     for name in generic:
-        row = [host_us(lambda: f(x, w, b)) for f in (static[name], generic[name], TORCH[name])]
+        row = [host_us(lambda: f(x, *params[name])) for f in (static[name], generic[name], TORCH[name])]
         print(f"| {name} | 8 | " + " | ".join(f"{t:.1f}" for t in row) + " |")
     rng = random.Random(0)
     for name, fn in generic.items():
         for _ in range(args.sweep):
             m = rng.randint(2, 16384)
-            fn(torch.randn(m, n, device="cuda", dtype=torch.bfloat16), w, b)
+            fn(torch.randn(m, n, device="cuda", dtype=torch.bfloat16), *params[name])
         info = fn.cache_info()
         print(f"sweep {name}: {args.sweep} random row counts, {info.compiles} compile(s), keys {info.keys}")
 

@@ -1219,7 +1219,9 @@ def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int | SSAValu
     a, bb = operands
     pid = kb.pid(0)
     total = tiles_m * tiles_n if isinstance(tiles_m, int) else kb.mul(tiles_m, tiles_n)
-    last = b.index(total - 1) if isinstance(total, int) else b(arith.SubiOp(total, b.index(1)))
+
+    def last_tile() -> SSAValue:
+        return b.index(total - 1) if isinstance(total, int) else b(arith.SubiOp(total, b.index(1)))
 
     def tile_origin(tile_index):
         pid_m, pid_n = _grouped_tile(kb, tile_index, tiles_m, tiles_n, p.get("group_m", 1))
@@ -1229,7 +1231,7 @@ def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int | SSAValu
         """Where pipeline step `step` copies from: its tile (the last one for steps past this
         block's tiles, whose copies are never read) and k step."""
         j, k = b(arith.DivSIOp(step, b.index(steps))), b(arith.RemSIOp(step, b.index(steps)))
-        index = b(arith.MinSIOp(b(arith.AddiOp(pid, kb.mul(j, programs))), last))
+        index = b(arith.MinSIOp(b(arith.AddiOp(pid, kb.mul(j, programs))), last_tile()))
         m0, n0 = tile_origin(index)
         return {"m": m0, "n": n0, "k": kb.mul(k, a.sizes["k"])}
     pipe = _Pipeline(kb, p["num_stages"], operands, offsets, scalars, bool(p.get("mma_async")))
@@ -1241,7 +1243,7 @@ def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int | SSAValu
             b(t.MmaWaitOp(0))
         store(acc, *tile_origin(tile_index))
         return [b(arith.AddiOp(first_step, b.index(steps)))]
-    _for(b, pid, total, programs, [b.index(0)], one_tile)
+    _for(b, pid, b.index(total) if isinstance(total, int) else total, programs, [b.index(0)], one_tile)
     if pipe.mma_async:
         b(t.MmaWaitOp(0))   # outside every loop: where the backend drains copies past the last tile
 

@@ -171,3 +171,43 @@ def test_a_row_mean_without_keepdim_and_an_inserted_unit_dim(torch_cuda):
         check(means(x), x.double().mean(-1), "fp32", torch)
         check(widen(x), x.double().exp()[:, None, :], "fp32", torch)
     assert means.cache_info().compiles == 1 and widen.cache_info().compiles == 1
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("k, n", [(4096, 1024), (512, 768), (72, 136)])
+def test_one_gemm_compile_serves_every_row_count(torch_cuda, dtype, k, n):
+    """A GEMM with a bias + gelu epilogue over a dynamic M (on sm_90a: wgmma, A's tensor map encoded
+    per call with the call's M), one compile for every row count."""
+    torch = torch_cuda
+    dt = torch_dtype(torch, dtype)
+
+    @tsr.function(dynamic=["M"])
+    def linear_gelu(x: Tensor["M", "K"], w: Tensor["K", "N"], b: Tensor["N"]):
+        return tsr.gelu(tsr.matmul(x, w) + b)
+
+    g = torch.Generator(device="cuda").manual_seed(3)
+    w = (torch.randn(k, n, device="cuda", generator=g) / k ** 0.5).to(dt)
+    b = torch.randn(n, device="cuda", generator=g).to(dt)
+    for m in ROWS:
+        x = torch.randn(m, k, device="cuda", generator=g).to(dt)
+        ref = torch.nn.functional.gelu(x.double() @ w.double() + b.double())
+        check(linear_gelu(x, w, b), ref, dtype, torch)
+    info = linear_gelu.cache_info()
+    assert info.compiles == 1 and info.fixed == {} and info.keys[0]["M"] == "dynamic", info
+
+
+def test_a_gemm_kernel_writes_every_row_of_a_poisoned_output(torch_cuda):
+    """`x @ w.T` (B read K-major) into NaN-filled outputs of every row count."""
+    torch = torch_cuda
+
+    @tsr.kernel(dynamic=["M"])
+    def project(x: Tensor["M", "K"], w: Tensor["N", "K"], out: Tensor["M", "N"]):
+        out[:] = tsr.matmul(x, w.T) * 0.5
+
+    w = torch.randn(512, 1024, device="cuda", dtype=torch.bfloat16) / 32
+    for m in ROWS:
+        x = torch.randn(m, 1024, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, 512), float("nan"), device="cuda", dtype=torch.bfloat16)
+        project(x, w, out)
+        check(out, 0.5 * (x.double() @ w.double().T), "bf16", torch)
+    assert project.cache_info().compiles == 1
