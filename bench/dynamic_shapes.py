@@ -1,7 +1,7 @@
 """Shape-generic kernels (issue 17 item 1): one compile for every row count, against the kernels
 compiled for each count, and the compiles a sweep of random counts costs.
 
-    python3 bench/dynamic_shapes.py [--rows 1000,4097,16384] [--sweep 200]
+    python3 bench/dynamic_shapes.py [--rows 1000,4097,16384] [--sweep 200] [--only linear_gelu,...]
 
 For each function (layer_norm, softmax, rms_norm and a bias + gelu epilogue over [M, N], and a
 GEMM [M, N] x [N, N] with a bias + gelu epilogue, bf16) and each row count M, in one process on the same inputs: the value-specialized compile (`static=["M"]`),
@@ -99,12 +99,15 @@ def main() -> None:
     parser.add_argument("--rows", default="1000,4097,16384,65536")
     parser.add_argument("--n", type=int, default=4096)
     parser.add_argument("--sweep", type=int, default=200)
+    parser.add_argument("--only", default="", help="the functions to run, comma-separated (default: all)")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     n = args.n
     print(f"# device: {torch.cuda.get_device_name()}  command: python3 bench/dynamic_shapes.py "
-          f"--rows {args.rows} --n {n} --sweep {args.sweep}")
-    static, generic = functions(static=["M"]), functions(dynamic=["M"])
+          f"--rows {args.rows} --n {n} --sweep {args.sweep}" + (f" --only {args.only}" if args.only else ""))
+    only = set(filter(None, args.only.split(",")))
+    static, generic = ({name: fn for name, fn in functions(**kw).items() if not only or name in only}
+                       for kw in ({"static": ["M"]}, {"dynamic": ["M"]}))
     params = {name: weights(name, n) for name in generic}
     for name, fn in generic.items():   # compiled before the timed rows, at a row count none of them has
         fn(torch.randn(3, n, device="cuda", dtype=torch.bfloat16), *params[name])

@@ -68,7 +68,7 @@ def is_non_negative(v: SSAValue, assumed: frozenset = frozenset()) -> bool:
     if _is_counter(v, assumed):
         return True
     op = v.owner
-    if isinstance(op, t.ProgramIdOp):
+    if isinstance(op, (t.ProgramIdOp, t.DimOp)):   # (a dim's size, taken at run time)
         return True
     if isinstance(op, (arith.AddiOp, arith.MuliOp, arith.MinSIOp, arith.DivSIOp, arith.RemSIOp)):
         return is_non_negative(op.lhs, assumed) and is_non_negative(op.rhs, assumed)

@@ -1220,8 +1220,13 @@ def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int | SSAValu
     pid = kb.pid(0)
     total = tiles_m * tiles_n if isinstance(tiles_m, int) else kb.mul(tiles_m, tiles_n)
 
-    def last_tile() -> SSAValue:
-        return b.index(total - 1) if isinstance(total, int) else b(arith.SubiOp(total, b.index(1)))
+    def clamped(index: SSAValue) -> SSAValue:
+        """`index`, or for one past the last tile a tile that exists (the last; with tiles counted
+        at run time, the block's first, a value known non-negative, so divisions by constants stay
+        shifts and multiplies)."""
+        if isinstance(total, int):
+            return b(arith.MinSIOp(index, b.index(total - 1)))
+        return b(t.SelectOp(b(t.CmpiOp(index, total, "slt")), index, pid))
 
     def tile_origin(tile_index):
         pid_m, pid_n = _grouped_tile(kb, tile_index, tiles_m, tiles_n, p.get("group_m", 1))
@@ -1231,7 +1236,7 @@ def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int | SSAValu
         """Where pipeline step `step` copies from: its tile (the last one for steps past this
         block's tiles, whose copies are never read) and k step."""
         j, k = b(arith.DivSIOp(step, b.index(steps))), b(arith.RemSIOp(step, b.index(steps)))
-        index = b(arith.MinSIOp(b(arith.AddiOp(pid, kb.mul(j, programs))), last_tile()))
+        index = clamped(b(arith.AddiOp(pid, kb.mul(j, programs))))
         m0, n0 = tile_origin(index)
         return {"m": m0, "n": n0, "k": kb.mul(k, a.sizes["k"])}
     pipe = _Pipeline(kb, p["num_stages"], operands, offsets, scalars, bool(p.get("mma_async")))
@@ -1263,7 +1268,8 @@ def _grouped_tile(kb: KernelBuild, pid: SSAValue, tiles_m: int | SSAValue, tiles
     if not isinstance(tiles_m, int):
         if group == 1:
             return first_m, within
-        rows = b(arith.MinSIOp(b.index(group), b(arith.SubiOp(tiles_m, first_m))))
+        left = b(arith.MaxSIOp(b(arith.SubiOp(tiles_m, first_m)), b.index(1)))   # (>= 1: unsigned division)
+        rows = b(arith.MinSIOp(b.index(group), left))
         return b(arith.AddiOp(first_m, b(arith.RemSIOp(within, rows)))), b(arith.DivSIOp(within, rows))
 
     def row_col(rows: int):

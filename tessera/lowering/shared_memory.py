@@ -112,7 +112,6 @@ def staging_for(op: tile.StoreOp, layouts: dict[SSAValue, Layout], platform: Pla
     layout, shape = layouts.get(op.value), op.dst.type.get_shape()
     elem = _elem_bytes(op.value)
     if (not isinstance(layout, Mma) or platforms.copy_mechanism(platform) != STAGED_STORE_MECHANISM
-            or tile.DYNAMIC in shape
             or list(tile.int_values(op.tile_dims)) != [len(shape) - 2, len(shape) - 1] or elem not in (2, 4)):
         return None
     staging = Staging.of(elem, layout.warp_tile[1])

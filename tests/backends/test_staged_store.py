@@ -9,6 +9,7 @@ without a warp barrier between.
 """
 import math
 import re
+from dataclasses import dataclass
 
 import pytest
 from xdsl.dialects.builtin import MemRefType, bf16, f16, f32
@@ -21,6 +22,7 @@ from tessera.backends.ptx.paths import emitter_for
 from tessera.backends.ptx.types import BF16, F16, F32
 from tessera.ir.layouts import Mma
 from tessera.ir import target as tgt
+from tessera.ir import tile as t
 from tessera.lowering.shared_memory import Staging
 
 DST = 1 << 40   # the output tensor's address
@@ -88,13 +90,13 @@ class Warp:
 
     def step(self, lane: int, regs: dict, opcode: str, args: str) -> None:
         ops = [a.strip() for a in re.split(r",(?![^{]*})", args)]
-        if opcode in ("mov.u32", "mov.s32"):
+        if opcode in ("mov.u32", "mov.s32", "mov.b64", "cvt.s64.s32"):
             regs[ops[0]] = self.warp * 32 + lane if ops[1] == "%tid.x" else self.value(regs, ops[1])
         elif opcode == "mov.b32":   # {lo, hi} -> one word holding both halves
             regs[ops[0]] = tuple(regs[r] for r in re.findall(r"%\w+", ops[1]))
         elif opcode in ARITH:
             regs[ops[0]] = ARITH[opcode](self.value(regs, ops[1]), self.value(regs, ops[2]))
-        elif opcode == "mad.lo.s32":
+        elif opcode in ("mad.lo.s32", "mad.wide.s32", "mad.lo.s64"):
             regs[ops[0]] = self.value(regs, ops[1]) * self.value(regs, ops[2]) + self.value(regs, ops[3])
         elif opcode == "setp.lt.s32":
             regs[ops[0]] = self.value(regs, ops[1]) < self.value(regs, ops[2])
@@ -135,21 +137,33 @@ class Warp:
         return out
 
 
-def run_staged_store(ty, tile, wm, wn, shape, offsets) -> dict[int, tuple[int, int]]:
-    """{global byte address: tile coordinate written there} after every warp's staged store."""
+@dataclass(eq=False)
+class Argument:
+    """The stored tensor, as the kernel argument it is (a dynamic dim is read from its size param)."""
+    type: MemRefType
+    block: object
+    index: int = 0
+
+
+def run_staged_store(ty, tile, wm, wn, shape, offsets, dynamic: bool = False) -> dict[int, tuple[int, int]]:
+    """{global byte address: tile coordinate written there} after every warp's staged store; with
+    `dynamic`, the tensor's leading dim is taken at run time (`tile.DYNAMIC`, its size param %rows)."""
     layout = Mma(tile, wm, wn)
     staging = Staging.of(ty.bytes, layout.warp_tile[1])
     assert staging is not None
     e = fresh_emitter(wm * wn)
     regs = [f"%acc{i}" for i in range(len(layout.offsets))]
-    memref = MemRefType({F16: f16, BF16: bf16, F32: f32}[ty], shape)
-    emit_staged_store(e, layout, ty, memref, regs, "%dst", [f"%off{d}" for d in range(len(shape))], staging, 0)
+    declared = (t.DYNAMIC, *shape[1:]) if dynamic else shape
+    dst = Argument(MemRefType({F16: f16, BF16: bf16, F32: f32}[ty], declared), e.kernel.body.block)
+    e.env[dst], e.dim_regs[(0, 0)] = "%dst", "%rows"
+    emit_staged_store(e, layout, ty, dst, regs, [f"%off{d}" for d in range(len(shape))], staging, 0)
+    assert ("%rows" in "".join(e.lines + e.entry)) == (dynamic and len(shape) == 2)   # (a batch dim bounds nothing)
     shared, written = {}, {}
     for warp in range(wm * wn):
-        lanes = [{"%dst": DST, e.smem_base(): 0, **{f"%off{d}": o for d, o in enumerate(offsets)},
+        lanes = [{"%dst": DST, "%rows": shape[0], e.smem_base(): 0, **{f"%off{d}": o for d, o in enumerate(offsets)},
                   **dict(zip(regs, accumulator_coords(layout, warp, lane)))} for lane in range(32)]
         runner = Warp(warp, lanes, shared, written, staging.buffer_bytes, ty.bytes)
-        for line in e.lines:
+        for line in [*(x for x in e.entry if "%rows" in x), *e.lines]:   # (the size param's row limits)
             runner.run(line.strip())
     return written
 
@@ -161,12 +175,15 @@ CASES = {   # (element type, tile, warps wm x wn, tensor shape, tile offsets)
     "batched": (F16, (64, 64), 1, 1, (3, 70, 40), (2, 64, 0)),
     "narrow-warp-tile": (F16, (128, 16), 8, 1, (1000, 40), (896, 32)),
     "fp32-narrow": (F32, (64, 32), 4, 1, (64, 32), (0, 0)),
+    "dynamic-rows": (BF16, (128, 256), 8, 1, (300, 1000), (256, 768), True),
+    "dynamic-batch": (F16, (64, 64), 1, 1, (3, 70, 40), (2, 64, 0), True),
 }
 
 
-@pytest.mark.parametrize("ty,tile,wm,wn,shape,offsets", CASES.values(), ids=CASES.keys())
-def test_each_element_of_the_tile_lands_once_at_its_address(ty, tile, wm, wn, shape, offsets):
-    written = run_staged_store(ty, tile, wm, wn, shape, offsets)
+@pytest.mark.parametrize("ty,tile,wm,wn,shape,offsets,dynamic", [(*c, False)[:7] for c in CASES.values()],
+                         ids=CASES.keys())
+def test_each_element_of_the_tile_lands_once_at_its_address(ty, tile, wm, wn, shape, offsets, dynamic):
+    written = run_staged_store(ty, tile, wm, wn, shape, offsets, dynamic)
     strides = [math.prod(shape[d + 1:]) for d in range(len(shape))]
     batch = sum(o * s for o, s in zip(offsets[:-2], strides[:-2]))
     expected = {DST + ty.bytes * (batch + (offsets[-2] + r) * strides[-2] + offsets[-1] + c): (r, c)

@@ -286,7 +286,7 @@ def _store_staged(e: KernelEmitter, op: t.StoreOp) -> None:
         raise UnsupportedByBackend("PTX backend: a staged tile.store has no tessera_target.scratch (the "
                                    "shared-memory allocation pass places its buffers)")
     ty = ptx_type(op.value.type)
-    emit_staged_store(e, e.layouts[op.value], ty, op.dst.type, e.regs_of(op.value), e.value(op.dst),
+    emit_staged_store(e, e.layouts[op.value], ty, op.dst, e.regs_of(op.value),
                       [e.value(o) for o in op.offsets], Staging.of_attr(op.attributes[tgt.STAGING], ty.bytes),
                       scratch.offset.data)
 
@@ -296,15 +296,16 @@ def _storing_warps(e: KernelEmitter) -> int:
     return (e.threads - e.producer_threads) // 32
 
 
-def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, mt: MemRefType, regs: list[str], dst: str,
+def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, memref: SSAValue, regs: list[str],
                       offsets: list[str], st: Staging, scratch: int) -> None:
-    """Stores the accumulator tile `regs` (laid out as `layout`) at `offsets` of the tensor of type
-    `mt` at `dst`. Each warp writes its fragments for 16 rows x `st.cols` columns into its own shared
+    """Stores the accumulator tile `regs` (laid out as `layout`) at `offsets` of global tensor
+    `memref` (its rows bounded by a size param where its leading dim is dynamic). Each warp writes its fragments for 16 rows x `st.cols` columns into its own shared
     buffer, then reads them back a row-contiguous 16 bytes per lane and stores those to global
     memory; warp barriers order the buffer's reuse (no block barrier: warps store independently).
     The buffers lie one after another from byte `scratch` of the dynamic shared memory."""
-    shape, strides = mt.get_shape(), t.element_strides(mt)
-    row_dim, col_dim = len(shape) - 2, len(shape) - 1
+    mt: MemRefType = memref.type
+    dst, strides = e.value(memref), t.element_strides(mt)
+    row_dim, col_dim = mt.get_num_dims() - 2, mt.get_num_dims() - 1
     warps = _storing_warps(e)
     _, lane, warp = e.tid()
 
@@ -354,12 +355,12 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, mt: MemRefType
                         e.emit(f"st.shared.v2.{storage_suffix(ty)} [{frag}+{at}], {{{pair[0]}, {pair[1]}}};")
             e.emit("bar.warp.sync -1;")
             col_ok = e.new(PRED)
-            e.emit(f"setp.lt.s32 {col_ok}, {col}, {shape[col_dim] - chunk * st.cols};")
+            e.emit(f"setp.lt.s32 {col_ok}, {col}, {e.dim_limit(memref, col_dim, chunk * st.cols)};")
             for p in range(16 // rows_per_pass):
                 r = 16 * mi + p * rows_per_pass
                 if r not in row_ok:
                     q = row_ok[r] = e.new(PRED)
-                    e.emit(f"setp.lt.s32 {q}, {row}, {shape[row_dim] - r};")
+                    e.emit(f"setp.lt.s32 {q}, {row}, {e.dim_limit(memref, row_dim, r)};")
                 ok = e.new(PRED)
                 e.emit(f"and.pred {ok}, {row_ok[r]}, {col_ok};")
                 words = [e.new(S32) for _ in range(4)]
