@@ -45,7 +45,8 @@ def fit_grid(kernel: t.KernelOp, grid: tuple) -> tuple:
 
 def _decompose_program_ids(kernel: t.KernelOp, grid: tuple) -> None:
     """Replaces every `tile.program_id` of `kernel` by its coordinate of the linear index along
-    axis 0: x = i % X, y = (i / X) % Y, z = i / (X * Y)."""
+    axis 0: x = i % X, y = (i / X) % Y, z = i / (X * Y); where Z is 1, y = i / X (no division
+    by Y, which for an axis growing with a dynamic dim would be a division by a run-time value)."""
     block: Block = kernel.body.block
     first = block.first_op
     new: list = []
@@ -63,10 +64,14 @@ def _decompose_program_ids(kernel: t.KernelOp, grid: tuple) -> None:
         padded = add(arith.AddiOp(add(t.DimOp(block.args[g.arg], g.dim)), index(g.block - 1)))
         return add(arith.MuliOp(add(arith.DivSIOp(padded, index(g.block))), index(g.factor)))
     linear = add(t.ProgramIdOp(0))
-    x_extent, y_extent = extent(grid[0]), extent(grid[1])
+    x_extent = extent(grid[0])
     above_x = add(arith.DivSIOp(linear, x_extent))
-    coordinates = [add(arith.RemSIOp(linear, x_extent)), add(arith.RemSIOp(above_x, y_extent)),
-                   add(arith.DivSIOp(above_x, y_extent))]
+    if grid[2] == 1:
+        coordinates = [add(arith.RemSIOp(linear, x_extent)), above_x, index(0)]
+    else:
+        y_extent = extent(grid[1])
+        coordinates = [add(arith.RemSIOp(linear, x_extent)), add(arith.RemSIOp(above_x, y_extent)),
+                       add(arith.DivSIOp(above_x, y_extent))]
     for op in new:
         block.insert_op_before(op, first)
     for op in list(kernel.walk()):
