@@ -584,13 +584,15 @@ def _fresh(c: Compiler, op: tile.AllocSharedOp | tile.AllocGlobalOp) -> Step:
 
 
 def _fresh_dynamic(c: Compiler, op: tile.AllocGlobalOp) -> Step:
-    """A global buffer whose leading dim is the host argument's of the same dim name (`tile.BUFFER_DIMS`)."""
+    """A global buffer whose dynamic dim is the size of the host argument's of the same dim name
+    (`tile.BUFFER_DIMS`)."""
     host = op.parent_op()
     names = [a.data for a in host.attributes[tile.BUFFER_DIMS].data]
-    src = c.slot(host.body.block.args[names.index(op.attributes[tile.BUFFER_DIMS].data)])
-    rest, dt, out = op.result.type.get_shape()[1:], np_dtype(op.result.type), c.out(op)
+    arg = host.body.block.args[names.index(op.attributes[tile.BUFFER_DIMS].data)]
+    src, axis = c.slot(arg), arg.type.get_shape().index(tile.DYNAMIC)
+    shape, dt, out = op.result.type.get_shape(), np_dtype(op.result.type), c.out(op)
 
-    def step(f): f[out] = poison((f[src].shape[0], *rest), dt)
+    def step(f): f[out] = poison(tuple(f[src].shape[axis] if n == tile.DYNAMIC else n for n in shape), dt)
     return step
 
 

@@ -706,7 +706,8 @@ class TensorMapType(ParametrizedAttribute, TypeAttribute):
     @staticmethod
     def of(element_type: Attribute, shape: Sequence[int], box: Sequence[int], swizzle: int = 128,
            strides: Sequence[int] | None = None) -> TensorMapType:
-        """A map of a `shape` tensor, laid out with element `strides` (None: row-major)."""
+        """A map of a `shape` tensor, laid out with element `strides` (None: row-major; a map over a
+        dim taken at run time is always row-major)."""
         strides = () if strides is None or tuple(strides) == c_strides(shape) else strides
         return TensorMapType(element_type, _int_array(shape), _int_array(strides), _int_array(box), IntAttr(swizzle))
 
@@ -839,8 +840,11 @@ class TensorMapOp(_AsyncOp):
         t, m = self.tensor.type, self.result.type
         if not isinstance(self.tensor, BlockArgument) or not isinstance(self.tensor.owner.parent_op(), KernelOp):
             raise VerifyException("tensor_map: the tensor must be an argument of the kernel")
-        if tuple(t.get_shape()) != m.shape_dims or tuple(t.get_strides()) != m.element_strides \
-                or t.element_type != m.element_type:
+        if builtin.DYNAMIC_INDEX in t.get_shape():   # (row-major, its outer strides taken at run time)
+            same_strides = not isinstance(t.layout, builtin.StridedLayoutAttr) and not m.strides.data
+        else:
+            same_strides = tuple(t.get_strides()) == m.element_strides
+        if tuple(t.get_shape()) != m.shape_dims or not same_strides or t.element_type != m.element_type:
             raise VerifyException(f"tensor_map: {m} does not describe {t}")
 
 

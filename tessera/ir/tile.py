@@ -174,7 +174,7 @@ DYNAMIC = DYNAMIC_INDEX
 #: on a kernel over dynamic dims: the width of its element offsets, 32 or 64 (`tessera.dims.index_bits`;
 #: `reach` is unknown where a dim is)
 INDEX_BITS = "tessera.index_bits"
-#: the dim names of dynamic leading dims, which the host binds per call from the arguments' shapes:
+#: the names of buffers' dynamic dims (one a buffer), which the host binds per call from the arguments' shapes:
 #: on a host function, an array of one string per argument ("" where none is dynamic); on a
 #: `tile.alloc_global`, a string; on a kernel, an array over its first params (one size param a
 #: name: buffers of one dim share it, and the bounds checks of their accesses)
@@ -186,17 +186,17 @@ def is_dynamic_memref(t: Attribute) -> bool:
 
 
 def symbolic_shape(t: MemRefType, name: str) -> tuple[int | str, ...]:
-    """A global buffer's shape with its dynamic leading dim as `name` (`BUFFER_DIMS`), which a
-    call binds from its arguments' shapes (`tessera.dims.bind_shapes`)."""
+    """A global buffer's shape with its dynamic dim as `name` (`BUFFER_DIMS`), which a call binds
+    from its arguments' shapes (`tessera.dims.bind_shapes`)."""
     return tuple(name if n == DYNAMIC else n for n in t.get_shape())
 
 
 def _require_global_shape(op: Operation, what: str, t: Attribute) -> None:
-    """A global tensor's shape: static, but for a leading dim of dynamic size (`?`): its strides
-    stay constants, and contiguous (a strided layout keeps its strides as constants)."""
-    shape = static_shape(t)
-    _require(all(d >= 0 for d in shape[1:]) and (not shape or shape[0] >= 0 or not is_strided(t)), op,
-             f"{what} must have a static shape but for a dynamic leading dim of a contiguous layout, got {t}")
+    """A global tensor's shape: static, but for one dim of dynamic size (`?`) of a contiguous layout
+    (a strided layout keeps its strides as constants; a contiguous one's grow with the dim)."""
+    dynamic = static_shape(t).count(DYNAMIC)
+    _require(dynamic == 0 or (dynamic == 1 and not is_strided(t)), op,
+             f"{what} must have a static shape but for one dynamic dim of a contiguous layout, got {t}")
 
 
 def _require_tile_dims(op: Operation, tile_dims: Sequence[int], rank: int, tile_rank: int,
@@ -330,8 +330,25 @@ def is_strided(t: Attribute) -> bool:
 
 
 def element_strides(t: MemRefType) -> tuple[int, ...]:
-    """A memref's element strides: its layout's, or row-major's (the default layout)."""
-    return tuple(t.get_strides())
+    """A memref's element strides: its layout's, or row-major's (the default layout); of a dim
+    before a dynamic one, not a constant (`stride_factors`)."""
+    strides = tuple(t.get_strides())
+    if None in strides:
+        raise ValueError(f"{t}: the strides of the dims before its dynamic dim are taken at run time")
+    return strides
+
+
+def stride_factors(t: MemRefType) -> tuple[int, ...]:
+    """Per dim, a constant its element stride is a multiple of: the stride where it is a constant,
+    else (a dim before a dynamic one, whose stride is the product of the dims after it) the product
+    of the static dims after it. What an alignment check needs."""
+    if DYNAMIC not in t.get_shape():
+        return element_strides(t)
+    factors, step = [], 1
+    for n in reversed(t.get_shape()):
+        factors.append(step)
+        step *= 1 if n == DYNAMIC else n
+    return tuple(reversed(factors))
 
 
 def strides_problem(strides: Sequence[int]) -> str | None:
@@ -346,7 +363,7 @@ def strides_problem(strides: Sequence[int]) -> str | None:
 def rows_aligned(t: MemRefType, elements: int) -> bool:
     """Whether every row of a memref starts at a multiple of `elements` from its base: every
     stride but the innermost is a multiple (with the row-major layout, its last dim's length is)."""
-    return all(st % elements == 0 for st in element_strides(t)[:-1])
+    return all(st % elements == 0 for st in stride_factors(t)[:-1])
 
 
 def reach(t: MemRefType, index_bits: int = 64) -> int:

@@ -479,8 +479,9 @@ def _tensor_maps(kernel: tile.KernelOp, at: _Insert) -> dict[tuple, SSAValue]:
             box = _box(op)
             if (src, box) not in maps:
                 t: MemRefType = src.type
+                strides = tile.element_strides(t) if tile.is_strided(t) else None   # (None: row-major's)
                 maps[(src, box)] = at(target.TensorMapOp(src, target.TensorMapType.of(
-                    t.get_element_type(), t.get_shape(), box, strides=t.get_strides())))
+                    t.get_element_type(), t.get_shape(), box, strides=strides)))
     return maps
 
 

@@ -58,14 +58,14 @@ def pow2_at_least(n: int, lo: int = 16) -> int:
 
 
 def memref_of(v: SSAValue, bindings) -> MemRefType:
-    """A value's buffer type: its dims' values, a dynamic dim (`tessera.dims`) `?` where it leads
-    (the strides stay constants); a dynamic dim anywhere else is taken as a constant."""
+    """A value's buffer type: its dims' values, a dynamic dim (`tessera.dims`) `?`. A buffer has one
+    dynamic dim at most (the strides of the dims before it grow with it: `tile.stride_factors`)."""
     tt = g.tensor_type(v)
     shape = [g.dim_value(d, bindings) for d in tt.shape]
-    for axis, n in enumerate(shape):
-        if is_dynamic(n) and axis > 0:
-            raise DynamicDim(n.name, f"it is dim {axis} of a {g.TensorType.of(tt.shape, tt.dtype)}, and only a "
-                                     f"leading dim varies at run time")
+    dynamic = [n.name for n in shape if is_dynamic(n)]
+    if len(dynamic) > 1:
+        raise DynamicDim(dynamic[1], f"it is one of the dims {', '.join(dynamic)} of a "
+                                     f"{g.TensorType.of(tt.shape, tt.dtype)}, and one dim of a buffer varies at run time")
     return MemRefType(g.element_type(tt.dtype), [t.DYNAMIC if is_dynamic(n) else n for n in shape])
 
 
@@ -119,27 +119,28 @@ class KernelBuild:
         """Dim `d`'s value; a dynamic dim's `Dynamic` (`extent` and `grid_extent` take it)."""
         return g.dim_value(d, self.bindings)
 
-    def _param_with(self, d: str) -> int:
-        """The kernel param whose leading dim is dynamic dim `d` (an input, else an output)."""
+    def _param_with(self, d: str) -> tuple[int, int]:
+        """(kernel param, axis) of a param that has dynamic dim `d` (an input, else an output)."""
         kargs = self.kernel.body.block.args
         values = [*zip(self.group_block.args, kargs), *zip(self.sk.outputs, kargs[len(kargs) - len(self.outs):])]
         for v, param in values:
-            shape = g.tensor_type(v).shape
-            if shape and shape[0] == d and param.type.get_shape()[0] == t.DYNAMIC:
-                return param.index
-        raise DynamicDim(d, "no kernel param has it as its leading dim")
+            for axis, (name, n) in enumerate(zip(g.tensor_type(v).shape, param.type.get_shape())):
+                if name == d and n == t.DYNAMIC:
+                    return param.index, axis
+        raise DynamicDim(d, "no kernel param has it")
 
     def extent(self, d, size) -> int | SSAValue:
         """`size` (dim `d`'s) as the kernel sees it: an int, or for a dynamic dim its value at run time."""
         if not is_dynamic(size):
             return size
-        return self.b(t.DimOp(self.kernel.body.block.args[self._param_with(d)], 0))
+        param, axis = self._param_with(d)
+        return self.b(t.DimOp(self.kernel.body.block.args[param], axis))
 
     def grid_extent(self, d, size, block: int, factor: int = 1) -> int | t.GridDim:
         """A grid axis of `factor` * cdiv(`size`, `block`) programs, `size` dim `d`'s."""
         if not is_dynamic(size):
             return factor * cdiv(size, block)
-        return t.GridDim(self._param_with(d), 0, block, factor)
+        return t.GridDim(*self._param_with(d), block, factor)
 
     def limit_warps(self, most: int) -> int:
         """Caps the kernel's warps at what its tile can keep busy (tensor-core fragments are 16 x 8)."""
@@ -220,7 +221,7 @@ def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str |
         kernel.attributes[t.OCCUPANCY] = IntegerAttr(p["occupancy"], 64)
     if dynamic is not None:
         kernel.attributes[t.INDEX_BITS] = IntegerAttr(bindings[dynamic].index_bits, 64)
-        kernel.attributes[t.BUFFER_DIMS] = ArrayAttr([StringAttr(_leading_dynamic(v, bindings))
+        kernel.attributes[t.BUFFER_DIMS] = ArrayAttr([StringAttr(_dynamic_dim(v, bindings))
                                                       for v in [*block.args, *sk.outputs]])
     kargs = kernel.body.block.args
     b = Builder(kernel.body.block)
@@ -1958,7 +1959,7 @@ def _argument_types(f: func.FuncOp, bindings) -> tuple[list[MemRefType], dict[st
         given = strides.get(name)
         reason = given is not None and _strided_copy_reason(arg, given)
         if given is not None and t.is_dynamic_memref(contiguous):   # (its strides are keyed per call)
-            raise DynamicDim(_leading_dynamic(arg, bindings), f"argument {name!r} is passed strided")
+            raise DynamicDim(_dynamic_dim(arg, bindings), f"argument {name!r} is passed strided")
         if reason:
             copies[name] = reason
         types.append(contiguous if given is None or reason else
@@ -1979,24 +1980,29 @@ def _strided_copy_reason(arg: SSAValue, strides: tuple[int, ...]) -> str | None:
     return None
 
 
-def _leading_dynamic(v: SSAValue, bindings) -> str:
-    """The name of `v`'s leading dim when it is dynamic, else ""."""
-    shape = g.tensor_type(v).shape
-    return shape[0] if shape and is_dynamic(g.dim_value(shape[0], bindings)) else ""
+def _dynamic_dim(v: SSAValue, bindings) -> str:
+    """The name of `v`'s dynamic dim (a buffer has one at most: `memref_of`), else ""."""
+    return next((d for d in g.tensor_type(v).shape if is_dynamic(g.dim_value(d, bindings))), "")
 
 
-def _require_same_leading_dim(reshape: g.ReshapeOp, bindings) -> None:
-    """A host view of a buffer with a dynamic dim keeps it as its leading dim: a call sizes a view's
+def _dynamic_axis(v: SSAValue, bindings) -> tuple[str, int] | None:
+    """(name, axis) of `v`'s dynamic dim, or None."""
+    return next(((d, axis) for axis, d in enumerate(g.tensor_type(v).shape)
+                 if is_dynamic(g.dim_value(d, bindings))), None)
+
+
+def _require_same_dynamic_axis(reshape: g.ReshapeOp, bindings) -> None:
+    """A host view of a buffer with a dynamic dim keeps it at the same axis: a call sizes a view's
     kernels by the buffer's shape (`launcher.plan` maps a view to its buffer)."""
-    before, after = _leading_dynamic(reshape.input, bindings), _leading_dynamic(reshape.res, bindings)
+    before, after = _dynamic_axis(reshape.input, bindings), _dynamic_axis(reshape.res, bindings)
     if before != after:
-        raise DynamicDim(before or after, "a view of a buffer moves it from the leading dim")
+        raise DynamicDim((before or after)[0], "a view of a buffer moves it to another axis")
 
 
 def _name_dynamic_dim(alloc: t.AllocGlobalOp, v: SSAValue, bindings) -> None:
-    """Names the dynamic leading dim of an intermediate buffer (`tile.BUFFER_DIMS`), which the
-    host sizes per call."""
-    name = _leading_dynamic(v, bindings)
+    """Names the dynamic dim of an intermediate buffer (`tile.BUFFER_DIMS`), which the host sizes
+    per call."""
+    name = _dynamic_dim(v, bindings)
     if name:
         alloc.attributes[t.BUFFER_DIMS] = StringAttr(name)
 
@@ -2016,13 +2022,13 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool) -> tuple[li
         view = v.owner
         if isinstance(view, g.ReshapeOp) and isinstance(view.input.owner, s.KernelOp) \
                 and view.input not in buffers:
-            _require_same_leading_dim(view, bindings)
+            _require_same_dynamic_axis(view, bindings)
             buffers[view.input] = b(t.ViewOp(buffers[v], memref_of(view.input, bindings).get_shape()))
     kernels = []
     for sk in f.body.block.ops:
         if isinstance(sk, g.ReshapeOp):
             if sk.res not in buffers:
-                _require_same_leading_dim(sk, bindings)
+                _require_same_dynamic_axis(sk, bindings)
                 buffers[sk.res] = b(t.ViewOp(buffers[sk.input], memref_of(sk.res, bindings).get_shape()))
             continue
         if not isinstance(sk, s.KernelOp):
@@ -2061,7 +2067,7 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool) -> tuple[li
         if key.startswith("tessera."):
             host.attributes[key] = value
     if g.dynamic_dims(f):
-        host.attributes[t.BUFFER_DIMS] = ArrayAttr([StringAttr(_leading_dynamic(v, bindings))
+        host.attributes[t.BUFFER_DIMS] = ArrayAttr([StringAttr(_dynamic_dim(v, bindings))
                                                     for v in [*f.body.block.args, *ret.operands]])
     if copies:
         host.attributes[t.COPIED_ARGS] = DictionaryAttr({name: StringAttr(why) for name, why in copies.items()})

@@ -106,7 +106,7 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
     src: MemRefType = op.src.type
     bits = src.get_element_type().bitwidth
     rows, cols = op.tile_shape
-    stride_problem = tensor_maps.stride_problem(tile.element_strides(src), max(1, bits // 8))
+    stride_problem = tensor_maps.stride_problem(tile.stride_factors(src), max(1, bits // 8))
     checks = [
         (op.padding.value.data == 0.0, "a copy padded with a value other than 0"),
         (bits in _WGMMA_ELEMENT_BITS, f"a copy of {bits}-bit elements"),

@@ -62,15 +62,31 @@ def c_params(a: Artifact) -> list[str]:
 
 
 def _nbytes(buffer: Mapping) -> int:
-    """A buffer's bytes; of one with a dynamic leading dim, its bytes per unit of that dim."""
+    """A buffer's bytes; of one with a dynamic dim, its bytes per unit of that dim."""
     static = [n for n in buffer["shape"] if not isinstance(n, str)]
     return int(np.prod(static, dtype=np.int64)) * dtypes.lookup(buffer["dtype"]).itemsize
 
 
 def _buffer_dim(buffer: Mapping, names: Sequence[str]) -> int:
-    """The index in `names` of a buffer's dynamic leading dim, or -1."""
-    shape = buffer["shape"]
-    return names.index(shape[0]) if shape and isinstance(shape[0], str) else -1
+    """The index in `names` of a buffer's dynamic dim (it has one at most), or -1."""
+    return next((names.index(n) for n in buffer["shape"] if isinstance(n, str)), -1)
+
+
+def _map_layout(spec: Mapping, itemsize: int) -> tuple[list[int], list[int], list[int], int]:
+    """A tensor map's dims, byte strides and box as the C runtime's table holds them (innermost
+    first, `driver._tensor_map_layout`), a dynamic dim's size 0, and the bit mask of the strides
+    that the run multiplies by that dim's size (the dims outside it)."""
+    shape = list(spec["shape"])
+    if tensor_maps.DYNAMIC not in shape:
+        return (*driver._tensor_map_layout(SimpleNamespace(**spec), itemsize), 0)
+    dynamic = shape.index(tensor_maps.DYNAMIC)
+    unit = {**spec, "shape": [1 if n == tensor_maps.DYNAMIC else n for n in shape]}
+    dims, strides, box = driver._tensor_map_layout(SimpleNamespace(**unit), itemsize)
+    dims = [0 if n == tensor_maps.DYNAMIC else n for n in reversed(shape)]
+    # the dims outside the dynamic one (outermost-first d < dynamic) are innermost-first rank-1-d,
+    # whose strides sit at index rank-2-d (the innermost dim has none)
+    scaled = sum(1 << (len(shape) - 2 - d) for d in range(dynamic))
+    return dims, strides, box, scaled
 
 
 def _bytes_literal(data: bytes) -> str:
@@ -129,19 +145,16 @@ int {entry}({signature}, CUstream stream, char* error, size_t error_len);
                 maps = []
                 for m in launch["tensor_maps"]:
                     dtype = dtypes.lookup(m["dtype"])
-                    dims, strides, box = driver._tensor_map_layout(SimpleNamespace(**m), dtype.itemsize)
-                    dims = [0 if d == tensor_maps.DYNAMIC else d for d in dims]   # (the run's size)
+                    dims, strides, box, scaled = _map_layout(m, dtype.itemsize)
                     maps.append(f"{{{m['arg']}, CU_TENSOR_MAP_DATA_TYPE_{driver._TENSOR_MAP_DTYPES[dtype]}, "
                                 f"{len(dims)}, {_ints(dims)}, {_ints(strides or [0])}, {_ints(box)}, "
-                                f"CU_TENSOR_MAP_SWIZZLE_{driver._TENSOR_MAP_SWIZZLES[m['swizzle']]}}}")
+                                f"CU_TENSOR_MAP_SWIZZLE_{driver._TENSOR_MAP_SWIZZLES[m['swizzle']]}, {scaled}}}")
                 specs_maps = f"{tag}_k{i}_maps"
                 defs.append(f"static const tessera_rt::Image {tag}_k{i}_images[] = {{{', '.join(image_rows)}}};")
                 if maps:
                     defs.append(f"static const tessera_rt::TensorMap {specs_maps}[] = {{{', '.join(maps)}}};")
                 grid = launch["grid"]
                 terms, sizes_of = launch.get("grid_terms", []), launch.get("dims", [])
-                if any(t[2] != 0 for t in terms) or any(d[1] != 0 for d in sizes_of):
-                    raise ValueError(f"{launch['name']}: a dynamic dim that does not lead its buffer")
                 if terms:
                     defs.append(f"static const int {tag}_k{i}_grid_terms[] = {_ints(x for t in terms for x in t)};")
                 if sizes_of:
@@ -238,9 +251,9 @@ def example_source(name: str, by_shape: Mapping[tuple, list[Artifact]], referenc
         bufs = {x["name"]: {**x, "shape": shapes[x["name"]]} for x in a.record["arguments"]}
         if a.record["kind"] == "function":
             bufs.update({x["name"]: {**x, "shape": shapes[x["name"]]} for x in a.record["results"]})
-        # the dynamic dims' values in the reference run: the leading dim of an argument that has one
-        values = {x["shape"][0]: shapes[x["name"]][0] for x in a.record["arguments"]
-                  if x["shape"] and isinstance(x["shape"][0], str)}
+        # the dynamic dims' values in the reference run: an argument's dim where it is dynamic
+        values = {n: shapes[x["name"]][axis] for x in a.record["arguments"]
+                  for axis, n in enumerate(x["shape"]) if isinstance(n, str)}
         dims = "".join(f", (int64_t){values[d]}" for d in names)
         lines = [f"  {{  // {entry}", f"    std::printf(\"{entry}:\\n\");"]
         for p in params:

@@ -315,6 +315,39 @@ def test_a_generic_gemm_bounds_its_rows_by_the_size_param(arch):
     assert compiled.stage("cubin")
 
 
+def test_a_dynamic_dim_inside_a_tensor():
+    """S of [B, S, N]: the strides of B grow with it (taken at run time), one compile serves every S."""
+    @tsr.function(dynamic=["S"])
+    def norm_softmax(x: Tensor["B", "S", "N"], w: Tensor["N"]):
+        return tsr.softmax(tsr.rms_norm(x, (x.shape[-1],), w, 1e-6), dim=-1) + x
+
+    rng = np.random.default_rng(14)
+    w = rand(rng, 40)
+    for s in (2, 5, 77):
+        x = rand(rng, 3, s, 40)
+        y = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+        np.testing.assert_allclose(norm_softmax(x, w), softmax_ref(y) + x, rtol=1e-5, atol=1e-6)
+    info = norm_softmax.cache_info()
+    assert (info.compiles, info.fixed, info.keys) == (1, {}, [{"B": 3, "S": "dynamic", "N": 40}])
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_a_dynamic_dim_inside_a_tensor_addresses_by_run_time_strides(arch):
+    @tsr.function(dynamic=["S"])
+    def softmax3(x: Tensor["B", "S", "N"]):
+        return tsr.softmax(x, dim=-1) * 2.0
+
+    compiled = softmax3.compile(softmax3.arg_specs_for({"B": 3, "S": 9, "N": 4096}, "bf16"),
+                                dynamic=frozenset({"S"}), index_bits=32, arch=arch)
+    (launch,) = compiled.launches.values()
+    assert launch.dims == ((0, 1),) and launch.grid_terms   # x and the output share S's param (dim 1)
+    ptx = next(iter(compiled.stage("ptx").values())).ptx
+    assert "9223372036854775808" not in ptx and re.search(r"mul\.lo\.s32 %r\d+, %r\d+, 4096;", ptx)   # B's stride
+    assert "memref<3x?x4096xbf16>" in compiled.ir("tile")
+    assert compiled.stage("cubin")
+
+
 def test_the_ir_shows_the_dynamic_dim_and_grid():
     @tsr.function(dynamic=["M"])
     def softmax(x: Tensor["M", "N"]):

@@ -16,8 +16,9 @@ from typing import Callable
 
 from xdsl.dialects import scf
 from xdsl.dialects.builtin import MemRefType
-from xdsl.ir import Block, Operation, SSAValue
+from xdsl.ir import Block, BlockArgument, Operation, SSAValue
 
+from ...dims import DynamicDim
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Layout, Slice
@@ -43,6 +44,15 @@ class PtxKernel:
     tensor_maps: tuple[TensorMapSpec, ...] = ()
     #: the (argument, dim) of each dynamic dim it takes, a u32 param each after the tensor maps
     dims: tuple[tuple[int, int], ...] = ()
+
+
+@dataclass(frozen=True)
+class RunTimeStride:
+    """The element stride of a dim before a tensor's dynamic dim: `factor` times the dynamic dim's
+    size, held in register `size` (`KernelEmitter.strides`)."""
+
+    size: str
+    factor: int
 
 
 # --- the emitter ---------------------------------------------------------------------------------
@@ -151,25 +161,64 @@ class KernelEmitter:
         self.emit(f"shr.u32 {hi}, {x}, {n.bit_length() - 1};")
         return lo, hi
 
-    def element_address(self, base: str, terms: list[tuple[str, int]], elem_bytes: int, reach: int) -> str:
+    def strides(self, memref: SSAValue, tiled: tuple[int, ...] = ()) -> list[int | RunTimeStride]:
+        """The element strides of global tensor `memref`: constants, but for the dims before its
+        dynamic dim (`tile.DYNAMIC`), whose strides grow with it (`RunTimeStride`). A tile spans
+        only dims of constant stride (`tiled`): its elements' offsets from its origin are constants."""
+        shape = memref.type.get_shape()
+        if t.DYNAMIC not in shape:
+            return list(t.element_strides(memref.type))
+        dynamic = shape.index(t.DYNAMIC)
+        strides = []
+        for d, factor in enumerate(t.stride_factors(memref.type)):
+            strides.append(RunTimeStride(self.extent(memref, dynamic), factor) if d < dynamic else factor)
+        if any(d < dynamic for d in tiled):
+            names = self.kernel.attributes.get(t.BUFFER_DIMS)
+            name = names.data[memref.index].data if names is not None and isinstance(memref, BlockArgument) else "?"
+            raise DynamicDim(name, "a tile spans a dim before it, whose stride grows with it")
+        return strides
+
+    def _stride_register(self, stride: RunTimeStride, ty: PtxType, scale: int) -> str:
+        """A register (made once, at entry) holding `stride` times `scale`: an s32 in a kernel of
+        32-bit offsets, else a u64."""
+        regs = self.state.setdefault("stride_regs", {})
+        key = (stride, ty, scale)
+        if key not in regs:
+            regs[key] = self.new(ty)
+            if ty is S32:
+                self.at_entry(f"mul.lo.s32 {regs[key]}, {stride.size}, {stride.factor * scale};")
+            else:
+                wide = self.new(U64)
+                self.at_entry(f"cvt.u64.u32 {wide}, {stride.size};")
+                self.at_entry(f"mul.lo.u64 {regs[key]}, {wide}, {stride.factor * scale};")
+        return regs[key]
+
+    def element_address(self, base: str, terms: list[tuple[str, int | RunTimeStride]], elem_bytes: int,
+                        reach: int) -> str:
         """A u64 register holding base + elem_bytes * sum(index * stride) over `terms` (s32 index
-        registers, constant element strides), the address of an element of a tensor at `base`
-        whose elements lie within `reach` elements of it (`tile.reach`: its element count when
-        contiguous). Below a reach of 2^31 the sum is taken in 32-bit integers and widened
-        once; a larger tensor (an 8 x 32 x 131072 x 128 KV cache has 2^32) sums 64-bit products,
-        which a 32-bit sum would wrap into an address outside the tensor."""
+        registers, element strides: constants, or `RunTimeStride`s), the address of an element of
+        a tensor at `base` whose elements lie within `reach` elements of it (`tile.reach`: its
+        element count when contiguous). Below a reach of 2^31 the sum is taken in 32-bit integers
+        and widened once; a larger tensor (an 8 x 32 x 131072 x 128 KV cache has 2^32) sums 64-bit
+        products, which a 32-bit sum would wrap into an address outside the tensor."""
         addr = self.new(U64)
         if reach < 2 ** 31:
             linear = self.new(S32)
             self.emit(f"mov.s32 {linear}, 0;")
             for index, stride in terms:
+                if isinstance(stride, RunTimeStride):
+                    stride = self._stride_register(stride, S32, 1)
                 self.emit(f"mad.lo.s32 {linear}, {index}, {stride}, {linear};")
             self.emit(f"mul.wide.s32 {addr}, {linear}, {elem_bytes};")
             self.emit(f"add.s64 {addr}, {base}, {addr};")
             return addr
         self.emit(f"mov.b64 {addr}, {base};")
         for index, stride in terms:
-            if stride * elem_bytes < 2 ** 31:
+            if isinstance(stride, RunTimeStride):
+                wide = self.new(U64)
+                self.emit(f"cvt.s64.s32 {wide}, {index};")
+                self.emit(f"mad.lo.s64 {addr}, {wide}, {self._stride_register(stride, U64, elem_bytes)}, {addr};")
+            elif stride * elem_bytes < 2 ** 31:
                 self.emit(f"mad.wide.s32 {addr}, {index}, {stride * elem_bytes}, {addr};")
             else:
                 wide = self.new(U64)
@@ -211,7 +260,7 @@ class KernelEmitter:
         return "\n".join(extern + head + self.regs.declarations() + self.lines + ["}"]) + "\n"
 
     def _dim_params(self) -> list[str]:
-        """A u32 param per dynamic dim (`tile.DYNAMIC`), loaded at entry; arguments whose leading
+        """A u32 param per dynamic dim (`tile.DYNAMIC`), loaded at entry; arguments whose dynamic
         dim is one dim (the kernel's `tile.BUFFER_DIMS`) share it, so their bounds checks are one.
         The launch passes their sizes after the tensor maps (`PtxKernel.dims`)."""
         attr = self.kernel.attributes.get(t.BUFFER_DIMS)
@@ -221,7 +270,7 @@ class KernelEmitter:
             for axis, n in enumerate(arg.type.get_shape()):
                 if n != t.DYNAMIC:
                     continue
-                dim = names[i] if axis == 0 and i < len(names) and names[i] else (i, axis)
+                dim = names[i] if i < len(names) and names[i] else (i, axis)
                 if dim not in by_name:
                     param, by_name[dim] = f"{self.name}_dim_{i}_{axis}", self.new(S32)
                     params.append(f"    .param .u32 {param}")

@@ -24,7 +24,7 @@ from .types import B8, PRED, S32, U64, PtxType, UnsupportedByBackend, mov_consta
 def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout):
     """Per element: byte offset from a per-thread base address, and a predicate (in bounds and in tile)."""
     mt: MemRefType = memref.type
-    strides = t.element_strides(mt)
+    strides = e.strides(memref, tuple(tile_dims))
     elem = ptx_type(mt).bytes
     bases, offs = e.coords(layout)
     terms = [(e.value(off), strides[d]) for d, off in enumerate(offsets)]
@@ -68,7 +68,7 @@ def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layou
 def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
     """A rank-0 tile: one element, the same for the whole program (e.g. a per-head ALiBi slope)."""
     ty = ptx_type(op.result.type)
-    terms = [(e.value(off), st) for off, st in zip(op.offsets, t.element_strides(op.src.type))]
+    terms = [(e.value(off), st) for off, st in zip(op.offsets, e.strides(op.src))]
     addr, r = e.element_address(e.value(op.src), terms, ty.bytes, e.reach(op.src.type)), e.new(ty)
     if ty is PRED:
         e.env[op.result] = _load_bool(e, addr, 0, None, 0.0)
@@ -79,7 +79,7 @@ def _load_scalar(e: KernelEmitter, op: t.LoadOp) -> None:
 
 def _load_index(e: KernelEmitter, op: t.LoadIndexOp) -> None:
     """One s32 element as an index (its offsets lie inside the memref, as scalar offsets do)."""
-    terms = [(e.value(off), st) for off, st in zip(op.offsets, t.element_strides(op.src.type))]
+    terms = [(e.value(off), st) for off, st in zip(op.offsets, e.strides(op.src))]
     addr, r = e.element_address(e.value(op.src), terms, 4, e.reach(op.src.type)), e.new(S32)
     e.emit(f"ld.global.nc.s32 {r}, [{addr}];")
     e.env[op.result] = r
@@ -91,7 +91,7 @@ def _load_index_reduce(e: KernelEmitter, op: t.LoadIndexReduceOp) -> None:
     lanes with butterfly shuffles: a few loads a thread, not one per element. In a producer region
     (one thread running) that thread reads every element itself."""
     axis, count, kind = op.axis.value.data, op.count.value.data, op.kind.data
-    strides = t.element_strides(op.src.type)
+    strides = e.strides(op.src, (axis,))
     terms = [(e.value(off), st) for off, st in zip(op.offsets, strides)]
     addr = e.element_address(e.value(op.src), terms, 4, e.reach(op.src.type))
     left = e.new(S32)                      # the run's elements inside the dim
@@ -131,7 +131,7 @@ def _load_gather(e: KernelEmitter, op: t.LoadGatherOp) -> None:
     load where the row is inside the dim (an unsigned compare: a negative row is outside), 0
     elsewhere."""
     axis, ty, mt = op.axis.value.data, ptx_type(op.result.type), op.src.type
-    strides = t.element_strides(mt)
+    strides = e.strides(op.src, (axis,))
     terms = [(e.value(off), st) for d, (off, st) in enumerate(zip(op.offsets, strides)) if d != axis]
     base = e.element_address(e.value(op.src), terms, ty.bytes, e.reach(mt))
     rows = e.extent(op.src, axis)
@@ -304,8 +304,8 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, memref: SSAVal
     memory; warp barriers order the buffer's reuse (no block barrier: warps store independently).
     The buffers lie one after another from byte `scratch` of the dynamic shared memory."""
     mt: MemRefType = memref.type
-    dst, strides = e.value(memref), t.element_strides(mt)
     row_dim, col_dim = mt.get_num_dims() - 2, mt.get_num_dims() - 1
+    dst, strides = e.value(memref), e.strides(memref, (row_dim, col_dim))
     warps = _storing_warps(e)
     _, lane, warp = e.tid()
 

@@ -164,8 +164,8 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     buf: SharedBuffer = e.env[op.dst]
     (stage,) = [e.value(v) for v in op.dst_indices]
     src = op.src
-    shape, strides = src.type.get_shape(), t.element_strides(src.type)
     dims = t.int_values(op.tile_dims)
+    shape, strides = src.type.get_shape(), e.strides(src, tuple(dims))
     padding = op.padding.value.data if op.padding is not None else 0.0
     elem = buf.elem
     vector = (op.mechanism.data == "cp.async" and dims[1] == len(shape) - 1 and padding == 0.0

@@ -191,11 +191,12 @@ int run(Function& f, const CUdeviceptr* params, const char* const* names, const 
     for (int m = 0; m < kernel.n_maps && code == TESSERA_OK; ++m) {
       const TensorMap& t = kernel.maps[m];
       cuuint32_t strides[5] = {1, 1, 1, 1, 1};
-      cuuint64_t map_dims[5];
-      for (unsigned d = 0; d < t.rank; ++d) map_dims[d] = t.dims[d];
-      if (map_dims[t.rank - 1] == 0) map_dims[t.rank - 1] = (cuuint64_t)leading[step.buffers[t.arg]];
+      cuuint64_t map_dims[5], map_strides[4];
+      cuuint64_t size = (cuuint64_t)leading[step.buffers[t.arg]];
+      for (unsigned d = 0; d < t.rank; ++d) map_dims[d] = t.dims[d] ? t.dims[d] : size;
+      for (unsigned k = 0; k + 1 < t.rank; ++k) map_strides[k] = t.strides[k] * ((t.scaled >> k) & 1 ? size : 1);
       CUresult r = cuTensorMapEncodeTiled(&maps[m], t.dtype, t.rank, reinterpret_cast<void*>(pointers[t.arg]),
-                                          map_dims, t.strides, t.box, strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                                          map_dims, map_strides, t.box, strides, CU_TENSOR_MAP_INTERLEAVE_NONE,
                                           t.swizzle, CU_TENSOR_MAP_L2_PROMOTION_L2_256B,
                                           CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
       if (r != CUDA_SUCCESS)

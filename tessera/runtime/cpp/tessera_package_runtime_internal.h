@@ -8,9 +8,10 @@
 namespace tessera_rt {
 
 struct Image { const char* arch; int is_ptx; const unsigned char* data; size_t size; };  // PTX: arch = its target
-struct TensorMap {  // dims innermost first; a dynamic leading dim (the last) is 0, the call's size
+struct TensorMap {  // dims innermost first; a dynamic dim is 0 (the run's size), and the byte
+  // strides of the dims outside it (bit k of `scaled`: strides[k]) are multiples of that size
   int arg; CUtensorMapDataType dtype; unsigned rank;
-  cuuint64_t dims[5]; cuuint64_t strides[4]; cuuint32_t box[5]; CUtensorMapSwizzle swizzle;
+  cuuint64_t dims[5]; cuuint64_t strides[4]; cuuint32_t box[5]; CUtensorMapSwizzle swizzle; unsigned scaled;
 };
 struct Kernel {
   const char* name; unsigned grid[3]; unsigned threads; unsigned dynamic_shared; int pointers;
