@@ -576,7 +576,7 @@ def norm_statistic(x: Tensor, kind: str, eps: float, centered: bool) -> Tensor:
 def arange(n) -> Tensor:
     """`[0, ..., n-1]` as int32; `n` is usually a symbolic dim such as `q.shape[-2]`."""
     g = _graph()
-    dim = n.name if isinstance(n, SymInt) and n.name else int(n)
+    dim = n.name if (isinstance(n, SymInt) and n.name) or is_dynamic(n) else int(n)   # (a dynamic dim: by name)
     op = current_trace().add(g.ArangeOp(g.TensorType.of((dim,), dtypes.int32)))
     return _make(op.res, (dim,), dtypes.int32, "arange")
 

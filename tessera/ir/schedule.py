@@ -250,6 +250,7 @@ def attention_row_dim(sizes: Sequence[int], shared: Sequence[bool]) -> int:
     once for all of them, where one block per head would read them G times and compute 15 of
     every 16 rows on padding."""
     rows = len(sizes) - 2
+    sizes = [hint(n) for n in sizes]   # (a choice of speed: any dim is a correct row dim)
     if sizes[rows] >= MMA_ROWS:
         return rows
     longer = [i for i, ok in enumerate(shared) if ok and sizes[i] > sizes[rows]]

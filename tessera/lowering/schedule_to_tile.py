@@ -1292,9 +1292,10 @@ class _AttentionShape:
     (n: keys, d: head dim), the tile, and the axes of the output (P @ V, or its transpose)."""
 
     axes: tuple[str, ...]       # the axes P @ V's dims walk
-    sizes: dict[str, int]
+    sizes: dict[str, int]       # (a dynamic dim's: a `Dynamic`, `extent` gives its run-time value)
     tile: dict[str, int]
     out_axes: tuple[str, ...]   # the axes the kernel's output's dims walk (P @ V's, or transposed)
+    dims: dict[str, str]        # every axis's graph dim
 
     @classmethod
     def of(cls, kb: KernelBuild) -> _AttentionShape:
@@ -1303,15 +1304,15 @@ class _AttentionShape:
         rows = s.attention_rows_of(m1, m2, kb.bindings)
         batch = iter(_axes("b", pv_t.rank - 2))
         axes = tuple("e" if i == pv_t.rank - 1 else "m" if i == rows else next(batch) for i in range(pv_t.rank))
-        sizes = {a: kb.size(d) for a, d in zip(axes, pv_t.shape)}
-        sizes["n"] = kb.size(g.tensor_type(m1.res).shape[-1])
-        sizes["d"] = kb.size(g.tensor_type(m1.lhs).shape[-1])
+        dims = {**dict(zip(axes, pv_t.shape)), "n": g.tensor_type(m1.res).shape[-1],
+                "d": g.tensor_type(m1.lhs).shape[-1]}
+        sizes = {a: kb.size(d) for a, d in dims.items()}
         p = kb.params
         p_bytes, q_bytes = (g.tensor_type(mm.lhs).dtype.itemsize for mm in (m2, m1))   # (the keys: P @ V's K)
         tile = {"m": s.fit_block(p["block_m"], sizes["m"]),
                 "n": s.mma_k_extent(s.fit_block(p["block_n"], sizes["n"]), p_bytes),
                 "d": s.mma_k_extent(pow2_at_least(sizes["d"]), q_bytes), "e": pow2_at_least(sizes["e"])}
-        return cls(axes, sizes, tile, epilogue_map(kb, kb.result, m2, axes))
+        return cls(axes, sizes, tile, epilogue_map(kb, kb.result, m2, axes), dims)
 
     @property
     def batch(self) -> list[tuple[str, int]]:
@@ -1322,8 +1323,21 @@ class _AttentionShape:
     def key_blocks(self) -> int:
         return cdiv(self.sizes["n"], self.tile["n"])
 
-    def grid(self, splits: int = 1) -> tuple[int, int, int]:
-        return cdiv(self.sizes["m"], self.tile["m"]), math.prod(sz for _, sz in self.batch), splits
+    @property
+    def dynamic(self) -> bool:
+        """Whether a dim is taken at run time (the query and key counts, or the leading batch dim)."""
+        return any(map(is_dynamic, self.sizes.values()))
+
+    def extent(self, kb: KernelBuild, axis: str) -> int | SSAValue:
+        """Axis `axis`'s size as the kernel sees it (a dynamic dim's read at run time)."""
+        return kb.extent(self.dims[axis], self.sizes[axis])
+
+    def grid(self, kb: KernelBuild, splits: int = 1) -> tuple:
+        """Query blocks (axis 0, growing with a dynamic query count), batch programs (axis 1, with a
+        dynamic leading batch dim), splits (axis 2)."""
+        (first, size), *rest = self.batch or [(None, 1)]
+        batch = kb.grid_extent(self.dims[first], size, 1, math.prod(sz for _, sz in rest)) if first else 1
+        return kb.grid_extent(self.dims["m"], self.sizes["m"], self.tile["m"]), batch, splits
 
 
 @dataclass
@@ -1343,9 +1357,10 @@ class _AttentionRows:
 
 def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     shape = _AttentionShape.of(kb)
-    splits, _ = s.split_k_splits(shape.key_blocks, kb.params.get("split_kv", 1))
-    if splits > 1:
-        return _split_kv_attention(kb, shape, splits)
+    if kb.params.get("split_kv", 1) > 1:   # (never asked of a dynamic key count: fusion's _split_kv)
+        splits, _ = s.split_k_splits(shape.key_blocks, kb.params["split_kv"])
+        if splits > 1:
+            return _split_kv_attention(kb, shape, splits)
     rows = _attention_rows(kb, shape)
     tile = shape.tile
     inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [tile["m"]]), rows.l_i))   # one division per row, not per element
@@ -1355,7 +1370,7 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     kb.store_result(shape.out_axes, ctx)
     _store_logsumexp(kb, _logsumexp_of_stats(kb, rows.m_i, rows.l_i, rows.scale), rows.score_map,
                      TileCtx({"m": (rows.m0, tile["m"])}, rows.scalars))
-    return shape.grid()
+    return shape.grid(kb)
 
 
 def _store_logsumexp(kb: KernelBuild, lse: SSAValue, score_map: Map, ctx: TileCtx) -> None:
@@ -1402,8 +1417,9 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     p_map, v_map = matmul_operand_maps(m2, axes, "n", kb.bindings)
     terms = attention_mask(sm.input, p_map, "m", "n", kb.bindings)
     bounds = terms.bounds if terms is not None else ColumnBounds(None, None)
-    query_block, batch_index = _ordered_program(kb, *att.grid()[:2], bounds,
-                                                heavy_first=split is None and p.get("heavy_first", 0))
+    heavy_first = split is None and p.get("heavy_first", 0) and not att.dynamic   # (it counts the blocks)
+    query_block, batch_index = _ordered_program(kb, *(att.grid(kb)[:2] if heavy_first else (0, 0)), bounds,
+                                                heavy_first=heavy_first)
     scalars = kb.batch_indices(batch_index, att.batch)
     m0, zero = kb.mul(query_block, tile["m"]), kb.b.index(0)
 
@@ -1418,7 +1434,8 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     where = sm.input.owner if terms is not None and (bounds != ColumnBounds(None, None) or terms.limits) \
         else None   # where(cond, s, -inf)
     kept = _kept_columns(kb, terms.limits, m0, tile, scalars, sizes) if where is not None and terms.limits else None
-    tail = sizes["n"] % tile["n"] != 0   # the last key block is partial
+    n_keys = att.extent(kb, "n")
+    tail = not isinstance(n_keys, int) or n_keys % tile["n"] != 0   # the last key block is (may be) partial
     scales: list[float] = []             # the constant the scores are scaled by (one per block, all equal)
 
     def scores(k_tile):
@@ -1474,10 +1491,10 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
             return kb.b(t.MmaOp(probs, v_tile, acc, transpose_b=operand_layout(v, ("n", "e"))))
 
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
-    steps = _key_blocks(kb, bounds, m0, tile, sizes["n"], kept)
+    steps = _key_blocks(kb, bounds, m0, tile, n_keys, kept)
     fixed = {"d": zero, "e": zero}
     if split is None and p.get("qk_ahead") and p["num_stages"] >= 3 and kb.stage_operands:
-        key_limit = _key_limit(kb, steps[1], tile["n"], sizes["n"])
+        key_limit = _key_limit(kb, steps[1], tile["n"], n_keys)
 
         def head(iv, k_tile, acc, m_i, l_i):
             m_new, l_new, alpha, probs = absorb(*masked(iv, scores(k_tile), key_limit), m_i, l_i)
@@ -1497,7 +1514,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     else:
         def compute(iv, tiles, acc, m_i, l_i):
             k_tile, v_tile = tiles
-            m_new, l_new, alpha, probs = absorb(*masked(iv, scores(k_tile), sizes["n"] if tail else None), m_i, l_i)
+            m_new, l_new, alpha, probs = absorb(*masked(iv, scores(k_tile), n_keys if tail else None), m_i, l_i)
             return [accumulate(acc, alpha, stored(probs), v_tile), m_new, l_new]
         past_end = None
         if split is not None:   # a run of the key blocks; copies the pipeline issues past it read padding
@@ -1554,7 +1571,7 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
     part.em.store(out, part.out, ("s", *att.axes), TileCtx({"m": (rows.m0, bm), "e": (b.index(0), be)}, scalars),
                   dtypes.fp32)
     part.em.store(lse, part_lse, ("s", *att.axes[:-1]), TileCtx({"m": (rows.m0, bm)}, scalars), dtypes.fp32)
-    kb.before.append((_finish(part), att.grid(splits)))
+    kb.before.append((_finish(part), att.grid(part, splits)))
     return _combine_splits(kb, att, kb.add_scratch(lse_type), kb.add_scratch(out_type), splits)
 
 
@@ -1611,12 +1628,13 @@ def _combine_splits(kb: KernelBuild, att: _AttentionShape, lse: SSAValue, partia
     return grid
 
 
-def _key_limit(kb: KernelBuild, end: int | SSAValue, bn: int, n_keys: int) -> int | SSAValue:
+def _key_limit(kb: KernelBuild, end: int | SSAValue, bn: int, n_keys: int | SSAValue) -> int | SSAValue:
     """Columns below min(n_keys, end * BN) are real keys a loop over blocks [.., end) reads; a block
     read past `end` (scores computed one block ahead) is masked whole."""
-    if isinstance(end, int):
+    if isinstance(end, int) and isinstance(n_keys, int):
         return min(n_keys, end * bn)
-    return kb.b(arith.MinSIOp(kb.mul(end, bn), kb.b.index(n_keys)))
+    end, n_keys = (kb.b.index(x) if isinstance(x, int) else x for x in (end, n_keys))
+    return kb.b(arith.MinSIOp(kb.mul(end, bn), n_keys))
 
 
 @dataclass
@@ -1729,18 +1747,19 @@ def _if(b: Builder, cond: SSAValue, then: Callable, otherwise: Callable) -> list
     return list(op.results)
 
 
-def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_keys: int,
+def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_keys: int | SSAValue,
                 kept: _KeptColumns | None = None) -> tuple:
     """[first, end) of the key blocks a query block [m0, m0 + BM) can see under the mask's bounds,
     and inside the columns any of its rows keeps under limits read at run time (`_KeptColumns`;
-    an empty range then has end = first)."""
+    an empty range then has end = first). A key count taken at run time counts its blocks then."""
     b, bn = kb.b, tile["n"]
     first: int | SSAValue = 0
-    end: int | SSAValue = cdiv(n_keys, bn)
+    end: int | SSAValue = cdiv(n_keys, bn) if isinstance(n_keys, int) else \
+        b(arith.DivSIOp(b(arith.AddiOp(n_keys, b.index(bn - 1))), b.index(bn)))
     if bounds.upper is not None:  # columns <= m0 + BM - 1 + upper
         cols = b(arith.MaxSIOp(b(arith.AddiOp(m0, b.index(tile["m"] + bounds.upper))), b.index(0)))
         blocks = b(arith.DivSIOp(b(arith.AddiOp(cols, b.index(bn - 1))), b.index(bn)))
-        end = b(arith.MinSIOp(blocks, b.index(end)))
+        end = b(arith.MinSIOp(blocks, end if isinstance(end, SSAValue) else b.index(end)))
     if bounds.lower is not None:  # columns >= m0 + lower
         cols = b(arith.MaxSIOp(b(arith.AddiOp(m0, b.index(bounds.lower))), b.index(0)))
         first = b(arith.DivSIOp(cols, b.index(bn)))
@@ -1931,7 +1950,7 @@ def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
 
 #: kernel kinds whose templates take a leading dim at run time (`KernelBuild.extent`, `grid_extent`);
 #: any other kernel over a dynamic dim raises `DynamicDim`, and the function compiles it as a constant
-GENERIC_KINDS = frozenset({"elementwise", "row_reduction", "gemm"})
+GENERIC_KINDS = frozenset({"elementwise", "row_reduction", "gemm", "flash_attention"})
 
 TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
     "elementwise": lower_elementwise,

@@ -10,9 +10,10 @@ bits rather than guessing them from the IR's shape.
 The model (a concrete abstract interpreter):
 
 * Each kernel runs for a few blocks (`program_ids`: first, middle and last of its grid, and
-  their neighbours), and a kernel that reads indices from memory (`tile.INDEX_READS`: a page,
+  their neighbours), a kernel that reads indices from memory (`tile.INDEX_READS`: a page,
   a sequence's length, a block's per-row limits) once for each of a few values they may read
-  (`INDEX_SAMPLES`). Scalar `arith`/`scf` ops are evaluated (compilation is specialised to
+  (`INDEX_SAMPLES`), and a kernel over dims taken at run time (`tile.dim`) once for each of a
+  few sizes (`DIM_SAMPLES`). Scalar `arith`/`scf` ops are evaluated (compilation is specialised to
   shapes, and such indices are sampled, so every loop bound, stage index and parity is a
   number); tile data is not. A tensor value is a *marker* of who
   wrote it: a wgmma group (`("wg", agent, group, op)`), registers written at clock t
@@ -283,9 +284,11 @@ def _wrap(v: int, bits: int) -> int:
 class _Run:
     """Runs one kernel for one program id and collects its hazards into `report`."""
 
-    def __init__(self, kernel: tgt.KernelOp, pid: tuple[int, ...], report, plans: dict, index_value: int = 0):
+    def __init__(self, kernel: tgt.KernelOp, pid: tuple[int, ...], report, plans: dict, index_value: int = 0,
+                 dim_value: int | None = None):
         self.kernel, self.pid, self._report, self.plans = kernel, pid, report, plans
         self.index_value = index_value   # what every tile.load_index reads (`INDEX_SAMPLES`)
+        self.dim_value = dim_value       # every dynamic dim's size (`DIM_SAMPLES`)
         self.env: dict = {}
         self.clock = 0
         self.agents: list[_Agent] = []
@@ -371,6 +374,9 @@ class _Run:
 
     def _load_index(self, agent: _Agent, op: Operation) -> None:
         self.env[op.results[0]] = self.index_value
+
+    def _dim(self, agent: _Agent, op: Operation) -> None:
+        self.env[op.results[0]] = self.dim_value
 
     # control flow
 
@@ -674,6 +680,7 @@ def _nothing(run: _Run, agent: _Agent, op: Operation) -> None:
 #: ops that never wait: op name -> handler(run, agent, op)
 _STEPS = {
     "tile.program_id": _Run._program_id,
+    "tile.dim": _Run._dim,
     "tile.load_index": _Run._load_index,
     "tile.load_index_reduce": _Run._load_index,
     "tessera_target.allocate": _Run._allocate,
@@ -776,13 +783,16 @@ _ASYNC_OPS = {"tile.load_shared", "tessera_target.memcpy", "tessera_target.tma_l
 # --- entry points ----------------------------------------------------------------------------
 
 
-def program_ids(kernel: tgt.KernelOp) -> list[tuple[int, ...]]:
+def program_ids(kernel: tgt.KernelOp, dim_value: int | None = None) -> list[tuple[int, ...]]:
     """The blocks a kernel is checked for: the first three, the middle one and the last three along
     every grid axis at once. Blocks differ in trip counts (a causal attention's query block sees
     more key blocks the later it is, a persistent GEMM's last blocks take fewer tiles), and so in
     which stages end armed: three neighbours catch trip counts one apart even where two blocks
-    share one (64-row query blocks over 128-key blocks), the middle one the common case."""
-    grid = kernel.config.grid_dims
+    share one (64-row query blocks over 128-key blocks), the middle one the common case. An axis
+    growing with a dynamic dim (`tessera_target.grid_dims`) is as long as `dim_value` makes it."""
+    grid = list(kernel.config.grid_dims)
+    for axis, _, _, block in tile.grid_terms(kernel.attributes.get(tgt.GRID_DIMS)):
+        grid[axis] *= -(-dim_value // block)
     picks = (lambda g: 0, lambda g: min(1, g - 1), lambda g: min(2, g - 1), lambda g: g // 2,
              lambda g: max(g - 3, 0), lambda g: max(g - 2, 0), lambda g: g - 1)
     return list(dict.fromkeys(tuple(pick(g) for g in grid) for pick in picks))
@@ -799,9 +809,11 @@ def check_kernel(kernel: tgt.KernelOp) -> list[Hazard]:
 
     plans: dict = {}   # block -> its ops' handlers, shared by the blocks' runs
     reads_indices = any(isinstance(op, tile.INDEX_READS) for op in kernel.walk())
-    for value in INDEX_SAMPLES if reads_indices else (0,):
-        for pid in program_ids(kernel):
-            _Run(kernel, pid, report, plans, value).run()
+    dynamic = any(isinstance(op, tile.DimOp) for op in kernel.walk())
+    for dim_value in DIM_SAMPLES if dynamic else (None,):
+        for value in INDEX_SAMPLES if reads_indices else (0,):
+            for pid in program_ids(kernel, dim_value):
+                _Run(kernel, pid, report, plans, value, dim_value).run()
     return list(found.values())
 
 
@@ -810,6 +822,10 @@ def check_kernel(kernel: tgt.KernelOp) -> list[Hazard]:
 #: runs with none, one, a few blocks' worth and more than every extent (a loop then runs its
 #: whole static trip count; a page table's entry then names no page)
 INDEX_SAMPLES = (0, 1, 200, 2 ** 20)
+
+#: the sizes a kernel's dynamic dims (`tile.dim`) take in its checked runs: the least (2), a block
+#: and a tail, and several blocks of any tile up to 256 rows and a tail
+DIM_SAMPLES = (2, 70, 1000)
 
 
 def check_async(module: builtin.ModuleOp) -> list[Hazard]:

@@ -1165,7 +1165,7 @@ def _attention_work(group: Group, planner: _Planner) -> tuple[int, int] | None:
     block's keys, as the template tiles it; None for one without such a mask."""
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     (sm,) = (op for op in group.ops if isinstance(op, g.SoftmaxOp))
-    out = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m2.res).shape]
+    out = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(m2.res).shape]   # (a choice of speed)
     rows = s.attention_rows_of(m1, m2, planner.bindings)   # as the template tiles P @ V, whatever it stores
     if rows != len(out) - 2:   # the query heads as rows (a decode step): no per-position bounds
         return None
@@ -1210,6 +1210,8 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     memory at the query tile the kernel really uses (16 rows for a decode step, not `block_m`)."""
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]   # [*batch, M, N]
+    if any(map(is_dynamic, dims)):   # (the split template sizes its partial outputs by them)
+        return 1
     query = dims[:-1]
     query.append(query.pop(s.attention_rows_of(m1, m2, planner.bindings)))   # as the template tiles P @ V
     rows = s.fit_block(params["block_m"], query[-1])
@@ -1284,8 +1286,8 @@ def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
     if v.owner in group.ops:
         return True
     t = g.tensor_type(v)
-    shape = [g.dim_value(d, planner.bindings) for d in t.shape]
-    strides = planner.strided.get(v) or interop.c_strides(shape)
+    shape = [g.dim_value(d, planner.bindings) for d in t.shape]   # (a dynamic dim: its strides' factors)
+    strides = planner.strided.get(v) or interop.c_strides([1 if is_dynamic(n) else n for n in shape])
     return tensor_maps.stride_problem(strides, t.dtype.itemsize) is None
 
 

@@ -27,6 +27,7 @@ from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
 from .. import dtypes
+from ..dims import is_dynamic
 from ..ir import graph as g
 
 #: the most rows merged: the largest query tile of the flash_attention template, so one block
@@ -110,6 +111,8 @@ class _Merge:
         if rank < 3 or len(scores) != rank or scores[:-1] != out[:-1]:
             return None
         groups, queries = out[-3], out[-2]
+        if is_dynamic(groups) or is_dynamic(queries):   # (the merged rows' count needs them)
+            return None
         if not (groups > 1 and queries > 1 and groups * queries <= MAX_MERGED_ROWS):
             return None
         q = [g.dim_value(d, bindings) for d in g.tensor_type(m1.lhs).shape]

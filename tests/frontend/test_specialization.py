@@ -142,20 +142,89 @@ def test_code_that_reads_a_dynamic_dim_fixes_it_and_says_why():
 
 
 def test_a_kernel_that_takes_its_dims_as_constants_fixes_the_dim():
-    """An attention takes the sequence length as a constant (its templates, and its trace, which
-    compares the score dims): S is fixed, and every later length compiles (correctly) for its value."""
-    @tsr.function(dynamic=["S"])
-    def attention(q: Tensor["S", "D"], k: Tensor["S", "D"], v: Tensor["S", "D"]):
-        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * 0.25, dim=-1), v)
+    """A column sum takes its reduced rows as a constant (its tiling): M is fixed, and every later
+    count compiles (correctly) for its value."""
+    @tsr.function(dynamic=["M"])
+    def column_sum(x: Tensor["M", "N"]):
+        return tsr.sum(x, dim=0) * 0.5
 
     rng = np.random.default_rng(7)
-    for s in (5, 12):
-        q, k, v = (rand(rng, s, 16).astype(np.float16) for _ in range(3))
-        ref = softmax_ref(q.astype(np.float64) @ k.T.astype(np.float64) * 0.25) @ v
-        np.testing.assert_allclose(attention(q, k, v), ref, rtol=2e-3, atol=2e-3)
-    info = attention.cache_info()
-    assert info.compiles == 2 and "'S' is dynamic" in info.fixed["S"]
-    assert re.search(r"needed by \w+ in tessera/[\w/]+\.py:\d+", info.fixed["S"]), info.fixed["S"]   # the step
+    for m in (5, 12):
+        x = rand(rng, m, 16)
+        np.testing.assert_allclose(column_sum(x), 0.5 * x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-6)
+    info = column_sum.cache_info()
+    assert info.compiles == 2 and "'M' is dynamic" in info.fixed["M"]
+    assert re.search(r"needed by \w+ in tessera/[\w/]+\.py:\d+", info.fixed["M"]), info.fixed["M"]   # the step
+
+
+def attention_ref(q, k, v, causal=False):
+    scores = q.astype(np.float64) @ k.astype(np.float64).swapaxes(-1, -2) / math.sqrt(q.shape[-1])
+    if causal:   # the diagonal at the bottom right (a query count below the keys': the last keys)
+        s, n = scores.shape[-2:]
+        scores = np.where(np.arange(s)[:, None] + (n - s) >= np.arange(n)[None, :], scores, -np.inf)
+    return softmax_ref(scores) @ v.astype(np.float64)
+
+
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_one_attention_compile_serves_every_sequence_length(causal):
+    """The sequence length of an attention (queries and keys) taken at run time: the key loop's
+    bound and its last block's mask, the query blocks' grid and the strides of B and H."""
+    def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        scores = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        if causal:
+            rows, cols = tsr.arange(q.shape[-2]), tsr.arange(k.shape[-2])
+            scores = tsr.where(rows[:, None] >= cols[None, :], scores, -math.inf)
+        return tsr.matmul(tsr.softmax(scores, dim=-1), v)
+
+    fn = tsr.function(attention, dynamic=["S"])
+    rng = np.random.default_rng(15)
+    lengths = (2, 5, 17, 64, 130)
+    for s in lengths:
+        q, k, v = (rng.standard_normal((2, 3, s, 64)).astype(np.float16) for _ in range(3))
+        out = fn(q, k, v)
+        assert not np.isnan(out).any()
+        np.testing.assert_allclose(out.astype(np.float64), attention_ref(q, k, v, causal), rtol=2e-3, atol=2e-3)
+    info = fn.cache_info()
+    assert (info.compiles, info.fixed, info.keys) == (1, {}, [{"B": 2, "H": 3, "S": "dynamic", "D": 64}])
+
+
+def test_a_decode_step_over_a_cache_of_any_length():
+    """One query against a KV cache whose length varies every step: one compile."""
+    @tsr.function(dynamic=["N"])
+    def decode(q: Tensor["B", "H", "Q", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
+        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * 0.125, dim=-1), v)
+
+    rng = np.random.default_rng(16)
+    for n in (2, 31, 100):
+        q = rng.standard_normal((1, 4, 1, 64)).astype(np.float16)
+        k, v = (rng.standard_normal((1, 4, n, 64)).astype(np.float16) for _ in range(2))
+        np.testing.assert_allclose(decode(q, k, v).astype(np.float64), attention_ref(q, k, v), rtol=2e-3, atol=2e-3)
+    assert decode.cache_info().compiles == 1 and decode.cache_info().fixed == {}
+
+
+@pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
+def test_a_generic_attention_reads_its_tensors_through_maps_of_the_calls_length(arch):
+    """On sm_90a Q, K and V are read by TMA through maps whose S the call fills in; on both paths the
+    query blocks' grid grows with S and no constant stands in for it."""
+    fn = tsr.function(causal_attention_fn(), dynamic=["S"])
+    compiled = fn.compile(fn.arg_specs_for({"B": 2, "H": 4, "S": 1000, "D": 128}, "bf16"), dynamic=frozenset({"S"}),
+                          index_bits=32, arch=arch)
+    (launch,) = compiled.launches.values()
+    assert launch.grid_terms[0][:3] == (0, 0, 2) and launch.dims == ((0, 2),)
+    ptx = next(iter(compiled.stage("ptx").values())).ptx
+    assert "9223372036854775808" not in ptx
+    if arch == "sm_90a":
+        assert "wgmma" in ptx and [s.shape for s in launch.tensor_maps] == [(2, 4, -1, 128)] * 3
+    assert compiled.stage("cubin")
+
+
+def causal_attention_fn():
+    def causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        scores = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        rows, cols = tsr.arange(q.shape[-2]), tsr.arange(k.shape[-2])
+        return tsr.matmul(tsr.softmax(tsr.where(rows[:, None] >= cols[None, :], scores, -math.inf), dim=-1), v)
+    return causal
 
 
 def test_an_fp32_matmul_fixes_its_dims_for_tileiras():

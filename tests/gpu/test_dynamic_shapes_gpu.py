@@ -211,3 +211,47 @@ def test_a_gemm_kernel_writes_every_row_of_a_poisoned_output(torch_cuda):
         project(x, w, out)
         check(out, 0.5 * (x.double() @ w.double().T), "bf16", torch)
     assert project.cache_info().compiles == 1
+
+
+def attention_fn(causal: bool, **kw):
+    def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        scores = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5)
+        if causal:
+            rows, cols = tsr.arange(q.shape[-2]), tsr.arange(k.shape[-2])
+            scores = tsr.where(rows[:, None] >= cols[None, :], scores, float("-inf"))
+        return tsr.matmul(tsr.softmax(scores, dim=-1), v)
+    return tsr.function(attention, **kw)
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("causal", [False, True], ids=["plain", "causal"])
+def test_one_attention_compile_serves_every_sequence_length(torch_cuda, dtype, d, causal):
+    """S of [B, H, S, D] at run time (on sm_90a Q, K and V through tensor maps encoded per call):
+    every length against float64, one compile."""
+    torch = torch_cuda
+    dt = torch_dtype(torch, dtype)
+    fn = attention_fn(causal, dynamic=["S"])
+    g = torch.Generator(device="cuda").manual_seed(5)
+    for s in ROWS:
+        q, k, v = (torch.randn(2, 3, s, d, device="cuda", generator=g).to(dt) for _ in range(3))
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), is_causal=causal)
+        check(fn(q, k, v), ref, dtype, torch)
+    info = fn.cache_info()
+    assert info.compiles == 1 and info.fixed == {} and info.keys[0]["S"] == "dynamic", info
+
+
+def test_a_decode_step_over_a_growing_cache(torch_cuda):
+    """One query a head against a KV cache of a different length every step: one compile."""
+    torch = torch_cuda
+
+    @tsr.function(dynamic=["N"])
+    def decode(q: Tensor["B", "H", "Q", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
+        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * 0.125, dim=-1), v)
+
+    q = torch.randn(4, 8, 1, 64, device="cuda", dtype=torch.bfloat16)
+    for n in (2, 3, 100, 1000, 4097):
+        k, v = (torch.randn(4, 8, n, 64, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=0.125)
+        check(decode(q, k, v), ref, "bf16", torch)
+    assert decode.cache_info().compiles == 1
