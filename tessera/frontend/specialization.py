@@ -73,7 +73,24 @@ class Specialization:
         positions = dim_positions(annotations, tensors)
         values = {d: int(tensors[i][1].shape[axis]) for d, ((i, axis), *_) in positions.items()}
         wanted = (self.dynamic | self.varied) - self.static - self.fixed.keys()
-        return {d: positions[d] for d in sorted(wanted) if values[d] >= 2}
+        self._one_per_tensor(wanted, positions, tensors)
+        return {d: positions[d] for d in sorted(wanted - self.fixed.keys()) if values[d] >= 2}
+
+    def _one_per_tensor(self, wanted: set, positions: dict, tensors) -> None:
+        """A buffer takes one dim at run time (`schedule_to_tile.memref_of`): where a tensor has
+        several wanted dims, the one the user marked dynamic (else its first) stays, and the others
+        are fixed, saying why (an attention called with new batch sizes and new lengths keeps its
+        marked length generic, rather than whichever dim the compile met first)."""
+        for i, (name, _) in enumerate(tensors):
+            dims = [d for d in wanted - self.fixed.keys() if any(j == i for j, _ in positions[d])]
+            if len(dims) < 2:
+                continue
+            axis = {d: next(a for j, a in positions[d] if j == i) for d in dims}
+            keep = min(dims, key=lambda d: (d not in self.dynamic, axis[d]))
+            for d in dims:
+                if d != keep:
+                    self.fix(d, f"argument {name!r} also has dim {keep!r}, which is dynamic, and a tensor "
+                                f"takes one dim at run time")
 
     def shapes(self, generic: dict[str, list[tuple[int, int]]], tensors) -> list[tuple]:
         """Each tensor's shape as a cache key: a generic dim's value replaced by its class."""

@@ -188,6 +188,18 @@ def test_one_attention_compile_serves_every_sequence_length(causal):
     assert (info.compiles, info.fixed, info.keys) == (1, {}, [{"B": 2, "H": 3, "S": "dynamic", "D": 64}])
 
 
+def test_a_marked_length_stays_dynamic_when_the_batch_varies_too():
+    """B and S both vary, but a tensor takes one dim at run time: S (marked) stays generic and B is
+    fixed, saying why, so new lengths never recompile (only new batch sizes do)."""
+    fn = tsr.function(causal_attention_fn(), dynamic=["S"])
+    rng = np.random.default_rng(17)
+    for b, s in ((2, 5), (3, 9), (3, 40), (2, 33), (3, 2)):
+        q, k, v = (rng.standard_normal((b, 2, s, 16)).astype(np.float16) for _ in range(3))
+        np.testing.assert_allclose(fn(q, k, v).astype(np.float64), attention_ref(q, k, v, True), rtol=2e-3, atol=2e-3)
+    info = fn.cache_info()
+    assert info.compiles == 2 and info.dynamic == ("S",) and "also has dim 'S'" in info.fixed["B"], info
+
+
 def test_a_decode_step_over_a_cache_of_any_length():
     """One query against a KV cache whose length varies every step: one compile."""
     @tsr.function(dynamic=["N"])
