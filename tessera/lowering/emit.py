@@ -23,6 +23,7 @@ and profile regions, for line info and profiling (`tessera.ir.provenance`).
 from __future__ import annotations
 
 import contextlib
+import operator
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -76,7 +77,8 @@ class Builder:
             self.origins.pop()
 
     def index(self, value: int) -> SSAValue:
-        return self(arith.ConstantOp(IntegerAttr(value, IndexType())))
+        """A constant index; of a dynamic dim's stand-in, `DynamicDim` (a template that needs its value)."""
+        return self(arith.ConstantOp(IntegerAttr(operator.index(value), IndexType())))
 
     def f32(self, value: float) -> SSAValue:
         return self(arith.ConstantOp(FloatAttr(value, f32)))
