@@ -271,10 +271,28 @@ def test_a_dynamic_dim_packages_one_specialization_for_every_value(tmp_path, mon
 
 
 def test_a_dim_a_function_cannot_take_at_run_time_is_a_clear_package_error(tmp_path, capsys):
-    assert cli.main(["package", f"{EXAMPLE}:flash_attention", "--arch", "sm_90a", "--shape", "B=1,H=2,S=128,D=64",
-                     "--dynamic", "S", "-o", str(tmp_path / "pkg")]) == 1
-    assert "flash_attention cannot take dim 'S' at run time" in capsys.readouterr().err
+    source = tmp_path / "sums.py"
+    source.write_text("import tessera as tsr\nfrom tessera import Tensor\n\n\n@tsr.function\n"
+                      "def column_sum(x: Tensor[\"M\", \"N\"]):\n    return tsr.sum(x, dim=0)\n")
+    assert cli.main(["package", f"{source}:column_sum", "--arch", "sm_90a", "--shape", "M=128,N=64",
+                     "--dynamic", "M", "-o", str(tmp_path / "pkg")]) == 1
+    assert "column_sum cannot take dim 'M' at run time" in capsys.readouterr().err
     assert not (tmp_path / "pkg" / "manifest.json").exists()
+
+
+def test_an_attention_packages_its_sequence_length_as_a_dynamic_dim(tmp_path):
+    """S of [B, H, S, D] (not a leading dim): the manifest names it, and the C tables leave it and the
+    strides of B and H to the run (a TensorMap's 0 dim and `scaled` bits)."""
+    out = tmp_path / "pkg"
+    assert cli.main(["package", f"{EXAMPLE}:flash_attention", "--arch", "sm_90a", "--shape", "B=1,H=2,S=128,D=64",
+                     "--dynamic", "S", "-o", str(out)]) == 0
+    (spec,) = json.loads((out / "manifest.json").read_text())["functions"]["flash_attention"]["specializations"]
+    assert spec["arguments"][0]["shape"] == [1, 2, "S", 64] and spec["dims"]["S"] == "dynamic"
+    source = (out / "tessera_flash_attention.cpp").read_text()
+    # q as the C table holds it, innermost first: D, S (the run's), H, B; strides of S, H, B: H's and
+    # B's scale with S (bits 1 and 2)
+    assert "CU_TENSOR_MAP_DATA_TYPE_FLOAT16, 4, {64, 0, 2, 1}, {128, 128, 256}, {64, 128, 1, 1}, " \
+           "CU_TENSOR_MAP_SWIZZLE_128B, 6}" in source
 
 
 def test_a_packaged_functions_fast_record_is_made_once_and_dropped_past_the_limits(monkeypatch):
