@@ -30,11 +30,14 @@ def test_the_generated_examples_build_run_and_match_the_reference(cuda_device, a
     flash = tmp_path / "flash"
     assert cli.main(["package", f"{REPO / 'examples' / 'flash_attention.py'}:flash_attention", "--arch", archs,
                      "--shape", "B=1,H=2,S=256,D=64", "-o", str(flash)]) == 0
+    flash_generic = tmp_path / "flash_generic"   # S, not a leading dim: tensor maps of the run's S and strides
+    assert cli.main(["package", f"{REPO / 'examples' / 'flash_attention.py'}:causal_flash_attention", "--arch", archs,
+                     "--shape", "B=1,H=2,S=300,D=64", "--dynamic", "S", "-o", str(flash_generic)]) == 0
     (tmp_path / "rows.py").write_text(ROWS)
     rows = tmp_path / "rows"   # shape-generic: the example passes M (37) and sees M=1 refused
     assert cli.main(["package", *(f"{tmp_path / 'rows.py'}:{f}" for f in ROWS_FUNCS), "--arch", archs,
                      "--shape", "M=37,N=256,K=128", "--dynamic", "M", "-o", str(rows)]) == 0
-    for directory in (pkg, flash, rows):
+    for directory in (pkg, flash, flash_generic, rows):
         build = directory / "build"
         for cmd in (["cmake", "-S", str(directory), "-B", str(build), f"-DCUDAToolkit_ROOT={cuda_root()}"],
                     ["cmake", "--build", str(build), "-j8"]):
