@@ -9,8 +9,9 @@ compiles that dim as a constant (`Function._compile_generic`): the compile is ge
 every step above the code generator was written to take the dim at run time, and a step that
 was not cannot silently bake in the value of the call that happened to compile it.
 
-Schedule choices that only affect speed (a tile height, a grid order) read `hint`, a fixed
-representative value, so one class compiles to the same kernels whatever call compiled it.
+Schedule choices that only affect speed (a tile height, a grid order, how many ways a GEMM's K
+is split) read `hint`, the representative value of the dim's class (`CLASSES`), so one class
+compiles to the same kernels whatever call compiled it.
 """
 from __future__ import annotations
 
@@ -25,8 +26,14 @@ MAX_DIM = 2 ** 31 - 2 ** 16
 #: element offsets below this are summed in 32-bit integers (`ptx.core.KernelEmitter.element_address`)
 INDEX_LIMIT = 2 ** 31
 
-#: the value schedule choices assume for a dynamic dim (a serving batch of tokens, a prompt)
+#: the value schedule choices assume for a dynamic dim of the largest class (a prompt, a batch of tokens)
 HINT = 4096
+
+#: a dynamic dim's specialization classes (`class_of`): (the largest value of the class, the hint its
+#: compile's schedule choices read). A decode step's few rows and a prompt's thousands want different
+#: schedules (a GEMM of 8 rows splits its K four ways in 64 x 64 tiles, one of 4096 rows takes 128 x 256
+#: tiles whole), so values compile once per class: a sweep over every length costs three compiles
+CLASSES = ((128, 64), (1024, 512), (MAX_DIM, HINT))
 
 
 class DynamicDim(TesseraError):
@@ -101,8 +108,17 @@ def index_bits(arrays) -> int:
 
 def class_of(value: int):
     """The specialization class of a dynamic dim's value: 0 and 1 are their own (a zero-size call
-    launches nothing; a dim of 1 broadcasts), every other value is one class."""
-    return value if value < 2 else "dynamic"
+    launches nothing; a dim of 1 broadcasts); every other value is in one of `CLASSES`, named by
+    its largest value ("dynamic" for the last: any value past the others)."""
+    if value < 2:
+        return value
+    bound = next(largest for largest, _ in CLASSES if value <= largest)
+    return "dynamic" if bound == CLASSES[-1][0] else f"dynamic<={bound}"
+
+
+def hint_of(value: int) -> int:
+    """The hint of the class of a dynamic dim's value (`CLASSES`)."""
+    return next(h for largest, h in CLASSES if value <= largest)
 
 
 def bind_shapes(fn_name: str, declared: list[tuple], given: list[tuple], names: list[str],

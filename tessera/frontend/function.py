@@ -21,7 +21,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import ArgumentKindError, ShapeError, TesseraError
 from ..runtime import interop
-from ..dims import Dynamic, DynamicDim, OffsetWidthError, index_bits
+from ..dims import Dynamic, DynamicDim, OffsetWidthError, hint_of, index_bits
 from .captures import Captures
 from .specialization import CacheInfo, Specialization
 from .tensor import TensorSpec
@@ -207,7 +207,7 @@ class Function:
         addressed with `index_bits`-bit offsets."""
         bindings, checked = bind_dims(self.name, [(a.name, self.annotations.get(a.name), a.shape, a.dtype)
                                                   for a in args])
-        bindings = {d: Dynamic(d, index_bits=index_bits) if d in dynamic and v >= 2 else v
+        bindings = {d: Dynamic(d, hint_of(v), index_bits) if d in dynamic and v >= 2 else v
                     for d, v in bindings.items()}
         outputs = [a.name for a in args] if self.writes_outputs else ()
         returns = None if self.writes_outputs else declared_returns(self.signature.return_annotation)

@@ -25,7 +25,8 @@ class CacheInfo:
     compiles: int
     #: calls the compile cache served (a call of shapes that ran before takes the fast path: not counted)
     hits: int
-    #: per compile, each dim's value in its key, or "dynamic" (one class for every value >= 2)
+    #: per compile, each dim's value in its key, or a dynamic dim's class (`tessera.dims.class_of`:
+    #: "dynamic<=128", "dynamic<=1024" or "dynamic")
     keys: list[dict[str, Any]]
     #: the dims compiled as kernel arguments now (marked, or seen with two values)
     dynamic: tuple[str, ...]
@@ -104,10 +105,10 @@ class Specialization:
         self.fixed[dim] = why
 
     def compiled(self, annotations: dict, tensors, generic) -> None:
-        """Counts a compile and keeps its key: each dim's value, or "dynamic"."""
+        """Counts a compile and keeps its key: each dim's value, or its class where it is dynamic."""
         self.compiles += 1
-        self.keys.append({d: "dynamic" if d in generic else int(tensors[i][1].shape[axis])
-                          for d, ((i, axis), *_) in dim_positions(annotations, tensors).items()})
+        values = {d: int(tensors[i][1].shape[axis]) for d, ((i, axis), *_) in dim_positions(annotations, tensors).items()}
+        self.keys.append({d: class_of(v) if d in generic else v for d, v in values.items()})
 
     def info(self) -> CacheInfo:
         return CacheInfo(self.compiles, self.hits, list(self.keys),

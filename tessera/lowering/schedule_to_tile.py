@@ -93,6 +93,7 @@ class KernelBuild:
     #: global buffers the template needs besides its output (kernel params between the inputs and
     #: `out`; the host allocates them) and kernels the host launches first, on the inputs and these
     scratch: list[SSAValue] = field(default_factory=list)
+    scratch_dims: list[str | None] = field(default_factory=list)   # each scratch buffer's dynamic dim
     before: list[tuple[t.KernelOp, tuple[int, int, int]]] = field(default_factory=list)
     #: kernels the host launches after this one, on the same arguments (inputs, scratch, outputs)
     after: list[tuple[t.KernelOp, tuple[int, int, int]]] = field(default_factory=list)
@@ -162,12 +163,19 @@ class KernelBuild:
         with self.b.origin(result.owner):
             self.em.store(self.em.value(result, m, ctx), out, m, ctx, g.tensor_type(result).dtype)
 
-    def add_scratch(self, memref: MemRefType) -> SSAValue:
-        """A new kernel param for a scratch buffer (after the inputs and earlier scratch)."""
+    def add_scratch(self, memref: MemRefType, dim: str | None = None) -> SSAValue:
+        """A new kernel param for a scratch buffer (after the inputs and earlier scratch); `dim`: the
+        name of its dynamic dim (`tile.BUFFER_DIMS`), which the host sizes it by."""
         block = self.kernel.body.block
-        arg = block.insert_arg(memref, len(block.args) - len(self.outs))
+        at = len(block.args) - len(self.outs)
+        arg = block.insert_arg(memref, at)
         self.kernel.properties["function_type"] = FunctionType.from_lists(block.arg_types, [])
+        names = self.kernel.attributes.get(t.BUFFER_DIMS)
+        if names is not None:   # (one name a param: the scratch's goes where it is inserted)
+            listed = list(names.data)
+            self.kernel.attributes[t.BUFFER_DIMS] = ArrayAttr([*listed[:at], StringAttr(dim or ""), *listed[at:]])
         self.scratch.append(arg)
+        self.scratch_dims.append(dim)
         return arg
 
     def mul(self, x: SSAValue, c: int) -> SSAValue:
@@ -1165,7 +1173,8 @@ def _split_k_gemm(kb: KernelBuild, gemm: _Gemm, splits: int, per_split: int) -> 
     K steps [s * per_split, (s + 1) * per_split) for split s (grid axis 2) into an fp32 buffer
     [splits, *batch, M, N]; `kb`'s kernel then adds the splits in order (so results do not depend
     on timing) and applies the epilogue, as an elementwise kernel over the output."""
-    partials_type = MemRefType(f32, [splits, *(sz for _, sz in gemm.batch), gemm.sizes["m"], gemm.sizes["n"]])
+    sizes = [*(sz for _, sz in gemm.batch), gemm.sizes["m"], gemm.sizes["n"]]   # (a dynamic one: `?`)
+    partials_type = MemRefType(f32, [splits, *(t.DYNAMIC if is_dynamic(sz) else sz for sz in sizes)])
     part = _start(kb.sk, kb.bindings, kb.in_types,
                   kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type)
     part.limit_warps(gemm.warps)
@@ -1178,8 +1187,8 @@ def _split_k_gemm(kb: KernelBuild, gemm: _Gemm, splits: int, per_split: int) -> 
     acc, m0, n0 = gemm.tile_loop(part, scalars, (0, count), origin=part.mul(first, gemm.tile["k"]))
     ctx = TileCtx({"m": (m0, gemm.tile["m"]), "n": (n0, gemm.tile["n"])}, {**scalars, "s": split})
     part.em.store(acc, part.out, ("s", *gemm.axes), ctx, dtypes.fp32)
-    kb.before.append((_finish(part), (math.prod(gemm.tiles), math.prod(sz for _, sz in gemm.batch), splits)))
-    return _sum_partials(kb, gemm, kb.add_scratch(partials_type), splits)
+    kb.before.append((_finish(part), (*gemm.grid(part)[:2], splits)))
+    return _sum_partials(kb, gemm, kb.add_scratch(partials_type, dynamic_dim_of([kb.result], kb.bindings)), splits)
 
 
 def _sum_partials(kb: KernelBuild, gemm: _Gemm, partials: SSAValue, splits: int) -> tuple[int, int, int]:
@@ -1187,8 +1196,7 @@ def _sum_partials(kb: KernelBuild, gemm: _Gemm, partials: SSAValue, splits: int)
     products added in split order, then the epilogue and the store."""
     kb.kernel.attributes.pop(t.PRODUCER_WARPS, None)
     kb.kernel.properties["num_stages"] = IntegerAttr(1, 64)
-    ctx, grid = _output_tile(kb, gemm.axes, [gemm.sizes[a] for a in gemm.axes], SPLIT_K_SUM_TILE["m"],
-                             SPLIT_K_SUM_TILE["n"])
+    ctx, grid = _output_tile(kb, gemm.axes, gemm.dims, SPLIT_K_SUM_TILE["m"], SPLIT_K_SUM_TILE["n"])
     kb.limit_warps(max(1, math.prod(ctx.shape) // 256))   # 8 sums a thread
     total = None
     for index in range(splits):
@@ -2068,8 +2076,11 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool) -> tuple[li
             outputs.append(buffers[out])
         inputs = [buffers[v] for v in sk.inputs]
         scratch = [b(t.AllocGlobalOp(x.type.get_shape(), x.type.get_element_type())) for x in kb.scratch]
-        if any(t.is_dynamic_memref(x.type) for x in kb.scratch):   # (no generic template asks for one)
-            raise DynamicDim(dynamic_dim_of(sk.inputs, bindings) or "?", "a scratch buffer's size needs it")
+        for alloc, dim in zip(scratch, kb.scratch_dims):
+            if t.is_dynamic_memref(alloc.type):   # sized per call by its dim's name
+                if not dim:
+                    raise DynamicDim(dynamic_dim_of(sk.inputs, bindings) or "?", "a scratch buffer's size needs it")
+                alloc.owner.attributes[t.BUFFER_DIMS] = StringAttr(dim)
         for kernel, kernel_grid in launches:
             kernel_grid = fit_grid(kernel, kernel_grid)
             args = inputs + scratch + ([] if kernel in first else outputs)

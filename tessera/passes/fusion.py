@@ -1110,9 +1110,7 @@ def _split_k(group: Group, planner: _Planner, params: dict[str, int], features: 
     shorter than twice that are never split. The partial products go through an fp32 buffer and a
     second kernel, which is cheap next to an idle GPU, not next to a busy one or a short K loop."""
     (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
-    dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(mm.res).shape]
-    if any(map(is_dynamic, dims)):   # (the partial products' buffer [splits, *batch, M, N] needs them)
-        return 1
+    dims = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(mm.res).shape]   # (a choice of speed)
     k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
     tile = s.gemm_tile(params, dims[-2], dims[-1], k, g.tensor_type(mm.lhs).dtype.itemsize)
     tiles = math.prod(dims[:-2]) * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])

@@ -10,10 +10,16 @@ import pytest
 
 import tessera as tsr
 from tessera import Tensor
-from tessera.dims import Dynamic, DynamicDim, bind_shapes, index_bits
+from tessera.dims import Dynamic, DynamicDim, bind_shapes, class_of, index_bits
 from tessera.errors import ShapeError, TesseraError
 
 ROWS = [2, 3, 17, 1000]
+
+
+def classes(values) -> list:
+    """The specialization classes of these values of a dynamic dim, in first-seen order (one compile
+    each: `tessera.dims.CLASSES`)."""
+    return list(dict.fromkeys(class_of(v) for v in values))
 
 
 def layer_norm_ref(x, w, b):
@@ -47,8 +53,8 @@ def test_one_compile_serves_every_row_count():
         assert not np.isnan(out).any()
         np.testing.assert_allclose(out, ref, rtol=1e-4, atol=1e-5)
     info = norm_gelu.cache_info()
-    assert (info.compiles, info.hits, info.dynamic) == (1, len(ROWS) - 1, ("M",))
-    assert info.keys == [{"M": "dynamic", "N": 37}]
+    assert (info.compiles, info.hits, info.dynamic) == (2, len(ROWS) - 2, ("M",))   # (a class of at most
+    assert info.keys == [{"M": c, "N": 37} for c in classes(ROWS)]                  # 128 rows, and of 1024)
 
 
 def test_a_dynamic_batch_dim_of_a_3d_softmax():
@@ -86,7 +92,7 @@ def test_a_dim_called_with_a_second_value_becomes_dynamic():
         x = rand(rng, m, 8)
         np.testing.assert_allclose(softmax(x), softmax_ref(x), rtol=1e-5, atol=1e-7)
     info = softmax.cache_info()
-    assert info.keys == [{"M": 4, "N": 8}, {"M": "dynamic", "N": 8}]
+    assert info.keys == [{"M": 4, "N": 8}, {"M": "dynamic<=128", "N": 8}]
     assert info.dynamic == ("M",) and info.compiles == 2
 
 
@@ -111,7 +117,7 @@ def test_a_dim_of_one_is_its_own_class():
     for m in (1, 5, 1, 6):
         x, y = rand(rng, m, 3), rand(rng, m, 3)
         np.testing.assert_allclose(add(x, y), x + y)
-    assert [k["M"] for k in add.cache_info().keys] == [1, "dynamic"]
+    assert [k["M"] for k in add.cache_info().keys] == [1, "dynamic<=128"]
 
 
 def test_zero_rows_launch_nothing_and_keep_the_generic_compile():
@@ -185,7 +191,8 @@ def test_one_attention_compile_serves_every_sequence_length(causal):
         assert not np.isnan(out).any()
         np.testing.assert_allclose(out.astype(np.float64), attention_ref(q, k, v, causal), rtol=2e-3, atol=2e-3)
     info = fn.cache_info()
-    assert (info.compiles, info.fixed, info.keys) == (1, {}, [{"B": 2, "H": 3, "S": "dynamic", "D": 64}])
+    assert (info.compiles, info.fixed) == (2, {})   # (lengths of at most 128, and of at most 1024)
+    assert info.keys == [{"B": 2, "H": 3, "S": c, "D": 64} for c in classes(lengths)]
 
 
 def test_a_marked_length_stays_dynamic_when_the_batch_varies_too():
@@ -198,6 +205,45 @@ def test_a_marked_length_stays_dynamic_when_the_batch_varies_too():
         np.testing.assert_allclose(fn(q, k, v).astype(np.float64), attention_ref(q, k, v, True), rtol=2e-3, atol=2e-3)
     info = fn.cache_info()
     assert info.compiles == 2 and info.dynamic == ("S",) and "also has dim 'S'" in info.fixed["B"], info
+
+
+def test_each_class_of_a_dynamic_dim_compiles_once_with_its_own_hint():
+    """Values compile once per class (`tessera.dims.CLASSES`), each with the schedule its hint picks:
+    a GEMM of a decode step's rows splits its K (two kernels), one of thousands of rows does not,
+    and a sweep of 60 row counts costs three compiles."""
+    fn = tsr.function(linear_gelu, dynamic=["M"])
+    rng = np.random.default_rng(18)
+    w, b = rng.standard_normal((1024, 64)).astype(np.float16) / 32, rng.standard_normal(64).astype(np.float16)
+    rows = [2, 5, 128, 129, 1024, 1025, 3000] + [int(m) for m in rng.integers(2, 3000, 53)]
+    for m in rows[:7]:
+        x = rng.standard_normal((m, 1024)).astype(np.float16)
+        np.testing.assert_allclose(fn(x, w, b).astype(np.float64), linear_gelu_ref(x, w, b), rtol=1e-2, atol=1e-2)
+    for m in rows[7:]:
+        fn(rng.standard_normal((m, 1024)).astype(np.float16), w, b)
+    info = fn.cache_info()
+    assert info.compiles == 3 and [k["M"] for k in info.keys] == ["dynamic<=128", "dynamic<=1024", "dynamic"]
+    kernels = {c: len(fn.compile(fn.arg_specs_for({"M": m, "K": 4096, "N": 1024}, "fp16"), dynamic=frozenset({"M"}),
+                                 arch="sm_90a").launches) for c, m in (("small", 8), ("large", 4096))}
+    assert kernels == {"small": 2, "large": 1}   # split K (its partial products, then their sum), or whole
+
+
+def test_a_split_k_gemm_over_a_dynamic_row_count():
+    """The small class's GEMM splits K: its partial products [splits, M, N] take M inside (sized per
+    call through the scratch buffer's dim name), their sum applies the epilogue; every row written."""
+    @tsr.kernel(dynamic=["M"])
+    def project(x: Tensor["M", "K"], w: Tensor["K", "N"], b: Tensor["N"], out: Tensor["M", "N"]):
+        out[:] = tsr.gelu(tsr.matmul(x, w) + b)
+
+    rng = np.random.default_rng(19)
+    w, b = rng.standard_normal((2048, 48)).astype(np.float16) / 45, rng.standard_normal(48).astype(np.float16)
+    compiled = project.compile(project.arg_specs_for({"M": 5, "K": 2048, "N": 48}, "fp16"), dynamic=frozenset({"M"}))
+    assert len(compiled.launches) == 2 and 'tessera.buffer_dims = "M"' in compiled.ir("tile")
+    for m in (2, 5, 100):
+        x = rng.standard_normal((m, 2048)).astype(np.float16)
+        out = np.full((m, 48), np.nan, np.float16)
+        project(x, w, b, out)
+        np.testing.assert_allclose(out.astype(np.float64), linear_gelu_ref(x, w, b), rtol=1e-2, atol=1e-2)
+    assert project.cache_info().compiles == 1
 
 
 def test_a_decode_step_over_a_cache_of_any_length():
@@ -346,8 +392,8 @@ def test_one_gemm_compile_serves_every_row_count(space):
         assert out.shape == (m, 100) and not np.isnan(out).any()
         np.testing.assert_allclose(out.astype(np.float64), linear_gelu_ref(x, w, b), rtol=1e-2, atol=1e-2)
     info = fn.cache_info()
-    assert (info.compiles, info.hits, info.fixed) == (1, len(rows) - 1, {})
-    assert info.keys == [{"M": "dynamic", "K": 72, "N": 100}]
+    assert (info.compiles, info.hits, info.fixed) == (2, len(rows) - 2, {})
+    assert info.keys == [{"M": c, "K": 72, "N": 100} for c in classes(rows)]
 
 
 def test_a_gemm_kernel_writes_every_row_of_a_poisoned_output():
@@ -362,7 +408,7 @@ def test_a_gemm_kernel_writes_every_row_of_a_poisoned_output():
         out = np.full((m, 24), np.nan, np.float16)
         project(x, w, out)
         np.testing.assert_allclose(out.astype(np.float64), 0.5 * (x.astype(np.float64) @ w), rtol=1e-2, atol=1e-2)
-    assert project.cache_info().compiles == 1
+    assert project.cache_info().compiles == 2   # (a class of at most 128 rows, and of 1024)
 
 
 def test_a_batched_gemm_over_a_dynamic_batch():
@@ -384,7 +430,7 @@ def test_a_generic_gemm_bounds_its_rows_by_the_size_param(arch):
     """The GEMM's rows are checked against M's u32 param on both paths; on sm_90a the A operand's
     tensor map leaves M to the call (`TensorMapSpec.DYNAMIC`), and no constant stands in for it."""
     fn = tsr.function(linear_gelu, dynamic=["M"])
-    compiled = fn.compile(fn.arg_specs_for({"M": 9, "K": 4096, "N": 1024}, "bf16"), dynamic=frozenset({"M"}),
+    compiled = fn.compile(fn.arg_specs_for({"M": 4096, "K": 4096, "N": 1024}, "bf16"), dynamic=frozenset({"M"}),
                           arch=arch)
     (launch,) = compiled.launches.values()
     assert launch.dims == ((0, 0),) and launch.param_types[-1] == "u32"
@@ -394,6 +440,12 @@ def test_a_generic_gemm_bounds_its_rows_by_the_size_param(arch):
         assert "wgmma" in ptx and [s.shape for s in launch.tensor_maps] == [(-1, 4096), (4096, 1024)]
     assert "?x4096xbf16" in compiled.ir("target")
     assert compiled.stage("cubin")
+    # a decode step's rows split K: partial products [splits, M, N] (M inside: its stride-free dim) and their sum
+    small = fn.compile(fn.arg_specs_for({"M": 9, "K": 4096, "N": 1024}, "bf16"), dynamic=frozenset({"M"}), arch=arch)
+    part, total = small.launches.values()
+    assert part.grid[2] > 1 and part.grid_terms and total.grid_terms
+    assert "memref<?x?x" not in small.ir("tile") and "x?x1024xf32>" in small.ir("tile")
+    assert all("9223372036854775808" not in k.ptx for k in small.stage("ptx").values()) and small.stage("cubin")
 
 
 def test_a_dynamic_dim_inside_a_tensor():
@@ -409,7 +461,7 @@ def test_a_dynamic_dim_inside_a_tensor():
         y = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
         np.testing.assert_allclose(norm_softmax(x, w), softmax_ref(y) + x, rtol=1e-5, atol=1e-6)
     info = norm_softmax.cache_info()
-    assert (info.compiles, info.fixed, info.keys) == (1, {}, [{"B": 3, "S": "dynamic", "N": 40}])
+    assert (info.compiles, info.fixed, info.keys) == (1, {}, [{"B": 3, "S": "dynamic<=128", "N": 40}])
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
@@ -549,7 +601,7 @@ def test_a_row_reduction_to_a_vector_and_an_inserted_unit_dim_stay_generic():
         return tsr.exp(x[:, None, :])
 
     rng = np.random.default_rng(9)
-    for m in (2, 7, 130):
+    for m in (2, 7, 127):
         x = rand(rng, m, 24)
         np.testing.assert_allclose(means(x), x.astype(np.float64).mean(-1), rtol=1e-5, atol=1e-6)
         np.testing.assert_allclose(widen(x), np.exp(x.astype(np.float64))[:, None, :], rtol=1e-5)

@@ -284,7 +284,7 @@ def test_an_attention_packages_its_sequence_length_as_a_dynamic_dim(tmp_path):
     """S of [B, H, S, D] (not a leading dim): the manifest names it, and the C tables leave it and the
     strides of B and H to the run (a TensorMap's 0 dim and `scaled` bits)."""
     out = tmp_path / "pkg"
-    assert cli.main(["package", f"{EXAMPLE}:flash_attention", "--arch", "sm_90a", "--shape", "B=1,H=2,S=128,D=64",
+    assert cli.main(["package", f"{EXAMPLE}:flash_attention", "--arch", "sm_90a", "--shape", "B=1,H=2,S=2048,D=64",
                      "--dynamic", "S", "-o", str(out)]) == 0
     (spec,) = json.loads((out / "manifest.json").read_text())["functions"]["flash_attention"]["specializations"]
     assert spec["arguments"][0]["shape"] == [1, 2, "S", 64] and spec["dims"]["S"] == "dynamic"
