@@ -31,9 +31,13 @@ HINT = 4096
 
 #: a dynamic dim's specialization classes (`class_of`): (the largest value of the class, the hint its
 #: compile's schedule choices read). A decode step's few rows and a prompt's thousands want different
-#: schedules (a GEMM of 8 rows splits its K four ways in 64 x 64 tiles, one of 4096 rows takes 128 x 256
-#: tiles whole), so values compile once per class: a sweep over every length costs three compiles
-CLASSES = ((128, 64), (1024, 512), (MAX_DIM, HINT))
+#: schedules: tiles are powers of two cut to the dim (`schedule.fit_block`), so a GEMM of 8 rows takes
+#: 16-row tiles on mma.sync and splits its K four ways, one of 100 rows 64 x 128 wgmma tiles split
+#: four ways, one of 4096 rows 128 x 256 tiles whole (H200 bf16, K = N = 4096). Classes end at the
+#: powers of two where those choices change, each compiled for its largest value, so every value
+#: of a class gets the schedule of the class's top; past 1024 the choices settle. A sweep over any
+#: values costs at most len(CLASSES) compiles
+CLASSES = ((16, 16), (32, 32), (64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024), (MAX_DIM, HINT))
 
 
 class DynamicDim(TesseraError):

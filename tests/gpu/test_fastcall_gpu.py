@@ -133,7 +133,7 @@ def test_several_kernels_tensor_maps_and_dynamic_dims(torch):
             close(norm(xn, w, b), F.layer_norm(xn.double(), (320,), w.double(), b.double()))
     assert all(fast_calls(f) for f in (mlp, attention, norm))
     assert served_in_c(mlp, x, w1, w2) and served_in_c(attention, q, k, v) and served_in_c(norm, xn, w, b)
-    assert norm.cache_info().compiles == 2   # (5 and 1000 rows: two classes of a dynamic dim)
+    assert norm.cache_info().compiles == 2   # (5 and 1000 rows: two classes of a dynamic dim, `dims.CLASSES`)
 
 
 def test_a_function_called_at_a_few_shapes_in_turn_finds_each_record(torch):

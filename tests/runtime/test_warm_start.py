@@ -252,6 +252,6 @@ def test_a_shape_generic_compile_serves_other_values_in_a_fresh_process(workdir)
     call = "import warm_fakes as fakes\nfakes.install()\nimport gen\ngen.norm(fakes.CudaArray({m}, 256), fakes.CudaArray(256))\n"
     cold = run(workdir, call.format(m=100))
     assert cold["traces"] == ["norm"] and len(entries(workdir)) == 1
-    warm_run = run(workdir, call.format(m=7))
+    warm_run = run(workdir, call.format(m=127))   # (100 and 127: one class, `dims.CLASSES`)
     assert warm_run["traces"] == [] and not warm_run["xdsl"]
     assert run(workdir, call.format(m=1))["traces"] == ["norm"]
