@@ -23,11 +23,12 @@ import torch
 import triton
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(ROOT)]
+sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 
 import tessera as tsr  # noqa: E402
 from tessera import Tensor  # noqa: E402
 from tessera.bench.timing import rel_err  # noqa: E402
+from flash_attention import causal_flash_attention, flash_attention  # noqa: E402
 
 
 def functions(**kw):
@@ -95,13 +96,8 @@ def host_us(fn, calls: int = 3000) -> float:
 
 
 def attention_functions(causal: bool, **kw):
-    def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-        scores = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5)
-        if causal:
-            rows, cols = tsr.arange(q.shape[-2]), tsr.arange(k.shape[-2])
-            scores = tsr.where(rows[:, None] >= cols[None, :], scores, float("-inf"))
-        return tsr.matmul(tsr.softmax(scores, dim=-1), v)
-    return tsr.function(attention, **kw)
+    """examples/flash_attention.py's attention (or its causal one), compiled as `kw` says."""
+    return tsr.function((causal_flash_attention if causal else flash_attention).fn, **kw)
 
 
 def attention_table(rows: list[int], sweep: int, names: list[str]) -> None:

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import tessera as tsr
+from seed_kernels import causal_attention, flash_attention
 from tessera import Tensor
 from tessera.dims import CLASSES, Dynamic, DynamicDim, bind_shapes, class_of, index_bits
 from tessera.errors import ShapeError, TesseraError
@@ -175,14 +176,7 @@ def attention_ref(q, k, v, causal=False):
 def test_one_attention_compile_serves_every_sequence_length(causal):
     """The sequence length of an attention (queries and keys) taken at run time: the key loop's
     bound and its last block's mask, the query blocks' grid and the strides of B and H."""
-    def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-        scores = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        if causal:
-            rows, cols = tsr.arange(q.shape[-2]), tsr.arange(k.shape[-2])
-            scores = tsr.where(rows[:, None] >= cols[None, :], scores, -math.inf)
-        return tsr.matmul(tsr.softmax(scores, dim=-1), v)
-
-    fn = tsr.function(attention, dynamic=["S"])
+    fn = tsr.function((causal_attention if causal else flash_attention).fn, dynamic=["S"])
     rng = np.random.default_rng(15)
     lengths = (2, 5, 17, 64, 130)
     for s in lengths:
@@ -198,7 +192,7 @@ def test_one_attention_compile_serves_every_sequence_length(causal):
 def test_a_marked_length_stays_dynamic_when_the_batch_varies_too():
     """B and S both vary, but a tensor takes one dim at run time: S (marked) stays generic and B is
     fixed, saying why, so new lengths never recompile (only new batch sizes do)."""
-    fn = tsr.function(causal_attention_fn(), dynamic=["S"])
+    fn = tsr.function(causal_attention.fn, dynamic=["S"])
     rng = np.random.default_rng(17)
     for b, s in ((2, 5), (3, 9), (3, 16), (2, 11), (3, 2)):   # (lengths of one class)
         q, k, v = (rng.standard_normal((b, 2, s, 16)).astype(np.float16) for _ in range(3))
@@ -267,7 +261,7 @@ def test_a_decode_step_over_a_cache_of_any_length():
 def test_a_generic_attention_reads_its_tensors_through_maps_of_the_calls_length(arch):
     """On sm_90a Q, K and V are read by TMA through maps whose S the call fills in; on both paths the
     query blocks' grid grows with S and no constant stands in for it."""
-    fn = tsr.function(causal_attention_fn(), dynamic=["S"])
+    fn = tsr.function(causal_attention.fn, dynamic=["S"])
     compiled = fn.compile(fn.arg_specs_for({"B": 2, "H": 4, "S": 1000, "D": 128}, "bf16"), dynamic=frozenset({"S"}),
                           index_bits=32, arch=arch)
     (launch,) = compiled.launches.values()
@@ -278,13 +272,6 @@ def test_a_generic_attention_reads_its_tensors_through_maps_of_the_calls_length(
         assert "wgmma" in ptx and [s.shape for s in launch.tensor_maps] == [(2, 4, -1, 128)] * 3
     assert compiled.stage("cubin")
 
-
-def causal_attention_fn():
-    def causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-        scores = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
-        rows, cols = tsr.arange(q.shape[-2]), tsr.arange(k.shape[-2])
-        return tsr.matmul(tsr.softmax(tsr.where(rows[:, None] >= cols[None, :], scores, -math.inf), dim=-1), v)
-    return causal
 
 
 def test_an_fp32_matmul_fixes_its_dims_for_tileiras():

@@ -10,6 +10,7 @@ import pytest
 
 import tessera as tsr
 from tessera import Tensor
+from seed_kernels import causal_attention, flash_attention
 from tessera.dims import class_of
 from tessera.errors import ShapeError
 
@@ -221,13 +222,8 @@ def test_a_gemm_kernel_writes_every_row_of_a_poisoned_output(torch_cuda):
 
 
 def attention_fn(causal: bool, **kw):
-    def attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
-        scores = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5)
-        if causal:
-            rows, cols = tsr.arange(q.shape[-2]), tsr.arange(k.shape[-2])
-            scores = tsr.where(rows[:, None] >= cols[None, :], scores, float("-inf"))
-        return tsr.matmul(tsr.softmax(scores, dim=-1), v)
-    return tsr.function(attention, **kw)
+    """seed_kernels' attention (or its causal one), compiled as `kw` says."""
+    return tsr.function((causal_attention if causal else flash_attention).fn, **kw)
 
 
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
