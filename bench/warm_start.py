@@ -7,7 +7,8 @@ Each measurement is a fresh Python process. torch, its CUDA context and the inpu
 before the clock starts; the clock then covers `import tessera` and the example module, the
 first call (the warm-start cache's artifact: read, verified, kernels loaded, launched) and
 torch.cuda.synchronize(). The first process (the cold one) compiles and writes the artifact; its
-time is shown for comparison. Each process also reports whether it imported xDSL (the warm path
+time is shown for comparison, and writes Python's bytecode cache (.pyc) as any first import does,
+whatever PYTHONDONTWRITEBYTECODE says. Each process also reports whether it imported xDSL (the warm path
 must not) and whether it traced. Caches live in a temporary folder: nothing of the user's is read.
 The steady call is the median host time of a call (no synchronize inside the timed region; the
 GPU work is queued) over 200 calls after 20 warm-up calls. Goal (issue 17): first result under
@@ -104,6 +105,10 @@ def main() -> int:
                "PYTHONPATH": os.pathsep.join([str(REPO / "examples"), str(REPO),
                                               *filter(None, [os.environ.get("PYTHONPATH")])])}
         env.pop("TESSERA_WARM_CACHE", None)
+        # Python's own bytecode cache is as warm as Tessera's: the cold process writes the .pyc files a
+        # pip install (or any first import) leaves, so a warm process does not compile Tessera's sources
+        # (the GPU machine's environment turns the writing off: every import compiled, about 20 ms)
+        env.pop("PYTHONDONTWRITEBYTECODE", None)
         cold = fresh_process(dims, args.causal, env)
         print(row("cold", cold))
         warm = [fresh_process(dims, args.causal, env) for _ in range(args.runs)]
