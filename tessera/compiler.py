@@ -437,7 +437,7 @@ class Compiled:
 
 
 def buffer_shapes(host) -> list[tuple]:
-    """Each host function argument's shape, a dynamic leading dim as its name (`tile.BUFFER_DIMS`)."""
+    """Each host function argument's shape, a dynamic dim as its name (`tile.BUFFER_DIMS`)."""
     from .ir import tile
     names = host.attributes.get(tile.BUFFER_DIMS)
     names = [a.data for a in names.data] if names is not None else [""] * len(host.body.block.args)

@@ -116,13 +116,14 @@ def class_of(value: int):
     its largest value ("dynamic" for the last: any value past the others)."""
     if value < 2:
         return value
-    bound = next(largest for largest, _ in CLASSES if value <= largest)
-    return "dynamic" if bound == CLASSES[-1][0] else f"dynamic<={bound}"
+    bound = next((largest for largest, _ in CLASSES[:-1] if value <= largest), None)
+    return "dynamic" if bound is None else f"dynamic<={bound}"
 
 
 def hint_of(value: int) -> int:
-    """The hint of the class of a dynamic dim's value (`CLASSES`)."""
-    return next(h for largest, h in CLASSES if value <= largest)
+    """The hint of the class of a dynamic dim's value (`CLASSES`; a value past MAX_DIM is the last
+    class's, and `bind_shapes` refuses it with a ShapeError naming the argument)."""
+    return next((h for largest, h in CLASSES[:-1] if value <= largest), CLASSES[-1][1])
 
 
 def bind_shapes(fn_name: str, declared: list[tuple], given: list[tuple], names: list[str],

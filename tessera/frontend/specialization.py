@@ -73,14 +73,14 @@ class Specialization:
         """The dims this call compiles as kernel arguments, each with its (tensor, axis) positions."""
         positions = dim_positions(annotations, tensors)
         values = {d: int(tensors[i][1].shape[axis]) for d, ((i, axis), *_) in positions.items()}
-        wanted = (self.dynamic | self.varied) - self.static - self.fixed.keys()
+        wanted = {d for d in (self.dynamic | self.varied) - self.static - self.fixed.keys() if values[d] >= 2}
         self._one_per_tensor(wanted, positions, tensors)
-        return {d: positions[d] for d in sorted(wanted - self.fixed.keys()) if values[d] >= 2}
+        return {d: positions[d] for d in sorted(wanted - self.fixed.keys())}
 
     def _one_per_tensor(self, wanted: set, positions: dict, tensors) -> None:
         """A buffer takes one dim at run time (`schedule_to_tile.memref_of`): where a tensor has
-        several wanted dims, the one the user marked dynamic (else its first) stays, and the others
-        are fixed, saying why (an attention called with new batch sizes and new lengths keeps its
+        several wanted dims (of 2 or more in this call), the one the user marked dynamic (else its
+        first) stays, and the others are fixed, saying why (an attention called with new batch sizes and new lengths keeps its
         marked length generic, rather than whichever dim the compile met first)."""
         for i, (name, _) in enumerate(tensors):
             dims = [d for d in wanted - self.fixed.keys() if any(j == i for j, _ in positions[d])]

@@ -1049,8 +1049,9 @@ def _pipelined_loop_ahead(kb: KernelBuild, steps: tuple, stages: int, operands: 
 @dataclass
 class _Gemm:
     """What a GEMM kernel computes: its matmul, the output's axes (batch..., m, n), graph dims and
-    sizes, the tile, the tile counts and the K steps. A dynamic dim (`tessera.dims`) leads the
-    output: M of a 2-D GEMM, or the first batch dim; its tile count is computed at run time."""
+    sizes, the tile, the tile counts and the K steps. A dynamic dim (`tessera.dims`) is M (its tile
+    count then computed at run time) or the first batch dim (the batch grid grows with it); any
+    other (N, K, an inner batch dim) raises `DynamicDim` where a step needs its value."""
 
     mm: g.MatmulOp
     axes: tuple[str, ...]
@@ -1365,7 +1366,10 @@ class _AttentionRows:
 
 def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     shape = _AttentionShape.of(kb)
-    if kb.params.get("split_kv", 1) > 1:   # (never asked of a dynamic key count: fusion's _split_kv)
+    if kb.params.get("split_kv", 1) > 1:   # (fusion's _split_kv asks it of no dynamic dim; a space may)
+        if shape.dynamic:
+            raise DynamicDim(next(shape.dims[a] for a, n in shape.sizes.items() if is_dynamic(n)),
+                             "a split-KV attention's partial outputs take every dim as a constant")
         splits, _ = s.split_k_splits(shape.key_blocks, kb.params["split_kv"])
         if splits > 1:
             return _split_kv_attention(kb, shape, splits)
@@ -1956,7 +1960,7 @@ def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
     return index_maps.chain_axis_sizes(sinks, kb.size)
 
 
-#: kernel kinds whose templates take a leading dim at run time (`KernelBuild.extent`, `grid_extent`);
+#: kernel kinds whose templates take a dynamic dim at run time (`KernelBuild.extent`, `grid_extent`);
 #: any other kernel over a dynamic dim raises `DynamicDim`, and the function compiles it as a constant
 GENERIC_KINDS = frozenset({"elementwise", "row_reduction", "gemm", "flash_attention"})
 

@@ -115,7 +115,8 @@ def staging_for(op: tile.StoreOp, layouts: dict[SSAValue, Layout], platform: Pla
             or list(tile.int_values(op.tile_dims)) != [len(shape) - 2, len(shape) - 1] or elem not in (2, 4)):
         return None
     staging = Staging.of(elem, layout.warp_tile[1])
-    if (staging is None or shape[-1] % staging.vec or not tile.rows_aligned(op.dst.type, staging.vec)
+    if (staging is None or shape[-1] == tile.DYNAMIC or shape[-1] % staging.vec
+            or not tile.rows_aligned(op.dst.type, staging.vec)
             or index_facts.known_multiple(list(op.offsets)[-1]) % staging.vec):   # 16-byte aligned columns
         return None
     staged = _align_up(used, 16) + storing_warps * staging.buffer_bytes

@@ -76,7 +76,7 @@ def _tileiras_installed() -> bool:
 
 def cannot_compile(backend: str, kernel: KernelFacts) -> str | None:
     """Why `backend` cannot compile `kernel` (None: it can, as far as a schedule shows; a dim taken at
-    run time is `choose`'s to handle)."""
+    run time is `choose`'s to handle: it fixes the dim where this is None)."""
     if backend != "cuda-tile":
         return None
     reason = BACKENDS[backend].cannot_target(kernel.target, kernel.dtypes)
@@ -114,12 +114,12 @@ def choose(kernel: KernelFacts, option: str = "auto", pinned: str | None = None)
     for rule in RULES:
         if not rule.applies(kernel):
             continue
-        if kernel.dynamic is not None and not BACKENDS[rule.backend].dynamic_dims:
+        reason = cannot_compile(rule.backend, kernel)
+        if reason is None and kernel.dynamic is not None and not BACKENDS[rule.backend].dynamic_dims:
             # (the next rule's backend would take the dim, but a kernel the rule's backend compiles
             # better, or alone, such as an fp32 matmul, is worth a compile per value)
             raise DynamicDim(kernel.dynamic, f"rule {rule.name} gives this kernel to the {rule.backend} "
                                              f"backend, which takes every dim as a constant")
-        reason = cannot_compile(rule.backend, kernel)
         if reason is None:
             return Choice(rule.backend, f"rule {rule.name}" + (f" ({'; '.join(passed)})" if passed else ""))
         passed.append(f"{rule.name}: {rule.backend} cannot compile it, {reason}")

@@ -285,10 +285,10 @@ class _Run:
     """Runs one kernel for one program id and collects its hazards into `report`."""
 
     def __init__(self, kernel: tgt.KernelOp, pid: tuple[int, ...], report, plans: dict, index_value: int = 0,
-                 dim_value: int | None = None):
+                 dim_sample: int = 0):
         self.kernel, self.pid, self._report, self.plans = kernel, pid, report, plans
         self.index_value = index_value   # what every tile.load_index reads (`INDEX_SAMPLES`)
-        self.dim_value = dim_value       # every dynamic dim's size (`DIM_SAMPLES`)
+        self.dim_sample = dim_sample     # which sizes the dynamic dims take (`dim_size`)
         self.env: dict = {}
         self.clock = 0
         self.agents: list[_Agent] = []
@@ -376,7 +376,7 @@ class _Run:
         self.env[op.results[0]] = self.index_value
 
     def _dim(self, agent: _Agent, op: Operation) -> None:
-        self.env[op.results[0]] = self.dim_value
+        self.env[op.results[0]] = dim_size(self.kernel, op.source.index, self.dim_sample)
 
     # control flow
 
@@ -783,16 +783,28 @@ _ASYNC_OPS = {"tile.load_shared", "tessera_target.memcpy", "tessera_target.tma_l
 # --- entry points ----------------------------------------------------------------------------
 
 
-def program_ids(kernel: tgt.KernelOp, dim_value: int | None = None) -> list[tuple[int, ...]]:
+def dim_size(kernel: tgt.KernelOp, arg: int, sample: int) -> int:
+    """The size kernel argument `arg`'s dynamic dim takes in run `sample` of `DIM_SAMPLES`: dims of
+    different names take different samples (a cross-attention's query and key lengths are not
+    checked only equal), buffers of one name the same."""
+    names = kernel.attributes.get(tile.BUFFER_DIMS)
+    listed = [a.data for a in names.data] if names is not None else []
+    name = listed[arg] if arg < len(listed) and listed[arg] else f"arg{arg}"
+    distinct = sorted(set(n for n in listed if n) | {name})
+    return DIM_SAMPLES[(sample + distinct.index(name)) % len(DIM_SAMPLES)]
+
+
+def program_ids(kernel: tgt.KernelOp, dim_sample: int = 0) -> list[tuple[int, ...]]:
     """The blocks a kernel is checked for: the first three, the middle one and the last three along
     every grid axis at once. Blocks differ in trip counts (a causal attention's query block sees
     more key blocks the later it is, a persistent GEMM's last blocks take fewer tiles), and so in
     which stages end armed: three neighbours catch trip counts one apart even where two blocks
     share one (64-row query blocks over 128-key blocks), the middle one the common case. An axis
-    growing with a dynamic dim (`tessera_target.grid_dims`) is as long as `dim_value` makes it."""
+    growing with a dynamic dim (`tessera_target.grid_dims`) is as long as run `dim_sample`'s size of
+    the dim makes it (`dim_size`)."""
     grid = list(kernel.config.grid_dims)
-    for axis, _, _, block in tile.grid_terms(kernel.attributes.get(tgt.GRID_DIMS)):
-        grid[axis] *= -(-dim_value // block)
+    for axis, arg, _, block in tile.grid_terms(kernel.attributes.get(tgt.GRID_DIMS)):
+        grid[axis] *= -(-dim_size(kernel, arg, dim_sample) // block)
     picks = (lambda g: 0, lambda g: min(1, g - 1), lambda g: min(2, g - 1), lambda g: g // 2,
              lambda g: max(g - 3, 0), lambda g: max(g - 2, 0), lambda g: g - 1)
     return list(dict.fromkeys(tuple(pick(g) for g in grid) for pick in picks))
@@ -809,11 +821,11 @@ def check_kernel(kernel: tgt.KernelOp) -> list[Hazard]:
 
     plans: dict = {}   # block -> its ops' handlers, shared by the blocks' runs
     reads_indices = any(isinstance(op, tile.INDEX_READS) for op in kernel.walk())
-    dynamic = any(isinstance(op, tile.DimOp) for op in kernel.walk())
-    for dim_value in DIM_SAMPLES if dynamic else (None,):
+    dynamic = tgt.GRID_DIMS in kernel.attributes or any(isinstance(op, tile.DimOp) for op in kernel.walk())
+    for sample in range(len(DIM_SAMPLES)) if dynamic else (0,):
         for value in INDEX_SAMPLES if reads_indices else (0,):
-            for pid in program_ids(kernel, dim_value):
-                _Run(kernel, pid, report, plans, value, dim_value).run()
+            for pid in program_ids(kernel, sample):
+                _Run(kernel, pid, report, plans, value, sample).run()
     return list(found.values())
 
 

@@ -87,7 +87,8 @@ def _dtype_of_numpy(dt: np.dtype) -> DType | None:
 
 def c_strides(shape: Sequence[int]) -> tuple[int, ...]:
     """Row-major (C-contiguous) element strides of `shape` (a size-0 dim counted as 1). The leading
-    dim's size is never read: it may be a dynamic dim (`tessera.dims`)."""
+    dim's size is never read: it may be a dynamic dim (`tessera.dims`); a dynamic dim elsewhere has
+    no strides before it known here (callers take `tile.stride_factors`, or replace it by 1)."""
     strides, step = [], 1
     for size in reversed(shape[1:]):
         strides.append(step)

@@ -31,7 +31,7 @@ TENSOR_MAP_CACHE_SIZE = 256
 
 @dataclass(frozen=True)
 class Buffer:
-    #: a dynamic leading dim (`tessera.dims`) is its name, bound per call from the inputs' shapes
+    #: a dynamic dim (`tessera.dims`; one a buffer) is its name, bound per call from the inputs' shapes
     shape: tuple[int | str, ...]
     dtype: Any                 # tessera DType
     #: element strides of an argument the kernels read in place though it is not contiguous

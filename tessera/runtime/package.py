@@ -297,14 +297,17 @@ def build(functions: Sequence, shapes: Sequence[Mapping[str, int]], archs: Seque
     """An artifact per function, shape and arch: each compiled for the arch (on code path `path`,
     arguments not annotated with a dtype taking `dtype`) with its PTX and the arch's cubins; the
     `dynamic` dims as kernel arguments (64-bit offsets: a package serves any size), so one
-    artifact serves every value of them (a function that cannot take one is an error saying why)."""
+    artifact serves every value of them (a function that cannot take one is an error saying why).
+    Its schedule is the one the class of the largest value the shapes give a dynamic dim picks
+    (`tessera.dims.CLASSES`): the shapes are compiled largest first, the others skipped."""
     from ..dims import DynamicDim
     from ..frontend.function import _reads_an_output
 
     artifacts = []
+    largest_first = sorted(shapes, key=lambda dims: [-dims.get(d, 0) for d in dynamic])
     for fn in functions:
         built = set()
-        for dims in shapes:
+        for dims in largest_first:
             specs = fn.arg_specs_for(dict(dims), dtype)
             bound = {d: "dynamic" if d in dynamic else dims[d] for s in specs for d in s.dims if isinstance(d, str)}
             if tuple(sorted(bound.items())) in built:   # another value of a dynamic dim: the same specialization

@@ -9,8 +9,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-#: a dim of `TensorMapSpec.shape` the kernel takes at run time (`tessera.dims`): a buffer's leading
-#: dim, whose size each call's map is encoded with (`TensorMapSpec.bound`)
+#: a dim of `TensorMapSpec.shape` the kernel takes at run time (`tessera.dims`; a buffer has one),
+#: whose size each call's map is encoded with (`TensorMapSpec.bound`)
 DYNAMIC = -1
 
 
@@ -24,7 +24,7 @@ class TensorMapSpec:
 
     arg: int
     dtype: str
-    shape: tuple[int, ...]     # a dynamic leading dim: DYNAMIC
+    shape: tuple[int, ...]     # a dynamic dim: DYNAMIC
     box: tuple[int, ...]       # per dim, outermost first, like `shape`
     swizzle: int = 128
     strides: tuple[int, ...] | None = None   # element strides, outermost first; None: row-major
@@ -34,11 +34,13 @@ class TensorMapSpec:
         return DYNAMIC in self.shape
 
     def bound(self, shape) -> TensorMapSpec:
-        """The map over a buffer of this call's `shape`: a dynamic dim takes its size there (the
-        strides do not change: only a leading dim is dynamic)."""
+        """The map over a buffer of this call's `shape`: a dynamic dim takes its size there, at its
+        axis (a kernel may read a view of the buffer of another rank: views keep the dynamic dim at
+        its axis, `schedule_to_tile._require_same_dynamic_axis`). Row-major strides follow from it."""
         if not self.dynamic:
             return self
-        return dataclasses.replace(self, shape=tuple(int(n) if d == DYNAMIC else d for d, n in zip(self.shape, shape)))
+        return dataclasses.replace(self, shape=tuple(int(shape[axis]) if d == DYNAMIC else d
+                                                     for axis, d in enumerate(self.shape)))
 
 
 #: cuTensorMapEncodeTiled's bound on an outer dim's byte stride

@@ -274,9 +274,12 @@ def test_a_generic_attention_reads_its_tensors_through_maps_of_the_calls_length(
 
 
 
-def test_an_fp32_matmul_fixes_its_dims_for_tileiras():
+def test_an_fp32_matmul_fixes_its_dims_for_tileiras(monkeypatch):
     """An fp32 matmul goes to tileiras (the PTX backend has no fp32 matrix instruction), which takes
-    every dim as a constant: its dynamic dim is fixed, not passed to a backend that cannot run it."""
+    every dim as a constant: its dynamic dim is fixed, not passed to a backend that cannot run it
+    (where tileiras is installed; without it the kernel goes to PTX either way, generic)."""
+    from tessera.passes import backend_choice
+    monkeypatch.setattr(backend_choice, "_tileiras_installed", lambda: True)
     @tsr.function(dynamic=["M"])
     def project(x: Tensor["M", "K"], w: Tensor["K", "N"]):
         return tsr.matmul(x, w)
@@ -346,6 +349,14 @@ def test_bind_shapes_names_disagreeing_arguments():
         bind_shapes("f", declared, [(5, 4), (6, 4)], ["x", "y"])
 
 
+def test_a_value_past_the_largest_dim_is_in_the_last_class():
+    """class_of and hint_of run before bind_shapes can refuse a value: they must not fail first."""
+    from tessera.dims import MAX_DIM, hint_of
+    assert class_of(MAX_DIM + 5) == "dynamic" and hint_of(MAX_DIM + 5) == CLASSES[-1][1]
+    assert [class_of(v) for v in (0, 1, 2, 16, 17, 1024, 1025)] == \
+        [0, 1, "dynamic<=16", "dynamic<=16", "dynamic<=32", "dynamic<=1024", "dynamic"]
+
+
 def test_a_dynamic_dim_refuses_to_be_a_number():
     d = Dynamic("S")
     assert d != 1 and d == Dynamic("S") and not (d == 0)
@@ -411,6 +422,20 @@ def test_a_batched_gemm_over_a_dynamic_batch():
         b = rng.standard_normal((batch, 36, 18)).astype(np.float16)
         np.testing.assert_allclose(bmm(a, b).astype(np.float64), a.astype(np.float64) @ b, rtol=1e-2, atol=1e-2)
     assert bmm.cache_info().compiles == 1 and bmm.cache_info().fixed == {}
+    for arch in ("sm_80", "sm_90a"):   # (a grid growing with B, no size read in the kernel: check-async samples it)
+        compiled = bmm.compile(bmm.arg_specs_for({"B": 4, "M": 128, "K": 64, "N": 128}, "bf16"),
+                               dynamic=frozenset({"B"}), arch=arch)
+        assert next(iter(compiled.launches.values())).grid_terms and compiled.stage("cubin")
+
+
+def test_a_pinned_split_kv_fixes_a_dynamic_length():
+    """A space that pins split_kv over a dynamic query count: the split's partial outputs take every
+    dim as a constant, so S is fixed (not a verifier error)."""
+    fn = tsr.function(flash_attention.fn, dynamic=["S"], space={"split_kv": [4]})
+    rng = np.random.default_rng(20)
+    q, k, v = (rng.standard_normal((1, 2, 40, 16)).astype(np.float16) for _ in range(3))
+    np.testing.assert_allclose(fn(q, k, v).astype(np.float64), attention_ref(q, k, v), rtol=2e-3, atol=2e-3)
+    assert "split-KV attention's partial outputs" in fn.cache_info().fixed["S"]
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")

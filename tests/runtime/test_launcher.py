@@ -45,6 +45,9 @@ def test_a_map_over_a_dynamic_leading_dim_is_encoded_with_the_calls_size():
     shapes = [(5, 5), (37, 256), (1000, 256)]
     assert launch_args(step((1,), (a,)), POINTERS, fake_encode, shapes) == [0x2000, ("encoded", 0x2000, (37, 256))]
     assert launch_args(step((2,), (a,)), POINTERS, fake_encode, shapes) == [0x3000, ("encoded", 0x3000, (1000, 256))]
+    # a kernel reading a view of another rank (query groups split a head dim): the dim at its axis
+    view = TensorMapSpec(arg=0, dtype="f16", shape=(-1, 2, 2, 64, 64), box=(1, 1, 1, 64, 64))
+    assert view.bound((3, 2, 128, 64)).shape == (3, 2, 2, 64, 64)
 
 
 @tsr.function

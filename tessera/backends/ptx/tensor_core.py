@@ -169,7 +169,7 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
     padding = op.padding.value.data if op.padding is not None else 0.0
     elem = buf.elem
     vector = (op.mechanism.data == "cp.async" and dims[1] == len(shape) - 1 and padding == 0.0
-              and (shape[-1] * elem) % 16 == 0 and t.rows_aligned(src.type, 16 // elem)
+              and shape[-1] != t.DYNAMIC and (shape[-1] * elem) % 16 == 0 and t.rows_aligned(src.type, 16 // elem)
               and (buf.cols * elem) % 16 == 0)
     chunk = 16 // elem if vector else 1
     start, rows = op.rows or (0, buf.rows)   # (the stage's rows this copy fills)

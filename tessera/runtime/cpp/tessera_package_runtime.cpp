@@ -163,7 +163,7 @@ int run(Function& f, const CUdeviceptr* params, const char* const* names, const 
   // buffer copied over it afterwards when the kernel reads the old contents (reads_outputs).
   int n = spec->n_args + spec->n_results + spec->n_intermediates;
   std::vector<size_t> bytes(n);
-  std::vector<int64_t> leading(n, 0);  // each buffer's dynamic leading dim, 0 where it has none
+  std::vector<int64_t> leading(n, 0);  // each buffer's dynamic dim's size (at any axis), 0 where it has none
   for (int i = 0; i < n; ++i) {
     int d = spec->buffer_dim[i];
     leading[i] = d >= 0 ? dims[d] : 0;

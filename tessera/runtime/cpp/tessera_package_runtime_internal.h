@@ -25,7 +25,7 @@ struct Step { int kernel; const int* buffers; int n_buffers; };
 struct Spec {
   const char* arch; int n_args, n_results, n_intermediates;
   const size_t* sizes;        // bytes per buffer: arguments, results, intermediates (per unit of its dim)
-  const int* buffer_dim;      // per buffer: the Function's dynamic dim its leading dim is, or -1
+  const int* buffer_dim;      // per buffer: the Function's dynamic dim it has (one at most), or -1
   const int* result_param;    // per result: the caller's param it lives in
   bool reads_outputs;
   const Kernel* kernels; int n_kernels; const Step* steps; int n_steps;
