@@ -130,6 +130,35 @@ def attention_table(rows: list[int], sweep: int, names: list[str]) -> None:
         print(f"sweep {name}: {sweep} random lengths, {info.compiles} compile(s), keys {info.keys}")
 
 
+def decode_functions(**kw):
+    def decode(q: Tensor["B", "H", "Q", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
+        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5), dim=-1), v)
+    return tsr.function(decode, **kw)
+
+
+def decode_table(lengths: list[int], batches: tuple[int, ...] = (1, 8)) -> None:
+    """A decode step (one query a head, 32 heads, D = 128, bf16) over a KV cache of N keys: the
+    value-specialized compile, the generic one (N dynamic: flash-decoding's split counted for its
+    class's top value, the runs counted at run time) and torch SDPA, in us."""
+    print("\n| decode | B x H x N x D | specialized us | generic us | torch SDPA us | generic/specialized |")
+    print("|---|---|---|---|---|---|")
+    static, generic = decode_functions(static=["N"]), decode_functions(dynamic=["N"])
+    for b in batches:
+        q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        for n in lengths:
+            k, v = (torch.randn(b, 32, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+            sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+            ref = sdpa().float()
+            for fn in (static, generic):
+                err = rel_err(fn(q, k, v), ref)
+                assert err < 2e-2, f"decode N={n}: relative error {err:.2e}"
+            t_static, t_generic = (graph_us(lambda f=f: f(q, k, v)) for f in (static, generic))
+            t_torch = graph_us(sdpa)
+            print(f"| decode | {b} x 32 x {n} x 128 | {t_static:.1f} | {t_generic:.1f} | {t_torch:.1f} | "
+                  f"{t_generic / t_static:.3f} |")
+    print(f"decode: {generic.cache_info().compiles} generic compile(s), keys {generic.cache_info().keys}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1000,4097,16384,65536")
@@ -137,6 +166,7 @@ def main() -> None:
     parser.add_argument("--sweep", type=int, default=200)
     parser.add_argument("--only", default="", help="the functions to run, comma-separated (default: all)")
     parser.add_argument("--attention-lengths", default="1000,4097,8192")
+    parser.add_argument("--decode-lengths", default="4097,32768,131072")
     args = parser.parse_args()
     rows = [int(r) for r in args.rows.split(",")]
     n = args.n
@@ -168,6 +198,8 @@ def main() -> None:
     for name in generic:
         row = [host_us(lambda: f(x, *params[name])) for f in (static[name], generic[name], TORCH[name])]
         print(f"| {name} | 8 | " + " | ".join(f"{t:.1f}" for t in row) + " |")
+    if not only or "decode" in only:
+        decode_table([int(n) for n in args.decode_lengths.split(",")])
     if not only or only & {"attention", "causal_attention"}:
         attention_table(rows=[int(r) for r in args.attention_lengths.split(",")], sweep=args.sweep,
                         names=[n for n in ("attention", "causal_attention") if not only or n in only])

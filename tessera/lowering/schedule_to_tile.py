@@ -982,7 +982,7 @@ class _Pipeline:
 
 def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
                     step_size: int, fixed: dict[str, SSAValue], scalars, inits, compute, mma_async: bool = False,
-                    origin: SSAValue | None = None, past_end: int | None = None):
+                    origin: SSAValue | None = None, past_end: int | SSAValue | None = None):
     """A `_Pipeline` loop over steps [first, end) of `inner_axis`, `step_size` apart (from `origin`
     along it, if given), from a prologue of its own; with `mma_async`, the mmas still running are
     waited for after the loop. With `past_end`, an offset at or past the operands' extent, the
@@ -995,7 +995,8 @@ def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[O
         if origin is not None:
             offset = kb.b(arith.AddiOp(origin, offset))
         if past_end is not None:
-            offset = kb.b(t.SelectOp(kb.b(t.CmpiOp(step, end, "slt")), offset, kb.b.index(past_end)))
+            inside = kb.b(t.CmpiOp(step, end, "slt"))
+            offset = kb.b(t.SelectOp(inside, offset, kb.b.index(past_end) if isinstance(past_end, int) else past_end))
         return {**fixed, inner_axis: offset}
     pipe = _Pipeline(kb, stages, operands, offsets, scalars, mma_async)
     pipe.prologue(first)
@@ -1366,11 +1367,11 @@ class _AttentionRows:
 
 def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     shape = _AttentionShape.of(kb)
-    if kb.params.get("split_kv", 1) > 1:   # (fusion's _split_kv asks it of no dynamic dim; a space may)
-        if shape.dynamic:
-            raise DynamicDim(next(shape.dims[a] for a, n in shape.sizes.items() if is_dynamic(n)),
-                             "a split-KV attention's partial outputs take every dim as a constant")
-        splits, _ = s.split_k_splits(shape.key_blocks, kb.params["split_kv"])
+    if kb.params.get("split_kv", 1) > 1:   # (a dynamic key count splits by its hint: fusion's _split_kv)
+        dynamic = [shape.dims[a] for a in shape.axes if is_dynamic(shape.sizes[a])]
+        if dynamic:
+            raise DynamicDim(dynamic[0], "a split-KV attention's partial outputs take their dims as constants")
+        splits, _ = s.split_k_splits(cdiv(hint(shape.sizes["n"]), shape.tile["n"]), kb.params["split_kv"])
         if splits > 1:
             return _split_kv_attention(kb, shape, splits)
     rows = _attention_rows(kb, shape)
@@ -1530,7 +1531,10 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
             return [accumulate(acc, alpha, stored(probs), v_tile), m_new, l_new]
         past_end = None
         if split is not None:   # a run of the key blocks; copies the pipeline issues past it read padding
-            steps, past_end = _split_run(kb, steps, *split), att.key_blocks * tile["n"]
+            past_end = att.key_blocks * tile["n"] if isinstance(n_keys, int) else \
+                kb.mul(kb.b(arith.DivSIOp(kb.b(arith.AddiOp(n_keys, kb.b.index(tile["n"] - 1))),
+                                          kb.b.index(tile["n"]))), tile["n"])
+            steps = _split_run(kb, steps, *split)
         acc, m_i, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed, scalars, inits,
                                         compute, past_end=past_end)
     return _AttentionRows(acc, m_i, l_i, scales[0] if scales else 1.0, m0, scalars, p_map)
@@ -1598,7 +1602,7 @@ def _combine_splits(kb: KernelBuild, att: _AttentionShape, lse: SSAValue, partia
     does in one kernel."""
     kb.kernel.attributes.pop(t.PRODUCER_WARPS, None)
     kb.kernel.properties["num_stages"] = IntegerAttr(1, 64)
-    ctx, grid = _output_tile(kb, att.axes, [att.sizes[a] for a in att.axes], 1, SPLIT_KV_COMBINE_COLUMNS)
+    ctx, grid = _output_tile(kb, att.axes, [att.dims[a] for a in att.axes], 1, SPLIT_KV_COMBINE_COLUMNS)
     kb.limit_warps(max(1, math.prod(ctx.shape) // 128))
     b, (bm, be) = kb.b, ctx.shape
     group = min(SPLIT_KV_COMBINE_GROUP, splits)

@@ -1208,8 +1208,9 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     memory at the query tile the kernel really uses (16 rows for a decode step, not `block_m`)."""
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]   # [*batch, M, N]
-    if any(map(is_dynamic, dims)):   # (the split template sizes its partial outputs by them)
+    if any(map(is_dynamic, dims[:-1])):   # (the split template sizes its partial outputs by them)
         return 1
+    dims[-1] = hint(dims[-1])   # a dynamic key count splits as its class's top value would
     query = dims[:-1]
     query.append(query.pop(s.attention_rows_of(m1, m2, planner.bindings)))   # as the template tiles P @ V
     rows = s.fit_block(params["block_m"], query[-1])

@@ -249,11 +249,20 @@ def test_a_decode_step_over_a_cache_of_any_length():
         return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * 0.125, dim=-1), v)
 
     rng = np.random.default_rng(16)
-    for n in (2, 31, 100):
+    lengths = (2, 31, 100, 1500, 3001)
+    for n in lengths:
         q = rng.standard_normal((1, 4, 1, 64)).astype(np.float16)
         k, v = (rng.standard_normal((1, 4, n, 64)).astype(np.float16) for _ in range(2))
         np.testing.assert_allclose(decode(q, k, v).astype(np.float64), attention_ref(q, k, v), rtol=2e-3, atol=2e-3)
-    assert decode.cache_info().compiles == len(classes((2, 31, 100))) and decode.cache_info().fixed == {}
+    assert decode.cache_info().compiles == len(classes(lengths)) and decode.cache_info().fixed == {}
+    # a long cache's class splits its key blocks (flash-decoding) as its top value would, whatever
+    # the length: the split runs are counted at run time, the partial outputs do not depend on N
+    for arch in ("sm_80", "sm_90a"):
+        compiled = decode.compile(decode.arg_specs_for({"B": 1, "H": 8, "Q": 1, "N": 3001, "D": 128}, "bf16"),
+                                  dynamic=frozenset({"N"}), index_bits=32, arch=arch)
+        part, combine = compiled.launches.values()
+        assert part.grid[2] > 1 and part.dims and not combine.grid_terms   # (the combine: per query row)
+        assert all("9223372036854775808" not in k.ptx for k in compiled.stage("ptx").values())
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
