@@ -1430,7 +1430,8 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     p_map, v_map = matmul_operand_maps(m2, axes, "n", kb.bindings)
     terms = attention_mask(sm.input, p_map, "m", "n", kb.bindings)
     bounds = terms.bounds if terms is not None else ColumnBounds(None, None)
-    heavy_first = split is None and p.get("heavy_first", 0) and not att.dynamic   # (it counts the blocks)
+    # (heavy_first counts the query blocks and batch programs: fusion asks it only of a static grid)
+    heavy_first = split is None and p.get("heavy_first", 0) and not any(is_dynamic(att.sizes[a]) for a in att.axes)
     query_block, batch_index = _ordered_program(kb, *(att.grid(kb)[:2] if heavy_first else (0, 0)), bounds,
                                                 heavy_first=heavy_first)
     scalars = kb.batch_indices(batch_index, att.batch)

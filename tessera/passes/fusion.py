@@ -1148,7 +1148,10 @@ def _schedule_few_heads(group: Group, block: Block, planner: _Planner, params: d
     programs, rows = work
     if planner.sm_count < HEAVY_FIRST_BLOCKS_PER_PROGRAM * programs:
         return
-    if "heavy_first" not in pinned:
+    # (heavy_first orders the blocks it counts: not asked of a grid growing with a dynamic dim)
+    static_grid = not any(is_dynamic(g.dim_value(d, planner.bindings)) for v in group.outputs
+                          for d in g.tensor_type(v).shape)
+    if "heavy_first" not in pinned and static_grid:
         params["heavy_first"] = 1
     if group.kind != "flash_attention":
         return
