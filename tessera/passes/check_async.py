@@ -836,8 +836,9 @@ def check_kernel(kernel: tgt.KernelOp) -> list[Hazard]:
 INDEX_SAMPLES = (0, 1, 200, 2 ** 20)
 
 #: the sizes a kernel's dynamic dims (`tile.dim`) take in its checked runs: the least (2), a block
-#: and a tail, and several blocks of any tile up to 256 rows and a tail
-DIM_SAMPLES = (2, 70, 1000)
+#: and a tail, several blocks of any tile up to 256 rows and a tail, and enough keys that a split
+#: attention's runs hold several blocks each (a split over 1000 keys gives each one block at most)
+DIM_SAMPLES = (2, 70, 1000, 3001)
 
 
 def check_async(module: builtin.ModuleOp) -> list[Hazard]:

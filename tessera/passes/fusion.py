@@ -1213,7 +1213,7 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]   # [*batch, M, N]
     if any(map(is_dynamic, dims[:-1])):   # (the split template sizes its partial outputs by them)
         return 1
-    dims[-1] = hint(dims[-1])   # a dynamic key count splits as its class's top value would
+    dims[-1] = hint(dims[-1])   # a dynamic key count splits as its class's hint would
     query = dims[:-1]
     query.append(query.pop(s.attention_rows_of(m1, m2, planner.bindings)))   # as the template tiles P @ V
     rows = s.fit_block(params["block_m"], query[-1])

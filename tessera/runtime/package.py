@@ -292,22 +292,35 @@ def is_generic(a: Artifact) -> bool:
 
 # --- building (the compiler's side: `tessera package`) ------------------------------------------
 
+def _largest_dynamic(shapes: Sequence[Mapping[str, int]], dynamic: Sequence[str]) -> list[dict[str, int]]:
+    """`shapes`, each dynamic dim taking the largest value any shape of the same static dims gives
+    it (its class picks the schedule the package serves every value with)."""
+    largest: dict[tuple, dict[str, int]] = {}
+    for dims in shapes:
+        key = tuple(sorted((d, v) for d, v in dims.items() if d not in dynamic))
+        top = largest.setdefault(key, {})
+        for d in dynamic:
+            if d in dims:
+                top[d] = max(top.get(d, 0), dims[d])
+    return [{**dims, **largest[tuple(sorted((d, v) for d, v in dims.items() if d not in dynamic))]}
+            for dims in shapes]
+
+
 def build(functions: Sequence, shapes: Sequence[Mapping[str, int]], archs: Sequence[str], dtype,
           path: str = "native", dynamic: Sequence[str] = ()) -> list[Artifact]:
     """An artifact per function, shape and arch: each compiled for the arch (on code path `path`,
     arguments not annotated with a dtype taking `dtype`) with its PTX and the arch's cubins; the
     `dynamic` dims as kernel arguments (64-bit offsets: a package serves any size), so one
     artifact serves every value of them (a function that cannot take one is an error saying why).
-    Its schedule is the one the class of the largest value the shapes give a dynamic dim picks
-    (`tessera.dims.CLASSES`): the shapes are compiled largest first, the others skipped."""
+    Its schedule is the one the classes of the largest values the shapes give the dynamic dims pick
+    (`tessera.dims.CLASSES`, `_largest_dynamic`)."""
     from ..dims import DynamicDim
     from ..frontend.function import _reads_an_output
 
     artifacts = []
-    largest_first = sorted(shapes, key=lambda dims: [-dims.get(d, 0) for d in dynamic])
     for fn in functions:
         built = set()
-        for dims in largest_first:
+        for dims in _largest_dynamic(shapes, dynamic):
             specs = fn.arg_specs_for(dict(dims), dtype)
             bound = {d: "dynamic" if d in dynamic else dims[d] for s in specs for d in s.dims if isinstance(d, str)}
             if tuple(sorted(bound.items())) in built:   # another value of a dynamic dim: the same specialization

@@ -322,3 +322,12 @@ def test_a_packaged_functions_fast_record_is_made_once_and_dropped_past_the_limi
     loaded.append(call := object())
     fn._try_first(("other", 0), Program(), (), ())
     assert Program.records == 2 and fn._records[("other", 0)] is call and fn._fast == (call,)
+
+
+def test_a_package_schedules_each_dynamic_dim_for_its_largest_value():
+    """Two dynamic dims, their largest values in different --shapes: each is compiled at its own
+    largest (a cross-attention's 8192 keys must not take the schedule of 16)."""
+    from tessera.runtime.package import _largest_dynamic
+    shapes = [{"B": 1, "M": 16, "N": 8192}, {"B": 1, "M": 4096, "N": 16}, {"B": 2, "M": 3, "N": 5}]
+    assert _largest_dynamic(shapes, ["M", "N"]) == [{"B": 1, "M": 4096, "N": 8192}] * 2 + [{"B": 2, "M": 3, "N": 5}]
+    assert _largest_dynamic(shapes, []) == shapes
