@@ -258,3 +258,20 @@ def test_a_decode_step_over_a_growing_cache(torch_cuda):
         ref = torch.nn.functional.scaled_dot_product_attention(q.double(), k.double(), v.double(), scale=0.125)
         check(decode(q, k, v), ref, "bf16", torch)
     assert decode.cache_info().compiles == classes((2, 3, 100, 1000, 4097, 33000))
+
+
+def test_row_slices_of_one_buffer_get_their_own_tensor_maps(torch_cuda):
+    """x[:m] of one buffer has the same address for every m: the tensor map of a GEMM's A (TMA on
+    sm_90a) must still be encoded with each call's M (a map of the previous M would read zeros past
+    it), through the general path and the C fast path alike (calls repeat to reach the latter)."""
+    torch = torch_cuda
+
+    @tsr.function(dynamic=["M"])
+    def project(x: Tensor["M", "K"], w: Tensor["K", "N"]):
+        return tsr.matmul(x, w)
+
+    buffer = torch.randn(4096, 512, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(512, 256, device="cuda", dtype=torch.bfloat16) / 23
+    for m in (1500, 4096, 1025, 3000, 4096, 1500) * 3:
+        x = buffer[:m]
+        check(project(x, w), x.double() @ w.double(), "bf16", torch)
