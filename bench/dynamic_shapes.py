@@ -4,8 +4,8 @@ compiled for each count, and the compiles a sweep of random counts costs.
     python3 bench/dynamic_shapes.py [--rows 1000,4097,16384] [--sweep 200] [--only linear_gelu,...]
 
 For each function (layer_norm, softmax, rms_norm and a bias + gelu epilogue over [M, N], and a
-GEMM [M, N] x [N, N] with a bias + gelu epilogue, bf16) and each row count M, in one process on the same inputs: the value-specialized compile (`static=["M"]`),
-the generic one (`dynamic=["M"]`, compiled once, before the timed rows, at another M), and torch's
+GEMM [M, N] x [N, N] with a bias + gelu epilogue, bf16) and each row count M, in one process on
+the same inputs: the value-specialized compile (`static=["M"]`), the generic one (`dynamic=["M"]`, compiled once, before the timed rows, at another M), and torch's
 own op. Every output is checked against float64 before timing. Times are medians of CUDA-graph
 replays (triton's do_bench_cudagraph), in us; "generic/specialized" above 1.00 means the generic
 kernel is slower. The host table is the Python time per steady call of each (8 rows), which a

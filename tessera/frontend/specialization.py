@@ -80,8 +80,9 @@ class Specialization:
     def _one_per_tensor(self, wanted: set, positions: dict, tensors) -> None:
         """A buffer takes one dim at run time (`schedule_to_tile.memref_of`): where a tensor has
         several wanted dims (of 2 or more in this call), the one the user marked dynamic (else its
-        first) stays, and the others are fixed, saying why (an attention called with new batch sizes and new lengths keeps its
-        marked length generic, rather than whichever dim the compile met first)."""
+        first) stays, and the others are fixed, saying why (an attention called with new batch sizes
+        and new lengths keeps its marked length generic, rather than whichever dim the compile met
+        first)."""
         for i, (name, _) in enumerate(tensors):
             dims = [d for d in wanted - self.fixed.keys() if any(j == i for j, _ in positions[d])]
             if len(dims) < 2:
@@ -107,7 +108,8 @@ class Specialization:
     def compiled(self, annotations: dict, tensors, generic) -> None:
         """Counts a compile and keeps its key: each dim's value, or its class where it is dynamic."""
         self.compiles += 1
-        values = {d: int(tensors[i][1].shape[axis]) for d, ((i, axis), *_) in dim_positions(annotations, tensors).items()}
+        values = {d: int(tensors[i][1].shape[axis])
+                  for d, ((i, axis), *_) in dim_positions(annotations, tensors).items()}
         self.keys.append({d: class_of(v) if d in generic else v for d, v in values.items()})
 
     def info(self) -> CacheInfo:

@@ -82,6 +82,8 @@ from xdsl.traits import (
 )
 from xdsl.utils.exceptions import VerifyException
 
+from ..runtime.interop import c_strides
+
 SHARED_SPACE = IntegerAttr(3, i64)
 """`memref` memory space of shared-memory buffers (as in NVVM: 3 = shared)."""
 
@@ -344,11 +346,7 @@ def stride_factors(t: MemRefType) -> tuple[int, ...]:
     of the static dims after it. What an alignment check needs."""
     if DYNAMIC not in t.get_shape():
         return element_strides(t)
-    factors, step = [], 1
-    for n in reversed(t.get_shape()):
-        factors.append(step)
-        step *= 1 if n == DYNAMIC else n
-    return tuple(reversed(factors))
+    return c_strides([1 if n == DYNAMIC else n for n in t.get_shape()])
 
 
 def strides_problem(strides: Sequence[int]) -> str | None:

@@ -65,7 +65,8 @@ def memref_of(v: SSAValue, bindings) -> MemRefType:
     dynamic = [n.name for n in shape if is_dynamic(n)]
     if len(dynamic) > 1:
         raise DynamicDim(dynamic[1], f"it is one of the dims {', '.join(dynamic)} of a "
-                                     f"{g.TensorType.of(tt.shape, tt.dtype)}, and one dim of a buffer varies at run time")
+                                     f"{g.TensorType.of(tt.shape, tt.dtype)}, and one dim of a buffer varies at "
+                                     f"run time")
     return MemRefType(g.element_type(tt.dtype), [t.DYNAMIC if is_dynamic(n) else n for n in shape])
 
 
@@ -180,6 +181,12 @@ class KernelBuild:
 
     def mul(self, x: SSAValue, c: int) -> SSAValue:
         return self.b(arith.MuliOp(x, self.b.index(c)))
+
+    def cdiv(self, x: int | SSAValue, c: int) -> int | SSAValue:
+        """ceil(x / c) of a constant, or of a size taken at run time (non-negative)."""
+        if isinstance(x, int):
+            return cdiv(x, c)
+        return self.b(arith.DivSIOp(self.b(arith.AddiOp(x, self.b.index(c - 1))), self.b.index(c)))
 
     def batch_indices(self, pid: SSAValue, axes: list[tuple[str, int]]) -> dict[str, SSAValue]:
         """Row-major decomposition of one program id over several untiled axes (the outermost one
@@ -1089,12 +1096,9 @@ class _Gemm:
 
     def tile_counts(self, kb: KernelBuild) -> tuple[int | SSAValue, int]:
         """The output tiles along M (a dynamic M's counted at run time) and along N."""
-        m, tiles_n = self.sizes["m"], self.tiles[1]
-        if not is_dynamic(m):
+        if not is_dynamic(self.sizes["m"]):
             return self.tiles
-        rows = kb.extent(self.dims[-2], m)
-        padded = kb.b(arith.AddiOp(rows, kb.b.index(self.tile["m"] - 1)))
-        return kb.b(arith.DivSIOp(padded, kb.b.index(self.tile["m"]))), tiles_n
+        return kb.cdiv(kb.extent(self.dims[-2], self.sizes["m"]), self.tile["m"]), self.tiles[1]
 
     def grid(self, kb: KernelBuild) -> tuple:
         """One program per output tile (axis 0) and batch index (axis 1)."""
@@ -1334,9 +1338,10 @@ class _AttentionShape:
         return cdiv(self.sizes["n"], self.tile["n"])
 
     @property
-    def dynamic(self) -> bool:
-        """Whether a dim is taken at run time (the query and key counts, or the leading batch dim)."""
-        return any(map(is_dynamic, self.sizes.values()))
+    def grid_dims_dynamic(self) -> list[str]:
+        """The output's dims taken at run time (the query count, the leading batch dim), whose
+        blocks the grid counts then: a key count taken at run time is not among them."""
+        return [self.dims[a] for a in self.axes if is_dynamic(self.sizes[a])]
 
     def extent(self, kb: KernelBuild, axis: str) -> int | SSAValue:
         """Axis `axis`'s size as the kernel sees it (a dynamic dim's read at run time)."""
@@ -1368,9 +1373,9 @@ class _AttentionRows:
 def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     shape = _AttentionShape.of(kb)
     if kb.params.get("split_kv", 1) > 1:   # (a dynamic key count splits by its hint: fusion's _split_kv)
-        dynamic = [shape.dims[a] for a in shape.axes if is_dynamic(shape.sizes[a])]
-        if dynamic:
-            raise DynamicDim(dynamic[0], "a split-KV attention's partial outputs take their dims as constants")
+        if shape.grid_dims_dynamic:
+            raise DynamicDim(shape.grid_dims_dynamic[0], "a split-KV attention's partial outputs take their "
+                                                         "dims as constants")
         splits, _ = s.split_k_splits(cdiv(hint(shape.sizes["n"]), shape.tile["n"]), kb.params["split_kv"])
         if splits > 1:
             return _split_kv_attention(kb, shape, splits)
@@ -1431,7 +1436,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     terms = attention_mask(sm.input, p_map, "m", "n", kb.bindings)
     bounds = terms.bounds if terms is not None else ColumnBounds(None, None)
     # (heavy_first counts the query blocks and batch programs: fusion asks it only of a static grid)
-    heavy_first = split is None and p.get("heavy_first", 0) and not any(is_dynamic(att.sizes[a]) for a in att.axes)
+    heavy_first = split is None and p.get("heavy_first", 0) and not att.grid_dims_dynamic
     query_block, batch_index = _ordered_program(kb, *(att.grid(kb)[:2] if heavy_first else (0, 0)), bounds,
                                                 heavy_first=heavy_first)
     scalars = kb.batch_indices(batch_index, att.batch)
@@ -1532,9 +1537,8 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
             return [accumulate(acc, alpha, stored(probs), v_tile), m_new, l_new]
         past_end = None
         if split is not None:   # a run of the key blocks; copies the pipeline issues past it read padding
-            past_end = att.key_blocks * tile["n"] if isinstance(n_keys, int) else \
-                kb.mul(kb.b(arith.DivSIOp(kb.b(arith.AddiOp(n_keys, kb.b.index(tile["n"] - 1))),
-                                          kb.b.index(tile["n"]))), tile["n"])
+            blocks = kb.cdiv(n_keys, tile["n"])
+            past_end = blocks * tile["n"] if isinstance(blocks, int) else kb.mul(blocks, tile["n"])
             steps = _split_run(kb, steps, *split)
         acc, m_i, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed, scalars, inits,
                                         compute, past_end=past_end)
@@ -1771,8 +1775,7 @@ def _key_blocks(kb: KernelBuild, bounds, m0: SSAValue, tile: dict[str, int], n_k
     an empty range then has end = first). A key count taken at run time counts its blocks then."""
     b, bn = kb.b, tile["n"]
     first: int | SSAValue = 0
-    end: int | SSAValue = cdiv(n_keys, bn) if isinstance(n_keys, int) else \
-        b(arith.DivSIOp(b(arith.AddiOp(n_keys, b.index(bn - 1))), b.index(bn)))
+    end: int | SSAValue = kb.cdiv(n_keys, bn)
     if bounds.upper is not None:  # columns <= m0 + BM - 1 + upper
         cols = b(arith.MaxSIOp(b(arith.AddiOp(m0, b.index(tile["m"] + bounds.upper))), b.index(0)))
         blocks = b(arith.DivSIOp(b(arith.AddiOp(cols, b.index(bn - 1))), b.index(bn)))
@@ -2016,15 +2019,15 @@ def _strided_copy_reason(arg: SSAValue, strides: tuple[int, ...]) -> str | None:
     return None
 
 
-def _dynamic_dim(v: SSAValue, bindings) -> str:
-    """The name of `v`'s dynamic dim (a buffer has one at most: `memref_of`), else ""."""
-    return next((d for d in g.tensor_type(v).shape if is_dynamic(g.dim_value(d, bindings))), "")
-
-
 def _dynamic_axis(v: SSAValue, bindings) -> tuple[str, int] | None:
-    """(name, axis) of `v`'s dynamic dim, or None."""
+    """(name, axis) of `v`'s dynamic dim (a buffer has one at most: `memref_of`), or None."""
     return next(((d, axis) for axis, d in enumerate(g.tensor_type(v).shape)
                  if is_dynamic(g.dim_value(d, bindings))), None)
+
+
+def _dynamic_dim(v: SSAValue, bindings) -> str:
+    """The name of `v`'s dynamic dim, else "" (`tile.BUFFER_DIMS`' entry for it)."""
+    return dynamic_dim_of([v], bindings) or ""
 
 
 def _require_same_dynamic_axis(reshape: g.ReshapeOp, bindings) -> None:

@@ -9,8 +9,8 @@ shows and `tessera compile` reports per kernel, with each rule's reason.
 `RULES` are data, tried in order; the first that applies and whose backend can compile the kernel
 wins. A backend that cannot (tileiras not installed, device asserts, profile regions) is named in
 `backend_why`, and the next rule decides; a rule whose backend takes no dim at run time, for a
-kernel over a dynamic dim, fixes the dim (`tessera.dims.DynamicDim`) rather than pass the kernel on. The measurements behind the
-rules are in bench/RESULTS.md; `bench/cuda_tile.py` times both backends on the same kernels.
+kernel over a dynamic dim, fixes the dim (`tessera.dims.DynamicDim`) rather than pass the kernel
+on. The measurements behind the rules are in bench/RESULTS.md; `bench/cuda_tile.py` times both backends on the same kernels.
 
 Whether tileiras is installed decides only kernels the PTX backend cannot compile, so a warm-start
 entry (tessera.runtime.warm) never holds a choice that another machine would make otherwise. A rule

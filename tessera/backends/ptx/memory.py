@@ -300,7 +300,8 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, memref: SSAVal
                       offsets: list[str], st: Staging, scratch: int) -> None:
     """Stores the accumulator tile `regs` (laid out as `layout`) at `offsets` of global tensor
     `memref` (its rows bounded by a size param where they are a dynamic dim). Each warp writes its
-    fragments for 16 rows x `st.cols` columns into its own shared buffer, then reads them back a row-contiguous 16 bytes per lane and stores those to global
+    fragments for 16 rows x `st.cols` columns into its own shared buffer, then reads them back a
+    row-contiguous 16 bytes per lane and stores those to global
     memory; warp barriers order the buffer's reuse (no block barrier: warps store independently).
     The buffers lie one after another from byte `scratch` of the dynamic shared memory."""
     mt: MemRefType = memref.type
