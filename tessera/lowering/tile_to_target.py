@@ -25,7 +25,7 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 
 from xdsl.dialects import scf
-from xdsl.dialects.builtin import MemRefType, ModuleOp, TensorType, UnitAttr
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, TensorType, UnitAttr
 from xdsl.ir import Attribute
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -74,6 +74,46 @@ def estimate_regs(kernel: tile.KernelOp, threads: int, platform: Platform, produ
     computing = threads - producers * platform.warp_size
     regs = _align_up(_BASE_REGS + -(-(carried + operands) // (32 * computing)), 8)
     return min(regs, platform.max_regs_per_thread, platform.regs_per_sm // threads // 8 * 8)
+
+
+#: A streaming kernel's registers a thread besides its loads' data (indices, addresses, predicates,
+#: the math's temporaries), as ptxas allocated them for bias + gelu over [M, 4096] bf16: 40 with
+#: its 16 registers of loads in flight (`stream_blocks`).
+STREAM_BASE_REGS = 24
+#: the ops a streaming kernel has none of: loops, reductions, mmas, shared memory, gathers
+_NOT_STREAMING = (scf.ForOp, tile.ReduceOp, tile.MmaOp, tile.AllocSharedOp, tile.CopyAsyncOp, tile.LoadSharedOp,
+                  tile.LoadIndexOp, tile.LoadIndexReduceOp, tile.LoadGatherOp)
+
+
+def stream_blocks(kernel: tile.KernelOp, layouts: dict, threads: int, platform: Platform) -> int | None:
+    """The blocks per SM a shape-generic streaming kernel (global loads, elementwise math, stores;
+    a grid that grows with a dim taken at run time) asks of ptxas (`tile.OCCUPANCY`,
+    `.minnctapersm`) so that a thread holds every load of its tile at once: `STREAM_BASE_REGS`
+    plus its loads' registers allow that many; None where the SM's full occupancy allows them
+    already, or the kernel is not such a stream.
+
+    Left to itself ptxas aims at full occupancy, and gets there by issuing a tile's later loads only
+    after the math on its first ones where it can: the generic kernel's linear grid (`grid_limits`)
+    lets it prove the columns in range, freeing the registers. Bias + gelu over [M, 4096] bf16 then
+    took 32 registers and read its second row after the first's gelu: 1.05-1.13x the time of the
+    kernel compiled for M (40 registers, every load first); asked for 12 blocks (40 registers) it ran
+    0.99-1.03x (H200, `bench/dynamic_shapes.py --only bias_gelu`, bench/RESULTS.md session 27). A
+    fixed 12 made kernels of four [M, N] inputs spill. Kernels compiled for their dims keep ptxas's
+    own choice: it issued their loads first (bias + gelu, bf16 and fp32), and asked, its choices
+    are not monotonic (fp32 bias + gelu at 10 blocks: 48 registers and a late load; 9 and 11 fine)."""
+    loads = []
+    for op in kernel.walk():
+        if isinstance(op, _NOT_STREAMING):
+            return None
+        if isinstance(op, tile.LoadOp):
+            loads.append(op)
+    if not loads or any(op.results[0] not in layouts for op in loads):
+        return None
+    data = sum(-(-len(layouts[op.results[0]].offsets) * op.results[0].type.get_element_type().bitwidth // 32)
+               for op in loads)
+    blocks = platform.regs_per_sm // (threads * (STREAM_BASE_REGS + data))
+    full = min(platform.max_threads_per_sm // threads, platform.max_blocks_per_sm)
+    return blocks if 1 <= blocks < full else None
 
 
 NATIVE = platforms.HOPPER_NATIVE
@@ -461,6 +501,11 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
         _rewrite(patterns(kp, tensor_cores), kernel.body)
         warps = threads // 32 - producers
         layouts = annotate_layouts(kernel, warps) if kp.vendor == "nvidia" else None
+        generic = bool(grids[name][1])   # (a grid growing with a run-time dim)
+        blocks = stream_blocks(kernel, layouts, threads, kp) \
+            if generic and layouts and tile.OCCUPANCY not in kernel.attributes else None
+        if blocks is not None:
+            kernel.attributes[tile.OCCUPANCY] = IntegerAttr(blocks, 64)
         shared = allocate_shared(kernel, kp, layouts, warps)
         configs[name] = target.KernelConfigAttr.of(grids[name][0], (threads, 1, 1), shared, regs)
     _rewrite([LowerKernel(configs, chosen, splits, _dependent_launches(lowered)), LowerLaunch(configs)], lowered.body)

@@ -4,7 +4,8 @@ from xdsl.dialects import arith, func, scf
 from xdsl.dialects.builtin import DenseIntOrFPElementsAttr, IndexType, MemRefType, ModuleOp, TensorType, bf16, f16, f32
 from xdsl.ir import Block, Region
 
-from tessera import platforms
+import tessera as tsr
+from tessera import Tensor, platforms
 from tessera.ir import target, tile
 from tessera.lowering.tile_to_target import TargetLoweringError, lower_tile_to_target, native_blockers
 
@@ -211,3 +212,43 @@ def test_native_gemm_overlaps_each_wgmma_with_the_next_copies():
     kinds = [op.name.split(".")[-1] for op in ampere.walk()
              if isinstance(op, (target.CpAsyncWaitOp, target.BarrierOp, target.WgmmaWaitOp))]
     assert kinds == ["cp_async_wait", "barrier"]
+
+
+def _elementwise_kernel(fn, dims: dict, dtype: str, dynamic=()):
+    f = tsr.function(fn, dynamic=list(dynamic)) if dynamic else tsr.function(fn, static=list(dims))
+    compiled = f.compile(f.arg_specs_for(dims, dtype), dynamic=frozenset(dynamic), arch="sm_90a")
+    (kernel,) = [op for op in compiled.stage("target").ops if isinstance(op, target.KernelOp)]
+    return kernel, next(iter(compiled.stage("ptx").values())).ptx
+
+
+def _bias_gelu(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    return tsr.gelu(x * w + b)
+
+
+def _gated(a: Tensor["M", "N"], b: Tensor["M", "N"], c: Tensor["M", "N"], d: Tensor["M", "N"]):
+    return tsr.silu(a) * b + c * d
+
+
+@pytest.mark.parametrize("fn, dtype, blocks", [
+    (_bias_gelu, "bf16", 12),   # 24 + 8 (two rows of x) + 4 + 4 (w and b) = 40 registers: 12 blocks of 128 threads
+    (_bias_gelu, "f32", 10),    # 24 + 16 (four rows of x) + 4 + 4 = 48
+    (_gated, "bf16", 9),        # 24 + 4 x 8 = 56
+    (_gated, "f32", 5),         # 24 + 4 x 16 = 88
+])
+def test_a_generic_streaming_kernel_asks_for_registers_to_hold_its_loads(fn, dtype, blocks):
+    """A shape-generic elementwise kernel asks ptxas for the blocks per SM at which a thread holds
+    every load of its tile (`stream_blocks`), written on the Target IR kernel and in the PTX as
+    `.minnctapersm`; the kernel compiled for M leaves the choice to ptxas."""
+    kernel, ptx = _elementwise_kernel(fn, {"M": 4096, "N": 4096}, dtype, ("M",))
+    assert kernel.min_blocks is not None and kernel.min_blocks.value.data == blocks
+    assert f".minnctapersm {blocks}" in ptx
+    kernel, ptx = _elementwise_kernel(fn, {"M": 4096, "N": 4096}, dtype)
+    assert kernel.min_blocks is None and ".minnctapersm" not in ptx
+
+
+def test_a_kernel_that_is_no_stream_asks_nothing():
+    """A generic row reduction (a loop, a reduction) is no stream: ptxas chooses its registers alone."""
+    def norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.layer_norm(x, (x.shape[-1],), w, b)
+    kernel, ptx = _elementwise_kernel(norm, {"M": 4096, "N": 4096}, "bf16", ("M",))
+    assert kernel.min_blocks is None and ".minnctapersm" not in ptx
