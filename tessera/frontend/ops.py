@@ -461,6 +461,11 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     except Exception as e:
         raise ShapeError(f"matmul: batch dims of {_label(a)} {_show(a)} and {_label(b)} {_show(b)} "
                          f"do not broadcast") from e
+    if b.ndim == 2 and a.ndim >= 3 and a.dims[-2] == 1:
+        # rows of one element each ([..., B, 1, K] @ [K, N], a decode step's h[:, None, :] @ w): one
+        # GEMM over the B rows (dropping the unit axis and adding it back are views of the same memory)
+        rows = matmul(_reshape_dims(a, (*a.dims[:-2], a.dims[-1])), b)
+        return _reshape_dims(rows, (*rows.dims[:-1], 1, rows.dims[-1]))
     dims = (*batch, a.dims[-2], b.dims[-1])
     out = dtypes.fp32 if a.dtype in dtypes.FP8 else a.dtype
     op = trace.add(g.MatmulOp(a.value, b.value, g.TensorType.of(dims, out)))

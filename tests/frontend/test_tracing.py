@@ -338,6 +338,28 @@ def test_matmul_and_views():
         np.testing.assert_allclose(out, want, rtol=1e-5, atol=1e-5, err_msg=f"output {i}")
 
 
+@pytest.mark.parametrize("batch", [(1,), (7,), (2, 3)])
+def test_rows_of_one_element_times_a_matrix_are_one_gemm(batch):
+    """[..., B, 1, K] @ [K, N] (a decode step's h[:, None, :] @ w) is one GEMM over the B rows, not
+    B one-row GEMMs: the unit axis moves out of the way and back as views, and on both PTX paths
+    the kernel compiles (its operand used to be a copy with no source dim for its rows)."""
+    @tsr.function
+    def f(h: Tensor["B", "K"], w: Tensor["K", "N"]):
+        return h[:, None, :] @ w, h.reshape(*batch, 1, h.shape[-1]) @ w
+
+    rng = np.random.default_rng(12)
+    rows = int(np.prod(batch))
+    h, w = rng.standard_normal((rows, 40)).astype(np.float32), rng.standard_normal((40, 24)).astype(np.float32)
+    want = h.astype(np.float64) @ w
+    one, nested = f(h, w)
+    np.testing.assert_allclose(one, want[:, None, :], rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(nested, want.reshape(*batch, 1, 24), rtol=1e-5, atol=1e-5)
+    for arch in ("sm_80", "sm_90a"):
+        compiled = f.compile(f.arg_specs_for({"B": rows, "K": 40, "N": 24}, "f16"), arch=arch)
+        assert len(compiled.launches) == 2 and all("_gemm_" in name for name in compiled.launches)
+        assert compiled.stage("ptx")
+
+
 def test_reshape_that_only_adds_or_drops_unit_dims():
     @tsr.function
     def f(x: Tensor["M", "N"]):

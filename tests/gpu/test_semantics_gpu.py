@@ -93,6 +93,23 @@ def test_zero_size_kernel_writes_zeros_over_an_empty_k(torch_cuda):
     assert torch.equal(c, torch.zeros_like(c))
 
 
+@tsr.function
+def decode_projection(h: Tensor["B", "K"], w: Tensor["K", "N"], b: Tensor["N"]):
+    return tsr.gelu(h[:, None, :] @ w + b)
+
+
+@pytest.mark.parametrize("rows", [1, 7, 1000])
+@pytest.mark.parametrize("k", [64, 4097])
+def test_rows_of_one_element_times_a_matrix(torch_cuda, rows, k):
+    """[B, 1, K] @ [K, N] through a view that adds the unit axis: one GEMM over the B rows (then
+    the epilogue), checked against float64."""
+    torch = torch_cuda
+    h, w, b = cuda(torch, (rows, k), seed=1), cuda(torch, (k, 96), seed=2) / k ** 0.5, cuda(torch, (96,), seed=3)
+    want = torch.nn.functional.gelu((h.double()[:, None, :] @ w.double()) + b.double())
+    out = decode_projection(h, w, b)
+    assert out.shape == (rows, 1, 96) and torch.isfinite(out).all() and relative_error(out, want) < 5e-3
+
+
 # --- stores ------------------------------------------------------------------------------------
 
 def test_a_kernel_reading_the_output_it_writes(torch_cuda):
