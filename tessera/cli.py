@@ -302,12 +302,14 @@ def random_input(rng: np.random.Generator, spec: ArgSpec) -> np.ndarray:
     return view
 
 
-def tolerances(compiled: Compiled) -> list[float]:
+def tolerances(compiled: Compiled, specs: Sequence[ArgSpec] = ()) -> list[float]:
     """Each output's bound on ||out - ref|| / ||ref||: for the least precise dtype among the values
-    it is computed from and its reduction length (`tessera.interpreter.reference.tolerance`)."""
+    it is computed from and its reduction length (`tessera.interpreter.reference.tolerance`; a
+    dynamic dim's length the `specs`')."""
     from .interpreter.reference import output_tolerances
+    sizes = {d: n for s in specs for d, n in zip(s.dims, s.shape) if isinstance(d, str)}
     try:
-        return [t.relative for t in output_tolerances(next(iter(compiled.graph.ops)))]
+        return [t.relative for t in output_tolerances(next(iter(compiled.graph.ops)), sizes)]
     except ValueError as err:   # a dtype no tolerance covers
         raise TesseraError(str(err)) from None
 
@@ -368,7 +370,7 @@ def check(compiled: Compiled, specs: Sequence[ArgSpec], device: Device, seed: in
     run_seconds = time.perf_counter() - start
     references = compiled.reference(*inputs)
     errors = [compare(name, out, ref, tol)
-              for name, out, ref, tol in zip(compiled.result_names, outputs, references, tolerances(compiled),
+              for name, out, ref, tol in zip(compiled.result_names, outputs, references, tolerances(compiled, specs),
                                              strict=True)]
     return Check(device, run_seconds, errors)
 
@@ -824,6 +826,12 @@ def _run_options(parser: argparse.ArgumentParser) -> None:
                         help="where to run (default auto: the first available of " + ", ".join(DEVICES) + ")")
 
 
+def _dynamic_option(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--dynamic", default="", metavar="DIM,...",
+                        help="dims the kernels take at run time (shape-generic; --shape gives the hint): the IR "
+                             "shows them as ? and the kernels' size params")
+
+
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--traceback", action="store_true", help="show the Python traceback of an error")
@@ -840,9 +848,7 @@ def build_parser() -> argparse.ArgumentParser:
                         f"(default {DEFAULT_OUT}/FUNC)")
     p.add_argument("--line-info", action="store_true",
                    help="PTX with .loc line info of your source lines, assembled with ptxas -lineinfo")
-    p.add_argument("--dynamic", default="", metavar="DIM,...",
-                   help="dims the kernels take at run time (shape-generic; --shape gives the hint): the IR "
-                        "shows them as ? and the kernels' size params")
+    _dynamic_option(p)
     p.set_defaults(command=cmd_compile)
 
     p = sub.add_parser("run", parents=[common], help="compile, run on random inputs, check against NumPy")
@@ -850,6 +856,7 @@ def build_parser() -> argparse.ArgumentParser:
     _function_options(p)
     _run_options(p)
     p.add_argument("--profile", action="store_true", help="time the tsr.profile_region()s and report them")
+    _dynamic_option(p)
     p.set_defaults(command=cmd_run)
 
     p = sub.add_parser("profile", parents=[common],

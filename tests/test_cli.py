@@ -400,6 +400,14 @@ def test_compile_dynamic_shows_the_generic_kernels_and_refuses_what_cannot_be(tm
     assert "norm cannot take dim 'N' at run time" in capsys.readouterr().err
 
 
+def test_run_dynamic_runs_the_generic_kernels_and_checks_them(capsys):
+    """`tessera run --dynamic S` compiles S as a kernel argument and checks the run at --shape's S
+    (its reductions' lengths, which the tolerance grows with, at that S)."""
+    assert cli.main(["run", ATTENTION, "--shape", "B=1,H=2,S=200,D=64", "--dynamic", "S", "--device", "cpu"]) == 0
+    out = capsys.readouterr().out
+    assert "PASS" in out and "FAIL" not in out
+
+
 def test_run_counts_nans_where_the_reference_has_them_as_agreement():
     """A softmax over no key is NaN in the reference (a row no packed sequence holds): the output
     must be NaN there too; NaN anywhere else (an unwritten, poisoned element) still fails."""

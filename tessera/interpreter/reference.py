@@ -25,6 +25,7 @@ import numpy as np
 
 from .. import dtypes
 from ..dtypes import DType
+from ..dims import is_dynamic
 from ..errors import DeviceAssertError
 from ..ir import graph as g
 from ..ir import provenance
@@ -227,14 +228,16 @@ def reduction_length(op, bindings: dict[str, int]) -> int:
     return 0
 
 
-def output_tolerances(func_op) -> list[Tolerance]:
+def output_tolerances(func_op, sizes: dict[str, int] | None = None) -> list[Tolerance]:
     """Each result's tolerance: for the least precise float dtype among the values it is computed
     from (itself, intermediates, inputs: a kernel may store an intermediate in its dtype) and the
-    sum of the reduction lengths of the ops it depends on."""
+    sum of the reduction lengths of the ops it depends on; a dim compiled as a kernel argument at
+    its value in `sizes` (the call's)."""
     from xdsl.dialects import func
     from xdsl.ir import Operation
 
     bindings = g.dim_bindings(func_op.body.block.first_op) if func_op.body.block.first_op else {}
+    bindings = {d: (sizes[d] if is_dynamic(v) and sizes and d in sizes else v) for d, v in bindings.items()}
     ret = next(op for op in func_op.body.block.ops if isinstance(op, func.ReturnOp))
     out = []
     for result in ret.arguments:
