@@ -28,6 +28,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 import tessera as tsr  # noqa: E402
 from tessera import Tensor  # noqa: E402
 from tessera.bench.timing import rel_err  # noqa: E402
+from decode_attention import decode_attention  # noqa: E402
 from flash_attention import causal_flash_attention, flash_attention  # noqa: E402
 
 
@@ -130,33 +131,40 @@ def attention_table(rows: list[int], sweep: int, names: list[str]) -> None:
         print(f"sweep {name}: {sweep} random lengths, {info.compiles} compile(s), keys {info.keys}")
 
 
-def decode_functions(**kw):
+def decode_functions(causal: bool = False, **kw):
+    """A decode step: one query a head, or (causal) examples/decode_attention.py's, whose queries
+    are the last of the sequence (`row + (N - M) >= col`: N - M read at run time where N is)."""
     def decode(q: Tensor["B", "H", "Q", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
         return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / q.shape[-1] ** 0.5), dim=-1), v)
-    return tsr.function(decode, **kw)
+    return tsr.function(decode_attention.fn if causal else decode, **kw)
 
 
-def decode_table(lengths: list[int], batches: tuple[int, ...] = (1, 8)) -> None:
-    """A decode step (one query a head, 32 heads, D = 128, bf16) over a KV cache of N keys: the
-    value-specialized compile, the generic one (N dynamic: flash-decoding's split counted for its
-    class's hint, the runs counted at run time) and torch SDPA, in us."""
-    print("\n| decode | B x H x N x D | specialized us | generic us | torch SDPA us | generic/specialized |")
+def decode_table(lengths: list[int], batches: tuple[int, ...] = (1, 8), causal: bool = False) -> None:
+    """A decode step (one query a head; causal: four, the last of the sequence; 32 heads, D = 128,
+    bf16) over a KV cache of N keys: the value-specialized compile, the generic one (N dynamic:
+    flash-decoding's split counted for its class's hint, the runs counted at run time) and torch
+    SDPA, in us."""
+    name, queries = ("causal decode", 4) if causal else ("decode", 1)
+    print(f"\n| {name} | B x H x M x N x D | specialized us | generic us | torch SDPA us | generic/specialized |")
     print("|---|---|---|---|---|---|")
     for b in batches:   # (fresh functions a batch: B pinned, so only N is ever generic)
-        static, generic = decode_functions(static=["B", "N"]), decode_functions(static=["B"], dynamic=["N"])
-        q = torch.randn(b, 32, 1, 128, device="cuda", dtype=torch.bfloat16)
+        static = decode_functions(causal, static=["B", "N"])
+        generic = decode_functions(causal, static=["B"], dynamic=["N"])
+        q = torch.randn(b, 32, queries, 128, device="cuda", dtype=torch.bfloat16)
         for n in lengths:
             k, v = (torch.randn(b, 32, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
-            sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v)  # noqa: E731
+            keep = torch.arange(queries, device="cuda")[:, None] + (n - queries) >= torch.arange(n, device="cuda")
+            sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
+                q, k, v, attn_mask=keep if causal else None)
             ref = sdpa().float()
             for fn in (static, generic):
                 err = rel_err(fn(q, k, v), ref)
-                assert err < 2e-2, f"decode N={n}: relative error {err:.2e}"
+                assert err < 2e-2, f"{name} N={n}: relative error {err:.2e}"
             t_static, t_generic = (graph_us(lambda f=f: f(q, k, v)) for f in (static, generic))
             t_torch = graph_us(sdpa)
-            print(f"| decode | {b} x 32 x {n} x 128 | {t_static:.1f} | {t_generic:.1f} | {t_torch:.1f} | "
+            print(f"| {name} | {b} x 32 x {queries} x {n} x 128 | {t_static:.1f} | {t_generic:.1f} | {t_torch:.1f} | "
                   f"{t_generic / t_static:.3f} |")
-        print(f"decode B={b}: {generic.cache_info().compiles} generic compile(s), keys {generic.cache_info().keys}")
+        print(f"{name} B={b}: {generic.cache_info().compiles} generic compile(s), keys {generic.cache_info().keys}")
 
 
 def main() -> None:
@@ -200,6 +208,8 @@ def main() -> None:
         print(f"| {name} | 8 | " + " | ".join(f"{t:.1f}" for t in row) + " |")
     if not only or "decode" in only:
         decode_table([int(n) for n in args.decode_lengths.split(",")])
+    if not only or "causal_decode" in only:
+        decode_table([int(n) for n in args.decode_lengths.split(",")], causal=True)
     if not only or only & {"attention", "causal_attention"}:
         attention_table(rows=[int(r) for r in args.attention_lengths.split(",")], sweep=args.sweep,
                         names=[n for n in ("attention", "causal_attention") if not only or n in only])

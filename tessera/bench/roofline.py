@@ -50,7 +50,7 @@ def _from_index_ranges(value) -> bool:
     """Whether `value` is computed from `arange`s alone (through views, casts and constant offsets)."""
     from ..ir import graph as g
     op = value.owner
-    if isinstance(op, g.ArangeOp | g.ConstantOp):
+    if isinstance(op, g.SOURCE_OPS):
         return True
     if isinstance(op, g.ReshapeOp | g.TransposeOp | g.CastOp) or isinstance(op, g.ElementwiseOp) and op.kind in ("add", "sub"):
         return all(_from_index_ranges(v) for v in op.operands)

@@ -366,6 +366,11 @@ class _Propagation:
                 raise ShardingError(f"{self._where(op)}: an arange over the sharded dim {d} would count from 0 on "
                                     f"every rank (a mask over a sharded sequence); shard another dim")
             return REPLICATED
+        if isinstance(op, g.DimSizeOp):
+            if op.dim.data in self.dims:
+                raise ShardingError(f"{self._where(op)}: the size of the sharded dim {op.dim.data} would be each "
+                                    f"rank's share of it; shard another dim")
+            return REPLICATED
         if isinstance(op, g.AssertOp):
             self._no_partials(st)
             return REPLICATED
@@ -605,6 +610,8 @@ def _dims_crossed(op: Operation) -> set:
         return {shape[0][-1]}
     if isinstance(op, g.ArangeOp):
         return set(g.tensor_type(op.res).shape)
+    if isinstance(op, g.DimSizeOp):
+        return {op.dim.data}
     if isinstance(op, (g.SliceOp, g.ConcatOp)):
         out = g.tensor_type(op.results[0]).shape
         return {d for s in shape for d, o in zip(s, out) if d != o} | {o for s in shape for d, o in zip(s, out) if d != o}

@@ -18,7 +18,7 @@ from .. import dtypes
 from ..dims import DynamicDim, is_dynamic
 from ..dtypes import DType
 from ..errors import ArgumentKindError, DTypeError, ShapeError, TesseraError
-from .tensor import SymInt, Tensor
+from .tensor import DimExpr, SymInt, Tensor
 from .trace import current_trace
 
 
@@ -68,6 +68,21 @@ def constant(value, dt: DType) -> Tensor:
     return _make(op.res, (), dt, label=repr(value))
 
 
+def dim_value(x, dt: DType = dtypes.int32) -> Tensor:
+    """A dim taken at run time, or a `DimExpr` of such dims (`n - m`), as a rank-0 tensor of `dt`:
+    a `graph.dim_size` per dim, summed with its coefficient and the constant, in int32."""
+    g = _graph()
+    expr = DimExpr.of(x)
+    total = None
+    for name, coef in expr.terms:
+        size = _make(current_trace().add(g.DimSizeOp(name)).res, (), dtypes.int32, name)
+        size = size if coef == 1 else size * coef
+        total = size if total is None else total + size
+    if expr.const:
+        total = total + expr.const
+    return total if dt == dtypes.int32 else cast(total, dt)
+
+
 def _operands(xs: Sequence) -> list[Tensor]:
     """Tensors stay; Python numbers become constants of the tensors' dtype (weak typing, as in PyTorch)."""
     like = None
@@ -81,8 +96,8 @@ def _operands(xs: Sequence) -> list[Tensor]:
         elif isinstance(x, (bool, int, float, np.bool_, np.number)) and np.ndim(x) == 0:
             x = x.item() if isinstance(x, np.generic) else x
             out.append(constant(x, _scalar_dtype(x, like)))
-        elif is_dynamic(x):   # a dim the compile takes at run time, used as a number: fix it
-            raise DynamicDim(x.name, "it is used as an operand (a number)")
+        elif is_dynamic(x) or isinstance(x, DimExpr):   # dims the compile takes at run time, and sums of them
+            out.append(dim_value(x, _scalar_dtype(0, like)))
         else:
             raise ArgumentKindError(f"tessera ops take traced Tensors and Python numbers, got {_kind(x)}")
     return out

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from typing import Sequence
 
 from .. import dtypes
-from ..dims import is_dynamic
+from ..dims import Dynamic, DynamicDim, is_dynamic
 from ..dtypes import DType
 from ..errors import DTypeError, ShapeError, TesseraError
 
@@ -35,7 +35,93 @@ class SymInt(int):
 
 
 def _sym_int(value, d: str | int):
-    return value if is_dynamic(value) else SymInt(value, d if isinstance(d, str) else None)
+    return TracedDim(value) if is_dynamic(value) else SymInt(value, d if isinstance(d, str) else None)
+
+
+class DimExpr:
+    """`const` plus a sum of dims taken at run time, each times its coefficient (`terms`): what
+    `k.shape[-2] - q.shape[-2]` is where N is such a dim (`TracedDim`). Added to a traced tensor it
+    becomes graph ops (`graph.dim_size`); anything that needs its value (int(), a comparison, a
+    reshape) raises `DynamicDim`, and the function compiles the dim as a constant instead."""
+
+    __slots__ = ("terms", "const")
+
+    def __init__(self, terms: tuple[tuple[str, int], ...], const: int = 0):
+        self.terms, self.const = terms, const
+
+    @staticmethod
+    def of(x) -> "DimExpr | None":
+        """`x` as an expression: a dim taken at run time, an expression, an int; else None."""
+        if isinstance(x, DimExpr):
+            return x
+        if is_dynamic(x):
+            return DimExpr(((x.name, 1),))
+        if isinstance(x, int) and not isinstance(x, bool):
+            return DimExpr((), int(x))
+        return None
+
+    def _plus(self, other, sign: int):
+        o = DimExpr.of(other)
+        if o is None:
+            return NotImplemented
+        coefs = dict(self.terms)
+        for name, c in o.terms:
+            coefs[name] = coefs.get(name, 0) + sign * c
+        terms = tuple((n, c) for n, c in coefs.items() if c)
+        const = self.const + sign * o.const
+        return DimExpr(terms, const) if terms else const
+
+    def __add__(self, other):
+        return self._plus(other, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return self._plus(other, -1)
+
+    def __rsub__(self, other):
+        o = DimExpr.of(other)
+        return NotImplemented if o is None else o._plus(self, -1)
+
+    def __neg__(self):
+        return DimExpr((), 0)._plus(self, -1)
+
+    def __repr__(self) -> str:
+        parts = [f"{'-' if c < 0 else '+'} {abs(c)}*{n}" if abs(c) != 1 else f"{'-' if c < 0 else '+'} {n}"
+                 for n, c in self.terms] + ([f"{'-' if self.const < 0 else '+'} {abs(self.const)}"] if self.const else [])
+        return " ".join(parts).lstrip("+ ")
+
+    def _value(self, *_):
+        raise DynamicDim(self.terms[0][0], f"{self!r} is used where a number is needed")
+
+    __int__ = __index__ = __float__ = __bool__ = __hash__ = _value
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _value
+    __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _value
+    __pow__ = __rpow__ = _value
+
+
+class TracedDim(Dynamic):
+    """A dim taken at run time, as `Tensor.shape` gives it: a `Dynamic` that also adds and
+    subtracts, into a `DimExpr`."""
+
+    __slots__ = ()
+
+    def __init__(self, dynamic: Dynamic):
+        super().__init__(dynamic.name, dynamic.hint, dynamic.index_bits)
+
+    def __add__(self, other):
+        return DimExpr.of(self)._plus(other, 1)
+
+    __radd__ = __add__
+
+    def __sub__(self, other):
+        return DimExpr.of(self)._plus(other, -1)
+
+    def __rsub__(self, other):
+        return DimExpr.of(self).__rsub__(other)
+
+    def __neg__(self):
+        return -DimExpr.of(self)
 
 
 @dataclass(frozen=True)

@@ -111,6 +111,7 @@ _RULES: dict[type, Callable] = {
     g.NormStatisticOp: _norm_statistic,
     g.ArangeOp: lambda op, bindings: np.arange(_concrete(op.res.type, bindings)[0], dtype=np.int64),
     g.ConstantOp: lambda op: np.array(op.value.value.data),
+    g.DimSizeOp: lambda op, bindings: np.array(int(bindings[op.dim.data]), dtype=np.int64),
     g.CastOp: lambda op, x: x,
     g.SliceOp: lambda op, x, bindings: x[tuple(slice(s, s + n) for s, n in
                                                zip(op.offsets, _concrete(op.res.type, bindings)))],
@@ -124,7 +125,7 @@ def _gather(x: np.ndarray, index: np.ndarray) -> np.ndarray:
     inside = (index >= 0) & (index < x.shape[0])
     rows = x[np.where(inside, index, 0)] if x.shape[0] else np.zeros((*index.shape, *x.shape[1:]), x.dtype)
     return np.where(inside.reshape(*index.shape, *[1] * (x.ndim - 1)), rows, 0).astype(x.dtype)
-_NEEDS_BINDINGS = {g.ReshapeOp, g.ArangeOp, g.SliceOp}
+_NEEDS_BINDINGS = {g.ReshapeOp, g.ArangeOp, g.DimSizeOp, g.SliceOp}
 
 
 def _check(op: g.AssertOp, cond: np.ndarray) -> None:

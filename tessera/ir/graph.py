@@ -611,6 +611,27 @@ class ArangeOp(IRDLOperation):
 
 
 @irdl_op_definition
+class DimSizeOp(IRDLOperation):
+    """The size of dim `dim`, which the compile takes at run time (`tessera.dims.Dynamic`), as a
+    rank-0 int32: what `k.shape[-2] - q.shape[-2]` becomes in a shape-generic trace (a decode
+    step's query offset). A kernel reads it from a buffer of that dim (`tile.dim`)."""
+
+    name = "graph.dim_size"
+    dim = prop_def(StringAttr)
+    res = result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "attr-dict `:` type($res)"
+
+    def __init__(self, dim: str):
+        super().__init__(result_types=[TensorType.of((), dtypes.int32)], properties={"dim": StringAttr(dim)})
+
+    def verify_(self) -> None:
+        t = tensor_type(self.res)
+        if t.rank != 0 or t.dtype != dtypes.int32:
+            raise VerifyException("dim_size must produce a rank-0 int32 tensor")
+
+
+@irdl_op_definition
 class ConstantOp(IRDLOperation):
     """A scalar (rank-0) constant; Python numbers in user code become these."""
 
@@ -787,7 +808,10 @@ class AssertOp(IRDLOperation):
             raise VerifyException(f"assert: the condition must be bool, got {tensor_type(self.cond).dtype}")
 
 
+#: ops of no operands whose values every kernel makes for itself where it reads them
+SOURCE_OPS = (ConstantOp, ArangeOp, DimSizeOp)
+
 STRUCTURAL_OPS = [MatmulOp, TransposeOp, ReshapeOp, ReduceOp, SoftmaxOp, LayerNormOp, RmsNormOp, NormStatisticOp,
-                  ArangeOp, ConstantOp, CastOp, SliceOp, ConcatOp, GatherOp, AssertOp]
+                  ArangeOp, DimSizeOp, ConstantOp, CastOp, SliceOp, ConcatOp, GatherOp, AssertOp]
 
 Graph = Dialect("graph", [*ELEMENTWISE_OPS.values(), *STRUCTURAL_OPS], [TensorType])

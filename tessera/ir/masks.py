@@ -42,7 +42,8 @@ def _constant(v: SSAValue) -> float | None:
 class Term:
     """`sign` times an int32 kernel input read at run time, its dims walking `value_map`: per
     program (none of them the tile's axes: a sequence's length) or per row (one on the row axis:
-    each packed query's first or last key, varlen attention)."""
+    each packed query's first or last key, varlen attention); or a dim's size taken at run time
+    (`graph.dim_size`: a decode step's key count)."""
 
     value: SSAValue
     value_map: Map
@@ -77,6 +78,8 @@ def _linear(v: SSAValue, m: Map, bindings, col_axis: str | None) -> _Linear | No
         return _Linear(const=int(c)) if g.tensor_type(v).dtype != dtypes.bool_ and float(c).is_integer() else None
     if isinstance(op, g.ArangeOp):
         return _Linear(axis=m[0]) if m[0] is not None else None
+    if isinstance(op, g.DimSizeOp):   # a dim's size, taken at run time: the same for every program
+        return _Linear(terms=(Term(v, m),))
     if not isinstance(op, Operation):   # a kernel input: an int read per program, or per row
         if (col_axis is not None and col_axis in m) or g.tensor_type(v).dtype != dtypes.int32:
             return None

@@ -32,6 +32,7 @@ from xdsl.dialects import arith, math
 from xdsl.dialects.builtin import FloatAttr, IndexType, IntegerAttr, TensorType, UnitAttr, f32, i1, i32
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
+from ..dims import DynamicDim
 from ..errors import TesseraError
 from ..ir import graph as g
 from ..ir.index_maps import Map, operand_maps
@@ -295,7 +296,7 @@ class Emitter:
             return self.load(v, m, ctx)
         op = v.owner
         # constants and aranges are built wherever they are first read, so they lend no region
-        with self.b.origin(op, regions=not isinstance(op, (g.ConstantOp, g.ArangeOp))):
+        with self.b.origin(op, regions=not isinstance(op, g.SOURCE_OPS)):
             return self._emit_op(op, v, m, ctx)
 
     def _emit_op(self, op: Operation, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
@@ -304,6 +305,8 @@ class Emitter:
             return self._constant(op.value.value.data, dt, ctx.shape)
         if isinstance(op, g.ArangeOp):
             return self._arange(m[0], ctx)
+        if isinstance(op, g.DimSizeOp):
+            return self.b.splat(self.b(arith.IndexCastOp(self.dim_size(op.dim.data), i32)), ctx.shape)
         if isinstance(op, g.SliceOp):
             return self.value(op.input, *self._sliced(op, m, ctx))
         if isinstance(op, g.ConcatOp):
@@ -410,6 +413,8 @@ class Emitter:
             op = v.owner
             if isinstance(op, g.ArangeOp):
                 return self._program_index(m[0], ctx)
+            if isinstance(op, g.DimSizeOp):
+                return self.dim_size(op.dim.data)
             if isinstance(op, g.ConstantOp) and float(op.value.value.data).is_integer():
                 return self.b.index(int(op.value.value.data))
             if not isinstance(op, (g.TransposeOp, g.ReshapeOp)):
@@ -434,6 +439,17 @@ class Emitter:
         if run is not None:
             return self.b(t.LoadIndexReduceOp(memref, offsets, reduce, *run))
         return self.b(t.LoadIndexOp(memref, offsets))
+
+    def dim_size(self, name: str) -> SSAValue:
+        """The size of dim `name` as an index: read from a kernel buffer of that dim (`tile.dim`);
+        `DynamicDim` where the kernel has none (the function then compiles the dim as a constant)."""
+        for v, memref in self.params.items():
+            shape = g.tensor_type(v).shape
+            if name in shape:
+                axis = list(shape).index(name)
+                n = memref.type.get_shape()[axis]
+                return self.b(t.DimOp(memref, axis)) if n == t.DYNAMIC else self.b.index(n)
+        raise DynamicDim(name, "a kernel computes with its size but reads no tensor of that dim")
 
     def _program_index(self, axis: str | None, ctx: TileCtx) -> SSAValue:
         """This program's index along `axis`: a scalar axis, or a tiled one of one element."""

@@ -49,7 +49,7 @@ from ..backends import BACKENDS, Backend, check_backend_option
 from ..dims import DynamicDim, hint, is_dynamic
 from . import backend_choice, byte_operands, query_groups, recompute
 
-CHEAP = (g.ConstantOp, g.ArangeOp, g.TransposeOp, g.ReshapeOp)
+CHEAP = (*g.SOURCE_OPS, g.TransposeOp, g.ReshapeOp)
 
 
 #: ops that read their operands elsewhere than at their own element (a shifted tile): they fuse into
@@ -133,7 +133,7 @@ class _Planner:
             table = gather.index
             while isinstance(table.owner, (g.TransposeOp, g.ReshapeOp)):
                 table = table.owner.input
-            if isinstance(table.owner, (g.ConstantOp, g.ArangeOp)):
+            if isinstance(table.owner, g.SOURCE_OPS):
                 continue
             page = g.dim_value(g.tensor_type(gather.input).shape[1], self.bindings)
             if page % PAGE_MULTIPLE == 0 and op.res not in f.body.block.last_op.operands:

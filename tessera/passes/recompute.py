@@ -34,7 +34,7 @@ from ..ir import graph as g
 #: (a flash_chain kernel keeps a whole row of each operand tile in shared memory)
 MAX_SCORE_INNER = 256
 
-RECOMPUTABLE = (g.ElementwiseOp, g.CastOp, g.TransposeOp, g.ReshapeOp, g.ConstantOp, g.ArangeOp)
+RECOMPUTABLE = (g.ElementwiseOp, g.CastOp, g.TransposeOp, g.ReshapeOp, *g.SOURCE_OPS)
 
 
 def is_score_matmul(op, bindings: dict[str, int]) -> bool:
@@ -139,7 +139,7 @@ def _read_elsewhere(tree: list[Operation], sink: Operation) -> bool:
     """Whether an op of `tree` (constants and aranges aside: every kernel makes its own) has a
     reader outside the tree and the sink."""
     members = set(tree) | {sink}
-    return any(use.operation not in members for op in tree if not isinstance(op, (g.ConstantOp, g.ArangeOp))
+    return any(use.operation not in members for op in tree if not isinstance(op, g.SOURCE_OPS)
                for r in op.results for use in r.uses)
 
 
@@ -228,6 +228,6 @@ def _leaf_or(v: SSAValue, is_copyable) -> bool:
     while isinstance(op, (g.TransposeOp, g.ReshapeOp)):
         v = op.input
         op = v.owner
-    if not isinstance(op, Operation) or isinstance(op, (g.ConstantOp, g.ArangeOp, g.ReduceOp)):
+    if not isinstance(op, Operation) or isinstance(op, (*g.SOURCE_OPS, g.ReduceOp)):
         return True
     return is_copyable(op)

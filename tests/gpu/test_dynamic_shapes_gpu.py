@@ -260,6 +260,27 @@ def test_a_decode_step_over_a_growing_cache(torch_cuda):
     assert decode.cache_info().compiles == classes((2, 3, 100, 1000, 4097, 33000))
 
 
+@pytest.mark.parametrize("gqa", [False, True], ids=["mha", "gqa"])
+@pytest.mark.parametrize("m", [1, 4])
+def test_a_causal_decode_step_over_a_growing_cache(torch_cuda, gqa, m):
+    """examples/decode_attention.py's causal decode (`row + (N - M) >= col`, N - M read at run
+    time) over caches of lengths 17 to 100003: one compile per class of N, against float64."""
+    from decode_attention import decode_attention, gqa_decode_attention
+    torch = torch_cuda
+    fn = tsr.function((gqa_decode_attention if gqa else decode_attention).fn, dynamic=["N"])
+    g = torch.Generator(device="cuda").manual_seed(9)
+    lengths = (17, 1000, 4097, 100003)
+    q = torch.randn(*((2, 2, 4) if gqa else (2, 8)), m, 128, device="cuda", generator=g).to(torch.bfloat16)
+    for n in lengths:
+        k, v = (torch.randn(*((2, 2, 1) if gqa else (2, 8)), n, 128, device="cuda", generator=g).to(torch.bfloat16)
+                for _ in range(2))
+        keep = torch.arange(m, device="cuda")[:, None] + (n - m) >= torch.arange(n, device="cuda")[None, :]
+        scores = (q.double() @ k.double().transpose(-2, -1) / 128 ** 0.5).masked_fill(~keep, float("-inf"))
+        check(fn(q, k, v), torch.softmax(scores, dim=-1) @ v.double(), "bf16", torch)
+    info = fn.cache_info()
+    assert info.compiles == classes(lengths) and not info.fixed, info
+
+
 def test_row_slices_of_one_buffer_get_their_own_tensor_maps(torch_cuda):
     """x[:m] of one buffer has the same address for every m: the tensor map of a GEMM's A (TMA on
     sm_90a) must still be encoded with each call's M (a map of the previous M would read zeros past

@@ -6,6 +6,7 @@ the CPU tile interpreter against the Graph IR oracle.
 """
 import math
 
+import numpy as np
 import pytest
 from xdsl.ir import BlockArgument
 
@@ -550,6 +551,40 @@ def test_a_pinned_schedule_keeps_its_query_order():
     fn = tsr.function(FUNCTIONS["causal"].fn, space=dict(heavy_first=[0], block_m=[128]))
     (kernel,) = schedule_kernels(fn.compile(fn.arg_specs_for(dict(B=3, H=5, S=1531, D=128), "bf16"), arch="sm_90a"))
     assert (kernel.param_values["block_m"], kernel.param_values["heavy_first"]) == (128, 0)
+
+
+def _decode_reference(q, k, v):
+    """Causal attention with the diagonal at the bottom right (query i at position N - M + i), in float64."""
+    q, k, v = (x.astype(np.float64) for x in (q, k, v))
+    s = q @ np.swapaxes(k, -1, -2) / np.sqrt(q.shape[-1])
+    m, n = s.shape[-2:]
+    s = np.where(np.arange(m)[:, None] + (n - m) >= np.arange(n)[None, :], s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v
+
+
+@pytest.mark.parametrize("gqa", [False, True])
+def test_a_causal_decode_step_takes_its_key_count_at_run_time(gqa):
+    """A decode step's mask `row + (N - M) >= col` with N taken at run time: N - M is a value the
+    kernel reads (`graph.dim_size`, a mask limit per program), so one compile serves every key
+    count of N's class (a new cache length per step compiles nothing), split across the grid
+    (flash-decoding) as N's class says; checked on the interpreter against float64."""
+    from decode_attention import decode_attention, gqa_decode_attention
+    fn = tsr.function((gqa_decode_attention if gqa else decode_attention).fn, dynamic=["N"])
+    rng = np.random.default_rng(31)
+    for m in (1, 3):
+        for n in (1031, 1500, 2049):
+            shape = (1, 2, 2, m, 16) if gqa else (1, 2, m, 16)
+            kv = (1, 2, 1, n, 16) if gqa else (1, 2, n, 16)
+            q = rng.standard_normal(shape).astype(np.float16)
+            k, v = (rng.standard_normal(kv).astype(np.float16) for _ in range(2))
+            np.testing.assert_allclose(fn(q, k, v).astype(np.float64), _decode_reference(q, k, v), atol=2e-3)
+    info = fn.cache_info()
+    assert info.compiles == 2 and not info.fixed   # one compile per query count
+    dims = dict(B=1, Hk=8, G=4, M=1, N=32768, D=128) if gqa else dict(B=1, H=32, M=1, N=32768, D=128)
+    c = fn.compile(fn.arg_specs_for(dims, "bf16"), dynamic=frozenset({"N"}), arch="sm_90a")
+    (kernel,) = schedule_kernels(c)
+    assert kernel.param_values["split_kv"] > 1 and "graph.dim_size" in c.ir("schedule")
 
 
 def test_a_decode_mask_with_an_offset_is_inside_the_attention_kernel():
