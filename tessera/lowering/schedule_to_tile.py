@@ -1452,8 +1452,9 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
 
     where = sm.input.owner if terms is not None and (bounds != ColumnBounds(None, None) or terms.limits) \
         else None   # where(cond, s, -inf)
-    kept = _kept_columns(kb, terms.limits, m0, tile, scalars, sizes) if where is not None and terms.limits else None
     n_keys = att.extent(kb, "n")
+    kept = _kept_columns(kb, terms.limits, m0, tile, scalars, {"n": n_keys, "m": att.extent(kb, "m")}) \
+        if where is not None and terms.limits else None
     tail = not isinstance(n_keys, int) or n_keys % tile["n"] != 0   # the last key block is (may be) partial
     scales: list[float] = []             # the constant the scores are scaled by (one per block, all equal)
 
@@ -1671,7 +1672,7 @@ class _KeptColumns:
 
 
 def _kept_columns(kb: KernelBuild, limits: tuple[ColumnLimit, ...], m0: SSAValue, tile: dict[str, int],
-                  scalars: dict[str, SSAValue], sizes: dict[str, int]) -> _KeptColumns:
+                  scalars: dict[str, SSAValue], extents: dict[str, int | SSAValue]) -> _KeptColumns:
     """`_KeptColumns` of query block [m0, m0 + BM) under `limits`: a key block inside [every_from,
     every_below) needs no mask, the key loop runs over [any_from, any_below). A limit's values are
     read per program, or per row as the min and the max over the block's rows
@@ -1679,8 +1680,15 @@ def _kept_columns(kb: KernelBuild, limits: tuple[ColumnLimit, ...], m0: SSAValue
     (past the keys, or below every row's first), so the index arithmetic after it never wraps (a
     length of 2^31 - 1 meaning "all"). Where several terms add up, their extremes (perhaps of
     different rows) could wrap a 32-bit sum no row's own does: a term past 2^31 / (terms + 1)
-    then leaves the limit bounding nothing (every key block read, and masked)."""
+    then leaves the limit bounding nothing (every key block read, and masked). `extents`: the key
+    and query counts ("n", "m"), a dynamic one's read at run time."""
     b = kb.b
+
+    def plus(x: int | SSAValue, c: int) -> int | SSAValue:
+        return x + c if isinstance(x, int) else b(arith.AddiOp(x, b.index(c)))
+
+    def index(x: int | SSAValue) -> SSAValue:
+        return b.index(x) if isinstance(x, int) else x
     kept = _KeptColumns()
     rows_ctx = TileCtx({"m": (m0, tile["m"])}, scalars)
     read: dict = {}   # (value, map) -> (least, most): a value in several limits is read once
@@ -1709,11 +1717,13 @@ def _kept_columns(kb: KernelBuild, limits: tuple[ColumnLimit, ...], m0: SSAValue
             if term.sign < 0:
                 least, most = b(arith.SubiOp(b.index(0), most)), b(arith.SubiOp(b.index(0), least))
             low, high = b(arith.AddiOp(low, least)), b(arith.AddiOp(high, most))
-        cap = sizes["n"] + abs(limit.const)
-        floor = -(cap + sizes["m"] + tile["m"] + (limit.modulo or 0))
-        low, high = (b(arith.MaxSIOp(b(arith.MinSIOp(x, b.index(cap))), b.index(floor))) for x in (low, high))
+        cap = plus(extents["n"], abs(limit.const))
+        below = plus(extents["m"], tile["m"] + (limit.modulo or 0))
+        floor = -(cap + below) if isinstance(cap, int) and isinstance(below, int) else \
+            b(arith.SubiOp(b.index(0), b(arith.AddiOp(index(cap), index(below)))))
+        low, high = (b(arith.MaxSIOp(b(arith.MinSIOp(x, index(cap))), index(floor))) for x in (low, high))
         if small is not None:   # else no bound: no key skipped, every block masked
-            low, high = b(t.SelectOp(small, low, b.index(floor))), b(t.SelectOp(small, high, b.index(cap)))
+            low, high = b(t.SelectOp(small, low, index(floor))), b(t.SelectOp(small, high, index(cap)))
         low, high = (b(arith.AddiOp(b.index(limit.const), x)) for x in (low, high))
         if limit.rows == "index":      # the block's rows m0 .. m0 + BM - 1
             low, high = b(arith.AddiOp(low, m0)), b(arith.AddiOp(high, b(arith.AddiOp(m0, b.index(tile["m"] - 1)))))

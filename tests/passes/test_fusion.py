@@ -573,18 +573,20 @@ def test_a_causal_decode_step_takes_its_key_count_at_run_time(gqa):
     fn = tsr.function((gqa_decode_attention if gqa else decode_attention).fn, dynamic=["N"])
     rng = np.random.default_rng(31)
     for m in (1, 3):
-        for n in (1031, 1500, 2049):
+        for n in (17, 30, 1031, 1500, 2049):   # (two classes of N: <= 32, unsplit, and past 1024, split)
             shape = (1, 2, 2, m, 16) if gqa else (1, 2, m, 16)
             kv = (1, 2, 1, n, 16) if gqa else (1, 2, n, 16)
             q = rng.standard_normal(shape).astype(np.float16)
             k, v = (rng.standard_normal(kv).astype(np.float16) for _ in range(2))
             np.testing.assert_allclose(fn(q, k, v).astype(np.float64), _decode_reference(q, k, v), atol=2e-3)
     info = fn.cache_info()
-    assert info.compiles == 2 and not info.fixed   # one compile per query count
+    assert info.compiles == 4 and not info.fixed   # one compile per query count and class of N
     dims = dict(B=1, Hk=8, G=4, M=1, N=32768, D=128) if gqa else dict(B=1, H=32, M=1, N=32768, D=128)
     c = fn.compile(fn.arg_specs_for(dims, "bf16"), dynamic=frozenset({"N"}), arch="sm_90a")
     (kernel,) = schedule_kernels(c)
     assert kernel.param_values["split_kv"] > 1 and "graph.dim_size" in c.ir("schedule")
+    short = {**dims, "M": 3, "N": 17}   # unsplit: the query block's kept columns bounded by N at run time
+    assert fn.compile(fn.arg_specs_for(short, "bf16"), dynamic=frozenset({"N"}), arch="sm_90a").stage("ptx")
 
 
 def test_a_decode_mask_with_an_offset_is_inside_the_attention_kernel():
