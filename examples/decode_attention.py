@@ -3,6 +3,9 @@
     tessera compile examples/decode_attention.py:gqa_decode_attention --shape B=1,Hk=8,G=4,M=1,N=131072,D=128
 
 The queries are the last M positions of the sequence, so the causal mask is `row + (N - M) >= col`.
+With the cache length taken at run time (`tsr.function(decode_attention.fn, dynamic=["N"])`),
+`k.shape[-2] - q.shape[-2]` is a value the kernel reads (`graph.dim_size`), so one compile serves
+every cache length of N's class (`tessera.dims.CLASSES`) rather than one compile per decode step.
 Nothing here says "decode": the fusion pass sees an attention whose query blocks are too few to
 fill the GPU (one per head and batch) and splits its key blocks across the grid (flash-decoding):
 a first kernel writes each split's output and row log-sum-exp, a second combines them. The

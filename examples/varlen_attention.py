@@ -18,7 +18,7 @@ query block loops over the key blocks between its rows' first and last keys only
 time, `tile.load_index_reduce`), and masks none but the blocks at a sequence's edges; a
 sequence's keys are never padded.
 
-A compile is specialized to T, N and B + 1 (attention is not shape-generic yet), so a serving loop
+A compile is specialized to T, N and B + 1 (the view of the rows by sequence takes T's value), so a serving loop
 keeps its packed buffers at one capacity: rows past the last sequence belong to none (they come out
 NaN: softmax over no key), keys past the last are never read, and cumulative lengths padded with
 their last value add empty sequences; every batch then runs the one compile.
