@@ -91,13 +91,25 @@ class DimExpr:
                  for n, c in self.terms] + ([f"{'-' if self.const < 0 else '+'} {abs(self.const)}"] if self.const else [])
         return " ".join(parts).lstrip("+ ")
 
+    def __mul__(self, other):
+        if isinstance(other, int) and not isinstance(other, bool):
+            return DimExpr(tuple((n, c * other) for n, c in self.terms), self.const * other) if other else 0
+        return self._other(other)
+
+    __rmul__ = __mul__
+
     def _value(self, *_):
         raise DynamicDim(self.terms[0][0], f"{self!r} is used where a number is needed")
 
+    def _other(self, other, *_):
+        """Arithmetic with a traced tensor is the tensor's (`NotImplemented` hands it over); with a
+        number other than an int, it needs the value."""
+        return NotImplemented if isinstance(other, Tensor) else self._value()
+
     __int__ = __index__ = __float__ = __bool__ = __hash__ = _value
     __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _value
-    __mul__ = __rmul__ = __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _value
-    __pow__ = __rpow__ = _value
+    __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _other
+    __pow__ = __rpow__ = _other
 
 
 class TracedDim(Dynamic):
@@ -122,6 +134,17 @@ class TracedDim(Dynamic):
 
     def __neg__(self):
         return -DimExpr.of(self)
+
+    def __mul__(self, other):
+        return DimExpr.of(self) * other
+
+    __rmul__ = __mul__
+
+    def _other(self, other, *_):
+        return DimExpr.of(self)._other(other)
+
+    __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _other
+    __pow__ = __rpow__ = _other
 
 
 @dataclass(frozen=True)
