@@ -196,6 +196,10 @@ def compile_function(fn: Function, args: argparse.Namespace, device: "Device | N
                          parse_layouts(getattr(args, "layout", None)))
     debugging = {"line_info": getattr(args, "line_info", False), "profile": getattr(args, "profile", False)}
     dynamic = frozenset(d.strip() for d in (getattr(args, "dynamic", "") or "").split(",") if d.strip())
+    named = {d for s in specs for d in s.dims if isinstance(d, str)}
+    if dynamic - named:
+        raise TesseraError(f"--dynamic names {', '.join(sorted(dynamic - named))}, not a dim of {fn.name}'s "
+                           f"arguments ({', '.join(sorted(named))})")
     try:
         return fn.compile(specs, dynamic=dynamic, arch=arch, path=args.path, backend=args.backend,
                           **debugging), specs

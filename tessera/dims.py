@@ -4,8 +4,9 @@ A function compiles once per *specialization class* of its call (`Function.cache
 marked dynamic (`@tsr.function(dynamic=["M"])`, or found to vary between calls) is traced and
 lowered as a `Dynamic`: its value is not known to the compile, only that it is at least 2 (a
 dim of 1 broadcasts, so it is specialized as 1). Every step that needs the value itself
-(`int()`, arithmetic, a comparison, a loop bound) raises `DynamicDim`, and the function then
-compiles that dim as a constant (`Function._compile_generic`): the compile is generic only where
+(`int()`, a comparison, a loop bound) raises `DynamicDim`, and the function then compiles that
+dim as a constant; user code's sums and integer multiples of such dims (`k.shape[-2] - M`:
+`frontend.tensor.DimExpr`) stay symbolic and are read at run time in tensor math (`Function._compile_generic`): the compile is generic only where
 every step above the code generator was written to take the dim at run time, and a step that
 was not cannot silently bake in the value of the call that happened to compile it.
 

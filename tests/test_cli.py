@@ -404,8 +404,12 @@ def test_run_dynamic_runs_the_generic_kernels_and_checks_them(capsys):
     """`tessera run --dynamic S` compiles S as a kernel argument and checks the run at --shape's S
     (its reductions' lengths, which the tolerance grows with, at that S)."""
     assert cli.main(["run", ATTENTION, "--shape", "B=1,H=2,S=200,D=64", "--dynamic", "S", "--device", "cpu"]) == 0
+    decode = str(Path(EXAMPLE).with_name("decode_attention.py")) + ":decode_attention"   # its mask reads N - M
+    assert cli.main(["run", decode, "--shape", "B=1,H=2,M=3,N=300,D=64", "--dynamic", "N", "--device", "cpu"]) == 0
     out = capsys.readouterr().out
-    assert "PASS" in out and "FAIL" not in out
+    assert out.count("PASS") == 2 and "FAIL" not in out
+    assert cli.main(["run", ATTENTION, "--shape", "B=1,H=2,S=200,D=64", "--dynamic", "Q", "--device", "cpu"]) == 1
+    assert "--dynamic names Q, not a dim of flash_attention's arguments" in capsys.readouterr().err
 
 
 def test_run_counts_nans_where_the_reference_has_them_as_agreement():

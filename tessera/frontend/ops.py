@@ -70,17 +70,27 @@ def constant(value, dt: DType) -> Tensor:
 
 def dim_value(x, dt: DType = dtypes.int32) -> Tensor:
     """A dim taken at run time, or a `DimExpr` of such dims (`n - m`), as a rank-0 tensor of `dt`:
-    a `graph.dim_size` per dim, summed with its coefficient and the constant, in int32."""
+    a `graph.dim_size` per dim, cast to `dt` before it is scaled and summed (a float sum of large
+    dims does not wrap as an int32 one would), terms of a negative coefficient subtracted (the
+    form a mask's limit is read in, `masks._linear`)."""
     g = _graph()
     expr = DimExpr.of(x)
-    total = None
+
+    def size(name: str, coef: int) -> Tensor:
+        v = _make(current_trace().add(g.DimSizeOp(name)).res, (), dtypes.int32, name)
+        v = v if dt == dtypes.int32 else cast(v, dt)
+        return v if coef == 1 else v * coef
+
+    total, const = None, expr.const
     for name, coef in expr.terms:
-        size = _make(current_trace().add(g.DimSizeOp(name)).res, (), dtypes.int32, name)
-        size = size if coef == 1 else size * coef
-        total = size if total is None else total + size
-    if expr.const:
-        total = total + expr.const
-    return total if dt == dtypes.int32 else cast(total, dt)
+        if coef > 0:
+            total = size(name, coef) if total is None else total + size(name, coef)
+    if total is None:
+        total, const = constant(const, dt), 0
+    for name, coef in expr.terms:
+        if coef < 0:
+            total = total - size(name, -coef)
+    return total + const if const else total
 
 
 def _operands(xs: Sequence) -> list[Tensor]:
@@ -290,6 +300,9 @@ def getitem(x: Tensor, index) -> Tensor:
     """NumPy-style indexing with `None` (new axis), `:`, `...`, ints, ranges, and an int32 tensor
     along the first dim (`gather`)."""
     items = index if isinstance(index, tuple) else (index,)
+    for i in items:   # an index of a dim taken at run time (x[x.shape[0] - 1]) needs its value
+        if is_dynamic(i) or isinstance(i, DimExpr):
+            int(i)
     if any(isinstance(i, Tensor) for i in items):
         return _gather_item(x, items)
     if any(isinstance(i, int) or (isinstance(i, slice) and i != slice(None)) for i in items):

@@ -39,10 +39,12 @@ def _sym_int(value, d: str | int):
 
 
 class DimExpr:
-    """`const` plus a sum of dims taken at run time, each times its coefficient (`terms`): what
-    `k.shape[-2] - q.shape[-2]` is where N is such a dim (`TracedDim`). Added to a traced tensor it
-    becomes graph ops (`graph.dim_size`); anything that needs its value (int(), a comparison, a
-    reshape) raises `DynamicDim`, and the function compiles the dim as a constant instead."""
+    """`const` plus a sum of dims taken at run time, each times its integer coefficient (`terms`):
+    what `k.shape[-2] - q.shape[-2]` is where N is such a dim (`TracedDim`). It adds, subtracts
+    and scales by ints; in tensor math it becomes graph ops (`graph.dim_size`, read at run time);
+    arithmetic or a comparison with a traced tensor is the tensor's. Anything that needs its value
+    (int(), a float, a comparison with a number, an index) raises `DynamicDim`, and the function
+    compiles the dim as a constant instead."""
 
     __slots__ = ("terms", "const")
 
@@ -63,7 +65,7 @@ class DimExpr:
     def _plus(self, other, sign: int):
         o = DimExpr.of(other)
         if o is None:
-            return NotImplemented
+            return self._other(other)
         coefs = dict(self.terms)
         for name, c in o.terms:
             coefs[name] = coefs.get(name, 0) + sign * c
@@ -81,15 +83,13 @@ class DimExpr:
 
     def __rsub__(self, other):
         o = DimExpr.of(other)
-        return NotImplemented if o is None else o._plus(self, -1)
+        return self._other(other) if o is None else o._plus(self, -1)
 
     def __neg__(self):
         return DimExpr((), 0)._plus(self, -1)
 
-    def __repr__(self) -> str:
-        parts = [f"{'-' if c < 0 else '+'} {abs(c)}*{n}" if abs(c) != 1 else f"{'-' if c < 0 else '+'} {n}"
-                 for n, c in self.terms] + ([f"{'-' if self.const < 0 else '+'} {abs(self.const)}"] if self.const else [])
-        return " ".join(parts).lstrip("+ ")
+    def __pos__(self):
+        return self
 
     def __mul__(self, other):
         if isinstance(other, int) and not isinstance(other, bool):
@@ -98,53 +98,75 @@ class DimExpr:
 
     __rmul__ = __mul__
 
+    def __repr__(self) -> str:
+        parts = [f"{'-' if c < 0 else '+'} {abs(c)}*{n}" if abs(c) != 1 else f"{'-' if c < 0 else '+'} {n}"
+                 for n, c in self.terms] + ([f"{'-' if self.const < 0 else '+'} {abs(self.const)}"] if self.const else [])
+        return " ".join(parts).lstrip("+ ")
+
     def _value(self, *_):
         raise DynamicDim(self.terms[0][0], f"{self!r} is used where a number is needed")
 
     def _other(self, other, *_):
-        """Arithmetic with a traced tensor is the tensor's (`NotImplemented` hands it over); with a
-        number other than an int, it needs the value."""
+        """Arithmetic or a comparison with a traced tensor is the tensor's (`NotImplemented` hands
+        it over); with anything else (a float, a bool) it needs the value."""
         return NotImplemented if isinstance(other, Tensor) else self._value()
 
     __int__ = __index__ = __float__ = __bool__ = __hash__ = _value
-    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _value
+    __abs__ = __round__ = __trunc__ = __floor__ = __ceil__ = _value
+    __eq__ = __ne__ = __lt__ = __le__ = __gt__ = __ge__ = _other
     __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _other
-    __pow__ = __rpow__ = _other
+    __divmod__ = __rdivmod__ = __pow__ = __rpow__ = _other
 
 
 class TracedDim(Dynamic):
-    """A dim taken at run time, as `Tensor.shape` gives it: a `Dynamic` that also adds and
-    subtracts, into a `DimExpr`."""
+    """A dim taken at run time, as `Tensor.shape` gives it: a `Dynamic` (which refuses to be used as
+    a number) whose arithmetic is `DimExpr`'s."""
 
     __slots__ = ()
 
     def __init__(self, dynamic: Dynamic):
         super().__init__(dynamic.name, dynamic.hint, dynamic.index_bits)
 
-    def __add__(self, other):
-        return DimExpr.of(self)._plus(other, 1)
+    def _expr(self) -> DimExpr:
+        return DimExpr(((self.name, 1),))
 
-    __radd__ = __add__
+    def __add__(self, other):
+        return self._expr() + other
+
+    def __radd__(self, other):
+        return other + self._expr()
 
     def __sub__(self, other):
-        return DimExpr.of(self)._plus(other, -1)
+        return self._expr() - other
 
     def __rsub__(self, other):
-        return DimExpr.of(self).__rsub__(other)
+        return other - self._expr()
 
     def __neg__(self):
-        return -DimExpr.of(self)
+        return -self._expr()
+
+    def __pos__(self):
+        return self
 
     def __mul__(self, other):
-        return DimExpr.of(self) * other
+        return self._expr() * other
 
     __rmul__ = __mul__
 
     def _other(self, other, *_):
-        return DimExpr.of(self)._other(other)
+        return self._expr()._other(other)
 
+    def __eq__(self, other):   # (with a tensor: the tensor's elementwise comparison)
+        return NotImplemented if isinstance(other, Tensor) else super().__eq__(other)
+
+    def __ne__(self, other):
+        return NotImplemented if isinstance(other, Tensor) else super().__ne__(other)
+
+    __hash__ = Dynamic.__hash__
+    __abs__ = __round__ = __trunc__ = __floor__ = __ceil__ = Dynamic._value
+    __lt__ = __le__ = __gt__ = __ge__ = _other
     __floordiv__ = __rfloordiv__ = __truediv__ = __rtruediv__ = __mod__ = __rmod__ = _other
-    __pow__ = __rpow__ = _other
+    __divmod__ = __rdivmod__ = __pow__ = __rpow__ = _other
 
 
 @dataclass(frozen=True)
@@ -188,8 +210,9 @@ class Tensor:
     # --- shape ---------------------------------------------------------------
     @property
     def shape(self) -> tuple[SymInt, ...]:
-        """The dims' values; a dim compiled as a kernel argument is a `Dynamic`, which refuses to be
-        used as a number (`tessera.dims`): code that needs its value compiles it as a constant."""
+        """The dims' values; a dim compiled as a kernel argument is a `TracedDim`, which adds and
+        subtracts (`DimExpr`, read at run time in tensor math) but refuses to be used as a number
+        (`tessera.dims`): code that needs its value compiles it as a constant."""
         return tuple(_sym_int(self._trace.size(d), d) for d in self.dims)
 
     @property

@@ -147,6 +147,9 @@ def run_graph(func_op, inputs: Sequence[np.ndarray], exact: bool = True) -> list
     env: dict = {}
     for arg, x in zip(func_op.body.block.args, inputs, strict=True):
         env[arg] = np.asarray(x)
+        for d, n in zip(g.tensor_type(arg).shape, env[arg].shape):   # a dynamic dim: the inputs' size
+            if isinstance(d, str) and is_dynamic(bindings.get(d)):
+                bindings[d] = n
     ops = list(func_op.body.block.ops)
     last_use = {v: i for i, op in enumerate(ops) for v in op.operands}
     for i, op in enumerate(ops):

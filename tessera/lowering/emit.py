@@ -32,7 +32,6 @@ from xdsl.dialects import arith, math
 from xdsl.dialects.builtin import FloatAttr, IndexType, IntegerAttr, TensorType, UnitAttr, f32, i1, i32
 from xdsl.ir import Attribute, Block, Operation, SSAValue
 
-from ..dims import DynamicDim
 from ..errors import TesseraError
 from ..ir import graph as g
 from ..ir.index_maps import Map, operand_maps
@@ -274,6 +273,9 @@ class Emitter:
         self.params = params          # group block argument -> kernel memref parameter
         self.bindings = bindings
         self.overrides: dict[SSAValue, SSAValue] = {}
+        #: a dim's size as the kernel sees it, an int or (dynamic) read at run time from a buffer of
+        #: that dim: its builder's (`schedule_to_tile.KernelBuild.extent`)
+        self.extent: Callable[[str], int | SSAValue] | None = None
         self._memo: dict = {}
         self._contexts: dict = {}     # shifted tile contexts of slices and concatenations
 
@@ -441,15 +443,9 @@ class Emitter:
         return self.b(t.LoadIndexOp(memref, offsets))
 
     def dim_size(self, name: str) -> SSAValue:
-        """The size of dim `name` as an index: read from a kernel buffer of that dim (`tile.dim`);
-        `DynamicDim` where the kernel has none (the function then compiles the dim as a constant)."""
-        for v, memref in self.params.items():
-            shape = g.tensor_type(v).shape
-            if name in shape:
-                axis = list(shape).index(name)
-                n = memref.type.get_shape()[axis]
-                return self.b(t.DimOp(memref, axis)) if n == t.DYNAMIC else self.b.index(n)
-        raise DynamicDim(name, "a kernel computes with its size but reads no tensor of that dim")
+        """The size of dim `name` as an index (`graph.dim_size`): `extent`'s."""
+        n = self.extent(name)
+        return self.b.index(n) if isinstance(n, int) else n
 
     def _program_index(self, axis: str | None, ctx: TileCtx) -> SSAValue:
         """This program's index along `axis`: a scalar axis, or a tiled one of one element."""

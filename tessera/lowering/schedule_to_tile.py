@@ -245,8 +245,10 @@ def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str |
         b.origins.append(provenance.provenance(anchor))
     em = Emitter(b, dict(zip(block.args, kargs)), bindings)
     outs = list(kargs[len(block.args):])
-    return KernelBuild(sk, kernel, b, em, outs[0] if outs else None, bindings, p, list(in_types), outs=outs,
-                       stage_operands=stage_operands)
+    kb = KernelBuild(sk, kernel, b, em, outs[0] if outs else None, bindings, p, list(in_types), outs=outs,
+                     stage_operands=stage_operands)
+    em.extent = lambda d: kb.extent(d, kb.size(d))
+    return kb
 
 
 def _finish(kb: KernelBuild) -> t.KernelOp:
@@ -1430,7 +1432,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     equal runs of them (grid axis 2), copies past the run reading padding."""
     m1, m2 = kb.op(g.MatmulOp)
     (sm,) = kb.op(g.SoftmaxOp)
-    axes, sizes, tile, p = att.axes, att.sizes, att.tile, kb.params
+    axes, tile, p = att.axes, att.tile, kb.params
     kb.limit_warps(tile["m"] // 16)
     p_map, v_map = matmul_operand_maps(m2, axes, "n", kb.bindings)
     terms = attention_mask(sm.input, p_map, "m", "n", kb.bindings)

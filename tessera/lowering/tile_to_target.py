@@ -80,9 +80,10 @@ def estimate_regs(kernel: tile.KernelOp, threads: int, platform: Platform, produ
 #: the math's temporaries), as ptxas allocated them for bias + gelu over [M, 4096] bf16: 40 with
 #: its 16 registers of loads in flight (`stream_blocks`).
 STREAM_BASE_REGS = 24
-#: the ops a streaming kernel has none of: loops, reductions, mmas, shared memory, gathers
-_NOT_STREAMING = (scf.ForOp, tile.ReduceOp, tile.MmaOp, tile.AllocSharedOp, tile.CopyAsyncOp, tile.LoadSharedOp,
-                  tile.LoadIndexOp, tile.LoadIndexReduceOp, tile.LoadGatherOp)
+#: the tile ops a streaming kernel is made of, besides arith and math ops: loads, stores and
+#: elementwise tile ops (a loop, a reduction, an mma, shared memory or a gather make no stream)
+_STREAM_OPS = (tile.LoadOp, tile.StoreOp, tile.BroadcastOp, tile.ArangeOp, tile.ProgramIdOp, tile.DimOp,
+               tile.CmpiOp, tile.CmpfOp, tile.SelectOp, tile.SIToFPOp, tile.FPToSIOp, tile.ReturnOp, target.ReturnOp)
 
 
 def stream_blocks(kernel: tile.KernelOp, layouts: dict, threads: int, platform: Platform) -> int | None:
@@ -102,8 +103,8 @@ def stream_blocks(kernel: tile.KernelOp, layouts: dict, threads: int, platform: 
     own choice: it issued their loads first (bias + gelu, bf16 and fp32), and asked, its choices
     are not monotonic (fp32 bias + gelu at 10 blocks: 48 registers and a late load; 9 and 11 fine)."""
     loads = []
-    for op in kernel.walk():
-        if isinstance(op, _NOT_STREAMING):
+    for op in kernel.body.walk():
+        if not (isinstance(op, _STREAM_OPS) or op.name.split(".")[0] in ("arith", "math")):
             return None
         if isinstance(op, tile.LoadOp):
             loads.append(op)

@@ -872,13 +872,14 @@ def _kernel_facts(group: Group, planner: _Planner, block: Block, inputs: list[SS
 
 def _reads_indices(block: Block, bindings) -> bool:
     """Whether a kernel body reads indices from memory: a gather's, or an attention mask's limits
-    read at run time (`masks.ColumnLimit`)."""
+    read at run time (`masks.ColumnLimit`) from a tensor (not a dim's size, `graph.dim_size`)."""
     if any(isinstance(op, g.GatherOp) for op in block.ops):
         return True
     for sm in (op for op in block.ops if isinstance(op, g.SoftmaxOp)):
         rank = g.tensor_type(sm.input).rank
         terms = attention_mask(sm.input, (*(f"b{i}" for i in range(rank - 2)), "m", "n"), "m", "n", bindings)
-        if terms is not None and terms.limits:
+        if terms is not None and any(not isinstance(term.value.owner, g.DimSizeOp)
+                                     for limit in terms.limits for term in limit.terms):
             return True
     return False
 

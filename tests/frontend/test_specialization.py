@@ -173,9 +173,32 @@ def test_dim_expressions_refuse_what_needs_a_value():
     e = n - m + 3
     assert isinstance(e, DimExpr) and dict(e.terms) == {"N": 1, "M": -1} and e.const == 3
     assert (n + 2) - n == 2 and repr(n - 1) == "N - 1" and repr(2 * (n - 1)) == "2*N - 2"
-    for use in (int, float, bool, hash, lambda x: x * 1.5, lambda x: x < 5, lambda x: range(x), lambda x: x ** 2):
-        with pytest.raises(DynamicDim):
-            use(e)
+    for use in (int, float, bool, hash, abs, round, lambda x: x * 1.5, lambda x: x + 0.5, lambda x: 1.0 - x,
+                lambda x: x + True, lambda x: x < 5, lambda x: range(x), lambda x: x ** 2):
+        for value in (e, n):
+            with pytest.raises(DynamicDim):
+                use(value)
+
+
+def test_what_needs_a_dims_value_fixes_it_and_what_does_not_stays_generic():
+    """An index of `x.shape[0] - 1` needs the value (the dim is fixed); a dim sum compared with a
+    traced tensor from the right is the tensor's comparison (generic); a float sum of large dims
+    does not wrap as int32 would."""
+    @tsr.function(dynamic=["M"])
+    def last(x: Tensor["M", "N"]):
+        return x[x.shape[0] - 1] * 2.0
+
+    @tsr.function(dynamic=["M"])
+    def tiny(x: Tensor["M", "N"]):
+        return x / (x.shape[0] * 2 ** 22) + ((x.shape[0] - 3) >= tsr.arange(x.shape[0])[:, None]).to(tsr.fp32)
+
+    rng = np.random.default_rng(8)
+    x = rand(rng, 1100, 4)
+    np.testing.assert_allclose(last(x), x[-1] * 2.0)
+    assert "M" in last.cache_info().fixed
+    want = x / (1100 * 2 ** 22) + (1097 >= np.arange(1100)[:, None])
+    np.testing.assert_allclose(tiny(x), want, rtol=1e-6)
+    assert not tiny.cache_info().fixed
 
 
 def test_a_kernel_that_takes_its_dims_as_constants_fixes_the_dim():
