@@ -345,18 +345,19 @@ def test_rows_of_one_element_times_a_matrix_are_one_gemm(batch):
     the kernel compiles (its operand used to be a copy with no source dim for its rows)."""
     @tsr.function
     def f(h: Tensor["B", "K"], w: Tensor["K", "N"]):
-        return h[:, None, :] @ w, h.reshape(*batch, 1, h.shape[-1]) @ w
+        return h[:, None, :] @ w, h.reshape(*batch, 1, h.shape[-1]) @ w, tsr.relu(h[:, None, :] @ w - 0.5)
 
     rng = np.random.default_rng(12)
     rows = int(np.prod(batch))
     h, w = rng.standard_normal((rows, 40)).astype(np.float32), rng.standard_normal((40, 24)).astype(np.float32)
     want = h.astype(np.float64) @ w
-    one, nested = f(h, w)
+    one, nested, epilogue = f(h, w)
     np.testing.assert_allclose(one, want[:, None, :], rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(nested, want.reshape(*batch, 1, 24), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(epilogue, np.maximum(want[:, None, :] - 0.5, 0), rtol=1e-5, atol=1e-5)
     for arch in ("sm_80", "sm_90a"):
         compiled = f.compile(f.arg_specs_for({"B": rows, "K": 40, "N": 24}, "f16"), arch=arch)
-        assert len(compiled.launches) == 2 and all("_gemm_" in name for name in compiled.launches)
+        assert sum("_gemm_" in name for name in compiled.launches) == 3   # (one a matmul; the epilogue: its own kernel)
         assert compiled.stage("ptx")
 
 
