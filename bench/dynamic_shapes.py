@@ -3,8 +3,8 @@ compiled for each count, and the compiles a sweep of random counts costs.
 
     python3 bench/dynamic_shapes.py [--rows 1000,4097,16384] [--sweep 200] [--only linear_gelu,...]
 
-For each function (layer_norm, softmax, rms_norm and a bias + gelu epilogue over [M, N], and a
-GEMM [M, N] x [N, N] with a bias + gelu epilogue, bf16) and each row count M, in one process on
+For each function (layer_norm, softmax, rms_norm, a bias + gelu epilogue and a column sum over
+[M, N], and a GEMM [M, N] x [N, N] with a bias + gelu epilogue, bf16) and each row count M, in one process on
 the same inputs: the value-specialized compile (`static=["M"]`), the generic one (`dynamic=["M"]`, compiled once, before the timed rows, at another M), and torch's
 own op. Every output is checked against float64 before timing. Times are medians of CUDA-graph
 replays (triton's do_bench_cudagraph), in us; "generic/specialized" above 1.00 means the generic
@@ -52,8 +52,12 @@ def functions(**kw):
     @tsr.function(**kw)
     def linear_gelu(x: Tensor["M", "K"], w: Tensor["K", "N"], b: Tensor["N"]):
         return tsr.gelu(tsr.matmul(x, w) + b)
+
+    @tsr.function(**kw)
+    def column_sum(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):   # (a norm's weight gradient's form)
+        return tsr.sum(x, dim=0) * w + b
     return {"layer_norm": layer_norm, "softmax": softmax, "rms_norm": rms_norm, "bias_gelu": bias_gelu,
-            "linear_gelu": linear_gelu}
+            "linear_gelu": linear_gelu, "column_sum": column_sum}
 
 
 TORCH = {
@@ -62,6 +66,7 @@ TORCH = {
     "rms_norm": lambda x, w, b: torch.nn.functional.rms_norm(x, x.shape[-1:], w, 1e-6),
     "bias_gelu": lambda x, w, b: torch.nn.functional.gelu(x * w + b),
     "linear_gelu": lambda x, w, b: torch.nn.functional.gelu(x @ w + b),
+    "column_sum": lambda x, w, b: x.sum(0) * w + b,
 }
 
 

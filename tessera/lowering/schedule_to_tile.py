@@ -575,17 +575,24 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     element a row (a 16384 x 8192 weight gradient took 1.73 ms on the H200, bench/RESULTS.md
     session 13). With `split_rows` > 1 (too few column blocks to fill the GPU), a first kernel
     writes each split's partial result, fp32 [splits, *kept], and this one combines them in split
-    order (so results do not depend on timing), then the epilogue."""
+    order (so results do not depend on timing), then the epilogue. A reduced axis taken at run time
+    is walked to its run-time end, its splits counted as its class's hint would be and their runs
+    of steps at run time; the kept dims are constants (they size the partial results)."""
     (anchor,) = kb.op(g.ReduceOp)
     x_t = g.tensor_type(anchor.input)
     axis, kind = anchor.axis.data, anchor.kind.data
     axes = _axes("d", x_t.rank)
     sizes = [kb.size(d) for d in x_t.shape]
+    kept_dynamic = [d for i, (d, n) in enumerate(zip(x_t.shape, sizes)) if i != axis and is_dynamic(n)]
+    if kept_dynamic:
+        raise DynamicDim(kept_dynamic[0], "a column reduction's kept dims size its tiles and partial results")
     red, col, n_red, n_col = axes[axis], axes[-1], sizes[axis], sizes[-1]
     batch = [(axes[i], sizes[i]) for i in range(x_t.rank - 1) if i != axis]
-    bm, bn, warps = s.column_tile(kb.params, n_red, n_col)
-    chunks = cdiv(n_red, bm)
-    splits, per_split = s.split_k_splits(chunks, kb.params.get("split_rows", 1))
+    bm, bn, warps = s.column_tile(kb.params, hint(n_red), n_col)
+    if is_dynamic(n_red):   # the planner's splits (fusion._split_rows), their runs counted at run time
+        splits, per_split = kb.params.get("split_rows", 1), None
+    else:
+        splits, per_split = s.split_k_splits(cdiv(n_red, bm), kb.params.get("split_rows", 1))
     out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
     if not anchor.keepdim.data:
         out_map = out_map[:axis] + out_map[axis + 1:]
@@ -597,22 +604,47 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         build.limit_warps(warps)
         c0 = build.mul(build.pid(0), bn)
         scalars = build.batch_indices(build.pid(1), batch)
+        rows = build.extent(x_t.shape[axis], n_red)
+        chunks = build.cdiv(rows, bm)
         first: int | SSAValue = 0
         end: int | SSAValue = chunks
-        if splits > 1:
-            first = build.mul(build.pid(2), per_split)
-            end = build.b(arith.MinSIOp(build.b(arith.AddiOp(first, build.b.index(per_split))),
-                                        build.b.index(chunks)))
+        if splits > 1:   # (a reduced axis taken at run time: its runs' length too)
+            run = per_split if isinstance(chunks, int) else build.cdiv(chunks, splits)
+            first = build.mul(build.pid(2), run) if isinstance(run, int) else build.b(arith.MuliOp(build.pid(2), run))
+            index = lambda x: build.b.index(x) if isinstance(x, int) else x   # noqa: E731
+            end = build.b(arith.MinSIOp(build.b(arith.AddiOp(first, index(run))), index(chunks)))
 
-        def body(iv, acc):
+        def step(iv, acc, masked: bool):
             r0 = build.mul(iv, bm)
             tile = build.em.value(anchor.input, axes, TileCtx({red: (r0, bm), col: (c0, bn)}, scalars))
             tile = convert(build.b, tile, f32)
-            if n_red % bm:   # the last step's rows past the reduced axis count as neutral
-                live = _index_mask(build, r0, bm, n_red, shape, 0)
+            if masked:   # the last step's rows past the reduced axis count as neutral
+                live = _index_mask(build, r0, bm, rows, shape, 0)
                 tile = select(build.b, live, tile, build.b.full(NEUTRAL[kind], shape))
             return [build.b(COMBINE[kind](acc, tile))]
-        (acc,) = _for(build.b, first, end, 1, [build.b.full(NEUTRAL[kind], shape)], body)
+        zero = build.b.full(NEUTRAL[kind], shape)
+        if isinstance(rows, int):
+            (acc,) = _for(build.b, first, end, 1, [zero], lambda iv, acc: step(iv, acc, rows % bm != 0))
+        else:   # whole steps unmasked, UNROLL at a time, then the rest, the last one masked
+            b = build.b
+            index = lambda x: b.index(x) if isinstance(x, int) else x   # noqa: E731
+            whole = b(arith.DivSIOp(rows, b.index(bm)))
+            mid = b(arith.MaxSIOp(index(first), b(arith.MinSIOp(index(end), whole))))
+            unrolled = b(arith.AddiOp(index(first), b(arith.MuliOp(
+                b(arith.DivSIOp(b(arith.SubiOp(mid, index(first))), b.index(COLUMN_UNROLL))), b.index(COLUMN_UNROLL)))))
+
+            def steps(iv, acc):
+                tiles = []
+                for u in range(COLUMN_UNROLL):   # (every load of the group before the first combine)
+                    r0 = build.mul(b(arith.AddiOp(iv, b.index(u))), bm)
+                    tiles.append(convert(b, build.em.value(anchor.input, axes, TileCtx({red: (r0, bm), col: (c0, bn)},
+                                                                                       scalars)), f32))
+                for tile in tiles:
+                    acc = b(COMBINE[kind](acc, tile))
+                return [acc]
+            (acc,) = _for(b, first, unrolled, COLUMN_UNROLL, [zero], steps)
+            (acc,) = _for(b, unrolled, mid, 1, [acc], lambda iv, acc: step(iv, acc, False))
+            (acc,) = _for(b, mid, end, 1, [acc], lambda iv, acc: step(iv, acc, True))
         return build.b(t.ReduceOp(acc, TILE_REDUCE[kind], 0)), scalars, c0
 
     def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx) -> None:
@@ -633,6 +665,12 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     return _combine_partials(kb, kb.add_scratch(partials_type), splits, kind, batch, col, n_col, finish)
 
 
+#: steps of a column reduction's loop over a reduced axis taken at run time issued together: ptxas
+#: unrolls a loop of a constant trip count on its own, not one counted at run time. H200, generic
+#: sum of [M, 4096] bf16 against the compile for M: 1.20-1.22x at 16384-65536 rows with the last
+#: step's mask peeled off alone, 0.99-1.00x unrolled 4 ways (bench/RESULTS.md session 27)
+COLUMN_UNROLL = 4
+
 #: a combining kernel's tile: rows of partial results a step, columns a block
 COMBINE_TILE = (64, 64)
 
@@ -642,8 +680,13 @@ def _store_column_result(build: KernelBuild, reduce, total: SSAValue, ctx: TileC
     """A column reduction's combined [columns] tile as its result (a mean's sum scaled by the reduced
     length), then the epilogue and the store of `result` (by default the kernel's) into `out`."""
     if reduce.kind.data == "mean":
-        n_red = build.size(g.tensor_type(reduce.input).shape[reduce.axis.data])
-        total = build.b(arith.MulfOp(total, build.b.splat(build.b.f32(1.0 / n_red), ctx.shape)))
+        d = g.tensor_type(reduce.input).shape[reduce.axis.data]
+        rows = build.extent(d, build.size(d))
+        if isinstance(rows, int):
+            total = build.b(arith.MulfOp(total, build.b.splat(build.b.f32(1.0 / rows), ctx.shape)))
+        else:   # (a reduced axis taken at run time)
+            count = convert(build.b, build.b.splat(build.b(arith.IndexCastOp(rows, i32)), ctx.shape), f32)
+            total = build.b(arith.DivfOp(total, count))
     build.em.overrides[reduce.results[0]] = total
     build.store_result(out_map, ctx, result, out)
 
@@ -1982,7 +2025,7 @@ def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
 
 #: kernel kinds whose templates take a dynamic dim at run time (`KernelBuild.extent`, `grid_extent`);
 #: any other kernel over a dynamic dim raises `DynamicDim`, and the function compiles it as a constant
-GENERIC_KINDS = frozenset({"elementwise", "row_reduction", "gemm", "flash_attention"})
+GENERIC_KINDS = frozenset({"elementwise", "row_reduction", "column_reduction", "gemm", "flash_attention"})
 
 TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
     "elementwise": lower_elementwise,

@@ -46,7 +46,7 @@ from ..ir import index_maps, tile
 from ..ir.masks import ColumnBounds, attention_mask, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
 from ..backends import BACKENDS, Backend, check_backend_option
-from ..dims import DynamicDim, hint, is_dynamic
+from ..dims import CLASSES, DynamicDim, hint, is_dynamic
 from . import backend_choice, byte_operands, query_groups, recompute
 
 CHEAP = (*g.SOURCE_OPS, g.TransposeOp, g.ReshapeOp)
@@ -1268,13 +1268,21 @@ def _column_riders(group: Group, planner: _Planner) -> list:
 def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
     """How many ways to split a column reduction's reduced axis: enough for its column blocks to
     give every SM COLUMN_BLOCKS_PER_SM blocks, each split keeping at least MIN_SPLIT_ROW_STEPS
-    steps."""
+    steps. A reduced axis taken at run time splits as its class's largest value would: the last
+    class has none, and splits as many ways as the SMs want (its runs' steps counted at run time).
+    Split for the hint's 4096 rows (16 ways where 65536 rows take 33), the generic sum of [65536,
+    4096] bf16 ran 2.1x the time of the one compiled for its rows; split as the SMs want, 0.99x
+    (with the loop unrolled, `schedule_to_tile.COLUMN_UNROLL`), but 1.16x at [16384, 1024], where
+    the compile for its rows splits 64 ways rather than 132 (H200, bench/RESULTS.md session 27)."""
     (op,) = (op for op in group.ops if isinstance(op, g.ReduceOp))
-    sizes = [g.dim_value(d, planner.bindings) for d in g.tensor_type(op.input).shape]
+    values = [g.dim_value(d, planner.bindings) for d in g.tensor_type(op.input).shape]
+    sizes = [hint(v) for v in values]
     axis = op.axis.data
     rows, cols, _ = s.column_tile(params, sizes[axis], sizes[-1])   # the template's tile
     programs = math.prod(sz for i, sz in enumerate(sizes[:-1]) if i != axis) * -(-sizes[-1] // cols)
     wanted = -(-planner.sm_count * COLUMN_BLOCKS_PER_SM // programs)
+    if is_dynamic(values[axis]) and values[axis].hint == CLASSES[-1][1]:
+        return wanted
     steps = -(-sizes[axis] // rows)
     return max(1, min(wanted, steps // MIN_SPLIT_ROW_STEPS))
 

@@ -201,20 +201,41 @@ def test_what_needs_a_dims_value_fixes_it_and_what_does_not_stays_generic():
     assert not tiny.cache_info().fixed
 
 
-def test_a_kernel_that_takes_its_dims_as_constants_fixes_the_dim():
-    """A column sum takes its reduced rows as a constant (its tiling): M is fixed, and every later
-    count compiles (correctly) for its value."""
+def test_a_column_sum_walks_its_reduced_rows_at_run_time():
+    """A column sum's (and mean's) reduced rows taken at run time: one compile per class, split
+    across the grid as the class's hint says (20000 rows of 96 columns), each run's steps counted
+    at run time, the mean divided by the run-time count."""
     @tsr.function(dynamic=["M"])
+    def column_stats(x: Tensor["M", "N"]):
+        return tsr.sum(x, dim=0) * 0.5, tsr.mean(x, dim=0)
+
+    rng = np.random.default_rng(7)
+    for m in (1100, 1537, 3001, 20000):
+        x = rand(rng, m, 96)
+        total, mean = column_stats(x)
+        np.testing.assert_allclose(total, 0.5 * x.astype(np.float64).sum(0), rtol=1e-4, atol=1e-3)
+        np.testing.assert_allclose(mean, x.astype(np.float64).mean(0), rtol=1e-4, atol=1e-5)
+    info = column_stats.cache_info()
+    assert info.compiles == 1 and not info.fixed
+    c = column_stats.compile(column_stats.arg_specs_for({"M": 65536, "N": 1024}, "bf16"), dynamic=frozenset({"M"}),
+                             arch="sm_90a")
+    assert any(launch.grid[2] > 1 for launch in c.launches.values()) and c.stage("cubin")   # split rows
+
+
+def test_a_kernel_that_takes_its_dims_as_constants_fixes_the_dim():
+    """A column sum's kept columns size its tiles and partial results: N dynamic is fixed, and every
+    later count compiles (correctly) for its value."""
+    @tsr.function(dynamic=["N"])
     def column_sum(x: Tensor["M", "N"]):
         return tsr.sum(x, dim=0) * 0.5
 
     rng = np.random.default_rng(7)
-    for m in (5, 12):
-        x = rand(rng, m, 16)
+    for n in (5, 12):
+        x = rand(rng, 16, n)
         np.testing.assert_allclose(column_sum(x), 0.5 * x.astype(np.float64).sum(0), rtol=1e-5, atol=1e-6)
     info = column_sum.cache_info()
-    assert info.compiles == 2 and "'M' is dynamic" in info.fixed["M"]
-    assert re.search(r"needed by \w+ in tessera/[\w/]+\.py:\d+", info.fixed["M"]), info.fixed["M"]   # the step
+    assert info.compiles == 2 and "'N' is dynamic" in info.fixed["N"]
+    assert re.search(r"needed by \w+ in tessera/[\w/]+\.py:\d+", info.fixed["N"]), info.fixed["N"]   # the step
 
 
 def attention_ref(q, k, v, causal=False):

@@ -283,6 +283,27 @@ def test_a_causal_decode_step_over_a_growing_cache(torch_cuda, monkeypatch, gqa,
     assert info.compiles == classes(lengths) and not info.fixed, info
 
 
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_a_column_sum_over_any_row_count(torch_cuda, monkeypatch, dtype):
+    """Column sums and means with their reduced rows taken at run time (split across the grid past
+    a few thousand rows), every count against float64, one compile per class."""
+    torch = torch_cuda
+    monkeypatch.setenv("TESSERA_WARM_CACHE", "0")
+
+    @tsr.function(dynamic=["M"])
+    def column_stats(x: Tensor["M", "N"]):
+        return tsr.sum(x, dim=0), tsr.mean(x, dim=0)
+
+    rows = (2, 17, 1000, 4097, 70001)
+    g = torch.Generator(device="cuda").manual_seed(13)
+    for m in rows:
+        x = torch.randn(m, 1000, device="cuda", generator=g).to(torch_dtype(torch, dtype))
+        total, mean = column_stats(x)
+        check(total, x.double().sum(0), dtype, torch)
+        check(mean, x.double().mean(0), dtype, torch)
+    assert column_stats.cache_info().compiles == classes(rows) and not column_stats.cache_info().fixed
+
+
 def test_row_slices_of_one_buffer_get_their_own_tensor_maps(torch_cuda):
     """x[:m] of one buffer has the same address for every m: the tensor map of a GEMM's A (TMA on
     sm_90a) must still be encoded with each call's M (a map of the previous M would read zeros past
