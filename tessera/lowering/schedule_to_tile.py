@@ -576,8 +576,9 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     session 13). With `split_rows` > 1 (too few column blocks to fill the GPU), a first kernel
     writes each split's partial result, fp32 [splits, *kept], and this one combines them in split
     order (so results do not depend on timing), then the epilogue. A reduced axis taken at run time
-    is walked to its run-time end, its splits counted as its class's hint would be and their runs
-    of steps at run time; the kept dims are constants (they size the partial results)."""
+    is walked to its run-time end: split as the planner says (`fusion._split_rows`), each split's
+    run of steps counted at run time, whole steps COLUMN_UNROLL at a time and the last one masked;
+    the kept dims are constants (they size the partial results)."""
     (anchor,) = kb.op(g.ReduceOp)
     x_t = g.tensor_type(anchor.input)
     axis, kind = anchor.axis.data, anchor.kind.data
@@ -604,48 +605,46 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         build.limit_warps(warps)
         c0 = build.mul(build.pid(0), bn)
         scalars = build.batch_indices(build.pid(1), batch)
+        b = build.b
+        index = lambda x: b.index(x) if isinstance(x, int) else x   # noqa: E731
         rows = build.extent(x_t.shape[axis], n_red)
         chunks = build.cdiv(rows, bm)
         first: int | SSAValue = 0
         end: int | SSAValue = chunks
         if splits > 1:   # (a reduced axis taken at run time: its runs' length too)
             run = per_split if isinstance(chunks, int) else build.cdiv(chunks, splits)
-            first = build.mul(build.pid(2), run) if isinstance(run, int) else build.b(arith.MuliOp(build.pid(2), run))
-            index = lambda x: build.b.index(x) if isinstance(x, int) else x   # noqa: E731
-            end = build.b(arith.MinSIOp(build.b(arith.AddiOp(first, index(run))), index(chunks)))
+            first = build.mul(build.pid(2), run) if isinstance(run, int) else b(arith.MuliOp(build.pid(2), run))
+            end = b(arith.MinSIOp(b(arith.AddiOp(first, index(run))), index(chunks)))
+
+        def tile_at(iv: SSAValue) -> tuple[SSAValue, SSAValue]:
+            """(step iv's first row, its tile in fp32)."""
+            r0 = build.mul(iv, bm)
+            return r0, convert(b, build.em.value(anchor.input, axes, TileCtx({red: (r0, bm), col: (c0, bn)}, scalars)),
+                               f32)
 
         def step(iv, acc, masked: bool):
-            r0 = build.mul(iv, bm)
-            tile = build.em.value(anchor.input, axes, TileCtx({red: (r0, bm), col: (c0, bn)}, scalars))
-            tile = convert(build.b, tile, f32)
+            r0, tile = tile_at(iv)
             if masked:   # the last step's rows past the reduced axis count as neutral
-                live = _index_mask(build, r0, bm, rows, shape, 0)
-                tile = select(build.b, live, tile, build.b.full(NEUTRAL[kind], shape))
-            return [build.b(COMBINE[kind](acc, tile))]
-        zero = build.b.full(NEUTRAL[kind], shape)
+                tile = select(b, _index_mask(build, r0, bm, rows, shape, 0), tile, b.full(NEUTRAL[kind], shape))
+            return [b(COMBINE[kind](acc, tile))]
+
+        def steps(iv, acc):   # COLUMN_UNROLL whole steps, every load before the first combine
+            tiles = [tile_at(b(arith.AddiOp(iv, b.index(u))))[1] for u in range(COLUMN_UNROLL)]
+            for tile in tiles:
+                acc = b(COMBINE[kind](acc, tile))
+            return [acc]
+        zero = b.full(NEUTRAL[kind], shape)
         if isinstance(rows, int):
-            (acc,) = _for(build.b, first, end, 1, [zero], lambda iv, acc: step(iv, acc, rows % bm != 0))
-        else:   # whole steps unmasked, UNROLL at a time, then the rest, the last one masked
-            b = build.b
-            index = lambda x: b.index(x) if isinstance(x, int) else x   # noqa: E731
+            (acc,) = _for(b, first, end, 1, [zero], lambda iv, acc: step(iv, acc, rows % bm != 0))
+        else:   # whole steps unmasked, COLUMN_UNROLL at a time, then the rest, the last one masked
             whole = b(arith.DivSIOp(rows, b.index(bm)))
             mid = b(arith.MaxSIOp(index(first), b(arith.MinSIOp(index(end), whole))))
-            unrolled = b(arith.AddiOp(index(first), b(arith.MuliOp(
-                b(arith.DivSIOp(b(arith.SubiOp(mid, index(first))), b.index(COLUMN_UNROLL))), b.index(COLUMN_UNROLL)))))
-
-            def steps(iv, acc):
-                tiles = []
-                for u in range(COLUMN_UNROLL):   # (every load of the group before the first combine)
-                    r0 = build.mul(b(arith.AddiOp(iv, b.index(u))), bm)
-                    tiles.append(convert(b, build.em.value(anchor.input, axes, TileCtx({red: (r0, bm), col: (c0, bn)},
-                                                                                       scalars)), f32))
-                for tile in tiles:
-                    acc = b(COMBINE[kind](acc, tile))
-                return [acc]
+            groups = b(arith.DivSIOp(b(arith.SubiOp(mid, index(first))), b.index(COLUMN_UNROLL)))
+            unrolled = b(arith.AddiOp(index(first), b(arith.MuliOp(groups, b.index(COLUMN_UNROLL)))))
             (acc,) = _for(b, first, unrolled, COLUMN_UNROLL, [zero], steps)
             (acc,) = _for(b, unrolled, mid, 1, [acc], lambda iv, acc: step(iv, acc, False))
             (acc,) = _for(b, mid, end, 1, [acc], lambda iv, acc: step(iv, acc, True))
-        return build.b(t.ReduceOp(acc, TILE_REDUCE[kind], 0)), scalars, c0
+        return b(t.ReduceOp(acc, TILE_REDUCE[kind], 0)), scalars, c0
 
     def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx) -> None:
         _store_column_result(build, anchor, total, ctx, out_map)
