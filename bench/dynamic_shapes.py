@@ -101,6 +101,17 @@ def host_us(fn, calls: int = 3000) -> float:
     return statistics.median(loops)
 
 
+def print_pair(name: str, shape: str, static, generic, peer, args: tuple) -> None:
+    """One table row: the value-specialized and the generic compile, each checked against the peer's
+    output (relative error under 2e-2), then the three timed (CUDA-graph medians, us)."""
+    ref = peer().float()
+    for fn in (static, generic):
+        err = rel_err(fn(*args), ref)
+        assert err < 2e-2, f"{name} {shape}: relative error {err:.2e}"
+    t_static, t_generic = (graph_us(lambda f=f: f(*args)) for f in (static, generic))
+    print(f"| {name} | {shape} | {t_static:.1f} | {t_generic:.1f} | {graph_us(peer):.1f} | {t_generic / t_static:.3f} |")
+
+
 def attention_functions(causal: bool, **kw):
     """examples/flash_attention.py's attention (or its causal one), compiled as `kw` says."""
     return tsr.function((causal_flash_attention if causal else flash_attention).fn, **kw)
@@ -120,14 +131,7 @@ def attention_table(rows: list[int], sweep: int, names: list[str]) -> None:
             b = max(1, 32768 // s)
             q, k, v = (torch.randn(b, 16, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(3))
             sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)  # noqa: E731
-            ref = sdpa().float()
-            for fn in (static, generic):
-                err = rel_err(fn(q, k, v), ref)
-                assert err < 2e-2, f"{name} S={s}: relative error {err:.2e}"
-            t_static, t_generic = (graph_us(lambda f=f: f(q, k, v)) for f in (static, generic))
-            t_torch = graph_us(sdpa)
-            print(f"| {name} | {b} x 16 x {s} x 128 | {t_static:.1f} | {t_generic:.1f} | {t_torch:.1f} | "
-                  f"{t_generic / t_static:.3f} |")
+            print_pair(name, f"{b} x 16 x {s} x 128", static, generic, sdpa, (q, k, v))
         rng = random.Random(1)
         for _ in range(sweep):
             s = rng.randint(2, 8192)
@@ -161,14 +165,7 @@ def decode_table(lengths: list[int], batches: tuple[int, ...] = (1, 8), causal: 
             keep = torch.arange(queries, device="cuda")[:, None] + (n - queries) >= torch.arange(n, device="cuda")
             sdpa = lambda: torch.nn.functional.scaled_dot_product_attention(  # noqa: E731
                 q, k, v, attn_mask=keep if causal else None)
-            ref = sdpa().float()
-            for fn in (static, generic):
-                err = rel_err(fn(q, k, v), ref)
-                assert err < 2e-2, f"{name} N={n}: relative error {err:.2e}"
-            t_static, t_generic = (graph_us(lambda f=f: f(q, k, v)) for f in (static, generic))
-            t_torch = graph_us(sdpa)
-            print(f"| {name} | {b} x 32 x {queries} x {n} x 128 | {t_static:.1f} | {t_generic:.1f} | {t_torch:.1f} | "
-                  f"{t_generic / t_static:.3f} |")
+            print_pair(name, f"{b} x 32 x {queries} x {n} x 128", static, generic, sdpa, (q, k, v))
         print(f"{name} B={b}: {generic.cache_info().compiles} generic compile(s), keys {generic.cache_info().keys}")
 
 

@@ -98,6 +98,12 @@ def hint(value) -> int:
     return value.hint if isinstance(value, Dynamic) else value
 
 
+def unbounded(value) -> bool:
+    """Whether `value` is a dynamic dim of the last class (`CLASSES`), which has no largest value
+    below MAX_DIM: a choice its class's top would decide must hold at any size instead."""
+    return isinstance(value, Dynamic) and value.hint == CLASSES[-1][1]
+
+
 class OffsetWidthError(ShapeError):
     """A call of a 32-bit-offset generic compile with a buffer of 2^31 elements or more (an output
     a broadcast made larger than every input): `Function` then compiles with 64-bit offsets."""

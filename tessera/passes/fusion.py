@@ -46,7 +46,7 @@ from ..ir import index_maps, tile
 from ..ir.masks import ColumnBounds, attention_mask, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
 from ..backends import BACKENDS, Backend, check_backend_option
-from ..dims import CLASSES, DynamicDim, hint, is_dynamic
+from ..dims import DynamicDim, hint, is_dynamic, unbounded
 from . import backend_choice, byte_operands, query_groups, recompute
 
 CHEAP = (*g.SOURCE_OPS, g.TransposeOp, g.ReshapeOp)
@@ -1281,7 +1281,7 @@ def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
     rows, cols, _ = s.column_tile(params, sizes[axis], sizes[-1])   # the template's tile
     programs = math.prod(sz for i, sz in enumerate(sizes[:-1]) if i != axis) * -(-sizes[-1] // cols)
     wanted = -(-planner.sm_count * COLUMN_BLOCKS_PER_SM // programs)
-    if is_dynamic(values[axis]) and values[axis].hint == CLASSES[-1][1]:
+    if unbounded(values[axis]):
         return wanted
     steps = -(-sizes[axis] // rows)
     return max(1, min(wanted, steps // MIN_SPLIT_ROW_STEPS))
