@@ -21,11 +21,12 @@ Where Tessera differs from JAX, for want of what Tessera's calls take:
 from __future__ import annotations
 
 import inspect
-from typing import Any, Sequence
+from typing import Any, NamedTuple, Sequence
 
 from .. import dtypes
 from ..errors import ArgumentKindError, DTypeError, ShapeError, TesseraError
 from ..frontend.function import Function, Kernel
+from ..frontend.tensor import TensorSpec
 from ..frontend.trace import ArgSpec
 
 
@@ -35,36 +36,51 @@ class Derivative(Function):
     output (`tsr.grad`, `argnums`). Its trace is the backward graph of the forward's trace."""
 
     def __init__(self, forward: Function, argnums: int | Sequence[int] | None = None,
-                 cotangent_names: Sequence[str] = (), saved_names: Sequence[str] = ()):
-        super().__init__(forward.fn, space=forward.space)
+                 cotangent_names: Sequence[str] = (), saved_names: Sequence[str] = (),
+                 annotations: dict[str, TensorSpec] | None = None):
+        super().__init__(forward.fn, space=forward.space, **_marks(forward))
         self.forward, self.argnums, self.cotangent_names = forward, argnums, tuple(cotangent_names)
         self.saved_names = tuple(saved_names)
         self.seed_ones = argnums is not None
         self.name = self.__name__ = f"{forward.name}_{'grad' if self.seed_ones else 'vjp'}"
         self.captures = forward.captures
         self.annotations = dict(forward.annotations)
+        # and the saved values' and cotangents' dims, as the forward's trace names them (`Layout.annotations`):
+        # they key the calls and take dims at run time, where the call's own checks stay the forward's
+        self._dim_annotations = {**forward.annotations, **(annotations or {})}
         # keyword-only, so they may follow parameters with defaults; calls still pass them positionally
         extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in (*self.saved_names,
                                                                               *self.cotangent_names)]
         self.signature = forward.signature.replace(parameters=[*forward.signature.parameters.values(), *extra])
 
-    def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None):
+    @property
+    def dim_annotations(self) -> dict:
+        return self._dim_annotations
+
+    def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None,
+              dynamic: frozenset[str] = frozenset(), index_bits: int = 64):
         """The backward graph for these argument specs (the forward's, the saved values' where it
-        takes them, then the cotangents')."""
-        from .backward import backward_graph, differentiable_args, forward_function
+        takes them, then the cotangents'), the `dynamic` dims taken at run time as the forward's."""
+        from .backward import backward_graph, forward_function
 
         primal = [a for a in args if a.name not in self.cotangent_names and a.name not in self.saved_names]
-        module = self.forward.trace(primal, constants)
+        module = self.forward.trace(primal, constants, dynamic, index_bits)
         f = forward_function(module)
         if self.seed_ones:
             _check_scalar_output(f, self.forward.name)
-            wrt = self._argnum_positions(f, primal, constants or {})
         else:
-            _check_cotangents(f, [a for a in args if a.name in self.cotangent_names], self.forward.name)
-            wrt = differentiable_args(f)
+            _check_cotangents(f, [a for a in args if a.name in self.cotangent_names], self.forward.name, primal)
+        wrt = self._wrt(f, primal, constants or {})
         return backward_graph(module, wrt, self.seed_ones, self.name, self.cotangent_names,
                               self.saved_names or None,
                               strides={a.name: a.strides for a in args if a.strides is not None})
+
+    def _wrt(self, f, primal: Sequence[ArgSpec], constants: dict) -> list[int]:
+        """The graph argument positions to differentiate: `argnums`' (`tsr.grad`), else every float
+        argument's."""
+        from .backward import differentiable_args
+
+        return self._argnum_positions(f, primal, constants) if self.seed_ones else differentiable_args(f)
 
     def _argnum_positions(self, f, primal: Sequence[ArgSpec], constants: dict) -> list[int]:
         """The graph argument positions of `argnums`, each a float tensor argument."""
@@ -100,31 +116,61 @@ class Saving(Function):
     where each saved value is among the results. What `tsr.vjp` and the torch op's forward call."""
 
     def __init__(self, forward: Function):
-        super().__init__(forward.fn, space=forward.space)
+        super().__init__(forward.fn, space=forward.space, **_marks(forward))
         self.forward = forward
         self.name = self.__name__ = f"{forward.name}_saving"
         self.captures = forward.captures
         self.annotations = dict(forward.annotations)
         self.signature = forward.signature.replace(return_annotation=inspect.Signature.empty)
-        self._layouts: dict[tuple, tuple[int, tuple[int, ...]]] = {}
+        self._layouts: dict[tuple, Layout] = {}
 
-    def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None):
+    def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None,
+              dynamic: frozenset[str] = frozenset(), index_bits: int = 64):
         from .backward import forward_with_residuals
 
-        module = self.forward.trace(args, constants)
+        module = self.forward.trace(args, constants, dynamic, index_bits)
         return forward_with_residuals(module, self.name) or module
 
-    def layout(self, tensors, constants: dict) -> tuple[int, tuple[int, ...]]:
-        """(the forward's number of outputs, each saved value's position among the results) for a
-        call with these (name, array) tensors and constants; traced once per call signature."""
-        from .backward import forward_function, saved_positions
+    def layout(self, tensors, constants: dict) -> Layout:
+        """The results' `Layout` for a call with these (name, array) tensors and constants; traced
+        once per call signature."""
+        from .backward import forward_function, result_dims, saved_positions
 
         key = self._cache_key(tensors, constants, {})
         if key not in self._layouts:
             _, specs = self.arg_specs(tensors)
             f = forward_function(self.forward.trace(specs, constants))
-            self._layouts[key] = (len(f.body.block.last_op.operands), tuple(saved_positions(f)))
+            self._layouts[key] = Layout(len(f.body.block.last_op.operands), tuple(saved_positions(f)),
+                                        tuple(result_dims(f)))
         return self._layouts[key]
+
+
+class Layout(NamedTuple):
+    """The results of a `Saving` call: the forward's outputs, then the saved values that are not
+    outputs already."""
+
+    n_outputs: int
+    saved: tuple[int, ...]        # each saved value's position among the results
+    dims: tuple[tuple, ...]       # each result's dims (names or ints), as the forward's trace names them
+
+    def annotations(self, forward: Function, saved_names: Sequence[str], cotangent_names: Sequence[str],
+                    float_outputs: Sequence[int]) -> dict[str, TensorSpec]:
+        """A derivative's saved values and cotangents (one per float output) annotated
+        with their results' dims, so that its compiles are keyed, and take dims at run time, as
+        the forward's (`Specialization`). A result with a dim the forward's annotations do not
+        name (a reshape's product) stays unannotated: its shape keys the compile by value."""
+        named = {d for spec in forward.annotations.values() for d in getattr(spec, "dims", ()) if isinstance(d, str)}
+        out = {}
+        for name, at in (*zip(saved_names, self.saved), *zip(cotangent_names, float_outputs)):
+            dims = self.dims[at] or (1,)   # (a 0-d output's cotangent is [1])
+            if all(isinstance(d, int) or d in named for d in dims):
+                out[name] = TensorSpec(tuple(dims))
+        return out
+
+
+def _marks(fn: Function) -> dict[str, tuple[str, ...]]:
+    """fn's `static=` and `dynamic=` dims, which its derivative and its saving forward take as it does."""
+    return {"static": tuple(sorted(fn.specialization.static)), "dynamic": tuple(sorted(fn.specialization.dynamic))}
 
 
 def saving(fn: Function) -> Saving:
@@ -149,16 +195,20 @@ def _check_scalar_output(f, name: str) -> None:
                          f"x.mean()), it returns {shown}; use tsr.vjp for other outputs")
 
 
-def _check_cotangents(f, cotangents: Sequence[ArgSpec], name: str) -> None:
-    """Each float output's cotangent has the output's shape and dtype (a 0-d output's: [1])."""
+def _check_cotangents(f, cotangents: Sequence[ArgSpec], name: str, primal: Sequence[ArgSpec]) -> None:
+    """Each float output's cotangent has the output's shape and dtype (a 0-d output's: [1]); a dim
+    the trace takes at run time has the value the call's `primal` arguments give it."""
+    from ..dims import is_dynamic
     from ..ir import graph as g
     from .backward import float_results
 
     bindings = g.bindings_of(f)
+    called = {d: n for a in primal for d, n in zip(a.dims, a.shape) if isinstance(d, str)}
     results = f.body.block.last_op.operands
     for i, spec in zip(float_results(f), cotangents, strict=True):
         t = g.tensor_type(results[i])
-        shape = tuple(g.dim_value(d, bindings) for d in t.shape) or (1,)
+        shape = tuple(called[d] if is_dynamic(g.dim_value(d, bindings)) else g.dim_value(d, bindings)
+                      for d in t.shape) or (1,)
         if spec.shape != shape:
             raise ShapeError(f"vjp of {name}: the cotangent of output {i} has shape {list(spec.shape)}, "
                              f"the output {list(shape) if t.shape else []}")
@@ -188,9 +238,11 @@ def grad(fn: Function, argnums: int | Sequence[int] = 0) -> Derivative:
     return Derivative(fn, argnums=argnums if isinstance(argnums, int) else tuple(argnums))
 
 
-def _vjp_function(fn: Function, float_outputs: tuple[int, ...], n_saved: int) -> Derivative:
+def _vjp_function(fn: Function, float_outputs: tuple[int, ...], n_saved: int,
+                  layout: Layout | None = None) -> Derivative:
     """fn's vjp `Derivative` for outputs whose floats are at `float_outputs`, taking `n_saved`
-    saved values, kept on fn so that repeated vjps (a training loop) reuse its compiles."""
+    saved values (those of the forward's `layout`, which names their dims and the cotangents'),
+    kept on fn so that repeated vjps (a training loop) reuse its compiles."""
     from .backward import cotangent_name, saved_names
 
     known = vars(fn).setdefault("_vjp_derivatives", {})
@@ -198,8 +250,9 @@ def _vjp_function(fn: Function, float_outputs: tuple[int, ...], n_saved: int) ->
     if key not in known:
         saved = saved_names(n_saved, fn.signature.parameters)
         taken = set(fn.signature.parameters) | set(saved)
-        known[key] = Derivative(fn, cotangent_names=[cotangent_name(i, taken) for i in float_outputs],
-                                saved_names=saved)
+        cotangents = [cotangent_name(i, taken) for i in float_outputs]
+        known[key] = Derivative(fn, cotangent_names=cotangents, saved_names=saved, annotations=layout and
+                                layout.annotations(fn, saved, cotangents, float_outputs))
     return known[key]
 
 
@@ -218,13 +271,14 @@ def vjp(fn: Function, *args):
     full = _with_defaults(fn, args)
     tensors, constants = fn._split_args(full)
     forward = saving(fn)
-    n_outputs, positions = forward.layout(tensors, constants)
+    layout = forward.layout(tensors, constants)
+    n_outputs, positions = layout.n_outputs, layout.saved
     results = forward(*args)
     results = results if isinstance(results, tuple) else (results,)
     outs, saved = results[:n_outputs], [results[i] for i in positions]
     outputs = outs if n_outputs > 1 else outs[0]
     floats = tuple(i for i, o in enumerate(outs) if _is_float(o))
-    backward = _vjp_function(fn, floats, len(saved))
+    backward = _vjp_function(fn, floats, len(saved), layout)
     differentiable = {name for name, x in tensors if _is_float(x)}
 
     def vjp_fn(cotangents):

@@ -254,6 +254,18 @@ def saved_positions(f) -> list[int]:
     return positions
 
 
+def result_dims(f) -> list[tuple]:
+    """The dims (names or ints) of each result of `forward_with_residuals(f)`: the forward's
+    outputs, then the saved values that are not outputs already. They annotate a derivative's
+    saved-value and cotangent arguments, so that a dim taken at run time by the forward is taken
+    so by its backward too (`api.Derivative`)."""
+    from ..ir import graph as g
+
+    outputs = [g.tensor_type(v).shape for v in f.body.block.last_op.operands]
+    extra = [r.type(f).shape for r, at in zip(saved_values(f), saved_positions(f)) if at >= len(outputs)]
+    return [tuple(d) for d in (*outputs, *extra)]
+
+
 def forward_with_residuals(forward_module, name: str | None = None):
     """The forward as a Graph IR module returning its outputs, then the saved values that are not
     outputs already (`saved_positions`), or None when it saves nothing. The log-sum-exps are made

@@ -391,7 +391,10 @@ class SegmentFunction(Function):
     """One segment of a sharded function as a function of its own: its inputs are parameters
     (named after the function's arguments, or `t<i>`), its trace clones the segment's ops from the
     function's Graph IR, its dims bound from the call (a sequence-sharded segment's rows at their
-    local count). It compiles, caches, and runs under torch autograd like any function."""
+    local count). It compiles, caches, and runs under torch autograd like any function, each dim a
+    constant."""
+
+    takes_dynamic_dims = False
 
     def __init__(self, parent: Function, analysis, segment, bindings: dict[str, int], sequence_parts: int):
         from ..frontend.tensor import TensorSpec

@@ -114,6 +114,8 @@ class Function:
 
     #: destination-passing style (outputs are arguments) for @kernel
     writes_outputs = False
+    #: whether `trace` takes `dynamic` dims (kernel arguments: `Specialization`)
+    takes_dynamic_dims = True
 
     def __init__(self, fn: Callable, space: dict | None = None, static: Sequence[str] = (),
                  dynamic: Sequence[str] = ()):
@@ -153,7 +155,7 @@ class Function:
             else:
                 constants[name] = self._constant(name, x)
         if tensors:   # (the one place a call's dim values are noted: `Specialization.observe`)
-            self.specialization.observe(self.name, self.annotations, tensors)
+            self.specialization.observe(self.name, self.dim_annotations, tensors)
         return tensors, constants
 
     def _constant(self, name: str, x):
@@ -252,12 +254,18 @@ class Function:
         bits = 64 if self.specialization.wide else index_bits(x for _, x in tensors)
         return self.specialization.shapes(generic, tensors), bits if generic else None
 
+    @property
+    def dim_annotations(self) -> dict:
+        """The annotations calls are keyed by, and take dims at run time by (`Specialization`): the
+        arguments' own (a derivative adds its saved values' and cotangents')."""
+        return self.annotations
+
     def _generic_dims(self, tensors) -> dict[str, list[tuple[int, int]]]:
         """The dims this call compiles as kernel arguments (`Specialization.dynamic_for`), each with
-        its (tensor, axis) positions; none for a subclass (a derivative traces by state of its own)."""
-        if type(self) not in (Function, Kernel) or not tensors or _zero_size(tensors):
+        its (tensor, axis) positions; none where its trace takes no `dynamic` dims."""
+        if not self.takes_dynamic_dims or not tensors or _zero_size(tensors):
             return {}
-        return self.specialization.dynamic_for(self.annotations, tensors)
+        return self.specialization.dynamic_for(self.dim_annotations, tensors)
 
     def _compiled_for(self, tensors, constants, options: dict):
         """The compile for this call, from the cache or made now; a call with a zero-size dim gets a
@@ -271,7 +279,7 @@ class Function:
             else:
                 compiled = self._compile_generic(specs, constants, tensors, options)
                 key = self._cache_key(tensors, constants, options)   # without the dims it had to fix
-            self.specialization.compiled(self.annotations, tensors, self._generic_dims(tensors))
+            self.specialization.compiled(self.dim_annotations, tensors, self._generic_dims(tensors))
             self._cache[key] = compiled
             # A trace may change what it reads (appending to a list it captured): what it left is keyed too.
             self._cache.setdefault(self._cache_key(tensors, constants, options), compiled)

@@ -155,9 +155,17 @@ class _TorchOp:
         self.float_outputs = tuple(i for i, (_, dt) in enumerate(results) if dt.is_float)
         self.n_outputs = len(results)
         # the op's results: fn's outputs, then what its forward saves for the backward (`Saving`)
-        self.forward = saving(fn)
         tensors, constants = fn._split_args(list(full))
-        _, self.saved_positions = self.forward.layout(tensors, constants)
+        self.layout = saving(fn).layout(tensors, constants)
+        self.forward = saving(fn)
+        if isinstance(fn, Derivative):
+            # A derivative's op saves nothing: a second backward (create_graph=True) that reads
+            # its results recomputes what it needs (`_backward`), where saving would make every
+            # first backward pay for it; an attention's derivative would save its two S x S score
+            # products, two GEMMs and 2 x B x H x S x S elements written each step.
+            self.layout = self.layout._replace(saved=(), dims=self.layout.dims[:self.layout.n_outputs])
+            self.forward = fn
+        self.saved_positions = self.layout.saved
         self.n_results = len(_output_specs(self.forward, full))
         self.name = _op_name(fn.name)
         self.op = torch.library.custom_op(f"tessera::{self.name}", self._impl, mutates_args=(),
@@ -180,9 +188,10 @@ class _TorchOp:
         outs = outs if isinstance(outs, tuple) else (outs,)
         # what is saved follows from the function's structure, which a function branching on its
         # shapes could change between calls of one op: an error, never a wrong value saved
-        if len(outs) != self.n_results or self.forward.layout(*self.fn._split_args(ready))[1] != self.saved_positions:
+        saved = saving(self.fn).layout(*self.fn._split_args(ready)).saved if self.saved_positions else ()
+        if len(outs) != self.n_results or saved != self.saved_positions:
             raise TesseraError(f"{self.fn.name} returned {len(outs)} results (saved values at "
-                               f"{self.forward.layout(*self.fn._split_args(ready))[1]}) where its torch op "
+                               f"{saved}) where its torch op "
                                f"tessera::{self.name} declares {self.n_results} (at {self.saved_positions}); "
                                f"a function whose outputs change with its shapes needs one op per structure")
         if not outs[0].is_cuda:   # CPU results of rank 0 come back as [1] (interop.host_like); the fake says ()
@@ -339,7 +348,9 @@ def _derivative(op: _TorchOp, wrt_names: tuple[str, ...], n_saved: int):
     if key not in known:
         saved = saved_names(n_saved, fn.signature.parameters)
         taken = set(fn.signature.parameters) | set(saved)
-        known[key] = _PartialVJP(fn, wrt_names, [cotangent_name(i, taken) for i in op.float_outputs], saved)
+        cotangents = [cotangent_name(i, taken) for i in op.float_outputs]
+        known[key] = _PartialVJP(fn, wrt_names, cotangents, saved,
+                                 op.layout.annotations(fn, saved, cotangents, op.float_outputs))
     return known[key]
 
 
@@ -349,24 +360,15 @@ class _PartialVJP(Derivative):
     `wrt_names` only: the backward graph differentiates nothing torch does not ask for."""
 
     def __init__(self, forward, wrt_names: Sequence[str], cotangent_names: Sequence[str],
-                 saved_names: Sequence[str] = ()):
-        super().__init__(forward, cotangent_names=cotangent_names, saved_names=saved_names)
+                 saved_names: Sequence[str] = (), annotations: dict | None = None):
+        super().__init__(forward, cotangent_names=cotangent_names, saved_names=saved_names, annotations=annotations)
         self.wrt_names = tuple(wrt_names)
         self.name = self.__name__ = f"{forward.name}_vjp_{'_'.join(self.wrt_names)}"
         self.captures = _TaggedCaptures(forward.captures, ("vjp", self.wrt_names, len(self.saved_names)))
 
-    def trace(self, args, constants=None):
-        from ..autodiff.api import _check_cotangents
-        from ..autodiff.backward import backward_graph, forward_function
-
-        primal = [a for a in args if a.name not in self.cotangent_names and a.name not in self.saved_names]
-        module = self.forward.trace(primal, constants)
-        _check_cotangents(forward_function(module), [a for a in args if a.name in self.cotangent_names],
-                          self.forward.name)
+    def _wrt(self, f, primal, constants: dict) -> list[int]:
         names = [a.name for a in primal]
-        wrt = [names.index(n) for n in self.wrt_names]
-        return backward_graph(module, wrt, False, self.name, self.cotangent_names, self.saved_names or None,
-                              strides={a.name: a.strides for a in args if a.strides is not None})
+        return [names.index(n) for n in self.wrt_names]
 
 
 class _TaggedCaptures:

@@ -14,6 +14,7 @@ from typing import Callable
 
 from xdsl.ir import Operation
 
+from ..dims import is_dynamic
 from ..errors import TesseraError
 from . import graph as g
 
@@ -192,16 +193,24 @@ def chain_sinks(block, bindings) -> list[ChainSink]:
     return out
 
 
-def chain_axis_sizes(sinks: list[ChainSink], size: Callable[[g.Dim], int]) -> dict[str, int]:
-    """Every axis's extent in a flash_chain kernel, from its sinks' computed operands and results
-    (the same for every sink: fusion merges only such kernels); `size` gives a dim's extent."""
-    sizes: dict[str, int] = {}
+def chain_axis_dims(sinks: list[ChainSink], size: Callable[[g.Dim], int]) -> dict[str, g.Dim]:
+    """Every axis's dim in a flash_chain kernel, from its sinks' computed operands and results
+    (the same for every sink: fusion merges only such kernels): a dim taken at run time where one
+    is, else the largest (a size-1 dim broadcasts); `size` gives a dim's extent."""
+    dims: dict[str, g.Dim] = {}
     for sink in sinks:
         for v, m in ((sink.computed, sink.tiling.operand_map), (sink.op.results[0], sink.tiling.result_map)):
             for axis, d in zip(m, g.tensor_type(v).shape):
-                if axis is not None:
-                    sizes[axis] = max(sizes.get(axis, 1), size(d))
-    return sizes
+                known = dims.get(axis)
+                if axis is not None and (known is None or is_dynamic(size(d)) or
+                                         not is_dynamic(size(known)) and size(d) > size(known)):
+                    dims[axis] = d
+    return dims
+
+
+def chain_axis_sizes(sinks: list[ChainSink], size: Callable[[g.Dim], int]) -> dict[str, int]:
+    """Every axis's extent in a flash_chain kernel (`chain_axis_dims`; a dynamic dim's `Dynamic`)."""
+    return {axis: size(d) for axis, d in chain_axis_dims(sinks, size).items()}
 
 
 def _sink_behind(v):

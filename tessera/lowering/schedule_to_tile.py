@@ -1862,21 +1862,27 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     its accumulator: a row sum/max/min, or a matmul with a [n, e] tile of its other operand (e:
     the output's columns, all of them). The streamed operands are loaded once per block however
     many uses read them (Q both for the scores and for dK). The attention backward's kernels:
-    dK and dV (one kernel), dQ."""
+    dK and dV (one kernel), dQ. A row or column count taken at run time (a sequence length) sizes
+    the grid and the column loop then, its last block masked."""
     sinks = index_maps.chain_sinks(kb.group_block, kb.bindings)
     scores = _chain_scores(kb, sinks)
-    sizes = _chain_sizes(kb, sinks)
+    dims = _chain_dims(kb, sinks)
+    sizes = {a: kb.size(d) for a, d in dims.items()}
     p, zero = kb.params, kb.b.index(0)
     tile = {"m": s.fit_block(p["block_m"], sizes["m"]), "n": s.fit_block(p["block_n"], sizes["n"])}
     if "e" in sizes:
         tile["e"] = pow2_at_least(sizes["e"])
     kb.limit_warps(tile["m"] // 16)
     batch = [(a, sizes[a]) for a in sinks[0].tiling.result_map if a not in (None, "m", "e")]
+    grid = _chain_grid(kb, dims, sizes, batch, tile["m"])
     bounds = chain_bounds(kb.group_block, sinks, kb.bindings)
-    row_block, batch_index = _ordered_program(kb, cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch),
-                                              bounds, heavy_first=p.get("heavy_first", 0))
+    # (heavy_first counts the row blocks and batch programs: fusion asks it only of a static grid)
+    heavy_first = p.get("heavy_first", 0) and all(isinstance(n, int) for n in grid)
+    row_block, batch_index = _ordered_program(kb, *(grid[:2] if heavy_first else (0, 0)), bounds,
+                                              heavy_first=heavy_first)
     scalars = kb.batch_indices(batch_index, batch)
     m0 = kb.mul(row_block, tile["m"])
+    n_cols = kb.extent(dims["n"], sizes["n"])   # (a dynamic count's read at run time)
 
     resident: list[tuple[Operand, dict]] = []   # per score matmul: its row operand, read every block
     uses: list[tuple[Operand, tuple[str, str]]] = []   # per score matmul its column operand, then each matmul sink's other one
@@ -1899,7 +1905,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     rows = _resident_tiles(kb, resident, scalars, zero)
 
     block = [tile["m"], tile["n"]]
-    tail = sizes["n"] % tile["n"] != 0
+    tail = not isinstance(n_cols, int) or n_cols % tile["n"] != 0   # the last column block is (may be) partial
     kinds = [sink.op.kind.data if isinstance(sink.op, g.ReduceOp) else None for sink in sinks]
     fills = [NEUTRAL[kind] if kind else 0.0 for kind in kinds]
 
@@ -1916,7 +1922,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
         for sink, kind, fill, acc in zip(sinks, kinds, fills, accs):
             x = convert(kb.b, kb.em.value(sink.computed, sink.tiling.operand_map, ctx), f32)
             if tail:
-                x = select(kb.b, _col_mask(kb, n0, tile["n"], sizes["n"], block), x, kb.b.full(fill, block))
+                x = select(kb.b, _col_mask(kb, n0, tile["n"], n_cols, block), x, kb.b.full(fill, block))
             with kb.b.origin(sink.op):
                 if kind:
                     out.append(kb.b(COMBINE[kind](acc, kb.b(t.ReduceOp(x, TILE_REDUCE[kind], 1)))))
@@ -1930,14 +1936,22 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
 
     accs0 = [kb.b.full(fill, [tile["m"]] if kind else [tile["m"], tile["e"]]) for kind, fill in zip(kinds, fills)]
     fixed = {"m": m0, "e": zero, **{f"k{i}": zero for i in range(len(rows))}}
-    steps = _key_blocks(kb, bounds, m0, tile, sizes["n"])
+    steps = _key_blocks(kb, bounds, m0, tile, n_cols)
     accs = _pipelined_loop(kb, steps, p["num_stages"], streamed, "n", tile["n"], fixed, scalars, accs0, compute)
     for sink, kind, acc in zip(sinks, kinds, accs):
         kb.em.overrides[sink.op.results[0]] = acc
     for sink, kind, out in zip(sinks, kinds, kb.outs):
         tiled = {"m": (m0, tile["m"])} if kind else {"m": (m0, tile["m"]), "e": (zero, tile["e"])}
         kb.store_result(_output_map(kb, sink), TileCtx(tiled, scalars), sink.output, out)
-    return cdiv(sizes["m"], tile["m"]), math.prod(sz for _, sz in batch), 1
+    return grid
+
+
+def _chain_grid(kb: KernelBuild, dims: dict, sizes: dict, batch: list[tuple[str, int]], block_m: int) -> tuple:
+    """Row blocks (axis 0, growing with a dynamic row count), batch programs (axis 1, with a
+    dynamic leading batch dim)."""
+    (first, size), *rest = batch or [(None, 1)]
+    programs = kb.grid_extent(dims[first], size, 1, math.prod(sz for _, sz in rest)) if first else 1
+    return kb.grid_extent(dims["m"], sizes["m"], block_m), programs, 1
 
 
 def _chain_scores(kb: KernelBuild, sinks: list) -> dict:
@@ -2014,17 +2028,18 @@ def _computed_from(v: SSAValue, op: Operation) -> bool:
     return False
 
 
-def _chain_sizes(kb: KernelBuild, sinks: list) -> dict[str, int]:
-    """Every axis's extent, from the computed operands' and the sink results' dims (the same for
+def _chain_dims(kb: KernelBuild, sinks: list) -> dict[str, g.Dim]:
+    """Every axis's dim, from the computed operands' and the sink results' dims (the same for
     every sink: fusion merges only such kernels)."""
     for sink in sinks:
         _output_map(kb, sink)   # (an epilogue that reshapes the sink's result is refused here)
-    return index_maps.chain_axis_sizes(sinks, kb.size)
+    return index_maps.chain_axis_dims(sinks, kb.size)
 
 
 #: kernel kinds whose templates take a dynamic dim at run time (`KernelBuild.extent`, `grid_extent`);
 #: any other kernel over a dynamic dim raises `DynamicDim`, and the function compiles it as a constant
-GENERIC_KINDS = frozenset({"elementwise", "row_reduction", "column_reduction", "gemm", "flash_attention"})
+GENERIC_KINDS = frozenset({"elementwise", "row_reduction", "column_reduction", "gemm", "flash_attention",
+                           "flash_chain"})
 
 TEMPLATES: dict[str, Callable[[KernelBuild], tuple[int, int, int]]] = {
     "elementwise": lower_elementwise,

@@ -519,14 +519,17 @@ class _Planner:
         tiling = index_maps.chain_tile(sink, operands[0], group.ops | self._views_in(group), self.bindings)
         if tiling is None:
             return None
-        extents: dict[str, int] = {}
+        def extent(d):   # (dims taken at run time match by name: their values are unknown)
+            n = g.dim_value(d, self.bindings)
+            return f"{n.name}=?" if is_dynamic(n) else n
+        extents: dict[str, int | str] = {}
         for v, m in tiling.maps.items():
             for axis, d in zip(m, g.tensor_type(v).shape):
-                if axis is not None and g.dim_value(d, self.bindings) != 1:
-                    extents[axis] = g.dim_value(d, self.bindings)
+                if axis is not None and extent(d) != 1:
+                    extents[axis] = extent(d)
         for axis, d in zip(tiling.result_map, g.tensor_type(sink.results[0]).shape):
             if axis is not None:
-                extents[axis] = g.dim_value(d, self.bindings)
+                extents[axis] = extent(d)
         return {_structure(mm.res): m for mm, m in tiling.scores.items()}, tuple(sorted(extents.items()))
 
     def _views_in(self, group: Group) -> set[Operation]:

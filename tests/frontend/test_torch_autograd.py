@@ -22,7 +22,7 @@ from tessera import Tensor  # noqa: E402
 from tessera.errors import TesseraError  # noqa: E402
 from torch_autograd_cases import (  # noqa: E402
     CASES, block, float64_twins, gelu_mlp, leaves, rel, rms_norm_matmul, softcapped_causal_attention,
-    torch_rms_norm_matmul,
+    torch_rms_norm_matmul, torch_softcapped_causal_attention,
 )
 
 TOL = 1e-4
@@ -152,8 +152,6 @@ def test_attention_backward_reads_saved_values_and_double_backward_recomputes_th
     derivative taking 2 saved values); create_graph=True takes the derivative that recomputes
     them, whose own derivative sees how they depend on q, k, v: Hessian-vector products match
     torch's in float64."""
-    from torch_autograd_cases import torch_softcapped_causal_attention
-
     q, k, v = leaves(torch, [(1, 2, 6, 8)] * 3, torch.float32, "cpu", seed=9)
     fn = softcapped_causal_attention
     fn.__dict__.pop("_torch_derivatives", None)
@@ -296,3 +294,38 @@ print("torch._dynamo" in sys.modules, "sympy" in sys.modules)
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0, out.stderr
     assert out.stdout.split() == ["False", "False"]
+
+
+def test_a_backward_op_saves_nothing_for_a_second_backward():
+    """The first backward of an attention runs its derivative's op without residuals of its own:
+    saving for a second backward would make every step compute and write two S x S score
+    products (the derivative's own matmuls); create_graph=True recomputes instead (above)."""
+    from tessera.autodiff.api import saving
+
+    q, k, v = leaves(torch, [(1, 2, 6, 8)] * 3, torch.float32, "cpu", seed=4)
+    fn = tsr.function(softcapped_causal_attention.fn)
+    (fn(q, k, v) ** 2).sum().backward()
+    (derivative,) = fn._torch_derivatives.values()
+    (op,) = derivative._torch_ops.values()
+    assert op.saved_positions == () and op.n_results == 3 and op.forward is derivative
+    assert saving(derivative).cache_info().compiles == 0
+
+
+def test_a_length_that_varies_compiles_the_forward_and_backward_once_per_class():
+    """loss.backward() with a new sequence length each step: past the first length, S is taken at
+    run time by the op's forward and by its backward (the saved log-sum-exp and the cotangent keyed
+    by S as the forward's trace names their dims), gradients against float64 each step."""
+    from tessera.autodiff.api import saving
+
+    fn = tsr.function(softcapped_causal_attention.fn)
+    for s, seed in ((40, 1), (50, 2), (60, 3)):
+        args = leaves(torch, [(1, 2, s, 16)] * 3, torch.bfloat16, "cpu", seed=seed)
+        fn(*args).float().square().sum().backward()
+        exact = float64_twins(args)
+        torch_softcapped_causal_attention(torch, *exact).float().square().sum().backward()
+        for a, e in zip(args, exact):
+            assert rel(torch, a.grad, e.grad) < 2e-2, f"S = {s}"
+    (backward,) = fn._torch_derivatives.values()
+    for f in (saving(fn), backward):
+        info = f.cache_info()
+        assert (info.compiles, info.hits, info.dynamic, info.fixed) == (2, 1, ("S",), {}), info

@@ -58,3 +58,57 @@ def test_attention_backward_through_torch_autograd(torch_cuda):
     torch_reference(torch, "causal", *exact).float().square().sum().backward()
     for x, e in zip((q, k, v), exact):
         assert rel(torch, x.grad, e.grad) < 1e-2
+
+
+@pytest.mark.parametrize("d", [64, 128])
+@pytest.mark.parametrize("kind", ["plain", "causal", "softcap_causal"])
+def test_one_backward_compile_serves_every_sequence_length(torch_cuda, monkeypatch, d, kind):
+    """tsr.vjp of an attention whose sequence length varies from call to call (issue 17: dims taken
+    at run time): the forward that saves the log-sum-exp and the backward's kernels (dK with dV, dQ,
+    rowsum(dO * O)) compile once per class of the length, every length's gradients against torch
+    autograd in float64 (the on-disk function cache of an earlier run out of the way)."""
+    from tessera.autodiff.api import saving
+    from tessera.dims import class_of
+    torch = torch_cuda
+    monkeypatch.setenv("TESSERA_WARM_CACHE", "0")
+    fn = tsr.function(FUNCTIONS[kind].fn, dynamic=["M", "N"] if kind == "plain" else ["S"])
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    lengths = (17, 600, 1000, 4097)
+    for s in lengths:
+        q, k, v = (torch.randn(2, 3, s, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
+        out, f_vjp = tsr.vjp(fn, q, k, v)
+        d_out = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+        grads = f_vjp(d_out)
+        exact = [x.double().requires_grad_() for x in (q, k, v)]
+        want = torch.autograd.grad(torch_reference(torch, kind, *exact), exact, d_out.double())
+        for name, got, w in zip("qkv", grads, want):
+            assert rel(torch, got, w) < 4e-2, f"d{name} at S = {s}"
+    forward, (backward,) = saving(fn), fn._vjp_derivatives.values()
+    classes = len({class_of(s) for s in lengths})
+    for f in (forward, backward):
+        info = f.cache_info()
+        assert info.compiles == classes and not info.fixed, info
+
+
+def test_torch_autograd_backward_over_lengths_compiles_once_per_class(torch_cuda, monkeypatch):
+    """loss.backward() through a Tessera attention called with a new length every step: the torch
+    op's forward and backward take the length at run time once it varies (two lengths of one class
+    after the first: one compile each for the forward and the backward past the first length's)."""
+    torch = torch_cuda
+    monkeypatch.setenv("TESSERA_WARM_CACHE", "0")
+    fn = tsr.function(causal.fn)
+    gen = torch.Generator(device="cuda").manual_seed(19)
+    for s in (513, 700, 900):
+        q, k, v = (torch.randn(1, 4, s, 64, device="cuda", generator=gen, dtype=torch.float16).requires_grad_()
+                   for _ in range(3))
+        fn(q, k, v).float().square().sum().backward()
+        exact = [x.detach().double().requires_grad_() for x in (q, k, v)]
+        torch_reference(torch, "causal", *exact).float().square().sum().backward()
+        for x, e in zip((q, k, v), exact):
+            assert rel(torch, x.grad, e.grad) < 1e-2, f"S = {s}"
+    from tessera.autodiff.api import saving
+    (backward,) = fn._torch_derivatives.values()
+    for f in (saving(fn), backward):
+        info = f.cache_info()
+        # 513 static, then 700 makes S dynamic (class <= 1024), and 900 reuses that compile
+        assert info.compiles == 2 and info.hits == 1 and info.dynamic == ("S",), info
