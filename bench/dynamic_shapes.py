@@ -140,6 +140,39 @@ def attention_table(rows: list[int], sweep: int, names: list[str]) -> None:
         print(f"sweep {name}: {sweep} random lengths, {info.compiles} compile(s), keys {info.keys}")
 
 
+def backward_table(lengths: list[int], names: list[str]) -> None:
+    """The attention backward (`tsr.vjp` of the attention of `attention_table`, [B, 16, S, 128] bf16,
+    B x S = 16384 tokens): the value-specialized derivative, the generic one (S dynamic, compiled
+    at S=3 first) and torch SDPA's backward, each checked against SDPA's gradients, then timed
+    (do_bench medians, us: millisecond kernels, where a CUDA graph would change nothing)."""
+    print("\n| backward | B x H x S x D | specialized us | generic us | torch SDPA us | generic/specialized |")
+    print("|---|---|---|---|---|---|")
+    for name in names:
+        causal = name == "causal_backward"
+        static, generic = attention_functions(causal, static=["S"]), attention_functions(causal, dynamic=["S"])
+        small = [torch.randn(1, 16, 3, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4)]
+        tsr.vjp(generic, *small[:3])[1](small[3])
+        for s in lengths:
+            b = max(1, 16384 // s)
+            q, k, v, d_out = (torch.randn(b, 16, s, 128, device="cuda", dtype=torch.bfloat16) for _ in range(4))
+            leaves = [x.clone().requires_grad_() for x in (q, k, v)]
+            out = torch.nn.functional.scaled_dot_product_attention(*leaves, is_causal=causal)
+            sdpa = lambda: torch.autograd.grad(out, leaves, d_out, retain_graph=True)  # noqa: E731
+            want = sdpa()
+            vjps = [tsr.vjp(fn, q, k, v)[1] for fn in (static, generic)]
+            for f_vjp in vjps:
+                for got, w in zip(f_vjp(d_out), want):
+                    err = rel_err(got, w.float())
+                    assert err < 2e-2, f"{name} S={s}: relative error {err:.2e}"
+            t_static, t_generic, t_sdpa = (1e3 * triton.testing.do_bench(lambda f=f: f(d_out) if f is not sdpa else f(),
+                                                                           rep=200, return_mode="median")
+                                           for f in (*vjps, sdpa))
+            print(f"| {name} | {b} x 16 x {s} x 128 | {t_static:.1f} | {t_generic:.1f} | {t_sdpa:.1f} | "
+                  f"{t_generic / t_static:.3f} |")
+        info = generic._vjp_derivatives and next(iter(generic._vjp_derivatives.values())).cache_info()
+        print(f"{name}: the generic derivative {info.compiles} compile(s), keys {info.keys}")
+
+
 def decode_functions(causal: bool = False, **kw):
     """A decode step: one query a head, or (causal) examples/decode_attention.py's, whose queries
     are the last of the sequence (`row + (N - M) >= col`: N - M read at run time where N is)."""
@@ -212,6 +245,9 @@ def main() -> None:
         decode_table([int(n) for n in args.decode_lengths.split(",")])
     if not only or "causal_decode" in only:
         decode_table([int(n) for n in args.decode_lengths.split(",")], causal=True)
+    if not only or only & {"backward", "causal_backward"}:
+        backward_table([int(r) for r in args.attention_lengths.split(",")],
+                       names=[n for n in ("backward", "causal_backward") if not only or n in only])
     if not only or only & {"attention", "causal_attention"}:
         attention_table(rows=[int(r) for r in args.attention_lengths.split(",")], sweep=args.sweep,
                         names=[n for n in ("attention", "causal_attention") if not only or n in only])

@@ -278,6 +278,9 @@ class Emitter:
         self.extent: Callable[[str], int | SSAValue] | None = None
         self._memo: dict = {}
         self._contexts: dict = {}     # shifted tile contexts of slices and concatenations
+        #: `where` ops whose condition holds on every element of the tile being emitted (a mask that
+        #: cuts none of a block: `schedule_to_tile.lower_flash_chain`): each is its kept operand
+        self.kept_wheres: frozenset[Operation] = frozenset()
 
     def value(self, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
         """`v` (whose dims walk the axes in `m`) as a compute tile over `ctx`."""
@@ -315,6 +318,9 @@ class Emitter:
             return self._concat(op, m, ctx)
         if isinstance(op, g.GatherOp):
             return self._gather(op, m, ctx)
+        if op in self.kept_wheres:
+            kept = self.value(op.inputs[1], operand_maps(op, m, self.bindings)[1], ctx)
+            return convert(self.b, kept, compute_element(dt))
         operands = [self.value(x, xm, ctx) for x, xm in zip(op.operands, operand_maps(op, m, self.bindings))]
         if isinstance(op, (g.TransposeOp, g.ReshapeOp)):
             return operands[0]

@@ -27,7 +27,7 @@ from xdsl.dialects import func
 from xdsl.dialects.builtin import ModuleOp
 from xdsl.ir import Operation, SSAValue
 
-from ..dims import hint, is_dynamic
+from ..dims import is_dynamic
 from ..ir import graph as g
 
 #: the longest inner dim of a matmul whose result is recomputed rather than stored: a head dim
@@ -39,12 +39,16 @@ RECOMPUTABLE = (g.ElementwiseOp, g.CastOp, g.TransposeOp, g.ReshapeOp, *g.SOURCE
 
 def is_score_matmul(op, bindings: dict[str, int]) -> bool:
     """A matmul cheap enough to recompute: its inner dim is at most MAX_SCORE_INNER, shorter than
-    both dims of its result (so the result is the larger tensor)."""
+    both dims of its result (so the result is the larger tensor). A result dim taken at run time
+    counts as longer whatever its class: the kernels that recompute such scores take it at run
+    time, where materializing them would need a GEMM over it as its K (which takes K as a
+    constant), so a small class would fix the dim for every later call."""
     if not isinstance(op, g.MatmulOp):
         return False
     inner = g.dim_value(g.tensor_type(op.lhs).shape[-1], bindings)
-    rows, cols = (hint(g.dim_value(d, bindings)) for d in g.tensor_type(op.res).shape[-2:])
-    return not is_dynamic(inner) and inner <= MAX_SCORE_INNER and inner < rows and inner < cols
+    if is_dynamic(inner) or inner > MAX_SCORE_INNER:
+        return False
+    return all(is_dynamic(n) or inner < n for n in (g.dim_value(d, bindings) for d in g.tensor_type(op.res).shape[-2:]))
 
 
 def _recomputable(op, bindings) -> bool:

@@ -42,9 +42,9 @@ def check_grads(kind, fn, q, k, v, rng):
 def test_one_backward_compile_serves_every_length_of_a_class(kind):
     fn = tsr.function(FUNCTIONS[kind].fn, dynamic=["S"])
     rng = np.random.default_rng(3)
-    lengths = (37, 45, 64, 100)   # two classes: <= 64 and <= 128
+    lengths = (17, 37, 45, 64, 100)   # three classes: <= 32 (whose top is no longer than D), <= 64, <= 128
     for s in lengths:
-        q, k, v = (rng.standard_normal((1, 2, s, 16)).astype(BF16) for _ in range(3))
+        q, k, v = (rng.standard_normal((1, 2, s, 32)).astype(BF16) for _ in range(3))
         check_grads(kind, fn, q, k, v, rng)
     classes = [class_of(s) for s in lengths]
     for f in derivatives(fn):

@@ -146,6 +146,23 @@ def test_causal_backward_kernels_skip_masked_blocks(kind, skips):
         assert fixed != skips, k.sym_name.data
 
 
+@pytest.mark.parametrize("kind", ["causal", "softcap_causal"])
+def test_a_chain_computes_its_masks_only_in_the_blocks_they_cut(kind):
+    """A block inside the causal mask takes the branch where the mask's wheres are their kept
+    operand (no compare, no select: `Emitter.kept_wheres`); only the diagonal's blocks compute
+    them. The interpreter runs both branches (test_attention_backward_on_the_interpreter)."""
+    from xdsl.dialects import scf
+
+    c = backward(FUNCTIONS[kind], (1, 2, 256, 64), 256)
+    chains = [k for k in c.modules["tile"].ops if isinstance(k, t.KernelOp) and "flash_chain" in k.sym_name.data]
+    assert len(chains) == 2   # dQ, dK with dV
+    for k in chains:
+        def selects(region):
+            return sum(isinstance(op, t.SelectOp) for op in region.walk())
+        branches = [op for op in k.walk() if isinstance(op, scf.IfOp) and selects(op.false_region)]
+        assert len(branches) == 1 and selects(branches[0].true_region) == 0, k.sym_name.data
+
+
 def test_a_score_tile_read_in_two_orientations_is_not_chained():
     """P * P^T needs the score matmul's tile both ways round; one recomputed tile cannot give both,
     so the reduction reads the scores from memory (and the result stays right)."""
