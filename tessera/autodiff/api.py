@@ -39,6 +39,7 @@ class Derivative(Function):
                  cotangent_names: Sequence[str] = (), saved_names: Sequence[str] = (),
                  annotations: dict[str, TensorSpec] | None = None):
         super().__init__(forward.fn, space=forward.space, **_marks(forward))
+        self.takes_dynamic_dims = forward.takes_dynamic_dims
         self.forward, self.argnums, self.cotangent_names = forward, argnums, tuple(cotangent_names)
         self.saved_names = tuple(saved_names)
         self.seed_ones = argnums is not None
@@ -64,7 +65,7 @@ class Derivative(Function):
         from .backward import backward_graph, forward_function
 
         primal = [a for a in args if a.name not in self.cotangent_names and a.name not in self.saved_names]
-        module = self.forward.trace(primal, constants, dynamic, index_bits)
+        module = _forward_trace(self.forward, primal, constants, dynamic, index_bits)
         f = forward_function(module)
         if self.seed_ones:
             _check_scalar_output(f, self.forward.name)
@@ -117,6 +118,7 @@ class Saving(Function):
 
     def __init__(self, forward: Function):
         super().__init__(forward.fn, space=forward.space, **_marks(forward))
+        self.takes_dynamic_dims = forward.takes_dynamic_dims
         self.forward = forward
         self.name = self.__name__ = f"{forward.name}_saving"
         self.captures = forward.captures
@@ -128,7 +130,7 @@ class Saving(Function):
               dynamic: frozenset[str] = frozenset(), index_bits: int = 64):
         from .backward import forward_with_residuals
 
-        module = self.forward.trace(args, constants, dynamic, index_bits)
+        module = _forward_trace(self.forward, args, constants, dynamic, index_bits)
         return forward_with_residuals(module, self.name) or module
 
     def layout(self, tensors, constants: dict) -> Layout:
@@ -166,6 +168,12 @@ class Layout(NamedTuple):
             if all(isinstance(d, int) or d in named for d in dims):
                 out[name] = TensorSpec(tuple(dims))
         return out
+
+
+def _forward_trace(forward: Function, args: Sequence[ArgSpec], constants, dynamic: frozenset[str], index_bits: int):
+    """The forward's trace, with `dynamic` dims where there are any (a forward that takes none,
+    `takes_dynamic_dims` False, is traced as it traces)."""
+    return forward.trace(args, constants, dynamic, index_bits) if dynamic else forward.trace(args, constants)
 
 
 def _marks(fn: Function) -> dict[str, tuple[str, ...]]:

@@ -743,6 +743,10 @@ class _Planner:
         if any(u.operation is not ret and u.operation not in self.views for u in v.uses):
             return False
         if group.output is src:
+            # the kernel then runs at the transpose (`position`): not past a reader of its other
+            # outputs (a dK/dV kernel whose dV a host view reads before dK's transpose)
+            if any(self.order.get(u.operation, len(self.order)) < self.order[chain[0]] for x in group.extra for u in x.uses):
+                return False
             group.output = v
         else:
             group.extra = [v if x is src else x for x in group.extra]

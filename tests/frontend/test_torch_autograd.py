@@ -329,3 +329,19 @@ def test_a_length_that_varies_compiles_the_forward_and_backward_once_per_class()
     for f in (saving(fn), backward):
         info = f.cache_info()
         assert (info.compiles, info.hits, info.dynamic, info.fixed) == (2, 1, ("S",), {}), info
+
+
+def test_a_llama_blocks_backward_matches_float64():
+    """examples/llama_block.py through torch autograd: its backward graph views dQ back to
+    [B, S, Q] before the merged dK/dV kernel's transposed dK (fusion keeps that kernel where its
+    dV's readers are); every gradient against torch autograd in float64."""
+    from llama_block import llama_block, torch_llama_block
+
+    dims = {"B": 2, "S": 12, "C": 16, "Q": 32, "F": 24}
+    shapes = [tuple(dims[d] for d in spec.dims) for spec in llama_block.annotations.values()]
+    args = leaves(torch, shapes, torch.float32, "cpu", seed=12, scale=0.3)
+    llama_block(*args, 8, 1e-5).square().sum().backward()
+    exact = float64_twins(args)
+    torch_llama_block(*exact, 8, 1e-5).square().sum().backward()
+    for a, e in zip(args, exact):
+        assert rel(torch, a.grad, e.grad) < 1e-3
