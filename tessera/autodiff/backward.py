@@ -389,6 +389,9 @@ class _Reverse:
         self.forward, self.wrt, self.seed_ones, self.saved = forward, wrt, seed_ones, list(saved)
         self.values: dict = {}   # forward SSA value -> its Tensor in the backward
         self.statistics: dict = {}   # (norm op, "mean" | "rstd") -> the saved row statistic
+        #: an attention's probabilities in fp32, before their rounding to the forward's dtype: what
+        #: its softmax rule reads (dS = P * (dP - D)), where the rounded P is P @ V's operand only
+        self.probabilities: dict = {}
         self.grads: dict = {}    # forward SSA value -> its cotangent so far
         self.active: set = set()   # forward values that depend on a differentiated input
 
@@ -438,8 +441,9 @@ class _Reverse:
         keep the softmax, so its P @ V stays one flash-attention kernel, which also writes the
         log-sum-exp (made here, after every clone: fusion's order for a kernel's second output)."""
         with _provenance_of(softmax):
-            probs = softmax_from_logsumexp(self.values[softmax.input], softmax.axis.data, lse)
-        self.values[softmax.res] = probs
+            wide = softmax_from_logsumexp(self.values[softmax.input], softmax.axis.data, lse)
+            probs = ops.cast(wide, softmax.res.type.dtype)   # (as the forward's softmax rounds them)
+        self.values[softmax.res], self.probabilities[softmax.res] = probs, wide
         for cast in _cast_chain(softmax.res):
             with _provenance_of(cast):
                 probs = ops.cast(probs, cast.res.type.dtype)
@@ -488,7 +492,8 @@ class _Reverse:
             for kind in ("mean", "rstd"):
                 if (op, kind) in self.statistics:
                     extra[kind] = self.statistics[op, kind]
-            derived = rule(op, self.grads[y], self.values[y], *(self.values[v] for v in op.operands), **extra)
+            value = self.probabilities.get(y, self.values[y])
+            derived = rule(op, self.grads[y], value, *(self.values[v] for v in op.operands), **extra)
             for v, d in zip(op.operands, derived, strict=True):
                 if d is not None and v in self.active:
                     self._accumulate(v, fit(d, self.values[v]))
@@ -541,8 +546,8 @@ def is_score_softmax(op) -> bool:
 
 
 def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None) -> Tensor:
-    """softmax(x) recomputed as exp(x - lse), lse = logsumexp(x) (or a saved one), in fp32, rounded
-    to x's dtype as the forward's softmax is. An attention backward reads the probabilities in
+    """softmax(x) recomputed as exp(x - lse), lse = logsumexp(x) (or a saved one), in fp32. An
+    attention backward reads the probabilities in
     several places (dV, and dS = P * (dP - D) for dQ and dK); in this form each reader recomputes
     them from the scores and a row's log-sum-exp (one number per row), so fusion makes every reader
     one kernel looping over key blocks (`passes/recompute.py`) and the S x S probabilities never
@@ -550,7 +555,7 @@ def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None) -> T
     flash-attention kernel writes beside its output."""
     wide = _wide(x)
     lse = torch_ops._logsumexp(wide, axis) if lse is None else lse
-    return ops.cast(ops.exp(wide - lse), x.dtype)
+    return ops.exp(wide - lse)
 
 
 def _cast_chain(v) -> list:

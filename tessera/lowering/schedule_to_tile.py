@@ -386,6 +386,8 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     scalars = kb.batch_indices(kb.pid(1), batch)
     shape = [bm, bn]
     contexts: dict = {}   # (outside one_block: a context's tiles are memoized by its identity)
+    # the rows' count as the riders' masks and the row walk see it (a dynamic one's read at run time)
+    n_rows = kb.extent(x_t.shape[rows[-1]], sizes[rows[-1]]) if riders else None
 
     def column_parts(chunk_ctx: Callable, first_chunk: SSAValue) -> list[SSAValue]:
         """Each rider's sum (max, min) over this block's rows, per chunk of columns ([bn] tiles), in
@@ -396,8 +398,8 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             for c in range(chunks):
                 ctx = chunk_ctx(first_chunk if chunks == 1 else kb.b.index(c * bn))
                 tile = convert(kb.b, kb.em.value(rider.input, axes, ctx), f32)
-                if sizes[rows[-1]] % bm:   # rows past the end count as neutral
-                    live = _index_mask(kb, ctx.tiled[row][0], bm, sizes[rows[-1]], shape, 0)
+                if not isinstance(n_rows, int) or n_rows % bm:   # rows past the end count as neutral
+                    live = _index_mask(kb, ctx.tiled[row][0], bm, n_rows, shape, 0)
                     tile = select(kb.b, live, tile, kb.b.full(NEUTRAL[kind], shape))
                 parts.append(kb.b(t.ReduceOp(tile, TILE_REDUCE[kind], 0)))
         return parts
@@ -521,7 +523,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     if not riders:
         one_block(kb.mul(kb.pid(0), bm))
         return grid
-    return _persistent_rows(kb, riders, one_block, grid[0], bm, chunks, bn, axes)
+    return _persistent_rows(kb, riders, one_block, kb.cdiv(n_rows, bm), bm, chunks, bn, axes)
 
 
 def _rides_rows(kb: KernelBuild, op) -> bool:
@@ -531,12 +533,18 @@ def _rides_rows(kb: KernelBuild, op) -> bool:
             and op.res in list(kb.group_block.last_op.operands))
 
 
-def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: int, bm: int, chunks: int, bn: int,
-                     axes) -> tuple[int, int, int]:
+def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: int | SSAValue, bm: int,
+                     chunks: int, bn: int, axes) -> tuple[int, int, int]:
     """The row kernel as `programs` blocks walking row blocks (`lower_row_reduction`), each rider's
     column accumulators carried through the walk, then stored as the block's partial results; a
-    kernel after it per rider adds the blocks' partials in order, then the rider's epilogue."""
-    programs = min(kb.params.get("programs", row_blocks), row_blocks)
+    kernel after it per rider adds the blocks' partials in order, then the rider's epilogue. A
+    row count taken at run time ends the walk then; blocks past it store neutral partials."""
+    if isinstance(row_blocks, int):
+        programs = min(kb.params.get("programs", row_blocks), row_blocks)
+    elif "programs" in kb.params:
+        programs = kb.params["programs"]
+    else:
+        raise DynamicDim(_dynamic_dim(riders[0].input, kb.bindings), "a row walk without a programs param")
     n_col = kb.size(g.tensor_type(riders[0].input).shape[1])
     inits = [kb.b.full(NEUTRAL[r.kind.data], [bn]) for r in riders for _ in range(chunks)]
 

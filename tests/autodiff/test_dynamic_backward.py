@@ -106,3 +106,39 @@ def test_the_generic_backward_kernels_assemble(arch, d):
     chains = [launch for name, launch in compiled.launches.items() if "flash_chain" in name]
     assert len(chains) == 2 and all(launch.grid_terms for launch in chains)
     assert compiled.stage("cubin")
+
+
+@pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
+def test_a_norm_backward_walks_a_row_count_taken_at_run_time(norm):
+    """A norm's backward is one row kernel writing dx with the weight's (and bias's) column sums
+    riding it (a persistent walk over row blocks, partial sums combined after): with the rows
+    taken at run time the walk ends then, and blocks past it add nothing. Three row counts of one
+    class, one compile, against float64."""
+    @tsr.function(dynamic=["M"])
+    def rms(x: tsr.Tensor["M", "N"], w: tsr.Tensor["N"]):
+        return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+    @tsr.function(dynamic=["M"])
+    def layer(x: tsr.Tensor["M", "N"], w: tsr.Tensor["N"], b: tsr.Tensor["N"]):
+        return tsr.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+    fn = rms if norm == "rms_norm" else layer
+    rng = np.random.default_rng(6)
+    for m in (600, 777, 1000):   # (one class: 513-1024 rows)
+        x, dy = (rng.standard_normal((m, 96)).astype(BF16) for _ in range(2))
+        params = [(1 + 0.1 * rng.standard_normal(96)).astype(BF16)] + \
+            ([(0.1 * rng.standard_normal(96)).astype(BF16)] if norm == "layer_norm" else [])
+        _, f_vjp = tsr.vjp(fn, x, *params)
+        got = f_vjp(dy)
+        x64, w64, dy64 = (a.astype(np.float64) for a in (x, params[0], dy))
+        centered = x64 - x64.mean(-1, keepdims=True) if norm == "layer_norm" else x64
+        rstd = 1 / np.sqrt((centered ** 2).mean(-1, keepdims=True) + (1e-5 if norm == "layer_norm" else 1e-6))
+        xhat, g = centered * rstd, dy64 * w64
+        dx = rstd * (g - (g.mean(-1, keepdims=True) if norm == "layer_norm" else 0) - xhat * (g * xhat).mean(-1, keepdims=True))
+        want = [dx, (dy64 * xhat).sum(0)] + ([dy64.sum(0)] if norm == "layer_norm" else [])
+        for name, a, w in zip(("dx", "dw", "db"), got, want):
+            err = np.linalg.norm(a.astype(np.float64) - w) / np.linalg.norm(w)
+            assert err < 1e-2, f"{name} at M = {m}: relative error {err:.2e}"
+    for f in derivatives(fn):
+        info = f.cache_info()
+        assert (info.compiles, info.fixed) == (1, {}), info

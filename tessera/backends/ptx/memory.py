@@ -175,16 +175,21 @@ def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner
     whose offset along it (`inner_offset`) is one too (a slice's shifted tile may not be): a run is
     then wholly inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
     An innermost dim taken at run time (`tile.DYNAMIC`: a rank-1 tensor's) has no known length:
-    one element a register, each checked against it.
+    one element a register, each checked against it. Trailing size-1 dims (a row statistic kept
+    as [..., S, 1], read along S) count as absent.
     """
     shape = memref.type.get_shape()
-    if not tile_dims or tile_dims[-1] != len(shape) - 1 or shape[-1] == t.DYNAMIC:
+    strides = t.stride_factors(memref.type)
+    inner = len(shape) - 1
+    while inner > 0 and shape[inner] == 1 and inner not in tile_dims:
+        inner -= 1
+    if not tile_dims or tile_dims[-1] != inner or shape[inner] == t.DYNAMIC or strides[inner] != 1:
         return 1
     width = 16 // ty.bytes
     offsets = layout.offsets
     aligned = index_facts.known_multiple(inner_offset)
     while width > 1:
-        if shape[-1] % width == 0 and t.rows_aligned(memref.type, width) and len(offsets) % width == 0 \
+        if shape[inner] % width == 0 and all(st % width == 0 for st in strides[:inner]) and len(offsets) % width == 0 \
                 and aligned % width == 0 and all(
                 offsets[i + j][:-1] == offsets[i][:-1] and offsets[i + j][-1] == offsets[i][-1] + j
                 and offsets[i][-1] % width == 0
