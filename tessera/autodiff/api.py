@@ -48,7 +48,7 @@ class Derivative(Function):
         self.annotations = dict(forward.annotations)
         # and the saved values' and cotangents' dims, as the forward's trace names them (`Layout.annotations`):
         # they key the calls and take dims at run time, where the call's own checks stay the forward's
-        self._dim_annotations = {**forward.annotations, **(annotations or {})}
+        self._dim_annotations = {**forward.dim_annotations, **(annotations or {})}
         # keyword-only, so they may follow parameters with defaults; calls still pass them positionally
         extra = [inspect.Parameter(n, inspect.Parameter.KEYWORD_ONLY) for n in (*self.saved_names,
                                                                               *self.cotangent_names)]

@@ -1929,6 +1929,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
         kb.b(t.MmaWaitOp(0))   # one wait for all the score tiles: their (wgmma) mmas run together
         out, other = [], len(scores)
         ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
+        contexts.append(ctx)   # (alive while the kernel is built: tiles are memoized by its identity)
 
         def computed(sink, ctx: TileCtx) -> SSAValue:
             return convert(kb.b, kb.em.value(sink.computed, sink.tiling.operand_map, ctx), f32)
@@ -1941,7 +1942,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
             and the columns as if each mask kept it all, else each mask computed and the columns
             past the end cut. A context per branch, so neither reads the other's tiles."""
             own = TileCtx(dict(ctx.tiled), ctx.scalars)
-            contexts.append(own)   # (alive while the kernel is built: tiles are memoized by its identity)
+            contexts.append(own)
             kb.em.kept_wheres = frozenset(masks) if whole else frozenset()
             xs = [computed(sink, own) for sink in sinks]
             kb.em.kept_wheres = frozenset()

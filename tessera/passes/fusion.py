@@ -1191,7 +1191,7 @@ def _chain_work(block: Block, planner: _Planner) -> tuple[int, int] | None:
     sinks = index_maps.chain_sinks(block, planner.bindings)
     if not _one_sided(chain_bounds(block, sinks, planner.bindings)):
         return None
-    sizes = index_maps.chain_axis_sizes(sinks, lambda d: g.dim_value(d, planner.bindings))
+    sizes = index_maps.chain_axis_sizes(sinks, lambda d: hint(g.dim_value(d, planner.bindings)))   # (a speed choice)
     return math.prod(n for a, n in sizes.items() if a not in ("m", "n", "e")), sizes["m"]
 
 

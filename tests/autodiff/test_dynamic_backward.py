@@ -94,15 +94,17 @@ def test_a_saved_value_with_a_dim_no_annotation_names_keys_by_value():
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")
 @pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
-@pytest.mark.parametrize("d", [64, 128])
-def test_the_generic_backward_kernels_assemble(arch, d):
-    """The causal backward over a run-time S, on the wgmma path (tensor maps encoded per call) and
-    on mma.sync: every kernel's PTX assembles, and the chain kernels' grids grow with S."""
+@pytest.mark.parametrize("d,dim", [(64, "S"), (128, "S"), (64, "B")])
+def test_the_generic_backward_kernels_assemble(arch, d, dim):
+    """The causal backward over a run-time S (or batch), on the wgmma path (tensor maps encoded per
+    call) and on mma.sync, for a GPU's SMs (whose schedule choices read the dim's hint): every
+    kernel's PTX assembles, and the chain kernels' grids grow with the dim."""
     fn = FUNCTIONS["causal"]
-    module = fn.trace(fn.arg_specs_for({"B": 2, "H": 4, "S": 1000, "D": d}, "bf16"), None, frozenset({"S"}), 32)
+    module = fn.trace(fn.arg_specs_for({"B": 2, "H": 4, "S": 1000, "D": d}, "bf16"), None, frozenset({dim}), 32)
     saved = [f"saved{i}" for i in range(len(saved_values(forward_function(module))))]
-    compiled = compile_module(backward_graph(module, None, False, "causal_vjp", ("d_out0",), saved), arch=arch)
-    assert compiled.dynamic_dims == ("S",)
+    compiled = compile_module(backward_graph(module, None, False, "causal_vjp", ("d_out0",), saved), arch=arch,
+                              sm_count=132)
+    assert compiled.dynamic_dims == (dim,)
     chains = [launch for name, launch in compiled.launches.items() if "flash_chain" in name]
     assert len(chains) == 2 and all(launch.grid_terms for launch in chains)
     assert compiled.stage("cubin")

@@ -411,3 +411,23 @@ def test_tensors_of_2_31_elements_or_more_address_in_64_bits(fn, dims, path, tmp
     assert "mad.wide.s32" not in kernel.ptx and "mul.wide.s32" in kernel.ptx
     with pytest.raises(tsr.ShapeError, match=r"dim 1 of argument 'x' has 2147483648 elements"):
         doubled.compile(doubled.arg_specs_for(dict(M=1, N=2 ** 31), "fp16"), arch="sm_90a")
+
+
+def test_a_statistic_kept_as_a_column_is_read_in_pairs_only_where_aligned():
+    """An attention backward's log-sum-exp [B, H, S, 1], read along S by the dK/dV kernel: a lane's
+    two consecutive columns in one 8-byte load (the trailing size-1 dim counts as absent); read
+    through a slice starting one element in, the pairs would straddle 4-byte boundaries (and the
+    tensor's end), so each element is loaded alone."""
+    def scores_grad(lse_rows):
+        @tsr.function
+        def dv(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], do: Tensor["B", "H", "S", "D"],
+               lse: Tensor["B", "H", "T", 1]):
+            p = tsr.exp(tsr.matmul(q, k.transpose(-2, -1)) * 0.125 - lse_rows(lse))
+            return tsr.matmul(p.transpose(-2, -1), do)
+        specs = dv.arg_specs_for({"B": 1, "H": 2, "S": 256, "D": 64, "T": 264}, "bf16")
+        ptx = "\n".join(k.ptx for k in dv.compile(specs, arch="sm_80").stage("ptx").values())
+        return collections.Counter(re.findall(r"ld\.global\.[\w.]+", ptx))
+    whole = scores_grad(lambda lse: lse[:, :, :256, :])
+    shifted = scores_grad(lambda lse: lse[:, :, 1:257, :])
+    assert whole["ld.global.b32"] == 8 and whole["ld.global.b16"] == 0, whole   # bf16 pairs
+    assert shifted["ld.global.b16"] == 16 and shifted["ld.global.b32"] == 0, shifted

@@ -6,7 +6,7 @@ accumulator tile through a shared buffer per warp, in 16-byte row-contiguous sto
 """
 from __future__ import annotations
 
-from typing import Callable
+from typing import Callable, Sequence
 
 from xdsl.dialects.builtin import MemRefType
 from xdsl.ir import SSAValue
@@ -167,12 +167,12 @@ def _store_bool(e: KernelEmitter, addr: str, byte: int, pred: str, value: str) -
     e.emit(f"@{pred} st.global.u8 [{addr}+{byte}], {b};")
 
 
-def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner_offset: SSAValue) -> int:
+def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, offsets: Sequence[SSAValue]) -> int:
     """How many consecutive registers each access may move at once (16 bytes at most).
 
     Registers i..i+w-1 must hold consecutive elements of the tensor's innermost dim,
     whose length and every outer stride (so every row start) are multiples of w, from a tile
-    whose offset along it (`inner_offset`) is one too (a slice's shifted tile may not be): a run is
+    whose offset along it (among `offsets`, one a memref dim) is one too (a slice's shifted tile may not be): a run is
     then wholly inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
     An innermost dim taken at run time (`tile.DYNAMIC`: a rank-1 tensor's) has no known length:
     one element a register, each checked against it. Trailing size-1 dims (a row statistic kept
@@ -186,8 +186,8 @@ def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner
     if not tile_dims or tile_dims[-1] != inner or shape[inner] == t.DYNAMIC or strides[inner] != 1:
         return 1
     width = 16 // ty.bytes
+    aligned = index_facts.known_multiple(offsets[inner])
     offsets = layout.offsets
-    aligned = index_facts.known_multiple(inner_offset)
     while width > 1:
         if shape[inner] % width == 0 and all(st % width == 0 for st in strides[:inner]) and len(offsets) % width == 0 \
                 and aligned % width == 0 and all(
@@ -199,10 +199,10 @@ def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner
     return 1
 
 
-def _vector_width(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, inner_offset: SSAValue) -> int:
+def _vector_width(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, offsets: Sequence[SSAValue]) -> int:
     """`_vector_runs`, where 8-bit elements (fp8) move four or more at a time (in 32-bit words) or
     one at a time."""
-    width = _vector_runs(memref, tile_dims, layout, ty, inner_offset)
+    width = _vector_runs(memref, tile_dims, layout, ty, offsets)
     return width if ty.bytes > 1 or width >= 4 else 1
 
 
@@ -236,7 +236,7 @@ def _load(e: KernelEmitter, op: t.LoadOp):
     if ty is PRED:
         e.env[op.result] = [_load_bool(e, addr, byte, pred, pad) for byte, pred in elems]
         return
-    width = _vector_width(op.src, tile_dims, layout, ty, op.offsets[-1])
+    width = _vector_width(op.src, tile_dims, layout, ty, list(op.offsets))
     suffix, pack = _vector_suffix(ty, width)
     regs = []
     for i in range(0, len(elems), width):
@@ -271,7 +271,7 @@ def _store(e: KernelEmitter, op: t.StoreOp):
         for (byte, pred), value in zip(elems, regs):
             _store_bool(e, addr, byte, pred, value)
         return
-    width = _vector_width(op.dst, tile_dims, layout, ty, op.offsets[-1])
+    width = _vector_width(op.dst, tile_dims, layout, ty, list(op.offsets))
     suffix, pack = _vector_suffix(ty, width)
     for i in range(0, len(elems), width):
         byte, pred = elems[i]
