@@ -161,7 +161,7 @@ class Layout(NamedTuple):
         with their results' dims, so that its compiles are keyed, and take dims at run time, as
         the forward's (`Specialization`). A result with a dim the forward's annotations do not
         name (a reshape's product) stays unannotated: its shape keys the compile by value."""
-        named = {d for spec in forward.annotations.values() for d in getattr(spec, "dims", ()) if isinstance(d, str)}
+        named = {d for spec in forward.dim_annotations.values() for d in getattr(spec, "dims", ()) if isinstance(d, str)}
         out = {}
         for name, at in (*zip(saved_names, self.saved), *zip(cotangent_names, float_outputs)):
             dims = self.dims[at] or (1,)   # (a 0-d output's cotangent is [1])
