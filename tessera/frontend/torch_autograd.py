@@ -154,17 +154,16 @@ class _TorchOp:
         results = _output_specs(fn, full)
         self.float_outputs = tuple(i for i, (_, dt) in enumerate(results) if dt.is_float)
         self.n_outputs = len(results)
-        # the op's results: fn's outputs, then what its forward saves for the backward (`Saving`)
+        # the op's results: fn's outputs, then what its forward saves for the backward (`Saving`).
+        # A derivative's op saves nothing: a second backward (create_graph=True) that reads its
+        # results recomputes what it needs (`_backward`), where saving would make every first
+        # backward pay for it (an attention's derivative would save its two S x S score products:
+        # two GEMMs and 2 x B x H x S x S elements written each step).
+        saves = not isinstance(fn, Derivative)
         tensors, constants = fn._split_args(list(full))
-        self.layout = saving(fn).layout(tensors, constants)
-        self.forward = saving(fn)
-        if isinstance(fn, Derivative):
-            # A derivative's op saves nothing: a second backward (create_graph=True) that reads
-            # its results recomputes what it needs (`_backward`), where saving would make every
-            # first backward pay for it; an attention's derivative would save its two S x S score
-            # products, two GEMMs and 2 x B x H x S x S elements written each step.
-            self.layout = self.layout._replace(saved=(), dims=self.layout.dims[:self.layout.n_outputs])
-            self.forward = fn
+        layout = saving(fn).layout(tensors, constants)
+        self.layout = layout if saves else layout._replace(saved=(), dims=layout.dims[:layout.n_outputs])
+        self.forward = saving(fn) if saves else fn
         self.saved_positions = self.layout.saved
         self.n_results = len(_output_specs(self.forward, full))
         self.name = _op_name(fn.name)

@@ -167,13 +167,13 @@ def _store_bool(e: KernelEmitter, addr: str, byte: int, pred: str, value: str) -
     e.emit(f"@{pred} st.global.u8 [{addr}+{byte}], {b};")
 
 
-def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, offsets: Sequence[SSAValue]) -> int:
+def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, tile_offsets: Sequence[SSAValue]) -> int:
     """How many consecutive registers each access may move at once (16 bytes at most).
 
-    Registers i..i+w-1 must hold consecutive elements of the tensor's innermost dim,
-    whose length and every outer stride (so every row start) are multiples of w, from a tile
-    whose offset along it (among `offsets`, one a memref dim) is one too (a slice's shifted tile may not be): a run is
-    then wholly inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
+    Registers i..i+w-1 must hold consecutive elements of the tensor's innermost dim, whose length
+    and every outer stride (so every row start) are multiples of w, from a tile whose offset along
+    it (among `tile_offsets`, one per memref dim) is one too (a slice's shifted tile may not be): a
+    run is then wholly inside or outside the tensor and 16-byte aligned (arguments are checked aligned).
     An innermost dim taken at run time (`tile.DYNAMIC`: a rank-1 tensor's) has no known length:
     one element a register, each checked against it. Trailing size-1 dims (a row statistic kept
     as [..., S, 1], read along S) count as absent.
@@ -186,7 +186,7 @@ def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, offse
     if not tile_dims or tile_dims[-1] != inner or shape[inner] == t.DYNAMIC or strides[inner] != 1:
         return 1
     width = 16 // ty.bytes
-    aligned = index_facts.known_multiple(offsets[inner])
+    aligned = index_facts.known_multiple(tile_offsets[inner])
     offsets = layout.offsets
     while width > 1:
         if shape[inner] % width == 0 and all(st % width == 0 for st in strides[:inner]) and len(offsets) % width == 0 \
@@ -199,10 +199,10 @@ def _vector_runs(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, offse
     return 1
 
 
-def _vector_width(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, offsets: Sequence[SSAValue]) -> int:
+def _vector_width(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, tile_offsets: Sequence[SSAValue]) -> int:
     """`_vector_runs`, where 8-bit elements (fp8) move four or more at a time (in 32-bit words) or
     one at a time."""
-    width = _vector_runs(memref, tile_dims, layout, ty, offsets)
+    width = _vector_runs(memref, tile_dims, layout, ty, tile_offsets)
     return width if ty.bytes > 1 or width >= 4 else 1
 
 
