@@ -6,7 +6,8 @@ compiled for each count, and the compiles a sweep of random counts costs.
 For each function (layer_norm, softmax, rms_norm, a bias + gelu epilogue and a column sum over
 [M, N], and a GEMM [M, N] x [N, N] with a bias + gelu epilogue, bf16) and each row count M, in one process on
 the same inputs: the value-specialized compile (`static=["M"]`), the generic one (`dynamic=["M"]`, compiled once, before the timed rows, at another M), and torch's
-own op. Every output is checked against float64 before timing. Times are medians of CUDA-graph
+own op; then the attention forward and backward over a dynamic length, a decode step over a
+dynamic cache length, and packed variable-length attention over dynamic totals (`--only varlen`). Every output is checked against float64 before timing. Times are medians of CUDA-graph
 replays (triton's do_bench_cudagraph), in us; "generic/specialized" above 1.00 means the generic
 kernel is slower. The host table is the Python time per steady call of each (8 rows), which a
 shape-generic program spends binding its dims as well. The sweep calls each generic function with `--sweep` random row counts in
@@ -30,6 +31,7 @@ from tessera import Tensor  # noqa: E402
 from tessera.bench.timing import rel_err  # noqa: E402
 from decode_attention import decode_attention  # noqa: E402
 from flash_attention import causal_flash_attention, flash_attention  # noqa: E402
+from varlen_attention import varlen_attention  # noqa: E402
 
 
 def functions(**kw):
@@ -202,6 +204,37 @@ def decode_table(lengths: list[int], batches: tuple[int, ...] = (1, 8), causal: 
         print(f"{name} B={b}: {generic.cache_info().compiles} generic compile(s), keys {generic.cache_info().keys}")
 
 
+def varlen_table() -> None:
+    """Packed causal sequences (examples/varlen_attention.py, 32 query heads over 8 KV heads, D = 128,
+    bf16): the compile for each batch's totals (`static=["T", "N"]`) against the one whose T and N
+    are taken at run time (compiled first at a batch of 9 tokens), in us, both checked against SDPA
+    per sequence."""
+    print("\n| varlen attention | sequences | specialized us | generic us | torch SDPA us (per sequence) "
+          "| generic/specialized |")
+    print("|---|---|---|---|---|---|")
+    static = tsr.function(varlen_attention.fn, static=["T", "N"])
+    generic = tsr.function(varlen_attention.fn, dynamic=["T", "N"])
+
+    def packed(lengths):
+        cu = torch.tensor([0, *torch.tensor(lengths).cumsum(0).tolist()], dtype=torch.int32, device="cuda")
+        q = torch.randn(sum(lengths), 32, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(sum(lengths), 8, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        return q, k, v, cu, cu
+    generic(*packed([2, 3, 4]))
+    g = random.Random(2)
+    for name, lengths in (("8 x 2048", [2048] * 8), ("16 in [256, 4096]", [g.randint(256, 4096) for _ in range(16)]),
+                          ("1000, 4097, 17, 1531", [1000, 4097, 17, 1531])):
+        q, k, v, cu, _ = args = packed(lengths)
+        bounds = cu.tolist()
+
+        def sdpa():
+            return torch.cat([torch.nn.functional.scaled_dot_product_attention(
+                *(x[a:e].transpose(0, 1)[None] for x in (q, k, v)), is_causal=True, enable_gqa=True)[0].transpose(0, 1)
+                for a, e in zip(bounds, bounds[1:])])
+        print_pair("varlen", name, static, generic, sdpa, args)
+    print(f"varlen: {generic.cache_info().compiles} generic compile(s), keys {generic.cache_info().keys}")
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--rows", default="1000,4097,16384,65536")
@@ -248,6 +281,8 @@ def main() -> None:
     if not only or only & {"backward", "causal_backward"}:
         backward_table([int(r) for r in args.attention_lengths.split(",")],
                        names=[n for n in ("backward", "causal_backward") if not only or n in only])
+    if not only or "varlen" in only:
+        varlen_table()
     if not only or only & {"attention", "causal_attention"}:
         attention_table(rows=[int(r) for r in args.attention_lengths.split(",")], sweep=args.sweep,
                         names=[n for n in ("attention", "causal_attention") if not only or n in only])

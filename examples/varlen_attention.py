@@ -18,10 +18,13 @@ query block loops over the key blocks between its rows' first and last keys only
 time, `tile.load_index_reduce`), and masks none but the blocks at a sequence's edges; a
 sequence's keys are never padded.
 
-A compile is specialized to T, N and B + 1 (the view of the rows by sequence takes T's value), so a serving loop
-keeps its packed buffers at one capacity: rows past the last sequence belong to none (they come out
-NaN: softmax over no key), keys past the last are never read, and cumulative lengths padded with
-their last value add empty sequences; every batch then runs the one compile.
+T and N (the packed totals) can be taken at run time: `tsr.function(varlen_attention.fn,
+dynamic=["T", "N"])` compiles once per class of the totals (`tessera.dims.CLASSES`), and
+`q.reshape(t, hk, h // hk, d)` keeps T whole. B + 1 stays a constant (the slice
+`cu_seqlens_q[1:]` needs its value): a serving loop pads the cumulative lengths to a capacity of
+sequences with their last value (empty sequences change nothing). Buffers kept at one capacity of
+tokens and keys also run one compile: rows past the last sequence belong to none (they come out
+NaN: softmax over no key), and keys past the last are never read.
 
 This is the form for prefill. A decode step (a query or a few per sequence) is faster batched
 over a paged or partly filled cache with each sequence's length (examples/paged_attention.py):

@@ -259,6 +259,10 @@ def reshape(x: Tensor, *shape) -> Tensor:
     trace = current_trace()
     if len(shape) == 1 and isinstance(shape[0], (tuple, list)):
         shape = tuple(shape[0])
+    if any(is_dynamic(trace.size(d)) for d in x.dims) or any(is_dynamic(s) for s in shape):
+        dims = _dynamic_reshape_dims(x, shape)
+        op = trace.add(g.ReshapeOp(x.value, g.TensorType.of(dims, x.dtype)))
+        return _view(x, _make(op.res, tuple(dims), x.dtype, _label(x)), lambda base: _reshape_dims(base, dims))
     total = math.prod(trace.size(d) for d in x.dims)
     known = math.prod(int(s) for s in shape if int(s) != -1)
     if builtins.sum(1 for s in shape if int(s) == -1) > 1:
@@ -276,6 +280,62 @@ def reshape(x: Tensor, *shape) -> Tensor:
             dims.append(size)
     op = trace.add(g.ReshapeOp(x.value, g.TensorType.of(dims, x.dtype)))
     return _view(x, _make(op.res, tuple(dims), x.dtype, _label(x)), lambda base: _reshape_dims(base, dims))
+
+
+def _dynamic_reshape_dims(x: Tensor, shape) -> list:
+    """The dims of a reshape of `x` where a dim is taken at run time: each such dim stays whole
+    and in order (`q.reshape(t, hk, h // hk, d)`, `x.reshape(-1, d)` with T dynamic: a -1 can stand
+    for one), and the static dims between two of them regroup among themselves. Any other
+    reshape (merging a dynamic dim with another) needs the value: `DynamicDim`, and the function
+    compiles that dim as a constant."""
+    trace = current_trace()
+    sizes = [s.name if is_dynamic(s) else s for s in (trace.size(d) for d in x.dims)]
+    have = [s for s in sizes if isinstance(s, str)]
+    want = [s.name if is_dynamic(s) else int(s) for s in shape]
+    holes = [i for i, s in enumerate(want) if s == -1]
+    if len(holes) > 1:
+        raise ShapeError("reshape: only one dim can be -1")
+    named = [s for s in want if isinstance(s, str)]
+    merged = DynamicDim((have or named)[0], f"reshape of {_label(x)} {_show(x)} to {list(shape)} moves or merges it")
+    guessed = holes and len(named) == len(have) - 1
+    if guessed:   # the -1 may be the dynamic dim the others leave out
+        want[holes[0]] = next(n for i, n in enumerate(have) if i >= len(named) or named[i] != n)
+    if [s for s in want if isinstance(s, str)] != have:
+        raise merged
+
+    def segments(entries):
+        runs = [[]]
+        for e in entries:
+            if isinstance(e, str):
+                runs.append([])
+            else:
+                runs[-1].append(e)
+        return runs
+
+    dims = []
+    for old_run, new_run in zip(segments(sizes), segments(want)):
+        total, known = math.prod(old_run), math.prod(n for n in new_run if n != -1)
+        new_run = [total // known if n == -1 and known else n for n in new_run]
+        if math.prod(new_run) != total:
+            if guessed:
+                raise merged
+            raise ShapeError(f"reshape: cannot view {_label(x)} {_show(x)} as {list(shape)}: the static dims "
+                             f"{old_run} between its dynamic dims {have} cannot become {new_run}")
+        dims.append(new_run)
+    out, runs = [], iter(dims)
+    out.extend(next(runs))
+    for name in have:
+        out.append(name)
+        out.extend(next(runs))
+    return _named_like(x, out)
+
+
+def _named_like(x: Tensor, dims: list) -> list:
+    """`dims` with each static size that `x` has at the same position under a name given that name."""
+    trace = current_trace()
+    return [x.dims[i] if isinstance(d, int) and i < x.ndim and isinstance(x.dims[i], str)
+            and not is_dynamic(trace.size(x.dims[i])) and trace.size(x.dims[i]) == d else d
+            for i, d in enumerate(dims)]
 
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:

@@ -83,6 +83,25 @@ def test_a_query_block_loops_over_its_sequences_keys_only(torch_cuda):
     assert not torch.isnan(out[rows]).any()
 
 
+def test_batches_of_any_total_run_one_compile_per_class(torch_cuda, monkeypatch):
+    """T and N taken at run time (`dynamic=["T", "N"]`): batches whose totals differ (primes, 1000,
+    4097) run the compile of their totals' class, each against float64 (every row checked)."""
+    monkeypatch.setenv("TESSERA_WARM_CACHE", "0")
+    torch = torch_cuda
+    fn = tsr.function(varlen_attention.fn, dynamic=["T", "N"])
+    gen = torch.Generator(device="cuda").manual_seed(2)
+    batches = [([17, 1, 4079], [17, 1, 4079]), ([3000, 1000, 97], [3000, 1000, 97]),
+               ([1, 2, 3], [500, 7, 4099]), ([9, 1000, 13], [9, 1000, 13])]
+    for queries, keys in batches:
+        cu_q, cu_k = cumulative(torch, queries), cumulative(torch, keys)
+        q = torch.randn(sum(queries), 32, 128, generator=gen, device="cuda").to(torch.bfloat16)
+        k, v = (torch.randn(sum(keys), 8, 128, generator=gen, device="cuda").to(torch.bfloat16) for _ in range(2))
+        check(fn(q, k, v, cu_q, cu_k), reference(torch, q, k, v, cu_q, cu_k), "bf16", torch)
+    info = fn.cache_info()
+    assert info.fixed == {} and set(info.dynamic) == {"T", "N"}
+    assert info.compiles == len({(tsr.dims.class_of(sum(q)), tsr.dims.class_of(sum(k))) for q, k in batches}) == 3
+
+
 # --- what varlen needed elsewhere ----------------------------------------------------------------
 
 @tsr.function

@@ -280,7 +280,7 @@ def test_batches_in_buffers_of_one_capacity_compile_once():
     """A serving loop's packed buffers keep their capacity (tokens, keys, sequences) from batch to
     batch: rows past the last sequence belong to none (NaN: softmax over no key), keys past the
     last are never read, and trailing empty sequences change nothing, so one compile serves every
-    batch (a new total length would compile anew: issue 17's shape-generic attention)."""
+    batch (a function whose T and N vary compiles once per class of them: the next test)."""
     fn = tsr.function(varlen_attention.fn)
     cap_t, cap_n, cap_b, h, d = 96, 128, 6, 2, 16
     rng = np.random.default_rng(11)
@@ -297,6 +297,53 @@ def test_batches_in_buffers_of_one_capacity_compile_once():
         np.testing.assert_allclose(out[:t], reference(q[:t], k, v, cu_q, cu_k)[:t], atol=2e-6)
         assert np.isnan(out[t:]).all()
     assert fn.cache_info().compiles == 1
+
+
+def test_batches_of_any_total_compile_once_per_class_of_the_totals():
+    """T and N (the packed queries and keys) taken at run time: the view of the rows by KV head
+    (`q.reshape(t, hk, h // hk, d)`) keeps T whole, so a serving loop whose totals change every
+    batch compiles once per class of them (`tessera.dims.CLASSES`), not once per batch."""
+    fn = tsr.function(varlen_attention.fn, dynamic=["T", "N"])
+    rng = np.random.default_rng(12)
+    batches = [([5, 17, 1, 40], [5, 17, 1, 40]), ([3, 30, 1, 2], [30, 90, 2, 2]), ([41, 1, 1, 16], [41, 9, 1, 60]),
+               ([1, 1, 1, 1], [100, 3, 50, 64]), ([2, 3, 2, 1], [2, 3, 2, 1]), ([9, 9, 9, 9], [9, 19, 29, 39])]
+    for queries, keys in batches:
+        args = inputs(rng, queries, keys, 4, 2, 32)
+        np.testing.assert_allclose(fn(*args), reference(*args), atol=2e-6)
+    info = fn.cache_info()
+    assert info.fixed == {} and set(info.dynamic) == {"T", "N"}
+    classes = {(tsr.dims.class_of(sum(q)), tsr.dims.class_of(sum(k))) for q, k in batches}
+    assert info.compiles == len(classes) < len(batches)
+    assert {(key["T"], key["N"]) for key in info.keys} == classes
+
+
+@needs_ptxas
+@pytest.mark.parametrize("arch", ["sm_90a", "sm_80"])
+def test_the_generic_varlen_kernels_assemble(arch):
+    fn = tsr.function(varlen_attention.fn, dynamic=["T", "N"])
+    c = fn.compile(fn.arg_specs_for(DIMS, "bf16"), dynamic=frozenset({"T", "N"}), arch=arch, sm_count=132)
+    kernels = emit_module(c.modules["target"])
+    assert any("flash_attention" in name for name in kernels)
+    for kernel in kernels.values():
+        assemble(kernel.ptx, arch)
+
+
+def test_a_reshape_keeps_a_dynamic_dim_whole_or_asks_for_its_value():
+    """The static dims between dynamic ones regroup freely; merging a dynamic dim with another
+    needs its value (the dim is then compiled as a constant, and `cache_info` says why)."""
+    @tsr.function(dynamic=["T"])
+    def split_heads(x: Tensor["T", "H", "D"]):
+        return x.reshape(x.shape[0], 2, -1, x.shape[2]) * 2.0
+
+    @tsr.function(dynamic=["T"])
+    def flatten(x: Tensor["T", "H", "D"]):
+        return x.reshape(-1, x.shape[1] * x.shape[2]).reshape(-1) + 1.0
+
+    x = np.random.default_rng(3).standard_normal((37, 6, 5)).astype(np.float32)
+    np.testing.assert_array_equal(split_heads(x), x.reshape(37, 2, 3, 5) * 2.0)
+    np.testing.assert_array_equal(flatten(x), x.reshape(-1) + 1.0)
+    assert split_heads.cache_info().fixed == {} and split_heads.cache_info().keys[0]["T"] == "dynamic<=64"
+    assert "T" in flatten.cache_info().fixed and "reshape" in flatten.cache_info().fixed["T"]
 
 
 def test_the_backwards_chain_kernels_ask_for_what_shared_memory_holds_where_registers_allow():
