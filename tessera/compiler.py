@@ -384,7 +384,7 @@ class Compiled:
     def run(self, *inputs: np.ndarray) -> list[np.ndarray]:
         """Runs on the CPU tile interpreter; outputs start poisoned (NaN) so unwritten elements show."""
         from .interpreter.tile_interp import TileProgram, poison
-        from .ir import tile
+        from .ir import graph, tile
 
         if self._program is None:
             self._program = TileProgram(self.stage("tile"))
@@ -395,7 +395,7 @@ class Compiled:
         types = host.function_type.inputs.data
         bits = host.attributes.get(tile.INDEX_BITS)
         shapes = dims.bind_shapes(self.name, buffer_shapes(host), [x.shape for x in inputs], self.arg_names,
-                                  bits.value.data if bits is not None else 64)
+                                  bits.value.data if bits is not None else 64, graph.dim_multiples(host))
         outputs = [poison(shape, _np_dtype(tt)) for shape, tt in zip(shapes[n_in:], types[n_in:])]
         arrays = [_in_layout(x, tt, name) for x, tt, name in zip(inputs, host.function_type.inputs.data,
                                                                self.arg_names)]

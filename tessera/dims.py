@@ -40,6 +40,19 @@ HINT = 4096
 #: values costs at most len(CLASSES) compiles
 CLASSES = ((16, 16), (32, 32), (64, 64), (128, 128), (256, 256), (512, 512), (1024, 1024), (MAX_DIM, HINT))
 
+#: a dynamic dim whose value is a multiple of this is a class of its own (`class_of`: "dynamic%128"),
+#: as Triton specializes an integer argument divisible by 16: its kernels know that no tile of up
+#: to ALIGNMENT along it is partial, so a loop over its blocks cuts none (`divides`). The largest
+#: tile a loop walks a dim by is 128 (attention's key and query blocks); before this class the
+#: attention backward's generic kernels cut a column tail in every block, 1.085-1.100x the
+#: specialized kernels at S = 4096 and 8192 (H200 bf16; 1.009-1.018 without the cut). A sweep of
+#: random values meets a multiple of 128 in one value of 128: it adds a compile a class at most
+ALIGNMENT = 128
+
+#: the most compiles a sweep of a dynamic dim over every value costs: one a class, and one more a
+#: class whose values include multiples of ALIGNMENT
+MOST_CLASSES = len(CLASSES) + sum(1 for largest, _ in CLASSES if largest >= ALIGNMENT)
+
 
 class DynamicDim(TesseraError):
     """A compile step needed the value of dim `dim`, which the compile takes at run time."""
@@ -52,15 +65,17 @@ class DynamicDim(TesseraError):
 class Dynamic:
     """A dynamic dim's stand-in for its value in dim bindings (`tessera.ir.graph.bindings_of`)."""
 
-    __slots__ = ("name", "hint", "index_bits")
+    __slots__ = ("name", "hint", "index_bits", "multiple")
 
-    def __init__(self, name: str, hint: int = HINT, index_bits: int = 64):
+    def __init__(self, name: str, hint: int = HINT, index_bits: int = 64, multiple: int = 1):
         #: 32 where every tensor of the call has fewer than 2^31 elements (`index_bits`): the
         #: kernels then sum element offsets in 32-bit integers, as for a dim of known size
         self.name, self.hint, self.index_bits = name, hint, index_bits
+        #: what every value the compile serves is a multiple of: ALIGNMENT or 1 (`multiple_of`)
+        self.multiple = multiple
 
     def __repr__(self) -> str:
-        return f"{self.name}=?"
+        return f"{self.name}=?" if self.multiple == 1 else f"{self.name}=?%{self.multiple}"
 
     def __hash__(self) -> int:   # a set or dict lookup compares hashes, never asking __eq__
         raise DynamicDim(self.name, "a set or dict lookup needs its value")
@@ -98,6 +113,17 @@ def hint(value) -> int:
     return value.hint if isinstance(value, Dynamic) else value
 
 
+def divides(block: int, value) -> bool:
+    """Whether tiles of `block` along a dim of `value` are all whole: a constant's that `block`
+    divides, or a dynamic dim's whose values are all multiples of a multiple of `block`."""
+    return (value.multiple if isinstance(value, Dynamic) else value) % block == 0
+
+
+def multiple_of(value: int) -> int:
+    """What a dynamic dim compiled for `value`'s class promises its values are a multiple of."""
+    return ALIGNMENT if value % ALIGNMENT == 0 else 1
+
+
 def unbounded(value) -> bool:
     """Whether `value` is a dynamic dim of the last class (`CLASSES`), which has no largest value
     below MAX_DIM: a choice its class's top would decide must hold at any size instead."""
@@ -120,11 +146,13 @@ def index_bits(arrays) -> int:
 def class_of(value: int):
     """The specialization class of a dynamic dim's value: 0 and 1 are their own (a zero-size call
     launches nothing; a dim of 1 broadcasts); every other value is in one of `CLASSES`, named by
-    its largest value ("dynamic" for the last: any value past the others)."""
+    its largest value ("dynamic" for the last: any value past the others), and within it the
+    multiples of ALIGNMENT are a class of their own ("dynamic<=1024%128")."""
     if value < 2:
         return value
     bound = next((largest for largest, _ in CLASSES[:-1] if value <= largest), None)
-    return "dynamic" if bound is None else f"dynamic<={bound}"
+    name = "dynamic" if bound is None else f"dynamic<={bound}"
+    return name if multiple_of(value) == 1 else f"{name}%{ALIGNMENT}"
 
 
 def hint_of(value: int) -> int:
@@ -134,12 +162,13 @@ def hint_of(value: int) -> int:
 
 
 def bind_shapes(fn_name: str, declared: list[tuple], given: list[tuple], names: list[str],
-                bits: int = 64) -> list[tuple]:
+                bits: int = 64, multiples: dict[str, int] | None = None) -> list[tuple]:
     """Every buffer's shape for one call: `declared` (each input's, then each other buffer's, a
     dynamic dim as its name) bound by the inputs' `given` shapes. An input whose shape differs
-    from its declared one where it is static, or that disagrees with another on a dim, or a
-    buffer too large for the compile's 32-bit offsets (`bits`), is a `ShapeError` naming the
-    argument (before anything launches)."""
+    from its declared one where it is static, or that disagrees with another on a dim, or whose
+    dynamic dim is not a multiple of what the compile took it as (`multiples`), or a buffer too
+    large for the compile's 32-bit offsets (`bits`), is a `ShapeError` naming the argument
+    (before anything launches)."""
     from .errors import ShapeError
 
     values: dict[str, tuple[int, str]] = {}
@@ -152,6 +181,10 @@ def bind_shapes(fn_name: str, declared: list[tuple], given: list[tuple], names: 
                 if not 2 <= n < MAX_DIM:
                     raise ShapeError(f"{fn_name}: argument {name!r} has {w}={n}; this compile takes "
                                      f"2 <= {w} < {MAX_DIM}")
+                multiple = (multiples or {}).get(w, 1)
+                if n % multiple:
+                    raise ShapeError(f"{fn_name}: argument {name!r} has {w}={n}; this compile takes {w} a "
+                                     f"multiple of {multiple}")
                 first = values.setdefault(w, (n, name))
                 if first[0] != n:
                     raise ShapeError(f"{fn_name}: argument {name!r} has {w}={n} but argument {first[1]!r} "

@@ -59,13 +59,13 @@ class Derivative(Function):
         return self._dim_annotations
 
     def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None,
-              dynamic: frozenset[str] = frozenset(), index_bits: int = 64):
+              dynamic: frozenset[str] = frozenset(), index_bits: int = 64, aligned: frozenset[str] = frozenset()):
         """The backward graph for these argument specs (the forward's, the saved values' where it
         takes them, then the cotangents'), the `dynamic` dims taken at run time as the forward's."""
         from .backward import backward_graph, forward_function
 
         primal = [a for a in args if a.name not in self.cotangent_names and a.name not in self.saved_names]
-        module = _forward_trace(self.forward, primal, constants, dynamic, index_bits)
+        module = _forward_trace(self.forward, primal, constants, dynamic, index_bits, aligned)
         f = forward_function(module)
         if self.seed_ones:
             _check_scalar_output(f, self.forward.name)
@@ -127,10 +127,10 @@ class Saving(Function):
         self._layouts: dict[tuple, Layout] = {}
 
     def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None,
-              dynamic: frozenset[str] = frozenset(), index_bits: int = 64):
+              dynamic: frozenset[str] = frozenset(), index_bits: int = 64, aligned: frozenset[str] = frozenset()):
         from .backward import forward_with_residuals
 
-        module = _forward_trace(self.forward, args, constants, dynamic, index_bits)
+        module = _forward_trace(self.forward, args, constants, dynamic, index_bits, aligned)
         return forward_with_residuals(module, self.name) or module
 
     def layout(self, tensors, constants: dict) -> Layout:
@@ -170,10 +170,11 @@ class Layout(NamedTuple):
         return out
 
 
-def _forward_trace(forward: Function, args: Sequence[ArgSpec], constants, dynamic: frozenset[str], index_bits: int):
+def _forward_trace(forward: Function, args: Sequence[ArgSpec], constants, dynamic: frozenset[str], index_bits: int,
+                   aligned: frozenset[str]):
     """The forward's trace, with `dynamic` dims where there are any (a forward that takes none,
     `takes_dynamic_dims` False, is traced as it traces)."""
-    return forward.trace(args, constants, dynamic, index_bits) if dynamic else forward.trace(args, constants)
+    return forward.trace(args, constants, dynamic, index_bits, aligned) if dynamic else forward.trace(args, constants)
 
 
 def _marks(fn: Function) -> dict[str, tuple[str, ...]]:

@@ -21,7 +21,7 @@ import numpy as np
 from .. import dtypes
 from ..errors import ArgumentKindError, ShapeError, TesseraError
 from ..runtime import interop
-from ..dims import Dynamic, DynamicDim, OffsetWidthError, hint_of, index_bits
+from ..dims import Dynamic, DynamicDim, OffsetWidthError, hint_of, index_bits, multiple_of
 from .captures import Captures
 from .specialization import CacheInfo, Specialization
 from .tensor import TensorSpec
@@ -203,14 +203,16 @@ class Function:
         return specs
 
     def trace(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None,
-              dynamic: frozenset[str] = frozenset(), index_bits: int = 64):
+              dynamic: frozenset[str] = frozenset(), index_bits: int = 64, aligned: frozenset[str] = frozenset()):
         """Graph IR module for these argument specs, its results checked against the return annotation;
         the `dynamic` dims (of 2 or more) are traced as `tessera.dims.Dynamic`s, kernel arguments
-        addressed with `index_bits`-bit offsets."""
+        addressed with `index_bits`-bit offsets; those of them `aligned` as multiples of what
+        their spec's value is a multiple of (`tessera.dims.multiple_of`: the call's class), the
+        others as any value."""
         bindings, checked = bind_dims(self.name, [(a.name, self.annotations.get(a.name), a.shape, a.dtype)
                                                   for a in args])
-        bindings = {d: Dynamic(d, hint_of(v), index_bits) if d in dynamic and v >= 2 else v
-                    for d, v in bindings.items()}
+        bindings = {d: Dynamic(d, hint_of(v), index_bits, multiple_of(v) if d in aligned else 1)
+                    if d in dynamic and v >= 2 else v for d, v in bindings.items()}
         outputs = [a.name for a in args] if self.writes_outputs else ()
         returns = None if self.writes_outputs else declared_returns(self.signature.return_annotation)
         checked = [dataclasses.replace(c, strides=a.strides) for c, a in zip(checked, args)]
@@ -218,9 +220,11 @@ class Function:
         return module
 
     def compile(self, args: Sequence[ArgSpec], constants: dict[str, Any] | None = None,
-                dynamic: frozenset[str] = frozenset(), index_bits: int = 64, **options):
+                dynamic: frozenset[str] = frozenset(), index_bits: int = 64, aligned: frozenset[str] = frozenset(),
+                **options):
         """Run the whole pipeline for these specs, with the `dynamic` dims as kernel arguments (of
-        `index_bits`-bit offsets: `tessera.dims.index_bits`); see `tessera.compiler.compile_module`."""
+        `index_bits`-bit offsets: `tessera.dims.index_bits`; `aligned`: `trace`); see
+        `tessera.compiler.compile_module`."""
         from ..compiler import compile_module
 
         if self.space is not None:
@@ -229,7 +233,7 @@ class Function:
         if empty:
             raise ShapeError(f"{self.name}: argument {empty[0]} has a zero-size dim, which leaves no kernel to "
                              f"compile; a call with it returns empty results and launches nothing")
-        module = self.trace(args, constants, dynamic, index_bits) if dynamic else self.trace(args, constants)
+        module = self.trace(args, constants, dynamic, index_bits, aligned) if dynamic else self.trace(args, constants)
         return compile_module(module, **options)
 
     def torch_op(self, *example_args):
@@ -297,7 +301,7 @@ class Function:
             dynamic = frozenset(self._generic_dims(tensors))
             _, bits = self.key_shapes(tensors)
             try:
-                compiled = self.compile(specs, constants, dynamic, bits or 64, **options)
+                compiled = self.compile(specs, constants, dynamic, bits or 64, dynamic, **options)
                 if dynamic and "sm_count" in options:   # a GPU call: generate the code now
                     compiled.stage("ptx")
                 return compiled

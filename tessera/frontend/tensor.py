@@ -125,7 +125,7 @@ class TracedDim(Dynamic):
     __slots__ = ()
 
     def __init__(self, dynamic: Dynamic):
-        super().__init__(dynamic.name, dynamic.hint, dynamic.index_bits)
+        super().__init__(dynamic.name, dynamic.hint, dynamic.index_bits, dynamic.multiple)
 
     def _expr(self) -> DimExpr:
         return DimExpr(((self.name, 1),))

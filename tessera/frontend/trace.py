@@ -181,6 +181,9 @@ def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[st
     if dynamic:
         f.attributes[graph.DYNAMIC_DIMS] = graph.dynamic_dims_attr(t.bindings)
         f.attributes[graph.INDEX_BITS] = IntegerAttr(dynamic[0].index_bits, 64)
+        multiples = graph.dim_multiples_attr(t.bindings)
+        if multiples is not None:
+            f.attributes[graph.DIM_MULTIPLES] = multiples
     f.attributes["tessera.arg_names"] = _str_array([a.name for a in args])
     strided = {a.name: a.strides for a in args if a.strides is not None}
     if strided:

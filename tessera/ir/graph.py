@@ -150,6 +150,9 @@ def dim_bindings(op) -> dict[str, int]:
 DYNAMIC_DIMS = "tessera.dynamic_dims"
 #: the offset width of the kernels over them (`tessera.dims.index_bits`): 32 or 64
 INDEX_BITS = "tessera.index_bits"
+#: of those dims, the ones every value is a multiple of more than 1 of (`tessera.dims.ALIGNMENT`):
+#: name -> multiple, which each call's shapes are checked against (`tessera.dims.bind_shapes`)
+DIM_MULTIPLES = "tessera.dim_multiples"
 
 
 def bindings_of(f) -> dict:
@@ -158,8 +161,15 @@ def bindings_of(f) -> dict:
     a number."""
     dynamic = dynamic_dims(f)
     bits = f.attributes[INDEX_BITS].value.data if INDEX_BITS in f.attributes else 64
-    return {k: Dynamic(k, v.value.data, bits) if k in dynamic else v.value.data
+    multiples = dim_multiples(f)
+    return {k: Dynamic(k, v.value.data, bits, multiples.get(k, 1)) if k in dynamic else v.value.data
             for k, v in f.attributes["tessera.dims"].data.items()}
+
+
+def dim_multiples(f) -> dict[str, int]:
+    """`DIM_MULTIPLES` of a function (or of the host function that copies it): name -> multiple."""
+    attr = f.attributes.get(DIM_MULTIPLES)
+    return {} if attr is None else {k: v.value.data for k, v in attr.data.items()}
 
 
 def dynamic_dims(f) -> tuple[str, ...]:
@@ -175,6 +185,12 @@ def dims_attr(bindings: dict) -> DictionaryAttr:
 
 def dynamic_dims_attr(bindings: dict) -> ArrayAttr:
     return ArrayAttr([StringAttr(k) for k, v in bindings.items() if is_dynamic(v)])
+
+
+def dim_multiples_attr(bindings: dict) -> DictionaryAttr | None:
+    """`DIM_MULTIPLES` of these bindings, None where no dynamic dim has a multiple."""
+    multiples = {k: IntegerAttr(v.multiple, 64) for k, v in bindings.items() if is_dynamic(v) and v.multiple > 1}
+    return DictionaryAttr(multiples) if multiples else None
 
 
 def strides_attr(strides: dict[str, Sequence[int]]) -> DictionaryAttr:

@@ -169,6 +169,7 @@ class Artifact:
             "kernels": kernels,
             "steps": [{"kernel": s.launch.name, "buffers": list(s.buffers)} for s in call_plan.steps],
             "index_bits": call_plan.index_bits,
+            "dim_multiples": call_plan.dim_multiples,
             "profiled": [dataclasses.asdict(p) for p in profile.profiled_launches(compiled)],
         }
         return cls(record, files)
@@ -198,7 +199,7 @@ class Artifact:
                              [_buffer_from_record(b) for b in r["results"]],
                              [_buffer_from_record(b) for b in r["intermediates"]],
                              [launcher.Step(launches[s["kernel"]], tuple(s["buffers"])) for s in r["steps"]],
-                             r.get("index_bits", 64))
+                             r.get("index_bits", 64), r.get("dim_multiples", {}))
 
     def profiled(self) -> list[profile.ProfiledLaunch]:
         return [profile.ProfiledLaunch(p["kernel"], tuple(p["labels"]), p["intermediate"])

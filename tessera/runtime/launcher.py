@@ -60,13 +60,15 @@ class Plan:
     #: the offset width of kernels over dynamic dims (`tessera.dims.index_bits`), which each call's
     #: buffers must fit
     index_bits: int = 64
+    #: what each dynamic dim the kernels take as a multiple must be one of (`graph.DIM_MULTIPLES`)
+    dim_multiples: dict[str, int] = dataclasses.field(default_factory=dict)
 
 
 def plan(compiled: Compiled) -> Plan:
     """The buffers and launches of the tile module's host function; each step's launch is the
     compile's `KernelLaunch` of its kernel."""
     from ..compiler import buffer_shapes
-    from ..ir import tile
+    from ..ir import graph, tile
 
     host = compiled.host_function()
     n_inputs = len(compiled.arg_names)
@@ -89,7 +91,8 @@ def plan(compiled: Compiled) -> Plan:
     buffers = [_buffer(t, shape) for t, shape in zip(types, shapes)]
     inputs = [dataclasses.replace(b, copied=name in copied) for b, name in zip(buffers, compiled.arg_names)]
     bits = host.attributes.get(tile.INDEX_BITS)
-    return Plan(inputs, buffers[n_inputs:], intermediates, steps, bits.value.data if bits is not None else 64)
+    return Plan(inputs, buffers[n_inputs:], intermediates, steps, bits.value.data if bits is not None else 64,
+                graph.dim_multiples(host))
 
 
 def step_params(step: Step, shapes: Sequence[tuple] | None = None) -> list[tuple]:
@@ -225,7 +228,8 @@ class GpuProgram:
         given = tuple([x.shape for x in inputs])   # (torch.Size, tuple: hashable as they are)
         known = self._bound.get(given)
         if known is None:
-            shapes = bind_shapes(self.name, self._shapes, list(given), self.arg_names, self.plan.index_bits)
+            shapes = bind_shapes(self.name, self._shapes, list(given), self.arg_names, self.plan.index_bits,
+                                 self.plan.dim_multiples)
             if len(self._bound) >= TENSOR_MAP_CACHE_SIZE:
                 self._bound.clear()
             known = self._bound[given] = (shapes, [step_grid(step, shapes) for step in self.plan.steps])

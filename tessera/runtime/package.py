@@ -266,7 +266,7 @@ class PackagedFunction:
             return False
         try:
             bind_shapes(a.name, [tuple(x["shape"]) for x in args], [s for s, _ in signature],
-                        [x["name"] for x in args], a.record.get("index_bits", 64))
+                        [x["name"] for x in args], a.record.get("index_bits", 64), a.record.get("dim_multiples"))
         except ShapeError:
             return False
         return True

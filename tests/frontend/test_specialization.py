@@ -11,7 +11,7 @@ import pytest
 import tessera as tsr
 from seed_kernels import causal_attention, flash_attention
 from tessera import Tensor
-from tessera.dims import CLASSES, Dynamic, DynamicDim, bind_shapes, class_of, index_bits
+from tessera.dims import CLASSES, MOST_CLASSES, Dynamic, DynamicDim, bind_shapes, class_of, index_bits
 from tessera.errors import ShapeError, TesseraError
 
 ROWS = [2, 3, 17, 1000]
@@ -278,7 +278,8 @@ def test_a_marked_length_stays_dynamic_when_the_batch_varies_too():
 def test_each_class_of_a_dynamic_dim_compiles_once_with_its_own_hint():
     """Values compile once per class (`tessera.dims.CLASSES`), each with the schedule its hint picks:
     a GEMM of a decode step's rows splits its K (two kernels), one of thousands of rows does not,
-    and a sweep of 60 row counts costs one compile a class (at most len(CLASSES))."""
+    and a sweep of 60 row counts costs one compile a class (a multiple of 128 is a class of its
+    own: at most MOST_CLASSES)."""
     fn = tsr.function(linear_gelu, dynamic=["M"])
     rng = np.random.default_rng(18)
     w, b = rng.standard_normal((1024, 64)).astype(np.float16) / 32, rng.standard_normal(64).astype(np.float16)
@@ -289,9 +290,9 @@ def test_each_class_of_a_dynamic_dim_compiles_once_with_its_own_hint():
     for m in rows[7:]:
         fn(rng.standard_normal((m, 1024)).astype(np.float16), w, b)
     info = fn.cache_info()
-    assert info.compiles == len(classes(rows)) <= len(CLASSES)
+    assert info.compiles == len(classes(rows)) <= MOST_CLASSES
     assert [k["M"] for k in info.keys] == classes(rows) and classes(rows[:7]) == \
-        ["dynamic<=16", "dynamic<=128", "dynamic<=256", "dynamic<=1024", "dynamic"]
+        ["dynamic<=16", "dynamic<=128%128", "dynamic<=256", "dynamic<=1024%128", "dynamic"]
     kernels = {c: len(fn.compile(fn.arg_specs_for({"M": m, "K": 4096, "N": 1024}, "fp16"), dynamic=frozenset({"M"}),
                                  arch="sm_90a").launches) for c, m in (("small", 8), ("large", 4096))}
     assert kernels == {"small": 2, "large": 1}   # split K (its partial products, then their sum), or whole
@@ -436,8 +437,44 @@ def test_a_value_past_the_largest_dim_is_in_the_last_class():
     """class_of and hint_of run before bind_shapes can refuse a value: they must not fail first."""
     from tessera.dims import MAX_DIM, hint_of
     assert class_of(MAX_DIM + 5) == "dynamic" and hint_of(MAX_DIM + 5) == CLASSES[-1][1]
-    assert [class_of(v) for v in (0, 1, 2, 16, 17, 1024, 1025)] == \
-        [0, 1, "dynamic<=16", "dynamic<=16", "dynamic<=32", "dynamic<=1024", "dynamic"]
+    assert [class_of(v) for v in (0, 1, 2, 16, 17, 1000, 1024, 1025, 8192)] == \
+        [0, 1, "dynamic<=16", "dynamic<=16", "dynamic<=32", "dynamic<=1024", "dynamic<=1024%128", "dynamic",
+         "dynamic%128"]
+
+
+def test_a_multiple_of_128_compiles_without_tails_and_refuses_other_values():
+    """A dynamic dim's multiples of ALIGNMENT are a class of their own: the compile knows no block
+    along it is partial (the attention's key loop cuts no tail), says so in its Graph IR
+    (`tessera.dim_multiples`), and its program refuses any other value with a ShapeError naming
+    the argument, on the interpreter as on the GPU (`bind_shapes`)."""
+    fn = tsr.function(flash_attention.fn, dynamic=["S"])
+    specs = fn.arg_specs_for({"B": 1, "H": 2, "S": 256, "D": 16}, "fp16")
+    aligned = fn.compile(specs, dynamic=frozenset({"S"}), aligned=frozenset({"S"}))
+    generic = fn.compile(specs, dynamic=frozenset({"S"}))
+    assert "tessera.dim_multiples = {S = 128 : i64}" in aligned.ir("graph")
+    assert "dim_multiples" not in generic.ir("graph")
+    cuts = [c.ir("tile").count("arith.cmpi slt") for c in (aligned, generic)]
+    assert cuts[0] < cuts[1], cuts
+    rng = np.random.default_rng(21)
+    for s in (128, 384):
+        q, k, v = (rng.standard_normal((1, 2, s, 16)).astype(np.float16) for _ in range(3))
+        np.testing.assert_allclose(aligned.run(q, k, v)[0].astype(np.float64), attention_ref(q, k, v, False),
+                                   rtol=2e-3, atol=2e-3)
+    q = np.ones((1, 2, 200, 16), np.float16)
+    with pytest.raises(ShapeError, match="argument 'q' has S=200; this compile takes S a multiple of 128"):
+        aligned.run(q, q, q)
+    with pytest.raises(ShapeError, match="multiple of 128"):
+        bind_shapes("f", [("S", 4)], [(200, 4)], ["x"], multiples={"S": 128})
+
+
+def test_calls_of_a_multiple_of_128_and_of_another_value_compile_apart():
+    fn = tsr.function(flash_attention.fn, dynamic=["S"])
+    rng = np.random.default_rng(22)
+    for s in (1536, 1500, 2048, 1999):
+        q, k, v = (rng.standard_normal((1, 1, s, 16)).astype(np.float16) for _ in range(3))
+        np.testing.assert_allclose(fn(q, k, v).astype(np.float64), attention_ref(q, k, v, False), rtol=2e-3, atol=2e-3)
+    info = fn.cache_info()
+    assert info.compiles == 2 and [k["S"] for k in info.keys] == ["dynamic%128", "dynamic"]
 
 
 def test_a_dynamic_dim_refuses_to_be_a_number():

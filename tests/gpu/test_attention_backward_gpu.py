@@ -73,7 +73,7 @@ def test_one_backward_compile_serves_every_sequence_length(torch_cuda, monkeypat
     monkeypatch.setenv("TESSERA_WARM_CACHE", "0")
     fn = tsr.function(FUNCTIONS[kind].fn, dynamic=["M", "N"] if kind == "plain" else ["S"])
     gen = torch.Generator(device="cuda").manual_seed(17)
-    lengths = (17, 600, 1000, 4097)
+    lengths = (17, 600, 1000, 1024, 4096, 4097)   # (1024, 4096: multiples of 128, compiled without a column tail)
     for s in lengths:
         q, k, v = (torch.randn(2, 3, s, d, device="cuda", generator=gen).to(torch.bfloat16) for _ in range(3))
         out, f_vjp = tsr.vjp(fn, q, k, v)

@@ -86,3 +86,26 @@ def test_arguments_must_be_the_compiles():
     ("sm_90a", "sm_90a", True), ("sm_90a", "sm_100a", False), ("sm_90", "sm_90a", True)])
 def test_cubin_compatibility(image, device, fits):
     assert artifact.runs_on(image, device, "cubin") == fits
+
+
+def test_a_compile_for_multiples_of_128_keeps_its_promise_in_the_record(tmp_path, monkeypatch):
+    """A dim compiled as a multiple of 128 (`tessera.dims.ALIGNMENT`, a function call's class):
+    the record says so, the plan read back checks it, and the C package refuses it (its entry
+    points take every value)."""
+    from tessera.dims import bind_shapes
+    from tessera.errors import ShapeError
+    from tessera.runtime import cpp_package
+
+    monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
+    dims = dict(M=256, K=64, N=128)
+    specs = split_gemm_softmax.arg_specs_for(dims, "fp16")
+    c = split_gemm_softmax.compile(specs, dynamic=frozenset({"M"}), aligned=frozenset({"M"}), arch="sm_80")
+    a = artifact.Artifact.from_compiled(c, specs, dims=dims, cubin_archs=())
+    _, back = artifact.unpack(artifact.pack({}, a))
+    assert back.record["dim_multiples"] == {"M": 128} and back.plan() == launcher.plan(c)
+    shapes = [tuple(x["shape"]) for x in back.record["arguments"]]
+    assert bind_shapes("f", shapes, [(384, 64), (64, 128)], ["a", "b"], 64, back.plan().dim_multiples)
+    with pytest.raises(ShapeError, match="argument 'a' has M=300; this compile takes M a multiple of 128"):
+        bind_shapes("f", shapes, [(300, 64), (64, 128)], ["a", "b"], 64, back.plan().dim_multiples)
+    with pytest.raises(ValueError, match="take every value of a dynamic dim"):
+        cpp_package.function_sources("split_gemm_softmax", {(): [back]}, {})
