@@ -26,7 +26,7 @@ class CacheInfo:
     #: calls the compile cache served (a call of shapes that ran before takes the fast path: not counted)
     hits: int
     #: per compile, each dim's value in its key, or a dynamic dim's class (`tessera.dims.class_of`:
-    #: "dynamic<=128", "dynamic<=1024" or "dynamic")
+    #: "dynamic<=128", "dynamic<=1024", "dynamic", and for a multiple of 128 "dynamic<=1024%128", ...)
     keys: list[dict[str, Any]]
     #: the dims compiled as kernel arguments now (marked, or seen with two values)
     dynamic: tuple[str, ...]
