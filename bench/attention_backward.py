@@ -1,9 +1,10 @@
 """Attention backward (issue 14): Tessera's generated backward against torch SDPA's and FlexAttention's.
 
-    python3 bench/attention_backward.py [--quick] [--few-heads] [--dtypes bf16,fp16]
+    python3 bench/attention_backward.py [--quick] [--few-heads] [--gqa] [--dtypes bf16,fp16]
 
 Tessera differentiates the attention functions of tests/attention_cases.py as
-written (`tsr.vjp`): each reader of the probabilities is a `flash_chain` kernel recomputing the
+written (`tsr.vjp`), a grouped-query causal one (32 query heads over 8 KV heads, against SDPA's
+`enable_gqa`) among them: each reader of the probabilities is a `flash_chain` kernel recomputing the
 scores block by block (passes/recompute.py), so no S x S tensor reaches memory. The timed call is
 the vjp alone (the forward ran once before); the peers' is `torch.autograd.grad` of an output
 kept from one forward (SDPA through FlashAttention-2 and through cuDNN); FlexAttention (compiled,
@@ -25,11 +26,13 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 
 import tessera as tsr  # noqa: E402
-from attention_cases import FUNCTIONS  # noqa: E402
+from attention_cases import FUNCTIONS, gqa_causal  # noqa: E402
 
 SHAPES = [(8, 16, 4096, 128), (16, 16, 2048, 64)]
 #: few heads (grids of a few waves), where the schedule decides whether every SM has work to the end
 FEW_HEADS = [(1, 8, 4096, 128), (3, 5, 1531, 128)]
+#: grouped-query attention (B, H query heads, KV heads, S, D): Llama-3's 32 over 8
+GQA_SHAPES = [(2, 32, 8, 4096, 128), (8, 32, 8, 1024, 128)]
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
 
 
@@ -42,7 +45,8 @@ def sdpa_grad(backend, causal: bool):
 
     def run(q, k, v, d_out):
         with sdpa_kernel(backend):
-            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal)
+            out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=causal,
+                                                                   enable_gqa=q.shape[1] != k.shape[1])
         return Timed(lambda: torch.autograd.grad(out, (q, k, v), d_out, retain_graph=True))
     return run
 
@@ -87,6 +91,7 @@ def main() -> int:
     parser.add_argument("--quick", action="store_true", help="bf16 only, the first shape")
     parser.add_argument("--few-heads", action="store_true", help="only the shapes with few heads")
     parser.add_argument("--dtypes", default="bf16,fp16")
+    parser.add_argument("--gqa", action="store_true", help="only the grouped-query causal attention")
     args = parser.parse_args()
     dtypes = ["bf16"] if args.quick else args.dtypes.split(",")
     shapes = SHAPES[:1] if args.quick else FEW_HEADS if args.few_heads else SHAPES + FEW_HEADS
@@ -95,34 +100,36 @@ def main() -> int:
     print("| case | shape | dtype | tessera ms | TFLOP/s | flash2 ms | cudnn ms | flex ms | vs best | max rel err |")
     print("|---|---|---|---|---|---|---|---|---|---|")
     from torch.nn.attention import SDPBackend
-    for kind in ("plain", "causal", "softcap_causal"):
-        for b, h, s, d in shapes:
-            for name in dtypes:
-                gen = torch.Generator(device="cuda").manual_seed(0)
-                q, k, v, d_out = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=DTYPES[name])
-                                  for _ in range(4))
-                qkv = [x.requires_grad_() for x in (q.clone(), k.clone(), v.clone())]
-                peers = {}
-                if kind != "softcap_causal":
-                    for label, backend in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
-                        try:
-                            peers[label] = sdpa_grad(backend, kind == "causal")(*qkv, d_out)
-                        except RuntimeError as e:
-                            print(f"# {label} unavailable: {str(e)[:80]}")
-                else:
-                    peers["flex"] = flex_grad(*qkv, d_out)
-                _, f_vjp = tsr.vjp(FUNCTIONS[kind], q, k, v)
-                ours = f_vjp(d_out)
-                want = next(iter(peers.values()))()
-                err = max(rel_err(g, w) for g, w in zip(ours, want))
-                t_ours = ms(lambda: f_vjp(d_out))
-                t_peer = {label: fn.ms() for label, fn in peers.items()}
-                flops = 2.5 * 4 * b * h * s * s * d * (0.5 if "causal" in kind else 1.0)
-                cells = [f"{t_peer[p]:.3f}" if p in t_peer else "-" for p in ("flash2", "cudnn", "flex")]
-                print(f"| {kind} | {b}x{h}x{s}x{d} | {name} | {t_ours:.3f} | {flops / t_ours / 1e9:.0f} | "
-                      f"{' | '.join(cells)} | {min(t_peer.values()) / t_ours:.2f}x | {err:.1e} |", flush=True)
-                del peers
-                torch.cuda.empty_cache()
+    cases = [(kind, (b, h, h, s, d)) for kind in ("plain", "causal", "softcap_causal") for b, h, s, d in shapes]
+    cases = [c for c in cases if not args.gqa] + [("gqa_causal", shape) for shape in GQA_SHAPES if not args.quick]
+    for kind, (b, h, hk, s, d) in cases:
+        for name in dtypes:
+            gen = torch.Generator(device="cuda").manual_seed(0)
+            q, d_out = (torch.randn(b, h, s, d, device="cuda", generator=gen, dtype=DTYPES[name]) for _ in range(2))
+            k, v = (torch.randn(b, hk, s, d, device="cuda", generator=gen, dtype=DTYPES[name]) for _ in range(2))
+            qkv = [x.requires_grad_() for x in (q.clone(), k.clone(), v.clone())]
+            peers = {}
+            if kind != "softcap_causal":
+                for label, backend in (("flash2", SDPBackend.FLASH_ATTENTION), ("cudnn", SDPBackend.CUDNN_ATTENTION)):
+                    try:
+                        peers[label] = sdpa_grad(backend, "causal" in kind)(*qkv, d_out)
+                    except RuntimeError as e:
+                        print(f"# {label} unavailable: {str(e)[:80]}")
+            else:
+                peers["flex"] = flex_grad(*qkv, d_out)
+            _, f_vjp = tsr.vjp(gqa_causal if kind == "gqa_causal" else FUNCTIONS[kind], q, k, v)
+            ours = f_vjp(d_out)
+            want = next(iter(peers.values()))()
+            err = max(rel_err(g, w) for g, w in zip(ours, want))
+            t_ours = ms(lambda: f_vjp(d_out))
+            t_peer = {label: fn.ms() for label, fn in peers.items()}
+            flops = 2.5 * 4 * b * h * s * s * d * (0.5 if "causal" in kind else 1.0)
+            cells = [f"{t_peer[p]:.3f}" if p in t_peer else "-" for p in ("flash2", "cudnn", "flex")]
+            heads = f"{h}/{hk}" if hk != h else f"{h}"
+            print(f"| {kind} | {b}x{heads}x{s}x{d} | {name} | {t_ours:.3f} | {flops / t_ours / 1e9:.0f} | "
+                  f"{' | '.join(cells)} | {min(t_peer.values()) / t_ours:.2f}x | {err:.1e} |", flush=True)
+            del peers
+            torch.cuda.empty_cache()
     return 0
 
 

@@ -68,6 +68,25 @@ def reference_grads(kind, q, k, v, d_out):
 FUNCTIONS = {"plain": plain, "causal": causal, "alibi": alibi, "softcap_causal": softcap_causal}
 
 
+@tsr.function
+def gqa_causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "Hk", "S", "D"], v: Tensor["B", "Hk", "S", "D"]):
+    """Grouped-query causal attention: each KV head serves H / Hk query heads."""
+    b, h, s, d = q.shape
+    hk = k.shape[1]
+    scores = tsr.matmul(q.reshape(b, hk, h // hk, s, d), k[:, :, None].transpose(-2, -1)) * (1.0 / math.sqrt(d))
+    i = tsr.arange(s)
+    scores = tsr.where(i[None, :] <= i[:, None], scores, -math.inf)
+    return tsr.matmul(tsr.softmax(scores, dim=-1), v[:, :, None]).reshape(b, h, s, d)
+
+
+def gqa_reference_grads(q, k, v, d_out):
+    """float64 dQ, dK, dV: the causal attention's over K and V repeated per query head, dK and dV
+    summed over each KV head's query heads."""
+    group = q.shape[1] // k.shape[1]
+    dq, dk, dv = reference_grads("causal", q, *(np.repeat(x, group, axis=1) for x in (k, v)), d_out)
+    return dq, *(x.reshape(k.shape[0], k.shape[1], group, *x.shape[2:]).sum(2) for x in (dk, dv))
+
+
 def torch_reference(torch, kind, q, k, v):
     s = q @ k.transpose(-2, -1) / math.sqrt(q.shape[-1])
     i = torch.arange(s.shape[-2], device=s.device)[:, None]

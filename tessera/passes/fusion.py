@@ -490,15 +490,46 @@ class _Planner:
         query blocks): merged, each block's scores, probabilities and dP are computed once and Q
         and dO read once for both, as FlashAttention's dK/dV kernel does, where two kernels
         computed S twice and streamed Q and dO twice. Only where the earlier kernel's outputs are
-        read after the later one runs (it is the merged kernel's position)."""
+        read after the later one runs (it is the merged kernel's position), or where what reads
+        them before can run after it (`_defer_readers`: a grouped-query attention's dV summed over
+        the query heads of each KV head)."""
         chains = sorted((grp for grp in self.groups if grp.kind == "flash_chain"), key=self.position)
         for i, later in enumerate(chains):
             for earlier in chains[:i]:
                 if earlier in self.groups and self._chains_match(earlier, later) \
-                        and self._outputs_read_after(earlier, self.position(later)):
+                        and (self._outputs_read_after(earlier, self.position(later))
+                             or self._defer_readers(earlier, later)):
                     self.claim(later, earlier.ops)
                     later.extra = [*later.extra, *earlier.outputs]
                     self.groups.remove(earlier)
+
+    def _defer_readers(self, earlier: Group, later: Group) -> bool:
+        """Moves the ops that read `earlier`'s outputs (directly or through each other) before
+        `later`'s position to just after it, where none of them is in a kernel yet and `later`
+        reads none of them; returns whether it did. The trace's order is the kernels' order, so
+        the merged kernel (at `later`'s position) then runs before them."""
+        at = self.producer(later.output)
+        block = self.f.body.block
+        tainted, deferred = {*earlier.outputs}, []
+        for op in block.ops:
+            if op is at:
+                break
+            if op not in earlier.ops and any(v in tainted for v in op.operands):
+                if op in later.ops or op in self.group_of or isinstance(op, func.ReturnOp):
+                    return False
+                deferred.append(op)
+                tainted.update(op.results)
+        else:
+            return False
+        if any(v in tainted for op in later.ops for v in op.operands):
+            return False
+        anchor = at
+        for op in deferred:
+            op.detach()
+            block.insert_op_after(op, anchor)
+            anchor = op
+        self.order = {op: i for i, op in enumerate(block.ops)}
+        return True
 
     def _chains_match(self, a: Group, b: Group) -> bool:
         """Whether two flash_chain groups tile the same score matmuls (the same math on the same
@@ -586,6 +617,7 @@ class _Planner:
             if isinstance(op, (g.MatmulOp, g.ReduceOp)) and self.free(op):
                 self.chain(op)
         self.merge_chains()
+        ops = list(self.f.body.block.ops)   # (in its order now: `_defer_readers` may move ops)
         for op in ops:
             if isinstance(op, g.MatmulOp) and self.free(op):
                 self.new_group("gemm", [op], op.res)

@@ -5,7 +5,7 @@ import pytest
 
 import tessera as tsr
 
-from attention_cases import FUNCTIONS, causal, torch_reference
+from attention_cases import FUNCTIONS, causal, gqa_causal, torch_reference
 
 
 def rel(torch, got, want) -> float:
@@ -45,6 +45,26 @@ def test_attention_backward_matches_torch_autograd(torch_cuda, dtype, kind, q_sh
                 f"d{name}: {got.abs().max()} where it is 0"
             continue
         assert rel(torch, got, w) < tol, f"d{name}"
+
+
+@pytest.mark.parametrize("b,h,hk,s,d,dtype", [(2, 32, 8, 1000, 128, "bfloat16"), (1, 8, 1, 4097, 64, "float16"),
+                                              (3, 6, 2, 17, 128, "float16")])
+def test_grouped_query_attention_backward_matches_torch_autograd(torch_cuda, b, h, hk, s, d, dtype):
+    """GQA (32/8) and MQA: dK and dV in one flash_chain kernel per query head, summed over each KV
+    head's query heads, against torch autograd of the attention over K and V repeated, in float64."""
+    torch = torch_cuda
+    gen = torch.Generator(device="cuda").manual_seed(13)
+    q = torch.randn(b, h, s, d, device="cuda", generator=gen).to(getattr(torch, dtype))
+    k, v = (torch.randn(b, hk, s, d, device="cuda", generator=gen).to(q.dtype) for _ in range(2))
+    out, f_vjp = tsr.vjp(gqa_causal, q, k, v)
+    d_out = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+    grads = f_vjp(d_out)
+    exact = [x.double().requires_grad_() for x in (q, k, v)]
+    repeated = [x.repeat_interleave(h // hk, dim=1) for x in exact[1:]]
+    want = torch.autograd.grad(torch_reference(torch, "causal", exact[0], *repeated), exact, d_out.double())
+    for name, got, w in zip("qkv", grads, want):
+        assert got.dtype == q.dtype and got.shape == w.shape
+        assert rel(torch, got, w) < (4e-2 if dtype == "bfloat16" else 1e-2), f"d{name}"
 
 
 def test_attention_backward_through_torch_autograd(torch_cuda):
