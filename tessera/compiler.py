@@ -403,6 +403,13 @@ class Compiled:
         return outputs
 
     @property
+    def dim_multiples(self) -> dict[str, int]:
+        """The dynamic dims whose values the kernels take as multiples (`tessera.dims.whole_blocks`):
+        name -> multiple; a call of another value is refused."""
+        from .ir import graph
+        return graph.dim_multiples(self.host_function())
+
+    @property
     def copied_args(self) -> dict[str, str]:
         """Each argument passed strided that the kernels read from a contiguous copy, and why."""
         from .ir import tile

@@ -42,7 +42,9 @@ CLASSES = ((16, 16), (32, 32), (64, 64), (128, 128), (256, 256), (512, 512), (10
 
 #: a dynamic dim whose value is a multiple of this is a class of its own (`class_of`: "dynamic%128"),
 #: as Triton specializes an integer argument divisible by 16: its kernels know that no tile of up
-#: to ALIGNMENT along it is partial, so a loop over its blocks cuts none (`divides`). The largest
+#: to ALIGNMENT along it is partial, so a loop over its blocks cuts none (`whole_blocks`). A function
+#: none of whose kernels relies on it (a GEMM, a norm) keys that dim without it after its first
+#: such compile (`Specialization.unaligned`), so the class costs no compile there. The largest
 #: tile a loop walks a dim by is 128 (attention's key and query blocks); before this class the
 #: attention backward's generic kernels cut a column tail in every block, 1.085-1.100x the
 #: specialized kernels at S = 4096 and 8192 (H200 bf16; 1.009-1.018 without the cut). A sweep of
@@ -65,7 +67,7 @@ class DynamicDim(TesseraError):
 class Dynamic:
     """A dynamic dim's stand-in for its value in dim bindings (`tessera.ir.graph.bindings_of`)."""
 
-    __slots__ = ("name", "hint", "index_bits", "multiple")
+    __slots__ = ("name", "hint", "index_bits", "multiple", "relied_on")
 
     def __init__(self, name: str, hint: int = HINT, index_bits: int = 64, multiple: int = 1):
         #: 32 where every tensor of the call has fewer than 2^31 elements (`index_bits`): the
@@ -73,6 +75,9 @@ class Dynamic:
         self.name, self.hint, self.index_bits = name, hint, index_bits
         #: what every value the compile serves is a multiple of: ALIGNMENT or 1 (`multiple_of`)
         self.multiple = multiple
+        #: whether a kernel's code depends on `multiple` (`whole_blocks`: a multiple of ALIGNMENT
+        #: would make, or made, its blocks whole): its host function's `tessera.dim_multiples` names it
+        self.relied_on = False
 
     def __repr__(self) -> str:
         return f"{self.name}=?" if self.multiple == 1 else f"{self.name}=?%{self.multiple}"
@@ -113,10 +118,16 @@ def hint(value) -> int:
     return value.hint if isinstance(value, Dynamic) else value
 
 
-def divides(block: int, value) -> bool:
+def whole_blocks(block: int, value) -> bool:
     """Whether tiles of `block` along a dim of `value` are all whole: a constant's that `block`
-    divides, or a dynamic dim's whose values are all multiples of a multiple of `block`."""
-    return (value.multiple if isinstance(value, Dynamic) else value) % block == 0
+    divides, or a dynamic dim's whose values are all multiples of a multiple of `block`. Where a
+    multiple of ALIGNMENT would decide it, the dynamic dim notes that the code depends on its
+    multiple (`Dynamic.relied_on`)."""
+    if not isinstance(value, Dynamic):
+        return value % block == 0
+    if ALIGNMENT % block == 0:
+        value.relied_on = True
+    return value.multiple % block == 0
 
 
 def multiple_of(value: int) -> int:
@@ -143,16 +154,17 @@ def index_bits(arrays) -> int:
     return 32 if all(math.prod(x.shape) < INDEX_LIMIT for x in arrays) else 64
 
 
-def class_of(value: int):
+def class_of(value: int, aligned: bool = True):
     """The specialization class of a dynamic dim's value: 0 and 1 are their own (a zero-size call
     launches nothing; a dim of 1 broadcasts); every other value is in one of `CLASSES`, named by
     its largest value ("dynamic" for the last: any value past the others), and within it the
-    multiples of ALIGNMENT are a class of their own ("dynamic<=1024%128")."""
+    multiples of ALIGNMENT are a class of their own ("dynamic<=1024%128"), unless not `aligned`
+    (a function whose kernels do not rely on it)."""
     if value < 2:
         return value
     bound = next((largest for largest, _ in CLASSES[:-1] if value <= largest), None)
     name = "dynamic" if bound is None else f"dynamic<={bound}"
-    return name if multiple_of(value) == 1 else f"{name}%{ALIGNMENT}"
+    return name if not aligned or multiple_of(value) == 1 else f"{name}%{ALIGNMENT}"
 
 
 def hint_of(value: int) -> int:

@@ -282,7 +282,8 @@ class Function:
                 compiled = ZeroSizeCall(self.trace(specs, constants))
             else:
                 compiled = self._compile_generic(specs, constants, tensors, options)
-                key = self._cache_key(tensors, constants, options)   # without the dims it had to fix
+                self.specialization.learn_alignment(self._generic_dims(tensors), compiled.dim_multiples)
+                key = self._cache_key(tensors, constants, options)   # without the dims it had to fix (or align)
             self.specialization.compiled(self.dim_annotations, tensors, self._generic_dims(tensors))
             self._cache[key] = compiled
             # A trace may change what it reads (appending to a list it captured): what it left is keyed too.
@@ -301,7 +302,8 @@ class Function:
             dynamic = frozenset(self._generic_dims(tensors))
             _, bits = self.key_shapes(tensors)
             try:
-                compiled = self.compile(specs, constants, dynamic, bits or 64, dynamic, **options)
+                compiled = self.compile(specs, constants, dynamic, bits or 64,
+                                        dynamic - self.specialization.unaligned, **options)
                 if dynamic and "sm_count" in options:   # a GPU call: generate the code now
                     compiled.stage("ptx")
                 return compiled

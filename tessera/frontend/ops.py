@@ -39,11 +39,15 @@ def _make(value, dims, dt: DType, label: str | None = None) -> Tensor:
 
 def _show(x: Tensor) -> str:
     trace = current_trace()
-    return "[" + ", ".join(f"{d}={trace.size(d)}" if isinstance(d, str) else str(d) for d in x.dims) + "]"
+    return "[" + ", ".join(_dim_str(d, trace) for d in x.dims) + "]"
 
 
 def _dim_str(d, trace) -> str:
-    return f"{d}={trace.size(d)}" if isinstance(d, str) else str(d)
+    """`d` as errors show it: `S=128`, a dim taken at run time `S=?`, a constant `4`."""
+    if not isinstance(d, str):
+        return str(d)
+    size = trace.size(d)
+    return repr(size) if is_dynamic(size) else f"{d}={size}"
 
 
 def _axis(x: Tensor, dim: int, what: str) -> int:
@@ -286,8 +290,9 @@ def _dynamic_reshape_dims(x: Tensor, shape) -> list:
     """The dims of a reshape of `x` where a dim is taken at run time: each such dim stays whole
     and in order (`q.reshape(t, hk, h // hk, d)`, `x.reshape(-1, d)` with T dynamic: a -1 can stand
     for one), and the static dims between two of them regroup among themselves. Any other
-    reshape (merging a dynamic dim with another) needs the value: `DynamicDim`, and the function
-    compiles that dim as a constant."""
+    reshape that could hold (merging a dynamic dim with another, moving static dims across one)
+    needs the value: `DynamicDim`, and the function compiles that dim as a constant; one that no
+    value makes hold is a ShapeError."""
     trace = current_trace()
     sizes = [s.name if is_dynamic(s) else s for s in (trace.size(d) for d in x.dims)]
     have = [s for s in sizes if isinstance(s, str)]
@@ -296,46 +301,47 @@ def _dynamic_reshape_dims(x: Tensor, shape) -> list:
     if len(holes) > 1:
         raise ShapeError("reshape: only one dim can be -1")
     named = [s for s in want if isinstance(s, str)]
-    merged = DynamicDim((have or named)[0], f"reshape of {_label(x)} {_show(x)} to {list(shape)} moves or merges it")
-    guessed = holes and len(named) == len(have) - 1
+    guessed = bool(holes) and len(named) == len(have) - 1
     if guessed:   # the -1 may be the dynamic dim the others leave out
         want[holes[0]] = next(n for i, n in enumerate(have) if i >= len(named) or named[i] != n)
-    if [s for s in want if isinstance(s, str)] != have:
-        raise merged
-
-    def segments(entries):
-        runs = [[]]
-        for e in entries:
-            if isinstance(e, str):
-                runs.append([])
-            else:
-                runs[-1].append(e)
-        return runs
-
-    dims = []
-    for old_run, new_run in zip(segments(sizes), segments(want)):
+    order = [s for s in want if isinstance(s, str)]
+    if order != have:
+        moved = next((h for h, w in zip(have, order) if h != w), (have + order)[min(len(have), len(order))])
+        raise _needs_value(x, shape, moved)
+    runs = []
+    for k, (old_run, new_run) in enumerate(zip(_static_runs(sizes), _static_runs(want))):
         total, known = math.prod(old_run), math.prod(n for n in new_run if n != -1)
         new_run = [total // known if n == -1 and known else n for n in new_run]
         if math.prod(new_run) != total:
-            if guessed:
-                raise merged
-            raise ShapeError(f"reshape: cannot view {_label(x)} {_show(x)} as {list(shape)}: the static dims "
-                             f"{old_run} between its dynamic dims {have} cannot become {new_run}")
-        dims.append(new_run)
-    out, runs = [], iter(dims)
-    out.extend(next(runs))
-    for name in have:
-        out.append(name)
-        out.extend(next(runs))
-    return _named_like(x, out)
+            static = math.prod(n for n in sizes if isinstance(n, int))
+            fixed = math.prod(n for n in shape if not is_dynamic(n) and int(n) != -1)
+            if guessed or (static % fixed == 0 if holes else static == fixed):
+                raise _needs_value(x, shape, have[min(k, len(have) - 1)])
+            raise ShapeError(f"reshape: cannot view {_label(x)} {_show(x)} as {_shown_shape(shape)}: its static dims "
+                             f"hold {static} elements for each value of {', '.join(have)}, the new shape's {fixed}")
+        runs.append(new_run)
+    filled = iter(n for run in runs for n in run)
+    dims = [s if isinstance(s, str) else next(filled) for s in want]
+    return [s.name if isinstance(s, SymInt) and s.name and d == int(s) else d for s, d in zip(shape, dims)]
 
 
-def _named_like(x: Tensor, dims: list) -> list:
-    """`dims` with each static size that `x` has at the same position under a name given that name."""
-    trace = current_trace()
-    return [x.dims[i] if isinstance(d, int) and i < x.ndim and isinstance(x.dims[i], str)
-            and not is_dynamic(trace.size(x.dims[i])) and trace.size(x.dims[i]) == d else d
-            for i, d in enumerate(dims)]
+def _static_runs(entries: list) -> list[list[int]]:
+    """The runs of static sizes before, between and after the dynamic dims (names) of `entries`."""
+    runs: list[list[int]] = [[]]
+    for e in entries:
+        if isinstance(e, str):
+            runs.append([])
+        else:
+            runs[-1].append(e)
+    return runs
+
+
+def _needs_value(x: Tensor, shape, dim: str) -> DynamicDim:
+    return DynamicDim(dim, f"reshape of {_label(x)} {_show(x)} to {_shown_shape(shape)} moves or merges it")
+
+
+def _shown_shape(shape) -> str:
+    return "[" + ", ".join(repr(n) if is_dynamic(n) else str(int(n)) for n in shape) + "]"
 
 
 def unsqueeze(x: Tensor, dim: int) -> Tensor:

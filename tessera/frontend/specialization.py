@@ -53,6 +53,9 @@ class Specialization:
         self.keys: list[dict[str, Any]] = []
         #: a call's outputs outgrew 32-bit offsets (`tessera.dims.OffsetWidthError`): 64 from then on
         self.wide = False
+        #: dynamic dims a compile of a multiple of ALIGNMENT did not rely on (`tessera.dims.whole_blocks`):
+        #: their multiples are keyed as any other value of their class
+        self.unaligned: set[str] = set()
 
     def observe(self, fn_name: str, annotations: dict, tensors) -> None:
         """Notes a call's dim values (once per call): a dim the annotations name that is seen with
@@ -97,10 +100,16 @@ class Specialization:
     def shapes(self, generic: dict[str, list[tuple[int, int]]], tensors) -> list[tuple]:
         """Each tensor's shape as a cache key: a generic dim's value replaced by its class."""
         shapes = [list(x.shape) for _, x in tensors]
-        for places in generic.values():
+        for d, places in generic.items():
             for i, axis in places:
-                shapes[i][axis] = class_of(int(shapes[i][axis]))
+                shapes[i][axis] = class_of(int(shapes[i][axis]), d not in self.unaligned)
         return [tuple(s) for s in shapes]
+
+    def learn_alignment(self, generic: dict[str, list[tuple[int, int]]], relied: dict[str, int]) -> None:
+        """After a compile: each generic dim no kernel's code depends on the multiple of (`relied`:
+        the compile's `dim_multiples`) is keyed without ALIGNMENT's class from now on, so one compile
+        serves its whole class (a GEMM's or a norm's rows gain nothing from it)."""
+        self.unaligned.update(d for d in generic if d not in relied)
 
     def fix(self, dim: str, why: str) -> None:
         self.fixed[dim] = why
@@ -110,7 +119,7 @@ class Specialization:
         self.compiles += 1
         values = {d: int(tensors[i][1].shape[axis])
                   for d, ((i, axis), *_) in dim_positions(annotations, tensors).items()}
-        self.keys.append({d: class_of(v) if d in generic else v for d, v in values.items()})
+        self.keys.append({d: class_of(v, d not in self.unaligned) if d in generic else v for d, v in values.items()})
 
     def info(self) -> CacheInfo:
         return CacheInfo(self.compiles, self.hits, list(self.keys),

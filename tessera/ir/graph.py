@@ -151,7 +151,9 @@ DYNAMIC_DIMS = "tessera.dynamic_dims"
 #: the offset width of the kernels over them (`tessera.dims.index_bits`): 32 or 64
 INDEX_BITS = "tessera.index_bits"
 #: of those dims, the ones every value is a multiple of more than 1 of (`tessera.dims.ALIGNMENT`):
-#: name -> multiple, which each call's shapes are checked against (`tessera.dims.bind_shapes`)
+#: name -> multiple. On a host function, the dims whose kernels' code depends on their multiple
+#: (`tessera.dims.whole_blocks`), each with the compile's (1 where it took any value), which each
+#: call's shapes are checked against (`tessera.dims.bind_shapes`)
 DIM_MULTIPLES = "tessera.dim_multiples"
 
 

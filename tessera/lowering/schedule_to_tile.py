@@ -35,7 +35,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 
 from .. import dtypes
 from ..backends import BACKENDS
-from ..dims import DynamicDim, divides, hint, is_dynamic
+from ..dims import DynamicDim, hint, is_dynamic, whole_blocks
 from ..errors import TesseraError
 from ..ir import graph as g
 from ..ir import provenance
@@ -398,7 +398,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             for c in range(chunks):
                 ctx = chunk_ctx(first_chunk if chunks == 1 else kb.b.index(c * bn))
                 tile = convert(kb.b, kb.em.value(rider.input, axes, ctx), f32)
-                if not divides(bm, sizes[rows[-1]]):   # rows past the end count as neutral
+                if not whole_blocks(bm, sizes[rows[-1]]):   # rows past the end count as neutral
                     live = _index_mask(kb, ctx.tiled[row][0], bm, n_rows, shape, 0)
                     tile = select(kb.b, live, tile, kb.b.full(NEUTRAL[kind], shape))
                 parts.append(kb.b(t.ReduceOp(tile, TILE_REDUCE[kind], 0)))
@@ -1507,7 +1507,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     n_keys = att.extent(kb, "n")
     kept = _kept_columns(kb, terms.limits, m0, tile, scalars, {"n": n_keys, "m": att.extent(kb, "m")}) \
         if where is not None and terms.limits else None
-    tail = not divides(tile["n"], att.sizes["n"])   # the last key block is (may be) partial
+    tail = not whole_blocks(tile["n"], att.sizes["n"])   # the last key block is (may be) partial
     scales: list[float] = []             # the constant the scores are scaled by (one per block, all equal)
 
     def scores(k_tile):
@@ -1913,7 +1913,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     rows = _resident_tiles(kb, resident, scalars, zero)
 
     block = [tile["m"], tile["n"]]
-    tail = not divides(tile["n"], sizes["n"])   # the last column block is (may be) partial
+    tail = not whole_blocks(tile["n"], sizes["n"])   # the last column block is (may be) partial
     masks = _chain_masks(kb, sinks)
     contexts: list[TileCtx] = []
     kinds = [sink.op.kind.data if isinstance(sink.op, g.ReduceOp) else None for sink in sinks]
@@ -2230,8 +2230,11 @@ def _host(f: func.FuncOp, bindings, line_info: bool, profiled: bool) -> tuple[li
     b(func.ReturnOp())
     host = func.FuncOp(f.sym_name.data, (in_types + out_types, []), Region(body))
     for key, value in f.attributes.items():
-        if key.startswith("tessera."):
+        if key.startswith("tessera.") and key != g.DIM_MULTIPLES:
             host.attributes[key] = value
+    relied = {d: IntegerAttr(v.multiple, 64) for d, v in bindings.items() if is_dynamic(v) and v.relied_on}
+    if relied:   # (a dim no kernel's code depends on the multiple of: any value of its class runs it)
+        host.attributes[g.DIM_MULTIPLES] = DictionaryAttr(relied)
     if g.dynamic_dims(f):
         host.attributes[t.BUFFER_DIMS] = ArrayAttr([StringAttr(_dynamic_dim(v, bindings))
                                                     for v in [*f.body.block.args, *ret.operands]])

@@ -170,7 +170,7 @@ int {entry}({signature}, CUstream stream, char* error, size_t error_len);
             n_args, n_res = len(r["arguments"]), len(r["results"])
             buffers = [*r["arguments"], *r["results"], *r["intermediates"]]
             sizes = [_nbytes(b) for b in buffers]
-            if r.get("index_bits", 64) != 64 or r.get("dim_multiples"):
+            if r.get("index_bits", 64) != 64 or any(m > 1 for m in r.get("dim_multiples", {}).values()):
                 raise ValueError(f"{entry}: the C entry points take any size; its kernels must use 64-bit offsets "
                                  f"and take every value of a dynamic dim")
             defs.append(f"static const int {tag}_buffer_dim[] = {_ints(_buffer_dim(b, names) for b in buffers)};")

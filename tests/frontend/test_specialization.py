@@ -17,10 +17,10 @@ from tessera.errors import ShapeError, TesseraError
 ROWS = [2, 3, 17, 1000]
 
 
-def classes(values) -> list:
+def classes(values, aligned: bool = True) -> list:
     """The specialization classes of these values of a dynamic dim, in first-seen order (one compile
-    each: `tessera.dims.CLASSES`)."""
-    return list(dict.fromkeys(class_of(v) for v in values))
+    each: `tessera.dims.CLASSES`; the multiples of 128 apart where the kernels rely on them)."""
+    return list(dict.fromkeys(class_of(v, aligned) for v in values))
 
 
 def layer_norm_ref(x, w, b):
@@ -278,8 +278,8 @@ def test_a_marked_length_stays_dynamic_when_the_batch_varies_too():
 def test_each_class_of_a_dynamic_dim_compiles_once_with_its_own_hint():
     """Values compile once per class (`tessera.dims.CLASSES`), each with the schedule its hint picks:
     a GEMM of a decode step's rows splits its K (two kernels), one of thousands of rows does not,
-    and a sweep of 60 row counts costs one compile a class (a multiple of 128 is a class of its
-    own: at most MOST_CLASSES)."""
+    and a sweep of 60 row counts costs one compile a class (at most len(CLASSES): no kernel of a
+    GEMM relies on its rows being a multiple of 128, so the first compile drops that class)."""
     fn = tsr.function(linear_gelu, dynamic=["M"])
     rng = np.random.default_rng(18)
     w, b = rng.standard_normal((1024, 64)).astype(np.float16) / 32, rng.standard_normal(64).astype(np.float16)
@@ -290,9 +290,9 @@ def test_each_class_of_a_dynamic_dim_compiles_once_with_its_own_hint():
     for m in rows[7:]:
         fn(rng.standard_normal((m, 1024)).astype(np.float16), w, b)
     info = fn.cache_info()
-    assert info.compiles == len(classes(rows)) <= MOST_CLASSES
-    assert [k["M"] for k in info.keys] == classes(rows) and classes(rows[:7]) == \
-        ["dynamic<=16", "dynamic<=128%128", "dynamic<=256", "dynamic<=1024%128", "dynamic"]
+    assert info.compiles == len(classes(rows, aligned=False)) <= len(CLASSES)
+    assert [k["M"] for k in info.keys] == classes(rows, aligned=False) and classes(rows[:7], aligned=False) == \
+        ["dynamic<=16", "dynamic<=128", "dynamic<=256", "dynamic<=1024", "dynamic"]
     kernels = {c: len(fn.compile(fn.arg_specs_for({"M": m, "K": 4096, "N": 1024}, "fp16"), dynamic=frozenset({"M"}),
                                  arch="sm_90a").launches) for c, m in (("small", 8), ("large", 4096))}
     assert kernels == {"small": 2, "large": 1}   # split K (its partial products, then their sum), or whole
@@ -474,7 +474,27 @@ def test_calls_of_a_multiple_of_128_and_of_another_value_compile_apart():
         q, k, v = (rng.standard_normal((1, 1, s, 16)).astype(np.float16) for _ in range(3))
         np.testing.assert_allclose(fn(q, k, v).astype(np.float64), attention_ref(q, k, v, False), rtol=2e-3, atol=2e-3)
     info = fn.cache_info()
-    assert info.compiles == 2 and [k["S"] for k in info.keys] == ["dynamic%128", "dynamic"]
+    assert info.compiles == 2 <= MOST_CLASSES and [k["S"] for k in info.keys] == ["dynamic%128", "dynamic"]
+
+
+def test_a_function_whose_kernels_ignore_the_multiple_has_no_class_for_it():
+    """A norm's kernels never ask whether their rows are whole blocks: its first compile says so
+    (no `tessera.dim_multiples` on its host function), and every later multiple of 128 runs the
+    compile of its class, on the interpreter against float64."""
+    @tsr.function(dynamic=["M"])
+    def norm(x: Tensor["M", "N"], w: Tensor["N"]):
+        return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+    rng = np.random.default_rng(23)
+    w = rng.standard_normal(64).astype(np.float32)
+    rows = (1500, 4096, 2048, 4095, 256, 200)
+    for m in rows:
+        x = rng.standard_normal((m, 64)).astype(np.float32)
+        want = x / np.sqrt((x.astype(np.float64) ** 2).mean(-1, keepdims=True) + 1e-6) * w
+        np.testing.assert_allclose(norm(x, w), want, rtol=1e-5, atol=1e-5)
+    info = norm.cache_info()
+    assert info.compiles == len(classes(rows, aligned=False)) == 2 and "%" not in str(info.keys)
+    assert norm.specialization.unaligned == {"M"}
 
 
 def test_a_dynamic_dim_refuses_to_be_a_number():

@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import tessera as tsr
+from tessera.errors import ShapeError
 from tessera import Tensor
 from tessera.backends.ptx import emit_module
 from tessera.ir import graph as g
@@ -306,15 +307,18 @@ def test_batches_of_any_total_compile_once_per_class_of_the_totals():
     fn = tsr.function(varlen_attention.fn, dynamic=["T", "N"])
     rng = np.random.default_rng(12)
     batches = [([5, 17, 1, 40], [5, 17, 1, 40]), ([3, 30, 1, 2], [30, 90, 2, 2]), ([41, 1, 1, 16], [41, 9, 1, 60]),
-               ([1, 1, 1, 1], [100, 3, 50, 64]), ([2, 3, 2, 1], [2, 3, 2, 1]), ([9, 9, 9, 9], [9, 19, 29, 39])]
+               ([1, 1, 1, 1], [100, 3, 50, 64]), ([2, 3, 2, 1], [2, 3, 2, 1]), ([9, 9, 9, 9], [9, 19, 29, 39]),
+               ([64, 64, 0, 0], [64, 64, 0, 0]), ([100, 1, 20, 7], [128, 1, 20, 107])]   # (totals of 128 and 256)
     for queries, keys in batches:
         args = inputs(rng, queries, keys, 4, 2, 32)
         np.testing.assert_allclose(fn(*args), reference(*args), atol=2e-6)
     info = fn.cache_info()
     assert info.fixed == {} and set(info.dynamic) == {"T", "N"}
-    classes = {(tsr.dims.class_of(sum(q)), tsr.dims.class_of(sum(k))) for q, k in batches}
+    # (the key loop's blocks are whole for a multiple of 128 keys: N's multiples compile apart, T's not)
+    classes = {(tsr.dims.class_of(sum(q), aligned=False), tsr.dims.class_of(sum(k))) for q, k in batches}
     assert info.compiles == len(classes) < len(batches)
     assert {(key["T"], key["N"]) for key in info.keys} == classes
+    assert ("dynamic<=128", "dynamic<=128%128") in classes and fn.specialization.unaligned == {"T"}
 
 
 @needs_ptxas
@@ -344,6 +348,28 @@ def test_a_reshape_keeps_a_dynamic_dim_whole_or_asks_for_its_value():
     np.testing.assert_array_equal(flatten(x), x.reshape(-1) + 1.0)
     assert split_heads.cache_info().fixed == {} and split_heads.cache_info().keys[0]["T"] == "dynamic<=64"
     assert "T" in flatten.cache_info().fixed and "reshape" in flatten.cache_info().fixed["T"]
+
+
+def test_a_reshape_moving_static_dims_across_a_dynamic_one_fixes_it_and_a_wrong_one_is_an_error():
+    """[T, C, D] viewed as [C, T, D] holds for every T but needs its value: the dim becomes a
+    constant (a second length, which made T dynamic, still runs); a view no T makes hold is a
+    ShapeError naming the tensor and the counts."""
+    @tsr.function
+    def heads_first(x: Tensor["T", "C", "D"]):
+        return x.reshape(x.shape[1], x.shape[0], x.shape[2]) + 1.0
+
+    @tsr.function(dynamic=["T"])
+    def wrong(x: Tensor["T", "C"]):
+        return x.reshape(x.shape[0], 3) + 1.0
+
+    rng = np.random.default_rng(4)
+    for t in (37, 40):
+        x = rng.standard_normal((t, 2, 4)).astype(np.float32)
+        np.testing.assert_array_equal(heads_first(x), x.reshape(2, t, 4) + 1.0)
+    assert "moves or merges it" in heads_first.cache_info().fixed["T"]
+    with pytest.raises(ShapeError, match=r"cannot view x \[T=\?, C=4\] as \[T=\?, 3\]: its static dims hold 4 "
+                                         r"elements for each value of T, the new shape's 3"):
+        wrong(np.zeros((5, 4), np.float32))
 
 
 def test_the_backwards_chain_kernels_ask_for_what_shared_memory_holds_where_registers_allow():

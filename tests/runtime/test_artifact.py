@@ -96,16 +96,37 @@ def test_a_compile_for_multiples_of_128_keeps_its_promise_in_the_record(tmp_path
     from tessera.errors import ShapeError
     from tessera.runtime import cpp_package
 
+    from flash_attention import flash_attention
+
     monkeypatch.setenv("TESSERA_CACHE_DIR", str(tmp_path))
-    dims = dict(M=256, K=64, N=128)
-    specs = split_gemm_softmax.arg_specs_for(dims, "fp16")
-    c = split_gemm_softmax.compile(specs, dynamic=frozenset({"M"}), aligned=frozenset({"M"}), arch="sm_80")
+    dims = dict(B=1, H=2, S=256, D=64)
+    specs = flash_attention.arg_specs_for(dims, "fp16")
+    c = flash_attention.compile(specs, dynamic=frozenset({"S"}), aligned=frozenset({"S"}), arch="sm_80")
     a = artifact.Artifact.from_compiled(c, specs, dims=dims, cubin_archs=())
     _, back = artifact.unpack(artifact.pack({}, a))
-    assert back.record["dim_multiples"] == {"M": 128} and back.plan() == launcher.plan(c)
+    assert back.record["dim_multiples"] == {"S": 128} and back.plan() == launcher.plan(c)
     shapes = [tuple(x["shape"]) for x in back.record["arguments"]]
-    assert bind_shapes("f", shapes, [(384, 64), (64, 128)], ["a", "b"], 64, back.plan().dim_multiples)
-    with pytest.raises(ShapeError, match="argument 'a' has M=300; this compile takes M a multiple of 128"):
-        bind_shapes("f", shapes, [(300, 64), (64, 128)], ["a", "b"], 64, back.plan().dim_multiples)
+    given = [(1, 2, 384, 64)] * 3
+    assert bind_shapes("f", shapes, given, ["q", "k", "v"], 64, back.plan().dim_multiples)
+    with pytest.raises(ShapeError, match="argument 'q' has S=300; this compile takes S a multiple of 128"):
+        bind_shapes("f", shapes, [(1, 2, 300, 64)] * 3, ["q", "k", "v"], 64, back.plan().dim_multiples)
     with pytest.raises(ValueError, match="take every value of a dynamic dim"):
-        cpp_package.function_sources("split_gemm_softmax", {(): [back]}, {})
+        cpp_package.function_sources("flash_attention", {(): [back]}, {})
+
+
+def test_a_compile_for_every_value_records_the_dims_its_kernels_would_align():
+    """The same attention compiled for every value of S: its record names S with multiple 1 (its
+    key loop would be whole for multiples of 128), any S binds, and the C package takes it."""
+    from flash_attention import flash_attention
+    from tessera.dims import bind_shapes
+    from tessera.runtime import cpp_package
+
+    dims = dict(B=1, H=2, S=256, D=64)
+    specs = flash_attention.arg_specs_for(dims, "fp16")
+    c = flash_attention.compile(specs, dynamic=frozenset({"S"}), arch="sm_80")
+    a = artifact.Artifact.from_compiled(c, specs, dims={**dims, "S": "dynamic"}, cubin_archs=())
+    assert a.record["dim_multiples"] == {"S": 1} == c.dim_multiples
+    shapes = [tuple(x["shape"]) for x in a.record["arguments"]]
+    assert bind_shapes("f", shapes, [(1, 2, 300, 64)] * 3, ["q", "k", "v"], 64, a.plan().dim_multiples)
+    header, source = cpp_package.function_sources("flash_attention", {(): [a]}, a.files)
+    assert "flash_attention" in header and source
