@@ -315,7 +315,7 @@ def _dynamic_reshape_dims(x: Tensor, shape) -> list:
         if math.prod(new_run) != total:
             static = math.prod(n for n in sizes if isinstance(n, int))
             fixed = math.prod(n for n in shape if not is_dynamic(n) and int(n) != -1)
-            if guessed or (static % fixed == 0 if holes else static == fixed):
+            if guessed or (fixed and static % fixed == 0 if holes else static == fixed):
                 raise _needs_value(x, shape, have[min(k, len(have) - 1)])
             raise ShapeError(f"reshape: cannot view {_label(x)} {_show(x)} as {_shown_shape(shape)}: its static dims "
                              f"hold {static} elements for each value of {', '.join(have)}, the new shape's {fixed}")

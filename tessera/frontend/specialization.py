@@ -53,8 +53,8 @@ class Specialization:
         self.keys: list[dict[str, Any]] = []
         #: a call's outputs outgrew 32-bit offsets (`tessera.dims.OffsetWidthError`): 64 from then on
         self.wide = False
-        #: dynamic dims a compile of a multiple of ALIGNMENT did not rely on (`tessera.dims.whole_blocks`):
-        #: their multiples are keyed as any other value of their class
+        #: dynamic dims whose kernels' code a compile showed not to depend on their multiple
+        #: (`tessera.dims.whole_blocks`): their multiples of ALIGNMENT are keyed as any other value
         self.unaligned: set[str] = set()
 
     def observe(self, fn_name: str, annotations: dict, tensors) -> None:

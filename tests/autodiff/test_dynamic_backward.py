@@ -14,7 +14,8 @@ import pytest
 
 import tessera as tsr
 from attention_cases import FUNCTIONS, reference_grads
-from tessera.autodiff.api import Layout, saving
+from tessera import Tensor, dtypes
+from tessera.autodiff.api import Derivative, Layout, saving
 from tessera.autodiff.backward import backward_graph, forward_function, saved_values
 from tessera.compiler import compile_module
 from tessera.dims import class_of
@@ -144,3 +145,40 @@ def test_a_norm_backward_walks_a_row_count_taken_at_run_time(norm):
     for f in derivatives(fn):
         info = f.cache_info()
         assert (info.compiles, info.fixed) == (1, {}), info
+
+
+@pytest.mark.parametrize("kind", ["plain", "causal"])
+def test_multiples_of_128_compile_apart_and_other_lengths_never_reuse_them(kind):
+    """A length that is a multiple of 128 compiles the forward and the backward without their
+    column tails (`tessera.dims.whole_blocks`); the compiles name the dims they rely on, and the
+    lengths between them run a compile of their own, every gradient against float64."""
+    fn = tsr.function(FUNCTIONS[kind].fn, dynamic=["M", "N"] if kind == "plain" else ["S"])
+    rng = np.random.default_rng(31)
+    for s in (256, 200, 384, 130):
+        q, k, v = (rng.standard_normal((1, 2, s, 16)).astype(BF16) for _ in range(3))
+        check_grads(kind, fn, q, k, v, rng)
+    for f in derivatives(fn):
+        info = f.cache_info()
+        lengths = [key.get("S", key.get("N")) for key in info.keys]
+        assert lengths == ["dynamic<=256%128", "dynamic<=256", "dynamic<=512%128", "dynamic<=256"][:info.compiles]
+        assert info.compiles == 3 and not f.specialization.unaligned & {"N", "S"}   # (M: the forward's queries)
+
+
+def test_each_template_that_cuts_tails_names_the_dims_it_relies_on():
+    """The safety of the %128 class: a compile whose code depends on a dim's multiple says so
+    (`Compiled.dim_multiples`, checked by every call), for the attention's key loop, the backward's
+    flash_chain kernels and a norm backward's column sums; compiled for any value, it says 1."""
+    @tsr.function
+    def norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+        return tsr.layer_norm(x, (x.shape[-1],), w, b)
+
+    cases = [(FUNCTIONS["plain"], {"B": 1, "H": 2, "M": 256, "N": 256, "D": 16}, {"M", "N"}),
+             (FUNCTIONS["causal"], {"B": 1, "H": 2, "S": 256, "D": 16}, {"S"}),
+             (norm, {"M": 256, "N": 64}, {"M"})]
+    for fn, dims, dynamic in cases:
+        specs = fn.arg_specs_for(dims, dtypes.bf16)
+        d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, dtypes.bf16, specs[0].dims)
+        derivative = Derivative(fn, cotangent_names=["d_out"])
+        for aligned, multiple in ((frozenset(dynamic), 128), (frozenset(), 1)):
+            c = derivative.compile([*specs, d_out], dynamic=frozenset(dynamic), aligned=aligned)
+            assert c.dim_multiples == {d: multiple for d in dynamic}, (fn.name, c.dim_multiples)
