@@ -761,3 +761,33 @@ def test_a_row_reduction_to_a_vector_and_an_inserted_unit_dim_stay_generic():
         np.testing.assert_allclose(widen(x), np.exp(x.astype(np.float64))[:, None, :], rtol=1e-5)
     for fn in (means, widen):
         assert fn.cache_info().compiles == 1 and fn.cache_info().fixed == {}, fn.cache_info()
+
+
+RESHAPES = [   # (shape of x, with "T" the dynamic dim; the new shape, "T" standing for x.shape's T; stays generic)
+    (("T", 6), ("T", 2, 3), True), (("T", 6), ("T", 3, -1), True), (("T", 6), (-1, 6), True),
+    (("T", 6), (-1, 2, 3), True), (("T", 2, 3), ("T", 6), True), (("T", 6), ("T", 1, 6, 1), True),
+    (("T", 3), ("T", 3, 1), True), ((2, "T", 3), (1, 2, "T", 3), True), ((2, "T", 3), (2, -1, 3), True),
+    (("T", 1), (-1,), True), ((1, "T"), (-1,), True), (("T", 4), (4, "T"), False), ((2, "T", 4), ("T", -1), False),
+    ((2, "T"), ("T", -1), False), (("T", 2, 4), (2, "T", 4), False), (("T", 6), (-1,), False),
+]
+
+
+@pytest.mark.parametrize("before,after,generic", RESHAPES, ids=[f"{b}->{a}" for b, a, _ in RESHAPES])
+def test_a_reshape_of_a_dynamic_dim_is_numpys_or_fixes_the_dim(before, after, generic):
+    """Every reshape of a tensor with a dim taken at run time gives NumPy's result: kept generic
+    where the dim stays whole (one compile for two lengths), else compiled with the dim fixed."""
+    def reshaped(x):
+        t = x.shape[before.index("T")]
+        return x.reshape(*(t if n == "T" else n for n in after)) * 2.0 + 1.0
+
+    names = iter(("A", "C"))
+    reshaped.__annotations__ = {"x": Tensor[tuple("T" if n == "T" else next(names) for n in before)]}
+    view = tsr.function(reshaped, dynamic=["T"])
+    rng = np.random.default_rng(len(before) + len(after))
+    for t in (5, 7):
+        x = rng.standard_normal(tuple(t if n == "T" else n for n in before)).astype(np.float32)
+        want = x.reshape(tuple(t if n == "T" else n for n in after)) * 2.0 + 1.0
+        np.testing.assert_array_equal(view(x), want)
+    info = view.cache_info()
+    assert (info.fixed == {}) == generic, info
+    assert info.compiles == (1 if generic else 2)
