@@ -12,6 +12,9 @@ callables to check and time (`Prepared`). Suites:
   compiled to mma.sync at its fastest tiling;
 - attention: flash attention, plain and causal, B * S = 32 * 2048 tokens, both paths, against torch
   SDPA's flash backend (and cuDNN's for the native path);
+- training: the attention backward (`tsr.vjp`: dQ, dK and dV, all checked), plain and causal at
+  8 x 16 x 4096 x 128 and grouped-query causal at 2 x 32/8 x 4096 x 128, bf16, against SDPA's
+  flash and cuDNN backwards (TFLOP/s of 2.5 forwards);
 - variants: the schedule switches that change a GEMM's kernel: `persistent` on and off, and `split_k`
   as derived against none on GEMMs with too few output tiles to fill the GPU.
 """
@@ -25,7 +28,7 @@ from typing import Callable
 import tessera as tsr
 from tessera import Tensor
 
-SUITES = ("rows", "gemm", "attention", "variants")
+SUITES = ("rows", "gemm", "attention", "training", "variants")
 
 
 @tsr.function
@@ -40,6 +43,17 @@ def causal_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"
     i = tsr.arange(q.shape[-2])
     s = tsr.where(i[:, None] >= i[None, :], s, -math.inf)
     return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+
+@tsr.function
+def gqa_causal_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "Hk", "S", "D"], v: Tensor["B", "Hk", "S", "D"]):
+    """Causal attention where each KV head serves H / Hk query heads."""
+    b, h, s, d = q.shape
+    hk = k.shape[1]
+    scores = tsr.matmul(q.reshape(b, hk, h // hk, s, d), k[:, :, None].transpose(-2, -1)) * (1.0 / math.sqrt(d))
+    i = tsr.arange(s)
+    scores = tsr.where(i[:, None] >= i[None, :], scores, -math.inf)
+    return tsr.matmul(tsr.softmax(scores, dim=-1), v[:, :, None]).reshape(b, h, s, d)
 
 
 @tsr.function
@@ -279,6 +293,50 @@ def attention_cases(quick: bool) -> list[Case]:
             _fp8_attention_case(8, 16, 4096, 128)]
 
 
+# --- training ----------------------------------------------------------------------------------------
+
+def _sdpa_backward(backend_name: str, q, k, v, d_out, causal: bool):
+    """SDPA's backward on `backend_name` as a no-argument callable returning (dQ, dK, dV): its forward
+    runs once, on the first call (a backend this machine lacks raises there, which the runner notes)."""
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+    leaves = [x.detach().clone().requires_grad_() for x in (q, k, v)]
+    forward = []
+
+    def run():
+        if not forward:
+            with sdpa_kernel(getattr(SDPBackend, backend_name)):
+                forward.append(torch.nn.functional.scaled_dot_product_attention(
+                    *leaves, is_causal=causal, enable_gqa=q.shape[1] != k.shape[1]))
+        return torch.autograd.grad(forward[0], leaves, d_out, retain_graph=True)
+    return run
+
+
+def _attention_backward_case(b: int, h: int, hk: int, s: int, d: int, causal: bool) -> Case:
+    """The backward alone (`tsr.vjp`'s forward ran once at build), its three gradients checked."""
+    def build() -> Prepared:
+        q, d_out = (_randn(b, h, s, d, dtype="bfloat16") for _ in range(2))
+        k, v = (_randn(b, hk, s, d, dtype="bfloat16") for _ in range(2))
+        fn = gqa_causal_attention if hk != h else causal_attention if causal else attention
+        _, f_vjp = tsr.vjp(fn, q, k, v)
+        return Prepared(lambda: f_vjp(d_out), {name: _sdpa_backward(be, q, k, v, d_out, causal) for name, be in
+                                               (("sdpa-flash", "FLASH_ATTENTION"), ("sdpa-cudnn", "CUDNN_ATTENTION"))})
+    heads = f"H={h}/{hk}" if hk != h else f"H={h}"
+    name = f"attention backward B={b} {heads} S={s} D={d} bf16{' causal' if causal else ''}"
+    return Case(name, "training", "TFLOP/s", 2.5 * attention_flops(b, h, s, s, d, causal), build,
+                tolerance=BACKWARD_TOLERANCE)
+
+
+#: bf16 gradients against another kernel's bf16 gradients (bench/attention_backward.py: 3-8e-3)
+BACKWARD_TOLERANCE = 2e-2
+
+
+def training_cases(quick: bool) -> list[Case]:
+    s = 2048 if quick else 4096
+    return [_attention_backward_case(8, 16, 16, s, 128, False), _attention_backward_case(8, 16, 16, s, 128, True),
+            _attention_backward_case(2, 32, 8, s, 128, True)]
+
+
 # --- variants ----------------------------------------------------------------------------------------
 
 #: GEMMs with too few output tiles to fill the GPU (M, K, N), where the derived split_k matters
@@ -298,7 +356,8 @@ def variant_cases(quick: bool) -> list[Case]:
 
 
 SUITE_CASES: dict[str, Callable[[bool], list[Case]]] = {
-    "rows": rows_cases, "gemm": gemm_cases, "attention": attention_cases, "variants": variant_cases}
+    "rows": rows_cases, "gemm": gemm_cases, "attention": attention_cases, "training": training_cases,
+    "variants": variant_cases}
 
 
 def all_cases(quick: bool = False, suites: tuple[str, ...] = SUITES) -> list[Case]:

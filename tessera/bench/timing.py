@@ -19,7 +19,10 @@ def median_ms(fn: Callable[[], object], warmup: int = 50, rep: int = 300) -> flo
 
 
 def rel_err(out, ref) -> float:
-    """||out - ref|| / ||ref|| in float64, for torch tensors."""
+    """||out - ref|| / ||ref|| in float64, for torch tensors; for tuples of them (a backward's
+    gradients), the largest over the pairs."""
+    if isinstance(out, (tuple, list)):
+        return max(rel_err(o, r) for o, r in zip(out, ref, strict=True))
     out, ref = out.double(), ref.double()
     return float((out - ref).norm() / ref.norm())
 

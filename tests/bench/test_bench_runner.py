@@ -98,3 +98,28 @@ def test_filter_matches_names_and_suites():
     assert {c.suite for c in select(cases, "^variants$")} == {"variants"}
     assert [c.name for c in select(cases, r"causal \(native\)")] == ["attention B=32 H=12 S=2048 D=128 fp16 causal (native)"]
     assert select(cases, None) == cases
+
+
+def test_the_training_suite_times_the_attention_backward_against_sdpa():
+    """Declared without a GPU: MHA plain and causal and grouped-query causal, bf16, their work 2.5
+    forwards (the backward's five matmuls to the forward's two), half for causal."""
+    training = [c for c in all_cases() if c.suite == "training"]
+    assert [c.name for c in training] == ["attention backward B=8 H=16 S=4096 D=128 bf16",
+                                          "attention backward B=8 H=16 S=4096 D=128 bf16 causal",
+                                          "attention backward B=2 H=32/8 S=4096 D=128 bf16 causal"]
+    assert training[0].work == 2.5 * 4 * 8 * 16 * 4096 * 4096 * 128
+    assert training[2].work == 2.5 * 4 * 2 * 32 * 4096 * 4096 * 128 / 2
+    assert [c.name for c in select(all_cases(quick=True), "^training$")][0].endswith("S=2048 D=128 bf16")
+
+
+def test_a_backwards_gradients_are_each_checked():
+    """rel_err of gradient tuples is the worst pair's: a wrong dK is not hidden by a right dQ."""
+    torch = pytest.importorskip("torch")
+    from tessera.bench.timing import rel_err
+
+    right = torch.ones(4, 4)
+    wrong = right * 1.5
+    assert rel_err((right, right), (right, right)) == 0.0
+    assert rel_err((right, wrong), (right, right)) == pytest.approx(0.5)
+    with pytest.raises(ValueError):
+        rel_err((right,), (right, right))
