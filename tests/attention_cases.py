@@ -8,6 +8,7 @@ import numpy as np
 
 import tessera as tsr
 from tessera import Tensor
+from tessera.bench.cases import gqa_causal_attention  # noqa: F401  (the grouped-query case: `tessera bench`'s)
 
 
 def _scores(q, k):
@@ -66,17 +67,6 @@ def reference_grads(kind, q, k, v, d_out):
 
 
 FUNCTIONS = {"plain": plain, "causal": causal, "alibi": alibi, "softcap_causal": softcap_causal}
-
-
-@tsr.function
-def gqa_causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "Hk", "S", "D"], v: Tensor["B", "Hk", "S", "D"]):
-    """Grouped-query causal attention: each KV head serves H / Hk query heads."""
-    b, h, s, d = q.shape
-    hk = k.shape[1]
-    scores = tsr.matmul(q.reshape(b, hk, h // hk, s, d), k[:, :, None].transpose(-2, -1)) * (1.0 / math.sqrt(d))
-    i = tsr.arange(s)
-    scores = tsr.where(i[None, :] <= i[:, None], scores, -math.inf)
-    return tsr.matmul(tsr.softmax(scores, dim=-1), v[:, :, None]).reshape(b, h, s, d)
 
 
 def gqa_reference_grads(q, k, v, d_out):

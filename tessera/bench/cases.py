@@ -295,7 +295,7 @@ def attention_cases(quick: bool) -> list[Case]:
 
 # --- training ----------------------------------------------------------------------------------------
 
-def _sdpa_backward(backend_name: str, q, k, v, d_out, causal: bool):
+def sdpa_backward(backend_name: str, q, k, v, d_out, causal: bool):
     """SDPA's backward on `backend_name` as a no-argument callable returning (dQ, dK, dV): its forward
     runs once, on the first call (a backend this machine lacks raises there, which the runner notes)."""
     import torch
@@ -319,7 +319,7 @@ def _attention_backward_case(b: int, h: int, hk: int, s: int, d: int, causal: bo
         k, v = (_randn(b, hk, s, d, dtype="bfloat16") for _ in range(2))
         fn = gqa_causal_attention if hk != h else causal_attention if causal else attention
         _, f_vjp = tsr.vjp(fn, q, k, v)
-        return Prepared(lambda: f_vjp(d_out), {name: _sdpa_backward(be, q, k, v, d_out, causal) for name, be in
+        return Prepared(lambda: f_vjp(d_out), {name: sdpa_backward(be, q, k, v, d_out, causal) for name, be in
                                                (("sdpa-flash", "FLASH_ATTENTION"), ("sdpa-cudnn", "CUDNN_ATTENTION"))})
     heads = f"H={h}/{hk}" if hk != h else f"H={h}"
     name = f"attention backward B={b} {heads} S={s} D={d} bf16{' causal' if causal else ''}"

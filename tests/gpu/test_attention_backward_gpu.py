@@ -5,7 +5,7 @@ import pytest
 
 import tessera as tsr
 
-from attention_cases import FUNCTIONS, causal, gqa_causal, torch_reference
+from attention_cases import FUNCTIONS, causal, gqa_causal_attention, torch_reference
 
 
 def rel(torch, got, want) -> float:
@@ -56,7 +56,7 @@ def test_grouped_query_attention_backward_matches_torch_autograd(torch_cuda, b, 
     gen = torch.Generator(device="cuda").manual_seed(13)
     q = torch.randn(b, h, s, d, device="cuda", generator=gen).to(getattr(torch, dtype))
     k, v = (torch.randn(b, hk, s, d, device="cuda", generator=gen).to(q.dtype) for _ in range(2))
-    out, f_vjp = tsr.vjp(gqa_causal, q, k, v)
+    out, f_vjp = tsr.vjp(gqa_causal_attention, q, k, v)
     d_out = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
     grads = f_vjp(d_out)
     exact = [x.double().requires_grad_() for x in (q, k, v)]

@@ -16,7 +16,7 @@ from tessera.backends.ptx import emit_module
 from tessera.runtime.launcher import plan
 from tessera.runtime.ptxas import assemble, find_tool
 
-from attention_cases import FUNCTIONS, gqa_causal, gqa_reference_grads, plain, reference_grads
+from attention_cases import FUNCTIONS, gqa_causal_attention, gqa_reference_grads, plain, reference_grads
 
 
 def backward(fn, q_shape, kv_len, dtype=dtypes.fp16):
@@ -228,15 +228,15 @@ def test_a_grouped_query_backward_computes_dk_and_dv_in_one_kernel(h, hk, s):
     moves that sum after it (`_defer_readers`), so dK and dV share one flash_chain kernel (its
     scores computed once) as in an attention without groups, then each is summed over the group.
     Gradients on the interpreter against float64."""
-    specs = gqa_causal.arg_specs_for({"B": 2, "H": h, "Hk": hk, "S": s, "D": 16}, dtypes.fp32)
+    specs = gqa_causal_attention.arg_specs_for({"B": 2, "H": h, "Hk": hk, "S": s, "D": 16}, dtypes.fp32)
     d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, dtypes.fp32, specs[0].dims)
-    ks = kernels(Derivative(gqa_causal, cotangent_names=["d_out"]).compile([*specs, d_out]))
+    ks = kernels(Derivative(gqa_causal_attention, cotangent_names=["d_out"]).compile([*specs, d_out]))
     chains = [len(k.outputs) for k in ks if k.kind.data == "flash_chain"]
     assert sorted(chains) == [1, 2], [k.kind.data for k in ks]   # dQ; dK with dV
     rng = np.random.default_rng(h + s)
     q = rng.standard_normal((2, h, s, 16)).astype(np.float32)
     k, v = (rng.standard_normal((2, hk, s, 16)).astype(np.float32) for _ in range(2))
-    out, f_vjp = tsr.vjp(gqa_causal, q, k, v)
+    out, f_vjp = tsr.vjp(gqa_causal_attention, q, k, v)
     d_out = rng.standard_normal(out.shape).astype(np.float32)
     for name, got, want in zip("qkv", f_vjp(d_out), gqa_reference_grads(q, k, v, d_out)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4 * np.abs(want).max(), err_msg=f"d{name}")
@@ -244,8 +244,8 @@ def test_a_grouped_query_backward_computes_dk_and_dv_in_one_kernel(h, hk, s):
 
 @pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
 def test_the_grouped_query_backward_kernels_assemble_for_hopper():
-    specs = gqa_causal.arg_specs_for({"B": 2, "H": 32, "Hk": 8, "S": 1000, "D": 128}, dtypes.bf16)
+    specs = gqa_causal_attention.arg_specs_for({"B": 2, "H": 32, "Hk": 8, "S": 1000, "D": 128}, dtypes.bf16)
     d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, dtypes.bf16, specs[0].dims)
-    c = Derivative(gqa_causal, cotangent_names=["d_out"]).compile([*specs, d_out], arch="sm_90a", sm_count=132)
+    c = Derivative(gqa_causal_attention, cotangent_names=["d_out"]).compile([*specs, d_out], arch="sm_90a", sm_count=132)
     for kernel in emit_module(c.modules["target"]).values():
         assemble(kernel.ptx, "sm_90a")
