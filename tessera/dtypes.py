@@ -26,6 +26,14 @@ class DType:
     def itemsize(self) -> int:
         return max(1, self.bits // 8)
 
+    @property
+    def significand_bits(self) -> int:
+        """A float's precision, its implicit leading bit included (fp32 24, fp16 11, bf16 8): a value
+        rounded to it is off by at most 2^-(bits - 1) of itself, one unit in the last place."""
+        if not self.is_float:
+            raise TypeError(f"{self.name} is not a float type")
+        return int(ml_dtypes.finfo(self.np).nmant) + 1
+
     def __repr__(self) -> str:
         return f"tessera.{self.name}"
 

@@ -27,6 +27,7 @@ FEATURES: dict[str, str] = {
     "wmma": "NVIDIA: PTX wmma (sm_70+); AMD: RDNA3 v_wmma_* matrix instructions",
     "mma_sync": "PTX mma.sync warp-level MMA (m16n8k8 on sm_75, m16n8k16 on sm_80+)",
     "ldmatrix": "ldmatrix shared->register fragment loads (sm_75+)",
+    "tanh_approx": "tanh.approx.f32, tanh in one special-function-unit op (sm_75+)",
     "async_copy": "cp.async global->shared copies with commit/wait groups (sm_80+)",
     "bf16": "bf16 arithmetic and bf16 matrix instructions",
     "fp8": "fp8 matrix instructions (NVIDIA sm_89+ e4m3/e5m2; AMD gfx94x, FNUZ encodings)",
@@ -49,7 +50,7 @@ FEATURES: dict[str, str] = {
 
 # NVIDIA feature sets, each generation adding to the previous one.
 _SM70 = frozenset({"tensor_cores", "wmma"})
-_SM75 = _SM70 | {"mma_sync", "ldmatrix"}
+_SM75 = _SM70 | {"mma_sync", "ldmatrix", "tanh_approx"}
 _SM80 = _SM75 | {"async_copy", "bf16"}
 _SM89 = _SM80 | {"fp8"}
 _SM90 = _SM89 | {"tma", "clusters", "stmatrix", "programmatic_launch"}

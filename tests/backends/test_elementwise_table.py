@@ -102,3 +102,42 @@ def test_a_gemm_with_a_silu_epilogue_keeps_256_columns_without_spilling():
     for assembled in compiled.stage("cubin").values():
         for resources in assembled.resources.values():
             assert resources.spill_store_bytes == 0 and resources.spill_load_bytes == 0
+
+
+@needs_ptxas
+def test_a_soft_cap_in_attention_scores_takes_the_hardware_tanh_where_the_result_is_16_bit(tmp_path):
+    """The attention templates let a tanh whose result is bf16 or fp16 approximate (Tile IR `afn`):
+    PTX's tanh.approx.f32 errs by 2^-10.987 of it, under the unit in the last place either keeps; the
+    forward's kernel and the backward's chains take it. A streaming kernel's tanh (a gelu, whose
+    1 + tanh would lose its tail's digits) and an fp32 result keep the accurate one, as does a
+    platform without the instruction."""
+    import tessera as tsr
+    from tessera import dtypes, platforms
+    from tessera.autodiff.api import Derivative
+    from tessera.frontend.trace import ArgSpec
+    from tessera.lowering.emit import approximate
+    from attention_cases import FUNCTIONS
+
+    assert approximate("tanh", dtypes.bf16) and approximate("tanh", dtypes.fp16)
+    assert not approximate("tanh", dtypes.fp32) and not approximate("exp", dtypes.bf16)
+    assert platforms.get("sm_75").has("tanh_approx") and not platforms.get("sm_70").has("tanh_approx")
+
+    fn = FUNCTIONS["softcap_causal"]
+    specs = [ArgSpec(n, (1, 2, 200, 64), tsr.bf16, ("B", "H", "S", "D")) for n in ("q", "k", "v", "d_out")]
+    for compiled in (fn.compile(specs[:3], arch="sm_90a"),
+                     Derivative(fn, cotangent_names=["d_out"]).compile(specs, arch="sm_90a")):
+        tanhs = [line for line in compiled.ir("tile").splitlines() if "math.tanh" in line]
+        assert tanhs and all("fastmath<afn>" in line for line in tanhs)
+        soft_capped = [k.ptx for k in compiled.stage("ptx").values() if "tanh" in k.ptx]
+        assert soft_capped   # (the forward's kernel; the backward's dQ and dK/dV chains)
+        for ptx in soft_capped:
+            assert "tanh.approx.f32" in ptx and "rcp.approx" not in ptx
+            assemble(ptx, "sm_90a", tmp_path)
+
+    @tsr.function
+    def bias_gelu(x: tsr.Tensor["M", "N", tsr.bf16], b: tsr.Tensor["N", tsr.bf16]):
+        return tsr.gelu(x + b, approximate="tanh")
+
+    compiled = bias_gelu.compile(bias_gelu.arg_specs_for(dict(M=5, N=9)), arch="sm_90a")
+    assert "math.tanh" in compiled.ir("tile") and "fastmath<afn>" not in compiled.ir("tile")
+    assert all("tanh.approx" not in k.ptx for k in compiled.stage("ptx").values())

@@ -474,7 +474,7 @@ RULES: dict[type, Callable] = {
     mathd.Exp2Op: _unary("exp2", ftz=True),   # as the PTX backend's ex2.approx.ftz
     mathd.LogOp: _unary("log"),
     mathd.Log2Op: _unary("log2"),
-    mathd.TanhOp: _unary("tanh"),
+    mathd.TanhOp: _unary("tanh"),   # (an `afn` tanh too: its approximate rounding needs bytecode 13.2)
     mathd.SqrtOp: _unary("sqrt"),
     mathd.RsqrtOp: _unary("rsqrt"),
     mathd.SinOp: _unary("sin"),
