@@ -583,7 +583,9 @@ def _views_an_argument(x: Tensor) -> bool:
 
 def fit(grad: Tensor, x: Tensor) -> Tensor:
     """`grad` (in the broadcast shape of an op's result) summed back to x's shape, with x's dims
-    and dtype: over the leading dims x lacks and the dims where x has size 1."""
+    and dtype: over the leading dims x lacks and the dims where x has size 1. The dtype is a storage
+    cast (`graph.CastOp.storage`): a kernel computing on the gradient rounds it where it stores
+    it (H200 bf16 attention backward, dS rounded once: 8x16x4096x128 7.28 -> 6.77 ms)."""
     t = current_trace()
     lead = grad.ndim - x.ndim
     axes = [*range(lead), *(lead + i for i, d in enumerate(x.dims)
@@ -592,7 +594,7 @@ def fit(grad: Tensor, x: Tensor) -> Tensor:
         grad = ops.sum(grad, axes, keepdim=True)
     if grad.dims != x.dims:
         grad = ops._reshape_dims(grad, x.dims)
-    return ops.cast(grad, x.dtype)
+    return ops.cast(grad, x.dtype, storage=True)
 
 
 @contextmanager

@@ -228,12 +228,14 @@ def gelu(x, approximate: str = "none") -> Tensor:
     return 0.5 * x * (1.0 + erf(x * (1.0 / math.sqrt(2.0))))
 
 
-def cast(x: Tensor, dt) -> Tensor:
+def cast(x: Tensor, dt, storage: bool = False) -> Tensor:
+    """`x` as dtype `dt`. `storage` (for autodiff's gradients): a float narrowed only where it is
+    stored, kept in fp32 by a kernel computing on it (`graph.CastOp.storage`)."""
     g = _graph()
     dt = dtypes.lookup(dt)
     if dt == x.dtype:
         return x
-    op = current_trace().add(g.CastOp(x.value, g.TensorType.of(x.dims, dt)))
+    op = current_trace().add(g.CastOp(x.value, g.TensorType.of(x.dims, dt), storage))
     return _make(op.res, x.dims, dt, _label(x))
 
 

@@ -139,7 +139,7 @@ def _check(op: g.AssertOp, cond: np.ndarray) -> None:
 def run_graph(func_op, inputs: Sequence[np.ndarray], exact: bool = True) -> list[np.ndarray]:
     """Evaluate a graph `func.func` on NumPy inputs; returns one array per result, of its dtype.
 
-    `exact`: float intermediates stay float64 (casts still round); each result is rounded to its
+    `exact`: float intermediates stay float64 (casts still round, but for a storage cast: `graph.CastOp.rounds_inside_kernels`); each result is rounded to its
     dtype once, at the end. Otherwise every op's result is rounded to its dtype (eager PyTorch)."""
     from xdsl.dialects import func
 
@@ -166,7 +166,7 @@ def run_graph(func_op, inputs: Sequence[np.ndarray], exact: bool = True) -> list
         out = _evaluate(op, [_wide(env[v]) for v in op.operands], bindings)
         dt = g.tensor_type(op.results[0]).dtype
         with np.errstate(all="ignore"):
-            if exact and dt.is_float and not isinstance(op, g.CastOp):
+            if exact and dt.is_float and not (isinstance(op, g.CastOp) and op.rounds_inside_kernels):
                 env[op.results[0]] = np.asarray(out, dtype=np.float64)
             else:   # casts round as the kernels' do; integers wrap and bools stay bools
                 env[op.results[0]] = np.asarray(out).astype(dt.np)

@@ -31,6 +31,7 @@ from xdsl.dialects.builtin import (
     IntAttr,
     IntegerAttr,
     StringAttr,
+    UnitAttr,
     f64,
     i1,
     i32,
@@ -669,9 +670,26 @@ class ConstantOp(IRDLOperation):
 
 @irdl_op_definition
 class CastOp(_OneTensorOp):
-    """Converts the element type; the result type names the new dtype."""
+    """Converts the element type; the result type names the new dtype. A `storage` cast narrows a
+    float only for where the value is stored: a gradient given its primal's dtype (the VJP
+    convention, `autodiff.backward.fit`). A kernel computing on such a value keeps it in fp32 and
+    rounds it once, where it stores it or feeds it to a matmul, as FlashAttention scales dS in fp32
+    and rounds it for its matmuls (the attention backward's dS was rounded, widened, scaled and
+    rounded again: an F2F conversion, a special-function-unit op, an element)."""
 
     name = "graph.cast"
+    storage = opt_prop_def(UnitAttr)
+    irdl_options = (ParsePropInAttrDict(),)
+
+    def __init__(self, x: SSAValue, result_type: TensorType, storage: bool = False):
+        super().__init__(x, result_type)
+        if storage:
+            self.storage = UnitAttr()
+
+    @property
+    def rounds_inside_kernels(self) -> bool:
+        """Whether a kernel rounds the value where it computes on it (not a float `storage` cast)."""
+        return self.storage is None or not (tensor_type(self.input).dtype.is_float and tensor_type(self.res).dtype.is_float)
 
     def verify_(self) -> None:
         if tensor_type(self.input).shape != tensor_type(self.res).shape:

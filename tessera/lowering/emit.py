@@ -350,6 +350,8 @@ class Emitter:
         if isinstance(op, (g.TransposeOp, g.ReshapeOp)):
             return operands[0]
         if isinstance(op, g.CastOp):
+            if not op.rounds_inside_kernels:   # (a gradient's storage cast: rounded where stored)
+                return convert(self.b, operands[0], compute_element(dt))
             return self._cast(operands[0], g.tensor_type(op.input).dtype, dt)
         if isinstance(op, g.ElementwiseOp):
             want = operand_compute_type(op)

@@ -505,3 +505,53 @@ def test_mixed_precision_promotion(seed, M, N, random_inputs, assert_matches_ref
     """fp16 + bf16 promotes to fp32 (as in PyTorch); explicit casts round through their storage type."""
     outs = run_case(mixed_precision, {"M": M, "N": N}, None, seed, random_inputs, assert_matches_reference)
     assert [o.dtype.name for o in outs] == ["float32", "bfloat16", "float16"]
+
+
+# --- a gradient's storage cast ----------------------------------------------------------------------
+
+
+@tsr.function
+def storage_cast_then_scale(x: Tensor["N", tsr.fp32]):
+    return tsr.cast(x, tsr.bf16, storage=True) * 3.0, tsr.cast(x, tsr.bf16) * 3.0
+
+
+def test_a_storage_cast_rounds_where_stored_and_a_plain_cast_where_it_is():
+    """A storage cast (a gradient given its primal's dtype) feeding arithmetic in the same kernel
+    is rounded once, where the result is stored: round(3x); a plain cast rounds where it is, as the
+    user wrote: round(round(x) * 3). The inputs are chosen so the two differ; the exact reference
+    agrees with the kernel on both, and the graph text keeps the flag through a round trip."""
+    from tessera.ir import parse_ir, print_ir
+
+    rng = np.random.default_rng(5)
+    x = (1.0 + rng.random(4096)).astype(np.float32)
+    once = (x.astype(np.float64) * 3.0).astype(tsr.bf16.np)
+    twice = (x.astype(tsr.bf16.np).astype(np.float64) * 3.0).astype(tsr.bf16.np)
+    assert (once != twice).mean() > 0.1
+    c = storage_cast_then_scale.compile(storage_cast_then_scale.arg_specs_for({"N": 4096}))
+    stored, plain = c.run(x)
+    np.testing.assert_array_equal(stored, once)
+    np.testing.assert_array_equal(plain, twice)
+    for out, ref in zip((stored, plain), c.reference(x)):
+        np.testing.assert_array_equal(out, ref)
+    text = print_ir(storage_cast_then_scale.trace(storage_cast_then_scale.arg_specs_for({"N": 8})))
+    assert text.count("graph.cast") == 2 and len(re.findall(r"graph\.cast [^\n]*\bstorage\b", text)) == 1
+    assert print_ir(parse_ir(text)) == text
+
+
+def test_the_attention_backward_rounds_ds_once():
+    """dS = P (dP - D), given the scores' bf16 by the softmax's gradient (a storage cast) and scaled
+    by 1/sqrt(D), is rounded once, for its matmuls (FlashAttention's order), where it was rounded,
+    widened and rounded again: the dK/dV chain rounds four tiles to bf16, P (for dV) and dS (for
+    dK) in its loop and its two outputs, where it rounded five."""
+    import re as _re
+    from tessera.autodiff.api import Derivative
+    from tessera.frontend.trace import ArgSpec
+    from attention_cases import FUNCTIONS
+
+    specs = [ArgSpec(n, (1, 2, 256, 64), tsr.bf16, ("B", "H", "S", "D")) for n in ("q", "k", "v", "d_out")]
+    compiled = Derivative(FUNCTIONS["plain"], cotangent_names=["d_out"]).compile(specs, arch="sm_90a")
+    assert "storage" in compiled.ir("graph")
+    kernels = _re.split(r"tile\.kernel @", compiled.ir("tile"))
+    (dkdv,) = [k for k in kernels if k.startswith("plain_vjp_flash_chain") and "tensor<64x64xf32>, tensor<64x64xf32>" in k
+               and k.count("tile.mma") >= 4]
+    assert dkdv.count("arith.truncf") == 4
