@@ -266,6 +266,18 @@ ELEMENTWISE: dict[str, Callable] = {
 APPROXIMATE_MATH = {"tanh": math.TanhOp}
 
 
+#: the smallest and largest normal f32 magnitudes (a folded constant outside them is not folded)
+F32_TINY, F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e+38
+
+
+def scalar_constant(v: SSAValue) -> float | None:
+    """The value of a rank-0 float `graph.constant` (a scale), else None."""
+    op = v.owner
+    if isinstance(op, g.ConstantOp) and not g.tensor_type(v).shape and g.tensor_type(v).dtype.is_float:
+        return float(op.value.value.data)
+    return None
+
+
 def operand_compute_type(op: g.ElementwiseOp) -> Attribute:
     """The type an elementwise op computes in: its result's, or for comparisons its operands'.
     Arithmetic on bools (`a + b`, `maximum`, `a < b`) computes on 0/1 in i32, as NumPy's and torch's
@@ -346,6 +358,8 @@ class Emitter:
         if op in self.kept_wheres:
             kept = self.value(op.inputs[1], operand_maps(op, m, self.bindings)[1], ctx)
             return convert(self.b, kept, compute_element(dt))
+        if isinstance(op, g.ElementwiseOp) and op.kind == "mul" and (folded := self._folded_product(op, m, ctx)):
+            return folded
         operands = [self.value(x, xm, ctx) for x, xm in zip(op.operands, operand_maps(op, m, self.bindings))]
         if isinstance(op, (g.TransposeOp, g.ReshapeOp)):
             return operands[0]
@@ -367,6 +381,43 @@ class Emitter:
                 return self.b(APPROXIMATE_MATH[op.kind](*args, APPROXIMATE))
             return ELEMENTWISE[op.kind](self.b, *args)
         raise TesseraError(f"{op.name} cannot be computed inside a fused elementwise region")
+
+    def _folded_product(self, op: g.ElementwiseOp, m: Map, ctx: TileCtx) -> SSAValue | None:
+        """`(x * c1) * c2`, both constants scalars, as `x * (c1 c2)` (the product rounded once to
+        f32), where the result's dtype is a float far coarser than f32 (bf16, fp16), whose graph
+        rounds `x * c1` anyway: attention's `q @ k^T * (1 / sqrt(d))` scaled again by a soft-cap's
+        `1 / cap` took two multiplies a score, forward and backward (ptxas keeps both: IEEE)."""
+        if not (g.tensor_type(op.res).dtype.is_float and g.tensor_type(op.res).dtype.significand_bits < 24):
+            return None
+        maps = operand_maps(op, m, self.bindings)
+        for i in (0, 1):
+            c2, inner, inner_map = scalar_constant(op.inputs[i]), op.inputs[1 - i], maps[1 - i]
+            if c2 is None:
+                continue
+            while isinstance(inner.owner, g.CastOp) and inner not in self.overrides \
+                    and g.tensor_type(inner.owner.input).dtype.is_float and not self._rounds(inner.owner):
+                inner = inner.owner.input   # (a widening cast: the same f32 value)
+            inner_op = inner.owner
+            if inner in self.params or inner in self.overrides or not (
+                    isinstance(inner_op, g.ElementwiseOp) and inner_op.kind == "mul"
+                    and g.tensor_type(inner).dtype.is_float):
+                return None
+            inner_maps = operand_maps(inner_op, inner_map, self.bindings)
+            for j in (0, 1):
+                c1 = scalar_constant(inner_op.inputs[j])
+                product = c1 * c2 if c1 is not None else 0.0
+                if product != 0.0 and F32_TINY <= abs(product) <= F32_MAX:
+                    x = convert(self.b, self.value(inner_op.inputs[1 - j], inner_maps[1 - j], ctx), f32)
+                    return self.b(arith.MulfOp(x, self.b.full(product, ctx.shape)))
+            return None
+        return None
+
+    @staticmethod
+    def _rounds(op: g.CastOp) -> bool:
+        """Whether a cast's value differs from its operand's in a kernel (`_cast`): a float cast
+        rounds to a narrower float's storage type, unless it is a storage cast."""
+        dst = g.tensor_type(op.res).dtype
+        return op.rounds_inside_kernels and not (dst.is_float and dst.bits >= 32)
 
     def _shifted(self, ctx: TileCtx, shifts: dict, fixed: dict, clamp: dict | None = None) -> TileCtx:
         """`ctx` with axis a's index moved by shifts[a] (tiles start there, scalars are there) and

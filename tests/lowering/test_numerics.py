@@ -555,3 +555,23 @@ def test_the_attention_backward_rounds_ds_once():
     (dkdv,) = [k for k in kernels if k.startswith("plain_vjp_flash_chain") and "tensor<64x64xf32>, tensor<64x64xf32>" in k
                and k.count("tile.mma") >= 4]
     assert dkdv.count("arith.truncf") == 4
+
+
+@tsr.function
+def scaled_twice(x: Tensor["N"]):
+    return (x * 0.5) * 3.0, (x.to(tsr.fp32) * 0.5) * 3.0
+
+
+@pytest.mark.parametrize("dtype", ["bf16", "fp16"])
+def test_chained_constant_scales_fold_where_the_dtype_is_16_bit(dtype):
+    """(x * c1) * c2 is one multiply by c1 c2 where the product's dtype is bf16 or fp16 (whose graph
+    rounds x * c1 anyway: attention's 1/sqrt(d) and a soft-cap's 1/cap); an fp32 product keeps both
+    multiplies (IEEE order). Both results are the exact reference's to their dtype's rounding."""
+    c = scaled_twice.compile(scaled_twice.arg_specs_for({"N": 1000}, dtype))
+    products = [line for line in c.ir("tile").splitlines() if "arith.mulf" in line]
+    assert len(products) == 3   # one for the 16-bit result, two for the fp32 one
+    x = np.random.default_rng(3).standard_normal(1000).astype(getattr(tsr, dtype).np)
+    half, single = c.run(x)
+    exact = x.astype(np.float64) * 1.5
+    np.testing.assert_array_equal(half, exact.astype(half.dtype))
+    np.testing.assert_allclose(single, exact, rtol=1e-6)
