@@ -446,7 +446,7 @@ class _Reverse:
         self.values[softmax.res], self.probabilities[softmax.res] = probs, wide
         for cast in _cast_chain(softmax.res):
             with _provenance_of(cast):
-                probs = ops.cast(probs, cast.res.type.dtype)
+                probs = ops.cast(probs, cast.res.type.dtype, storage=cast.storage is not None)
             self.values[cast.res] = probs
 
     def _find_active(self, args, body) -> None:

@@ -3,7 +3,7 @@
 Every graph op is evaluated in float64 (int64 for integers) on the same,
 dtype-rounded, inputs the kernels get, and a float op's result stays float64:
 only an explicit `graph.cast` rounds (to its destination type, as the kernels'
-casts do), integer and bool results keep their dtype's values, and each result
+casts do; not a gradient's storage cast, which kernels round only where they store), integer and bool results keep their dtype's values, and each result
 is rounded once to its dtype at the end. So the reference is the exact answer
 for the inputs, never less accurate than a fused kernel that computes in fp32
 registers and rounds at its store (rounding every op's result to bf16, as the
@@ -139,7 +139,8 @@ def _check(op: g.AssertOp, cond: np.ndarray) -> None:
 def run_graph(func_op, inputs: Sequence[np.ndarray], exact: bool = True) -> list[np.ndarray]:
     """Evaluate a graph `func.func` on NumPy inputs; returns one array per result, of its dtype.
 
-    `exact`: float intermediates stay float64 (casts still round, but for a storage cast: `graph.CastOp.rounds_inside_kernels`); each result is rounded to its
+    `exact`: float intermediates stay float64 (casts still round, but for storage casts:
+    `graph.CastOp.rounds_inside_kernels`); each result is rounded to its
     dtype once, at the end. Otherwise every op's result is rounded to its dtype (eager PyTorch)."""
     from xdsl.dialects import func
 

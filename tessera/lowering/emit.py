@@ -177,16 +177,17 @@ APPROXIMATE = arith.FastMathFlagsAttr(["afn"])
 
 #: math functions with a fast hardware approximation -> its relative error, in bits (PTX ISA:
 #: tanh.approx.f32, 2^-10.987 at most). A graph op whose result is a float of at most that many bits
-#: past its leading one (bf16, fp16) may take it (`approximate`): it errs by less than the unit in the
-#: last place the result keeps, and the graph rounds to that place anyway.
+#: past its leading one (bf16, fp16) takes it (`approximate`): it errs by about a unit in the last
+#: place the result keeps at most, and the graph rounds to that place anyway.
 APPROXIMATION_BITS = {"tanh": 10.987}
 
 
 def approximate(kind: str, dt) -> bool:
     """Whether elementwise `kind` computing a `dt` result may use its fast approximation
-    (`APPROXIMATION_BITS`) where the emitter allows it (`Emitter.approximations`): its math op is
-    then marked `afn`, which a backend with the instruction takes (PTX tanh.approx.f32: one MUFU op
-    an element, where the accurate tanh takes ex2, rcp and five more)."""
+    (`APPROXIMATION_BITS`): its math op is then marked `afn`, which a backend with the instruction
+    takes (PTX tanh.approx.f32: one MUFU op an element, where the accurate tanh takes ex2, rcp and
+    five more; a soft-capped attention evaluates one a score, forward and backward). A gelu's tanh
+    computes in fp32 (`ops._in_fp32`), so it stays accurate."""
     return kind in APPROXIMATION_BITS and dt.is_float and dt.significand_bits - 1 <= APPROXIMATION_BITS[kind]
 
 
@@ -262,10 +263,6 @@ ELEMENTWISE: dict[str, Callable] = {
 }
 
 
-#: the math op each of `APPROXIMATION_BITS`'s functions is built as, marked approximate
-APPROXIMATE_MATH = {"tanh": math.TanhOp}
-
-
 #: the smallest and largest normal f32 magnitudes (a folded constant outside them is not folded)
 F32_TINY, F32_MAX = 1.1754943508222875e-38, 3.4028234663852886e+38
 
@@ -312,12 +309,6 @@ class Emitter:
         #: `where` ops whose condition holds on every element of the tile being emitted (a mask that
         #: cuts none of a block: `schedule_to_tile.lower_flash_chain`): each is its kept operand
         self.kept_wheres: frozenset[Operation] = frozenset()
-        #: whether math functions may take their fast approximations (`approximate`): the attention
-        #: templates' score modifications, evaluated once per score (forward and backward) and fed to
-        #: a softmax, as FlashAttention's soft-capping takes tanh.approx. Elsewhere the accurate
-        #: function: a GEMM epilogue's or a streaming kernel's time is the matmul's or memory's, and
-        #: a gelu's 1 + tanh(x) would lose its tail's digits (2^-11 of 1 against gelu(-3) = -0.004)
-        self.approximations = False
 
     def value(self, v: SSAValue, m: Map, ctx: TileCtx) -> SSAValue:
         """`v` (whose dims walk the axes in `m`) as a compute tile over `ctx`."""
@@ -377,9 +368,10 @@ class Emitter:
                 args = [convert(self.b, a, i1) for a in args]
             else:
                 args = [convert(self.b, a, want) for a in args]
-            if self.approximations and approximate(op.kind, dt):
-                return self.b(APPROXIMATE_MATH[op.kind](*args, APPROXIMATE))
-            return ELEMENTWISE[op.kind](self.b, *args)
+            result = ELEMENTWISE[op.kind](self.b, *args)
+            if approximate(op.kind, dt):
+                result.owner.properties["fastmath"] = APPROXIMATE
+            return result
         raise TesseraError(f"{op.name} cannot be computed inside a fused elementwise region")
 
     def _folded_product(self, op: g.ElementwiseOp, m: Map, ctx: TileCtx) -> SSAValue | None:

@@ -1480,7 +1480,6 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     """The loop of a flash-attention kernel over the key blocks its query block sees (grid axis 0:
     query blocks, axis 1: batch); with `split` = (index, splits), over the index-th of `splits`
     equal runs of them (grid axis 2), copies past the run reading padding."""
-    kb.em.approximations = True   # (score modifications: `Emitter.approximations`)
     m1, m2 = kb.op(g.MatmulOp)
     (sm,) = kb.op(g.SoftmaxOp)
     axes, tile, p = att.axes, att.tile, kb.params
@@ -1873,7 +1872,6 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     many uses read them (Q both for the scores and for dK). The attention backward's kernels:
     dK and dV (one kernel), dQ. A row or column count taken at run time (a sequence length) sizes
     the grid and the column loop then, its last block masked."""
-    kb.em.approximations = True   # (score modifications and their derivatives: `Emitter.approximations`)
     sinks = index_maps.chain_sinks(kb.group_block, kb.bindings)
     scores = _chain_scores(kb, sinks)
     dims = _chain_dims(kb, sinks)

@@ -196,7 +196,7 @@ class _Merge:
             if dry:
                 return None
             result = g.TensorType.of(new_shape, g.tensor_type(v).dtype)
-            new = g.CastOp(operands[0], result) if isinstance(op, g.CastOp) else \
+            new = g.CastOp(operands[0], result, op.storage is not None) if isinstance(op, g.CastOp) else \
                 g.ELEMENTWISE_OPS[op.kind](operands, result)
             return self._add(new, op)
         if isinstance(op, g.ReshapeOp) and g.is_unit_reshape(op, self.bindings):
@@ -230,8 +230,8 @@ class _Merge:
         probs = self._add(g.SoftmaxOp(scores, rank - 2, g.TensorType.of(
             g.tensor_type(scores).shape, g.tensor_type(sm.res).dtype)), sm)
         for cast in self.casts:
-            probs = self._add(g.CastOp(probs, g.TensorType.of(g.tensor_type(probs).shape,
-                                                               g.tensor_type(cast.res).dtype)), cast)
+            probs = self._add(g.CastOp(probs, g.TensorType.of(g.tensor_type(probs).shape, g.tensor_type(cast.res).dtype),
+                                       cast.storage is not None), cast)
         out = self._matmul(self.m2, probs, self._without_groups(self.m2))
         view = self._add(g.ReshapeOp(out, self.m2.res.type), self.m2)
         block = self.m2.parent_block()
