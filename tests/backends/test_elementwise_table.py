@@ -147,3 +147,18 @@ def test_a_16_bit_tanh_takes_the_hardware_tanh(tmp_path):
             for kernel in compiled.stage("ptx").values():
                 if arch != "sm_70":   # (CUDA 13's ptxas no longer targets sm_70)
                     assemble(kernel.ptx, arch, tmp_path)
+
+
+def test_bf16_is_refused_before_sm80_with_the_reason():
+    """sm_75 has no bf16 conversions: a bf16 result is an early, named error, not PTX that ptxas
+    rejects; sm_80 compiles it."""
+    import tessera as tsr
+    from tessera.backends.ptx.types import UnsupportedByBackend
+
+    @tsr.function
+    def doubled(x: tsr.Tensor["N", tsr.bf16]):
+        return x * 2.0
+
+    with pytest.raises(UnsupportedByBackend, match="bf16 conversions .* need sm_80 or later; sm_75 has no bf16"):
+        doubled.compile(doubled.arg_specs_for({"N": 8}), arch="sm_75").stage("ptx")
+    assert doubled.compile(doubled.arg_specs_for({"N": 8}), arch="sm_80").stage("ptx")

@@ -17,7 +17,7 @@ from ...ir import tile as t
 from ...lowering.assign_layouts import is_tile
 from ..approximations import ERF_A_S_7_1_26
 from .core import KernelEmitter
-from .types import F16, F32, FP8, PRED, S32, PtxType, UnsupportedByBackend, f32_literal, ptx_type
+from .types import BF16, F16, F32, FP8, PRED, S32, PtxType, UnsupportedByBackend, f32_literal, ptx_type
 
 
 def _unary(ty_of: Callable, template: str):
@@ -369,6 +369,9 @@ def _truncf(e: KernelEmitter, op):
     dst = ptx_type(op.result.type)
     if dst in FP8:
         return _truncf_fp8(e, op, dst)
+    if dst is BF16 and not e.platform.has("bf16"):
+        raise UnsupportedByBackend(f"PTX backend: bf16 conversions (cvt.rn.bf16.f32) need sm_80 or later; "
+                                   f"{e.platform.arch} has no bf16")
 
     def build(args):
         r = e.new(dst)
