@@ -198,6 +198,9 @@ def _pow(e: KernelEmitter, op):
     e.elementwise(op, build)
 
 
+_tanh_approx = _unary(lambda op: F32, "tanh.approx.f32 {r}, {a};")
+
+
 def _tanh(e: KernelEmitter, op):
     """tanh.approx.f32 where the Tile IR marks the tanh approximate (`afn`: a 16-bit result,
     `emit.approximate`) and the platform has it. Else tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)):
@@ -205,12 +208,7 @@ def _tanh(e: KernelEmitter, op):
     rcp.approx (1 ulp, one MUFU op; exp(2|x|) + 1 >= 2, so no denormal is flushed, and an infinite
     exp gives 0): div.rn's IEEE division is a dozen instructions and a slow-path branch an element."""
     if "afn" in op.fastmath.data and e.platform.has("tanh_approx"):
-        def approx(args):
-            r = e.new(F32)
-            e.emit(f"tanh.approx.f32 {r}, {args[0]};")
-            return r
-        e.elementwise(op, approx)
-        return
+        return _tanh_approx(e, op)
 
     def build(args):
         a, y, z, q, r = (e.new(F32) for _ in range(5))
