@@ -202,7 +202,7 @@ _tanh_approx = _unary(lambda op: F32, "tanh.approx.f32 {r}, {a};")
 
 
 def _tanh(e: KernelEmitter, op):
-    """tanh.approx.f32 where the Tile IR marks the tanh approximate (`afn`: a 16-bit result,
+    """tanh.approx.f32 where the Tile IR marks the tanh approximate (`afn`: a bf16 result,
     `emit.approximate`) and the platform has it. Else tanh(x) = sign(x) (1 - 2 / (exp(2|x|) + 1)):
     accurate to ~1e-7 absolute, unlike tanh.approx (2^-10.987 relative). Its reciprocal is
     rcp.approx (1 ulp, one MUFU op; exp(2|x|) + 1 >= 2, so no denormal is flushed, and an infinite
