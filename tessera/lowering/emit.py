@@ -380,7 +380,7 @@ class Emitter:
 
     def _folded_product(self, op: g.ElementwiseOp, m: Map, ctx: TileCtx) -> SSAValue | None:
         """`(x * c1) * c2`, both constants scalars, as `x * (c1 c2)` (the product rounded once to
-        f32), where the result's dtype is a float far coarser than f32 (bf16, fp16), whose graph
+        f32), where the result's dtype is a float far coarser than f32 (bf16, fp16, fp8), whose graph
         rounds `x * c1` anyway: attention's `q @ k^T * (1 / sqrt(d))` scaled again by a soft-cap's
         `1 / cap` took two multiplies a score, forward and backward (ptxas keeps both: IEEE)."""
         if not (g.tensor_type(op.res).dtype.is_float and g.tensor_type(op.res).dtype.significand_bits < 24):
