@@ -29,6 +29,7 @@ FEATURES: dict[str, str] = {
     "ldmatrix": "ldmatrix shared->register fragment loads (sm_75+)",
     "tanh_approx": "tanh.approx.f32, tanh in one special-function-unit op (sm_75+)",
     "async_copy": "cp.async global->shared copies with commit/wait groups (sm_80+)",
+    "nan_minmax": "min.NaN / max.NaN, a float min and max that return NaN when an operand is NaN (sm_80+)",
     "bf16": "bf16 arithmetic and bf16 matrix instructions",
     "fp8": "fp8 matrix instructions (NVIDIA sm_89+ e4m3/e5m2; AMD gfx94x, FNUZ encodings)",
     "tma": "Tensor Memory Accelerator: cp.async.bulk.tensor with tensor maps (sm_90+)",
@@ -51,7 +52,7 @@ FEATURES: dict[str, str] = {
 # NVIDIA feature sets, each generation adding to the previous one.
 _SM70 = frozenset({"tensor_cores", "wmma"})
 _SM75 = _SM70 | {"mma_sync", "ldmatrix", "tanh_approx"}
-_SM80 = _SM75 | {"async_copy", "bf16"}
+_SM80 = _SM75 | {"async_copy", "bf16", "nan_minmax"}
 _SM89 = _SM80 | {"fp8"}
 _SM90 = _SM89 | {"tma", "clusters", "stmatrix", "programmatic_launch"}
 _SM90A = _SM90 | {"wgmma", "setmaxnreg"}
@@ -374,7 +375,7 @@ def copy_mechanism(platform: Platform | str, padding: float = 0.0) -> str:
 
 # The PTX ISA version each feature's instructions need (checked with ptxas 13.0).
 _FEATURE_PTX_ISA: dict[str, tuple[int, int]] = {
-    "wmma": (6, 0), "mma_sync": (6, 5), "ldmatrix": (6, 5), "tanh_approx": (7, 0), "async_copy": (7, 0),
+    "wmma": (6, 0), "mma_sync": (6, 5), "ldmatrix": (6, 5), "tanh_approx": (7, 0), "async_copy": (7, 0), "nan_minmax": (7, 0),
     "bf16": (7, 0), "clusters": (7, 8), "stmatrix": (7, 8), "programmatic_launch": (7, 8), "tma": (8, 0),
     "wgmma": (8, 0), "setmaxnreg": (8, 0), "fp8": (8, 4), "tcgen05": (8, 6),
     "tmem": (8, 6), "cta_pairs": (8, 6),

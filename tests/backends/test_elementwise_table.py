@@ -161,3 +161,22 @@ def test_bf16_is_refused_before_sm80_with_the_reason():
     with pytest.raises(UnsupportedByBackend, match="bf16 conversions .* need sm_80 or later; sm_75 has no bf16"):
         doubled.compile(doubled.arg_specs_for({"N": 8}), arch="sm_75").stage("ptx")
     assert doubled.compile(doubled.arg_specs_for({"N": 8}), arch="sm_80").stage("ptx")
+
+
+@needs_ptxas
+def test_maximum_and_row_max_propagate_nan_on_sm75_without_max_nan(tmp_path):
+    """max.NaN / min.NaN need sm_80: on sm_75 a float maximum (elementwise, and a row reduction's
+    combines, softmax's max among them) is max.f32 plus the sum of its operands where either is NaN,
+    which ptxas assembles for sm_75; sm_80 keeps the single instruction."""
+    import tessera as tsr
+
+    @tsr.function
+    def maxima(x: tsr.Tensor["M", "N"]):
+        return tsr.softmax(x, dim=-1), tsr.maximum(x, 0.5), tsr.amax(x, 1)
+
+    for arch, nan_ops in (("sm_75", False), ("sm_80", True)):
+        kernels = maxima.compile(maxima.arg_specs_for({"M": 33, "N": 1000}, "fp16"), arch=arch).stage("ptx")
+        assert len(kernels) == 3
+        for kernel in kernels.values():
+            assert (".NaN.f32" in kernel.ptx) == nan_ops and ("setp.nan.f32" in kernel.ptx) != nan_ops
+            assemble(kernel.ptx, arch, tmp_path)

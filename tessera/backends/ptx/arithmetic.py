@@ -66,6 +66,36 @@ def _binary(template_f: str | None, template_i: str | None = None, template_p: s
     return handle
 
 
+def emit_nan_minmax(e: KernelEmitter, kind: str, r: str, a: str, b: str) -> None:
+    """r = min or max (`kind`) of f32 registers a and b, NaN if either is (NumPy's and torch's
+    maximum): `max.NaN.f32` where the platform has it (sm_80+), else `max.f32`, which returns the
+    other operand, and the sum of the two where either is NaN."""
+    if e.platform.has("nan_minmax"):
+        e.emit(f"{kind}.NaN.f32 {r}, {a}, {b};")
+        return
+    nan = e.new(PRED)
+    e.emit(f"{kind}.f32 {r}, {a}, {b};")
+    e.emit(f"setp.nan.f32 {nan}, {a}, {b};")
+    e.emit(f"@{nan} add.f32 {r}, {a}, {b};")
+
+
+def _nan_minmax(kind: str):
+    """arith.maximumf / minimumf: `_binary`'s (in place where it may) with max.NaN / min.NaN, or on
+    a platform without them `emit_nan_minmax`'s sequence."""
+    with_nan = _binary(f"{kind}.NaN.f32 {{r}}, {{a}}, {{b}};")
+
+    def handle(e: KernelEmitter, op):
+        if e.platform.has("nan_minmax"):
+            return with_nan(e, op)
+
+        def build(args):
+            r = e.new(F32)
+            emit_nan_minmax(e, kind, r, args[0], args[1])
+            return r
+        e.elementwise(op, build)
+    return handle
+
+
 def _updatable_in_place(e: KernelEmitter, op) -> list[str] | None:
     """The registers of `op`'s first operand when `op` may overwrite them: a tile a loop carries
     (an iteration argument), of the result's type, that nothing else reads. Then a wgmma that
@@ -408,8 +438,8 @@ HANDLERS: dict[type, Callable] = {
     arith.SubfOp: _binary("sub.f32 {r}, {a}, {b};"),
     arith.MulfOp: _binary("mul.f32 {r}, {a}, {b};"),
     arith.DivfOp: _divf,
-    arith.MaximumfOp: _binary("max.NaN.f32 {r}, {a}, {b};"),
-    arith.MinimumfOp: _binary("min.NaN.f32 {r}, {a}, {b};"),
+    arith.MaximumfOp: _nan_minmax("max"),
+    arith.MinimumfOp: _nan_minmax("min"),
     arith.NegfOp: _unary(_result_type, "neg.f32 {r}, {a};"),
     arith.AddiOp: _binary(None, "add.s32 {r}, {a}, {b};"),
     arith.SubiOp: _binary(None, "sub.s32 {r}, {a}, {b};"),
