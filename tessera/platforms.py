@@ -375,7 +375,8 @@ def copy_mechanism(platform: Platform | str, padding: float = 0.0) -> str:
 
 # The PTX ISA version each feature's instructions need (checked with ptxas 13.0).
 _FEATURE_PTX_ISA: dict[str, tuple[int, int]] = {
-    "wmma": (6, 0), "mma_sync": (6, 5), "ldmatrix": (6, 5), "tanh_approx": (7, 0), "async_copy": (7, 0), "nan_minmax": (7, 0),
+    "wmma": (6, 0), "mma_sync": (6, 5), "ldmatrix": (6, 5), "tanh_approx": (7, 0), "async_copy": (7, 0),
+    "nan_minmax": (7, 0),
     "bf16": (7, 0), "clusters": (7, 8), "stmatrix": (7, 8), "programmatic_launch": (7, 8), "tma": (8, 0),
     "wgmma": (8, 0), "setmaxnreg": (8, 0), "fp8": (8, 4), "tcgen05": (8, 6),
     "tmem": (8, 6), "cta_pairs": (8, 6),

@@ -3,7 +3,8 @@
 Every graph op is evaluated in float64 (int64 for integers) on the same,
 dtype-rounded, inputs the kernels get, and a float op's result stays float64:
 only an explicit `graph.cast` rounds (to its destination type, as the kernels'
-casts do; not a gradient's storage cast, which kernels round only where they store), integer and bool results keep their dtype's values, and each result
+casts do; not a gradient's storage cast, which kernels round only where they store),
+integer and bool results keep their dtype's values, and each result
 is rounded once to its dtype at the end. So the reference is the exact answer
 for the inputs, never less accurate than a fused kernel that computes in fp32
 registers and rounds at its store (rounding every op's result to bf16, as the

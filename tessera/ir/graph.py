@@ -689,7 +689,8 @@ class CastOp(_OneTensorOp):
     @property
     def rounds_inside_kernels(self) -> bool:
         """Whether a kernel rounds the value where it computes on it (not a float `storage` cast)."""
-        return self.storage is None or not (tensor_type(self.input).dtype.is_float and tensor_type(self.res).dtype.is_float)
+        floats = tensor_type(self.input).dtype.is_float and tensor_type(self.res).dtype.is_float
+        return self.storage is None or not floats
 
     def verify_(self) -> None:
         if tensor_type(self.input).shape != tensor_type(self.res).shape:

@@ -230,8 +230,8 @@ class _Merge:
         probs = self._add(g.SoftmaxOp(scores, rank - 2, g.TensorType.of(
             g.tensor_type(scores).shape, g.tensor_type(sm.res).dtype)), sm)
         for cast in self.casts:
-            probs = self._add(g.CastOp(probs, g.TensorType.of(g.tensor_type(probs).shape, g.tensor_type(cast.res).dtype),
-                                       cast.storage is not None), cast)
+            cast_type = g.TensorType.of(g.tensor_type(probs).shape, g.tensor_type(cast.res).dtype)
+            probs = self._add(g.CastOp(probs, cast_type, cast.storage is not None), cast)
         out = self._matmul(self.m2, probs, self._without_groups(self.m2))
         view = self._add(g.ReshapeOp(out, self.m2.res.type), self.m2)
         block = self.m2.parent_block()

@@ -552,8 +552,8 @@ def test_the_attention_backward_rounds_ds_once():
     compiled = Derivative(FUNCTIONS["plain"], cotangent_names=["d_out"]).compile(specs, arch="sm_90a")
     assert "storage" in compiled.ir("graph")
     kernels = _re.split(r"tile\.kernel @", compiled.ir("tile"))
-    (dkdv,) = [k for k in kernels if k.startswith("plain_vjp_flash_chain") and "tensor<64x64xf32>, tensor<64x64xf32>" in k
-               and k.count("tile.mma") >= 4]
+    (dkdv,) = [k for k in kernels if k.startswith("plain_vjp_flash_chain")
+               and "tensor<64x64xf32>, tensor<64x64xf32>" in k and k.count("tile.mma") >= 4]
     assert dkdv.count("arith.truncf") == 4
 
 
