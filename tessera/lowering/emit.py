@@ -359,7 +359,7 @@ class Emitter:
         if isinstance(op, (g.TransposeOp, g.ReshapeOp)):
             return operands[0]
         if isinstance(op, g.CastOp):
-            if not op.rounds_inside_kernels:   # (a gradient's storage cast: rounded where stored)
+            if not self._rounds(op):   # (a widening cast, or a gradient's storage cast: rounded where stored)
                 return convert(self.b, operands[0], compute_element(dt))
             return self._cast(operands[0], g.tensor_type(op.input).dtype, dt)
         if isinstance(op, g.ElementwiseOp):
@@ -394,7 +394,7 @@ class Emitter:
                     and g.tensor_type(inner.owner.input).dtype.is_float and not self._rounds(inner.owner):
                 inner = inner.owner.input   # (a widening cast: the same f32 value)
             inner_op = inner.owner
-            if inner in self.params or inner in self.overrides or not (
+            if inner in self.overrides or not (
                     isinstance(inner_op, g.ElementwiseOp) and inner_op.kind == "mul"
                     and g.tensor_type(inner).dtype.is_float):
                 return None
@@ -410,8 +410,8 @@ class Emitter:
 
     @staticmethod
     def _rounds(op: g.CastOp) -> bool:
-        """Whether a cast's value differs from its operand's in a kernel (`_cast`): a float cast
-        rounds to a narrower float's storage type, unless it is a storage cast."""
+        """Whether a cast's value in a kernel is more than its operand's converted to the compute
+        type (`_cast`): a cast to a float narrower than f32 rounds, unless it is a storage cast."""
         dst = g.tensor_type(op.res).dtype
         return op.rounds_inside_kernels and not (dst.is_float and dst.bits >= 32)
 
