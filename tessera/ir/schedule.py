@@ -220,6 +220,19 @@ def gemm_tile(params: dict[str, int], m: int, n: int, k: int, element_bytes: int
 COLUMN_TILE_PER_WARP = 16 * 32
 
 
+#: elements a row-reduction program aims to hold (a row that fits is read once)
+ROW_TILE_ELEMENTS = 4096
+
+
+def row_tile(params: dict[str, int], n_rows: int, row_elements: int) -> tuple[int, int, int]:
+    """(rows a program, columns a chunk, chunks a row) of a row kernel over `n_rows` rows (a
+    dynamic count's hint) of `row_elements`: block_n cut to the row (a power of two), and rows
+    added up to ROW_TILE_ELEMENTS a tile, cut to block_m and to the rows there are."""
+    bn = min(params["block_n"], 1 << max(0, row_elements - 1).bit_length())
+    bm = min(params["block_m"], max(1, ROW_TILE_ELEMENTS // bn), 1 << max(0, n_rows - 1).bit_length())
+    return bm, bn, -(-row_elements // bn)
+
+
 def column_tile(params: dict[str, int], n_red: int, n_col: int) -> tuple[int, int, int]:
     """(rows a step, columns, warps) of a column reduction's tile over `n_red` reduced rows and
     `n_col` kept columns: block_m x block_n cut to the sizes (powers of two), the warps the tile

@@ -344,9 +344,6 @@ def _output_tile(kb: KernelBuild, axes: Sequence[str], dims: Sequence, block_m: 
 
 # --- row reductions ------------------------------------------------------------------------------
 
-#: elements a row-reduction program aims to hold (a row that fits is read once)
-ROW_TILE_ELEMENTS = 4096
-
 NEUTRAL = g.NEUTRAL
 COMBINE = {"sum": arith.AddfOp, "mean": arith.AddfOp, "max": arith.MaximumfOp, "min": arith.MinimumfOp}
 TILE_REDUCE = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}
@@ -359,7 +356,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     in (`riders`, a norm backward's weight and bias gradients) make the kernel persistent: each of
     `programs` blocks walks row blocks pid, pid + programs, ..., adds each block's rows of every
     rider's operand into a register accumulator per column, and writes its partial results, fp32
-    [programs, N]; a kernel after it per rider combines them in order."""
+    [programs, N]; a kernel after it combines them in order."""
     candidates = kb.op((g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp, g.NormStatisticOp))
     riders = [op for op in candidates if _rides_rows(kb, op)] if len(candidates) > 1 else []
     rows_ops = [op for op in candidates if op not in riders]
@@ -376,9 +373,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         raise TesseraError(f"{anchor.name} over a rank-1 tensor is not supported yet; add a leading dim "
                            f"(x[None, :]) or keep the reduced dim")
     row, col, n = axes[rows[-1]], axes[axis], sizes[axis]
-    bn = min(kb.params["block_n"], pow2_at_least(n, 1))
-    bm = min(kb.params["block_m"], max(1, ROW_TILE_ELEMENTS // bn), pow2_at_least(hint(sizes[rows[-1]]), 1))
-    chunks = cdiv(n, bn)
+    bm, bn, chunks = s.row_tile(kb.params, hint(sizes[rows[-1]]), n)
     batch = [(axes[i], sizes[i]) for i in rows[:-1]]
     grid = (kb.grid_extent(x_t.shape[rows[-1]], sizes[rows[-1]], bm),
             kb.grid_extent(x_t.shape[rows[0]], sizes[rows[0]], 1, math.prod(sizes[i] for i in rows[1:-1]))
@@ -528,16 +523,22 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
 
 def _rides_rows(kb: KernelBuild, op) -> bool:
     """A column reduction fusion merged into a row kernel (`merge_column_reductions`): a reduce
-    over axis 0 of a 2-D value, one of the kernel's outputs."""
+    over axis 0 of a 2-D value, one of the kernel's outputs (`_rider_output`)."""
     return (isinstance(op, g.ReduceOp) and op.axis.data == 0 and g.tensor_type(op.input).rank == 2
-            and op.res in list(kb.group_block.last_op.operands))
+            and _rider_output(kb, op) is not None)
+
+
+def _rider_output(kb: KernelBuild, rider) -> SSAValue | None:
+    """The kernel output computed from `rider`'s result: itself, or through an epilogue (a weight
+    gradient's reshape to the weight's dims and cast to its dtype: fusion's `_unit_dims_apart`)."""
+    return next((v for v in kb.group_block.last_op.operands if _computed_from(v, rider)), None)
 
 
 def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: int | SSAValue, bm: int,
                      chunks: int, bn: int, axes) -> tuple[int, int, int]:
     """The row kernel as `programs` blocks walking row blocks (`lower_row_reduction`), each rider's
-    column accumulators carried through the walk, then stored as the block's partial results; a
-    kernel after it per rider adds the blocks' partials in order, then the rider's epilogue. A
+    column accumulators carried through the walk, then stored as the block's partial results; one
+    kernel after it adds each rider's partials in order, then the rider's epilogue. A
     row count taken at run time ends the walk then; blocks past it store neutral partials."""
     if isinstance(row_blocks, int):
         programs = min(kb.params.get("programs", row_blocks), row_blocks)
@@ -559,15 +560,18 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
         for c in range(chunks):
             ctx = TileCtx({axes[1]: (kb.b.index(c * bn), bn)}, {"p": kb.pid(0)})
             kb.em.store(accs[i * chunks + c], buffer, ("p", axes[1]), ctx, dtypes.fp32)
-    for i, rider in enumerate(riders):
-        after = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_combine{i}")
-        scratch = [after.add_scratch(partials_type) for _ in riders]
-        out_map = (None, axes[1]) if rider.keepdim.data else (axes[1],)
+    after = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_combine")
+    scratch = [after.add_scratch(partials_type) for _ in riders]
+    after_grid = None
+    for rider, partials in zip(riders, scratch):   # one kernel for every rider: a launch, not one each
+        result = _rider_output(kb, rider)
+        out_map = epilogue_map(kb, result, rider, (None, axes[1]) if rider.keepdim.data else (axes[1],))
 
-        def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx, rider=rider, out_map=out_map) -> None:
-            _store_column_result(build, rider, total, ctx, out_map, rider.res, _output_param(build, rider.res))
-        after_grid = _combine_partials(after, scratch[i], programs, rider.kind.data, [], axes[1], n_col, finish, "p")
-        kb.after.append((_finish(after), after_grid))
+        def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx, rider=rider, out_map=out_map,
+                   result=result) -> None:
+            _store_column_result(build, rider, total, ctx, out_map, result, _output_param(build, result))
+        after_grid = _combine_partials(after, partials, programs, rider.kind.data, [], axes[1], n_col, finish, "p")
+    kb.after.append((_finish(after), after_grid))
     return (programs, 1, 1)
 
 
@@ -605,6 +609,7 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
     if not anchor.keepdim.data:
         out_map = out_map[:axis] + out_map[axis + 1:]
+    out_map = epilogue_map(kb, kb.result, anchor, out_map)   # (through an epilogue's size-1 dims)
     kept = [*(a for a, _ in batch), col]
     shape = [bm, bn]
 

@@ -294,9 +294,10 @@ class _Planner:
             producer = self.group_of[self.producer(value)]
             if producer.kind == "elementwise" or producer.output is not value:
                 continue
-            if any(u not in consumer.ops for u in self.users(value)):
+            if any(u not in consumer.ops for u in self._readers(value)):
                 continue
-            if g.tensor_type(consumer.output).shape != g.tensor_type(value).shape:
+            if g.tensor_type(consumer.output).shape != g.tensor_type(value).shape \
+                    and not self._unit_dims_apart(producer, consumer, value):
                 continue
             if any(isinstance(o, WINDOWS) or byte_operands.is_layout_copy(o) for o in consumer.ops):
                 continue
@@ -305,6 +306,21 @@ class _Planner:
             self.claim(producer, consumer.ops)
             producer.output = consumer.output
             self.groups.remove(consumer)
+
+    def _readers(self, v: SSAValue) -> list[Operation]:
+        """`users` of v, those of a size-1 dims' reshape of it in its place (a cheap view every
+        kernel recomputes)."""
+        return [r for u in self.users(v) for r in (self._readers(u.res) if isinstance(u, g.ReshapeOp)
+                                                   and g.is_unit_reshape(u, self.bindings) else [u])]
+
+    def _unit_dims_apart(self, producer: Group, consumer: Group, value: SSAValue) -> bool:
+        """Whether elementwise `consumer` keeps column reduction `producer`'s result `value` but for
+        size-1 dims, which its reshapes add or drop (a weight gradient's [1, N] sum stored as the
+        weight's [N] and cast to its dtype, in the kernel that sums it, or that combines its
+        partial sums: `schedule_to_tile.epilogue_map`), where two more kernels took a launch each."""
+        unit = [n for n in self._sizes(value) if n != 1] == [n for n in self._sizes(consumer.output) if n != 1]
+        return producer.kind == "column_reduction" and unit and all(
+            g.is_unit_reshape(op, self.bindings) for op in consumer.ops if isinstance(op, g.ReshapeOp))
 
     def merge_row_broadcasts(self) -> None:
         """Folds an elementwise group that reads a row reduction's result broadcast along the
@@ -336,8 +352,8 @@ class _Planner:
             self.groups.remove(consumer)
 
     def merge_column_reductions(self) -> None:
-        """Folds a column reduction of a 2-D value (a sum over its rows, with no epilogue) into a
-        row kernel over the same rows (a norm backward's dx kernel and its weight and bias
+        """Folds a column reduction of a 2-D value (a sum over its rows, maybe with an epilogue,
+        which the combining kernel computes) into a row kernel over the same rows (a norm backward's dx kernel and its weight and bias
         gradients): the row kernel walks its row blocks persistently and adds each block's rows
         into column accumulators (`lower_row_reduction`'s riders), so the operands both read come
         from memory once, where the column kernel read them again. Only where the row fits in one
@@ -345,8 +361,8 @@ class _Planner:
         come from kernels that run before the row kernel, and its result is read after it. Of
         several row kernels, the one sharing the most inputs, then the last."""
         for column in [grp for grp in self.groups if grp.kind == "column_reduction"]:
-            reduce = self.producer(column.output)
-            if not isinstance(reduce, g.ReduceOp) or reduce.axis.data != 0 or g.tensor_type(reduce.input).rank != 2:
+            (reduce,) = (op for op in column.ops if isinstance(op, g.ReduceOp))
+            if reduce.axis.data != 0 or g.tensor_type(reduce.input).rank != 2:
                 continue
             sizes = self._sizes(reduce.input)
             if sizes[1] > s.KINDS["row_reduction"][0]["block_n"]:
@@ -984,7 +1000,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
-        params["programs"] = pinned.get("programs", [planner.sm_count * ROW_WALK_BLOCKS_PER_SM])[0]
+        params["programs"] = pinned.get("programs", [planner.sm_count * _row_walk_blocks(group, planner, params)])[0]
     return block, inputs, params, space, choice
 
 
@@ -1278,11 +1294,11 @@ COLUMN_BLOCKS_PER_SM = 4
 MIN_SPLIT_ROW_STEPS = 8
 
 
-#: blocks per SM of a row kernel carrying column reductions, which walk the row blocks (each writes
-#: a row of partial results for the combining kernels). H100 bf16 norm backwards, 4 vs 2 a SM: RMSNorm
-#: 16384 x 8192 323 -> 310 us, 32768 x 4096 341 -> 321; LayerNorm 65536 x 1024 207 -> 182 (RMSNorm
-#: there 158 -> 166); bench/RESULTS.md session 16
-ROW_WALK_BLOCKS_PER_SM = 2
+#: registers a thread of a row kernel carrying column reductions takes, per element of its share of
+#: the row tile and of the riders' accumulators, and besides (`_row_walk_blocks`): fitted to what
+#: ptxas allocated for the norm backwards (sm_90a, bf16, 4-16 warps, rows of 1024-8192 elements; 3%
+#: or closer at 4+ elements of each, e.g. 236 for a layer_norm's at 8192 on 8 warps, 145 at 1024 on 4)
+ROW_WALK_REGISTERS = (3.2, 1.9, 12)
 
 
 #: column reductions one row kernel carries at most: each holds a row-wide accumulator in registers
@@ -1299,9 +1315,42 @@ def _over_last_axis(op) -> bool:
 
 
 def _column_riders(group: Group, planner: _Planner) -> list:
-    """The column reductions `merge_column_reductions` put in a row kernel."""
-    return [op for v in group.extra if isinstance(op := planner.producer(v), g.ReduceOp)
-            and op.axis.data == 0 and g.tensor_type(op.input).rank == 2]
+    """The column reductions `merge_column_reductions` put in a row kernel (each computing one of
+    its extra outputs, maybe through an epilogue: `_unit_dims_apart`)."""
+    riders = []
+    for v in group.extra:
+        op = planner.producer(v)
+        while isinstance(op, ELEMENTWISE) and op in group.ops or isinstance(op, g.ReshapeOp):   # (cheap: maybe unclaimed)
+            computed = [x for x in op.operands if planner.producer(x) in group.ops
+                        or isinstance(planner.producer(x), g.ReshapeOp)]
+            if len(computed) != 1:
+                break
+            op = planner.producer(computed[0])
+        if isinstance(op, g.ReduceOp) and op.axis.data == 0 and g.tensor_type(op.input).rank == 2:
+            riders.append(op)
+    return riders
+
+
+def _row_walk_blocks(group: Group, planner: _Planner, params: dict[str, int]) -> int:
+    """Blocks an SM holds of a row kernel carrying column reductions, by the registers a thread
+    takes (`ROW_WALK_REGISTERS`): its walk has as many programs as the SMs hold at once, as each
+    writes a row of partials for the combining kernel to add. Fewer leave memory requests
+    unissued; more run as a second wave, each walk shorter but its partials written and read all
+    the same. H100 bf16 norm backwards, of the copy bandwidth (bench/RESULTS.md session 31), 2 a SM
+    before: layer_norm 16384 x 8192 (236 registers on 8 warps, 1 block) 0.797 -> 0.823x; 65536 x
+    1024 (145 on 4, 3 blocks) 0.813 -> 0.895x, rms_norm there (114 on 4, 4 blocks) 0.888 -> 0.94x;
+    rms_norm 16384 x 8192 (255 on 4, 2 blocks) as it was, 0.91x."""
+    riders = _column_riders(group, planner)
+    n_rows, row_elements = planner._sizes(riders[0].input)
+    rows, cols, chunks = s.row_tile(params, hint(n_rows), row_elements)
+    threads = 32 * params["num_warps"]
+    per_tile, per_accumulator, fixed = ROW_WALK_REGISTERS
+    registers = fixed + (per_tile * rows * cols + per_accumulator * len(riders) * chunks * cols) / threads
+    platform = planner.platform
+    if platform is None or platform.vendor != "nvidia":   # (no register file to count by)
+        return 1
+    regs = min(platform.max_regs_per_thread, math.ceil(registers))
+    return max(1, platforms.occupancy(platform, threads, regs, 0)[0])
 
 
 def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
