@@ -562,15 +562,15 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
             kb.em.store(accs[i * chunks + c], buffer, ("p", axes[1]), ctx, dtypes.fp32)
     after = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_combine")
     scratch = [after.add_scratch(partials_type) for _ in riders]
-    after_grid = None
-    for rider, partials in zip(riders, scratch):   # one kernel for every rider: a launch, not one each
-        result = _rider_output(kb, rider)
-        out_map = epilogue_map(kb, result, rider, (None, axes[1]) if rider.keepdim.data else (axes[1],))
+    results = [_rider_output(kb, rider) for rider in riders]
+    maps = [epilogue_map(kb, result, rider, (None, axes[1]) if rider.keepdim.data else (axes[1],))
+            for rider, result in zip(riders, results)]
 
-        def finish(build: KernelBuild, total: SSAValue, ctx: TileCtx, rider=rider, out_map=out_map,
-                   result=result) -> None:
-            _store_column_result(build, rider, total, ctx, out_map, result, _output_param(build, result))
-        after_grid = _combine_partials(after, partials, programs, rider.kind.data, [], axes[1], n_col, finish, "p")
+    def finish(build: KernelBuild, i: int, total: SSAValue, ctx: TileCtx) -> None:
+        _store_column_result(build, riders[i], total, ctx, maps[i], results[i], _output_param(build, results[i]))
+    # (one kernel for every rider, their loads issued together: a launch, not one each)
+    after_grid = _combine_partials(after, scratch, programs, [r.kind.data for r in riders], [], axes[1], n_col,
+                                   finish, "p")
     kb.after.append((_finish(after), after_grid))
     return (programs, 1, 1)
 
@@ -674,7 +674,8 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     part.em.store(total, part.out, ("s", *kept), TileCtx({col: (c0, bn)}, {**scalars, "s": part.pid(2)}),
                   dtypes.fp32)
     kb.before.append((_finish(part), grid))
-    return _combine_partials(kb, kb.add_scratch(partials_type), splits, kind, batch, col, n_col, finish)
+    return _combine_partials(kb, [kb.add_scratch(partials_type)], splits, [kind], batch, col, n_col,
+                             lambda build, _, total, ctx: finish(build, total, ctx))
 
 
 #: steps of a column reduction's loop over a reduced axis taken at run time issued together: ptxas
@@ -703,12 +704,13 @@ def _store_column_result(build: KernelBuild, reduce, total: SSAValue, ctx: TileC
     build.store_result(out_map, ctx, result, out)
 
 
-def _combine_partials(kb: KernelBuild, partials: SSAValue, splits: int, kind: str, batch, col: str, n_col: int,
-                      finish: Callable, split_axis: str = "s") -> tuple[int, int, int]:
-    """The kernel combining a column reduction's partial results (fp32 [splits, *batch, n_col]):
-    itself a column reduction, tiled COMBINE_TILE (a row of partials a thread's vector, so every
-    load is whole lines): per block of columns, the splits combined in a fixed order (results do
-    not depend on timing), then `finish` (a mean's scale, the epilogue, the store)."""
+def _combine_partials(kb: KernelBuild, partials: Sequence[SSAValue], splits: int, kinds: Sequence[str], batch,
+                      col: str, n_col: int, finish: Callable, split_axis: str = "s") -> tuple[int, int, int]:
+    """The kernel combining column reductions' partial results (each fp32 [splits, *batch, n_col],
+    reduced by its kind): itself a column reduction, tiled COMBINE_TILE (a row of partials a
+    thread's vector, so every load is whole lines): per block of columns, the splits combined in a
+    fixed order (results do not depend on timing), every buffer's tiles loaded in the same step,
+    then `finish(kb, i, total, ctx)` for each (a mean's scale, the epilogue, the store)."""
     width = min(COMBINE_TILE[1], pow2_at_least(n_col, 1))
     rows = min(COMBINE_TILE[0], pow2_at_least(splits, 1))
     warps = kb.limit_warps(max(1, rows * width // s.COLUMN_TILE_PER_WARP))
@@ -717,16 +719,18 @@ def _combine_partials(kb: KernelBuild, partials: SSAValue, splits: int, kind: st
     scalars = kb.batch_indices(kb.pid(1), batch)
     c0 = kb.mul(kb.pid(0), width)
 
-    def add(iv, acc):
+    def add(iv, *accs):
         s0 = kb.mul(iv, rows)
         offsets, tile_dims, _ = kb.em.access((split_axis, *(a for a, _ in batch), col),
                                              TileCtx({split_axis: (s0, rows), col: (c0, width)}, scalars))
-        tile = kb.b(t.LoadOp(partials, offsets, tile_dims, shape))
+        tiles = [kb.b(t.LoadOp(buffer, offsets, tile_dims, shape)) for buffer in partials]
         if splits % rows:
-            tile = select(kb.b, _index_mask(kb, s0, rows, splits, shape, 0), tile, kb.b.full(NEUTRAL[kind], shape))
-        return [kb.b(COMBINE[kind](acc, tile))]
-    (acc,) = _for(kb.b, 0, cdiv(splits, rows), 1, [kb.b.full(NEUTRAL[kind], shape)], add)
-    finish(kb, kb.b(t.ReduceOp(acc, TILE_REDUCE[kind], 0)), TileCtx({col: (c0, width)}, scalars))
+            live = _index_mask(kb, s0, rows, splits, shape, 0)
+            tiles = [select(kb.b, live, tile, kb.b.full(NEUTRAL[kind], shape)) for tile, kind in zip(tiles, kinds)]
+        return [kb.b(COMBINE[kind](acc, tile)) for acc, tile, kind in zip(accs, tiles, kinds)]
+    accs = _for(kb.b, 0, cdiv(splits, rows), 1, [kb.b.full(NEUTRAL[kind], shape) for kind in kinds], add)
+    for i, (acc, kind) in enumerate(zip(accs, kinds)):
+        finish(kb, i, kb.b(t.ReduceOp(acc, TILE_REDUCE[kind], 0)), TileCtx({col: (c0, width)}, scalars))
     return (cdiv(n_col, width), math.prod(sz for _, sz in batch), 1)
 
 
