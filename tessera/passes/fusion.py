@@ -296,7 +296,8 @@ class _Planner:
                 continue
             if any(u not in consumer.ops for u in self._readers(value)):
                 continue
-            if g.tensor_type(consumer.output).shape != g.tensor_type(value).shape \
+            through_views = bool(self._cheap_between(consumer, value))
+            if (through_views or g.tensor_type(consumer.output).shape != g.tensor_type(value).shape) \
                     and not self._unit_dims_apart(producer, consumer, value):
                 continue
             if any(isinstance(o, WINDOWS) or byte_operands.is_layout_copy(o) for o in consumer.ops):
@@ -317,10 +318,34 @@ class _Planner:
         """Whether elementwise `consumer` keeps column reduction `producer`'s result `value` but for
         size-1 dims, which its reshapes add or drop (a weight gradient's [1, N] sum stored as the
         weight's [N] and cast to its dtype, in the kernel that sums it, or that combines its
-        partial sums: `schedule_to_tile.epilogue_map`), where two more kernels took a launch each."""
-        unit = [n for n in self._sizes(value) if n != 1] == [n for n in self._sizes(consumer.output) if n != 1]
-        return producer.kind == "column_reduction" and unit and all(
-            g.is_unit_reshape(op, self.bindings) for op in consumer.ops if isinstance(op, g.ReshapeOp))
+        partial sums: `schedule_to_tile.epilogue_map`), where two more kernels took a launch each.
+        Not where an op broadcasts the value, nor where the kept last dim, which the template tiles
+        as its columns, is a size-1 dim a reshape could drop."""
+        sizes = self._sizes(value)
+        if producer.kind != "column_reduction" or sizes[-1] == 1 or \
+                [n for n in sizes if n != 1] != [n for n in self._sizes(consumer.output) if n != 1]:
+            return False
+        on_path = {value}
+        for op in sorted(consumer.ops | self._cheap_between(consumer, value), key=self.order.__getitem__):
+            computed = [x for x in op.operands if x in on_path]
+            if not computed:
+                continue
+            if isinstance(op, g.ReshapeOp) and not g.is_unit_reshape(op, self.bindings):
+                return False
+            if not isinstance(op, g.ReshapeOp) and any(self._sizes(x) != self._sizes(op.results[0]) for x in computed):
+                return False
+            on_path.add(op.results[0])
+        return consumer.output in on_path
+
+    def _cheap_between(self, consumer: Group, value: SSAValue) -> set[Operation]:
+        """The size-1 dims' reshapes between `value` and the consumer's ops (cheap: not in a group)."""
+        out, work = set(), [value]
+        while work:
+            for u in self.users(work.pop()):
+                if isinstance(u, g.ReshapeOp) and u not in consumer.ops and u not in out:
+                    out.add(u)
+                    work.append(u.res)
+        return out
 
     def merge_row_broadcasts(self) -> None:
         """Folds an elementwise group that reads a row reduction's result broadcast along the
@@ -1315,19 +1340,23 @@ def _over_last_axis(op) -> bool:
 
 
 def _column_riders(group: Group, planner: _Planner) -> list:
-    """The column reductions `merge_column_reductions` put in a row kernel (each computing one of
-    its extra outputs, maybe through an epilogue: `_unit_dims_apart`)."""
+    """The column reductions `merge_column_reductions` put in a row kernel: those its extra outputs
+    are computed from, maybe through an epilogue (`_unit_dims_apart`; a walk back from each output
+    that stops at reductions)."""
     riders = []
     for v in group.extra:
-        op = planner.producer(v)
-        while isinstance(op, ELEMENTWISE) and op in group.ops or isinstance(op, g.ReshapeOp):   # (cheap: maybe unclaimed)
-            computed = [x for x in op.operands if planner.producer(x) in group.ops
-                        or isinstance(planner.producer(x), g.ReshapeOp)]
-            if len(computed) != 1:
-                break
-            op = planner.producer(computed[0])
-        if isinstance(op, g.ReduceOp) and op.axis.data == 0 and g.tensor_type(op.input).rank == 2:
-            riders.append(op)
+        work, seen = [v], set()
+        while work:
+            op = planner.producer(work.pop())
+            if op is None or op in seen or not (op in group.ops or isinstance(op, g.ReshapeOp)):
+                continue
+            seen.add(op)
+            if isinstance(op, ROW_REDUCTIONS):
+                if isinstance(op, g.ReduceOp) and op.axis.data == 0 and g.tensor_type(op.input).rank == 2 \
+                        and op not in riders:
+                    riders.append(op)
+                continue
+            work.extend(op.operands)
     return riders
 
 

@@ -607,3 +607,45 @@ def test_a_transposed_chain_output_read_by_another_kernel_is_copied(random_input
     """The chain kernel stores its output transposed only where the return alone reads the transpose."""
     compile_and_check(transposed_twice_read, dict(M=100, C=32, F=300, E=48), "fp32", random_inputs,
                       assert_matches_reference)
+
+
+# --- column reductions' epilogues -----------------------------------------------------------------------------
+
+
+@tsr.function
+def column_sum_as_vector(x: Tensor["M", "N"]):
+    """[1, N] -> [N] and a cast: the sum's kernel stores it so (`_unit_dims_apart`)."""
+    return (tsr.sum(x, 0, keepdim=True).reshape(x.shape[1]) * 0.5).to(tsr.bf16)
+
+
+@tsr.function
+def column_sum_broadcast(x: Tensor["M", "N"], w: Tensor[1, "N"]):
+    """[N] + [1, N]: the epilogue broadcasts the sum, which no output map follows: its own kernel."""
+    return tsr.sum(x, 0) + w
+
+
+@tsr.function
+def column_sum_of_one_column(x: Tensor["B", "M", "N"]):
+    """A kept last dim of 1 dropped by the reshape: the template's columns; its own kernel."""
+    return tsr.sum(x, 1).reshape(x.shape[0]) * 2.0
+
+
+@tsr.function
+def rows_and_two_riders(x: Tensor["M", "N"], w: Tensor["N"]):
+    """A row kernel carrying two column sums, one with an epilogue reading another value (a weight
+    decay's 0.01 w): both ride the row walk."""
+    y = x - tsr.mean(x, -1, keepdim=True)
+    return y, tsr.sum(x * w, 0) + 0.01 * w, tsr.sum(x, 0)
+
+
+@pytest.mark.parametrize("fn,dims,kernels", [
+    (column_sum_as_vector, dict(M=4097, N=33), ["column_reduction_0_partials", "column_reduction_0"]),
+    (column_sum_as_vector, dict(M=1, N=7), ["column_reduction_0"]),
+    (column_sum_broadcast, dict(M=300, N=64), ["column_reduction_0", "elementwise_1"]),
+    (column_sum_of_one_column, dict(B=3, M=50, N=1), ["column_reduction_0", "elementwise_1"]),
+    (rows_and_two_riders, dict(M=1000, N=256), ["row_reduction_0", "row_reduction_0_combine"]),
+], ids=["vector", "vector-one-row", "broadcast", "one-column", "two-riders"])
+def test_a_column_reduction_takes_an_epilogue_through_size_1_dims(fn, dims, kernels, random_inputs,
+                                                                   assert_matches_reference):
+    c = compile_and_check(fn, dims, "fp32", random_inputs, assert_matches_reference)
+    assert [k.removeprefix(f"{fn.name}_") for k in c.kernel_names] == kernels
