@@ -53,7 +53,7 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "row_reduction": (
         {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1},
         {"block_m": [1, 4, 16, 64], "block_n": [1024, 2048, 4096, 8192, 16384, 32768], "num_warps": [4, 8, 16],
-         "num_stages": [1]},
+         "num_stages": [1, 2]},
     ),
     # block_m rows of the reduced axis a step, block_n kept columns a program: 32 x 128 on 4 warps
     # (32 accumulators a thread); H100, sum(x * y * r, 0) bf16, of the copy bandwidth, against 32 x
@@ -159,10 +159,15 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("row_reduction", lambda f: (f.get("softmax") or f.get("over_rows")) and f.get("row_elements", 0) > 8192,
      {"num_warps": 16, "block_n": 16384}),
     # a row kernel carrying two column reductions (a layer_norm backward's weight and bias
-    # gradients) over rows of 4096+ elements: 8 warps, as on 4 its accumulators and rows spill
-    # (255 registers at 8192); H200 bf16, 16384 x 8192: 462 -> 404 us, 32768 x 4096: 381 -> 353 us
-    ("row_reduction", lambda f: f.get("column_riders", 0) >= 2 and f.get("row_elements", 0) >= 4096,
-     {"num_warps": 8}),
+    # gradients) over rows of 4096+ elements, or one over rows longer: 8 warps, as on 4 its
+    # accumulators and rows spill (255 registers at 8192; H200 bf16 layer_norm 16384 x 8192 462 ->
+    # 404 us, 32768 x 4096 381 -> 353), and each row block's tiles loaded while the one before is
+    # computed (num_stages 2: the walk's memory requests, where a block of 8 warps an SM left them
+    # idle while it reduced). H200 bf16, of the copy bandwidth, 1 stage -> 2: layer_norm 16384 x
+    # 8192 0.67 -> 0.77x, 32768 x 4096 0.79 -> 0.84x; rms_norm 16384 x 8192 0.80 -> 0.84x (at 4096
+    # rms_norm keeps 4 warps and 1 stage, 3 blocks an SM: 0.94x; bench/RESULTS.md session 31)
+    ("row_reduction", lambda f: f.get("column_riders", 0) >= 2 and f.get("row_elements", 0) >= 4096
+     or f.get("column_riders", 0) and f.get("row_elements", 0) > 4096, {"num_warps": 8, "num_stages": 2}),
     ("flash_attention", lambda f: f.get("tile_compiler") and f.get("head_dim", 0) > 64, {"block_n": 64}),
     # A column sum's tile (KINDS): 32 x 256 on 4 warps. bf16, CUDA-graph, of the copy bandwidth, 32 x 128
     # -> 32 x 256: H200 16384x8192 0.82 -> 0.95, 65536x1024 0.73 -> 0.86, 4096x32768 0.91 -> 0.97,

@@ -323,6 +323,10 @@ class Emitter:
             self._memo[key] = self._emit(v, m, ctx)
         return self._memo[key]
 
+    def provide(self, v: SSAValue, m: Map, ctx: TileCtx, tile: SSAValue) -> None:
+        """`tile` is `v` (whose dims walk `m`) over `ctx`, computed already (a load issued ahead)."""
+        self._memo[(v, m, id(ctx))] = tile
+
     def forget_erased(self) -> None:
         """Drops memoized tiles whose ops a lowering erased (after folding them into others)."""
         self._memo = {k: v for k, v in self._memo.items()

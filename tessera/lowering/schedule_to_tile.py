@@ -44,7 +44,7 @@ from ..ir import tile as t
 from . import profile
 from ..ir import index_maps
 from ..ir.index_maps import Map, matmul_operand_maps, operand_maps, view_map
-from .emit import Builder, Emitter, TileCtx, compare, convert, select, to_storage
+from .emit import Builder, Emitter, TileCtx, compare, convert, select, to_compute, to_storage
 from ..ir.masks import ColumnBounds, ColumnLimit, attention_mask, chain_bounds, condition_bounds
 from .grid_limits import fit_grid
 
@@ -399,13 +399,16 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 parts.append(kb.b(t.ReduceOp(tile, TILE_REDUCE[kind], 0)))
         return parts
 
-    def one_block(r0) -> list[SSAValue]:
-        """The kernel's work on the rows from r0; returns the riders' `column_parts`."""
+    def one_block(r0, loaded: dict[SSAValue, SSAValue] | None = None) -> list[SSAValue]:
+        """The kernel's work on the rows from r0, with the input tiles already `loaded` (a row walk's
+        prefetch: input -> its [bm, bn] tile as stored); returns the riders' `column_parts`."""
 
         def chunk_ctx(c0):
             """One context per chunk offset, so a row that fits in one chunk is loaded once for every pass."""
             if (r0, c0) not in contexts:
                 contexts[(r0, c0)] = TileCtx({row: (r0, bm), col: (c0, bn)}, scalars)
+                for v, tile in (loaded or {}).items():
+                    kb.em.provide(v, axes, contexts[(r0, c0)], to_compute(kb.b, tile, g.tensor_type(v).dtype))
             return contexts[(r0, c0)]
 
         def over_chunks(inits, body):
@@ -528,6 +531,14 @@ def _rides_rows(kb: KernelBuild, op) -> bool:
             and _rider_output(kb, op) is not None)
 
 
+def _row_tiles_read(kb: KernelBuild, rows: SSAValue) -> list[SSAValue]:
+    """The kernel's inputs of the shape of `rows` (the riders' operand), which its passes read as
+    [bm, bn] tiles of the rows they walk (a norm backward's x and dy): what `num_stages` = 2 loads a
+    row block ahead (`_persistent_rows`)."""
+    shape = [kb.size(d) for d in g.tensor_type(rows).shape]
+    return [v for v in kb.em.params if [kb.size(d) for d in g.tensor_type(v).shape] == shape]
+
+
 def _rider_output(kb: KernelBuild, rider) -> SSAValue | None:
     """The kernel output computed from `rider`'s result: itself, or through an epilogue (a weight
     gradient's reshape to the weight's dims and cast to its dtype: fusion's `_unit_dims_apart`)."""
@@ -548,12 +559,27 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
         raise DynamicDim(_dynamic_dim(riders[0].input, kb.bindings), "a row walk without a programs param")
     n_col = kb.size(g.tensor_type(riders[0].input).shape[1])
     inits = [kb.b.full(NEUTRAL[r.kind.data], [bn]) for r in riders for _ in range(chunks)]
+    kinds = [r.kind.data for r in riders for _ in range(chunks)]
+    ahead = _row_tiles_read(kb, riders[0].input) if kb.params.get("num_stages", 1) > 1 and chunks == 1 else []
 
-    def walk(iv, *accs):
-        parts = one_block(kb.mul(iv, bm))
-        kinds = [r.kind.data for r in riders for _ in range(chunks)]
-        return [kb.b(COMBINE[k](a, p)) for k, a, p in zip(kinds, accs, parts)]
-    accs = _for(kb.b, kb.pid(0), row_blocks, programs, inits, walk)
+    def load_ahead(block: SSAValue) -> list[SSAValue]:
+        """The inputs' tiles of row block `block` as stored (the walk's last one again past its end)."""
+        last = kb.b(arith.SubiOp(row_blocks if isinstance(row_blocks, SSAValue) else kb.b.index(row_blocks),
+                                 kb.b.index(1)))
+        ctx = TileCtx({axes[0]: (kb.mul(kb.b(arith.MinSIOp(block, last)), bm), bm), axes[1]: (kb.b.index(0), bn)}, {})
+        tiles = []
+        for v in ahead:
+            offsets, tile_dims, _ = kb.em.access(axes, ctx)
+            tiles.append(kb.b(t.LoadOp(kb.em.params[v], offsets, tile_dims, [bm, bn])))
+        return tiles
+
+    def walk(iv, *carried):
+        accs, tiles = carried[:len(inits)], carried[len(inits):]
+        following = load_ahead(kb.b(arith.AddiOp(iv, kb.b.index(programs)))) if ahead else []
+        parts = one_block(kb.mul(iv, bm), dict(zip(ahead, tiles)))
+        return [kb.b(COMBINE[k](a, p)) for k, a, p in zip(kinds, accs, parts)] + following
+    first = load_ahead(kb.pid(0)) if ahead else []
+    accs = _for(kb.b, kb.pid(0), row_blocks, programs, inits + first, walk)[:len(inits)]
     partials_type = MemRefType(f32, [programs, n_col])
     buffers = [kb.add_scratch(partials_type) for _ in riders]
     for i, buffer in enumerate(buffers):

@@ -1319,11 +1319,14 @@ COLUMN_BLOCKS_PER_SM = 4
 MIN_SPLIT_ROW_STEPS = 8
 
 
-#: registers a thread of a row kernel carrying column reductions takes, per element of its share of
-#: the row tile and of the riders' accumulators, and besides (`_row_walk_blocks`): fitted to what
-#: ptxas allocated for the norm backwards (sm_90a, bf16, 4-16 warps, rows of 1024-8192 elements; 3%
-#: or closer at 4+ elements of each, e.g. 236 for a layer_norm's at 8192 on 8 warps, 145 at 1024 on 4)
-ROW_WALK_REGISTERS = (3.2, 1.9, 12)
+#: registers a thread of a row kernel carrying column reductions takes (`_row_walk_blocks`): per
+#: element of its share of the row tile, of the riders' accumulators and (num_stages 2) of the next
+#: row block's tiles, loaded ahead, and besides. Fitted to what ptxas allocated the norm backwards
+#: (sm_90a, bf16, rows of 512-8192, 4-16 warps, 1-2 stages: 66 kernels) for the blocks an SM then
+#: holds: it names them for every default schedule but rms_norm's at 1024 and 2048 columns (3 where
+#: ptxas's 114 and 128 registers leave 4, which measured the same: 0.944x and 0.940x the copy
+#: bandwidth on the H200); a linear count gets 6 of the 66 wrong, ptxas's choices being its own
+ROW_WALK_REGISTERS = (3.4, 1.2, 1.0, 12)
 
 
 #: column reductions one row kernel carries at most: each holds a row-wide accumulator in registers
@@ -1364,20 +1367,22 @@ def _row_walk_blocks(group: Group, planner: _Planner, params: dict[str, int]) ->
     """Blocks an SM holds of a row kernel carrying column reductions, by the registers a thread
     takes (`ROW_WALK_REGISTERS`): its walk has as many programs as the SMs hold at once, as each
     writes a row of partials for the combining kernel to add. Fewer leave memory requests
-    unissued; more run as a second wave, each walk shorter but its partials written and read all
-    the same. H100 bf16 norm backwards, of the copy bandwidth (bench/RESULTS.md session 31), 2 a SM
-    before: layer_norm 16384 x 8192 (236 registers on 8 warps, 1 block) 0.797 -> 0.823x; 65536 x
-    1024 (145 on 4, 3 blocks) 0.813 -> 0.895x, rms_norm there (114 on 4, 4 blocks) 0.888 -> 0.94x;
-    rms_norm 16384 x 8192 (255 on 4, 2 blocks) as it was, 0.91x."""
+    unissued; more run as later waves (a half wave leaves half the SMs idle), and asking ptxas to
+    fit more (.minnctapersm) spilled: 0.06-0.4x. Of the copy bandwidth, bench/RESULTS.md session
+    31, 2 a SM before: H100 bf16 layer_norm 16384 x 8192 (236 registers on 8 warps, 1 block)
+    0.797 -> 0.823x, 65536 x 1024 (145 on 4, 3 blocks) 0.813 -> 0.895x, rms_norm there (114 on 4,
+    4 blocks) 0.888 -> 0.94x; H200 rms_norm 32768 x 4096 (168 on 4, 3 blocks) 0.81 -> 0.94x. Not
+    measured off NVIDIA: 2 a compute unit there, as before."""
     riders = _column_riders(group, planner)
     n_rows, row_elements = planner._sizes(riders[0].input)
     rows, cols, chunks = s.row_tile(params, hint(n_rows), row_elements)
     threads = 32 * params["num_warps"]
-    per_tile, per_accumulator, fixed = ROW_WALK_REGISTERS
-    registers = fixed + (per_tile * rows * cols + per_accumulator * len(riders) * chunks * cols) / threads
+    per_tile, per_accumulator, per_ahead, fixed = ROW_WALK_REGISTERS
+    ahead = per_ahead if params.get("num_stages", 1) > 1 and chunks == 1 else 0
+    registers = fixed + ((per_tile + ahead) * rows * cols + per_accumulator * len(riders) * chunks * cols) / threads
     platform = planner.platform
     if platform is None or platform.vendor != "nvidia":   # (no register file to count by)
-        return 1
+        return 2
     regs = min(platform.max_regs_per_thread, math.ceil(registers))
     return max(1, platforms.occupancy(platform, threads, regs, 0)[0])
 

@@ -485,11 +485,14 @@ def test_row_statistics_broadcast_over_their_rows_share_one_kernel(space, m, n):
 
 @pytest.mark.parametrize("layer", [False, True], ids=["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("space", [{}, dict(programs=[1]), dict(programs=[3], block_m=[4]),
-                                   dict(programs=[5], block_n=[64])], ids=["default", "one-block", "3x4rows", "chunks"])
+                                   dict(programs=[5], block_n=[64]), dict(programs=[3], block_m=[4], num_stages=[2]),
+                                   dict(programs=[1], num_stages=[2])],
+                         ids=["default", "one-block", "3x4rows", "chunks", "3x4rows-ahead", "one-block-ahead"])
 @pytest.mark.parametrize("m,n", [(1, 1), (5, 3), (97, 1000), (300, 33)])
 def test_norm_backward_matches_float64(layer, space, m, n):
     """Persistent row walks (1, 3, 5 blocks; 4 rows a block leaving a partial last block; rows in
-    chunks of 64 columns, so each rider has several accumulators) against float64."""
+    chunks of 64 columns, so each rider has several accumulators; each row block's inputs loaded
+    while the one before is computed, `num_stages` 2) against float64."""
     fn = tsr.function(_layer_norm if layer else _rms_norm, space=space or None)
     rng = np.random.default_rng(m * n)
     x, dy = rng.standard_normal((m, n)).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
@@ -559,3 +562,21 @@ def test_a_norm_over_a_computed_input_writes_its_statistics_from_its_one_kernel(
     args = [a.astype(ml_dtypes.bfloat16) for a in args]
     for got, want in zip(forward.run(*args), forward.reference(*args)):
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-2, atol=2e-2)
+
+
+@pytest.mark.parametrize("stages,ahead", [(1, 0), (2, 2)])
+def test_a_row_walk_loads_its_next_row_block_ahead(stages, ahead):
+    """num_stages 2: the walk carries the next row block's x and dy tiles (bf16, as loaded) beside
+    the weight gradient's accumulator."""
+    from xdsl.dialects import scf as scf_d
+    from tessera.autodiff.api import Derivative
+    from tessera.frontend.trace import ArgSpec
+    fn = tsr.function(_rms_norm, space={"num_stages": [stages]})
+    specs = [ArgSpec("x", (512, 1024), tsr.bf16, ("M", "N")), ArgSpec("w", (1024,), tsr.bf16, ("N",)),
+             ArgSpec("d_out", (512, 1024), tsr.bf16, ("M", "N"))]
+    module = Derivative(fn, cotangent_names=["d_out"]).compile(specs, arch="sm_90a").stage("tile")
+    kernel = next(op for op in module.walk() if isinstance(op, tile.KernelOp) and op.sym_name.data.endswith("_1"))
+    (walk,) = [op for op in kernel.walk() if isinstance(op, scf_d.ForOp) and op.parent_op() is kernel]
+    carried = [v.type for v in walk.results]
+    assert len(carried) == 1 + ahead
+    assert all(str(t.get_element_type()) == "bf16" and t.get_shape()[-1] == 1024 for t in carried[1:])

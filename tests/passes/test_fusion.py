@@ -649,3 +649,44 @@ def test_a_column_reduction_takes_an_epilogue_through_size_1_dims(fn, dims, kern
                                                                    assert_matches_reference):
     c = compile_and_check(fn, dims, "fp32", random_inputs, assert_matches_reference)
     assert [k.removeprefix(f"{fn.name}_") for k in c.kernel_names] == kernels
+
+
+# --- a norm backward's row walk ---------------------------------------------------------------------------------
+
+
+@tsr.function
+def rms_norm_for_walk(x: Tensor["M", "N"], w: Tensor["N"]):
+    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
+
+
+@tsr.function
+def layer_norm_for_walk(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    return tsr.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
+
+
+@pytest.mark.skipif(__import__("shutil").which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
+@pytest.mark.parametrize("n", [512, 1024, 2048, 4096, 6144, 8192])
+@pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
+def test_a_norm_backward_walks_its_rows_with_the_blocks_ptxas_leaves_room_for(norm, n):
+    """The dx kernel's programs (`fusion._row_walk_blocks`, a register estimate) are as many as the
+    SMs hold of it by the registers ptxas gave it, so no program waits for a second wave (rms_norm
+    at 1024 and 2048 columns: one block an SM fewer, which measured the same)."""
+    from tessera import platforms
+    from tessera.autodiff.api import _vjp_function, saving
+    from tessera.frontend.trace import ArgSpec
+    fn = {"rms_norm": rms_norm_for_walk, "layer_norm": layer_norm_for_walk}[norm]
+    m = 16384 * 8192 // n
+    names = ("w", "b")[:2 if norm == "layer_norm" else 1]
+    tensors, constants = fn._split_args([np.empty((m, n), tsr.bf16.np), *(np.empty(n, tsr.bf16.np) for _ in names)])
+    layout = saving(fn).layout(tensors, constants)   # (the statistics the forward saves: the backward's inputs)
+    saved = [ArgSpec(f"saved{i}", (m, 1), tsr.float32, ("M", 1)) for i in range(len(layout.saved))]
+    specs = [ArgSpec("x", (m, n), tsr.bf16, ("M", "N")), *(ArgSpec(p, (n,), tsr.bf16, ("N",)) for p in names),
+             *saved, ArgSpec("d_out0", (m, n), tsr.bf16, ("M", "N"))]
+    compiled = _vjp_function(fn, (0,), len(saved), layout).compile(specs, arch="sm_90a")
+    (name,) = (k for k in compiled.kernel_names if k.endswith("row_reduction_0"))
+    launch = compiled.launches[name]
+    registers = compiled.stage("cubin")[name].resources[name].registers
+    platform = platforms.get("sm_90a")
+    blocks = platforms.occupancy(platform, launch.threads, registers, 0)[0]
+    fewer = 1 if norm == "rms_norm" and n in (1024, 2048) else 0
+    assert launch.grid[0] == platform.sm_count * (blocks - fewer), (registers, launch.threads)
