@@ -378,13 +378,14 @@ class _Planner:
 
     def merge_column_reductions(self) -> None:
         """Folds a column reduction of a 2-D value (a sum over its rows, maybe with an epilogue,
-        which the combining kernel computes) into a row kernel over the same rows (a norm backward's dx kernel and its weight and bias
-        gradients): the row kernel walks its row blocks persistently and adds each block's rows
-        into column accumulators (`lower_row_reduction`'s riders), so the operands both read come
-        from memory once, where the column kernel read them again. Only where the row fits in one
-        chunk of the row template (the accumulators are a row wide), the column kernel's inputs
-        come from kernels that run before the row kernel, and its result is read after it. Of
-        several row kernels, the one sharing the most inputs, then the last."""
+        which the combining kernel computes) into a row kernel over the same rows (a norm
+        backward's dx kernel and its weight and bias gradients): the row kernel walks its row
+        blocks persistently and adds each block's rows into column accumulators
+        (`lower_row_reduction`'s riders), so the operands both read come from memory once, where
+        the column kernel read them again. Only where the row fits in one chunk of the row template
+        (the accumulators are a row wide), the column kernel's inputs come from kernels that run
+        before the row kernel, and its result is read after it. Of several row kernels, the one
+        sharing the most inputs, then the last."""
         for column in [grp for grp in self.groups if grp.kind == "column_reduction"]:
             (reduce,) = (op for op in column.ops if isinstance(op, g.ReduceOp))
             if reduce.axis.data != 0 or g.tensor_type(reduce.input).rank != 2:

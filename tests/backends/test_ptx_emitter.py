@@ -126,17 +126,26 @@ def test_row_reduction_uses_warp_shuffles_and_wide_loads(tmp_path):
 def test_kernels_beyond_this_backend_say_so():
     """sm_100a's tcgen05 path is not emitted yet; it says so instead of writing wrong PTX."""
     compiled = gemm_epilogue.compile(gemm_epilogue.arg_specs_for(dict(M=256, K=512, N=384), "fp16"), arch="sm_100a")
-    with pytest.raises(UnsupportedByBackend, match="not supported yet"):
+    with pytest.raises(UnsupportedByBackend, match=r"tcgen05.mma m128n128k16\) is not emitted yet.*sm_90a"):
         emit_module(compiled.modules["target"])
 
 
-@pytest.mark.parametrize("dtype,tensor_cores", [("fp32", True), ("fp16", False)])
-def test_a_matmul_without_tensor_cores_says_what_to_do(dtype, tensor_cores):
-    """No CUDA-core matmul in the PTX backend yet: the error names the dtype and the ways out."""
-    compiled = gemm_nt.compile(gemm_nt.arg_specs_for(dict(M=64, K=64, N=64), dtype), arch="sm_80",
+@pytest.mark.parametrize("dtype,tensor_cores,arch,says", [
+    ("fp32", True, "sm_80", r"fp32 operands; this backend's tensor-core matmuls on sm_80 take bf16, fp16.*"
+                            r"give the matmul bf16 or fp16 operands \(x.to\(tsr.bf16\)\)"),
+    ("fp16", False, "sm_80", r"fp16 operands kept off the tensor cores \(tensor_cores=False.*compile it with tensor"),
+    ("bf16", True, "sm_75", r"bf16 operands; this backend emits no tensor-core matmul for sm_75 yet.*"
+                            r"sm_80 to sm_89 or sm_90a"),
+    ("fp16", True, "sm_70", r"sm_70's matrix instruction for this matmul \(wmma m16n16k16\) is not emitted yet.*"
+                            r"compile for one of those"),
+], ids=["fp32", "tensor-cores-off", "bf16-sm_75", "fp16-sm_70"])
+def test_a_matmul_without_tensor_cores_says_what_to_do(dtype, tensor_cores, arch, says):
+    """No CUDA-core matmul in the PTX backend yet, nor sm_75's and sm_70's tensor-core forms: the
+    error names the dtype and the ways out (a dtype the arch's matmuls take, the arch to compile
+    for), never one that fails again."""
+    compiled = gemm_nt.compile(gemm_nt.arg_specs_for(dict(M=64, K=64, N=64), dtype), arch=arch,
                                tensor_cores=tensor_cores, backend="ptx")
-    with pytest.raises(UnsupportedByBackend, match=f"matmul of {'f32' if dtype == 'fp32' else 'f16'} operands "
-                                                   "without tensor cores.*fp16 or bf16.*CPU interpreter"):
+    with pytest.raises(UnsupportedByBackend, match=says + ".*CPU interpreter"):
         emit_module(compiled.modules["target"])
 
 

@@ -116,7 +116,7 @@ def test_the_ptx_error_says_why_the_kernel_is_ptxs(tileiras):
         return y
 
     compiled = checked.compile(checked.arg_specs_for(dict(M=64, K=32, N=64), tsr.fp32))
-    with pytest.raises(UnsupportedByBackend, match=r"without tensor cores.*\(The PTX backend has kernel checked_gemm_0 by "
+    with pytest.raises(UnsupportedByBackend, match=r"fp32 operands; this backend's tensor-core matmuls.*\(The PTX backend has kernel checked_gemm_0 by "
                                                    r"rule measured \(fp32_matmul: cuda-tile cannot compile it, it has no "
                                                    r"device_assert\)\.\)") as e:
         compiled.stage("ptx")

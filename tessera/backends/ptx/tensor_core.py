@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from xdsl.dialects import arith
 from xdsl.dialects.builtin import MemRefType
 
-from ... import dtypes
+from ... import dtypes, platforms
 from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
@@ -513,8 +513,12 @@ def tensor_core_handler(families: dict):
     def handle(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
         handler = families.get(op.family.data)
         if handler is None or (op.family.data == "mma.sync" and t.int_values(op.shape) not in MMA_SYNC_SHAPES):
-            raise UnsupportedByBackend(f"PTX backend: tensor_core {op.family.data} "
-                                       f"{list(t.int_values(op.shape))} is not supported yet")
+            m, n, k = t.int_values(op.shape)
+            raise UnsupportedByBackend(
+                f"PTX backend: {e.platform.arch}'s matrix instruction for this matmul ({op.family.data} "
+                f"m{m}n{n}k{k}) is not emitted yet; the backend's matmuls are mma.sync m16n8k16 (sm_80 to "
+                f"sm_89) and wgmma (sm_90a): compile for one of those, or call with NumPy arrays to run it on "
+                f"the CPU interpreter")
         handler(e, op)
     return handle
 
@@ -587,12 +591,33 @@ def _cp_async_wait(e: KernelEmitter, op: tgt.CpAsyncWaitOp) -> None:
 
 
 def _mma_without_tensor_cores(e: KernelEmitter, op: t.MmaOp):
-    """A `tile.mma` the target lowering kept: its operands have no matrix instruction (fp32), or
-    tensor cores were turned off. There is no CUDA-core matmul in this backend yet."""
+    """A `tile.mma` the target lowering kept: its operands have no matrix instruction this backend
+    emits on the platform (fp32 anywhere, anything before sm_80), or tensor cores were turned off.
+    There is no CUDA-core matmul in this backend yet; the error names the operand dtypes its
+    tensor-core matmuls take there, or the arch to compile for."""
+    taken = sorted({dtypes.lookup(i.operand).name for i in platforms.mma_instructions(e.platform) if emitted(i)})
+    operands = dtypes.lookup(str(op.a.type.get_element_type())).name
+    if operands in taken:
+        raise UnsupportedByBackend(
+            f"PTX backend: kernel {e.name} has a matmul of {operands} operands kept off the tensor cores "
+            f"(tensor_cores=False, or a tile no instruction covers), and no CUDA-core matmul runs it on the GPU "
+            f"yet: compile it with tensor cores, or call with NumPy arrays to run it on the CPU interpreter")
+    if taken:
+        raise UnsupportedByBackend(
+            f"PTX backend: kernel {e.name} has a matmul of {operands} operands; this backend's tensor-core "
+            f"matmuls on {e.platform.arch} take {', '.join(taken)}, and no CUDA-core matmul runs it on the GPU "
+            f"yet: give the matmul {' or '.join(taken)} operands (x.to(tsr.{taken[0]})), or call with NumPy "
+            f"arrays to run it on the CPU interpreter")
     raise UnsupportedByBackend(
-        f"PTX backend: kernel {e.name} has a matmul of {op.a.type.get_element_type()} operands without "
-        f"tensor cores, which it cannot run on the GPU yet; give the matmul fp16 or bf16 operands "
-        f"(x.to(tsr.fp16)), or call with NumPy arrays to run it on the CPU interpreter")
+        f"PTX backend: kernel {e.name} has a matmul of {operands} operands; this backend emits no tensor-core "
+        f"matmul for {e.platform.arch} yet (nor a CUDA-core one): compile for sm_80 to sm_89 or sm_90a, or "
+        f"call with NumPy arrays to run it on the CPU interpreter")
+
+
+def emitted(instr: platforms.MmaInstr) -> bool:
+    """Whether this backend emits `instr` (mma.sync at MMA_SYNC_SHAPES, wgmma); sm_75's m16n8k8,
+    sm_70's wmma and sm_100's tcgen05 are in the platform tables but not emitted yet."""
+    return instr.family == "wgmma" or instr.family == "mma.sync" and instr.shape in MMA_SYNC_SHAPES
 
 
 #: the Ampere-class path's handlers (on top of `paths.BASE`): shared buffers, cp.async, mma.sync, and
