@@ -532,11 +532,19 @@ def _rides_rows(kb: KernelBuild, op) -> bool:
 
 
 def _row_tiles_read(kb: KernelBuild, rows: SSAValue) -> list[SSAValue]:
-    """The kernel's inputs of the shape of `rows` (the riders' operand), which its passes read as
+    """The kernel's inputs of the shape of `rows` (the riders' operand) that its passes read as
     [bm, bn] tiles of the rows they walk (a norm backward's x and dy): what `num_stages` = 2 loads a
-    row block ahead (`_persistent_rows`)."""
+    row block ahead (`_persistent_rows`). Not one read through a view (a square input transposed),
+    whose tiles are another map's."""
     shape = [kb.size(d) for d in g.tensor_type(rows).shape]
-    return [v for v in kb.em.params if [kb.size(d) for d in g.tensor_type(v).shape] == shape]
+
+    def as_rows(use) -> bool:
+        op = use.operation
+        if isinstance(op, (g.ElementwiseOp, g.CastOp)):
+            return [kb.size(d) for d in g.tensor_type(op.results[0]).shape] == shape
+        return isinstance(op, (g.ReduceOp, g.LayerNormOp, g.RmsNormOp, g.SoftmaxOp, g.NormStatisticOp))
+    return [v for v in kb.em.params if [kb.size(d) for d in g.tensor_type(v).shape] == shape
+            and all(as_rows(use) for use in v.uses)]
 
 
 def _rider_output(kb: KernelBuild, rider) -> SSAValue | None:
