@@ -1325,8 +1325,9 @@ MIN_SPLIT_ROW_STEPS = 8
 #: row block's tiles, loaded ahead, and besides. Fitted to what ptxas allocated the norm backwards
 #: (sm_90a, bf16, rows of 512-8192, 4-16 warps, 1-2 stages: 66 kernels) for the blocks an SM then
 #: holds: it names them for every default schedule but rms_norm's at 1024 and 2048 columns (3 where
-#: ptxas's 114 and 128 registers leave 4, which measured the same: 0.944x and 0.940x the copy
-#: bandwidth on the H200); a linear count gets 6 of the 66 wrong, ptxas's choices being its own
+#: ptxas's 114 and 128 registers leave 4; at 1024, 3 and 4 measured the same on the H200, 0.944x and
+#: 0.940x the copy bandwidth, ptxas held to them; 2048 not measured); a linear count gets 6 of the
+#: 66 wrong, ptxas's choices being its own
 ROW_WALK_REGISTERS = (3.4, 1.2, 1.0, 12)
 
 
@@ -1368,8 +1369,9 @@ def _row_walk_blocks(group: Group, planner: _Planner, params: dict[str, int]) ->
     """Blocks an SM holds of a row kernel carrying column reductions, by the registers a thread
     takes (`ROW_WALK_REGISTERS`): its walk has as many programs as the SMs hold at once, as each
     writes a row of partials for the combining kernel to add. Fewer leave memory requests
-    unissued; more run as later waves (a half wave leaves half the SMs idle), and asking ptxas to
-    fit more (.minnctapersm) spilled: 0.06-0.4x. Of the copy bandwidth, bench/RESULTS.md session
+    unissued; more run as later waves (H100 rms_norm 16384 x 8192, 3 an SM where 2 fit: 0.81x
+    against 0.92x, half the SMs idle in the last wave), and asking ptxas to fit more
+    (.minnctapersm) spilled: 0.06-0.4x. Of the copy bandwidth, bench/RESULTS.md session
     31, 2 a SM before: H100 bf16 layer_norm 16384 x 8192 (236 registers on 8 warps, 1 block)
     0.797 -> 0.823x, 65536 x 1024 (145 on 4, 3 blocks) 0.813 -> 0.895x, rms_norm there (114 on 4,
     4 blocks) 0.888 -> 0.94x; H200 rms_norm 32768 x 4096 (168 on 4, 3 blocks) 0.81 -> 0.94x. Not
