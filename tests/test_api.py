@@ -135,7 +135,7 @@ def test_ptx_dump_of_a_kernel_the_backend_cannot_emit_says_why(tmp_path, caplog)
     assert sorted(p.name for p in tmp_path.iterdir()) == ["graph.mlir", "schedule.mlir", "target.mlir", "tile.mlir"]
     (record,) = caplog.records
     assert record.levelname == "WARNING" and "no PTX dumped for mm: " in record.message
-    assert "matmul of f32 operands" in record.message
+    assert "matmul of fp32 operands" in record.message
     a = np.eye(16, dtype=np.float32)
     (out,) = compiled.run(a, a)
     np.testing.assert_array_equal(out, a)

@@ -81,7 +81,7 @@ def test_double_backward_on_cuda(torch_cuda):
 def test_an_fp32_matmul_in_a_backward_is_refused_with_the_reason(torch_cuda):
     torch = torch_cuda
     x, w, a = leaves(torch, [(24, 64), (64,), (64, 32)], torch.float32, "cuda", seed=5)
-    with pytest.raises(UnsupportedByBackend, match="matmul of f32 operands"):
+    with pytest.raises(UnsupportedByBackend, match="matmul of fp32 operands"):
         (rms_norm_matmul(x, w, a) ** 2).sum().backward()
 
 
