@@ -14,16 +14,18 @@ from .core import KernelEmitter
 from .types import F32, PRED, S32, U64, UnsupportedByBackend, ptx_type
 
 
-_COMBINE = {("sum", "f32"): "add.f32", ("max", "f32"): "max.NaN.f32", ("min", "f32"): "min.NaN.f32",
-            ("sum", "s32"): "add.s32", ("max", "s32"): "max.s32", ("min", "s32"): "min.s32"}
+def _instruction(name: str) -> Callable[[KernelEmitter, str, str, str], None]:
+    return lambda e, r, a, b: e.emit(f"{name} {r}, {a}, {b};")
 
 
-def _combine(e: KernelEmitter, combine: str, r: str, a: str, b: str) -> None:
-    """r = a `combine` b; a float max or min through `emit_nan_minmax` (NaN-propagating on any arch)."""
-    if combine.endswith(".NaN.f32"):
-        emit_nan_minmax(e, combine.split(".")[0], r, a, b)
-    else:
-        e.emit(f"{combine} {r}, {a}, {b};")
+def _float_extreme(kind: str) -> Callable[[KernelEmitter, str, str, str], None]:
+    return lambda e, r, a, b: emit_nan_minmax(e, kind, r, a, b)   # (NaN-propagating on any arch)
+
+
+#: (kind, register type) -> what emits r = a combined with b
+_COMBINE = {("sum", "f32"): _instruction("add.f32"), ("max", "f32"): _float_extreme("max"),
+            ("min", "f32"): _float_extreme("min"), ("sum", "s32"): _instruction("add.s32"),
+            ("max", "s32"): _instruction("max.s32"), ("min", "s32"): _instruction("min.s32")}
 
 
 def _reduce(e: KernelEmitter, op: t.ReduceOp):
@@ -44,13 +46,13 @@ def _reduce(e: KernelEmitter, op: t.ReduceOp):
             partial[slot] = regs[i]
         else:
             r = e.new(ty)
-            _combine(e, combine, r, partial[slot], regs[i])
+            combine(e, r, partial[slot], regs[i])
             partial[slot] = r
     for mask in src.lane_masks(axis):
         for j, p in enumerate(partial):
             other, r = e.new(ty), e.new(ty)
             e.emit(f"shfl.sync.bfly.b32 {other}, {p}, {mask}, 31, -1;")
-            _combine(e, combine, r, p, other)
+            combine(e, r, p, other)
             partial[j] = r
     if src.warps_along(axis) > 1:
         if not isinstance(src, Blocked):
@@ -125,7 +127,7 @@ def _reduce_across_warps(e: KernelEmitter, op: t.ReduceOp, src: Blocked, out: Sl
                 acc = v
             else:
                 r = e.new(ty)
-                _combine(e, combine, r, acc, v)
+                combine(e, r, acc, v)
                 acc = r
         result.append(acc)
     return result

@@ -512,7 +512,7 @@ def tensor_core_handler(families: dict):
     emits to its handler."""
     def handle(e: KernelEmitter, op: tgt.TensorCoreOp) -> None:
         handler = families.get(op.family.data)
-        if handler is None or (op.family.data == "mma.sync" and t.int_values(op.shape) not in MMA_SYNC_SHAPES):
+        if handler is None or not _shape_emitted(op.family.data, t.int_values(op.shape)):
             m, n, k = t.int_values(op.shape)
             raise UnsupportedByBackend(
                 f"PTX backend: {e.platform.arch}'s matrix instruction for this matmul ({op.family.data} "
@@ -617,7 +617,12 @@ def _mma_without_tensor_cores(e: KernelEmitter, op: t.MmaOp):
 def emitted(instr: platforms.MmaInstr) -> bool:
     """Whether this backend emits `instr` (mma.sync at MMA_SYNC_SHAPES, wgmma); sm_75's m16n8k8,
     sm_70's wmma and sm_100's tcgen05 are in the platform tables but not emitted yet."""
-    return instr.family == "wgmma" or instr.family == "mma.sync" and instr.shape in MMA_SYNC_SHAPES
+    return instr.family in ("mma.sync", "wgmma") and _shape_emitted(instr.family, instr.shape)
+
+
+def _shape_emitted(family: str, shape) -> bool:
+    """Whether a family's instruction of this (m, n, k) has a form here: mma.sync only at MMA_SYNC_SHAPES."""
+    return family != "mma.sync" or tuple(shape) in MMA_SYNC_SHAPES
 
 
 #: the Ampere-class path's handlers (on top of `paths.BASE`): shared buffers, cp.async, mma.sync, and
