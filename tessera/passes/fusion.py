@@ -296,7 +296,7 @@ class _Planner:
                 continue
             if any(u not in consumer.ops for u in self._readers(value)):
                 continue
-            through_views = bool(self._cheap_between(consumer, value))
+            through_views = bool(self._unit_views(value))
             if (through_views or g.tensor_type(consumer.output).shape != g.tensor_type(value).shape) \
                     and not self._unit_dims_apart(producer, consumer, value):
                 continue
@@ -308,11 +308,20 @@ class _Planner:
             producer.output = consumer.output
             self.groups.remove(consumer)
 
+    def _unit_views(self, v: SSAValue) -> list[Operation]:
+        """The size-1 dims' reshapes of v, and theirs (cheap views every kernel recomputes)."""
+        views, work = [], [v]
+        while work:
+            for u in self.users(work.pop()):
+                if isinstance(u, g.ReshapeOp) and g.is_unit_reshape(u, self.bindings) and u not in views:
+                    views.append(u)
+                    work.append(u.res)
+        return views
+
     def _readers(self, v: SSAValue) -> list[Operation]:
-        """`users` of v, those of a size-1 dims' reshape of it in its place (a cheap view every
-        kernel recomputes)."""
-        return [r for u in self.users(v) for r in (self._readers(u.res) if isinstance(u, g.ReshapeOp)
-                                                   and g.is_unit_reshape(u, self.bindings) else [u])]
+        """`users` of v, those of its `_unit_views` in their place."""
+        views = self._unit_views(v)
+        return [u for x in (v, *(view.res for view in views)) for u in self.users(x) if u not in views]
 
     def _unit_dims_apart(self, producer: Group, consumer: Group, value: SSAValue) -> bool:
         """Whether elementwise `consumer` keeps column reduction `producer`'s result `value` but for
@@ -326,7 +335,7 @@ class _Planner:
                 [n for n in sizes if n != 1] != [n for n in self._sizes(consumer.output) if n != 1]:
             return False
         on_path = {value}
-        for op in sorted(consumer.ops | self._cheap_between(consumer, value), key=self.order.__getitem__):
+        for op in sorted(consumer.ops | set(self._unit_views(value)), key=self.order.__getitem__):
             computed = [x for x in op.operands if x in on_path]
             if not computed:
                 continue
@@ -336,16 +345,6 @@ class _Planner:
                 return False
             on_path.add(op.results[0])
         return consumer.output in on_path
-
-    def _cheap_between(self, consumer: Group, value: SSAValue) -> set[Operation]:
-        """The size-1 dims' reshapes between `value` and the consumer's ops (cheap: not in a group)."""
-        out, work = set(), [value]
-        while work:
-            for u in self.users(work.pop()):
-                if isinstance(u, g.ReshapeOp) and u not in consumer.ops and u not in out:
-                    out.add(u)
-                    work.append(u.res)
-        return out
 
     def merge_row_broadcasts(self) -> None:
         """Folds an elementwise group that reads a row reduction's result broadcast along the
