@@ -125,6 +125,7 @@ def main() -> int:
     batches, lengths = ([1, 8], [32768, 131072]) if args.quick else ([1, 8, 64], [1024, 8192, 32768, 131072])
     kinds = [k.strip() for k in args.kinds.split(",")]
     queries = [int(x) for x in args.queries.split(",")]
+    loop = tsr.function(gqa_decode_attention.fn, dynamic=["B", "N"])
     for kind, m in ((kind, m) for kind in kinds for m in queries):
         hk = KV_HEADS[kind]
         for b in batches:
@@ -149,7 +150,9 @@ def main() -> int:
                 derived = derived_split(dims, pinned)
                 for split in [derived, *(p for p in pins if p != derived)]:
                     space = {**pinned, **({} if split == derived else {"split_kv": [split]})}
-                    fn = tsr.function(gqa_decode_attention.fn, space=space) if space else gqa_decode_attention
+                    # (a function of its own per case: one called with every case would take B and
+                    # N at run time after its second call, its split derived for their classes)
+                    fn = tsr.function(gqa_decode_attention.fn, **({"space": space} if space else {}))
                     out = fn(qg, kg, vg)
                     err = rel_err(out.view(b, HEADS, m, D), ref)
                     if err > 2e-2:
@@ -162,6 +165,14 @@ def main() -> int:
                           + " ".join(f"{peers[p]:9.1f}" if peers[p] else f"{'n/a':>9}" for p in ("cudnn", "flash"))
                           + f" {best / us if best else float('nan'):8.2f} {err:8.1e}")
                     unpaged = us if split == derived else unpaged
+                if not pins[1:] and not pinned:   # the serving loop's compile: B and N taken at run time
+                    out = loop(qg, kg, vg)
+                    err = rel_err(out.view(b, HEADS, m, D), ref)
+                    status |= err > 2e-2
+                    us = graph_us(lambda: loop(qg, kg, vg))
+                    label = f"{kind} B={b} M={m} N={n} generic"
+                    print(f"{label:<34} {'':>6} {us:9.1f} {kv_bytes / us / 1e3:8.0f} {kv_bytes / us / 1e3 / copy:8.2f} "
+                          f"{'':>9} {'':>9} {best / us if best else float('nan'):8.2f} {err:8.1e}")
                 for page in (p for p in page_sizes if n % p == 0):
                     k_cache, v_cache, table = paged(k, v, page)
                     in_use = torch.full((b,), n, device="cuda", dtype=torch.int32)   # every key of the cache

@@ -118,6 +118,19 @@ def hint(value) -> int:
     return value.hint if isinstance(value, Dynamic) else value
 
 
+def least(value) -> int:
+    """A dim's smallest value: a dynamic dim's class's (2 in the first class, else one past the
+    class before, rounded up to the dim's multiple), else the value. For a speed choice that costs
+    far more where a value falls below its assumption than above it: a split-KV attention split for
+    a class's top leaves most SMs idle at its bottom (B = 2 of the class 2..16: 16 blocks on 132
+    SMs), while one split for its bottom costs the top a few partial rows more."""
+    if not isinstance(value, Dynamic):
+        return value
+    i = next(i for i, (_, h) in enumerate(CLASSES) if h == value.hint)
+    low = CLASSES[i - 1][0] + 1 if i else 2
+    return -(-low // value.multiple) * value.multiple
+
+
 def whole_blocks(block: int, value) -> bool:
     """Whether tiles of `block` along a dim of `value` are all whole: a constant's that `block`
     divides, or a dynamic dim's whose values are all multiples of a multiple of `block`. Where a

@@ -1468,9 +1468,6 @@ class _AttentionRows:
 def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     shape = _AttentionShape.of(kb)
     if kb.params.get("split_kv", 1) > 1:   # (a dynamic key count splits by its hint: fusion's _split_kv)
-        if shape.grid_dims_dynamic:
-            raise DynamicDim(shape.grid_dims_dynamic[0], "a split-KV attention's partial outputs take their "
-                                                         "dims as constants")
         splits, _ = s.split_k_splits(cdiv(hint(shape.sizes["n"]), shape.tile["n"]), kb.params["split_kv"])
         if splits > 1:
             return _split_kv_attention(kb, shape, splits)
@@ -1671,12 +1668,13 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
     normalized output (0 where the run saw no key) to an fp32 buffer [splits, *output dims] and
     each row's log-sum-exp (base 2, -inf for no key) to [splits, *output dims but E]; `kb`'s kernel then
     combines the splits row by row, in split order (results do not depend on timing), and applies
-    the epilogue."""
-    lse_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes[:-1])])
-    out_type = MemRefType(f32, [splits, *(att.sizes[a] for a in att.axes)])
+    the epilogue. A dim taken at run time (a batch, a query count) sizes both buffers then."""
+    sizes = [t.DYNAMIC if is_dynamic(att.sizes[a]) else att.sizes[a] for a in att.axes]
+    lse_type, out_type = MemRefType(f32, [splits, *sizes[:-1]]), MemRefType(f32, [splits, *sizes])
+    dim = dynamic_dim_of([kb.result], kb.bindings)
     part = _start(kb.sk, kb.bindings, kb.in_types,
                   kb.sk.sym_name.data + SPLIT_PARTIALS, out_type)
-    part_lse = part.add_scratch(lse_type)
+    part_lse = part.add_scratch(lse_type, dim)
     split = part.pid(2)
     rows = _attention_rows(part, att, (split, splits))
     b, bm, be = part.b, att.tile["m"], att.tile["e"]
@@ -1689,7 +1687,7 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
                   dtypes.fp32)
     part.em.store(lse, part_lse, ("s", *att.axes[:-1]), TileCtx({"m": (rows.m0, bm)}, scalars), dtypes.fp32)
     kb.before.append((_finish(part), att.grid(part, splits)))
-    return _combine_splits(kb, att, kb.add_scratch(lse_type), kb.add_scratch(out_type), splits)
+    return _combine_splits(kb, att, kb.add_scratch(lse_type, dim), kb.add_scratch(out_type, dim), splits)
 
 
 def _combine_splits(kb: KernelBuild, att: _AttentionShape, lse: SSAValue, partials: SSAValue,

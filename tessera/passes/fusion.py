@@ -46,7 +46,7 @@ from ..ir import index_maps, tile
 from ..ir.masks import ColumnBounds, attention_mask, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
 from ..backends import BACKENDS, Backend, check_backend_option
-from ..dims import DynamicDim, hint, is_dynamic, unbounded
+from ..dims import DynamicDim, hint, is_dynamic, least, unbounded
 from . import backend_choice, byte_operands, query_groups, recompute
 
 CHEAP = (*g.SOURCE_OPS, g.TransposeOp, g.ReshapeOp)
@@ -1015,7 +1015,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize"))
         params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
     if group.kind == "flash_attention" and planner.platform and "split_kv" not in pinned:
-        params["split_kv"] = _split_kv(group, planner, params, features)
+        params.update(_split_kv(group, planner, params, features, pinned))
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and params.get("split_kv", 1) == 1:
         _schedule_few_heads(group, block, planner, params, features, pinned)   # (a split attention's order is its own)
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and not planner.tile_compiler \
@@ -1278,37 +1278,55 @@ def _one_sided(bounds: ColumnBounds) -> bool:
 #: launch and the partial outputs' traffic cost more than the split gains
 MIN_SPLIT_KEY_BLOCKS = 4
 
+#: key blocks a split's run keeps, at one block an SM, from which a split-KV attention runs one
+#: block an SM loading three blocks ahead (`_split_kv`), rather than two blocks an SM loading two
+LONG_SPLIT_RUN = 16
 
-def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> int:
-    """How many ways to split an attention's key blocks (flash-decoding): enough for its query
-    blocks' blocks to fill the GPU's block slots when they alone fill at most half of them (one
-    query per head of a decode step makes one block per head and batch), each split keeping at
-    least MIN_SPLIT_KEY_BLOCKS blocks, except that a cache of 2 * MIN_SPLIT_KEY_BLOCKS blocks or
-    more is split until every SM has a block, down to one key block a split: a block's key blocks
-    run one after another, each a load's latency, so a short cache split 4 blocks a run left most
-    SMs idle (H100, B=1 GQA 32/8, 1024 keys in 16 blocks of 64, 8 blocks unsplit: 4 splits 9.2 us,
-    8 splits 7.3, 16 splits 7.0, cuDNN 6.6; 4096 and 8192 keys are unchanged by this, at 16 and
-    32 splits: bench/RESULTS.md, session 19). The slots count the blocks an SM holds by shared
-    memory at the query tile the kernel really uses (16 rows for a decode step, not `block_m`)."""
+
+def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int],
+              pinned: dict) -> dict[str, int]:
+    """{"split_kv": splits[, "num_stages": 3]}: how many ways to split an attention's key blocks
+    (flash-decoding) when its query blocks alone fill at most half of the GPU's block slots (one
+    query per head of a decode step makes one block per head and batch). For a decode step's
+    query tile (fewer rows than `block_m`): a long cache, whose runs
+    keep LONG_SPLIT_RUN key blocks or more at one block an SM, is split once per SM and each block
+    loads three key blocks ahead; a shorter one is split until every SM has two blocks, down to one
+    key block a split; a cache of fewer than 2 * MIN_SPLIT_KEY_BLOCKS blocks keeps 4+ a split. The
+    slots count the blocks an SM holds by shared memory at the query tile the kernel really uses (16
+    rows for a decode step, not `block_m`). A batch dim taken at run time splits as its class's
+    smallest value would (`dims.least`), the query and key counts as their classes' hints.
+    Measured on an H100 (bench/RESULTS.md, session 32; static compiles, bf16, D = 128, one query,
+    us): GQA 32/8 B=1 32768 keys 54.2 at 49 splits of 2 stages -> 51.8
+    at 16 of 3, 131072 keys 186.9 -> 180.3; B=8 131072 keys 1411.6 (6 of 2) -> 1362.6 (2 of 3);
+    MHA B=1 131072 keys 697.8 (12 of 2) -> 687.1 (4 of 3); MHA B=1 1024 keys 9.4 at 4 splits ->
+    7.8 at 8; while 8192 keys at B=1 GQA keep 32 splits of 2 stages (12.0; 16 of 3: 16.7)."""
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
-    dims = [g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape]   # [*batch, M, N]
-    if any(map(is_dynamic, dims[:-1])):   # (the split template sizes its partial outputs by them)
-        return 1
-    dims[-1] = hint(dims[-1])   # a dynamic key count splits as its class's hint would
-    query = dims[:-1]
-    query.append(query.pop(s.attention_rows_of(m1, m2, planner.bindings)))   # as the template tiles P @ V
+    *query, keys = (g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape)   # [*batch, M, N]
+    query.append(hint(query.pop(s.attention_rows_of(m1, m2, planner.bindings))))   # as the template tiles P @ V
+    query[:-1] = map(least, query[:-1])   # (a batch: too few splits cost more than too many, `least`)
     rows = s.fit_block(params["block_m"], query[-1])
-    keys = s.mma_k_extent(s.fit_block(params["block_n"], dims[-1]), g.tensor_type(m2.lhs).dtype.itemsize)
+    keys, block = hint(keys), s.mma_k_extent(s.fit_block(params["block_n"], keys), g.tensor_type(m2.lhs).dtype.itemsize)
     programs = math.prod(query[:-1]) * -(-query[-1] // rows)
-    shared = s.shared_bytes(group.kind, {**params, "block_m": rows, "block_n": keys}, features)
-    slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))
+    tile = {**params, "block_m": rows, "block_n": block}
+
+    def blocks_per_sm(stages: int) -> int:
+        shared = s.shared_bytes(group.kind, {**tile, "num_stages": stages}, features)
+        return platforms.blocks_per_sm_by_shared(planner.platform, shared)
+    slots = planner.sm_count * max(1, blocks_per_sm(params["num_stages"]))
     if 2 * programs > slots:
-        return 1
-    blocks = -(-dims[-1] // keys)
-    splits = blocks // MIN_SPLIT_KEY_BLOCKS
-    if blocks >= 2 * MIN_SPLIT_KEY_BLOCKS:   # a cache worth splitting: at least one block on every SM
-        splits = max(splits, min(blocks, planner.sm_count // programs))
-    return max(1, min(slots // programs, splits))
+        return {"split_kv": 1}
+    blocks = -(-keys // block)
+    if blocks < 2 * MIN_SPLIT_KEY_BLOCKS:
+        return {"split_kv": max(1, blocks // MIN_SPLIT_KEY_BLOCKS)}
+    one_wave = max(1, planner.sm_count // programs)
+    if rows == params["block_m"]:   # whole query blocks (a prefill over few heads): as before the
+        # decode rules were measured, a split of 4+ key blocks, or one an SM where that leaves SMs idle
+        return {"split_kv": max(1, min(slots // programs, max(blocks // MIN_SPLIT_KEY_BLOCKS,
+                                                                min(blocks, one_wave))))}
+    stages = params["num_stages"] if "num_stages" in pinned else 3 if blocks_per_sm(3) >= 1 else 0
+    if blocks // one_wave >= LONG_SPLIT_RUN and stages >= 3:
+        return {"split_kv": one_wave, "num_stages": stages}
+    return {"split_kv": max(1, min(blocks, 2 * planner.sm_count // programs, slots // programs))}
 
 
 #: blocks of 4 warps per SM a split column reduction aims for (a block holds 64 fp32 accumulators

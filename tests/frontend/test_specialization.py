@@ -344,8 +344,9 @@ def test_a_decode_step_over_a_cache_of_any_length():
 @pytest.mark.parametrize("arch", ["sm_80", "sm_90a"])
 def test_a_generic_attention_reads_its_tensors_through_maps_of_the_calls_length(arch):
     """On sm_90a Q, K and V are read by TMA through maps whose S the call fills in; on both paths the
-    query blocks' grid grows with S and no constant stands in for it."""
-    fn = tsr.function(causal_attention.fn, dynamic=["S"])
+    query blocks' grid grows with S and no constant stands in for it. (Unsplit: over 8 heads the
+    derived split takes its key blocks apart, as a compile for S = 1000 does.)"""
+    fn = tsr.function(causal_attention.fn, dynamic=["S"], space={"split_kv": [1]})
     compiled = fn.compile(fn.arg_specs_for({"B": 2, "H": 4, "S": 1000, "D": 128}, "bf16"), dynamic=frozenset({"S"}),
                           index_bits=32, arch=arch)
     (launch,) = compiled.launches.values()
@@ -568,14 +569,19 @@ def test_a_batched_gemm_over_a_dynamic_batch():
         assert next(iter(compiled.launches.values())).grid_terms and compiled.stage("cubin")
 
 
-def test_a_pinned_split_kv_fixes_a_dynamic_length():
-    """A space that pins split_kv over a dynamic query count: the split's partial outputs take every
-    dim as a constant, so S is fixed (not a verifier error)."""
-    fn = tsr.function(flash_attention.fn, dynamic=["S"], space={"split_kv": [4]})
+@pytest.mark.parametrize("dynamic", ["S", "B"])
+def test_a_split_kv_attention_takes_a_dynamic_dim(dynamic):
+    """A split-KV attention over a query count or a batch taken at run time: its partial outputs
+    and log-sum-exps are sized per call (they used to fix the dim), one compile per class,
+    checked against float64 on the interpreter (values of two classes)."""
+    fn = tsr.function(flash_attention.fn, dynamic=[dynamic], space={"split_kv": [4], "block_n": [16]})
     rng = np.random.default_rng(20)
-    q, k, v = (rng.standard_normal((1, 2, 40, 16)).astype(np.float16) for _ in range(3))
-    np.testing.assert_allclose(fn(q, k, v).astype(np.float64), attention_ref(q, k, v), rtol=2e-3, atol=2e-3)
-    assert "split-KV attention's partial outputs" in fn.cache_info().fixed["S"]
+    for n in (40, 33, 3):
+        shape = (1, 2, n, 16) if dynamic == "S" else (n, 2, 40, 16)
+        q, k, v = (rng.standard_normal(shape).astype(np.float16) for _ in range(3))
+        np.testing.assert_allclose(fn(q, k, v).astype(np.float64), attention_ref(q, k, v), rtol=2e-3, atol=2e-3)
+    info = fn.cache_info()
+    assert not info.fixed and info.compiles == 2
 
 
 @pytest.mark.skipif(shutil.which("ptxas") is None, reason="needs ptxas")

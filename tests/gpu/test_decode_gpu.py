@@ -88,3 +88,18 @@ def test_strided_queries_are_read_in_place(torch_cuda, m):
     k, v = (torch.randn(b, hk, 1, n, d, device="cuda", dtype=torch.bfloat16) for _ in range(2))
     out = gqa_decode_attention(q, k, v)
     check64(torch, out, reference(torch, q, k, v), "bf16")
+
+
+def test_a_decode_loop_over_batch_and_cache_sizes(torch_cuda):
+    """One function called as a serving loop does: batches and cache lengths change from call to
+    call (B and N become dynamic), and every call stays split across the GPU with its partial
+    outputs sized by B at run time; against float64."""
+    import tessera as tsr
+    torch = torch_cuda
+    fn = tsr.function(gqa_decode_attention.fn)
+    for b, n in ((1, 1024), (8, 4097), (3, 8192), (8, 131), (5, 20000), (16, 4096)):
+        q = torch.randn(b, 8, 4, 1, 128, device="cuda", dtype=torch.bfloat16)
+        k, v = (torch.randn(b, 8, 1, n, 128, device="cuda", dtype=torch.bfloat16) for _ in range(2))
+        check64(torch, fn(q, k, v), reference(torch, q, k, v), "bf16")
+    info = fn.cache_info()
+    assert set(info.dynamic) == {"B", "N"} and not info.fixed
