@@ -15,7 +15,9 @@ Times are medians of CUDA-graph replays (triton's do_bench_cudagraph: the kernel
 Python's launch cost, which a serving loop hides in a graph too), in us. "KV GB/s" is the K and V
 bytes read per second; "of copy" is that against the device's copy bandwidth (a 1 GiB
 device-to-device copy, read + write bytes), the issue's goal being 0.9; "vs best" is the best
-peer's time over Tessera's (above 1: Tessera is faster).
+peer's time over Tessera's (above 1: Tessera is faster). Each case compiles for its own shapes;
+the "generic" row is one function called with every case, as a serving loop calls it: its cache
+length N taken at run time (one compile per class of N and per batch size).
 
 With --paged PAGE,...: the same K and V scattered into a paged cache ([P, PAGE, Hk, D], pages in
 a shuffled order, a block table per sequence) and read by examples/paged_attention.py's
@@ -125,7 +127,7 @@ def main() -> int:
     batches, lengths = ([1, 8], [32768, 131072]) if args.quick else ([1, 8, 64], [1024, 8192, 32768, 131072])
     kinds = [k.strip() for k in args.kinds.split(",")]
     queries = [int(x) for x in args.queries.split(",")]
-    loop = tsr.function(gqa_decode_attention.fn, dynamic=["B", "N"])
+    loop = tsr.function(gqa_decode_attention.fn, dynamic=["N"])   # a serving loop's: the cache length at run time
     for kind, m in ((kind, m) for kind in kinds for m in queries):
         hk = KV_HEADS[kind]
         for b in batches:
@@ -150,8 +152,8 @@ def main() -> int:
                 derived = derived_split(dims, pinned)
                 for split in [derived, *(p for p in pins if p != derived)]:
                     space = {**pinned, **({} if split == derived else {"split_kv": [split]})}
-                    # (a function of its own per case: one called with every case would take B and
-                    # N at run time after its second call, its split derived for their classes)
+                    # (a function of its own per case: one called with every case would take N at
+                    # run time after its second call, its split derived for N's class: "generic")
                     fn = tsr.function(gqa_decode_attention.fn, **({"space": space} if space else {}))
                     out = fn(qg, kg, vg)
                     err = rel_err(out.view(b, HEADS, m, D), ref)
@@ -165,7 +167,7 @@ def main() -> int:
                           + " ".join(f"{peers[p]:9.1f}" if peers[p] else f"{'n/a':>9}" for p in ("cudnn", "flash"))
                           + f" {best / us if best else float('nan'):8.2f} {err:8.1e}")
                     unpaged = us if split == derived else unpaged
-                if not pins[1:] and not pinned:   # the serving loop's compile: B and N taken at run time
+                if not pins[1:] and not pinned:   # the serving loop's compile (B a constant, N its class's)
                     out = loop(qg, kg, vg)
                     err = rel_err(out.view(b, HEADS, m, D), ref)
                     status |= err > 2e-2

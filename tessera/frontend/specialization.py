@@ -83,15 +83,16 @@ class Specialization:
     def _one_per_tensor(self, wanted: set, positions: dict, tensors) -> None:
         """A buffer takes one dim at run time (`schedule_to_tile.memref_of`): where a tensor has
         several wanted dims (of 2 or more in this call), the one the user marked dynamic (else its
-        first) stays, and the others are fixed, saying why (an attention called with new batch sizes
-        and new lengths keeps its marked length generic, rather than whichever dim the compile met
-        first)."""
+        last) stays, and the others are fixed, saying why: an attention called with new batch sizes
+        and new lengths keeps its length generic, which models lay out after the batch ([B, H, S, D],
+        [B, S, D]) and which a decode loop changes every step (its cache) while the batch changes
+        seldom; keeping the batch (the first, as it was) recompiled every step."""
         for i, (name, _) in enumerate(tensors):
             dims = [d for d in wanted - self.fixed.keys() if any(j == i for j, _ in positions[d])]
             if len(dims) < 2:
                 continue
             axis = {d: next(a for j, a in positions[d] if j == i) for d in dims}
-            keep = min(dims, key=lambda d: (d not in self.dynamic, axis[d]))
+            keep = min(dims, key=lambda d: (d not in self.dynamic, -axis[d]))
             for d in dims:
                 if d != keep:
                     self.fix(d, f"argument {name!r} also has dim {keep!r}, which is dynamic, and a tensor "

@@ -1294,19 +1294,22 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     key block a split; a cache of fewer than 2 * MIN_SPLIT_KEY_BLOCKS blocks keeps 4+ a split. The
     slots count the blocks an SM holds by shared memory at the query tile the kernel really uses (16
     rows for a decode step, not `block_m`). A batch dim taken at run time splits as its class's
-    smallest value would (`dims.least`), the query and key counts as their classes' hints.
+    smallest value would (`dims.least`) over a long cache and as its middle (`_middle`) over a short
+    one; the query and key counts as their classes' hints.
     Measured on an H100 (bench/RESULTS.md, session 32; static compiles, bf16, D = 128, one query,
     us): GQA 32/8 B=1 32768 keys 54.2 at 49 splits of 2 stages -> 51.8
     at 16 of 3, 131072 keys 186.9 -> 180.3; B=8 131072 keys 1411.6 (6 of 2) -> 1362.6 (2 of 3);
     MHA B=1 131072 keys 697.8 (12 of 2) -> 687.1 (4 of 3); MHA B=1 1024 keys 9.4 at 4 splits ->
     7.8 at 8; while 8192 keys at B=1 GQA keep 32 splits of 2 stages (12.0; 16 of 3: 16.7)."""
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
-    *query, keys = (g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape)   # [*batch, M, N]
-    query.append(hint(query.pop(s.attention_rows_of(m1, m2, planner.bindings))))   # as the template tiles P @ V
-    query[:-1] = map(least, query[:-1])   # (a batch: too few splits cost more than too many, `least`)
-    rows = s.fit_block(params["block_m"], query[-1])
+    *batch, keys = (g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape)   # [*batch, M, N]
+    queries = hint(batch.pop(s.attention_rows_of(m1, m2, planner.bindings)))   # the rows P @ V's template tiles
+    rows = s.fit_block(params["block_m"], queries)
     keys, block = hint(keys), s.mma_k_extent(s.fit_block(params["block_n"], keys), g.tensor_type(m2.lhs).dtype.itemsize)
-    programs = math.prod(query[:-1]) * -(-query[-1] // rows)
+
+    def programs_at(value) -> int:
+        return math.prod(map(value, batch)) * -(-queries // rows)
+    programs = programs_at(least)   # (a batch taken at run time: too few splits cost more than too many)
     tile = {**params, "block_m": rows, "block_n": block}
 
     def blocks_per_sm(stages: int) -> int:
@@ -1326,7 +1329,17 @@ def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features:
     stages = params["num_stages"] if "num_stages" in pinned else 3 if blocks_per_sm(3) >= 1 else 0
     if blocks // one_wave >= LONG_SPLIT_RUN and stages >= 3:
         return {"split_kv": one_wave, "num_stages": stages}
+    programs = programs_at(_middle)   # (a short cache split for a class's smallest batch costs its top more)
     return {"split_kv": max(1, min(blocks, 2 * planner.sm_count // programs, slots // programs))}
+
+
+def _middle(value) -> int:
+    """A dim's value, or a dynamic dim's class's geometric middle (between `least` and `hint`): the
+    batch a short cache's split is derived for. Splitting for the class's smallest batch (2 of
+    2..16) split GQA 32/8 B=8 over 1024 keys 16 ways, 15.9 us against 10.5 at the 4 of its own
+    compile (H100), while a long cache's runs cost the class's top little (B=8 over 131072 keys:
+    1396 against 1367 us at 8 splits for 2)."""
+    return math.isqrt(least(value) * hint(value)) if is_dynamic(value) else value
 
 
 #: blocks of 4 warps per SM a split column reduction aims for (a block holds 64 fp32 accumulators

@@ -263,6 +263,21 @@ def test_one_attention_compile_serves_every_sequence_length(causal):
     assert info.keys == [{"B": 2, "H": 3, "S": c, "D": 64} for c in classes(lengths)]
 
 
+def test_a_decode_loops_cache_length_stays_dynamic_when_the_batch_varies_too():
+    """Unmarked, B and N both vary (a serving loop's batch and cache), but a tensor takes one dim at
+    run time: N, the later axis, stays generic and B is fixed, so a longer cache never recompiles."""
+    from decode_attention import gqa_decode_attention
+    fn = tsr.function(gqa_decode_attention.fn)
+    rng = np.random.default_rng(19)
+    for b, n in ((1, 40), (3, 97), (3, 130), (3, 250), (1, 300)):
+        q = rng.standard_normal((b, 2, 2, 1, 16)).astype(np.float16)
+        k, v = (rng.standard_normal((b, 2, 1, n, 16)).astype(np.float16) for _ in range(2))
+        fn(q, k, v)
+    info = fn.cache_info()
+    assert info.dynamic == ("N",) and "also has dim 'N'" in info.fixed["B"], info
+    assert info.compiles == 4   # the first call's, then B = 3 and B = 1 over N's class past 128
+
+
 def test_a_marked_length_stays_dynamic_when_the_batch_varies_too():
     """B and S both vary, but a tensor takes one dim at run time: S (marked) stays generic and B is
     fixed, saying why, so new lengths never recompile (only new batch sizes do)."""
