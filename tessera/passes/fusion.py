@@ -1015,7 +1015,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize"))
         params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
     if group.kind == "flash_attention" and planner.platform and "split_kv" not in pinned:
-        params.update(_split_kv(group, planner, params, features, pinned))
+        params["split_kv"] = _split_kv(group, planner, params, features)
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and params.get("split_kv", 1) == 1:
         _schedule_few_heads(group, block, planner, params, features, pinned)   # (a split attention's order is its own)
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and not planner.tile_compiler \
@@ -1278,65 +1278,47 @@ def _one_sided(bounds: ColumnBounds) -> bool:
 #: launch and the partial outputs' traffic cost more than the split gains
 MIN_SPLIT_KEY_BLOCKS = 4
 
-#: key blocks a split's run keeps, at one block an SM, from which a split-KV attention runs one
-#: block an SM loading three blocks ahead (`_split_kv`), rather than two blocks an SM loading two
-LONG_SPLIT_RUN = 16
 
-
-def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int],
-              pinned: dict) -> dict[str, int]:
-    """{"split_kv": splits[, "num_stages": 3]}: how many ways to split an attention's key blocks
-    (flash-decoding) when its query blocks alone fill at most half of the GPU's block slots (one
-    query per head of a decode step makes one block per head and batch). For a decode step's
-    query tile (fewer rows than `block_m`): a long cache, whose runs
-    keep LONG_SPLIT_RUN key blocks or more at one block an SM, is split once per SM and each block
-    loads three key blocks ahead; a shorter one is split until every SM has two blocks, down to one
-    key block a split; a cache of fewer than 2 * MIN_SPLIT_KEY_BLOCKS blocks keeps 4+ a split. The
-    slots count the blocks an SM holds by shared memory at the query tile the kernel really uses (16
-    rows for a decode step, not `block_m`). A batch dim taken at run time splits as its class's
-    smallest value would (`dims.least`) over a long cache and as its middle (`_middle`) over a short
-    one; the query and key counts as their classes' hints.
-    Measured on an H100 (bench/RESULTS.md, session 32; static compiles, bf16, D = 128, one query,
-    us): GQA 32/8 B=1 32768 keys 54.2 at 49 splits of 2 stages -> 51.8
-    at 16 of 3, 131072 keys 186.9 -> 180.3; B=8 131072 keys 1411.6 (6 of 2) -> 1362.6 (2 of 3);
-    MHA B=1 131072 keys 697.8 (12 of 2) -> 687.1 (4 of 3); MHA B=1 1024 keys 9.4 at 4 splits ->
-    7.8 at 8; while 8192 keys at B=1 GQA keep 32 splits of 2 stages (12.0; 16 of 3: 16.7)."""
+def _split_kv(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> int:
+    """How many ways to split an attention's key blocks (flash-decoding): enough for its query
+    blocks' blocks to fill the GPU's block slots when they alone fill at most half of them (one
+    query per head of a decode step makes one block per head and batch), each split keeping at
+    least MIN_SPLIT_KEY_BLOCKS blocks, except that a cache of 2 * MIN_SPLIT_KEY_BLOCKS blocks or
+    more is split until every SM has two blocks, down to one key block a split: a block's key
+    blocks run one after another, each a load's latency. The slots count the blocks an SM holds
+    by shared memory at the query tile the kernel really uses (16 rows for a decode step, not
+    `block_m`). A batch dim taken at run time splits for its class's smallest value where the
+    slots decide (a long cache: too few splits cost more than too many, `dims.least`) and for its
+    middle where the SMs do (`_middle`); the query and key counts as their classes' hints.
+    Measured (bf16, D = 128, one query, bench/RESULTS.md sessions 19 and 32): MHA B=1 over 1024
+    keys 9.3 us at 4 splits (a block an SM) -> 7.6 at 8, on the H100 and the H200 alike; B=1 GQA
+    32/8 over 1024 keys, 16 blocks of 64: 4 splits 9.2 us, 8 7.3, 16 7.0 (H100). One block an SM
+    loading three key blocks ahead was 3% faster over long caches on the H100 and 37-45% slower
+    on the H200 (B=1 GQA 131072 keys 173.7 us against 126.9 for 33 splits of two stages): the
+    H200's bandwidth wants more loads in flight an SM, and the slots' split keeps them."""
     m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     *batch, keys = (g.dim_value(d, planner.bindings) for d in g.tensor_type(m1.res).shape)   # [*batch, M, N]
     queries = hint(batch.pop(s.attention_rows_of(m1, m2, planner.bindings)))   # the rows P @ V's template tiles
     rows = s.fit_block(params["block_m"], queries)
     keys, block = hint(keys), s.mma_k_extent(s.fit_block(params["block_n"], keys), g.tensor_type(m2.lhs).dtype.itemsize)
 
-    def programs_at(value) -> int:
+    def programs(value) -> int:
         return math.prod(map(value, batch)) * -(-queries // rows)
-    programs = programs_at(least)   # (a batch taken at run time: too few splits cost more than too many)
-    tile = {**params, "block_m": rows, "block_n": block}
-
-    def blocks_per_sm(stages: int) -> int:
-        shared = s.shared_bytes(group.kind, {**tile, "num_stages": stages}, features)
-        return platforms.blocks_per_sm_by_shared(planner.platform, shared)
-    slots = planner.sm_count * max(1, blocks_per_sm(params["num_stages"]))
-    if 2 * programs > slots:
-        return {"split_kv": 1}
+    shared = s.shared_bytes(group.kind, {**params, "block_m": rows, "block_n": block}, features)
+    slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))
+    if 2 * programs(least) > slots:
+        return 1
     blocks = -(-keys // block)
-    if blocks < 2 * MIN_SPLIT_KEY_BLOCKS:
-        return {"split_kv": max(1, blocks // MIN_SPLIT_KEY_BLOCKS)}
-    one_wave = max(1, planner.sm_count // programs)
-    if rows == params["block_m"]:   # whole query blocks (a prefill over few heads): as before the
-        # decode rules were measured, a split of 4+ key blocks, or one an SM where that leaves SMs idle
-        return {"split_kv": max(1, min(slots // programs, max(blocks // MIN_SPLIT_KEY_BLOCKS,
-                                                                min(blocks, one_wave))))}
-    stages = params["num_stages"] if "num_stages" in pinned else 3 if blocks_per_sm(3) >= 1 else 0
-    if blocks // one_wave >= LONG_SPLIT_RUN and stages >= 3:
-        return {"split_kv": one_wave, "num_stages": stages}
-    programs = programs_at(_middle)   # (a short cache split for a class's smallest batch costs its top more)
-    return {"split_kv": max(1, min(blocks, 2 * planner.sm_count // programs, slots // programs))}
+    splits = blocks // MIN_SPLIT_KEY_BLOCKS
+    if blocks >= 2 * MIN_SPLIT_KEY_BLOCKS:   # a cache worth splitting: two blocks on every SM
+        splits = max(splits, min(blocks, 2 * planner.sm_count // programs(_middle)))
+    return max(1, min(slots // programs(least), splits))
 
 
 def _middle(value) -> int:
     """A dim's value, or a dynamic dim's class's geometric middle (between `least` and `hint`): the
-    batch a short cache's split is derived for. Splitting for the class's smallest batch (2 of
-    2..16) split GQA 32/8 B=8 over 1024 keys 16 ways, 15.9 us against 10.5 at the 4 of its own
+    batch a short cache's split for the SMs is derived for. Split for the class's smallest batch (2
+    of 2..16), GQA 32/8 B=8 over 1024 keys took 16 splits, 15.9 us against 10.5 at the 4 of its own
     compile (H100), while a long cache's runs cost the class's top little (B=8 over 131072 keys:
     1396 against 1367 us at 8 splits for 2)."""
     return math.isqrt(least(value) * hint(value)) if is_dynamic(value) else value

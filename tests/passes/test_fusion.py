@@ -501,48 +501,48 @@ def test_split_k_fills_the_gpu_when_output_tiles_cannot(dims, options, expected)
 
 # --- split-KV (flash-decoding) --------------------------------------------------------------------------------
 
-def split_kv_of(fn, dims, **options) -> tuple[int, int]:
+def split_kv_of(fn, dims, **options) -> int:
     c = fn.compile(fn.arg_specs_for(dims, "fp16"), **options)
     (kernel,) = schedule_kernels(c)
-    return kernel.param_values["split_kv"], kernel.param_values["num_stages"]
+    return kernel.param_values["split_kv"]
 
 
 @pytest.mark.parametrize("dims,options,expected", [
-    # 32 one-query blocks on 132 SMs over 2048 key blocks: long runs, one split an SM, three stages
-    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a"), (4, 3)),
-    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a", sm_count=66), (2, 3)),   # half the SMs
-    (dict(B=1, H=8, M=1, N=32768, D=128), dict(arch="sm_90a"), (16, 3)),     # 512 key blocks: 32 a run
-    (dict(B=1, H=8, M=1, N=8192, D=128), dict(arch="sm_90a"), (33, 2)),      # 8 a run at 16: two blocks an SM
-    (dict(B=8, H=8, M=1, N=8192, D=128), dict(arch="sm_90a"), (2, 3)),       # 64 programs, 64 blocks a run
-    (dict(B=1, H=32, M=1, N=1024, D=128), dict(arch="sm_90a"), (8, 2)),      # 16 key blocks: two blocks an SM
-    (dict(B=1, H=32, M=1, N=192, D=128), dict(arch="sm_90a"), (1, 2)),       # 3 key blocks: too few to split
-    (dict(B=1, H=8, M=1, N=1024, D=128), dict(arch="sm_90a"), (16, 2)),      # 8 blocks: a key block a split
-    (dict(B=1, H=8, M=1, N=512, D=128), dict(arch="sm_90a"), (8, 2)),        # 8 key blocks: one a split
-    (dict(B=1, H=8, M=1, N=448, D=128), dict(arch="sm_90a"), (1, 2)),        # 7 key blocks: one run of 4+
-    (dict(B=8, H=32, M=1, N=32768, D=128), dict(arch="sm_90a"), (1, 2)),     # 256 blocks fill half the slots
-    (dict(B=1, H=8, M=4096, N=4096, D=128), dict(arch="sm_90a"), (1, 2)),    # prefill: query blocks enough
-    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a", space=dict(split_kv=[1])), (1, 2)),   # pinned
-    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a", space=dict(num_stages=[2])), (8, 2)),
+    # 32 one-query blocks; a 16-row query tile and 64-key blocks of D=128 hold 3 blocks per SM: 396 slots
+    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a"), 12),
+    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a", sm_count=66), 6),   # half the SMs
+    (dict(B=1, H=32, M=1, N=1024, D=128), dict(arch="sm_90a"), 8),      # 16 key blocks: two blocks an SM
+    (dict(B=1, H=32, M=1, N=192, D=128), dict(arch="sm_90a"), 1),       # 3 key blocks: too few to split
+    (dict(B=1, H=8, M=1, N=1024, D=128), dict(arch="sm_90a"), 16),      # 8 blocks: a key block a split
+    (dict(B=1, H=8, M=1, N=8192, D=128), dict(arch="sm_90a"), 33),      # 128 key blocks: two blocks an SM
+    (dict(B=1, H=8, M=1, N=512, D=128), dict(arch="sm_90a"), 8),        # 8 key blocks: one a split
+    (dict(B=1, H=8, M=1, N=448, D=128), dict(arch="sm_90a"), 1),        # 7 key blocks: one run of 4+
+    (dict(B=8, H=32, M=1, N=32768, D=128), dict(arch="sm_90a"), 1),     # 256 blocks fill half the slots
+    (dict(B=1, H=8, M=4096, N=4096, D=128), dict(arch="sm_90a"), 1),    # prefill: query blocks enough
+    (dict(B=1, H=32, M=1, N=131072, D=128), dict(arch="sm_90a", space=dict(split_kv=[1])), 1),   # pinned
 ])
 def test_split_kv_fills_the_gpu_when_query_blocks_cannot(dims, options, expected):
-    """The derived `split_kv` (and stages): a long cache (16+ key blocks a run at one block an SM)
-    one split an SM loading three blocks ahead; a shorter one two blocks an SM, down to one key
-    block a split; fewer than 8 key blocks keep 4+ a split; none where the query blocks fill half
-    the slots. A pin of the stages keeps them (and the short rule's split)."""
+    """The derived `split_kv`: query blocks times splits fill the target's block slots when the
+    query blocks alone fill at most half, each split keeping 4+ key blocks, or down to one key
+    block where that leaves an SM without two blocks and the cache has 8+ key blocks."""
     from decode_attention import decode_attention
     assert split_kv_of(decode_attention, dims, **options) == expected
 
 
 def test_split_kv_of_a_dynamic_batch_follows_its_class_bottom():
-    """A batch dim taken at run time splits as the smallest value of its class would (2 for the
-    class 2..16), where it used not to split at all: a decode loop that saw two batch sizes ran
+    """A batch dim taken at run time splits over a long cache as the smallest value of its class
+    would (2 for the class 2..16), where it used not to split at all: a decode loop that saw two batch sizes ran
     unsplit, 0.7x cuDNN at B=8 (H100). Its partial outputs are sized by B at run time."""
     from decode_attention import decode_attention
     fn = tsr.function(decode_attention.fn, dynamic=["B"])
     dims = dict(B=8, H=8, M=1, N=32768, D=128)
     c = fn.compile(fn.arg_specs_for(dims, "bf16"), dynamic=frozenset({"B"}), arch="sm_90a")
     split = [k.param_values["split_kv"] for k in schedule_kernels(c)]
-    assert split == [split_kv_of(decode_attention, {**dims, "B": 2}, arch="sm_90a")[0]] and split[0] > 1
+    assert split == [split_kv_of(decode_attention, {**dims, "B": 2}, arch="sm_90a")] and split[0] > 1
+    short = {**dims, "N": 1024}   # a short cache: split for the class's middle batch (5), not its bottom
+    c = fn.compile(fn.arg_specs_for(short, "bf16"), dynamic=frozenset({"B"}), arch="sm_90a")
+    assert [k.param_values["split_kv"] for k in schedule_kernels(c)] == \
+        [split_kv_of(decode_attention, {**short, "B": 5}, arch="sm_90a")]
     assert "?" in c.ir("tile") and c.stage("cubin")
 
 
