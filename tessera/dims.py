@@ -143,6 +143,17 @@ def whole_blocks(block: int, value) -> bool:
     return value.multiple % block == 0
 
 
+def whole_if_relied_on(block: int, value) -> bool:
+    """Whether tiles of `block` along a dim of `value` are all whole where the compile already
+    depends on the dim's multiple (a loop's `whole_blocks` relied on it first): a constant's that
+    `block` divides, a dynamic dim's only then, so that a copy's bounds checks (a tile wholly
+    inside or wholly past the end) never make a compile depend on the multiple on their own (a
+    GEMM's rows would then compile a class more for nothing its loop gains)."""
+    if not isinstance(value, Dynamic):
+        return value % block == 0
+    return value.relied_on and value.multiple % block == 0
+
+
 def multiple_of(value: int) -> int:
     """What a dynamic dim compiled for `value`'s class promises its values are a multiple of."""
     return ALIGNMENT if value % ALIGNMENT == 0 else 1

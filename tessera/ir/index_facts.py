@@ -47,7 +47,9 @@ def known_multiple(v: SSAValue) -> int:
     op = v.owner
     if isinstance(op, arith.MuliOp):
         return known_multiple(op.lhs) * known_multiple(op.rhs)
-    if isinstance(op, (arith.AddiOp, arith.SubiOp)):
+    if isinstance(op, (arith.AddiOp, arith.SubiOp, arith.MinSIOp, arith.MaxSIOp)):
+        return math.gcd(known_multiple(op.lhs), known_multiple(op.rhs))
+    if isinstance(op, t.SelectOp):   # one of two values (a copy past a split's run reads past the end)
         return math.gcd(known_multiple(op.lhs), known_multiple(op.rhs))
     if isinstance(op, arith.IndexCastOp):
         return known_multiple(op.input)

@@ -35,6 +35,7 @@ from xdsl.dialects.builtin import (
     StringAttr,
     SymbolNameConstraint,
     SymbolRefAttr,
+    UnitAttr,
     i1,
     i32,
     i64,
@@ -542,7 +543,8 @@ class MemcpyOp(IRDLOperation):
     Copies the tile `dst[dst_indices]` from `src` at `src_indices` (a tile.load
     read: `tile_dims` are the src dims the tile spans, out-of-bounds elements
     read as `padding`); with `dst_rows` = [start, count], only those rows of it
-    (tile.copy_async's). `mechanism` is how the hardware moves it.
+    (tile.copy_async's). `mechanism` is how the hardware moves it. `whole`: the tile is wholly
+    inside `src` or wholly past its end along its dims taken at run time too (tile.copy_async's).
     """
 
     name = "tessera_target.memcpy"
@@ -556,22 +558,24 @@ class MemcpyOp(IRDLOperation):
     tile_dims = opt_prop_def(DenseArrayBase[I64])
     padding = opt_prop_def(FloatAttr)
     dst_rows = opt_prop_def(DenseArrayBase[I64])
+    whole = opt_prop_def(UnitAttr)
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
     traits = traits_def(HasAncestor(KernelOp))
 
     assembly_format = ("$dst `[` $dst_indices `]` `,` $src `[` $src_indices `]` `kind` `=` $kind "
                        "`async` `=` $async `mechanism` `=` $mechanism (`tile_dims` `=` $tile_dims^)? "
-                       "(`padding` `=` $padding^)? (`dst_rows` `=` $dst_rows^)? attr-dict-with-keyword "
-                       "`:` type($dst) `,` type($src)")
+                       "(`padding` `=` $padding^)? (`dst_rows` `=` $dst_rows^)? (`whole` $whole^)? "
+                       "attr-dict-with-keyword `:` type($dst) `,` type($src)")
 
     def __init__(self, dst: SSAValue, dst_indices: Sequence[SSAValue], src: SSAValue,
                  src_indices: Sequence[SSAValue], kind: str, is_async: bool, mechanism: str,
                  tile_dims: Sequence[int] | None = None, padding: FloatAttr | None = None,
-                 dst_rows: Sequence[int] | None = None):
+                 dst_rows: Sequence[int] | None = None, whole: bool = False):
         super().__init__(operands=[dst, dst_indices, src, src_indices], properties=_present(
             kind=StringAttr(kind), mechanism=StringAttr(mechanism), padding=padding,
             tile_dims=_i64s(tile_dims) if tile_dims is not None else None,
             dst_rows=_i64s(dst_rows) if dst_rows is not None else None,
+            whole=UnitAttr() if whole else None,
             **{"async": IntegerAttr.from_bool(is_async)}))
 
     @property

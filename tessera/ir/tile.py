@@ -654,7 +654,10 @@ class AllocSharedOp(IRDLOperation):
 class CopyAsyncOp(IRDLOperation):
     """Starts copying a tile of global `src` into stage `stage` of shared `dst`: the whole stage,
     or with `dst_rows` = [start, count] its rows start .. start + count - 1 (a stage filled by
-    several copies: a paged KV cache's key block, a page a copy)."""
+    several copies: a paged KV cache's key block, a page a copy). `whole`: along every tile dim
+    taken at run time, the compile promises a size that the tile's extent divides (its class's
+    multiple: `dims.whole_if_relied_on`), so a tile at a multiple of its extent is wholly inside
+    the source or wholly past its end, and one check decides the copy."""
 
     name = "tile.copy_async"
     src = operand_def(MemRefType)
@@ -664,15 +667,19 @@ class CopyAsyncOp(IRDLOperation):
     tile_dims = prop_def(DenseArrayBase)
     padding = prop_def(FloatAttr, default_value=FloatAttr(0.0, f64))
     dst_rows = opt_prop_def(DenseArrayBase)
+    whole = opt_prop_def(UnitAttr)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = ("$src `[` $offsets `]` `,` $dst `[` $stage `]` attr-dict "
                        "`:` type($src) `,` type($dst)")
 
     def __init__(self, src: Value, dst: Value, stage: Value, offsets: Sequence[Value],
-                 tile_dims: Sequence[int], padding: float = 0.0, dst_rows: tuple[int, int] | None = None):
+                 tile_dims: Sequence[int], padding: float = 0.0, dst_rows: tuple[int, int] | None = None,
+                 whole: bool = False):
         properties = {"tile_dims": _i64_array(tile_dims), "padding": FloatAttr(padding, f64)}
         if dst_rows is not None:
             properties["dst_rows"] = _i64_array(dst_rows)
+        if whole:
+            properties["whole"] = UnitAttr()
         super().__init__(operands=[src, dst, stage, offsets], properties=properties)
 
     @property

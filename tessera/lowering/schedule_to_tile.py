@@ -35,7 +35,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 
 from .. import dtypes
 from ..backends import BACKENDS
-from ..dims import DynamicDim, hint, is_dynamic, whole_blocks
+from ..dims import DynamicDim, hint, is_dynamic, whole_blocks, whole_if_relied_on
 from ..errors import TesseraError
 from ..ir import graph as g
 from ..ir import provenance
@@ -957,7 +957,11 @@ def _copy(kb: KernelBuild, o: Operand, smem: SSAValue, stage: SSAValue, offsets:
     p = o.pages
     if p is None or (o.sizes[p.axis] <= p.page and p.page % o.sizes[p.axis] == 0):
         offs, tile_dims = _access(kb, o, offsets, scalars)
-        kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims))
+        shape, extents = g.tensor_type(o.value).shape, smem.type.get_shape()[1:]
+        sizes = [kb.size(shape[d]) for d in tile_dims]
+        whole = p is None and any(map(is_dynamic, sizes)) and all(
+            whole_if_relied_on(n, size) for n, size in zip(extents, sizes))
+        kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims, whole=whole))
         return
     if o.order[0] != p.axis or o.sizes[p.axis] % p.page:
         raise TesseraError(f"{kb.sk.sym_name.data}: a tile of {o.sizes[p.axis]} keys over pages of {p.page} must "

@@ -386,7 +386,7 @@ class LowerCopyAsync(RewritePattern):
         mechanism = platforms.copy_mechanism(self.platform, op.padding.value.data)
         rewriter.replace(op, target.MemcpyOp(
             op.dst, [op.stage], op.src, op.offsets, "global_to_shared", True, mechanism,
-            tuple(op.tile_dims.get_values()), op.padding, op.dst_rows and op.rows))
+            tuple(op.tile_dims.get_values()), op.padding, op.dst_rows and op.rows, whole=op.whole is not None))
 
 
 @dataclass

@@ -483,6 +483,33 @@ def test_a_multiple_of_128_compiles_without_tails_and_refuses_other_values():
         bind_shapes("f", [("S", 4)], [(200, 4)], ["x"], multiples={"S": 128})
 
 
+def test_copies_of_a_key_count_in_the_multiples_class_check_once():
+    """A decode step's key tiles over a cache length taken at run time, in the class of multiples
+    of 128 (which its key loop already relies on): each copy is whole or wholly past the end
+    (`tile.copy_async {whole}`), so its chunks share one bounds check as with a constant length;
+    the other class's copies keep a check a chunk, and a GEMM over run-time rows (whose loop relies
+    on no multiple) marks none and gains no class. A split's copies past its run read at the key
+    count's end, a select of two multiples (`index_facts.known_multiple`), and stay whole too. PTX of the mma.sync path (sm_90a's decode tile),
+    assembled by ptxas."""
+    from decode_attention import gqa_decode_attention
+    fn = tsr.function(gqa_decode_attention.fn, dynamic=["N"])
+    specs = fn.arg_specs_for(dict(B=64, Hk=8, G=4, M=1, N=8192, D=128), "bf16")   # (unsplit)
+    compiled = {aligned: fn.compile(specs, dynamic=frozenset({"N"}), aligned=frozenset({"N"} if aligned else ()),
+                                    index_bits=32, arch="sm_90a") for aligned in (True, False)}
+    assert "whole" in compiled[True].ir("tile") and "whole" not in compiled[False].ir("tile")
+    assert "whole" in compiled[True].ir("target")
+    checks = {a: "\n".join(k.ptx for k in c.stage("ptx").values()).count("selp.b32") for a, c in compiled.items()}
+    assert checks[True] * 4 < checks[False], checks   # (136 -> 12: a size a copy, not a chunk)
+    assert compiled[True].stage("cubin")
+    split = fn.compile(fn.arg_specs_for(dict(B=2, Hk=8, G=4, M=1, N=8192, D=128), "bf16"), dynamic=frozenset({"N"}),
+                       aligned=frozenset({"N"}), index_bits=32, arch="sm_90a")   # (past a split's run: a select)
+    assert len(split.launches) == 2 and "\n".join(k.ptx for k in split.stage("ptx").values()).count("selp.b32") < 20
+    gemm = tsr.function(linear_gelu, dynamic=["M"])
+    c = gemm.compile(gemm.arg_specs_for({"M": 4096, "K": 256, "N": 256}, "fp16"), dynamic=frozenset({"M"}),
+                     aligned=frozenset({"M"}), arch="sm_80")
+    assert "whole" not in c.ir("tile") and "dim_multiples" not in c.ir("tile")
+
+
 def test_calls_of_a_multiple_of_128_and_of_another_value_compile_apart():
     fn = tsr.function(flash_attention.fn, dynamic=["S"])
     rng = np.random.default_rng(22)

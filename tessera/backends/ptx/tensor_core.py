@@ -224,10 +224,11 @@ def _copy_by_threads(e: KernelEmitter, op: tgt.MemcpyOp) -> None:
 
 
 def _whole_tile(op: tgt.MemcpyOp, shape, dims, extents) -> bool:
-    """Whether the copied tile is always wholly inside its tensor or wholly outside it (never
-    along a dim taken at run time, whose size may be any)."""
-    return all(shape[d] != t.DYNAMIC and shape[d] % n == 0 and index_facts.known_multiple(op.src_indices[d]) % n == 0
-               for d, n in zip(dims, extents))
+    """Whether the copied tile is always wholly inside its tensor or wholly outside it: its origin
+    a multiple of its extent, along dims whose size the extent divides (a dim taken at run time:
+    where the copy says its compile promises that, `whole`)."""
+    return all((op.whole is not None if shape[d] == t.DYNAMIC else shape[d] % n == 0)
+               and index_facts.known_multiple(op.src_indices[d]) % n == 0 for d, n in zip(dims, extents))
 
 
 def _shared_slot(e: KernelEmitter, buf: SharedBuffer, base: str, row: str, r_off: int, col: str, c_off: int) -> str:
