@@ -16,8 +16,9 @@ Python's launch cost, which a serving loop hides in a graph too), in us. "KV GB/
 bytes read per second; "of copy" is that against the device's copy bandwidth (a 1 GiB
 device-to-device copy, read + write bytes), the issue's goal being 0.9; "vs best" is the best
 peer's time over Tessera's (above 1: Tessera is faster). Each case compiles for its own shapes;
-the "generic" row is one function called with every case, as a serving loop calls it: its cache
-length N taken at run time (one compile per class of N and per batch size).
+the "generic" row is one function per kind and query count called with each of their cases, as a
+serving loop calls it: its cache length N taken at run time (one compile per class of N and per
+batch size).
 
 With --paged PAGE,...: the same K and V scattered into a paged cache ([P, PAGE, Hk, D], pages in
 a shuffled order, a block table per sequence) and read by examples/paged_attention.py's
@@ -127,8 +128,9 @@ def main() -> int:
     batches, lengths = ([1, 8], [32768, 131072]) if args.quick else ([1, 8, 64], [1024, 8192, 32768, 131072])
     kinds = [k.strip() for k in args.kinds.split(",")]
     queries = [int(x) for x in args.queries.split(",")]
-    loop = tsr.function(gqa_decode_attention.fn, dynamic=["N"])   # a serving loop's: the cache length at run time
     for kind, m in ((kind, m) for kind in kinds for m in queries):
+        # a serving loop's function (one per kind and query count, as a loop has): N at run time
+        loop = tsr.function(gqa_decode_attention.fn, dynamic=["N"])
         hk = KV_HEADS[kind]
         for b in batches:
             for n in lengths:

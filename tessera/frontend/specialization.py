@@ -49,6 +49,7 @@ class Specialization:
         self.seen: dict[str, int] = {}     # each dim's first value
         self.varied: set[str] = set()      # dims called with two values
         self.fixed: dict[str, str] = {}    # dims a compile could not take at run time: why
+        self.yielded: dict[str, str] = {}  # dims fixed only so that another of their tensor's stays generic: that one
         self.compiles = self.hits = 0
         self.keys: list[dict[str, Any]] = []
         #: a call's outputs outgrew 32-bit offsets (`tessera.dims.OffsetWidthError`): 64 from then on
@@ -97,6 +98,7 @@ class Specialization:
                 if d != keep:
                     self.fix(d, f"argument {name!r} also has dim {keep!r}, which is dynamic, and a tensor "
                                 f"takes one dim at run time")
+                    self.yielded[d] = keep
 
     def shapes(self, generic: dict[str, list[tuple[int, int]]], tensors) -> list[tuple]:
         """Each tensor's shape as a cache key: a generic dim's value replaced by its class."""
@@ -113,7 +115,13 @@ class Specialization:
         self.unaligned.update(d for d in generic if d not in relied)
 
     def fix(self, dim: str, why: str) -> None:
+        """Takes `dim` as a constant from now on. Dims fixed only so that `dim` could stay generic
+        (`_one_per_tensor`) are released: otherwise a length a compile cannot take at run time (a
+        paged table's page count, a GEMM's K) would leave its tensor's batch fixed too, and every
+        call recompile."""
         self.fixed[dim] = why
+        for other in [d for d, kept in self.yielded.items() if kept == dim]:
+            del self.yielded[other], self.fixed[other]
 
     def compiled(self, annotations: dict, tensors, generic) -> None:
         """Counts a compile and keeps its key: each dim's value, or its class where it is dynamic."""

@@ -543,8 +543,9 @@ class MemcpyOp(IRDLOperation):
     Copies the tile `dst[dst_indices]` from `src` at `src_indices` (a tile.load
     read: `tile_dims` are the src dims the tile spans, out-of-bounds elements
     read as `padding`); with `dst_rows` = [start, count], only those rows of it
-    (tile.copy_async's). `mechanism` is how the hardware moves it. `whole`: the tile is wholly
-    inside `src` or wholly past its end along its dims taken at run time too (tile.copy_async's).
+    (tile.copy_async's). `mechanism` is how the hardware moves it. `whole`: along its dims taken
+    at run time, the tile's extent divides the size (tile.copy_async's), so a tile at a multiple
+    of its extent is wholly inside `src` or wholly past its end.
     """
 
     name = "tessera_target.memcpy"

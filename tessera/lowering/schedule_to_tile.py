@@ -1543,6 +1543,9 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     k = operand(kb, m1.rhs, k_map, ("d", "n"), tile)
     v = operand(kb, m2.rhs, v_map, ("n", "e"), tile)
     q.order = ("m", "d")
+    # (asked before any copy: where the key count's multiple is relied on, a self-attention's
+    # query copies along the same dim are whole too, `dims.whole_if_relied_on`)
+    tail = not whole_blocks(tile["n"], att.sizes["n"])   # the last key block is (may be) partial
     (q_tile,) = _resident_tiles(kb, [(q, {"m": m0, "d": zero})], scalars, zero)
     block = [tile["m"], tile["n"]]
 
@@ -1551,7 +1554,6 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     n_keys = att.extent(kb, "n")
     kept = _kept_columns(kb, terms.limits, m0, tile, scalars, {"n": n_keys, "m": att.extent(kb, "m")}) \
         if where is not None and terms.limits else None
-    tail = not whole_blocks(tile["n"], att.sizes["n"])   # the last key block is (may be) partial
     scales: list[float] = []             # the constant the scores are scaled by (one per block, all equal)
 
     def scores(k_tile):

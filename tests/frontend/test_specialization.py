@@ -275,7 +275,23 @@ def test_a_decode_loops_cache_length_stays_dynamic_when_the_batch_varies_too():
         fn(q, k, v)
     info = fn.cache_info()
     assert info.dynamic == ("N",) and "also has dim 'N'" in info.fixed["B"], info
-    assert info.compiles == 4   # the first call's, then B = 3 and B = 1 over N's class past 128
+    assert info.compiles == 4   # (1, 40); B = 3 over N <= 128, then N <= 256; B = 1 over N <= 512
+
+
+def test_a_dim_that_yielded_to_one_fixed_later_is_released():
+    """x [M, K] with M and K varying: K (the later) is kept generic and M yields, but a GEMM needs
+    K's value, so K is fixed, and M, fixed only for K's sake, is generic again: new row counts
+    compile once per class, not once per value."""
+    @tsr.function
+    def gemm(x: Tensor["M", "K"], w: Tensor["K", "N"]):
+        return tsr.matmul(x, w)
+    rng = np.random.default_rng(24)
+    for m, k in ((8, 32), (16, 64), (40, 64), (100, 64), (7, 64), (300, 64), (50, 64)):
+        x, w = rng.standard_normal((m, k)).astype(np.float16), rng.standard_normal((k, 16)).astype(np.float16)
+        np.testing.assert_allclose(gemm(x, w).astype(np.float64), x.astype(np.float64) @ w, rtol=1e-2, atol=1e-2)
+    info = gemm.cache_info()
+    assert info.dynamic == ("M",) and set(info.fixed) == {"K"} and "value was needed" in info.fixed["K"], info
+    assert info.compiles == 5   # (8, 32); then M's classes <= 16 (K fixed on the way), <= 64, <= 128, <= 512
 
 
 def test_a_marked_length_stays_dynamic_when_the_batch_varies_too():
@@ -504,6 +520,11 @@ def test_copies_of_a_key_count_in_the_multiples_class_check_once():
     split = fn.compile(fn.arg_specs_for(dict(B=2, Hk=8, G=4, M=1, N=8192, D=128), "bf16"), dynamic=frozenset({"N"}),
                        aligned=frozenset({"N"}), index_bits=32, arch="sm_90a")   # (past a split's run: a select)
     assert len(split.launches) == 2 and "\n".join(k.ptx for k in split.stage("ptx").values()).count("selp.b32") < 20
+    attention = tsr.function(flash_attention.fn, dynamic=["S"])   # self-attention: Q's copy along S too
+    c = attention.compile(attention.arg_specs_for({"B": 1, "H": 2, "S": 256, "D": 64}, "fp16"),
+                          dynamic=frozenset({"S"}), aligned=frozenset({"S"}), arch="sm_80")
+    copies = [line for line in c.ir("tile").splitlines() if "tile.copy_async" in line]
+    assert copies and all("whole" in line for line in copies)
     gemm = tsr.function(linear_gelu, dynamic=["M"])
     c = gemm.compile(gemm.arg_specs_for({"M": 4096, "K": 256, "N": 256}, "fp16"), dynamic=frozenset({"M"}),
                      aligned=frozenset({"M"}), arch="sm_80")
@@ -615,7 +636,8 @@ def test_a_batched_gemm_over_a_dynamic_batch():
 def test_a_split_kv_attention_takes_a_dynamic_dim(dynamic):
     """A split-KV attention over a query count or a batch taken at run time: its partial outputs
     and log-sum-exps are sized per call (they used to fix the dim), one compile per class,
-    checked against float64 on the interpreter (values of two classes)."""
+    checked against float64 on the interpreter (values of two classes; S = 3's compile has one key
+    block and runs unsplit)."""
     fn = tsr.function(flash_attention.fn, dynamic=[dynamic], space={"split_kv": [4], "block_n": [16]})
     rng = np.random.default_rng(20)
     for n in (40, 33, 3):
