@@ -390,6 +390,28 @@ def test_a_generic_attention_reads_its_tensors_through_maps_of_the_calls_length(
 
 
 
+def test_a_generic_attention_over_few_heads_splits_as_its_compile_for_the_hint_would():
+    """A causal attention over 8 heads with S taken at run time derives the split a compile for
+    S = 1024 derives (its query blocks fill under half the slots): partial outputs sized by S at
+    run time, their TMA maps' S left to the call, assembled for sm_90a; against float64 on the
+    interpreter at two lengths of the class."""
+    fn = tsr.function(causal_attention.fn, dynamic=["S"])
+    compiled = fn.compile(fn.arg_specs_for({"B": 2, "H": 4, "S": 1000, "D": 128}, "bf16"), dynamic=frozenset({"S"}),
+                          index_bits=32, arch="sm_90a")
+    static = causal_attention.compile(causal_attention.arg_specs_for({"B": 2, "H": 4, "S": 1024, "D": 128}, "bf16"),
+                                      arch="sm_90a")
+    assert len(compiled.launches) == len(static.launches) == 2
+    partials = next(launch for name, launch in compiled.launches.items() if name.endswith("_partials"))
+    assert partials.tensor_maps and all(-1 in spec.shape for spec in partials.tensor_maps)
+    assert compiled.stage("cubin")
+    fn = tsr.function(causal_attention.fn, dynamic=["S"], space={"block_n": [16], "split_kv": [3]})
+    rng = np.random.default_rng(25)
+    for n in (40, 57):
+        q, k, v = (rng.standard_normal((1, 2, n, 16)).astype(np.float16) for _ in range(3))
+        np.testing.assert_allclose(fn(q, k, v).astype(np.float64), attention_ref(q, k, v, True), rtol=2e-3, atol=2e-3)
+    assert fn.cache_info().compiles == 1 and not fn.cache_info().fixed
+
+
 def test_an_fp32_matmul_fixes_its_dims_for_tileiras(monkeypatch):
     """An fp32 matmul goes to tileiras (the PTX backend has no fp32 matrix instruction), which takes
     every dim as a constant: its dynamic dim is fixed, not passed to a backend that cannot run it
