@@ -1319,8 +1319,9 @@ def _middle(value) -> int:
     """A dim's value, or a dynamic dim's class's geometric middle (between `least` and `hint`): the
     batch a short cache's split for the SMs is derived for. Split for the class's smallest batch (2
     of 2..16), GQA 32/8 B=8 over 1024 keys took 16 splits, 15.9 us against 10.5 at the 4 of its own
-    compile (H100), while a long cache's runs cost the class's top little (B=8 over 131072 keys:
-    1396 against 1367 us at 8 splits for 2)."""
+    compile, while a long cache's runs cost the class's top little (B=8 over 131072 keys, 1396 us
+    at 8 splits against 1367 at 2; both H100, measured under the one-block-an-SM rule since
+    dropped, bench/RESULTS.md session 32)."""
     return math.isqrt(least(value) * hint(value)) if is_dynamic(value) else value
 
 
