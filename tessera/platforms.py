@@ -35,6 +35,7 @@ FEATURES: dict[str, str] = {
     "tma": "Tensor Memory Accelerator: cp.async.bulk.tensor with tensor maps (sm_90+)",
     "clusters": "thread-block clusters and distributed shared memory (sm_90+)",
     "stmatrix": "stmatrix register->shared fragment stores (sm_90+)",
+    "vector_red": "red.global.add.v2.f32 / .v4.f32, atomic adds of several fp32 elements at once (sm_90+)",
     "programmatic_launch": "programmatic dependent launch: a kernel is launched while the one before it in "
                            "its stream finishes, and waits for that one's results in griddepcontrol.wait (sm_90+)",
     "wgmma": "warpgroup MMA wgmma.mma_async (sm_90a only: arch-specific, not in sm_100a)",
@@ -54,7 +55,7 @@ _SM70 = frozenset({"tensor_cores", "wmma"})
 _SM75 = _SM70 | {"mma_sync", "ldmatrix", "tanh_approx"}
 _SM80 = _SM75 | {"async_copy", "bf16", "nan_minmax"}
 _SM89 = _SM80 | {"fp8"}
-_SM90 = _SM89 | {"tma", "clusters", "stmatrix", "programmatic_launch"}
+_SM90 = _SM89 | {"tma", "clusters", "stmatrix", "programmatic_launch", "vector_red"}
 _SM90A = _SM90 | {"wgmma", "setmaxnreg"}
 _SM100 = _SM90
 _SM100A = _SM100 | {"tcgen05", "tmem", "cta_pairs", "setmaxnreg"}
@@ -378,6 +379,7 @@ _FEATURE_PTX_ISA: dict[str, tuple[int, int]] = {
     "wmma": (6, 0), "mma_sync": (6, 5), "ldmatrix": (6, 5), "tanh_approx": (7, 0), "async_copy": (7, 0),
     "nan_minmax": (7, 0),
     "bf16": (7, 0), "clusters": (7, 8), "stmatrix": (7, 8), "programmatic_launch": (7, 8), "tma": (8, 0),
+    "vector_red": (8, 1),
     "wgmma": (8, 0), "setmaxnreg": (8, 0), "fp8": (8, 4), "tcgen05": (8, 6),
     "tmem": (8, 6), "cta_pairs": (8, 6),
 }

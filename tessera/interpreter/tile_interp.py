@@ -482,14 +482,18 @@ class Window:
         out[tile_index] = block
         return out
 
-    def write(self, dst: np.ndarray, offsets: Sequence, value: np.ndarray) -> None:
-        """Store the in-bounds part of `value` at `offsets`."""
+    def write(self, dst: np.ndarray, offsets: Sequence, value: np.ndarray, add: bool = False) -> None:
+        """Store the in-bounds part of `value` at `offsets` (`add`: add it to what is there)."""
         clipped = self.clip(dst.shape, offsets)
         if clipped is None:
             return
         index, tile_index, _ = clipped
         part = value[tile_index]
-        dst[index] = part if self.to_memref is None else part.transpose(self.to_memref)
+        part = part if self.to_memref is None else part.transpose(self.to_memref)
+        if add:
+            dst[index] += part
+        else:
+            dst[index] = part
 
 
 def _padded(shape: Sequence[int], padding: float, dt: np.dtype) -> np.ndarray:
@@ -543,6 +547,21 @@ def _store(c: Compiler, op: tile.StoreOp) -> Step:
     val, dst, offs = c.slot(op.value), c.slot(op.dst), [c.slot(v) for v in op.offsets]
 
     def step(f): window.write(f[dst], [f[o] for o in offs], f[val])
+    return step
+
+
+def _atomic_add(c: Compiler, op: tile.AtomicAddOp) -> Step:
+    window = Window(tile.int_values(op.tile_dims), op.value.type.get_shape(), op.dst.type.get_num_dims())
+    val, dst, offs = c.slot(op.value), c.slot(op.dst), [c.slot(v) for v in op.offsets]
+
+    def step(f): window.write(f[dst], [f[o] for o in offs], f[val], add=True)
+    return step
+
+
+def _store_shared(c: Compiler, op: tile.StoreSharedOp) -> Step:
+    val, dst, stage = c.slot(op.value), c.slot(op.dst), c.slot(op.stage)
+
+    def step(f): f[dst][int(f[stage])] = f[val]
     return step
 
 
@@ -708,7 +727,8 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     tile.AllocSharedOp: _fresh, tile.AllocGlobalOp: _fresh, tile.ViewOp: _view, tile.CopyAsyncOp: _copy_async,
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,
     tile.MmaWaitOp: _no_op,
-    tile.LoadSharedOp: _load_shared, tile.MmaOp: _mma, tile.ReduceOp: _reduce,
+    tile.LoadSharedOp: _load_shared, tile.StoreSharedOp: _store_shared, tile.AtomicAddOp: _atomic_add,
+    tile.MmaOp: _mma, tile.ReduceOp: _reduce,
     tile.BroadcastOp: _broadcast, tile.ArangeOp: _arange, tile.LaunchOp: _launch,
     tile.AssertOp: _assert, tile.ProfileBeginOp: _profile_stamp(0), tile.ProfileEndOp: _profile_stamp(1),
 }

@@ -122,11 +122,12 @@ class ChainTile:
     maps: dict            # every value of the region -> its map
 
 
-def chain_tile(sink, operand, region: set, bindings) -> ChainTile | None:
+def chain_tile(sink, operand, region: set, bindings, across: bool = False) -> ChainTile | None:
     """The tiling of a flash_chain kernel whose `sink` (a ReduceOp or MatmulOp) reduces `operand`,
     computed by the ops of `region` (views included: maps are followed through them only); None when a score matmul of the region is not read along the
-    tile's two axes (or is read in two orientations)."""
-    operand_map, result_map = _sink_maps(sink, operand, bindings)
+    tile's two axes (or is read in two orientations). `across`: a matmul sink that reduces the
+    kernel's rows instead of its loop (`ChainSink.across`)."""
+    operand_map, result_map = _sink_maps(sink, operand, bindings, across)
     maps: dict = {operand: operand_map}
     scores: dict = {}
     work, seen = [(operand, operand_map)], set()
@@ -149,8 +150,14 @@ def chain_tile(sink, operand, region: set, bindings) -> ChainTile | None:
     return ChainTile(operand_map, result_map, scores, maps) if scores else None
 
 
-def _sink_maps(sink, operand, bindings) -> tuple[Map, Map]:
+def _sink_maps(sink, operand, bindings, across: bool = False) -> tuple[Map, Map]:
     """(the computed operand's map, the sink's result map)."""
+    if across:   # reduced over the rows, its result walks the loop: one block of it a step
+        batch = tuple(f"b{d}" for d in range(g.tensor_type(sink.res).rank - 2))
+        lhs_computed = sink.lhs is operand
+        result = (*batch, CHAIN_LOOP, CHAIN_COLS) if lhs_computed else (*batch, CHAIN_COLS, CHAIN_LOOP)
+        lhs_map, rhs_map = matmul_operand_maps(sink, result, CHAIN_ROWS, bindings)
+        return (lhs_map if lhs_computed else rhs_map), result
     if isinstance(sink, g.ReduceOp):
         rank, axis = g.tensor_type(sink.input).rank, sink.axis.data
         m = tuple(CHAIN_LOOP if d == axis else CHAIN_ROWS if d >= rank - 2 else f"b{d}" for d in range(rank))
@@ -173,24 +180,44 @@ class ChainSink:
     op: object            # the ReduceOp or MatmulOp
     computed: object      # its operand computed in the kernel (the other, if any, is read from memory)
     tiling: ChainTile
+    #: a matmul sink reducing the kernel's rows (m), its result a block of the loop axis (n) per
+    #: step, summed over the row blocks' programs: the attention backward's dQ = dS @ K in the
+    #: kernel of dK and dV (keys as rows), where a kernel of its own computed S and dP again
+    across: bool = False
 
 
 def chain_sinks(block, bindings) -> list[ChainSink]:
     """The sinks of a flash_chain kernel body (a block whose arguments are the kernel's inputs and
     whose last op yields its outputs), one per output, in the yield's order; a TesseraError when
-    an output has no sink or a sink cannot be tiled as one."""
+    an output has no sink or a sink cannot be tiled as one. The first sink's tiling orients the
+    kernel: a later matmul sink whose score tiles it reads transposed is an `across` sink."""
     out = []
     for value in block.last_op.operands:
         sink = _sink_behind(value)
         computed = [v for v in sink.operands if chain_source(v) is None]
         if isinstance(sink, g.ReduceOp) or len(computed) == 1:
             tiling = chain_tile(sink, computed[0], set(block.ops), bindings) if computed else None
+            across = False
+            if tiling is not None and out and isinstance(sink, g.MatmulOp) and \
+                    _transposed_scores(tiling.scores, out[0].tiling.scores):
+                tiling, across = chain_tile(sink, computed[0], set(block.ops), bindings, across=True), True
             if tiling is not None:
-                out.append(ChainSink(value, sink, computed[0], tiling))
+                out.append(ChainSink(value, sink, computed[0], tiling, across))
                 continue
         raise TesseraError(f"a flash_chain kernel's {sink.name} must reduce one operand computed from score "
                            f"matmuls along the kernel's tile")
     return out
+
+
+def _swap_rows_and_loop(m: Map) -> Map:
+    swap = {CHAIN_ROWS: CHAIN_LOOP, CHAIN_LOOP: CHAIN_ROWS}
+    return tuple(swap.get(a, a) for a in m)
+
+
+def _transposed_scores(scores: dict, kernel_scores: dict) -> bool:
+    """Whether a sink reads the kernel's score tiles each with its rows and loop swapped."""
+    common = set(scores) & set(kernel_scores)
+    return bool(common) and all(_swap_rows_and_loop(scores[mm]) == kernel_scores[mm] for mm in common)
 
 
 def chain_axis_dims(sinks: list[ChainSink], size: Callable[[g.Dim], int]) -> dict[str, g.Dim]:

@@ -93,6 +93,9 @@ DERIVED = frozenset({"programs", "split_k", "split_kv", "split_rows"})
 #: "auto": each kernel's by `tessera.passes.backend_choice`), so a tuner can time the backends
 BACKEND_PARAM = "backend"
 
+#: the rows (keys) of a flash_chain kernel's block when it sums an across sink (dQ): see SHAPE_DEFAULTS
+ACROSS_ROWS = 128
+
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
 SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
@@ -169,6 +172,11 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("row_reduction", lambda f: f.get("column_riders", 0) >= 2 and f.get("row_elements", 0) >= 4096
      or f.get("column_riders", 0) and f.get("row_elements", 0) > 4096, {"num_warps": 8, "num_stages": 2}),
     ("flash_attention", lambda f: f.get("tile_compiler") and f.get("head_dim", 0) > 64, {"block_n": 64}),
+    # a chain kernel summing dQ across its key blocks (an across sink, `index_maps.ChainSink.across`):
+    # 128 keys a block on 8 warps, so each query block's dQ is added half as often as with 64 (one
+    # block an SM either way: the sum's shared buffer). H200 bf16 plain 8x16x4096x128: 64 keys on
+    # 4 warps 10.6 ms, 128 on 8 6.14 (two kernels: 6.75); bench/RESULTS.md session 33
+    ("flash_chain", lambda f: f.get("staged_tiles", 0) > 0, {"block_m": ACROSS_ROWS, "num_warps": 8}),
     # A column sum's tile (KINDS): 32 x 256 on 4 warps. bf16, CUDA-graph, of the copy bandwidth, 32 x 128
     # -> 32 x 256: H200 16384x8192 0.82 -> 0.95, 65536x1024 0.73 -> 0.86, 4096x32768 0.91 -> 0.97,
     # 8192x4096 0.64 -> 0.75; H100 0.92 -> 0.98, 0.84 -> 0.91, 0.95 -> 0.99, 0.76 -> 0.82 (64 x 128
@@ -301,10 +309,11 @@ def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) ->
     if kind == "flash_attention":
         d = 1 << (features.get("head_dim", 128) - 1).bit_length()   # tiles span the head dim's power of two
         return tile(p["block_m"], d) + 2 * tile(p["block_n"], d, p["num_stages"])
-    if kind == "flash_chain":   # resident row tiles, then the streamed ones in every stage
+    if kind == "flash_chain":   # resident row tiles, the streamed ones in every stage, the staged ones
         d = 1 << (features.get("head_dim", 128) - 1).bit_length()
         return features.get("row_tiles", 1) * tile(p["block_m"], d) + \
-            features.get("streamed_tiles", 2) * tile(p["block_n"], d, p["num_stages"])
+            features.get("streamed_tiles", 2) * tile(p["block_n"], d, p["num_stages"]) + \
+            features.get("staged_tiles", 0) * tile(p["block_m"], p["block_n"])
     return 0
 
 

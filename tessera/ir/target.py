@@ -1105,13 +1105,14 @@ class WgmmaWaitOp(_CountedWaitOp):
 
 
 #: fence kinds -> the platform feature each needs
-FENCES: dict[str, str] = {"mbarrier_init": "tma"}
+FENCES: dict[str, str] = {"mbarrier_init": "tma", "async_shared": "wgmma"}
 
 
 @irdl_op_definition
 class FenceOp(_AsyncOp):
     """`tessera_target.fence kind = "mbarrier_init"`: makes initialised mbarriers visible to the
-    async proxy (TMA) and the rest of the block."""
+    async proxy (TMA) and the rest of the block; `kind = "async_shared"`: makes the thread's
+    shared-memory stores visible to the async proxy (a wgmma reading a tile the threads stored)."""
 
     name = "tessera_target.fence"
     kind = prop_def(StringAttr)
@@ -1393,7 +1394,10 @@ class ScratchAttr(_FieldsAttr):
 class StagingAttr(_FieldsAttr):
     """`#tessera_target.staging<cols = 64, pitch = 144>`: the store writes each warp's accumulator
     fragments into its own shared buffer 16 rows x `cols` columns at a time, rows `pitch` bytes
-    apart, and reads them back as row-contiguous 16-byte vectors (`shared_memory.Staging`)."""
+    apart, and reads them back as row-contiguous 16-byte vectors (`shared_memory.Staging`). On a
+    `tile.atomic_add`: the block writes the whole tile into one shared buffer, a row of its
+    destination (`cols` fp32) every `pitch` bytes, and adds each row to global memory with one bulk
+    reduction (`shared_memory.bulk_reduction_pitch`)."""
 
     name = "tessera_target.staging"
     cols: IntAttr

@@ -38,6 +38,7 @@ from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     DenseArrayBase,
     DictionaryAttr,
+    f32,
     f64,
     FloatAttr,
     FunctionType,
@@ -587,6 +588,36 @@ class StoreOp(IRDLOperation):
 
 
 @irdl_op_definition
+class AtomicAddOp(IRDLOperation):
+    """Adds the in-bounds part of an fp32 register tile to a global memref, element by element and
+    atomically: programs of one launch may add to the same elements (a flash_chain kernel's dQ,
+    summed over its key blocks' programs). The sums' order is the hardware's, so their last bits
+    may differ from run to run."""
+
+    name = "tile.atomic_add"
+    value = operand_def(TensorType)
+    dst = operand_def(MemRefType)
+    offsets = var_operand_def(IndexType)
+    tile_dims = prop_def(DenseArrayBase)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$value `,` $dst `[` $offsets `]` attr-dict `:` type($value) `,` type($dst)"
+
+    def __init__(self, value: Value, dst: Value, offsets: Sequence[Value], tile_dims: Sequence[int]):
+        super().__init__(operands=[value, dst, offsets], properties={"tile_dims": _i64_array(tile_dims)})
+
+    def verify_(self) -> None:
+        val_t, dst_t = self.value.type, self.dst.type
+        _require_global_shape(self, "destination memref", dst_t)
+        _require_static(self, "added tile", val_t)
+        _require(not is_shared(dst_t), self, "destination must be a global memref, not shared memory")
+        _require(dst_t.get_element_type() == f32, self, f"destination {dst_t} must hold f32 (atomic sums)")
+        _require_offsets(self, self.offsets, dst_t)
+        _require_tile_dims(self, int_values(self.tile_dims), dst_t.get_num_dims(), val_t.get_num_dims(),
+                           f"added tile {val_t}")
+        _require_same_element(self, "added tile", val_t, "destination", dst_t)
+
+
+@irdl_op_definition
 class AllocGlobalOp(IRDLOperation):
     """Host side: a global intermediate buffer (its contents start undefined)."""
 
@@ -786,6 +817,30 @@ class LoadSharedOp(IRDLOperation):
         _require(res_t.get_shape() == stage_shape, self,
                  f"result shape {_fmt(res_t.get_shape())} differs from one stage of {src_t} ({_fmt(stage_shape)})")
         _require_same_element(self, "source", src_t, "result", res_t)
+
+
+@irdl_op_definition
+class StoreSharedOp(IRDLOperation):
+    """Writes a register tile into stage `stage` of a shared buffer (the whole stage), in the
+    buffer's layout: a tile computed in registers that an mma then reads from shared memory (a
+    flash_chain kernel's dS, the A operand of dQ = dS @ K). Readers wait behind a `tile.barrier`."""
+
+    name = "tile.store_shared"
+    value = operand_def(TensorType)
+    dst = operand_def(MemRefType)
+    stage = operand_def(IndexType)
+    assembly_format = "$value `,` $dst `[` $stage `]` attr-dict `:` type($value) `,` type($dst)"
+
+    def __init__(self, value: Value, dst: Value, stage: Value):
+        super().__init__(operands=[value, dst, stage])
+
+    def verify_(self) -> None:
+        val_t, dst_t = self.value.type, self.dst.type
+        _require(is_shared(dst_t), self, f"destination {dst_t} must be in shared memory space 3")
+        stage_shape = dst_t.get_shape()[1:]
+        _require(val_t.get_shape() == stage_shape, self,
+                 f"stored tile {_fmt(val_t.get_shape())} differs from one stage of {dst_t} ({_fmt(stage_shape)})")
+        _require_same_element(self, "stored tile", val_t, "destination", dst_t)
 
 
 # ---------------------------------------------------------------- register-tile compute
@@ -1233,7 +1288,7 @@ Tile = Dialect(
     "tile",
     [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, LoadGatherOp, StoreOp,
      AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp,
-     MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
+     StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
     [],
 )
 

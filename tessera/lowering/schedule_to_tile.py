@@ -211,7 +211,7 @@ ANCHORS = {"row_reduction": (g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp
 
 
 def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str | None = None,
-           out_type: MemRefType | None = None) -> KernelBuild:
+           out_type: MemRefType | None = None, out_dim: str | None = None) -> KernelBuild:
     """The build of `sk`'s kernel over inputs of `in_types` (the host's buffers: an argument passed
     strided keeps its layout), or (`name`, `out_type`) of another kernel on the same inputs
     that writes a buffer of that type instead (a split-K GEMM's partial products). A kernel of
@@ -236,8 +236,10 @@ def _start(sk: s.KernelOp, bindings, in_types: Sequence[MemRefType], name: str |
         kernel.attributes[t.OCCUPANCY] = IntegerAttr(p["occupancy"], 64)
     if dynamic is not None:
         kernel.attributes[t.INDEX_BITS] = IntegerAttr(bindings[dynamic].index_bits, 64)
-        kernel.attributes[t.BUFFER_DIMS] = ArrayAttr([StringAttr(_dynamic_dim(v, bindings))
-                                                      for v in [*block.args, *sk.outputs]])
+        names = [_dynamic_dim(v, bindings) for v in block.args]
+        outs = [out_dim if out_dim is not None else _dynamic_dim(sk.outputs[0], bindings)] if out_type else \
+            [_dynamic_dim(v, bindings) for v in sk.outputs]
+        kernel.attributes[t.BUFFER_DIMS] = ArrayAttr([StringAttr(name) for name in [*names, *outs]])
     kargs = kernel.body.block.args
     b = Builder(kernel.body.block)
     anchor = next((op for op in block.ops if isinstance(op, ANCHORS.get(sk.kind.data, ()))), None)
@@ -1918,7 +1920,12 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     the output's columns, all of them). The streamed operands are loaded once per block however
     many uses read them (Q both for the scores and for dK). The attention backward's kernels:
     dK and dV (one kernel), dQ. A row or column count taken at run time (a sequence length) sizes
-    the grid and the column loop then, its last block masked."""
+    the grid and the column loop then, its last block masked.
+
+    An `across` sink (`index_maps.ChainSink.across`: dQ = dS @ K in the kernel of dK and dV)
+    reduces the rows instead: each step stores its operand's tile (dS^T) to shared memory, takes
+    its product with the resident tile of the other operand (K) on tensor cores and adds it to an
+    fp32 sum of the output, atomically (`_across_sums`)."""
     sinks = index_maps.chain_sinks(kb.group_block, kb.bindings)
     scores = _chain_scores(kb, sinks)
     dims = _chain_dims(kb, sinks)
@@ -1951,13 +1958,16 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
         a.order = ("m", k)            # a row operand stored k-major is read transposed by the copy
         resident.append((a, {"m": m0, k: zero}))
         uses.append((operand(kb, b_value, b_map, (k, "n"), tile), (k, "n")))
+    across = [sink for sink in sinks if sink.across]
     for sink in sinks:
-        if isinstance(sink.op, g.MatmulOp):
+        if isinstance(sink.op, g.MatmulOp) and not sink.across:
             lhs_map, rhs_map = matmul_operand_maps(sink.op, sink.tiling.result_map, "n", kb.bindings)
             other, other_map = (sink.op.rhs, rhs_map) if sink.computed is sink.op.lhs else (sink.op.lhs, lhs_map)
             uses.append((operand(kb, other, other_map, ("n", "e"), tile), ("n", "e")))
+    across_rows = [_across_operand(kb, sink, tile, resident, zero) for sink in across]
     streamed, slot = _distinct_tiles([o for o, _ in uses])
     rows = _resident_tiles(kb, resident, scalars, zero)
+    sums = _AcrossSums(kb, across, [rows[i] for i in across_rows], tile, scalars) if across else None
 
     block = [tile["m"], tile["n"]]
     tail = not whole_blocks(tile["n"], sizes["n"])   # the last column block is (may be) partial
@@ -2003,12 +2013,17 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
             for test in tests[1:]:
                 inside = kb.b(arith.AndIOp(inside, test))
             masked = _if(kb.b, inside, lambda: branch(True), lambda: branch(False))
-        for i, (sink, kind, fill, acc) in enumerate(zip(sinks, kinds, fills, accs)):
+        carried = iter(accs)
+        for i, (sink, kind, fill) in enumerate(zip(sinks, kinds, fills)):
             x = masked[i] if masked else computed(sink, ctx)
             if tail and not masked:   # a select in every block: without masks, a branch to the last
                 # block's select (yielding the tiles) was slower (H200 bf16 plain 3x5x1531x128: 0.201 -> 0.213 ms)
                 x = cut(x, fill)
             with kb.b.origin(sink.op):
+                if sink.across:
+                    sums.stage(sink, x)
+                    continue
+                acc = next(carried)
                 if kind:
                     out.append(kb.b(COMBINE[kind](acc, kb.b(t.ReduceOp(x, TILE_REDUCE[kind], 1)))))
                     continue
@@ -2016,19 +2031,142 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
                 x = to_storage(kb.b, x, g.tensor_type(b_use.value).dtype)
                 out.append(kb.b(t.MmaOp(x, tiles[slot[other]], acc, transpose_b=operand_layout(b_use, want))))
                 other += 1
+        if sums:
+            sums.multiply()
         kb.b(t.MmaWaitOp(0))   # and one for the sinks' (dK's and dV's run together), before the stage is refilled
+        if sums:
+            sums.add(n0)
         return out
 
-    accs0 = [kb.b.full(fill, [tile["m"]] if kind else [tile["m"], tile["e"]]) for kind, fill in zip(kinds, fills)]
+    accs0 = [kb.b.full(fill, [tile["m"]] if kind else [tile["m"], tile["e"]])
+             for sink, kind, fill in zip(sinks, kinds, fills) if not sink.across]
     fixed = {"m": m0, "e": zero, **{f"k{i}": zero for i in range(len(rows))}}
     steps = _key_blocks(kb, bounds, m0, tile, n_cols)
     accs = _pipelined_loop(kb, steps, p["num_stages"], streamed, "n", tile["n"], fixed, scalars, accs0, compute)
-    for sink, kind, acc in zip(sinks, kinds, accs):
+    kept = [(sink, kind, out) for sink, kind, out in zip(sinks, kinds, kb.outs) if not sink.across]
+    for (sink, kind, out), acc in zip(kept, accs):
         kb.em.overrides[sink.op.results[0]] = acc
-    for sink, kind, out in zip(sinks, kinds, kb.outs):
         tiled = {"m": (m0, tile["m"])} if kind else {"m": (m0, tile["m"]), "e": (zero, tile["e"])}
         kb.store_result(_output_map(kb, sink), TileCtx(tiled, scalars), sink.output, out)
+    if sums:
+        sums.finish(kb)
     return grid
+
+
+def _across_operand(kb: KernelBuild, sink, tile: dict, resident: list, zero: SSAValue) -> int:
+    """The index among the resident tiles of an across sink's other operand (K of dQ = dS @ K),
+    walking (m, e): a score matmul's row operand already resident there when it is the same tile
+    (K of S^T = K Q^T: shared memory holds it once), else a new one."""
+    lhs_map, rhs_map = matmul_operand_maps(sink.op, sink.tiling.result_map, "m", kb.bindings)
+    other, other_map = (sink.op.rhs, rhs_map) if sink.computed is sink.op.lhs else (sink.op.lhs, lhs_map)
+    o = operand(kb, other, other_map, ("m", "e"), tile)
+    for i, (a, _) in enumerate(resident):
+        (k,) = (x for x in a.order if x != "m")
+        renamed = tuple("e" if x == k else x for x in a.map)
+        if a.value is o.value and renamed == o.map and a.sizes[k] == tile["e"] and a.order == ("m", k) \
+                and o.order == ("m", "e") and a.pages is None:
+            return i
+    o.order = ("m", "e")
+    resident.append((o, {"m": resident[0][1]["m"] if resident else zero, "e": zero}))
+    return len(resident) - 1
+
+
+class _AcrossSums:
+    """A flash_chain kernel's across sinks (`ChainSink.across`), each summed into an fp32 buffer
+    of its output's size (a scratch buffer: a kernel launched before zeroes it, one after applies
+    the sink's epilogue and stores the output). Per step, `stage` stores the computed operand's
+    tile [m, n] (dS^T) to shared memory; `multiply` takes its product with the resident operand's
+    tile [m, e] (K) on tensor cores, reading both from shared memory, as an [n, e] block of the
+    output's sum (dS K) or, where the kernel's warps hold accumulator rows of e but not of n
+    (8 warps, 128 key rows a block, 64 queries a step), as its transpose [e, n] (K^T dS^T); `add`
+    adds the block to the buffer, atomically (the row blocks' programs all add to it; on Hopper
+    one bulk reduction a row, `shared_memory.bulk_reduction_pitch`)."""
+
+    def __init__(self, kb: KernelBuild, sinks: list, others: list[SSAValue], tile: dict, scalars: dict):
+        self.kb, self.sinks, self.others, self.tile, self.scalars = kb, sinks, others, tile, scalars
+        b = kb.b
+        self.zero = b.index(0)
+        warps = kb.kernel.properties["num_warps"].value.data
+        self.transposed = tile["n"] != 16 * warps
+        if self.transposed and tile["e"] != 16 * warps:
+            raise TesseraError(f"{kb.sk.sym_name.data}: an across sum's block [{tile['n']}, {tile['e']}] has no side "
+                               f"of 16 rows a warp over {warps} warps (block_n or the head dim must be {16 * warps})")
+        self.staged = [b(t.AllocSharedOp([1, tile["m"], tile["n"]], g.tensor_type(sink.computed).element))
+                       for sink in sinks]
+        self.maps = [sink.tiling.result_map for sink in sinks]
+        self.dims = [[*g.tensor_type(sink.op.results[0]).shape[:-1], self._padded(kb, sink)] for sink in sinks]
+        types = [MemRefType(f32, [t.DYNAMIC if is_dynamic(kb.size(d)) else kb.size(d) for d in dims])
+                 for dims in self.dims]
+        named = [_dynamic_dim(sink.op.results[0], kb.bindings) for sink in sinks]
+        self.buffers = [kb.add_scratch(ty, dim or None) for ty, dim in zip(types, named)]
+        for ty, dim, axes, dims in zip(types, named, self.maps, self.dims):
+            zeroing = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_zero", ty, out_dim=dim)
+            ctx, grid = _output_tile(zeroing, axes, dims, ACROSS_TILE["m"], ACROSS_TILE["n"])
+            zeroing.limit_warps(max(1, math.prod(ctx.shape) // 256))
+            zeroing.em.store(zeroing.b.full(0.0, ctx.shape), zeroing.out, axes, ctx, dtypes.fp32)
+            kb.before.append((_finish(zeroing), grid))
+        self.products: list[SSAValue] = []
+
+    @staticmethod
+    def _padded(kb: KernelBuild, sink) -> int:
+        """A sum buffer's row: the output's (a head dim, a constant) rounded up to 16 bytes, and 16
+        bytes more. The padding makes a tile of whole rows one run of memory laid out as a shared
+        buffer whose rows fall in different banks (`shared_memory.bulk_reduction_pitch`)."""
+        cols = kb.size(g.tensor_type(sink.op.results[0]).shape[-1])
+        if is_dynamic(cols):
+            raise DynamicDim(g.tensor_type(sink.op.results[0]).shape[-1], "an across sum's rows are a constant")
+        return -(-cols // 4) * 4 + 4
+
+    def stage(self, sink, x: SSAValue) -> None:
+        """Stores this step's computed operand tile (columns past the end already cut to 0; rows
+        past the end read K's zero padding, so they add nothing) for `multiply`."""
+        i = self.sinks.index(sink)
+        x = to_storage(self.kb.b, x, g.tensor_type(sink.computed).dtype)
+        self.kb.b(t.StoreSharedOp(x, self.staged[i], self.zero))
+
+    def multiply(self) -> None:
+        b, tile = self.kb.b, self.tile
+        b(t.BarrierOp())   # every warp's rows of dS^T are in shared memory
+        self.products = []
+        for sink, staged, other in zip(self.sinks, self.staged, self.others):
+            operand = b(t.LoadSharedOp(staged, self.zero))
+            with b.origin(sink.op):
+                if self.transposed:   # K^T dS^T
+                    product = t.MmaOp(other, operand, b.full(0.0, [tile["e"], tile["n"]]), transpose_a=True)
+                else:                 # dS K
+                    product = t.MmaOp(operand, other, b.full(0.0, [tile["n"], tile["e"]]), transpose_a=True)
+                self.products.append(b(product))
+
+    def add(self, n0: SSAValue) -> None:
+        blocks = [("n", (n0, self.tile["n"])), ("e", (self.zero, self.tile["e"]))]
+        ctx = TileCtx(dict(blocks[::-1] if self.transposed else blocks), self.scalars)
+        for sink, product, buffer, axes in zip(self.sinks, self.products, self.buffers, self.maps):
+            offsets, tile_dims, _ = self.kb.em.access(axes, ctx)
+            with self.kb.b.origin(sink.op):
+                self.kb.b(t.AtomicAddOp(product, buffer, offsets, tile_dims))
+
+    def finish(self, kb: KernelBuild) -> None:
+        """The kernels after: per tile of each across sink's output, its sum through the epilogue
+        (on the kernel's params: its inputs, scratch and outputs)."""
+        outputs = list(kb.sk.body.block.last_op.operands)
+        for sink, buffer in zip(self.sinks, self.buffers):
+            after = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_sum")
+            for x, name in zip(kb.scratch, kb.scratch_dims):
+                after.add_scratch(x.type, name)
+            after.kernel.properties["num_stages"] = IntegerAttr(1, 64)
+            axes = sink.tiling.result_map
+            ctx, grid = _output_tile(after, axes, list(g.tensor_type(sink.op.results[0]).shape),
+                                     ACROSS_TILE["m"], ACROSS_TILE["n"])
+            after.limit_warps(max(1, math.prod(ctx.shape) // 256))
+            offsets, tile_dims, _ = after.em.access(axes, ctx)
+            total = after.scratch[kb.scratch.index(buffer)]
+            after.em.overrides[sink.op.results[0]] = after.b(t.LoadOp(total, offsets, tile_dims, ctx.shape))
+            after.store_result(_output_map(after, sink), ctx, sink.output, after.outs[outputs.index(sink.output)])
+            kb.after.append((_finish(after), grid))
+
+
+#: the tile of an across sum's zeroing kernel and of the kernel applying its epilogue (fp32 [rows, D])
+ACROSS_TILE = {"m": 32, "n": 128}
 
 
 def _chain_grid(kb: KernelBuild, dims: dict, sizes: dict, batch: list[tuple[str, int]], block_m: int) -> tuple:

@@ -126,6 +126,29 @@ def staging_for(op: tile.StoreOp, layouts: dict[SSAValue, Layout], platform: Pla
     return staging
 
 
+def bulk_reduction_pitch(op: tile.AtomicAddOp, layouts: dict[SSAValue, Layout], platform: Platform) -> int | None:
+    """The row pitch of the shared buffer an atomic add of an accumulator tile goes through, as one
+    bulk reduction of the whole tile (`cp.reduce.async.bulk .add.f32`: the copy engine adds it in
+    L2), or None where each thread's `red`s stay: no bulk copies on the platform, or a tile that is
+    not whole rows of its destination (over its last two dims, either order, the rows contiguous:
+    a tile is then one run of memory, and its buffer holds it as laid out there) but for at most
+    16 bytes a row, which the buffer holds as zeros (a padded destination: an across sum's, whose
+    padding puts a warp's rows in different banks).
+
+    Why: the attention backward's dQ sums take 8.6 GB of fp32 adds at B=8 H=16 S=4096 D=128 (a
+    [64, 128] block a step per 128-key block); issued as `red.global.add.v2.f32` by the warps
+    computing, they stalled them: the kernel took 6.44 ms on an H200, 3.82 without the adds and
+    5.75 with plain stores in their place; a bulk reduction a row took 6.73 (bench/RESULTS.md,
+    session 33)."""
+    layout, shape = layouts.get(op.value), op.dst.type.get_shape()
+    rank, tile_dims = len(shape), list(tile.int_values(op.tile_dims))
+    if not platform.has("tma") or not isinstance(layout, Mma) or sorted(tile_dims) != [rank - 2, rank - 1] \
+            or tile.is_strided(op.dst.type) or index_facts.constant_value(list(op.offsets)[-1]) != 0:
+        return None
+    cols, row = layout.shape[tile_dims.index(rank - 1)], shape[-1]
+    return row * 4 if row != tile.DYNAMIC and row % 4 == 0 and 0 <= row - cols <= 4 else None
+
+
 def _place(op: Operation, total: int, size: int, align: int) -> int:
     """Writes the op's scratch at the next `align`ed byte; returns the new total."""
     offset = _align_up(total, align)
@@ -135,14 +158,19 @@ def _place(op: Operation, total: int, size: int, align: int) -> int:
 
 def _place_scratch(kernel, platform: Platform, layouts: dict[SSAValue, Layout], storing_warps: int,
                    total: int) -> int:
-    """Scratch for cross-warp reductions and staged stores, in program order (a store is staged
-    only where the shared memory placed before it leaves room)."""
+    """Scratch for cross-warp reductions, staged stores and bulk-reduced atomic adds, in program
+    order (a store is staged only where the shared memory placed before it leaves room)."""
     for op in kernel.walk():
         if isinstance(op, tile.ReduceOp) and (size := _exchange_bytes(op, layouts)):
             total = _place(op, total, size, 4)
         elif isinstance(op, tile.StoreOp) and (st := staging_for(op, layouts, platform, total, storing_warps)):
             op.attributes[target.STAGING] = target.StagingAttr.of(cols=st.cols, pitch=st.pitch)
             total = _place(op, total, storing_warps * st.buffer_bytes, 16)
+        elif isinstance(op, tile.AtomicAddOp) and (pitch := bulk_reduction_pitch(op, layouts, platform)):
+            rank = op.dst.type.get_num_dims()
+            rows = layouts[op.value].shape[list(tile.int_values(op.tile_dims)).index(rank - 2)]
+            op.attributes[target.STAGING] = target.StagingAttr.of(cols=pitch // 4, pitch=pitch)
+            total = _place(op, total, rows * pitch, 16)
     return total
 
 

@@ -27,6 +27,7 @@ from dataclasses import dataclass
 from xdsl.dialects import scf
 from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, TensorType, UnitAttr
 from xdsl.ir import Attribute
+from xdsl.rewriter import InsertPoint
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -432,6 +433,21 @@ class LowerMmaWait(RewritePattern):
             rewriter.erase(op)
 
 
+@dataclass
+class FenceSharedStores(RewritePattern):
+    """A tile.store_shared is followed by `fence kind = "async_shared"` where mmas read shared
+    memory through the async proxy (wgmma's descriptors), which a thread's stores reach only
+    through the fence; the barrier after it (the template's) then lets them read."""
+
+    platform: Platform
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.StoreSharedOp, rewriter: PatternRewriter) -> None:
+        if not self.platform.has("wgmma") or isinstance(op.next_op, target.FenceOp):
+            return
+        rewriter.insert_op(target.FenceOp("async_shared"), InsertPoint.after(op))
+
+
 class LowerBarrier(RewritePattern):
     """tile.barrier -> tessera_target.barrier (every thread of the block)."""
 
@@ -462,6 +478,7 @@ def patterns(platform: Platform, tensor_cores: bool = True) -> Iterable[RewriteP
         LowerReturn(), *([LowerMma(platform)] if tensor_cores else []),
         LowerAllocShared(platform), LowerCopyAsync(platform),
         LowerAsyncCommit(platform), LowerAsyncWait(platform), LowerMmaWait(platform), LowerBarrier(),
+        FenceSharedStores(platform),
         *debug_to_target.patterns(),
     )
 

@@ -572,18 +572,79 @@ class _Planner:
         self.order = {op: i for i, op in enumerate(block.ops)}
         return True
 
-    def _chains_match(self, a: Group, b: Group) -> bool:
-        """Whether two flash_chain groups tile the same score matmuls (the same math on the same
-        inputs, `_structure`) with the same maps, over the same extents."""
-        ta, tb = self._chain_tiling(a), self._chain_tiling(b)
-        if ta is None or tb is None or ta[1] != tb[1]:
-            return False
-        common = set(ta[0]) & set(tb[0])
-        return bool(common) and all(ta[0][k] == tb[0][k] for k in common)
+    def merge_across(self) -> None:
+        """Folds a flash_chain kernel of one matmul sink into a later one that loops over the same
+        score tiles transposed (`_chains_match(transposed=True)`), as an `across` sink
+        (`index_maps.ChainSink.across`): the attention backward's dQ = dS @ K (query blocks as rows,
+        looping over keys) into the kernel of dK and dV (key blocks as rows, looping over queries).
+        Each step then adds its query block's share of dQ, dS^T's block times K's, to an fp32 sum
+        (atomically: every key block's program adds to it), so S = Q K^T and dP = dO V^T are
+        computed once where the kernel of its own computed them again: the backward's matmuls go
+        from 7 to 5, as FlashAttention-2 and -3 do. Only where the template can sum across
+        programs (`_sums_across`), and the later kernel keeps its orientation (its outputs stay
+        first: it has at least as many sinks)."""
+        chains = sorted((grp for grp in self.groups if grp.kind == "flash_chain"), key=self.position)
+        for i, later in enumerate(chains):
+            for earlier in chains[:i]:
+                if earlier in self.groups and later in self.groups and len(earlier.outputs) == 1 \
+                        and len(later.outputs) >= 1 and self._sums_across(earlier) \
+                        and self._chains_match(earlier, later, transposed=True) and self._waves(later) >= 2 \
+                        and self._outputs_read_after(earlier, self.position(later)):
+                    self.claim(later, earlier.ops)
+                    later.extra = [*later.extra, *earlier.outputs]
+                    self.groups.remove(earlier)
 
-    def _chain_tiling(self, group: Group):
+    def _waves(self, group: Group) -> float:
+        """The waves of a chain kernel merged with an across sink, one block an SM on blocks of
+        `schedule.ACROSS_ROWS` rows (the target's SMs). Under two, it stays two kernels: the merged
+        kernel's few long blocks leave SMs idle at the end (H200 bf16 causal 3x5x1531x128, 180
+        blocks on 132 SMs: 0.116 -> 0.128 ms merged; bench/RESULTS.md session 33)."""
+        extents = dict(self._chain_tiling(group, speed=True)[1])
+        batch = math.prod(n for axis, n in extents.items() if axis not in ("m", "n", "e"))
+        return batch * -(-extents["m"] // s.ACROSS_ROWS) / self.target.sm_count
+
+    def _sums_across(self, group: Group) -> bool:
+        """Whether `group`'s sink can be a chain kernel's across sink on this compile's target, and
+        pays: a matmul with 16-bit operands on the PTX backend's Hopper path (its template stores
+        dS^T to shared memory for a transposed-A wgmma and adds fp32 tiles with the copy engine;
+        the CPU interpreter runs the same Tile IR) whose output rows are 65 to 128 wide: a block of
+        128 keys on 8 warps then holds dQ^T's rows (`schedule_to_tile._AcrossSums`). H200 bf16,
+        against dQ's own kernel: D=128 plain 8x16x4096x128 6.75 -> 6.14 ms, causal 3.83 -> 3.56;
+        at D=64 the two kernels stay (16x16x2048x64 2.15 ms, merged on 64 keys 2.22-2.30, its
+        128-key blocks 128 queries wide spill); bench/RESULTS.md session 33."""
+        sink = self.producer(group.output)
+        target = self.target
+        if not isinstance(sink, g.MatmulOp) or target is None or not HOPPER_NATIVE <= target.features:
+            return False
+        width = g.dim_value(g.tensor_type(sink.res).shape[-1], self.bindings)
+        if is_dynamic(width) or not 64 < width <= 128:
+            return False
+        if self.backend_option not in ("ptx", "auto"):
+            return False
+        operand_dtypes = {g.tensor_type(v).dtype for v in (sink.lhs, sink.rhs)}
+        return all(dt.bits == 16 and platforms.mma_instructions(target, dt) for dt in operand_dtypes)
+
+    def _chains_match(self, a: Group, b: Group, transposed: bool = False) -> bool:
+        """Whether two flash_chain groups tile the same score matmuls (the same math on the same
+        inputs, `_structure`) with the same maps, over the same extents (a matmul sink's columns
+        too: one kernel's sinks share them); `transposed`: `a`'s with its rows and loop swapped."""
+        ta, tb = self._chain_tiling(a), self._chain_tiling(b)
+        if ta is None or tb is None:
+            return False
+        scores_a, extents_a = ta
+        if transposed:
+            swap = {index_maps.CHAIN_ROWS: index_maps.CHAIN_LOOP, index_maps.CHAIN_LOOP: index_maps.CHAIN_ROWS}
+            scores_a = {k: tuple(swap.get(x, x) for x in m) for k, m in scores_a.items()}
+            extents_a = tuple(sorted((swap.get(axis, axis), n) for axis, n in extents_a))
+        if extents_a != tb[1]:
+            return False
+        common = set(scores_a) & set(tb[0])
+        return bool(common) and all(scores_a[k] == tb[0][k] for k in common)
+
+    def _chain_tiling(self, group: Group, speed: bool = False):
         """(structure of each score matmul -> its map, the extents of the kernel's axes) of a
-        flash_chain group made by `chain` (one sink), or None."""
+        flash_chain group made by `chain` (one sink), or None; with `speed`, a dynamic dim's extent
+        is its hint (for a choice of speed), else its name."""
         sink = self.producer(group.output)
         operands = [v for v in sink.operands if self.producer(self.strip_cheap(v)) in group.ops]
         if len(operands) != 1:
@@ -593,7 +654,7 @@ class _Planner:
             return None
         def extent(d):   # (dims taken at run time match by name: their values are unknown)
             n = g.dim_value(d, self.bindings)
-            return f"{n.name}=?" if is_dynamic(n) else n
+            return hint(n) if speed else f"{n.name}=?" if is_dynamic(n) else n
         extents: dict[str, int | str] = {}
         for v, m in tiling.maps.items():
             for axis, d in zip(m, g.tensor_type(v).shape):
@@ -658,6 +719,7 @@ class _Planner:
             if isinstance(op, (g.MatmulOp, g.ReduceOp)) and self.free(op):
                 self.chain(op)
         self.merge_chains()
+        self.merge_across()
         ops = list(self.f.body.block.ops)   # (in its order now: `_defer_readers` may move ops)
         for op in ops:
             if isinstance(op, g.MatmulOp) and self.free(op):
@@ -1494,7 +1556,9 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
     matmuls' column operands and the matmul sinks' other operands, each input once, as the
     template streams them), and `head_dim`, the widest of their rows: the head dims, not the
     reduced sequence length that a sink's own inner dim is (taking that shrank dV/dQ/dK's key
-    blocks to 32 rows); and `sink_columns`, the matmul sinks' accumulator columns together."""
+    blocks to 32 rows); `sink_columns`, the matmul sinks' accumulator columns together; and
+    `staged_tiles`, the [block_m, block_n] tiles the across sinks store (dS^T for dQ: their other
+    operand, K, is already a resident row tile, and their sums leave the kernel every step)."""
     def size(d) -> int:
         return g.dim_value(d, bindings)
     sinks = index_maps.chain_sinks(block, bindings)
@@ -1503,15 +1567,15 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
     for mm, m in scores.items():
         streamed.add(index_maps.chain_source(mm.rhs if m[-2] == index_maps.CHAIN_ROWS else mm.lhs))
         widths.append(size(g.tensor_type(mm.lhs).shape[-1]))
-    for sink in sinks:
-        if isinstance(sink.op, g.MatmulOp):
-            computed_lhs = sink.computed is sink.op.lhs
-            streamed.add(index_maps.chain_source(sink.op.rhs if computed_lhs else sink.op.lhs))
-            widths.append(size(g.tensor_type(sink.op.res).shape[-1 if computed_lhs else -2]))
+    carried = [sink for sink in sinks if isinstance(sink.op, g.MatmulOp) and not sink.across]
+    for sink in carried:
+        computed_lhs = sink.computed is sink.op.lhs
+        streamed.add(index_maps.chain_source(sink.op.rhs if computed_lhs else sink.op.lhs))
+        widths.append(size(g.tensor_type(sink.op.res).shape[-1 if computed_lhs else -2]))
     columns = sum(size(g.tensor_type(sink.op.res).shape[-1 if sink.computed is sink.op.lhs else -2])
-                  for sink in sinks if isinstance(sink.op, g.MatmulOp))
+                  for sink in carried)
     return {"head_dim": max(widths), "row_tiles": len(scores), "streamed_tiles": len(streamed),
-            "sink_columns": columns}
+            "sink_columns": columns, "staged_tiles": sum(sink.across for sink in sinks)}
 
 
 def _graph_passes(module: ModuleOp, backend: str) -> ModuleOp:

@@ -49,6 +49,7 @@ tessera.profile = ["every_op", "mainloop"]} {
       tile.async_wait {pending = 0 : i64}
       tile.barrier
       %ta = tile.load_shared %sa[%k] : memref<2x32x16xf16, 3 : i64> -> tensor<32x16xf16>
+      tile.store_shared %ta, %sa[%k] : tensor<32x16xf16>, memref<2x32x16xf16, 3 : i64>
       %tb = tile.load %b[%on, %ko] {tile_dims = array<i64: 0, 1>, padding = 0xfff0000000000000 : f64} : memref<45x100xf16> -> tensor<32x16xf16>
       %tbt = tile.load %b[%on, %ko] {tile_dims = array<i64: 1, 0>} : memref<45x100xf16> -> tensor<16x32xf16>
       %p = tile.mma %ta, %tb, %acc_1 {transpose_b} : tensor<32x16xf16>, tensor<32x16xf16>, tensor<32x32xf32>
@@ -76,6 +77,7 @@ memref<1x2x3x2x4xi32>, tensor<32xi32> -> tensor<32xi32>
     %true = arith.constant true
     %any = arith.select %true, %fb, %sel : tensor<32x32xf32>
     tile.store %any, %c[%om, %on] {tile_dims = array<i64: 0, 1>} : tensor<32x32xf32>, memref<77x45xf32>
+    tile.atomic_add %any, %c[%om, %on] {tile_dims = array<i64: 0, 1>} : tensor<32x32xf32>, memref<77x45xf32>
     tile.profile_end %stamps {label = "every_op", slot = 0 : i64} : memref<1x2x3x2x4xi32>
     tile.return
   }
@@ -235,6 +237,16 @@ def store(tile_dims, shape, n_offsets=2):
     return tile.StoreOp(val, dst, offsets, tile_dims)
 
 
+def atomic_add(element, dst_element=f32):
+    val, dst, i, j = values(t(64, 64, el=element), MemRefType(dst_element, [77, 100]), IndexType(), IndexType())
+    return tile.AtomicAddOp(val, dst, [i, j], (0, 1))
+
+
+def store_shared(shape, element=f16):
+    val, buf, stage = values(t(*shape, el=element), shared(2, 64, 32), IndexType())
+    return tile.StoreSharedOp(val, buf, stage)
+
+
 def reduce(kind, axis):
     (x,) = values(t(64, 32))
     return tile.ReduceOp(x, kind, axis)
@@ -285,6 +297,11 @@ VERIFIER_CASES = {
                           "index must be an i32 tile, got tensor<8xf32>"),
     "store offsets": (lambda: store((0, 1), (64, 64), n_offsets=3), "'tile.store': 3 offsets given for rank-2"),
     "store tile_dims": (lambda: store((0, 1, 2), (4, 4, 4), n_offsets=2), "tile_dims [0, 1, 2]: [2] out of range"),
+    "atomic_add element": (lambda: atomic_add(f16, f16), "destination memref<77x100xf16> must hold f32 (atomic sums)"),
+    "atomic_add tile": (lambda: atomic_add(f16), "added tile element type f16 differs from destination element type f32"),
+    "store_shared shape": (lambda: store_shared((64, 64)), "stored tile 64x64 differs from one stage of "
+                                                           "memref<2x64x32xf16, 3 : i64> (64x32)"),
+    "store_shared element": (lambda: store_shared((64, 32), f32), "stored tile element type f32 differs from destination element type f16"),
     "reduce axis": (lambda: reduce("max", 2), "'tile.reduce': axis 2 out of range for a 64x32 tile"),
     "reduce kind": (lambda: reduce("mean", 0), "kind must be one of sum, max, min, got 'mean'"),
     "broadcast rank": (lambda: broadcast((64,), (0, 1), (64, 64)), "dims [0, 1] has 2 entries for a rank-1 input"),

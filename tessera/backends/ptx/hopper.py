@@ -71,6 +71,19 @@ class TmaBuffer(TileBuffer):
     def stage_bytes(self) -> int:
         return -(-self.boxes * self.box_bytes // SWIZZLE_ATOM) * SWIZZLE_ATOM
 
+    def chunk_slots(self, e: KernelEmitter, stage: str, row: str, col: str) -> list[str]:
+        """As `SharedBuffer.chunk_slots`: within a box, chunk j of row r sits at chunk j ^ (r % 8)."""
+        f, first = e.new(S32), e.new(S32)
+        e.emit(f"and.b32 {f}, {row}, 7;")
+        e.emit(f"mad.lo.s32 {first}, {row}, {ROW_BYTES}, {stage};")
+        e.emit(f"mad.lo.s32 {first}, {col}, {self.elem}, {first};")
+        return tensor_core._xor_slots(e, first, f, 8)
+
+    def chunk_at(self, chunk: int, row: int) -> tuple[int, int]:
+        """(slot of `chunk_slots`, byte offset from it) of chunk `chunk`, `row` rows further: chunks
+        past a box's 8 are the next box's."""
+        return chunk % 8, (chunk // 8) * self.box_bytes + row * ROW_BYTES
+
     def start(self, row: int, col: int) -> int:
         """Byte offset in a stage of the 16-byte chunk holding element (row, col), before swizzling:
         where a descriptor of a sub-tile starting there points (row a multiple of 8)."""
@@ -193,8 +206,12 @@ def _tma_load(e: KernelEmitter, op: tgt.TmaLoadOp) -> None:
            f"[{barrier}];")
 
 
+#: the PTX of each `tessera_target.fence` kind
+FENCE_PTX = {"mbarrier_init": "fence.mbarrier_init.release.cluster;", "async_shared": "fence.proxy.async.shared::cta;"}
+
+
 def _fence(e: KernelEmitter, op: tgt.FenceOp) -> None:
-    e.emit("fence.mbarrier_init.release.cluster;")
+    e.emit(FENCE_PTX[op.kind.data])
 
 
 def _warp_specialize(e: KernelEmitter, op: tgt.WarpSpecializeOp) -> None:

@@ -281,6 +281,87 @@ def _store(e: KernelEmitter, op: t.StoreOp):
         e.emit(f"@{pred} st.global.{suffix} [{addr}+{byte}], {_braced(run)};")
 
 
+def _atomic_add(e: KernelEmitter, op: t.AtomicAddOp):
+    """`red.global.add.f32` of each in-bounds element, two at a time (`.v2`) where the platform has
+    vector reductions and a register pair holds adjacent elements of a row; or, where the
+    allocation pass staged it (`tessera_target.staging`), one bulk reduction a row
+    (`_atomic_add_in_bulk`)."""
+    if tgt.STAGING in op.attributes:
+        return _atomic_add_in_bulk(e, op)
+    layout = e.layouts[op.value]
+    tile_dims = t.int_values(op.tile_dims)
+    addr, elems = _memory_access(e, op.dst, list(op.offsets), tile_dims, layout)
+    regs = e.regs_of(op.value)
+    width = 1
+    if e.platform.has("vector_red"):
+        width = min(2, _vector_width(op.dst, tile_dims, layout, ptx_type(op.value.type), list(op.offsets)))
+    for i in range(0, len(elems), width):
+        byte, pred = elems[i]
+        vector = ".v2" if width == 2 else ""
+        e.emit(f"@{pred} red.global.add{vector}.f32 [{addr}+{byte}], {_braced(regs[i:i + width])};")
+
+
+def _atomic_add_in_bulk(e: KernelEmitter, op: t.AtomicAddOp) -> None:
+    """The tile through its shared buffer (`shared_memory.bulk_reduction_pitch`: whole rows of the
+    destination, laid out as there): once the block's previous bulk reduction has read the
+    buffer, every thread writes its fragments (a pair of adjacent columns at a time where the
+    tile's columns are the destination's), then one thread adds the rows inside the destination
+    with one `cp.reduce.async.bulk .add.f32`. The copy engine reads the buffer and adds in L2
+    while the warps go on; the kernel waits for its bulk groups before it exits (`core._return`)."""
+    if e.producer_threads:
+        raise UnsupportedByBackend("PTX backend: a bulk-reduced tile.atomic_add in a warp-specialized kernel")
+    scratch, pitch = op.attributes[tgt.SCRATCH], op.attributes[tgt.STAGING].pitch.data
+    layout, dst = e.layouts[op.value], op.dst
+    shape, offsets = dst.type.get_shape(), [e.value(o) for o in op.offsets]
+    r, c = len(shape) - 2, len(shape) - 1
+    tile_dims = list(t.int_values(op.tile_dims))
+    k_r, k_c = tile_dims.index(r), tile_dims.index(c)
+    buffer = e.new(S32)
+    e.emit(f"add.s32 {buffer}, {e.smem_base()}, {scratch.offset.data};")
+    e.emit("cp.async.bulk.wait_group.read 0;")
+    e.emit("bar.sync 0;")
+    bases, offs = e.coords(layout)
+    mine = e.new(S32)
+    e.emit(f"mad.lo.s32 {mine}, {bases[k_r]}, {pitch}, {buffer};")
+    e.emit(f"mad.lo.s32 {mine}, {bases[k_c]}, 4, {mine};")
+    regs = e.regs_of(op.value)
+    i = 0
+    while i < len(regs):
+        at = offs[i][k_r] * pitch + offs[i][k_c] * 4
+        paired = k_c == 1 and i + 1 < len(regs) and offs[i + 1] == (offs[i][0], offs[i][1] + 1)
+        if paired:
+            e.emit(f"st.shared.v2.f32 [{mine}+{at}], {{{regs[i]}, {regs[i + 1]}}};")
+        else:
+            e.emit(f"st.shared.f32 [{mine}+{at}], {regs[i]};")
+        i += 2 if paired else 1
+    if "bulk_tid" not in e.state:
+        tid, issuer = e.new(S32), e.new(PRED)
+        e.at_entry(f"mov.u32 {tid}, %tid.x;")
+        e.at_entry(f"setp.eq.u32 {issuer}, {tid}, 0;")
+        e.state["bulk_tid"], e.state["bulk_issuer"] = tid, issuer
+    cols = layout.shape[k_c]
+    if shape[c] > cols:   # the row's padding past the tile: zeros, which add nothing
+        tid, pad, row_of = e.state["bulk_tid"], e.new(S32), e.new(PRED)
+        e.emit(f"setp.lt.u32 {row_of}, {e.state['bulk_tid']}, {layout.shape[k_r]};")
+        e.emit(f"mad.lo.s32 {pad}, {tid}, {pitch}, {buffer};")
+        for col in range(cols, shape[c]):
+            e.emit(f"@{row_of} st.shared.b32 [{pad}+{4 * col}], 0;")
+    e.emit("fence.proxy.async.shared::cta;")
+    e.emit("bar.sync 0;")
+    rows, left, ok = e.new(S32), e.new(S32), e.new(PRED)   # the tile's rows inside the destination
+    e.emit(f"sub.s32 {left}, {e.dim_limit(dst, r, 0)}, {offsets[r]};")
+    e.emit(f"min.s32 {rows}, {left}, {layout.shape[k_r]};")
+    e.emit(f"setp.gt.s32 {ok}, {rows}, 0;")
+    e.emit(f"and.pred {ok}, {ok}, {e.state['bulk_issuer']};")
+    e.emit(f"mul.lo.s32 {rows}, {rows}, {pitch};")
+    strides = e.strides(dst, (r, c))
+    terms = [(offsets[d], strides[d]) for d in range(r + 1)]
+    address = e.element_address(e.value(dst), terms, 4, e.reach(dst.type))
+    e.emit(f"@{ok} cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{address}], [{buffer}], {rows};")
+    e.emit(f"@{ok} cp.async.bulk.commit_group;")
+    e.state["bulk_groups"] = True
+
+
 # --- staged stores -------------------------------------------------------------------------------
 
 def _store_staged(e: KernelEmitter, op: t.StoreOp) -> None:
@@ -383,4 +464,5 @@ HANDLERS: dict[type, Callable] = {
     t.LoadIndexReduceOp: _load_index_reduce,
     t.LoadGatherOp: _load_gather,
     t.StoreOp: _store,
+    t.AtomicAddOp: _atomic_add,
 }

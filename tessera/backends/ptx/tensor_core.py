@@ -74,6 +74,21 @@ class SharedBuffer(TileBuffer):
         e.emit(f"and.b32 {f}, {f}, {period - 1};")
         return f
 
+    def chunk_slots(self, e: KernelEmitter, stage: str, row: str, col: str) -> list[str]:
+        """For a thread whose rows are `row` + multiples of 8 and whose columns `col` + multiples of
+        8 (`col` inside the first 16-byte chunk): the address of its element in chunk j of its first
+        row, per j below the swizzle's period (its XOR mask f(row) is the same for all its rows)."""
+        f = self.swizzle(e, row)
+        first = e.new(S32)
+        e.emit(f"mad.lo.s32 {first}, {row}, {self.row_bytes}, {stage};")
+        e.emit(f"mad.lo.s32 {first}, {col}, {self.elem}, {first};")
+        return _xor_slots(e, first, f, min(self.chunks, 8))
+
+    def chunk_at(self, chunk: int, row: int) -> tuple[int, int]:
+        """(slot of `chunk_slots`, byte offset from it) of chunk `chunk`, `row` rows further."""
+        period = min(self.chunks, 8)
+        return chunk % period, (chunk - chunk % period) * 16 + row * self.row_bytes
+
     def address(self, e: KernelEmitter, base: str, row: str, chunk: str, f: str | None = None) -> str:
         """base + row * row_bytes + (chunk ^ f(row)) * 16."""
         f = f or self.swizzle(e, row)
@@ -86,6 +101,17 @@ class SharedBuffer(TileBuffer):
     @property
     def stage_bytes(self) -> int:
         return self.rows * self.row_bytes
+
+
+def _xor_slots(e: KernelEmitter, first: str, f: str, period: int) -> list[str]:
+    """first + (j ^ f) * 16 for j in range(period)."""
+    slots = []
+    for j in range(period):
+        x, slot = e.new(S32), e.new(S32)
+        e.emit(f"xor.b32 {x}, {f}, {j};")
+        e.emit(f"mad.lo.s32 {slot}, {x}, 16, {first};")
+        slots.append(slot)
+    return slots
 
 
 @dataclass(frozen=True)
@@ -125,6 +151,31 @@ def _allocate(e: KernelEmitter, op: tgt.AllocateOp) -> None:
                                    f"the {op.size.value.data} its allocate holds")
     e.smem_align = max(e.smem_align, op.align.value.data)
     e.env[op.result] = buf
+
+
+def _store_shared(e: KernelEmitter, op: t.StoreSharedOp) -> None:
+    """A 16-bit accumulator-layout tile into a stage of a shared buffer in the buffer's layout (the
+    XOR swizzle ldmatrix reads, or TMA's 128-byte one wgmma's descriptors read): each register pair
+    (two adjacent columns of a row) is one 32-bit store. A thread's rows differ by multiples of 8,
+    so its chunks' XOR mask is one per thread (`TileBuffer.chunk_slots`), and the 8 rows x 4 pairs
+    a warp stores at once fall in 32 different banks."""
+    layout = e.layouts[op.value]
+    buf = e.env[op.dst]
+    if not isinstance(layout, Mma) or layout.wn != 1 or buf.elem != 2:
+        raise UnsupportedByBackend(f"PTX backend: tile.store_shared stores 16-bit accumulator tiles whose rows "
+                                   f"a warp holds whole, not {layout} of {buf.elem}-byte elements")
+    (row, col), _ = e.coords(layout)
+    slots = buf.chunk_slots(e, stage_address(e, buf, e.value(op.stage)), row, col)
+    regs = e.regs_of(op.value)
+    mi_n, ni_n = layout.fragments
+    for mi in range(mi_n):
+        for ni in range(ni_n):
+            for half in range(2):
+                pair = [regs[layout.register(mi, ni, 2 * half + c)] for c in range(2)]
+                word = e.new(S32)
+                e.emit(f"mov.b32 {word}, {{{pair[0]}, {pair[1]}}};")
+                slot, offset = buf.chunk_at(ni, mi * 16 + 8 * half)
+                e.emit(f"st.shared.b32 [{slots[slot]}+{offset}], {word};")
 
 
 def _thread_chunks(e: KernelEmitter, rows: int, chunks_per_row: int, chunk: int):
@@ -635,5 +686,6 @@ HANDLERS = {
     tgt.CpAsyncCommitOp: _cp_async_commit,
     tgt.CpAsyncWaitOp: _cp_async_wait,
     t.LoadSharedOp: _load_shared,
+    t.StoreSharedOp: _store_shared,
     tgt.TensorCoreOp: tensor_core_handler(FAMILIES),
 }
