@@ -47,6 +47,41 @@ def test_attention_backward_matches_torch_autograd(torch_cuda, dtype, kind, q_sh
         assert rel(torch, got, w) < tol, f"d{name}"
 
 
+@pytest.mark.parametrize("kind,q_shape,kv_len,dtype", [
+    ("plain", (4, 16, 1000, 128), 1000, "bfloat16"),
+    ("causal", (2, 16, 4097, 128), 4097, "float16"),
+    ("softcap_causal", (3, 8, 1531, 128), 1531, "bfloat16"),
+    ("alibi", (2, 17, 1000, 96), 1000, "float16"),     # rows of 96 under the tile's 128: atomic adds
+    ("plain", (2, 16, 300, 128), 2000, "bfloat16"),    # cross attention: 300 queries, 2000 keys
+])
+def test_dq_summed_in_the_kernel_of_dk_and_dv_matches_torch_autograd(torch_cuda, kind, q_shape, kv_len, dtype):
+    """Shapes whose dK/dV kernel fills two waves at a head dim of 65-128: dQ is summed there,
+    across the key blocks' programs (`fusion.merge_across`), against torch autograd in float64."""
+    from tessera import dtypes
+    from tessera.autodiff.api import Derivative
+
+    torch = torch_cuda
+    b, h, m, d = q_shape
+    specs = FUNCTIONS[kind].arg_specs_for({"B": b, "H": h, "M": m, "S": m, "N": kv_len, "D": d}, dtypes.BY_NAME[dtype])
+    d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, specs[0].dtype, specs[0].dims)
+    sms = torch.cuda.get_device_properties(0).multi_processor_count
+    compiled = Derivative(FUNCTIONS[kind], cotangent_names=["d_out"]).compile([*specs, d_out], sm_count=sms)
+    chains = [len(k.outputs) for k in next(iter(compiled.modules["schedule"].ops)).body.block.ops
+              if k.name == "schedule.kernel" and k.kind.data == "flash_chain"]
+    assert chains == [3], chains
+    gen = torch.Generator(device="cuda").manual_seed(17)
+    shapes = [q_shape, (b, h, kv_len, d), (b, h, kv_len, d)]
+    q, k, v = (torch.randn(s, device="cuda", generator=gen).to(getattr(torch, dtype)) for s in shapes)
+    out, f_vjp = tsr.vjp(FUNCTIONS[kind], q, k, v)
+    d_out = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+    grads = f_vjp(d_out)
+    exact = [x.double().requires_grad_() for x in (q, k, v)]
+    want = torch.autograd.grad(torch_reference(torch, kind, *exact), exact, d_out.double())
+    for name, got, w in zip("qkv", grads, want):
+        assert got.dtype == q.dtype and got.shape == w.shape
+        assert rel(torch, got, w) < (4e-2 if dtype == "bfloat16" else 1e-2), f"d{name}"
+
+
 @pytest.mark.parametrize("b,h,hk,s,d,dtype", [(2, 32, 8, 1000, 128, "bfloat16"), (1, 8, 1, 4097, 64, "float16"),
                                               (3, 6, 2, 17, 128, "float16")])
 def test_grouped_query_attention_backward_matches_torch_autograd(torch_cuda, b, h, hk, s, d, dtype):

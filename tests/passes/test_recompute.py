@@ -19,11 +19,16 @@ from tessera.runtime.ptxas import assemble, find_tool
 from attention_cases import FUNCTIONS, gqa_causal_attention, gqa_reference_grads, plain, reference_grads
 
 
-def backward(fn, q_shape, kv_len, dtype=dtypes.fp16):
+def backward(fn, q_shape, kv_len, dtype=dtypes.fp16, **options):
     b, h, m, d = q_shape
     specs = fn.arg_specs_for({"B": b, "H": h, "M": m, "S": m, "N": kv_len, "D": d}, dtype)
     d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, dtype, specs[0].dims)
-    return Derivative(fn, cotangent_names=["d_out"]).compile([*specs, d_out])
+    return Derivative(fn, cotangent_names=["d_out"]).compile([*specs, d_out], **options)
+
+
+#: a target of one SM, where a merged dK/dV/dQ kernel's blocks fill two waves at any length
+#: (`fusion._waves`): small shapes take the path large ones do on a GPU
+ONE_SM = {"arch": "sm_90a", "sm_count": 1}
 
 
 def kernels(compiled):
@@ -248,4 +253,103 @@ def test_the_grouped_query_backward_kernels_assemble_for_hopper():
     d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, dtypes.bf16, specs[0].dims)
     c = Derivative(gqa_causal_attention, cotangent_names=["d_out"]).compile([*specs, d_out], arch="sm_90a", sm_count=132)
     for kernel in emit_module(c.modules["target"]).values():
+        assemble(kernel.ptx, "sm_90a")
+
+
+# --- dQ summed in the kernel of dK and dV (`ChainSink.across`) ------------------------------------
+
+def _chain_kernel(c):
+    (chain,) = [k for k in kernels(c) if k.kind.data == "flash_chain"]
+    return chain
+
+
+@pytest.mark.parametrize("kind", sorted(FUNCTIONS))
+def test_dq_is_summed_in_the_kernel_of_dk_and_dv(kind):
+    """At a head dim of 128 the dQ chain folds into the dK/dV one (keys as rows): S = Q K^T and
+    dP = dO V^T computed once, 5 matmuls where two kernels took 7, on 128-key blocks of 8 warps.
+    Its Tile IR stores dS^T to shared memory for dQ's product and adds each block to an fp32 sum
+    that a kernel before zeroes and one after casts into dQ; on Hopper the sum is a bulk reduction
+    from a shared buffer (`shared_memory.bulk_reduction_pitch`), its stores fenced for the async
+    proxy."""
+    c = backward(FUNCTIONS[kind], (2, 3, 200, 128), 200, dtypes.bf16, **ONE_SM)
+    assert [k.kind.data for k in kernels(c)] == ["flash_attention", "row_reduction", "flash_chain"]
+    chain = _chain_kernel(c)
+    assert len(chain.outputs) == 3
+    assert sum(op.name == "graph.matmul" for op in chain.body.block.ops) == 5
+    assert (chain.param_values["block_m"], chain.param_values["num_warps"]) == (128, 8)
+    name = chain.sym_name.data
+    tile_kernels = {k.sym_name.data: k for k in c.modules["tile"].ops if isinstance(k, t.KernelOp)}
+    assert [n for n in tile_kernels if n.startswith(name)] == [f"{name}_zero", name, f"{name}_sum"]
+    ops = [op.name for op in tile_kernels[name].walk()]
+    assert ops.count("tile.store_shared") == 1 and ops.count("tile.atomic_add") == 1
+    target = next(k for k in c.modules["target"].walk() if getattr(k, "sym_name", None)
+                  and k.sym_name.data == name and k.name == "tessera_target.kernel")
+    assert "async_shared" in str(target) and "#tessera_target.staging" in str(target)
+    ptx = c.stage("ptx")[name].ptx
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in ptx
+    assert "fence.proxy.async.shared::cta" in ptx and "red.global" not in ptx
+
+
+@pytest.mark.parametrize("kind,q_shape,kv_len", [
+    ("plain", (1, 2, 131, 128), 131),
+    ("plain", (2, 1, 100, 96), 300),        # cross attention; rows of 96 under the tile's 128: atomic adds
+    ("causal", (1, 2, 200, 128), 200),
+    ("softcap_causal", (1, 1, 130, 128), 130),
+    ("alibi", (1, 2, 129, 128), 129),
+])
+def test_dq_summed_across_key_blocks_on_the_interpreter(kind, q_shape, kv_len):
+    rng = np.random.default_rng(21)
+    b, h, m, d = q_shape
+    q = rng.standard_normal(q_shape).astype(np.float16)
+    k, v = (rng.standard_normal((b, h, kv_len, d)).astype(np.float16) for _ in range(2))
+    d_out = rng.standard_normal(q_shape).astype(np.float16)
+    c = backward(FUNCTIONS[kind], q_shape, kv_len, **ONE_SM)
+    assert len(_chain_kernel(c).outputs) == 3
+    for name, got, want in zip("qkv", c.run(q, k, v, d_out), reference_grads(kind, q, k, v, d_out)):
+        assert got.dtype == np.float16 and got.shape == want.shape and not np.isnan(got).any()
+        err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+        assert err < 1e-2, f"d{name}: {err}"
+
+
+def test_a_generic_backward_sums_dq_over_any_length():
+    """One compile with S taken at run time: the sum's buffer, its zeroing and its epilogue kernels
+    are sized per call; gradients at two lengths against float64."""
+    b, h, d = 1, 2, 128
+    specs = FUNCTIONS["causal"].arg_specs_for({"B": b, "H": h, "S": 256, "D": d}, dtypes.fp16)
+    d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, dtypes.fp16, specs[0].dims)
+    c = Derivative(FUNCTIONS["causal"], cotangent_names=["d_out"]).compile(
+        [*specs, d_out], dynamic=frozenset({"S"}), **ONE_SM)
+    assert c.dynamic_dims and len(_chain_kernel(c).outputs) == 3
+    rng = np.random.default_rng(22)
+    for s in (131, 300):
+        q, k, v, g = (rng.standard_normal((b, h, s, d)).astype(np.float16) for _ in range(4))
+        for name, got, want in zip("qkv", c.run(q, k, v, g), reference_grads("causal", q, k, v, g)):
+            err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+            assert err < 1e-2, f"S={s} d{name}: {err}"
+
+
+@pytest.mark.parametrize("why,d,options", [
+    ("a head dim of 64: two kernels measured as fast", 64, ONE_SM),
+    ("under two waves of blocks on 132 SMs", 128, {"arch": "sm_90a"}),
+    ("no Hopper path (wgmma, TMA)", 128, {**ONE_SM, "arch": "sm_80"}),
+    ("another backend", 128, {**ONE_SM, "backend": "cuda-tile"}),
+])
+def test_dq_keeps_its_own_kernel_where_summing_it_does_not_pay(why, d, options):
+    c = backward(FUNCTIONS["causal"], (2, 3, 200, d), 200, dtypes.bf16, **options)
+    assert sorted(len(k.outputs) for k in kernels(c) if k.kind.data == "flash_chain") == [1, 2], why
+
+
+@pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
+@pytest.mark.parametrize("d,space,adds", [
+    (128, None, "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"),
+    (96, None, "red.global.add.f32"),   # K^T dS^T: a pair of registers is two rows of dQ
+    (96, {"block_m": [64], "num_warps": [4]}, "red.global.add.v2.f32"),   # dS K: a pair is two columns
+])
+def test_across_sums_assemble_for_hopper(d, space, adds):
+    fn = tsr.function(FUNCTIONS["causal"].fn, space=space) if space else FUNCTIONS["causal"]
+    c = backward(fn, (2, 3, 200, d), 200, dtypes.bf16, **ONE_SM)
+    name = _chain_kernel(c).sym_name.data
+    kernels_ptx = emit_module(c.modules["target"])
+    assert adds in kernels_ptx[name].ptx
+    for kernel in kernels_ptx.values():
         assemble(kernel.ptx, "sm_90a")
