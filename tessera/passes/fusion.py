@@ -89,6 +89,11 @@ class Group:
         return ([self.output] if self.output is not None else []) + self.extra
 
 
+#: the fewest columns (queries) a flash_chain kernel's loop takes for an across sink to merge into
+#: it (`_Planner._long_enough`)
+ACROSS_LEAST_LOOP = 2048
+
+
 class _Planner:
     target = None                    # the compile's platform, when known
     backend_option: str = "ptx"      # the compile's `backend` option (backend_choice.choose)
@@ -588,20 +593,24 @@ class _Planner:
             for earlier in chains[:i]:
                 if earlier in self.groups and later in self.groups and len(earlier.outputs) == 1 \
                         and len(later.outputs) >= 1 and self._sums_across(earlier) \
-                        and self._chains_match(earlier, later, transposed=True) and self._waves(later) >= 2 \
+                        and self._chains_match(earlier, later, transposed=True) and self._long_enough(later) \
                         and self._outputs_read_after(earlier, self.position(later)):
                     self.claim(later, earlier.ops)
                     later.extra = [*later.extra, *earlier.outputs]
                     self.groups.remove(earlier)
 
-    def _waves(self, group: Group) -> float:
-        """The waves of a chain kernel merged with an across sink, one block an SM on blocks of
-        `schedule.ACROSS_ROWS` rows (the target's SMs). Under two, it stays two kernels: the merged
-        kernel's few long blocks leave SMs idle at the end (H200 bf16 causal 3x5x1531x128, 180
-        blocks on 132 SMs: 0.116 -> 0.128 ms merged; bench/RESULTS.md session 33)."""
+    def _long_enough(self, group: Group) -> bool:
+        """Whether a chain kernel merged with an across sink pays for its one block an SM on blocks
+        of `schedule.ACROSS_ROWS` rows, its sum's zeroing and epilogue kernels and its staged adds:
+        where its blocks fill two waves of the target's SMs and each loops over at least
+        ACROSS_LEAST_LOOP columns (queries). H200 bf16 (bench/RESULTS.md session 33): causal
+        3x5x1531x128, 180 blocks on 132 SMs, 0.116 -> 0.128 ms merged; grouped-query causal
+        8x32/8x1024x128 0.674 -> 0.770; at 4096 queries merged is faster (8x16x4096x128 6.65 ->
+        5.98 ms, causal 3.82 -> 3.48, 2x32/8 1.99 -> 1.91)."""
         extents = dict(self._chain_tiling(group, speed=True)[1])
         batch = math.prod(n for axis, n in extents.items() if axis not in ("m", "n", "e"))
-        return batch * -(-extents["m"] // s.ACROSS_ROWS) / self.target.sm_count
+        waves = batch * -(-extents["m"] // s.ACROSS_ROWS) / self.target.sm_count
+        return waves >= 2 and extents["n"] >= ACROSS_LEAST_LOOP
 
     def _sums_across(self, group: Group) -> bool:
         """Whether `group`'s sink can be a chain kernel's across sink on this compile's target, and

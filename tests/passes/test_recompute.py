@@ -27,8 +27,16 @@ def backward(fn, q_shape, kv_len, dtype=dtypes.fp16, **options):
 
 
 #: a target of one SM, where a merged dK/dV/dQ kernel's blocks fill two waves at any length
-#: (`fusion._waves`): small shapes take the path large ones do on a GPU
+#: (`fusion._Planner._long_enough`)
 ONE_SM = {"arch": "sm_90a", "sm_count": 1}
+
+
+@pytest.fixture
+def short_loops(monkeypatch):
+    """Merges dQ into the dK/dV kernel over loops of any length, so the interpreter's small shapes
+    take the path a GPU's long sequences do (`fusion.ACROSS_LEAST_LOOP`)."""
+    from tessera.passes import fusion
+    monkeypatch.setattr(fusion, "ACROSS_LEAST_LOOP", 1)
 
 
 def kernels(compiled):
@@ -264,7 +272,7 @@ def _chain_kernel(c):
 
 
 @pytest.mark.parametrize("kind", sorted(FUNCTIONS))
-def test_dq_is_summed_in_the_kernel_of_dk_and_dv(kind):
+def test_dq_is_summed_in_the_kernel_of_dk_and_dv(kind, short_loops):
     """At a head dim of 128 the dQ chain folds into the dK/dV one (keys as rows): S = Q K^T and
     dP = dO V^T computed once, 5 matmuls where two kernels took 7, on 128-key blocks of 8 warps.
     Its Tile IR stores dS^T to shared memory for dQ's product and adds each block to an fp32 sum
@@ -297,7 +305,7 @@ def test_dq_is_summed_in_the_kernel_of_dk_and_dv(kind):
     ("softcap_causal", (1, 1, 130, 128), 130),
     ("alibi", (1, 2, 129, 128), 129),
 ])
-def test_dq_summed_across_key_blocks_on_the_interpreter(kind, q_shape, kv_len):
+def test_dq_summed_across_key_blocks_on_the_interpreter(kind, q_shape, kv_len, short_loops):
     rng = np.random.default_rng(21)
     b, h, m, d = q_shape
     q = rng.standard_normal(q_shape).astype(np.float16)
@@ -311,7 +319,7 @@ def test_dq_summed_across_key_blocks_on_the_interpreter(kind, q_shape, kv_len):
         assert err < 1e-2, f"d{name}: {err}"
 
 
-def test_a_generic_backward_sums_dq_over_any_length():
+def test_a_generic_backward_sums_dq_over_any_length(short_loops):
     """One compile with S taken at run time: the sum's buffer, its zeroing and its epilogue kernels
     are sized per call; gradients at two lengths against float64."""
     b, h, d = 1, 2, 128
@@ -328,15 +336,23 @@ def test_a_generic_backward_sums_dq_over_any_length():
             assert err < 1e-2, f"S={s} d{name}: {err}"
 
 
-@pytest.mark.parametrize("why,d,options", [
-    ("a head dim of 64: two kernels measured as fast", 64, ONE_SM),
-    ("under two waves of blocks on 132 SMs", 128, {"arch": "sm_90a"}),
-    ("no Hopper path (wgmma, TMA)", 128, {**ONE_SM, "arch": "sm_80"}),
-    ("another backend", 128, {**ONE_SM, "backend": "cuda-tile"}),
+@pytest.mark.parametrize("why,d,s,options", [
+    ("a head dim of 64: two kernels measured as fast", 64, 200, ONE_SM),
+    ("under two waves of blocks on 132 SMs", 128, 200, {"arch": "sm_90a"}),
+    ("no Hopper path (wgmma, TMA)", 128, 200, {**ONE_SM, "arch": "sm_80"}),
+    ("another backend", 128, 200, {**ONE_SM, "backend": "cuda-tile"}),
 ])
-def test_dq_keeps_its_own_kernel_where_summing_it_does_not_pay(why, d, options):
-    c = backward(FUNCTIONS["causal"], (2, 3, 200, d), 200, dtypes.bf16, **options)
+def test_dq_keeps_its_own_kernel_where_summing_it_does_not_pay(why, d, s, options, short_loops):
+    c = backward(FUNCTIONS["causal"], (2, 3, s, d), s, dtypes.bf16, **options)
     assert sorted(len(k.outputs) for k in kernels(c) if k.kind.data == "flash_chain") == [1, 2], why
+
+
+@pytest.mark.parametrize("s,merged", [(1024, False), (2048, True), (4097, True)])
+def test_dq_is_summed_across_loops_of_2048_queries_or_more(s, merged):
+    """On an H200's 132 SMs: 1024 queries a loop lose to two kernels (grouped-query causal
+    8x32/8x1024x128), 2048 and more win."""
+    c = backward(FUNCTIONS["causal"], (8, 16, s, 128), s, dtypes.bf16, arch="sm_90a", sm_count=132)
+    assert max(len(k.outputs) for k in kernels(c) if k.kind.data == "flash_chain") == (3 if merged else 2)
 
 
 @pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
@@ -345,7 +361,7 @@ def test_dq_keeps_its_own_kernel_where_summing_it_does_not_pay(why, d, options):
     (96, None, "red.global.add.f32"),   # K^T dS^T: a pair of registers is two rows of dQ
     (96, {"block_m": [64], "num_warps": [4]}, "red.global.add.v2.f32"),   # dS K: a pair is two columns
 ])
-def test_across_sums_assemble_for_hopper(d, space, adds):
+def test_across_sums_assemble_for_hopper(d, space, adds, short_loops):
     fn = tsr.function(FUNCTIONS["causal"].fn, space=space) if space else FUNCTIONS["causal"]
     c = backward(fn, (2, 3, 200, d), 200, dtypes.bf16, **ONE_SM)
     name = _chain_kernel(c).sym_name.data
