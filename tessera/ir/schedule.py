@@ -309,11 +309,12 @@ def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) ->
     if kind == "flash_attention":
         d = 1 << (features.get("head_dim", 128) - 1).bit_length()   # tiles span the head dim's power of two
         return tile(p["block_m"], d) + 2 * tile(p["block_n"], d, p["num_stages"])
-    if kind == "flash_chain":   # resident row tiles, the streamed ones in every stage, the staged ones
+    if kind == "flash_chain":   # resident row tiles, the streamed ones in every stage, then per across
+        # sum its operand's staged tile and its fp32 block's buffer (rows padded 16 bytes)
         d = 1 << (features.get("head_dim", 128) - 1).bit_length()
         return features.get("row_tiles", 1) * tile(p["block_m"], d) + \
             features.get("streamed_tiles", 2) * tile(p["block_n"], d, p["num_stages"]) + \
-            features.get("staged_tiles", 0) * tile(p["block_m"], p["block_n"])
+            features.get("staged_tiles", 0) * (tile(p["block_m"], p["block_n"]) + 4 * p["block_n"] * (d + 4))
     return 0
 
 

@@ -295,7 +295,7 @@ def test_dq_is_summed_in_the_kernel_of_dk_and_dv(kind, short_loops):
     assert "async_shared" in str(target) and "#tessera_target.staging" in str(target)
     ptx = c.stage("ptx")[name].ptx
     assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in ptx
-    assert "fence.proxy.async.shared::cta" in ptx and "red.global" not in ptx
+    assert "fence.proxy.async.shared::cta" in ptx and "red.global.add" not in ptx
 
 
 @pytest.mark.parametrize("kind,q_shape,kv_len", [
