@@ -445,7 +445,7 @@ class FenceSharedStores(RewritePattern):
     def match_and_rewrite(self, op: tile.StoreSharedOp, rewriter: PatternRewriter) -> None:
         if not self.platform.has("wgmma") or isinstance(op.next_op, target.FenceOp):
             return
-        rewriter.insert_op(target.FenceOp("async_shared"), InsertPoint.after(op))
+        rewriter.insert(target.FenceOp("async_shared"), InsertPoint.after(op))
 
 
 class LowerBarrier(RewritePattern):
