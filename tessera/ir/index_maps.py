@@ -209,7 +209,8 @@ def chain_sinks(block, bindings) -> list[ChainSink]:
     return out
 
 
-def _swap_rows_and_loop(m: Map) -> Map:
+def swap_rows_and_loop(m: Map) -> Map:
+    """A map (or any axes) with a chain kernel's rows and loop axes swapped."""
     swap = {CHAIN_ROWS: CHAIN_LOOP, CHAIN_LOOP: CHAIN_ROWS}
     return tuple(swap.get(a, a) for a in m)
 
@@ -217,7 +218,7 @@ def _swap_rows_and_loop(m: Map) -> Map:
 def _transposed_scores(scores: dict, kernel_scores: dict) -> bool:
     """Whether a sink reads the kernel's score tiles each with its rows and loop swapped."""
     common = set(scores) & set(kernel_scores)
-    return bool(common) and all(_swap_rows_and_loop(scores[mm]) == kernel_scores[mm] for mm in common)
+    return bool(common) and all(swap_rows_and_loop(scores[mm]) == kernel_scores[mm] for mm in common)
 
 
 def chain_axis_dims(sinks: list[ChainSink], size: Callable[[g.Dim], int]) -> dict[str, g.Dim]:

@@ -1395,9 +1395,9 @@ class StagingAttr(_FieldsAttr):
     """`#tessera_target.staging<cols = 64, pitch = 144>`: the store writes each warp's accumulator
     fragments into its own shared buffer 16 rows x `cols` columns at a time, rows `pitch` bytes
     apart, and reads them back as row-contiguous 16-byte vectors (`shared_memory.Staging`). On a
-    `tile.atomic_add`: the block writes the whole tile into one shared buffer, a row of its
-    destination (`cols` fp32) every `pitch` bytes, and adds each row to global memory with one bulk
-    reduction (`shared_memory.bulk_reduction_pitch`)."""
+    `tile.atomic_add`: the block writes the whole tile into one shared buffer laid out as its
+    destination, a row (`cols` fp32, `pitch` bytes) of it every `pitch` bytes, and adds it to
+    global memory with one bulk reduction (`shared_memory.bulk_reduction_pitch`)."""
 
     name = "tessera_target.staging"
     cols: IntAttr

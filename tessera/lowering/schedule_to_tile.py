@@ -1967,7 +1967,8 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     across_rows = [_across_operand(kb, sink, tile, resident, zero) for sink in across]
     streamed, slot = _distinct_tiles([o for o, _ in uses])
     rows = _resident_tiles(kb, resident, scalars, zero)
-    sums = _AcrossSums(kb, across, [rows[i] for i in across_rows], tile, scalars) if across else None
+    last_rows = None if whole_blocks(tile["m"], sizes["m"]) else (m0, kb.extent(dims["m"], sizes["m"]))
+    sums = _AcrossSums(kb, across, [rows[i] for i in across_rows], tile, scalars, last_rows) if across else None
 
     block = [tile["m"], tile["n"]]
     tail = not whole_blocks(tile["n"], sizes["n"])   # the last column block is (may be) partial
@@ -2080,10 +2081,12 @@ class _AcrossSums:
     output's sum (dS K) or, where the kernel's warps hold accumulator rows of e but not of n
     (8 warps, 128 key rows a block, 64 queries a step), as its transpose [e, n] (K^T dS^T); `add`
     adds the block to the buffer, atomically (the row blocks' programs all add to it; on Hopper
-    one bulk reduction a row, `shared_memory.bulk_reduction_pitch`)."""
+    one bulk reduction of the block, `shared_memory.bulk_reduction_pitch`)."""
 
-    def __init__(self, kb: KernelBuild, sinks: list, others: list[SSAValue], tile: dict, scalars: dict):
+    def __init__(self, kb: KernelBuild, sinks: list, others: list[SSAValue], tile: dict, scalars: dict,
+                 last_rows: tuple[SSAValue, int | SSAValue] | None):
         self.kb, self.sinks, self.others, self.tile, self.scalars = kb, sinks, others, tile, scalars
+        self.last_rows = last_rows   # (the block's first row, the row count) where the last block is partial
         b = kb.b
         self.zero = b.index(0)
         warps = kb.kernel.properties["num_warps"].value.data
@@ -2094,7 +2097,7 @@ class _AcrossSums:
         self.staged = [b(t.AllocSharedOp([1, tile["m"], tile["n"]], g.tensor_type(sink.computed).element))
                        for sink in sinks]
         self.maps = [sink.tiling.result_map for sink in sinks]
-        self.dims = [[*g.tensor_type(sink.op.results[0]).shape[:-1], self._padded(kb, sink)] for sink in sinks]
+        self.dims = [[*g.tensor_type(sink.op.results[0]).shape[:-1], tile["e"] + ACROSS_PAD] for sink in sinks]
         types = [MemRefType(f32, [t.DYNAMIC if is_dynamic(kb.size(d)) else kb.size(d) for d in dims])
                  for dims in self.dims]
         named = [_dynamic_dim(sink.op.results[0], kb.bindings) for sink in sinks]
@@ -2107,21 +2110,16 @@ class _AcrossSums:
             kb.before.append((_finish(zeroing), grid))
         self.products: list[SSAValue] = []
 
-    @staticmethod
-    def _padded(kb: KernelBuild, sink) -> int:
-        """A sum buffer's row: the output's (a head dim, a constant) rounded up to 16 bytes, and 16
-        bytes more. The padding makes a tile of whole rows one run of memory laid out as a shared
-        buffer whose rows fall in different banks (`shared_memory.bulk_reduction_pitch`)."""
-        cols = kb.size(g.tensor_type(sink.op.results[0]).shape[-1])
-        if is_dynamic(cols):
-            raise DynamicDim(g.tensor_type(sink.op.results[0]).shape[-1], "an across sum's rows are a constant")
-        return -(-cols // 4) * 4 + 4
-
     def stage(self, sink, x: SSAValue) -> None:
-        """Stores this step's computed operand tile (columns past the end already cut to 0; rows
-        past the end read K's zero padding, so they add nothing) for `multiply`."""
-        i = self.sinks.index(sink)
-        x = to_storage(self.kb.b, x, g.tensor_type(sink.computed).dtype)
+        """Stores this step's computed operand tile for `multiply`: its columns past the end are
+        already cut to 0, and so are its rows past the end here (K's zero padding there would turn
+        an infinite or NaN element of a score modification's dS^T into a NaN sum)."""
+        i, b = self.sinks.index(sink), self.kb.b
+        if self.last_rows is not None:
+            shape = [self.tile["m"], self.tile["n"]]
+            inside = _index_mask(self.kb, self.last_rows[0], self.tile["m"], self.last_rows[1], shape, 0)
+            x = select(b, inside, x, b.full(0.0, shape))
+        x = to_storage(b, x, g.tensor_type(sink.computed).dtype)
         self.kb.b(t.StoreSharedOp(x, self.staged[i], self.zero))
 
     def multiply(self) -> None:
@@ -2167,6 +2165,12 @@ class _AcrossSums:
 
 #: the tile of an across sum's zeroing kernel and of the kernel applying its epilogue (fp32 [rows, D])
 ACROSS_TILE = {"m": 32, "n": 128}
+
+#: an across sum's buffer holds rows of the block's columns (a power of two from the head dim up:
+#: K's zero padding past the head dim adds zeros there) and this many more, 16 bytes: a tile of
+#: whole rows is then one run of memory, which one bulk reduction adds, laid out as a shared
+#: buffer whose rows fall in different banks (`shared_memory.bulk_reduction_pitch`)
+ACROSS_PAD = 4
 
 
 def _chain_grid(kb: KernelBuild, dims: dict, sizes: dict, batch: list[tuple[str, int]], block_m: int) -> tuple:

@@ -169,8 +169,9 @@ def _place_scratch(kernel, platform: Platform, layouts: dict[SSAValue, Layout], 
         elif isinstance(op, tile.AtomicAddOp) and (pitch := bulk_reduction_pitch(op, layouts, platform)):
             rank = op.dst.type.get_num_dims()
             rows = layouts[op.value].shape[list(tile.int_values(op.tile_dims)).index(rank - 2)]
-            op.attributes[target.STAGING] = target.StagingAttr.of(cols=pitch // 4, pitch=pitch)
-            total = _place(op, total, rows * pitch, 16)
+            if _align_up(total, 16) + rows * pitch <= platform.max_shared_per_block:   # (else the `red`s)
+                op.attributes[target.STAGING] = target.StagingAttr.of(cols=pitch // 4, pitch=pitch)
+                total = _place(op, total, rows * pitch, 16)
     return total
 
 

@@ -500,6 +500,13 @@ class _Run:
             write = _Write(op, "ld.global", agent, agent.own["ld"])
         self._write(agent, op, stage, op.rows[0] if op.rows else 0, write)   # (copies of a stage's rows apart)
 
+    def _store_shared(self, agent: _Agent, op: Operation) -> None:
+        """The threads' stores of a register tile into a stage (dS^T for an across sum's mma): done
+        at once in each thread, as a synchronous copy, so readers need a barrier after it."""
+        self.read_registers(agent, op, (op.value,))
+        agent.own["ld"] += 1
+        self._write(agent, op, self._stage(op.dst, op.stage, op), 0, _Write(op, "ld.global", agent, agent.own["ld"]))
+
     def _cp_commit(self, agent: _Agent, op: Operation) -> None:
         agent.cp_commits += 1
 
@@ -536,6 +543,8 @@ class _Run:
             bar.init(op.arrivals.value.data)
 
     def _fence(self, agent: _Agent, op: tgt.FenceOp) -> None:
+        if op.kind.data != "mbarrier_init":
+            return
         for group in self._groups():
             group.fenced = group.fenced or group.inited
 
@@ -685,6 +694,7 @@ _STEPS = {
     "tile.load_index_reduce": _Run._load_index,
     "tessera_target.allocate": _Run._allocate,
     "tessera_target.memcpy": _Run._memcpy,
+    "tile.store_shared": _Run._store_shared,
     "tessera_target.cp_async_commit": _Run._cp_commit,
     "tessera_target.cp_async_wait": _Run._cp_wait,
     "tessera_target.barrier": _Run._barrier,

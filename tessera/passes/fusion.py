@@ -104,6 +104,7 @@ class _Planner:
     sm_count: int = 1                # the target's SMs: with the blocks one holds, how many blocks
     platform = None                  # a persistent kernel launches (the target, when known)
     tile_compiler: bool = False      # the backend's own compiler stages and pipelines the tiles (tileiras)
+    pins: dict = {}                  # the compile's `space` (its first values are what kernels take)
 
     def __init__(self, f: func.FuncOp):
         self.f = f
@@ -586,18 +587,21 @@ class _Planner:
         (atomically: every key block's program adds to it), so S = Q K^T and dP = dO V^T are
         computed once where the kernel of its own computed them again: the backward's matmuls go
         from 7 to 5, as FlashAttention-2 and -3 do. Only where the template can sum across
-        programs (`_sums_across`), and the later kernel keeps its orientation (its outputs stay
-        first: it has at least as many sinks)."""
+        programs and it pays (`_sums_across`, `_long_enough`); the later kernel's outputs stay
+        first, so its tiling orients the kernel (`index_maps.chain_sinks`). One across sink a
+        kernel: its sum's zeroing and epilogue kernels are the kernel's own."""
         chains = sorted((grp for grp in self.groups if grp.kind == "flash_chain"), key=self.position)
+        summing: list[Group] = []   # the kernels that took one
         for i, later in enumerate(chains):
             for earlier in chains[:i]:
-                if earlier in self.groups and later in self.groups and len(earlier.outputs) == 1 \
-                        and len(later.outputs) >= 1 and self._sums_across(earlier) \
+                if earlier in self.groups and later in self.groups and later not in summing \
+                        and len(earlier.outputs) == 1 and self._sums_across(earlier) \
                         and self._chains_match(earlier, later, transposed=True) and self._long_enough(later) \
                         and self._outputs_read_after(earlier, self.position(later)):
                     self.claim(later, earlier.ops)
                     later.extra = [*later.extra, *earlier.outputs]
                     self.groups.remove(earlier)
+                    summing.append(later)
 
     def _long_enough(self, group: Group) -> bool:
         """Whether a chain kernel merged with an across sink pays for its one block an SM on blocks
@@ -617,10 +621,13 @@ class _Planner:
         pays: a matmul with 16-bit operands on the PTX backend's Hopper path (its template stores
         dS^T to shared memory for a transposed-A wgmma and adds fp32 tiles with the copy engine;
         the CPU interpreter runs the same Tile IR) whose output rows are 65 to 128 wide: a block of
-        128 keys on 8 warps then holds dQ^T's rows (`schedule_to_tile._AcrossSums`). H200 bf16,
-        against dQ's own kernel: D=128 plain 8x16x4096x128 6.75 -> 6.14 ms, causal 3.83 -> 3.56;
-        at D=64 the two kernels stay (16x16x2048x64 2.15 ms, merged on 64 keys 2.22-2.30, its
-        128-key blocks 128 queries wide spill); bench/RESULTS.md session 33."""
+        128 keys on 8 warps then holds dQ^T's 128 rows (`schedule_to_tile._AcrossSums`; a head dim
+        under 128 computes K's zero padding too, as the two kernels' 128-wide tiles did). H200
+        bf16, against dQ's own kernel at D=128: plain 8x16x4096x128 6.75 -> 6.14 ms, causal 3.83
+        -> 3.56 (65-127 not measured); at D=64 the two kernels stay (16x16x2048x64 2.15 ms,
+        merged on 64 keys 2.22-2.30, its 128-key blocks 128 queries wide spill); bench/RESULTS.md
+        session 33. A space pinning another backend, or blocks of fewer than 64 queries (dS^T's
+        shared rows are whole 128-byte swizzle rows), keeps the two kernels."""
         sink = self.producer(group.output)
         target = self.target
         if not isinstance(sink, g.MatmulOp) or target is None or not HOPPER_NATIVE <= target.features:
@@ -628,8 +635,11 @@ class _Planner:
         width = g.dim_value(g.tensor_type(sink.res).shape[-1], self.bindings)
         if is_dynamic(width) or not 64 < width <= 128:
             return False
-        if self.backend_option not in ("ptx", "auto"):
+        pinned = self.pins.get(s.BACKEND_PARAM, [self.backend_option])
+        if (pinned if isinstance(pinned, str) else pinned[0]) not in ("ptx", "auto"):
             return False
+        if self.pins.get("block_n", [s.KINDS["flash_chain"][0]["block_n"]])[0] < 64:
+            return False   # (dS^T's rows in shared memory are whole 128-byte swizzle rows: 64 elements)
         operand_dtypes = {g.tensor_type(v).dtype for v in (sink.lhs, sink.rhs)}
         return all(dt.bits == 16 and platforms.mma_instructions(target, dt) for dt in operand_dtypes)
 
@@ -642,9 +652,9 @@ class _Planner:
             return False
         scores_a, extents_a = ta
         if transposed:
-            swap = {index_maps.CHAIN_ROWS: index_maps.CHAIN_LOOP, index_maps.CHAIN_LOOP: index_maps.CHAIN_ROWS}
-            scores_a = {k: tuple(swap.get(x, x) for x in m) for k, m in scores_a.items()}
-            extents_a = tuple(sorted((swap.get(axis, axis), n) for axis, n in extents_a))
+            scores_a = {k: index_maps.swap_rows_and_loop(m) for k, m in scores_a.items()}
+            axes = index_maps.swap_rows_and_loop(tuple(axis for axis, _ in extents_a))
+            extents_a = tuple(sorted(zip(axes, (n for _, n in extents_a))))
         if extents_a != tb[1]:
             return False
         common = set(scores_a) & set(tb[0])
@@ -1614,6 +1624,7 @@ def fuse(module: ModuleOp, space: dict | None = None, platform=None, backend: st
         planner.target = platform
         planner.backend_option = backend
         planner.profiled = profile
+        planner.pins = space or {}
         groups = planner.plan()
         body = Block(arg_types=[a.type for a in f.body.block.args])
         outer = dict(zip(f.body.block.args, body.args))

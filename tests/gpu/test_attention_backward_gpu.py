@@ -51,7 +51,7 @@ def test_attention_backward_matches_torch_autograd(torch_cuda, dtype, kind, q_sh
     ("plain", (2, 16, 2053, 128), 2053, "bfloat16"),
     ("causal", (2, 16, 4097, 128), 4097, "float16"),
     ("softcap_causal", (3, 8, 2500, 128), 2500, "bfloat16"),
-    ("alibi", (1, 17, 2048, 96), 2048, "float16"),     # rows of 96 under the tile's 128: atomic adds
+    ("alibi", (1, 17, 2048, 96), 2048, "float16"),     # rows of 96 in the block's 128
     ("plain", (2, 16, 2048, 128), 1100, "bfloat16"),   # cross attention: 2048 queries, 1100 keys
 ])
 def test_dq_summed_in_the_kernel_of_dk_and_dv_matches_torch_autograd(torch_cuda, kind, q_shape, kv_len, dtype):

@@ -300,7 +300,7 @@ def test_dq_is_summed_in_the_kernel_of_dk_and_dv(kind, short_loops):
 
 @pytest.mark.parametrize("kind,q_shape,kv_len", [
     ("plain", (1, 2, 131, 128), 131),
-    ("plain", (2, 1, 100, 96), 300),        # cross attention; rows of 96 under the tile's 128: atomic adds
+    ("plain", (2, 1, 100, 96), 300),        # cross attention; rows of 96 in the block's 128
     ("causal", (1, 2, 200, 128), 200),
     ("softcap_causal", (1, 1, 130, 128), 130),
     ("alibi", (1, 2, 129, 128), 129),
@@ -356,16 +356,61 @@ def test_dq_is_summed_across_loops_of_2048_queries_or_more(s, merged):
 
 
 @pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
-@pytest.mark.parametrize("d,space,adds", [
-    (128, None, "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32"),
-    (96, None, "red.global.add.f32"),   # K^T dS^T: a pair of registers is two rows of dQ
-    (96, {"block_m": [64], "num_warps": [4]}, "red.global.add.v2.f32"),   # dS K: a pair is two columns
+@pytest.mark.parametrize("d,space", [
+    (128, None),
+    (96, None),                                        # rows of 96 in the block's 128 (K's padding adds zeros)
+    (96, {"block_m": [64], "num_warps": [4]}),         # dS K: the block's rows are queries, on 4 warps
 ])
-def test_across_sums_assemble_for_hopper(d, space, adds, short_loops):
+def test_across_sums_assemble_for_hopper(d, space, short_loops):
+    """Every across sum on Hopper is one bulk reduction of its block: the sum's rows are the
+    block's columns and 16 bytes of padding, whatever the head dim."""
     fn = tsr.function(FUNCTIONS["causal"].fn, space=space) if space else FUNCTIONS["causal"]
     c = backward(fn, (2, 3, 200, d), 200, dtypes.bf16, **ONE_SM)
     name = _chain_kernel(c).sym_name.data
     kernels_ptx = emit_module(c.modules["target"])
-    assert adds in kernels_ptx[name].ptx
+    assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in kernels_ptx[name].ptx
+    assert "red.global.add" not in kernels_ptx[name].ptx
     for kernel in kernels_ptx.values():
         assemble(kernel.ptx, "sm_90a")
+
+
+@pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
+@pytest.mark.parametrize("arch", ["sm_80", "sm_90a without Hopper's"])
+def test_an_across_sum_lowers_on_the_mma_sync_path(arch, short_loops):
+    """The same Tile IR lowered where neither TMA nor wgmma is (fusion merges only on the Hopper
+    path, measured there): dS^T stored XOR-swizzled and read with ldmatrix.trans for mma.sync,
+    the sums added by `red.global.add.f32`; it assembles."""
+    from tessera import platforms
+    from tessera.lowering.tile_to_target import lower_tile_to_target
+
+    c = backward(FUNCTIONS["causal"], (2, 3, 200, 96), 200, dtypes.bf16, **ONE_SM)
+    platform = "sm_80" if arch == "sm_80" else platforms.without("sm_90a", platforms.BEYOND_AMPERE)
+    kernels_ptx = emit_module(lower_tile_to_target(c.modules["tile"].clone(), platform))
+    ptx = kernels_ptx[_chain_kernel(c).sym_name.data].ptx
+    assert "red.global.add.f32" in ptx and "ldmatrix.sync.aligned.m8n8.x4.trans" in ptx and "cp.reduce" not in ptx
+    for kernel in kernels_ptx.values():
+        assemble(kernel.ptx, "sm_80" if arch == "sm_80" else "sm_90a")
+
+
+def test_the_async_checker_sees_dq_read_before_the_stores_of_dst_are_shared(short_loops):
+    """The checker models `tile.store_shared` as the threads' writes to a stage: without the
+    barrier after dS^T's stores, the wgmma reading it is a hazard (and with it, none)."""
+    from tessera.ir import target as tgt
+    from tessera.passes.check_async import check_async
+
+    module = backward(FUNCTIONS["causal"], (2, 3, 200, 128), 200, dtypes.bf16, **ONE_SM).modules["target"]
+    assert check_async(module) == []
+    fence = next(op for op in module.walk() if isinstance(op, tgt.FenceOp) and op.kind.data == "async_shared")
+    assert isinstance(fence.next_op, tgt.BarrierOp)
+    fence.next_op.detach()
+    assert [h.kind for h in check_async(module)] and all(h.kind == "read-before-wait" for h in check_async(module))
+
+
+@pytest.mark.parametrize("why,space", [
+    ("a space pinning the cuda-tile backend", {"backend": ["cuda-tile"]}),
+    ("blocks of 32 queries: dS^T's shared rows would not fill a 128-byte swizzle row", {"block_n": [32]}),
+])
+def test_dq_keeps_its_own_kernel_under_a_space_it_cannot_take(why, space, short_loops):
+    fn = tsr.function(FUNCTIONS["causal"].fn, space=space)
+    c = backward(fn, (2, 3, 200, 128), 200, dtypes.bf16, **ONE_SM)
+    assert sorted(len(k.outputs) for k in kernels(c) if k.kind.data == "flash_chain") == [1, 2], why

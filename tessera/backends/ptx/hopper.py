@@ -73,6 +73,9 @@ class TmaBuffer(TileBuffer):
 
     def chunk_slots(self, e: KernelEmitter, stage: str, row: str, col: str) -> list[str]:
         """As `SharedBuffer.chunk_slots`: within a box, chunk j of row r sits at chunk j ^ (r % 8)."""
+        if self.cols % self.box_cols:
+            raise UnsupportedByBackend(f"PTX backend: a store into a TMA-laid-out buffer of {self.cols} columns, not "
+                                       f"whole {self.box_cols}-column boxes")
         f, first = e.new(S32), e.new(S32)
         e.emit(f"and.b32 {f}, {row}, 7;")
         e.emit(f"mad.lo.s32 {first}, {row}, {ROW_BYTES}, {stage};")
@@ -90,7 +93,7 @@ class TmaBuffer(TileBuffer):
         return (col // self.box_cols) * self.box_bytes + row * ROW_BYTES + (col % self.box_cols) * self.elem
 
 
-def _leader(e: KernelEmitter) -> str:
+def leader(e: KernelEmitter) -> str:
     """Thread 0's predicate (it initialises the mbarriers), computed at entry; the first call also
     checks at entry that the dynamic shared memory sits on a 1024-byte line (the swizzle is on
     address bits)."""
@@ -111,9 +114,9 @@ def _issuer(e: KernelEmitter) -> str:
     """The predicate of the thread that arms mbarriers and issues bulk copies: thread 0, or in a
     warp-specialized kernel's producer region its one running thread (the first producer thread)."""
     if e.role != "producer":
-        return _leader(e)
+        return leader(e)
     if "issuer" not in e.state:
-        _leader(e)
+        leader(e)
         issuer = e.new(PRED)
         e.at_entry(f"setp.eq.u32 {issuer}, {e.state['tid_at_entry']}, {e.threads - e.producer_threads};")
         e.state["issuer"] = issuer
@@ -137,7 +140,7 @@ def _tensor_map(e: KernelEmitter, op: tgt.TensorMapOp) -> None:
 
 def _mbarrier_alloc(e: KernelEmitter, op: tgt.MBarrierAllocOp) -> None:
     """The shared address of the group's first mbarrier, at the offset the allocation pass chose."""
-    _leader(e)
+    leader(e)
     offset = op.offset.value.data
     base = e.new(S32)
     e.at_entry(f"add.u32 {base}, {e.smem_base()}, {offset};")
@@ -163,9 +166,9 @@ def _barrier_at(e: KernelEmitter, op, barriers, stage) -> str:
 
 
 def _mbarrier_init(e: KernelEmitter, op: tgt.MBarrierInitOp) -> None:
-    leader, first = _leader(e), e.value(op.barriers)
+    thread0, first = leader(e), e.value(op.barriers)
     for s in range(op.barriers.type.count.data):
-        e.emit(f"@{leader} mbarrier.init.shared::cta.b64 [{first}+{8 * s}], {op.arrivals.value.data};")
+        e.emit(f"@{thread0} mbarrier.init.shared::cta.b64 [{first}+{8 * s}], {op.arrivals.value.data};")
 
 
 def _arrive_expect_tx(e: KernelEmitter, op: tgt.MBarrierArriveExpectTxOp) -> None:

@@ -17,6 +17,7 @@ from ...ir import tile as t
 from ...ir.layouts import Layout, Mma
 from ...lowering.assign_layouts import is_tile
 from ...lowering.shared_memory import Staging
+from . import hopper
 from .core import KernelEmitter, pack_bytes, unpack_bytes
 from .types import B8, PRED, S32, U64, PtxType, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
@@ -284,7 +285,7 @@ def _store(e: KernelEmitter, op: t.StoreOp):
 def _atomic_add(e: KernelEmitter, op: t.AtomicAddOp):
     """`red.global.add.f32` of each in-bounds element, two at a time (`.v2`) where the platform has
     vector reductions and a register pair holds adjacent elements of a row; or, where the
-    allocation pass staged it (`tessera_target.staging`), one bulk reduction a row
+    allocation pass staged it (`tessera_target.staging`), one bulk reduction of the tile
     (`_atomic_add_in_bulk`)."""
     if tgt.STAGING in op.attributes:
         return _atomic_add_in_bulk(e, op)
@@ -334,15 +335,11 @@ def _atomic_add_in_bulk(e: KernelEmitter, op: t.AtomicAddOp) -> None:
         else:
             e.emit(f"st.shared.f32 [{mine}+{at}], {regs[i]};")
         i += 2 if paired else 1
-    if "bulk_tid" not in e.state:
-        tid, issuer = e.new(S32), e.new(PRED)
-        e.at_entry(f"mov.u32 {tid}, %tid.x;")
-        e.at_entry(f"setp.eq.u32 {issuer}, {tid}, 0;")
-        e.state["bulk_tid"], e.state["bulk_issuer"] = tid, issuer
+    issuer = hopper.leader(e)   # (thread 0; its thread id is read at entry)
     cols = layout.shape[k_c]
     if shape[c] > cols:   # the row's padding past the tile: zeros, which add nothing
-        tid, pad, row_of = e.state["bulk_tid"], e.new(S32), e.new(PRED)
-        e.emit(f"setp.lt.u32 {row_of}, {e.state['bulk_tid']}, {layout.shape[k_r]};")
+        tid, pad, row_of = e.state["tid_at_entry"], e.new(S32), e.new(PRED)
+        e.emit(f"setp.lt.u32 {row_of}, {tid}, {layout.shape[k_r]};")
         e.emit(f"mad.lo.s32 {pad}, {tid}, {pitch}, {buffer};")
         for col in range(cols, shape[c]):
             e.emit(f"@{row_of} st.shared.b32 [{pad}+{4 * col}], 0;")
@@ -352,7 +349,7 @@ def _atomic_add_in_bulk(e: KernelEmitter, op: t.AtomicAddOp) -> None:
     e.emit(f"sub.s32 {left}, {e.dim_limit(dst, r, 0)}, {offsets[r]};")
     e.emit(f"min.s32 {rows}, {left}, {layout.shape[k_r]};")
     e.emit(f"setp.gt.s32 {ok}, {rows}, 0;")
-    e.emit(f"and.pred {ok}, {ok}, {e.state['bulk_issuer']};")
+    e.emit(f"and.pred {ok}, {ok}, {issuer};")
     e.emit(f"mul.lo.s32 {rows}, {rows}, {pitch};")
     strides = e.strides(dst, (r, c))
     terms = [(offsets[d], strides[d]) for d in range(r + 1)]
