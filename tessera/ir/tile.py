@@ -561,17 +561,16 @@ class LoadGatherOp(IRDLOperation):
 INDEX_READS = (LoadIndexOp, LoadIndexReduceOp)
 
 
-@irdl_op_definition
-class StoreOp(IRDLOperation):
-    """Writes the in-bounds part of a register tile to a global memref."""
+class _TileWrite(IRDLOperation):
+    """A register tile written into a global memref at `offsets` (its in-bounds part)."""
 
-    name = "tile.store"
     value = operand_def(TensorType)
     dst = operand_def(MemRefType)
     offsets = var_operand_def(IndexType)
     tile_dims = prop_def(DenseArrayBase)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = "$value `,` $dst `[` $offsets `]` attr-dict `:` type($value) `,` type($dst)"
+    WHAT: ClassVar[str] = "stored tile"   # (verifier messages name the tile so)
 
     def __init__(self, value: Value, dst: Value, offsets: Sequence[Value], tile_dims: Sequence[int]):
         super().__init__(operands=[value, dst, offsets], properties={"tile_dims": _i64_array(tile_dims)})
@@ -579,42 +578,35 @@ class StoreOp(IRDLOperation):
     def verify_(self) -> None:
         val_t, dst_t = self.value.type, self.dst.type
         _require_global_shape(self, "destination memref", dst_t)
-        _require_static(self, "stored tile", val_t)
+        _require_static(self, self.WHAT, val_t)
         _require(not is_shared(dst_t), self, "destination must be a global memref, not shared memory")
         _require_offsets(self, self.offsets, dst_t)
         _require_tile_dims(self, int_values(self.tile_dims), dst_t.get_num_dims(), val_t.get_num_dims(),
-                           f"stored tile {val_t}")
-        _require_same_element(self, "stored tile", val_t, "destination", dst_t)
+                           f"{self.WHAT} {val_t}")
+        _require_same_element(self, self.WHAT, val_t, "destination", dst_t)
 
 
 @irdl_op_definition
-class AtomicAddOp(IRDLOperation):
+class StoreOp(_TileWrite):
+    """Writes the in-bounds part of a register tile to a global memref."""
+
+    name = "tile.store"
+
+
+@irdl_op_definition
+class AtomicAddOp(_TileWrite):
     """Adds the in-bounds part of an fp32 register tile to a global memref, element by element and
     atomically: programs of one launch may add to the same elements (a flash_chain kernel's dQ,
     summed over its key blocks' programs). The sums' order is the hardware's, so their last bits
     may differ from run to run."""
 
     name = "tile.atomic_add"
-    value = operand_def(TensorType)
-    dst = operand_def(MemRefType)
-    offsets = var_operand_def(IndexType)
-    tile_dims = prop_def(DenseArrayBase)
-    irdl_options = (ParsePropInAttrDict(),)
-    assembly_format = "$value `,` $dst `[` $offsets `]` attr-dict `:` type($value) `,` type($dst)"
-
-    def __init__(self, value: Value, dst: Value, offsets: Sequence[Value], tile_dims: Sequence[int]):
-        super().__init__(operands=[value, dst, offsets], properties={"tile_dims": _i64_array(tile_dims)})
+    WHAT: ClassVar[str] = "added tile"
 
     def verify_(self) -> None:
-        val_t, dst_t = self.value.type, self.dst.type
-        _require_global_shape(self, "destination memref", dst_t)
-        _require_static(self, "added tile", val_t)
-        _require(not is_shared(dst_t), self, "destination must be a global memref, not shared memory")
-        _require(dst_t.get_element_type() == f32, self, f"destination {dst_t} must hold f32 (atomic sums)")
-        _require_offsets(self, self.offsets, dst_t)
-        _require_tile_dims(self, int_values(self.tile_dims), dst_t.get_num_dims(), val_t.get_num_dims(),
-                           f"added tile {val_t}")
-        _require_same_element(self, "added tile", val_t, "destination", dst_t)
+        super().verify_()
+        _require(self.dst.type.get_element_type() == f32, self,
+                 f"destination {self.dst.type} must hold f32 (atomic sums)")
 
 
 @irdl_op_definition

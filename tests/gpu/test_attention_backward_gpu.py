@@ -8,6 +8,20 @@ import tessera as tsr
 from attention_cases import FUNCTIONS, causal, gqa_causal_attention, torch_reference
 
 
+def _gradients(torch, kind, q_shape, kv_len, dtype, seed):
+    """(q, d_out, Tessera's dQ, dK, dV, torch autograd's in float64) of FUNCTIONS[kind] on random
+    CUDA inputs of `dtype` (a torch dtype's name)."""
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    b, h, m, d = q_shape
+    shapes = [q_shape, (b, h, kv_len, d), (b, h, kv_len, d)]
+    q, k, v = (torch.randn(s, device="cuda", generator=gen).to(getattr(torch, dtype)) for s in shapes)
+    out, f_vjp = tsr.vjp(FUNCTIONS[kind], q, k, v)
+    d_out = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
+    grads = f_vjp(d_out)
+    exact = [x.double().requires_grad_() for x in (q, k, v)]
+    return q, d_out, grads, torch.autograd.grad(torch_reference(torch, kind, *exact), exact, d_out.double())
+
+
 def rel(torch, got, want) -> float:
     got, want = got.double(), want.double()
     assert not torch.isnan(got).any(), "NaN in a gradient"
@@ -28,15 +42,7 @@ def rel(torch, got, want) -> float:
 ])
 def test_attention_backward_matches_torch_autograd(torch_cuda, dtype, kind, q_shape, kv_len):
     torch = torch_cuda
-    gen = torch.Generator(device="cuda").manual_seed(11)
-    b, h, m, d = q_shape
-    shapes = [q_shape, (b, h, kv_len, d), (b, h, kv_len, d)]
-    q, k, v = (torch.randn(s, device="cuda", generator=gen).to(getattr(torch, dtype)) for s in shapes)
-    out, f_vjp = tsr.vjp(FUNCTIONS[kind], q, k, v)
-    d_out = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
-    grads = f_vjp(d_out)
-    exact = [x.double().requires_grad_() for x in (q, k, v)]
-    want = torch.autograd.grad(torch_reference(torch, kind, *exact), exact, d_out.double())
+    q, d_out, grads, want = _gradients(torch, kind, q_shape, kv_len, dtype, seed=11)
     tol = 4e-2 if dtype == "bfloat16" else 1e-2
     for name, got, w in zip("qkv", grads, want):
         assert got.is_cuda and got.dtype == q.dtype and got.shape == w.shape
@@ -70,14 +76,7 @@ def test_dq_summed_in_the_kernel_of_dk_and_dv_matches_torch_autograd(torch_cuda,
     chains = [len(k.outputs) for k in next(iter(compiled.modules["schedule"].ops)).body.block.ops
               if k.name == "schedule.kernel" and k.kind.data == "flash_chain"]
     assert chains == [3], chains
-    gen = torch.Generator(device="cuda").manual_seed(17)
-    shapes = [q_shape, (b, h, kv_len, d), (b, h, kv_len, d)]
-    q, k, v = (torch.randn(s, device="cuda", generator=gen).to(getattr(torch, dtype)) for s in shapes)
-    out, f_vjp = tsr.vjp(FUNCTIONS[kind], q, k, v)
-    d_out = torch.randn(out.shape, device="cuda", generator=gen).to(out.dtype)
-    grads = f_vjp(d_out)
-    exact = [x.double().requires_grad_() for x in (q, k, v)]
-    want = torch.autograd.grad(torch_reference(torch, kind, *exact), exact, d_out.double())
+    q, _, grads, want = _gradients(torch, kind, q_shape, kv_len, dtype, seed=17)
     for name, got, w in zip("qkv", grads, want):
         assert got.dtype == q.dtype and got.shape == w.shape
         assert rel(torch, got, w) < (4e-2 if dtype == "bfloat16" else 1e-2), f"d{name}"
