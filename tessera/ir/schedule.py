@@ -215,6 +215,31 @@ def fit_block(block: int, size: int) -> int:
     return min(block, max(16, 1 << max(0, hint(size) - 1).bit_length()))
 
 
+def fit_warps(num_warps: int, most: int) -> int:
+    """A kernel's warps: param `num_warps`, cut to the power of two at most `most`, what its tile
+    keeps busy (a tensor-core fragment is 16 rows)."""
+    return min(num_warps, max(1, 1 << (most.bit_length() - 1)))
+
+
+def across_transposed(block_n: int, width: int, warps: int) -> bool | None:
+    """How a flash_chain kernel on `warps` warps computes an across sum's [block_n, width] block
+    (a step's queries x dQ's head dim padded to a power of two): as itself (False) where its rows
+    give each warp 16, as its transpose [width, block_n] (True) where the width's do, None where
+    neither does (`schedule_to_tile._AcrossSums`)."""
+    if block_n == 16 * warps:
+        return False
+    return True if width == 16 * warps else None
+
+
+def across_fits(params: dict[str, int], rows: int, columns: int, width: int) -> bool:
+    """Whether a flash_chain kernel of `params` over `rows` (keys) and `columns` (queries) can sum
+    an across sink `width` wide (`across_transposed`), its tile and warps cut as the template cuts
+    them (`fit_block`, `fit_warps`)."""
+    block_m, block_n = fit_block(params["block_m"], rows), fit_block(params["block_n"], columns)
+    warps = fit_warps(params["num_warps"], block_m // 16)
+    return across_transposed(block_n, max(16, 1 << max(0, width - 1).bit_length()), warps) is not None
+
+
 def mma_k_extent(extent: int, element_bytes: int) -> int:
     """A tile's extent along a matmul's K, at least one tensor-core instruction's K step: 32 bytes
     of its operands' rows (16 elements of 16 bits, 32 of 8 bits)."""

@@ -146,7 +146,7 @@ class KernelBuild:
 
     def limit_warps(self, most: int) -> int:
         """Caps the kernel's warps at what its tile can keep busy (tensor-core fragments are 16 x 8)."""
-        warps = min(self.params["num_warps"], max(1, 1 << (most.bit_length() - 1)))
+        warps = s.fit_warps(self.params["num_warps"], most)
         self.kernel.properties["num_warps"] = IntegerAttr(warps, 64)
         return warps
 
@@ -2090,8 +2090,8 @@ class _AcrossSums:
         b = kb.b
         self.zero = b.index(0)
         warps = kb.kernel.properties["num_warps"].value.data
-        self.transposed = tile["n"] != 16 * warps
-        if self.transposed and tile["e"] != 16 * warps:
+        self.transposed = s.across_transposed(tile["n"], tile["e"], warps)
+        if self.transposed is None:   # (fusion merges only where it fits: `schedule.across_fits`)
             raise TesseraError(f"{kb.sk.sym_name.data}: an across sum's block [{tile['n']}, {tile['e']}] has no side "
                                f"of 16 rows a warp over {warps} warps (block_n or the head dim must be {16 * warps})")
         self.staged = [b(t.AllocSharedOp([1, tile["m"], tile["n"]], g.tensor_type(sink.computed).element))

@@ -35,7 +35,9 @@ The model (a concrete abstract interpreter):
   agent; a register read of a wgmma result needs its group retired; a wgmma needs a
   `wgmma_fence` after the registers it reads were written; an arrive must not exceed the arrivals
   left in its phase; copies' bytes must match `expect_tx`; every TMA copy must be waited on by
-  someone before the block exits; a wait no agent can satisfy is a hang.
+  someone before the block exits; a wait no agent can satisfy is a hang. Registers stored to a
+  stage (`st.shared`) are the generic proxy's writes: a wgmma reads them only after each thread
+  fenced them (`fence kind = "async_shared"`) and then a barrier published that.
 
 Synchronous copies and reads complete at once in program order. Tensor cores other than wgmma
 (mma.sync, MFMA, WMMA) are synchronous. cp.async copies in flight at exit are not reported (the
@@ -71,6 +73,9 @@ KINDS: dict[str, str] = {
     "register-overwrite": "(a) a loop overwrites registers a wgmma still reads (its A operand or accumulator) before "
                           "a wgmma_wait retires it",
     "wgmma-fence": "a wgmma with no wgmma_fence between it and the register writes it reads",
+    "proxy-fence": "a wgmma reads shared memory that threads stored with no fence kind = \"async_shared\" "
+                   "between the stores and the barrier publishing them (stores are the generic proxy's, wgmma "
+                   "reads the async proxy's)",
     "barrier-threads": "a barrier whose thread count does not match the threads that reach it",
 }
 
@@ -106,7 +111,7 @@ class _Agent:
     name: str
     threads: int
     known: dict                                    # fact -> count, about every thread (module docstring)
-    own: dict = field(default_factory=lambda: {"read": 0, "wgmma": 0, "cp": 0, "ld": 0})
+    own: dict = field(default_factory=lambda: {"read": 0, "wgmma": 0, "cp": 0, "ld": 0, "st": 0, "st_fenced": 0})
     wg_commits: int = 0
     cp_commits: int = 0
     fence_at: int = -1                             # clock of the last wgmma_fence
@@ -143,7 +148,8 @@ def _merge(into: dict, facts: dict) -> None:
 @dataclass(eq=False)
 class _Write:
     """A copy into a stage: TMA (completes on `bar`'s phase `seq`), cp.async (group `seq` of its
-    agent) or a synchronous copy (the agent's `seq`-th)."""
+    agent), a synchronous copy (the agent's `seq`-th) or the threads' stores of registers (st.shared,
+    the agent's `seq`-th; the async proxy sees them only once fenced)."""
 
     op: Operation
     mechanism: str
@@ -444,20 +450,28 @@ class _Run:
             agent.own["read"] += 1
             stage.reads[(agent.name, "read")] = agent.own["read"]
 
-    def _visible(self, agent: _Agent, w: _Write) -> bool:
+    def _visible(self, agent: _Agent, w: _Write, async_proxy: bool = False) -> bool:
+        """Whether `agent` knows copy `w` is done and, for a read through the async proxy (wgmma),
+        that stores by the threads were fenced for it before the barrier that told it so."""
         if w.mechanism == "tma":
             return agent.known.get(("tma", w.bar), 0) > w.seq
+        if w.mechanism == "st.shared":
+            return agent.known.get((w.agent.name, "st_fenced" if async_proxy else "st"), 0) >= w.seq
         return agent.known.get((w.agent.name, "cp" if w.mechanism == "cp.async" else "ld"), 0) >= w.seq
 
     def _complete_for(self, agent: _Agent, w: _Write) -> bool:
         """Whether `agent` knows copy `w` is done (a thread's own cp.async group: once it waited)."""
         if w.mechanism == "cp.async" and w.agent is agent:
             return agent.own["cp"] >= w.seq
-        return w.mechanism == "ld.global" or self._visible(agent, w)
+        return w.mechanism in ("ld.global", "st.shared") or self._visible(agent, w)
 
-    def _check_read(self, agent: _Agent, op: Operation, stage: _Stage) -> None:
+    def _check_read(self, agent: _Agent, op: Operation, stage: _Stage, async_proxy: bool = False) -> None:
         for w in stage.writes.values():
-            if self._visible(agent, w):
+            if self._visible(agent, w, async_proxy):
+                continue
+            if async_proxy and self._visible(agent, w):
+                self.hazard("proxy-fence", op, f"reads {stage.name}, which {w.op.name} stored, with no "
+                            f"fence kind = \"async_shared\" between the stores and the barrier")
                 continue
             stale = agent.waits.get(w.bar) if w.bar is not None else None
             if stale is not None:
@@ -466,7 +480,7 @@ class _Run:
             else:
                 how = {"tma": f"a mbarrier_try_wait on the phase of {w.bar.name if w.bar else ''} it completes on",
                        "cp.async": "a cp_async_wait retiring its group and a barrier",
-                       "ld.global": "a barrier"}[w.mechanism]
+                       "ld.global": "a barrier", "st.shared": "a barrier"}[w.mechanism]
                 self.hazard("read-before-wait", op, f"reads {stage.name} before {w.op.name} writing it is waited "
                             f"on ({agent.name} needs {how})")
 
@@ -502,10 +516,11 @@ class _Run:
 
     def _store_shared(self, agent: _Agent, op: Operation) -> None:
         """The threads' stores of a register tile into a stage (dS^T for an across sum's mma): done
-        at once in each thread, as a synchronous copy, so readers need a barrier after it."""
+        at once in each thread, so readers need a barrier after it, and a wgmma (the async proxy)
+        also a `fence kind = "async_shared"` before that barrier."""
         self.read_registers(agent, op, (op.value,))
-        agent.own["ld"] += 1
-        self._write(agent, op, self._stage(op.dst, op.stage, op), 0, _Write(op, "ld.global", agent, agent.own["ld"]))
+        agent.own["st"] += 1
+        self._write(agent, op, self._stage(op.dst, op.stage, op), 0, _Write(op, "st.shared", agent, agent.own["st"]))
 
     def _cp_commit(self, agent: _Agent, op: Operation) -> None:
         agent.cp_commits += 1
@@ -543,6 +558,8 @@ class _Run:
             bar.init(op.arrivals.value.data)
 
     def _fence(self, agent: _Agent, op: tgt.FenceOp) -> None:
+        if op.kind.data == "async_shared":
+            agent.own["st_fenced"] = agent.own["st"]
         if op.kind.data != "mbarrier_init":
             return
         for group in self._groups():
@@ -651,7 +668,7 @@ class _Run:
         for role, value in (("A", op.a), ("B", op.b), ("accumulator", op.acc)):
             m = self.env[value]
             if m[0] == "sh":
-                self._check_read(agent, op, m[1])
+                self._check_read(agent, op, m[1], async_proxy=True)
                 m[1].reads[(agent.name, "wgmma")] = group
             elif m[0] == "wg" and role != "accumulator":
                 self._read_accumulator(agent, op, m)

@@ -597,6 +597,7 @@ class _Planner:
                 if earlier in self.groups and later in self.groups and later not in summing \
                         and len(earlier.outputs) == 1 and self._sums_across(earlier) \
                         and self._chains_match(earlier, later, transposed=True) and self._long_enough(later) \
+                        and self._across_fits(later, earlier) \
                         and self._outputs_read_after(earlier, self.position(later)):
                     self.claim(later, earlier.ops)
                     later.extra = [*later.extra, *earlier.outputs]
@@ -616,6 +617,16 @@ class _Planner:
         waves = batch * -(-extents["m"] // s.ACROSS_ROWS) / self.target.sm_count
         return waves >= 2 and extents["n"] >= ACROSS_LEAST_LOOP
 
+    def _across_fits(self, group: Group, across: Group) -> bool:
+        """Whether chain kernel `group`'s tiling, under this compile's space, has a side of `across`'s
+        sum block that gives each warp 16 rows (`schedule.across_fits`): a space pinning 32-key
+        blocks or 2 warps gives neither 64 queries nor the head dim's 128."""
+        extents = dict(self._chain_tiling(group, speed=True)[1])
+        width = g.dim_value(g.tensor_type(across.output).shape[-1], self.bindings)
+        params = s.default_params("flash_chain", {"staged_tiles": 1})
+        params.update({k: v[0] for k, v in self.pins.items() if k in params})
+        return s.across_fits(params, extents["m"], extents["n"], width)
+
     def _sums_across(self, group: Group) -> bool:
         """Whether `group`'s sink can be a chain kernel's across sink on this compile's target, and
         pays: a matmul with 16-bit operands on the PTX backend's Hopper path (its template stores
@@ -624,7 +635,8 @@ class _Planner:
         128 keys on 8 warps then holds dQ^T's 128 rows (`schedule_to_tile._AcrossSums`; a head dim
         under 128 computes K's zero padding too, as the two kernels' 128-wide tiles did). H200
         bf16, against dQ's own kernel at D=128: plain 8x16x4096x128 6.75 -> 6.14 ms, causal 3.83
-        -> 3.56 (65-127 not measured); at D=64 the two kernels stay (16x16x2048x64 2.15 ms,
+        -> 3.56 (65-127 not measured; a head dim not a multiple of 8 has rows TMA can't copy, 16
+        bytes a step, so the kernel would leave the Hopper path: not measured, not taken); at D=64 the two kernels stay (16x16x2048x64 2.15 ms,
         merged on 64 keys 2.22-2.30, its 128-key blocks 128 queries wide spill); bench/RESULTS.md
         session 33. A space pinning another backend, or blocks of fewer than 64 queries (dS^T's
         shared rows are whole 128-byte swizzle rows), keeps the two kernels."""
@@ -633,7 +645,7 @@ class _Planner:
         if not isinstance(sink, g.MatmulOp) or target is None or not HOPPER_NATIVE <= target.features:
             return False
         width = g.dim_value(g.tensor_type(sink.res).shape[-1], self.bindings)
-        if is_dynamic(width) or not 64 < width <= 128:
+        if is_dynamic(width) or not 64 < width <= 128 or width % 8:
             return False
         pinned = self.pins.get(s.BACKEND_PARAM, [self.backend_option])
         if (pinned if isinstance(pinned, str) else pinned[0]) not in ("ptx", "auto"):

@@ -151,3 +151,19 @@ def test_yield_type_must_match_the_kernel_result():
     text = text.replace(") -> !graph.tensor<[M, N], f32> attributes", ") -> !graph.tensor<[M, N], f16> attributes")
     with pytest.raises(IR_ERRORS, match=r"yielded types do not match its results"):
         verify_text(text)
+
+
+@pytest.mark.parametrize("params,rows,columns,width,fits", [
+    ({"block_m": 128, "block_n": 64, "num_warps": 8}, 4096, 4096, 128, True),    # [128 dQ cols, 64] on 8 warps
+    ({"block_m": 128, "block_n": 64, "num_warps": 8}, 4096, 4096, 96, True),     # 96 padded to 128
+    ({"block_m": 128, "block_n": 64, "num_warps": 4}, 4096, 4096, 128, True),    # 64 queries on 4 warps
+    ({"block_m": 128, "block_n": 32, "num_warps": 4}, 4096, 4096, 128, False),
+    ({"block_m": 32, "block_n": 64, "num_warps": 8}, 4096, 4096, 128, False),    # 32 keys: 2 warps
+    ({"block_m": 128, "block_n": 64, "num_warps": 8}, 40, 4096, 128, True),      # 64-key tile: 4 warps, 64 queries
+    ({"block_m": 128, "block_n": 64, "num_warps": 8}, 20, 4096, 128, False),     # 32-key tile: 2 warps
+])
+def test_an_across_sum_needs_a_side_of_16_rows_a_warp(params, rows, columns, width, fits):
+    from tessera.ir import schedule as s
+    assert s.across_fits(params, rows, columns, width) is fits
+    assert s.across_transposed(64, 128, 8) is True and s.across_transposed(64, 128, 4) is False
+    assert s.across_transposed(32, 128, 4) is None

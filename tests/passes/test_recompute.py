@@ -298,6 +298,19 @@ def test_dq_is_summed_in_the_kernel_of_dk_and_dv(kind, short_loops):
     assert "fence.proxy.async.shared::cta" in ptx and "red.global.add" not in ptx
 
 
+@pytest.mark.parametrize("kv_len,cut", [(200, True), (256, False)])
+def test_dst_rows_past_the_keys_end_are_cut_to_zero_before_they_are_stored(kv_len, cut, short_loops):
+    """K's zero padding past the keys' end times an infinite or NaN dS^T element (a score
+    modification's) would be a NaN in dQ's sum: where the last key block is partial, dS^T is
+    selected against the rows' bound before its store to shared memory; where none is, it is not."""
+    c = backward(FUNCTIONS["causal"], (2, 3, kv_len, 128), kv_len, dtypes.bf16, **ONE_SM)
+    name = _chain_kernel(c).sym_name.data
+    kernel = next(k for k in c.modules["tile"].ops if isinstance(k, t.KernelOp) and k.sym_name.data == name)
+    (store,) = [op for op in kernel.walk() if isinstance(op, t.StoreSharedOp)]
+    stored = store.value.owner.operands[0].owner   # (through the cast to bf16)
+    assert (stored.name == "arith.select") is cut
+
+
 @pytest.mark.parametrize("kind,q_shape,kv_len", [
     ("plain", (1, 2, 131, 128), 131),
     ("plain", (2, 1, 100, 96), 300),        # cross attention; rows of 96 in the block's 128
@@ -338,6 +351,7 @@ def test_a_generic_backward_sums_dq_over_any_length(short_loops):
 
 @pytest.mark.parametrize("why,d,s,options", [
     ("a head dim of 64: two kernels measured as fast", 64, 200, ONE_SM),
+    ("a head dim not a multiple of 8: K's rows are not whole 16 bytes for TMA", 100, 200, ONE_SM),
     ("under two waves of blocks on 132 SMs", 128, 200, {"arch": "sm_90a"}),
     ("no Hopper path (wgmma, TMA)", 128, 200, {**ONE_SM, "arch": "sm_80"}),
     ("another backend", 128, 200, {**ONE_SM, "backend": "cuda-tile"}),
@@ -406,9 +420,27 @@ def test_the_async_checker_sees_dq_read_before_the_stores_of_dst_are_shared(shor
     assert [h.kind for h in check_async(module)] and all(h.kind == "read-before-wait" for h in check_async(module))
 
 
+def test_the_async_checker_sees_dst_stored_for_wgmma_without_the_proxy_fence(short_loops):
+    """dS^T's stores are the generic proxy's and wgmma reads through the async one: with the block
+    barrier kept but the fence before it removed, the wgmma's read is a proxy-fence hazard."""
+    from tessera.ir import target as tgt
+    from tessera.passes.check_async import check_async
+
+    module = backward(FUNCTIONS["causal"], (2, 3, 200, 128), 200, dtypes.bf16, **ONE_SM).modules["target"]
+    fence = next(op for op in module.walk() if isinstance(op, tgt.FenceOp) and op.kind.data == "async_shared")
+    assert isinstance(fence.next_op, tgt.BarrierOp)
+    fence.detach()
+    hazards = check_async(module)
+    assert hazards and {h.kind for h in hazards} == {"proxy-fence"}
+    assert all(h.op.name == "tessera_target.tensor_core" for h in hazards)
+
+
 @pytest.mark.parametrize("why,space", [
     ("a space pinning the cuda-tile backend", {"backend": ["cuda-tile"]}),
     ("blocks of 32 queries: dS^T's shared rows would not fill a 128-byte swizzle row", {"block_n": [32]}),
+    ("blocks of 32 keys: 2 warps, which neither 64 queries nor 128 columns of dQ give 16 rows each",
+     {"block_m": [32]}),
+    ("2 warps", {"num_warps": [2]}),
 ])
 def test_dq_keeps_its_own_kernel_under_a_space_it_cannot_take(why, space, short_loops):
     fn = tsr.function(FUNCTIONS["causal"].fn, space=space)
