@@ -1151,6 +1151,97 @@ class BarrierOp(_AsyncOp):
 
 
 @irdl_op_definition
+class BulkWaitOp(_CountedWaitOp):
+    """`tessera_target.bulk_wait pending = N read`: wait until at most N of this thread's committed
+    bulk groups (`bulk_reduce`) are in flight; with `read`, only until the others have read their
+    shared memory (which may then be written again), not until their writes are done."""
+
+    name = "tessera_target.bulk_wait"
+    read = opt_prop_def(UnitAttr)
+
+    assembly_format = "`pending` `=` $pending (`read` $read^)? attr-dict"
+
+    def __init__(self, pending: int, read: bool = False):
+        super().__init__(pending)
+        if read:
+            self.properties["read"] = UnitAttr()
+
+    def verify_(self) -> None:
+        super().verify_()
+        _require(self, "tma")
+
+
+@irdl_op_definition
+class StageRowsOp(_AsyncOp):
+    """`tessera_target.stage_rows %tile rows_dim = 0 {tessera_target.scratch = .., tessera_target.staging
+    = <cols = C, pitch = P>}`: every thread writes its fragments of the fp32 register tile into the
+    op's scratch buffer, the tile's axis `rows_dim` along the buffer's rows, a row every P bytes,
+    each row's columns past the tile's up to C written as zeros: the buffer then holds the tile as
+    a run of memory laid out as its destination (`bulk_reduce`'s source)."""
+
+    name = "tessera_target.stage_rows"
+    value = operand_def(builtin.TensorType)
+    rows_dim = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$value `rows_dim` `=` $rows_dim attr-dict `:` type($value)"
+
+    def __init__(self, value: SSAValue, rows_dim: int, scratch: Attribute, staging: Attribute):
+        super().__init__(operands=[value], properties={"rows_dim": IntegerAttr(rows_dim, i64)},
+                         attributes={SCRATCH: scratch, STAGING: staging})
+
+    def verify_(self) -> None:
+        if self.rows_dim.value.data not in (0, 1) or self.value.type.get_num_dims() != 2:
+            raise VerifyException(f"stage_rows: rows_dim = {self.rows_dim.value.data} of a "
+                                  f"{self.value.type.get_num_dims()}-d tile (a 2-d tile's 0 or 1)")
+        _require_staged(self)
+
+
+@irdl_op_definition
+class BulkReduceOp(_AsyncOp):
+    """`tessera_target.bulk_reduce %dst[%i, ..] tile_dims = [2, 3] rows = 64 {tessera_target.scratch =
+    .., tessera_target.staging = <cols = C, pitch = P>} : memref<..>`: thread 0 adds the first `rows`
+    rows of the op's scratch buffer (as `stage_rows` wrote them, P bytes a row) to the fp32 rows of
+    %dst from the offsets on (the destination dims `tile_dims`: rows, then columns; rows past the
+    destination's end left out), with one bulk reduction (`cp.reduce.async.bulk .add.f32`: the copy
+    engine reads the buffer and adds in L2), and commits it as a bulk group."""
+
+    name = "tessera_target.bulk_reduce"
+    dst = operand_def(MemRefType)
+    offsets = var_operand_def(IndexType)
+    tile_dims = prop_def(DenseArrayBase[I64])
+    rows = prop_def(IntegerAttr[I64])
+
+    assembly_format = "$dst `[` $offsets `]` `tile_dims` `=` $tile_dims `rows` `=` $rows attr-dict `:` type($dst)"
+
+    def __init__(self, dst: SSAValue, offsets: Sequence[SSAValue], tile_dims: Sequence[int], rows: int,
+                 scratch: Attribute, staging: Attribute):
+        super().__init__(operands=[dst, offsets],
+                         properties={"tile_dims": _i64s(tile_dims), "rows": IntegerAttr(rows, i64)},
+                         attributes={SCRATCH: scratch, STAGING: staging})
+
+    def verify_(self) -> None:
+        t: MemRefType = self.dst.type
+        rank = t.get_num_dims()
+        if _space(t) == MEMORY_SPACES["shared"] or t.get_element_type() != builtin.f32:
+            raise VerifyException(f"bulk_reduce: destination {t} is not an f32 global memref")
+        if len(self.offsets) != rank or tuple(self.tile_dims.get_values()) != (rank - 2, rank - 1):
+            raise VerifyException(f"bulk_reduce: {len(self.offsets)} offsets and tile_dims "
+                                  f"{list(self.tile_dims.get_values())} for a {rank}-d destination (its last two dims)")
+        _require_staged(self)
+        staging, scratch = self.attributes[STAGING], self.attributes[SCRATCH]
+        if self.rows.value.data * staging.pitch.data > scratch.size.data:
+            raise VerifyException(f"bulk_reduce: {self.rows.value.data} rows of {staging.pitch.data} bytes overrun "
+                                  f"its {scratch.size.data}-byte scratch")
+        _require(self, "tma")
+
+
+def _require_staged(op: Operation) -> None:
+    for key, kind in ((SCRATCH, ScratchAttr), (STAGING, StagingAttr)):
+        if not isinstance(op.attributes.get(key), kind):
+            raise VerifyException(f"{op.name}: needs a {key} attribute (the allocation pass's)")
+
+
+@irdl_op_definition
 class WarpSpecializeOp(_AsyncOp):
     """`tessera_target.warp_specialize producer_warps = 4 { producer } { consumer }`: the block's
     last `producer_warps` warps run the producer region (after its register split, one thread of
@@ -1201,7 +1292,7 @@ class SetMaxNRegOp(_AsyncOp):
 
 ASYNC_OPS = [TensorMapOp, MBarrierAllocOp, MBarrierInitOp, MBarrierArriveExpectTxOp, MBarrierArriveOp,
              MBarrierTryWaitOp, TmaLoadOp, WgmmaDescriptorOp, CpAsyncCommitOp, CpAsyncWaitOp, WgmmaFenceOp, WgmmaCommitOp,
-             WgmmaWaitOp, FenceOp, BarrierOp, WarpSpecializeOp, SetMaxNRegOp]
+             WgmmaWaitOp, FenceOp, BarrierOp, WarpSpecializeOp, SetMaxNRegOp, BulkWaitOp, StageRowsOp, BulkReduceOp]
 ASYNC_TYPES = [MBarriersType, TensorMapType, WgmmaDescriptorType]
 
 
@@ -1395,9 +1486,10 @@ class StagingAttr(_FieldsAttr):
     """`#tessera_target.staging<cols = 64, pitch = 144>`: the store writes each warp's accumulator
     fragments into its own shared buffer 16 rows x `cols` columns at a time, rows `pitch` bytes
     apart, and reads them back as row-contiguous 16-byte vectors (`shared_memory.Staging`). On a
-    `tile.atomic_add`: the block writes the whole tile into one shared buffer laid out as its
-    destination, a row (`cols` fp32, `pitch` bytes) of it every `pitch` bytes, and adds it to
-    global memory with one bulk reduction (`shared_memory.bulk_reduction_pitch`)."""
+    `tile.atomic_add` (and the `stage_rows` and `bulk_reduce` it becomes): the block writes the
+    whole tile into one shared buffer laid out as its destination, a row (`cols` fp32) of it every
+    `pitch` bytes, and adds it to global memory with one bulk reduction
+    (`shared_memory.bulk_reduction_pitch`)."""
 
     name = "tessera_target.staging"
     cols: IntAttr

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 from xdsl.dialects import scf
 from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, TensorType, UnitAttr
 from xdsl.ir import Attribute
-from xdsl.rewriter import InsertPoint
+from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
     PatternRewriter,
@@ -483,6 +483,30 @@ def patterns(platform: Platform, tensor_cores: bool = True) -> Iterable[RewriteP
     )
 
 
+def lower_bulk_reductions(kernel, layouts: dict) -> None:
+    """Each tile.atomic_add the allocation pass staged (`shared_memory.bulk_reduction_pitch`) as
+    the ops that add it in bulk: once the block's previous bulk reduction has read the buffer
+    (`bulk_wait read`, published by a barrier), the threads write the tile into it (`stage_rows`)
+    and fence their stores for the async proxy; after a barrier thread 0 adds it with one
+    `bulk_reduce`. Before the kernel returns it waits for its bulk groups: they read shared
+    memory until they complete. The async checker sees each step."""
+    staged = [op for op in kernel.walk() if isinstance(op, tile.AtomicAddOp) and target.STAGING in op.attributes]
+    for op in staged:
+        rank = op.dst.type.get_num_dims()
+        tile_dims = list(tile.int_values(op.tile_dims))
+        rows_dim = tile_dims.index(rank - 2)
+        scratch, staging = op.attributes[target.SCRATCH], op.attributes[target.STAGING]
+        ops = [target.BulkWaitOp(0, read=True), target.BarrierOp(),
+               target.StageRowsOp(op.value, rows_dim, scratch, staging), target.FenceOp("async_shared"),
+               target.BarrierOp(),
+               target.BulkReduceOp(op.dst, list(op.offsets), sorted(tile_dims), layouts[op.value].shape[rows_dim],
+                                   scratch, staging)]
+        Rewriter.replace_op(op, ops)
+    if staged:
+        for ret in [op for op in kernel.walk() if isinstance(op, target.ReturnOp)]:
+            Rewriter.insert_op(target.BulkWaitOp(0), InsertPoint.before(ret))
+
+
 def _rewrite(patterns_: Iterable[RewritePattern], region) -> None:
     """Applies the patterns; the ops replacing an op keep its provenance (source line, regions)."""
     carrying = [provenance.CarryProvenance(p) for p in patterns_]
@@ -525,6 +549,8 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
         if blocks is not None:
             kernel.attributes[tile.OCCUPANCY] = IntegerAttr(blocks, 64)
         shared = allocate_shared(kernel, kp, layouts, warps)
+        if layouts is not None:
+            lower_bulk_reductions(kernel, layouts)
         configs[name] = target.KernelConfigAttr.of(grids[name][0], (threads, 1, 1), shared, regs)
     _rewrite([LowerKernel(configs, chosen, splits, _dependent_launches(lowered)), LowerLaunch(configs)], lowered.body)
     for kernel in lowered.ops:

@@ -68,7 +68,8 @@ KINDS: dict[str, str] = {
     "arrive-count": "(d) arrivals that do not match the mbarrier's init",
     "tx-bytes": "(d) copy bytes that do not match the expect_tx bytes",
     "hang": "a wait that no agent can satisfy",
-    "in-flight-at-exit": "a TMA copy nobody waits on before the block exits",
+    "in-flight-at-exit": "a TMA copy nobody waits on before the block exits, or a bulk reduction still reading "
+                         "shared memory",
     "mbarrier-init": "an mbarrier used before its init is fenced (fence mbarrier_init) and published (barrier)",
     "register-overwrite": "(a) a loop overwrites registers a wgmma still reads (its A operand or accumulator) before "
                           "a wgmma_wait retires it",
@@ -111,8 +112,10 @@ class _Agent:
     name: str
     threads: int
     known: dict                                    # fact -> count, about every thread (module docstring)
-    own: dict = field(default_factory=lambda: {"read": 0, "wgmma": 0, "cp": 0, "ld": 0, "st": 0, "st_fenced": 0})
+    own: dict = field(default_factory=lambda: {"read": 0, "wgmma": 0, "cp": 0, "ld": 0, "st": 0, "st_fenced": 0,
+                                               "bulk": 0})
     wg_commits: int = 0
+    bulk_commits: int = 0                          # bulk groups (bulk_reduce) issued; own["bulk"]: read
     cp_commits: int = 0
     fence_at: int = -1                             # clock of the last wgmma_fence
     wgmma_reads: dict = field(default_factory=dict)  # loop iter_arg -> (group, wgmma) of the last wgmma reading it
@@ -300,6 +303,7 @@ class _Run:
         self.agents: list[_Agent] = []
         self.barriers: list[_MBarrier] = []
         self.buffers = 0
+        self.scratch: dict[int, _Stage] = {}   # an op's scratch buffer (its byte offset) as a stage
 
     def hazard(self, kind: str, op: Operation, message: str) -> None:
         self._report(kind, op, message, self.pid)
@@ -485,7 +489,7 @@ class _Run:
                             f"on ({agent.name} needs {how})")
 
     def _check_refill(self, agent: _Agent, op: Operation, stage: _Stage, offset: int) -> None:
-        racing = [f"{reader}'s {'wgmma' if stream == 'wgmma' else 'synchronous'} reads"
+        racing = [f"{reader}'s {_READS.get(stream, 'synchronous')} reads"
                   for (reader, stream), seq in stage.reads.items() if agent.known.get((reader, stream), 0) < seq]
         previous = stage.writes.get(offset)
         if previous is not None and not self._complete_for(agent, previous):
@@ -521,6 +525,27 @@ class _Run:
         self.read_registers(agent, op, (op.value,))
         agent.own["st"] += 1
         self._write(agent, op, self._stage(op.dst, op.stage, op), 0, _Write(op, "st.shared", agent, agent.own["st"]))
+
+    def _scratch_stage(self, op: Operation) -> _Stage:
+        offset = op.attributes[tgt.SCRATCH].offset.data
+        return self.scratch.setdefault(offset, _Stage(f"the scratch buffer at byte {offset}"))
+
+    def _stage_rows(self, agent: _Agent, op: Operation) -> None:
+        """The threads' stores of a tile into a scratch buffer (a bulk reduction's source): a
+        refill, once an earlier bulk_reduce read it, needs its `bulk_wait read` published."""
+        self.read_registers(agent, op, (op.value,))
+        agent.own["st"] += 1
+        self._write(agent, op, self._scratch_stage(op), 0, _Write(op, "st.shared", agent, agent.own["st"]))
+
+    def _bulk_reduce(self, agent: _Agent, op: Operation) -> None:
+        """A bulk reduction reads its scratch buffer through the async proxy until a `bulk_wait`."""
+        stage = self._scratch_stage(op)
+        self._check_read(agent, op, stage, async_proxy=True)
+        agent.bulk_commits += 1
+        stage.reads[(agent.name, "bulk")] = agent.bulk_commits
+
+    def _bulk_wait(self, agent: _Agent, op: Operation) -> None:
+        agent.own["bulk"] = max(agent.own["bulk"], agent.bulk_commits - op.pending.value.data)
 
     def _cp_commit(self, agent: _Agent, op: Operation) -> None:
         agent.cp_commits += 1
@@ -648,7 +673,13 @@ class _Run:
                         f"completes ({state})")
 
     def _check_exit(self) -> None:
-        """Every TMA copy's phase must be known complete to some agent when the block exits."""
+        """Every TMA copy's phase must be known complete to some agent when the block exits, and
+        every bulk reduction's read of shared memory waited for."""
+        for agent in self.agents:
+            if agent.own["bulk"] < agent.bulk_commits:
+                last = next(op for op in self.kernel.walk() if op.name == "tessera_target.bulk_reduce")
+                self.hazard("in-flight-at-exit", last, f"{agent.bulk_commits - agent.own['bulk']} bulk "
+                            f"reductions still read shared memory when the block exits: no bulk_wait for them")
         for bar in self.barriers:
             w = bar.last_copy
             if w is not None and all(a.known.get(("tma", bar), 0) <= w.seq for a in self.agents):
@@ -699,6 +730,10 @@ def _is_wgmma(op: Operation) -> bool:
     return isinstance(op, tgt.TensorCoreOp) and op.family.data == "wgmma"
 
 
+#: a stage's asynchronous readers (`_Stage.reads`' streams) as the checker's messages name them
+_READS = {"wgmma": "wgmma", "bulk": "bulk reduction"}
+
+
 def _nothing(run: _Run, agent: _Agent, op: Operation) -> None:
     """Ops with no effect on the async protocol (setmaxnreg, return)."""
 
@@ -712,6 +747,9 @@ _STEPS = {
     "tessera_target.allocate": _Run._allocate,
     "tessera_target.memcpy": _Run._memcpy,
     "tile.store_shared": _Run._store_shared,
+    "tessera_target.stage_rows": _Run._stage_rows,
+    "tessera_target.bulk_reduce": _Run._bulk_reduce,
+    "tessera_target.bulk_wait": _Run._bulk_wait,
     "tessera_target.cp_async_commit": _Run._cp_commit,
     "tessera_target.cp_async_wait": _Run._cp_wait,
     "tessera_target.barrier": _Run._barrier,

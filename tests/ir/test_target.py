@@ -18,6 +18,9 @@ ACC = "tensor<64x64xf32>"
 
 # Every op of the dialect, every attribute and type, every optional part.
 DESC = "!tessera_target.wgmma_descriptor<f16, [64, 64], major = mn>"
+SUM, DQ = "memref<256x132xf32>", "tensor<64x128xf32>"
+STAGED = ("tessera_target.scratch = #tessera_target.scratch<offset = 16400, size = 33792>, "
+          "tessera_target.staging = #tessera_target.staging<cols = 132, pitch = 528>")
 
 EVERY_OP = f"""builtin.module {{
   tessera_target.kernel @k(%a: {GLOBAL}, %x: {TILE}, %y: tensor<32x64xf16>, %acc: {ACC}, %p: i1) config = {CONFIG} platform = {SM80} opt_level = 3 {{
@@ -33,7 +36,7 @@ EVERY_OP = f"""builtin.module {{
     tessera_target.assert %p message = "bad tile"
     tessera_target.return
   }}
-  tessera_target.kernel @hopper(%g: {GLOBAL}, %x: tensor<64x64xf16>, %acc: {ACC}) config = #tessera_target.kernel_config<grid = [1, 1, 1], block = [384, 1, 1], shared = 16400, regs = 168> platform = {SM90A} producer_warps = 4 maxnreg = 168 {{
+  tessera_target.kernel @hopper(%g: {GLOBAL}, %x: tensor<64x64xf16>, %acc: {ACC}, %sum: {SUM}, %dq: {DQ}) config = #tessera_target.kernel_config<grid = [1, 1, 1], block = [384, 1, 1], shared = 16400, regs = 168> platform = {SM90A} producer_warps = 4 maxnreg = 168 {{
     %m = tessera_target.tensor_map %g : {GLOBAL} -> !tessera_target.tensor_map<f16, [256, 128], box = [64, 64], swizzle = 128>
     %buf = tessera_target.allocate pool = "shared" align = 1024 size = 16384 offset = 0 swizzle = "tma_128b" : memref<2x64x64xf16, 3 : i64>
     %b = tessera_target.mbarrier_alloc offset = 16384 : !tessera_target.mbarriers<2>
@@ -60,6 +63,13 @@ EVERY_OP = f"""builtin.module {{
       tessera_target.mbarrier_arrive %f[%s] per = "warp" : !tessera_target.mbarriers<2>
       tessera_target.barrier id = 1 threads = 256
     }}
+    tessera_target.bulk_wait pending = 0 read
+    tessera_target.barrier
+    tessera_target.stage_rows %dq rows_dim = 0 {{{STAGED}}} : {DQ}
+    tessera_target.fence kind = "async_shared"
+    tessera_target.barrier
+    tessera_target.bulk_reduce %sum[%s, %s] tile_dims = [0, 1] rows = 64 {{{STAGED}}} : {SUM}
+    tessera_target.bulk_wait pending = 0
     tessera_target.return
   }}
   func.func @main(%a: {GLOBAL}, %x: {TILE}, %y: tensor<32x64xf16>, %acc: {ACC}, %p: i1) {{
@@ -198,6 +208,17 @@ def test_async_op_verifiers():
     assert "threads = 100 is not whole warps" in verify_error(partial_warp)
     assert "per must be one of" in verify_error(EVERY_OP.replace('per = "warp"', 'per = "block"'))
     assert "swizzle must be one of" in verify_error(EVERY_OP.replace('swizzle = "tma_128b"', 'swizzle = "64b"'))
+
+
+def test_bulk_reduction_op_verifiers():
+    overrun = EVERY_OP.replace("rows = 64", "rows = 65")
+    assert "65 rows of 528 bytes overrun its 33792-byte scratch" in verify_error(overrun)
+    assert "rows_dim = 2 of a 2-d tile" in verify_error(EVERY_OP.replace("rows_dim = 0", "rows_dim = 2"))
+    assert "is not an f32 global memref" in verify_error(EVERY_OP.replace(SUM, "memref<256x132xf16>"))
+    assert "tile_dims [1, 0] for a 2-d destination" in verify_error(EVERY_OP.replace("tile_dims = [0, 1] rows",
+                                                                                    "tile_dims = [1, 0] rows"))
+    unstaged = EVERY_OP.replace(f"%dq rows_dim = 0 {{{STAGED}}}", "%dq rows_dim = 0")
+    assert "stage_rows: needs a tessera_target.scratch attribute" in verify_error(unstaged)
 
 
 def test_launch_must_match_the_kernel_config():

@@ -293,6 +293,7 @@ def test_dq_is_summed_in_the_kernel_of_dk_and_dv(kind, short_loops):
     target = next(k for k in c.modules["target"].walk() if getattr(k, "sym_name", None)
                   and k.sym_name.data == name and k.name == "tessera_target.kernel")
     assert "async_shared" in str(target) and "#tessera_target.staging" in str(target)
+    assert all(f"tessera_target.{op}" in str(target) for op in ("bulk_wait", "stage_rows", "bulk_reduce"))
     ptx = c.stage("ptx")[name].ptx
     assert "cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32" in ptx
     assert "fence.proxy.async.shared::cta" in ptx and "red.global.add" not in ptx
@@ -433,6 +434,43 @@ def test_the_async_checker_sees_dst_stored_for_wgmma_without_the_proxy_fence(sho
     hazards = check_async(module)
     assert hazards and {h.kind for h in hazards} == {"proxy-fence"}
     assert all(h.op.name == "tessera_target.tensor_core" for h in hazards)
+
+
+def _without_bulk_wait(module, read: bool):
+    from tessera.ir import target as tgt
+    next(op for op in module.walk() if isinstance(op, tgt.BulkWaitOp) and (op.read is not None) == read).detach()
+
+
+def _without_barrier_after_the_read_wait(module):
+    from tessera.ir import target as tgt
+    wait = next(op for op in module.walk() if isinstance(op, tgt.BulkWaitOp) and op.read is not None)
+    wait.next_op.detach()
+
+
+def _without_before_the_reduce(module, steps_back: int):
+    from tessera.ir import target as tgt
+    op = next(op for op in module.walk() if isinstance(op, tgt.BulkReduceOp))
+    for _ in range(steps_back):
+        op = op.prev_op
+    op.detach()
+
+
+@pytest.mark.parametrize("mutate,kind", [
+    (lambda m: _without_bulk_wait(m, read=True), "refill-race"),          # the buffer refilled while read
+    (_without_barrier_after_the_read_wait, "refill-race"),                # thread 0's wait not published
+    (lambda m: _without_before_the_reduce(m, 2), "proxy-fence"),          # the stores not fenced
+    (lambda m: _without_before_the_reduce(m, 1), "read-before-wait"),     # no barrier after the stores
+    (lambda m: _without_bulk_wait(m, read=False), "in-flight-at-exit"),   # the last reduction's read
+])
+def test_the_async_checker_follows_the_bulk_reduction_of_dq(mutate, kind, short_loops):
+    """The bulk reduction is Target IR ops (`tile_to_target.lower_bulk_reductions`): the checker
+    runs them, and each missing synchronization among them is a hazard of its kind."""
+    from tessera.passes.check_async import check_async
+
+    module = backward(FUNCTIONS["causal"], (2, 3, 200, 128), 200, dtypes.bf16, **ONE_SM).modules["target"]
+    assert check_async(module) == []
+    mutate(module)
+    assert {h.kind for h in check_async(module)} == {kind}
 
 
 @pytest.mark.parametrize("why,space", [

@@ -523,8 +523,6 @@ def _for(e: KernelEmitter, op: scf.ForOp):
 
 
 def _return(e: KernelEmitter, op) -> None:
-    if e.state.get("bulk_groups"):   # bulk reductions read shared memory until they complete
-        e.emit("cp.async.bulk.wait_group 0;")
     e.emit("ret;")
 
 

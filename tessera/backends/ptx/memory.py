@@ -284,11 +284,10 @@ def _store(e: KernelEmitter, op: t.StoreOp):
 
 def _atomic_add(e: KernelEmitter, op: t.AtomicAddOp):
     """`red.global.add.f32` of each in-bounds element, two at a time (`.v2`) where the platform has
-    vector reductions and a register pair holds adjacent elements of a row; or, where the
-    allocation pass staged it (`tessera_target.staging`), one bulk reduction of the tile
-    (`_atomic_add_in_bulk`)."""
+    vector reductions and a register pair holds adjacent elements of a row. (One the allocation
+    pass staged is a bulk reduction by then: `tile_to_target.lower_bulk_reductions`.)"""
     if tgt.STAGING in op.attributes:
-        return _atomic_add_in_bulk(e, op)
+        raise UnsupportedByBackend("PTX backend: a staged tile.atomic_add not lowered to a bulk reduction")
     layout = e.layouts[op.value]
     tile_dims = t.int_values(op.tile_dims)
     addr, elems = _memory_access(e, op.dst, list(op.offsets), tile_dims, layout)
@@ -302,25 +301,23 @@ def _atomic_add(e: KernelEmitter, op: t.AtomicAddOp):
         e.emit(f"@{pred} red.global.add{vector}.f32 [{addr}+{byte}], {_braced(regs[i:i + width])};")
 
 
-def _atomic_add_in_bulk(e: KernelEmitter, op: t.AtomicAddOp) -> None:
-    """The tile through its shared buffer (`shared_memory.bulk_reduction_pitch`: whole rows of the
-    destination, laid out as there): once the block's previous bulk reduction has read the
-    buffer, every thread writes its fragments (a pair of adjacent columns at a time where the
-    tile's columns are the destination's), then one thread adds the rows inside the destination
-    with one `cp.reduce.async.bulk .add.f32`. The copy engine reads the buffer and adds in L2
-    while the warps go on; the kernel waits for its bulk groups before it exits (`core._return`)."""
+def _scratch_address(e: KernelEmitter, op) -> str:
+    """The shared address of the op's scratch buffer."""
+    buffer = e.new(S32)
+    e.emit(f"add.s32 {buffer}, {e.smem_base()}, {op.attributes[tgt.SCRATCH].offset.data};")
+    return buffer
+
+
+def _stage_rows(e: KernelEmitter, op: tgt.StageRowsOp) -> None:
+    """Every thread's fragments into the scratch buffer (a pair of adjacent columns at a time where
+    the tile's columns are the buffer's), each row padded with zeros to the staging's columns."""
     if e.producer_threads:
         raise UnsupportedByBackend("PTX backend: a bulk-reduced tile.atomic_add in a warp-specialized kernel")
-    scratch, pitch = op.attributes[tgt.SCRATCH], op.attributes[tgt.STAGING].pitch.data
-    layout, dst = e.layouts[op.value], op.dst
-    shape, offsets = dst.type.get_shape(), [e.value(o) for o in op.offsets]
-    r, c = len(shape) - 2, len(shape) - 1
-    tile_dims = list(t.int_values(op.tile_dims))
-    k_r, k_c = tile_dims.index(r), tile_dims.index(c)
-    buffer = e.new(S32)
-    e.emit(f"add.s32 {buffer}, {e.smem_base()}, {scratch.offset.data};")
-    e.emit("cp.async.bulk.wait_group.read 0;")
-    e.emit("bar.sync 0;")
+    pitch, width = op.attributes[tgt.STAGING].pitch.data, op.attributes[tgt.STAGING].cols.data
+    layout = e.layouts[op.value]
+    k_r = op.rows_dim.value.data
+    k_c = 1 - k_r
+    buffer = _scratch_address(e, op)
     bases, offs = e.coords(layout)
     mine = e.new(S32)
     e.emit(f"mad.lo.s32 {mine}, {bases[k_r]}, {pitch}, {buffer};")
@@ -335,28 +332,38 @@ def _atomic_add_in_bulk(e: KernelEmitter, op: t.AtomicAddOp) -> None:
         else:
             e.emit(f"st.shared.f32 [{mine}+{at}], {regs[i]};")
         i += 2 if paired else 1
-    issuer = hopper.leader(e)   # (thread 0; its thread id is read at entry)
     cols = layout.shape[k_c]
-    if shape[c] > cols:   # the row's padding past the tile: zeros, which add nothing
+    if width > cols:   # the row's padding past the tile: zeros, which add nothing
         tid, pad, row_of = e.state["tid_at_entry"], e.new(S32), e.new(PRED)
         e.emit(f"setp.lt.u32 {row_of}, {tid}, {layout.shape[k_r]};")
         e.emit(f"mad.lo.s32 {pad}, {tid}, {pitch}, {buffer};")
-        for col in range(cols, shape[c]):
+        for col in range(cols, width):
             e.emit(f"@{row_of} st.shared.b32 [{pad}+{4 * col}], 0;")
-    e.emit("fence.proxy.async.shared::cta;")
-    e.emit("bar.sync 0;")
+
+
+def _bulk_reduce(e: KernelEmitter, op: tgt.BulkReduceOp) -> None:
+    """Thread 0 (`hopper.leader`: its thread id is read at entry) adds the buffer's rows inside the
+    destination with one `cp.reduce.async.bulk .add.f32` and commits the bulk group."""
+    pitch, dst = op.attributes[tgt.STAGING].pitch.data, op.dst
+    shape, offsets = dst.type.get_shape(), [e.value(o) for o in op.offsets]
+    r = len(shape) - 2
+    buffer = _scratch_address(e, op)
+    issuer = hopper.leader(e)
     rows, left, ok = e.new(S32), e.new(S32), e.new(PRED)   # the tile's rows inside the destination
     e.emit(f"sub.s32 {left}, {e.dim_limit(dst, r, 0)}, {offsets[r]};")
-    e.emit(f"min.s32 {rows}, {left}, {layout.shape[k_r]};")
+    e.emit(f"min.s32 {rows}, {left}, {op.rows.value.data};")
     e.emit(f"setp.gt.s32 {ok}, {rows}, 0;")
     e.emit(f"and.pred {ok}, {ok}, {issuer};")
     e.emit(f"mul.lo.s32 {rows}, {rows}, {pitch};")
-    strides = e.strides(dst, (r, c))
+    strides = e.strides(dst, (r, r + 1))
     terms = [(offsets[d], strides[d]) for d in range(r + 1)]
     address = e.element_address(e.value(dst), terms, 4, e.reach(dst.type))
     e.emit(f"@{ok} cp.reduce.async.bulk.global.shared::cta.bulk_group.add.f32 [{address}], [{buffer}], {rows};")
     e.emit(f"@{ok} cp.async.bulk.commit_group;")
-    e.state["bulk_groups"] = True
+
+
+def _bulk_wait(e: KernelEmitter, op: tgt.BulkWaitOp) -> None:
+    e.emit(f"cp.async.bulk.wait_group{'.read' if op.read is not None else ''} {op.pending.value.data};")
 
 
 # --- staged stores -------------------------------------------------------------------------------
@@ -462,4 +469,7 @@ HANDLERS: dict[type, Callable] = {
     t.LoadGatherOp: _load_gather,
     t.StoreOp: _store,
     t.AtomicAddOp: _atomic_add,
+    tgt.StageRowsOp: _stage_rows,
+    tgt.BulkReduceOp: _bulk_reduce,
+    tgt.BulkWaitOp: _bulk_wait,
 }
