@@ -333,21 +333,40 @@ def test_dq_summed_across_key_blocks_on_the_interpreter(kind, q_shape, kv_len, s
         assert err < 1e-2, f"d{name}: {err}"
 
 
-def test_a_generic_backward_sums_dq_over_any_length(short_loops):
+@pytest.mark.parametrize("kind", ["causal", "plain"])   # (plain: a staggered loop over a run-time count)
+def test_a_generic_backward_sums_dq_over_any_length(kind, short_loops):
     """One compile with S taken at run time: the sum's buffer, its zeroing and its epilogue kernels
-    are sized per call; gradients at two lengths against float64."""
+    are sized per call; gradients at three lengths against float64."""
     b, h, d = 1, 2, 128
-    specs = FUNCTIONS["causal"].arg_specs_for({"B": b, "H": h, "S": 256, "D": d}, dtypes.fp16)
+    specs = FUNCTIONS[kind].arg_specs_for({"B": b, "H": h, "S": 256, "M": 256, "N": 256, "D": d}, dtypes.fp16)
     d_out = tsr.frontend.trace.ArgSpec("d_out", specs[0].shape, dtypes.fp16, specs[0].dims)
-    c = Derivative(FUNCTIONS["causal"], cotangent_names=["d_out"]).compile(
-        [*specs, d_out], dynamic=frozenset({"S"}), **ONE_SM)
+    c = Derivative(FUNCTIONS[kind], cotangent_names=["d_out"]).compile(
+        [*specs, d_out], dynamic=frozenset({"S"} if kind == "causal" else {"M", "N"}), **ONE_SM)
     assert c.dynamic_dims and len(_chain_kernel(c).outputs) == 3
     rng = np.random.default_rng(22)
-    for s in (131, 300):
+    for s in (131, 300, 64):
         q, k, v, g = (rng.standard_normal((b, h, s, d)).astype(np.float16) for _ in range(4))
-        for name, got, want in zip("qkv", c.run(q, k, v, g), reference_grads("causal", q, k, v, g)):
+        for name, got, want in zip("qkv", c.run(q, k, v, g), reference_grads(kind, q, k, v, g)):
             err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
             assert err < 1e-2, f"S={s} d{name}: {err}"
+
+
+@pytest.mark.parametrize("kind,staggered", [("plain", True), ("alibi", True), ("causal", False)])
+def test_key_blocks_start_their_loops_at_their_diagonal(kind, staggered, short_loops):
+    """Where each key block's loop covers every query block, it starts at its diagonal and wraps
+    around (`schedule_to_tile._staggered`), so that the key blocks of a head do not add to the same
+    rows of dQ's sum at once; a causal loop starts there already."""
+    c = backward(FUNCTIONS[kind], (2, 3, 300, 128), 300, dtypes.bf16, **ONE_SM)
+    name = _chain_kernel(c).sym_name.data
+    kernel = next(k for k in c.modules["tile"].ops if isinstance(k, t.KernelOp) and k.sym_name.data == name)
+    def same(a, b):   # (one SSA value, or two constants of one value)
+        return a is b or all(x.owner.name == "arith.constant" for x in (a, b)) and a.owner.value == b.owner.value
+
+    def wraps(loop):   # (iv + start) mod the loop's end
+        return any(u.operation.name == "arith.remsi" and same(u.operation.operands[1], loop.ub)
+                   for use in loop.body.block.args[0].uses if use.operation.name == "arith.addi"
+                   for u in use.operation.results[0].uses)
+    assert any(wraps(op) for op in kernel.walk() if op.name == "scf.for") is staggered
 
 
 @pytest.mark.parametrize("why,d,s,options", [
