@@ -158,10 +158,21 @@ def _global_reader(module_globals: dict, name: str) -> Callable[[], Any]:
     return lambda: module_globals.get(name, _MISSING)
 
 
+def exact(value):
+    """`value` as a key that tells apart what `==` does not but a trace may: a float's sign of
+    zero (1 / -0.0 is -inf), and NaN, which `==` never finds again (a key of it would miss every
+    call and grow the cache). Other values are their own keys."""
+    if isinstance(value, (float, np.floating)):
+        return float(value).hex()
+    if isinstance(value, (complex, np.complexfloating)):
+        return (float(value.real).hex(), float(value.imag).hex())
+    return value
+
+
 def freeze(value, label: str, depth: int = 0):
     """A hashable stand-in for `value` that differs when the trace could differ."""
     if isinstance(value, _VALUES) or value is _MISSING:
-        return (type(value), value)
+        return (type(value), exact(value))
     if isinstance(value, slice):   # (hashable only from Python 3.12)
         return (slice, freeze(value.start, label), freeze(value.stop, label), freeze(value.step, label))
     if isinstance(value, _IDENTITIES) or callable(value) and not hasattr(value, "__dict__"):

@@ -22,7 +22,7 @@ from .. import dtypes
 from ..errors import ArgumentKindError, ShapeError, TesseraError
 from ..runtime import interop
 from ..dims import Dynamic, DynamicDim, OffsetWidthError, hint_of, index_bits, multiple_of
-from .captures import Captures
+from .captures import Captures, exact
 from .specialization import CacheInfo, Specialization
 from .tensor import TensorSpec
 from .trace import ArgSpec, bind_dims, declared_returns, trace
@@ -249,7 +249,8 @@ class Function:
                   for name, value in options.items()}
         shapes, bits = self.key_shapes(tensors)
         return (tuple((shape, str(x.dtype), interop.layout_of(x)) for shape, (_, x) in zip(shapes, tensors)),
-                tuple(sorted(constants.items())), tuple(sorted(frozen.items())), self.captures.key(), bits)
+                tuple((name, type(v), exact(v)) for name, v in sorted(constants.items(), key=lambda item: item[0])),
+                tuple(sorted(frozen.items())), self.captures.key(), bits)
 
     def key_shapes(self, tensors) -> tuple[list[tuple], int | None]:
         """The tensors' shapes as a compile key (a dynamic dim's value replaced by its class), and
@@ -377,7 +378,7 @@ class Function:
         one of them cannot be a dict key (a NumPy array, a `space` dict). The program still checks
         every tensor it is given (layout, alignment) before launching."""
         key = (tuple((x.shape, x.dtype, x.device, x.is_contiguous() or x.stride())
-                     if getattr(x, "is_cuda", False) else (type(x), x) for x in args),
+                     if getattr(x, "is_cuda", False) else (type(x), exact(x)) for x in args),
                tuple(options.items()))
         try:
             hash(key)

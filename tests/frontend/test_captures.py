@@ -114,6 +114,44 @@ def test_default_arguments_are_constants_of_the_key():
     np.testing.assert_allclose(f(X, 3.0, "shift"), X + 3)
 
 
+def test_constants_are_keyed_by_type_and_bits():
+    """2 and 2.0 trace differently (an int tensor times a float is float), and so do 0.0 and -0.0
+    (1 / -0.0 is -inf); a NaN constant is found again rather than compiled on every call."""
+    @tsr.function
+    def scale(x: Tensor["N"], s):
+        return x * s
+
+    ints = np.arange(4, dtype=np.int32)
+    assert scale(ints, 2).dtype == np.int32 and scale(ints, 2.0).dtype == np.float32
+
+    @tsr.function
+    def reciprocal(x: Tensor["N"], s):
+        return 1.0 / (x * s)
+
+    assert (reciprocal(X, 0.0) == np.inf).all() and (reciprocal(X, -0.0) == -np.inf).all()
+    for _ in range(3):
+        assert np.isnan(reciprocal(X, float("nan"))).all()
+    assert reciprocal.cache_info().compiles == 3
+
+
+SIGN = 0.0
+
+
+def test_a_captured_zero_that_changes_sign_retraces():
+    global SIGN
+
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return 1.0 / (x * SIGN)
+
+    assert (f(X) == np.inf).all()
+    SIGN = -0.0
+    try:
+        assert (f(X) == -np.inf).all()
+    finally:
+        SIGN = 0.0
+
+
 def test_what_the_key_holds():
     """Numbers by type and value, modules and functions by identity, containers item by item."""
     assert freeze(1, "v") != freeze(1.0, "v") != freeze(True, "v")
@@ -128,4 +166,4 @@ def test_the_key_reads_only_the_globals_the_code_names():
     def f(x):
         return tsr.exp(x) * scale
 
-    assert Captures(f).key() == (tsr, (float, 0.1))   # `exp` is an attribute; `x` a local
+    assert Captures(f).key() == (tsr, (float, (0.1).hex()))   # `exp` is an attribute; `x` a local

@@ -318,6 +318,16 @@ static int guards_hold(const CallObject *self) {
 }
 
 /* 1 when x is the tensor `s` describes, 0 when not, -1 with an exception; *ptr gets its address. */
+/* Whether a call's non-tensor argument is the record's (of its type): floats by their bits, as
+   the compile keys them (captures.exact: -0.0 is not 0.0, a NaN is itself), the rest by ==. */
+static int same_value(PyObject *x, PyObject *value) {
+    if (PyFloat_Check(x)) {
+        double a = PyFloat_AS_DOUBLE(x), b = PyFloat_AS_DOUBLE(value);
+        return memcmp(&a, &b, sizeof a) == 0;
+    }
+    return PyObject_RichCompareBool(x, value, Py_EQ);
+}
+
 static int tensor_matches(const ArgSpec *s, PyObject *x, uint64_t *ptr) {
     PyObject *o;
     int ok;
@@ -443,7 +453,7 @@ static PyObject *Call_call(CallObject *self, PyObject *args, PyObject *kwargs) {
         if (s->kind == ARG_TENSOR) {
             ok = tensor_matches(s, x, &arg_ptrs[i]);
         } else {
-            ok = Py_TYPE(x) != s->type ? 0 : x == s->value ? 1 : PyObject_RichCompareBool(x, s->value, Py_EQ);
+            ok = Py_TYPE(x) != s->type ? 0 : x == s->value ? 1 : same_value(x, s->value);
         }
         if (ok < 0) return NULL;
         if (!ok) Py_RETURN_NONE;
