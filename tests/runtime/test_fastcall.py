@@ -180,6 +180,19 @@ def test_a_call_that_differs_in_anything_is_declined_before_any_launch(module, f
     assert ctypes.c_int.in_dll(fake, "launches").value == 0 and not allocated
 
 
+@pytest.mark.parametrize("kept,given,launches", [
+    (0.0, 0.0, 1), (0.0, -0.0, 0), (-0.0, 0.0, 0), (float("nan"), float("nan"), 1), (2.5, 2.5, 1),
+])
+def test_float_arguments_match_by_their_bits(module, fake, kept, given, launches):
+    """As the compile keys them (`captures.exact`): 0.0 and -0.0 are two programs, a NaN is itself."""
+    tensor = (fastcall.ARG_TENSOR, FakeTensor, F16, (4, 8), 0, None, 64)
+    rec, _ = record(args=(tensor, tensor, (fastcall.ARG_VALUE, kept)))
+    call = module.Call(rec.as_tuple())
+    result = call(FakeTensor((4, 8)), FakeTensor((4, 8), ptr=0x2000), given)
+    assert (result is not None) == bool(launches)
+    assert ctypes.c_int.in_dll(fake, "launches").value == launches
+
+
 def test_strided_arguments_match_by_their_strides(module, fake):
     spec = (fastcall.ARG_TENSOR, FakeTensor, F16, (4, 8), 0, (1, 4), 64)
     rec, _ = record(args=(spec, spec, (fastcall.ARG_VALUE, 3)))
