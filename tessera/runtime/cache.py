@@ -50,7 +50,10 @@ def is_complete_elf(data: bytes) -> bool:
 
 
 class CubinCache:
-    """An on-disk cubin store: per entry `<key>.cubin`, and ptxas's log as `<key>.log`."""
+    """An on-disk cubin store: per entry `<key>.cubin`, ptxas's log as `<key>.log` and the cubin's
+    SHA-256 as `<key>.sha256`, checked on every read: the key hashes what made the cubin, not the
+    cubin, so only the digest tells a damaged file (a flipped byte passes the ELF check) from a
+    good one."""
 
     def __init__(self, directory: str | os.PathLike | None = None,
                  assemble: Callable[[str, str, int], ptxas.Assembled] = ptxas.assemble,
@@ -74,14 +77,22 @@ class CubinCache:
     def log_path(self, key: str) -> Path:
         return self.directory / f"{key}.log"
 
+    def digest_path(self, key: str) -> Path:
+        return self.directory / f"{key}.sha256"
+
     def get(self, key: str) -> bytes | None:
-        """The cached cubin, or None when absent or broken (a broken entry is removed)."""
+        """The cached cubin, or None when absent or broken: not a whole ELF file, or not the bytes
+        its digest names (a broken entry is removed, and rebuilt by the caller)."""
         path = self.path(key)
         try:
             data = path.read_bytes()
         except FileNotFoundError:
             return None
-        if is_complete_elf(data):
+        try:
+            digest = self.digest_path(key).read_text().strip()
+        except FileNotFoundError:
+            digest = None
+        if is_complete_elf(data) and digest == hashlib.sha256(data).hexdigest():
             return data
         path.unlink(missing_ok=True)
         return None
@@ -101,6 +112,7 @@ class CubinCache:
         self.directory.mkdir(parents=True, exist_ok=True)
         if log is not None:
             self._write_atomically(self.log_path(key), log.encode())
+        self._write_atomically(self.digest_path(key), hashlib.sha256(cubin).hexdigest().encode())
         self._write_atomically(self.path(key), cubin)
         return self.path(key)
 

@@ -108,8 +108,10 @@ def test_arch_and_opt_level_get_their_own_entries(store, fake):
     lambda data: data[: len(data) // 2],   # truncated by a crash mid-write (of a non-atomic writer)
     lambda data: b"garbage" + data[7:],    # overwritten
     lambda data: b"",                      # empty
+    lambda data: data[:-1] + bytes([data[-1] ^ 1]),   # one flipped bit, still a whole ELF file
 ])
 def test_corrupt_entry_is_removed_and_rebuilt(store, fake, damage):
+    """Damage the ELF check sees, and a flipped byte it does not (the digest does)."""
     good = store.cubin("ptx", "sm_90a", 3)
     path = store.path(store.key("ptx", "sm_90a", 3))
     path.write_bytes(damage(good))
@@ -130,7 +132,8 @@ def test_put_is_atomic_when_the_write_fails(store, monkeypatch):
     with pytest.raises(OSError, match="disk full"):
         store.put(key, fake_cubin(b"new"))
     assert store.path(key).read_bytes() == old           # the old entry is untouched
-    assert [p.name for p in store.directory.iterdir()] == [f"{key}.cubin"]  # no temp file left
+    assert store.get(key) == old                          # and still whole: its digest too
+    assert sorted(p.name for p in store.directory.iterdir()) == [f"{key}.cubin", f"{key}.sha256"]  # no temp file
 
 
 def test_put_writes_through_a_temp_file_in_the_same_directory(store, monkeypatch):
@@ -142,7 +145,7 @@ def test_put_writes_through_a_temp_file_in_the_same_directory(store, monkeypatch
         real_replace(src, dst)
     monkeypatch.setattr(os, "replace", spy)
     store.put("k" * 64, fake_cubin())
-    assert replaced == [(str(store.directory), str(store.directory))]
+    assert replaced == [(str(store.directory), str(store.directory))] * 2   # the digest, then the cubin
 
 
 def test_put_refuses_non_cubins(store):
