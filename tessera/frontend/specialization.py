@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 from ..dims import class_of
-from ..errors import TesseraError
+from ..errors import ShapeError, TesseraError
 
 
 @dataclass(frozen=True)
@@ -68,8 +68,13 @@ class Specialization:
             if unknown:
                 raise TesseraError(f"{fn_name}: static=/dynamic= name dim(s) {', '.join(map(repr, unknown))}, "
                                    f"which no argument has; its dims are {', '.join(sorted(positions))}")
-        for d, ((i, axis), *_) in positions.items():
+        for d, ((i, axis), *others) in positions.items():
             v = int(tensors[i][1].shape[axis])
+            for j, other_axis in others:   # (before any cache is asked: a call that fails is no hit)
+                w = int(tensors[j][1].shape[other_axis])
+                if w != v:
+                    raise ShapeError(f"{fn_name}: argument {tensors[j][0]!r} has {d}={w} but argument "
+                                     f"{tensors[i][0]!r} has {d}={v}")
             if self.seen.setdefault(d, v) != v and _named(annotations, tensors, positions[d]):
                 self.varied.add(d)
 

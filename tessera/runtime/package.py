@@ -91,16 +91,22 @@ def read_files(directory: Path, listed: Mapping[str, Mapping]) -> dict[str, byte
     """Every file the manifest lists, each checked against its size and sha256."""
     files = {}
     for name, ref in listed.items():
-        if Path(name).name != name:
-            raise ArtifactError(f"{directory / MANIFEST} names a file outside the package: {name!r}")
+        if not isinstance(name, str) or name in ("", ".", "..") or "\x00" in name or Path(name).name != name:
+            raise ArtifactError(f"{directory / MANIFEST} names a file that is not a plain file of the package: "
+                                f"{name!r}")
+        path = directory / name
         try:
-            data = (directory / name).read_bytes()
+            data = path.read_bytes() if not path.is_dir() else None
         except FileNotFoundError:
             data = None
+        except OSError as e:
+            raise ArtifactError(f"package {directory}: {name!r} cannot be read ({e.strerror})") from None
+        if data is None and path.is_dir():
+            raise ArtifactError(f"package {directory}: {name!r} is a directory, not the file the manifest lists")
         try:
             verify_blob(name, data, ref["sha256"], ref["size"])
         except ArtifactError as e:
-            raise ArtifactError(f"package {directory}: {e}") from None
+            raise ArtifactError(f"package {directory}: {e.message}") from None
         files[name] = data
     return files
 
@@ -262,7 +268,14 @@ class PackagedFunction:
         """Whether `a` runs arguments of these (shape, dtype)s: its dtypes, and its shapes (a dynamic
         dim, named in the record, any value of 2 or more the arguments agree on)."""
         args = a.record["arguments"]
-        if [dtypes.lookup(x["dtype"]) for x in args] != [d for _, d in signature]:
+        return [dtypes.lookup(x["dtype"]) for x in args] == [d for _, d in signature] \
+            and PackagedFunction._shapes_fit(a, signature)
+
+    @staticmethod
+    def _shapes_fit(a: Artifact, signature: tuple) -> bool:
+        """Whether `a`'s shapes take the arguments' (a dynamic dim any value it allows)."""
+        args = a.record["arguments"]
+        if len(args) != len(signature):
             return False
         try:
             bind_shapes(a.name, [tuple(x["shape"]) for x in args], [s for s, _ in signature],
@@ -277,7 +290,7 @@ class PackagedFunction:
         given = _signature_text(self.arg_names, signature)
         packaged = "; ".join(f"({_signature_text(self.arg_names, [(s, dtypes.lookup(d)) for s, d in args])}) "
                              f"for {arch}" for arch, args in self.specializations)
-        shapes_fit = any([s for s, _ in args] == [s for s, _ in signature] for _, args in self.specializations)
+        shapes_fit = any(self._shapes_fit(a, signature) for a in self.artifacts)
         kind = DTypeError if shapes_fit else ShapeError
         return kind(f"{self.name}: no packaged specialization for ({given}); the package holds {packaged}")
 

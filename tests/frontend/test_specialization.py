@@ -883,3 +883,16 @@ def test_a_reshape_of_a_dynamic_dim_is_numpys_or_fixes_the_dim(before, after, ge
     info = view.cache_info()
     assert (info.fixed == {}) == generic, info
     assert info.compiles == (1 if generic else 2)
+
+
+def test_a_call_whose_tensors_disagree_on_a_dim_fails_early_and_is_no_hit():
+    @tsr.function(dynamic=["S"])
+    def add(x: Tensor["S", "D"], y: Tensor["S", "D"]):
+        return x + y
+
+    add(np.ones((5, 4), np.float32), np.ones((5, 4), np.float32))
+    for _ in range(3):
+        with pytest.raises(tsr.ShapeError, match="argument 'y' has S=10 but argument 'x' has S=9"):
+            add(np.ones((9, 4), np.float32), np.ones((10, 4), np.float32))
+    info = add.cache_info()
+    assert (info.compiles, info.hits) == (1, 0)

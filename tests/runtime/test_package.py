@@ -172,8 +172,9 @@ def test_a_corrupt_or_missing_file_is_refused_at_load(pkg):
     data = bytearray((pkg / cubin).read_bytes())
     data[100] ^= 0xFF
     (pkg / cubin).write_bytes(bytes(data))
-    with pytest.raises(artifact.ArtifactError, match=f"checksum mismatch in {cubin}"):
+    with pytest.raises(artifact.ArtifactError, match=f"checksum mismatch in {cubin}") as raised:
         tsr.load(pkg)
+    assert str(raised.value).count("[at ") <= 1   # (the location once)
     (pkg / cubin).unlink()
     with pytest.raises(artifact.ArtifactError, match=f"missing file {cubin}"):
         tsr.load(pkg)
@@ -191,12 +192,23 @@ def test_a_manifest_of_another_format_or_none_is_refused(pkg, tmp_path):
         tsr.load(tmp_path / "nothing")
 
 
-def test_a_manifest_naming_a_file_outside_the_package_is_refused(pkg):
+@pytest.mark.parametrize("name", ["../escape.cubin", "..", "", ".", "a\x00b", "/etc/passwd"])
+def test_a_manifest_naming_a_file_outside_the_package_is_refused(pkg, name):
     m = manifest(pkg)
-    m["files"]["../escape.cubin"] = {"sha256": "0" * 64, "size": 1}
+    m["files"][name] = {"sha256": "0" * 64, "size": 1}
     (pkg / "manifest.json").write_text(json.dumps(m))
-    with pytest.raises(artifact.ArtifactError, match="names a file outside the package"):
+    with pytest.raises(artifact.ArtifactError, match="names a file that is not a plain file of the package"):
         tsr.load(pkg)
+
+
+def test_a_manifest_naming_a_directory_is_refused(pkg):
+    m = manifest(pkg)
+    (pkg / "sub").mkdir()
+    m["files"]["sub"] = {"sha256": "0" * 64, "size": 1}
+    (pkg / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(artifact.ArtifactError, match="'sub' is a directory") as raised:
+        tsr.load(pkg)
+    assert str(raised.value).count("[at ") <= 1
 
 
 def test_a_malformed_record_is_refused(pkg):
@@ -268,6 +280,8 @@ def test_a_dynamic_dim_packages_one_specialization_for_every_value(tmp_path, mon
         norm(fakes.CudaArray(1, 256), fakes.CudaArray(256))
     with pytest.raises(tsr.ShapeError, match="no packaged specialization"):
         norm(fakes.CudaArray(4, 128), fakes.CudaArray(128))
+    with pytest.raises(tsr.DTypeError, match="no packaged specialization"):   # (shapes M takes; fp32)
+        norm(fakes.CudaArray(7, 256, dtype="float32"), fakes.CudaArray(256, dtype="float32"))
 
 
 def test_a_dim_a_function_cannot_take_at_run_time_is_a_clear_package_error(tmp_path, capsys):
