@@ -291,21 +291,50 @@ def vjp(fn: Function, *args):
     differentiable = {name for name, x in tensors if _is_float(x)}
 
     def vjp_fn(cotangents):
+        if isinstance(outputs, tuple) and not isinstance(cotangents, (tuple, list)):
+            raise TesseraError(f"vjp of {fn.name}: {fn.name} returns {len(outs)} outputs, so vjp_fn takes a tuple "
+                               f"of {len(outs)} cotangents (None for an output that is not a float); got "
+                               f"{type(cotangents).__name__}")
         given = cotangents if isinstance(outputs, tuple) else (cotangents,)
         if len(given) != len(outs):
             raise TesseraError(f"vjp of {fn.name}: {len(given)} cotangents for {len(outs)} outputs")
         if not differentiable:   # nothing to differentiate: no backward to compile
             return (None,) * len(full)
-        grads = backward(*full, *saved, *(_as_argument(given[i], i, fn.name) for i in floats))
+        cts = [_as_argument(given[i], i, fn.name) for i in floats]
+        for i, ct in zip(floats, cts):   # (before the call's own checks, which name its arguments)
+            _check_cotangent(fn.name, i, ct, outs[i])
+        grads = backward(*full, *saved, *cts)
         grads = iter(grads if isinstance(grads, tuple) else (grads,))
         return tuple(next(grads) if name in differentiable else None for name in fn.signature.parameters)
     return outputs, vjp_fn
 
 
 def _with_defaults(fn: Function, args: Sequence) -> list:
-    """`args` with the defaults of the parameters left out (cotangents follow all of them)."""
+    """`args` with the defaults of the parameters left out (cotangents follow all of them); a
+    parameter left out that has none is the plain call's error."""
     params = list(fn.signature.parameters.values())
+    if any(p.default is inspect.Parameter.empty for p in params[len(args):]):
+        fn._split_args(args)   # (raises: "f takes 2 arguments (x, w), got 1: 'w' missing")
     return [*args, *(p.default for p in params[len(args):])]
+
+
+def _check_cotangent(name: str, i: int, ct, out) -> None:
+    """The cotangent of output `i` has the output's shape (a 0-d output's: [1]) and dtype."""
+    shape = tuple(int(n) for n in out.shape) or (1,)
+    if tuple(int(n) for n in ct.shape) != shape:
+        raise ShapeError(f"vjp of {name}: the cotangent of output {i} has shape {list(ct.shape)}, the output "
+                         f"{list(out.shape)}")
+    if _dtype_name(ct) != _dtype_name(out):
+        raise DTypeError(f"vjp of {name}: the cotangent of output {i} is {_dtype_name(ct)}, the output "
+                         f"{_dtype_name(out)}; cotangents have their output's dtype")
+
+
+def _dtype_name(x) -> str:
+    """A NumPy or torch array's dtype as Tessera names it (float64, which Tessera has not, as itself)."""
+    try:
+        return str(dtypes.lookup(x.dtype))
+    except (TypeError, KeyError, ValueError):
+        return str(x.dtype)
 
 
 def _as_argument(ct, output: int, name: str):

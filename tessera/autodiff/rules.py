@@ -13,8 +13,9 @@ to the operand's shape and casts it to the operand's dtype (`backward.fit`).
 None means no gradient: comparisons, logical ops, `floor_divide` (piecewise constant), `where`'s
 condition. Ops whose results are not floats (comparisons, argmax's int32 indices, aranges) are
 never differentiated at all. Ties follow torch: `maximum`/`minimum` split the gradient in half
-between equal operands; `amax`/`amin` (`graph.reduce` max/min) split it evenly among the
-elements equal to the extreme; `abs` has gradient 0 at 0.
+between equal operands, but a clamp's go to x at its bounds and relu's is 0 at 0 (`ops.TIES`);
+`amax`/`amin` (`graph.reduce` max/min) split it evenly among the elements equal to the extreme,
+over all the dims reduced; `abs` has gradient 0 at 0.
 """
 from __future__ import annotations
 
@@ -60,10 +61,17 @@ def _abs(op, g, y, x):
 
 
 def _extreme(larger: bool):
-    """maximum / minimum: the gradient goes to the chosen operand, halved between equal ones (torch)."""
+    """maximum / minimum: the gradient goes to the chosen operand, halved between equal ones
+    (torch's maximum); where the op says otherwise (`ops.TIES`: a clamp's bound, relu at 0), all
+    of it to the first operand or to neither."""
     def rule(op, g, y, a, b):
-        share = ops.where(a == b, g * 0.5, g)
         a_loses, b_loses = (a < b, b < a) if larger else (a > b, b > a)
+        ties = op.attributes[ops.TIES].data if ops.TIES in op.attributes else "half"
+        if ties == "first":
+            return ops.where(a_loses, 0.0, g), ops.where(a_loses, g, 0.0)
+        if ties == "neither":
+            return ops.where(a_loses | (a == b), 0.0, g), ops.where(b_loses | (a == b), 0.0, g)
+        share = ops.where(a == b, g * 0.5, g)
         return ops.where(a_loses, 0.0, share), ops.where(b_loses, 0.0, share)
     return rule
 
@@ -146,14 +154,21 @@ def _reduce_mean(op, g, y, x):
     return (_with_axis(g / float(x.shape[op.axis.data]), x, op.axis.data, op.keepdim.data),)
 
 
-def _reduce_extreme(op, g, y, x):
-    """amax / amin as torch: the gradient split evenly among the elements equal to the extreme."""
+def _reduce_extreme(op, g, y, x, counts: Tensor | None = None):
+    """amax / amin as torch: the gradient split evenly among the elements equal to the extreme;
+    with `counts` (x the extremes of an earlier dim's reduction: `backward._tie_counts`), each
+    element of x weighted by the elements it stands for."""
     axis, keepdim = op.axis.data, op.keepdim.data
     extreme = y if keepdim else ops.unsqueeze(y, axis)
     hit = x == extreme
-    ties = ops.sum(ops.cast(hit, g.dtype), axis, keepdim=True)
+    weights = ops.cast(hit, g.dtype) if counts is None else ops.where(hit, counts, 0.0)
+    ties = ops.sum(weights, axis, keepdim=True)
     share = (g if keepdim else ops.unsqueeze(g, axis)) / ties
-    return (ops.where(hit, share, 0.0),)
+    return (ops.where(hit, share if counts is None else share * counts, 0.0),)
+
+
+#: the rule keys of amax / amin (`backward._tie_counts` follows their chains over several dims)
+EXTREMES = ("graph.reduce.max", "graph.reduce.min")
 
 
 def _reduce_logsumexp(op, g, y, x):

@@ -15,7 +15,7 @@ import builtins
 import numpy as np
 
 from .. import dtypes
-from ..dims import DynamicDim, is_dynamic
+from ..dims import Dynamic, DynamicDim, is_dynamic
 from ..dtypes import DType
 from ..errors import ArgumentKindError, DTypeError, ShapeError, TesseraError
 from .tensor import DimExpr, SymInt, Tensor
@@ -209,8 +209,25 @@ def sigmoid(x) -> Tensor:
     return elementwise("sigmoid", x)
 
 
+#: the attribute of a graph.maximum / graph.minimum saying where its gradient goes at a tie, when
+#: not halved between the operands (`maximum`'s, torch's): "first" (all to the first operand: a
+#: clamp's x) or "neither" (relu at 0, whose gradient there is 0 in torch and JAX)
+TIES = "tessera.ties"
+
+
+def _with_ties(y: Tensor, ties: str) -> Tensor:
+    """`y`, a maximum's or minimum's result, its tie rule set (`TIES`)."""
+    from xdsl.dialects.builtin import StringAttr
+
+    op = y.value.owner
+    if getattr(op, "name", None) in ("graph.maximum", "graph.minimum"):
+        op.attributes[TIES] = StringAttr(ties)
+    return y
+
+
 def relu(x) -> Tensor:
-    return maximum(x, 0.0)
+    """max(x, 0), whose gradient at 0 is 0 (torch's, JAX's)."""
+    return _with_ties(maximum(x, 0.0), "neither")
 
 
 @_in_fp32
@@ -625,11 +642,19 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def _normalized_last(x: Tensor, normalized_shape, what: str) -> None:
-    shape = (normalized_shape,) if isinstance(normalized_shape, int) else tuple(normalized_shape)
+    shape = (normalized_shape,) if isinstance(normalized_shape, (int, Dynamic)) else tuple(normalized_shape)
     size = current_trace().size(x.dims[-1])
-    if len(shape) != 1 or int(shape[0]) != size:
+    if len(shape) != 1 or not _same_size(shape[0], size):
         raise ShapeError(f"{what}: normalized_shape {list(shape)} must be the last dim of {_label(x)} "
                          f"{_show(x)} (normalizing over several dims is not supported)")
+
+
+def _same_size(a, b) -> bool:
+    """Whether two sizes are one: numbers equal, or dims taken at run time of one name (`x.shape[-1]`
+    of a dim that varies is such a dim, not a number)."""
+    if isinstance(a, Dynamic) or isinstance(b, Dynamic):
+        return isinstance(a, Dynamic) and isinstance(b, Dynamic) and a.name == b.name
+    return int(a) == int(b)
 
 
 def _param(p, x: Tensor, what: str):

@@ -29,12 +29,13 @@ floor_divide.__module__ = remainder.__module__ = __name__
 # --- elementwise --------------------------------------------------------------------------------
 
 def clamp(x, min=None, max=None) -> Tensor:
-    """torch.clamp: `min` and `max` are numbers or tensors (broadcast); either may be None."""
+    """torch.clamp: `min` and `max` are numbers or tensors (broadcast); either may be None. At a
+    bound the gradient goes to x, as torch's (`ops.TIES`)."""
     if min is None and max is None:
         raise ValueError("clamp: at least one of min and max must be given")
     if min is not None:
-        x = ops.maximum(x, min)
-    return x if max is None else ops.minimum(x, max)
+        x = ops._with_ties(ops.maximum(x, min), "first")
+    return x if max is None else ops._with_ties(ops.minimum(x, max), "first")
 
 
 clip = clamp

@@ -152,6 +152,17 @@ def test_maximum_and_minimum_split_ties_in_half():
     np.testing.assert_allclose(db, [1.5, 1.0, 2.0])
 
 
+def test_relu_and_clamp_ties_follow_torch():
+    """relu's gradient at 0 is 0, a clamp's at its bounds all to x (torch's; maximum halves)."""
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return tsr.relu(x) + 2 * tsr.clamp(x, -1.0, 1.0) + 4 * tsr.clamp(x, min=0.5)
+    x = np.array([-1.0, 0.0, 0.5, 1.0, 3.0], np.float32)
+    _, f_vjp = tsr.vjp(f, x)
+    (dx,) = f_vjp(np.ones(5, np.float32))
+    np.testing.assert_allclose(dx, [2.0, 2.0, 1 + 2 + 4, 1 + 2 + 4, 1 + 4])
+
+
 @tsr.function
 def masked(x, y, m: Tensor["R", "C"]):
     rows, cols = tsr.arange(m.shape[0]), tsr.arange(m.shape[1])
@@ -236,6 +247,25 @@ def test_amax_and_amin_split_ties_evenly():
     _, f_vjp = tsr.vjp(extremes, x)
     (dx,) = f_vjp(np.array([1.0, 3.0], np.float32))
     np.testing.assert_allclose(dx, [[1.0, 0.5, 0.5, 0.0], [1.0, 1.0, 1.0, 3.0]])
+
+
+@pytest.mark.parametrize("reduce,kind,axes", [
+    (lambda x: tsr.amax(x, (0, 2)), "max", (0, 2)),
+    (lambda x: tsr.amin(x, (1, 2), keepdim=True), "min", (1, 2)),
+    (lambda x: x.max(), "max", (0, 1, 2)),
+    (lambda x: x.min(), "min", (0, 1, 2)),
+])
+def test_an_extreme_over_several_dims_splits_its_ties_evenly_over_all(reduce, kind, axes):
+    """As torch's one reduction: each element equal to the extreme gets 1 / (their count), not the
+    product of each dim's split (amax over (0, 1) of [[1, 1], [1, 0]] had given 1/4, 1/4, 1/2)."""
+    @tsr.function
+    def f(x: Tensor["A", "B", "C"]):
+        return reduce(x)
+    x = np.random.default_rng(3).integers(0, 2, (3, 4, 5)).astype(np.float32)   # many ties
+    out, f_vjp = tsr.vjp(f, x)
+    (dx,) = f_vjp(np.ones_like(out))
+    hit = x == getattr(x, kind)(axis=axes, keepdims=True)
+    np.testing.assert_allclose(dx, hit / hit.sum(axis=axes, keepdims=True), rtol=1e-6)
 
 
 # --- matmul --------------------------------------------------------------------------------------
@@ -430,6 +460,38 @@ def test_backward_graph_prints_parses_back_and_keeps_the_forward_lines(tmp_path)
     compiled = derivative.compile(specs + [ArgSpec("d_out0", (1, 2, 5, 4), tsr.fp32, ("B", "H", "S", "D"))],
                                   dump=["graph", "schedule"], dump_dir=tmp_path)
     assert (tmp_path / "graph.mlir").read_text() == compiled.ir("graph") == text
+
+
+def test_vjp_call_mistakes_name_what_was_wrong():
+    @tsr.function
+    def two(x: Tensor["N"]):
+        return x * 2.0, x * 3.0
+    _, f_vjp = tsr.vjp(two, np.ones(2, np.float32))
+    with pytest.raises(TesseraError, match="two returns 2 outputs, so vjp_fn takes a tuple of 2 cotangents"):
+        f_vjp(np.ones((2, 2), np.float32))   # (was split into its rows)
+
+    @tsr.function
+    def weighted(x: Tensor["N"], w: Tensor["N"]):
+        return (x * w).sum()
+    with pytest.raises(TesseraError, match="weighted takes 2 arguments \\(x, w\\), got 1: 'w' missing"):
+        tsr.vjp(weighted, np.ones(3, np.float32))
+    _, f_vjp = tsr.vjp(two, np.ones(2, np.float32))
+    with pytest.raises(DTypeError, match="cotangent of output 1 is float64, the output fp32"):
+        f_vjp((np.ones(2, np.float32), np.ones(2)))
+
+
+def test_a_norm_over_x_shape_of_a_dim_that_varies():
+    """layer_norm(x, x.shape[-1]) once the last dim is taken at run time (a dim, not a number)."""
+    @tsr.function
+    def f(x: Tensor["N", "D"], w: Tensor["D"]):
+        return tsr.layer_norm(x, x.shape[-1], w) + tsr.rms_norm(x, x.shape[-1], w)
+    for d in (4, 8, 12):
+        x = np.random.default_rng(d).standard_normal((3, d)).astype(np.float32)
+        out, f_vjp = tsr.vjp(f, x, np.ones(d, np.float32))
+        centred = x - x.mean(-1, keepdims=True)
+        want = centred / np.sqrt(x.var(-1, keepdims=True) + 1e-5) + x / np.sqrt((x * x).mean(-1, keepdims=True) + np.finfo(np.float32).eps)
+        np.testing.assert_allclose(out, want, rtol=1e-4, atol=1e-5)
+        assert [g.shape for g in f_vjp(np.ones_like(out))] == [(3, d), (d,)]
 
 
 def test_mistakes_are_refused_with_their_reason():
