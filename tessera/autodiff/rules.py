@@ -161,6 +161,11 @@ def _reduce_extreme(op, g, y, x, counts: Tensor | None = None):
     axis, keepdim = op.axis.data, op.keepdim.data
     extreme = y if keepdim else ops.unsqueeze(y, axis)
     hit = x == extreme
+    if ops.TIES in op.attributes:   # ("first": all to the first extreme, as max(x, dim)'s indices name)
+        n = x.shape[axis]
+        index = ops.reshape(ops.arange(n), *[n if i == axis else 1 for i in range(x.ndim)])
+        first = ops.amin(ops.where(hit, index, n), axis, True)
+        return (ops.where(index == first, g if keepdim else ops.unsqueeze(g, axis), 0.0),)
     weights = ops.cast(hit, g.dtype) if counts is None else ops.where(hit, counts, 0.0)
     ties = ops.sum(weights, axis, keepdim=True)
     share = (g if keepdim else ops.unsqueeze(g, axis)) / ties

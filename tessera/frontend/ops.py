@@ -211,16 +211,18 @@ def sigmoid(x) -> Tensor:
 
 #: the attribute of a graph.maximum / graph.minimum saying where its gradient goes at a tie, when
 #: not halved between the operands (`maximum`'s, torch's): "first" (all to the first operand: a
-#: clamp's x) or "neither" (relu at 0, whose gradient there is 0 in torch and JAX)
+#: clamp's x) or "neither" (relu at 0, whose gradient there is 0 in torch and JAX); of a max / min
+#: graph.reduce, "first": all to the first extreme along its axis (`max(x, dim).values`, whose
+#: gradient torch sends to the element its indices name), not split among the ties
 TIES = "tessera.ties"
 
 
-def _with_ties(y: Tensor, ties: str) -> Tensor:
-    """`y`, a maximum's or minimum's result, its tie rule set (`TIES`)."""
+def _with_ties(y: Tensor, ties: str, op=None) -> Tensor:
+    """`y`, a maximum's, minimum's or (`op`) extreme reduction's result, its tie rule set (`TIES`)."""
     from xdsl.dialects.builtin import StringAttr
 
-    op = y.value.owner
-    if getattr(op, "name", None) in ("graph.maximum", "graph.minimum"):
+    op = y.value.owner if op is None else op
+    if getattr(op, "name", None) in ("graph.maximum", "graph.minimum", "graph.reduce"):
         op.attributes[TIES] = StringAttr(ties)
     return y
 

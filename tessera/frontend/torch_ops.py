@@ -309,6 +309,10 @@ def _extreme(x: Tensor, other, dim, keepdim: bool, largest: bool):
     if isinstance(dim, (tuple, list)):
         raise TypeError(f"{'max' if largest else 'min'}(input, dim) takes one dim (amax/amin take several)")
     values = (ops.amax if largest else ops.amin)(x, dim, keepdim)
+    reduce = values.value.owner
+    if reduce.name == "graph.reshape":   # (keepdim=False: a view of the reduction's result)
+        reduce = reduce.operands[0].owner
+    ops._with_ties(values, "first", reduce)   # (its gradient to the element `indices` names, as torch's)
     return ValuesIndices(values, _arg_extreme(x, dim, keepdim, largest))
 
 

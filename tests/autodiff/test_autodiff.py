@@ -152,6 +152,19 @@ def test_maximum_and_minimum_split_ties_in_half():
     np.testing.assert_allclose(db, [1.5, 1.0, 2.0])
 
 
+def test_max_along_a_dim_sends_its_gradient_to_the_index_it_returns():
+    """torch's max(x, dim).values: all of it to the first extreme (its indices'), not split."""
+    @tsr.function
+    def f(x: Tensor["R", "C"]):
+        top = x.max(1)
+        return top.values, top.indices, x.min(0, keepdim=True).values
+    x = np.array([[1.0, 3.0, 3.0, 2.0], [5.0, 5.0, 0.0, 5.0]], np.float32)
+    out, f_vjp = tsr.vjp(f, x)
+    np.testing.assert_array_equal(out[1], [1, 0])
+    (dx,) = f_vjp((np.ones(2, np.float32), None, np.full((1, 4), 2.0, np.float32)))
+    np.testing.assert_allclose(dx, [[2, 3, 0, 2], [1, 0, 2, 0]])
+
+
 def test_relu_and_clamp_ties_follow_torch():
     """relu's gradient at 0 is 0, a clamp's at its bounds all to x (torch's; maximum halves)."""
     @tsr.function
