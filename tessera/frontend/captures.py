@@ -7,12 +7,15 @@ values of every global and closure variable the function's code (and its
 nested functions', and the same module's helper functions') names, read
 afresh per call: a changed value re-traces. Values are keyed as they compare:
 numbers, strings, dtypes and containers of them by value, an object by the
-values of its attributes, a module, class or function by identity. A value no
+values of its attributes, a module, class or function by identity, and each
+attribute the code reads of a module or class it names (`cfg.SCALE`,
+`Knobs.GAIN`) that holds such a value, as a variable of its own. A value no
 key can stand for (a large array, a tensor of another framework) is refused
 with the variable's name instead of being frozen silently.
 """
 from __future__ import annotations
 
+import dis
 import enum
 import types
 from typing import Any, Callable, NamedTuple
@@ -63,7 +66,7 @@ class Captures:
             return last[2]
         values = []
         for variable, value in zip(plan, raw):
-            if variable.helper is not None and value is not variable.helper:
+            if variable.helper is not None and value is not variable.helper:   # (rebound: its reads differ)
                 self._plan = None
                 return self.key()
             values.append(freeze(value, variable.label))
@@ -82,14 +85,17 @@ class Captures:
         if last is None or last[2] is not key:
             return None
         plan, raw, _ = last
+        if any(v.source is None for v in plan):   # (a class's attribute: no dict entry to guard)
+            return None
         return tuple((*v.source, value) for v, value in zip(plan, raw))
 
 
 class _Variable(NamedTuple):
     label: str
     read: Callable[[], Any]
-    helper: Any                  # the helper function looked into, whose rebinding changes the plan
-    source: tuple                # ("global", module dict, name) or ("cell", cell)
+    helper: Any                  # the helper function looked into, or the module or class whose attributes are
+                                 # read, whose rebinding changes the plan
+    source: tuple | None         # ("global", module dict, name) or ("cell", cell); None: a class's attribute
 
 
 def _plan(fn: Callable) -> list[_Variable]:
@@ -103,29 +109,68 @@ def _plan(fn: Callable) -> list[_Variable]:
         if f.__code__ in seen_code:
             return
         seen_code.add(f.__code__)
-        for name, cell in zip(f.__code__.co_freevars, f.__closure__ or ()):
+        reads = _attribute_reads(f.__code__)
+        cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
+        for name, cell in cells.items():
+            owner = _attribute_owner(_cell_value(cell), [a for n, a in reads if n == name])
             add(("cell", id(cell)), f"{fn.__name__} reads closure variable {name!r}{through(f)}",
-                _cell_reader(cell), _cell_value(cell), ("cell", cell))
+                _cell_reader(cell), _cell_value(cell), ("cell", cell), owner)
         module_globals = f.__globals__
         for name in _global_names(f.__code__):
             if name in module_globals:
+                owner = _attribute_owner(module_globals[name], [a for n, a in reads if n == name])
                 add(("global", id(module_globals), name), f"{fn.__name__} reads global {name!r}{through(f)}",
-                    _global_reader(module_globals, name), module_globals[name], ("global", module_globals, name))
+                    _global_reader(module_globals, name), module_globals[name], ("global", module_globals, name),
+                    owner)
+        for name, attr in reads:
+            owner = _cell_value(cells[name]) if name in cells else module_globals.get(name)
+            if _attribute_owner(owner, (attr,)) is not None:
+                label = f"{fn.__name__} reads {name}.{attr}{through(f)}"
+                source = ("global", vars(owner), attr) if isinstance(owner, types.ModuleType) else None
+                add(("attr", id(owner), attr), label, _attribute_reader(owner, attr), getattr(owner, attr, _MISSING),
+                    source)
 
     def through(f) -> str:
         return "" if f is fn else f" (in {f.__name__})"
 
-    def add(identity, label, read, value, source) -> None:
+    def add(identity, label, read, value, source, owner=None) -> None:
         if identity in seen_vars:
             return
         seen_vars.add(identity)
-        helper = value if _is_helper(value, fn) else None
+        helper = value if _is_helper(value, fn) else owner
         plan.append(_Variable(label, read, helper, source))
-        if helper is not None:
-            visit(helper)
+        if _is_helper(value, fn):
+            visit(value)
 
     visit(fn)
     return plan
+
+
+def _attribute_reads(code: types.CodeType) -> list[tuple[str, str]]:
+    """(variable, attribute) for each `name.attr` `code` and the code objects nested in it read of
+    a global or closure variable: a LOAD_GLOBAL or LOAD_DEREF followed by a LOAD_ATTR."""
+    found, previous = [], None
+    for ins in dis.get_instructions(code):
+        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and previous is not None \
+                and previous.opname in ("LOAD_GLOBAL", "LOAD_DEREF"):
+            found.append((previous.argval, ins.argval))
+        previous = ins
+    for const in code.co_consts:
+        if isinstance(const, types.CodeType):
+            found.extend(_attribute_reads(const))
+    return found
+
+
+def _attribute_owner(value, attrs) -> Any:
+    """`value` where it is a module or class of which some of `attrs` hold a value keyed by value
+    (a number, a string, a dtype: what a trace bakes in), else None."""
+    if not isinstance(value, (types.ModuleType, type)) or value.__name__.split(".")[0] in ("tessera", "numpy"):
+        return None
+    return value if any(isinstance(getattr(value, a, None), _VALUES) for a in attrs) else None
+
+
+def _attribute_reader(owner, attr: str) -> Callable[[], Any]:
+    return lambda: getattr(owner, attr, _MISSING)
 
 
 def _global_names(code: types.CodeType) -> list[str]:

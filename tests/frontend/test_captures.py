@@ -167,3 +167,31 @@ def test_the_key_reads_only_the_globals_the_code_names():
         return tsr.exp(x) * scale
 
     assert Captures(f).key() == (tsr, (float, (0.1).hex()))   # `exp` is an attribute; `x` a local
+
+
+class Knobs:
+    GAIN = 2.0
+
+
+def test_an_attribute_of_a_module_or_class_the_code_reads_is_keyed(tmp_path, monkeypatch):
+    """`cfg.FACTOR` and `Knobs.GAIN`: a changed value re-traces (the module and class themselves
+    are keyed by identity, their attributes by value)."""
+    (tmp_path / "capture_cfg.py").write_text("FACTOR = 2.0\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import capture_cfg
+
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return x * capture_cfg.FACTOR + x * Knobs.GAIN + tsr.exp(x) * 0.0
+
+    np.testing.assert_allclose(f(X), X * 4)
+    try:
+        capture_cfg.FACTOR, Knobs.GAIN = 3.0, 5.0
+        np.testing.assert_allclose(f(X), X * 8)
+        np.testing.assert_allclose(f(X), X * 8)
+        assert f.cache_info().compiles == 2 and f.cache_info().hits == 1
+    finally:
+        Knobs.GAIN = 2.0
+    labels = [v.label for v in f.captures._plan]
+    assert "f reads capture_cfg.FACTOR" in labels and "f reads Knobs.GAIN" in labels
+    assert not any("tsr.exp" in label for label in labels)   # (Tessera's own attributes: constants)
