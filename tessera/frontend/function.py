@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from .. import dtypes
-from ..errors import ArgumentKindError, ShapeError, TesseraError
+from ..errors import ArgumentKindError, DTypeError, ShapeError, TesseraError
 from ..runtime import interop
 from ..dims import Dynamic, DynamicDim, OffsetWidthError, hint_of, index_bits, multiple_of
 from .captures import Captures, exact
@@ -181,7 +181,7 @@ class Function:
     def arg_specs(self, tensors: Sequence[tuple[str, Any]]) -> tuple[dict[str, int], list[ArgSpec]]:
         """The call's dim bindings and argument specs, each with the layout it was passed in."""
         bindings, specs = bind_dims(self.name, [(n, self.annotations.get(n), tuple(int(s) for s in x.shape),
-                                                 dtypes.lookup(x.dtype)) for n, x in tensors])
+                                                 _arg_dtype(self.name, n, x)) for n, x in tensors])
         return bindings, [dataclasses.replace(spec, strides=interop.layout_of(x))
                           for spec, (_, x) in zip(specs, tensors)]
 
@@ -576,6 +576,15 @@ class Kernel(Function):
         for name, value in zip(compiled.result_names, outs):
             interop.write_host(arrays[name], value, f"{self.name}: output {name!r}")
         return None
+
+
+def _arg_dtype(fn_name: str, name: str, x):
+    """A tensor argument's dtype as Tessera's, or a DTypeError naming the argument."""
+    try:
+        return dtypes.lookup(x.dtype)
+    except TypeError:
+        raise DTypeError(f"{fn_name}: argument {name!r} is {x.dtype}, which Tessera does not compute in "
+                         f"(it takes {', '.join(d.name for d in dtypes.ALL)}); cast it first") from None
 
 
 def _needed_at(e: DynamicDim) -> str:

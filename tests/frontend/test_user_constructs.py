@@ -384,3 +384,11 @@ def test_a_kernel_reading_its_output_writes_through_fresh_arrays(fake_cupy):
     assert _OutputsThroughCopies(program)(FakeCupyArray(np.ones(4, np.float32)), out=[target]) == [target]
     assert calls == [None]
     np.testing.assert_array_equal(target.array, fresh.array)
+
+
+def test_a_float64_argument_is_refused_by_name():
+    @tsr.function
+    def double(x: Tensor["N"]):
+        return x * 2.0
+    with pytest.raises(tsr.DTypeError, match="double: argument 'x' is float64, which Tessera does not compute in"):
+        double(np.ones(3))
