@@ -254,10 +254,26 @@ class Artifact:
                 _launch_from_record(k["launch"])
                 for ref in k["images"].values():
                     verify_blob(ref["file"], self.files.get(ref["file"]), ref["sha256"], ref["size"])
-            self.plan()
+            _check_plan(self.plan())
             self.profiled()
         except (KeyError, TypeError, ValueError) as e:
             raise ArtifactError(f"malformed artifact record ({type(e).__name__}: {e})") from None
+
+
+def _check_plan(plan: launcher.Plan) -> None:
+    """What a launch would otherwise take on trust: each step's buffers are the plan's, one per
+    pointer param, and each grid, block and shared size are numbers in range (ValueError if not)."""
+    buffers = len(plan.inputs) + len(plan.outputs) + len(plan.intermediates)
+    for step in plan.steps:
+        k = step.launch
+        if len(step.buffers) != k.pointers or not all(type(b) is int and 0 <= b < buffers for b in step.buffers):
+            raise ValueError(f"a step of kernel {k.name!r} names buffers {list(step.buffers)} of {buffers} "
+                             f"for its {k.pointers} pointers")
+        if len(k.grid) != 3 or not all(type(n) is int and n >= 1 for n in k.grid) \
+                or type(k.threads) is not int or not 1 <= k.threads <= 1024 \
+                or type(k.dynamic_shared) is not int or k.dynamic_shared < 0:
+            raise ValueError(f"kernel {k.name!r} has grid {k.grid}, {k.threads} threads and "
+                             f"{k.dynamic_shared} bytes of shared memory")
 
 
 def verify_blob(file: str, data: bytes | None, digest: str, size: int) -> None:

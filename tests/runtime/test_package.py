@@ -211,6 +211,20 @@ def test_a_manifest_naming_a_directory_is_refused(pkg):
     assert str(raised.value).count("[at ") <= 1
 
 
+@pytest.mark.parametrize("damage", [
+    lambda spec: spec["steps"][0].update(buffers=[99] * len(spec["steps"][0]["buffers"])),
+    lambda spec: spec["steps"][0].update(buffers=spec["steps"][0]["buffers"][:-1]),
+    lambda spec: next(iter(spec["kernels"].values()))["launch"].update(grid="1,1,1"),
+    lambda spec: next(iter(spec["kernels"].values()))["launch"].update(threads=0),
+])
+def test_a_record_whose_launches_do_not_add_up_is_refused_at_load(pkg, damage):
+    m = manifest(pkg)
+    damage(m["functions"]["flash_attention"]["specializations"][0])
+    (pkg / "manifest.json").write_text(json.dumps(m))
+    with pytest.raises(artifact.ArtifactError, match="malformed"):
+        tsr.load(pkg)
+
+
 def test_a_malformed_record_is_refused(pkg):
     m = manifest(pkg)
     del m["functions"]["flash_attention"]["specializations"][0]["steps"]
