@@ -636,9 +636,9 @@ class _Planner:
         under 128 computes K's zero padding too, as the two kernels' 128-wide tiles did). H200
         bf16, against dQ's own kernel at D=128: plain 8x16x4096x128 6.75 -> 6.14 ms, causal 3.83
         -> 3.56 (65-127 not measured; a head dim not a multiple of 8 has rows TMA can't copy, 16
-        bytes a step, so the kernel would leave the Hopper path: not measured, not taken); at D=64 the two kernels stay (16x16x2048x64 2.15 ms,
-        merged on 64 keys 2.22-2.30, its 128-key blocks 128 queries wide spill); bench/RESULTS.md
-        session 33. A space pinning another backend, or blocks of fewer than 64 queries (dS^T's
+        bytes a step, so the kernel would leave the Hopper path: not measured, not taken); at
+        D=64 the two kernels stay (16x16x2048x64 2.15 ms, merged on 64 keys 2.22-2.30, its
+        128-key blocks 128 queries wide spill); bench/RESULTS.md session 33. A space pinning another backend, or blocks of fewer than 64 queries (dS^T's
         shared rows are whole 128-byte swizzle rows), keeps the two kernels."""
         sink = self.producer(group.output)
         target = self.target
