@@ -1,4 +1,6 @@
 """The stage list and `Compiled`: stages run on first request, once, verified; launch metadata."""
+import hashlib
+
 import pytest
 
 import tessera as tsr
@@ -83,7 +85,8 @@ def test_cubin_stage_assembles_through_the_cache(tmp_path, monkeypatch):
     assert first.arch == "sm_90a" and first.resources["gemm_gemm_0"].registers > 0
     (entry,) = tmp_path.glob("*.cubin")
     assert entry.read_bytes() == first.cubin and entry.with_suffix(".log").exists()
-    entry.write_bytes(first.cubin + b"marked")     # still a complete ELF file
+    entry.write_bytes(first.cubin + b"marked")     # still a complete ELF file, and its digest with it
+    entry.with_suffix(".sha256").write_text(hashlib.sha256(first.cubin + b"marked").hexdigest())
     again = compile_gemm().stage("cubin")["gemm_gemm_0"]
     assert again.cubin == first.cubin + b"marked"
     assert again.resources == first.resources
