@@ -492,30 +492,24 @@ class _Reverse:
             for kind in ("mean", "rstd"):
                 if (op, kind) in self.statistics:
                     extra[kind] = self.statistics[op, kind]
-            if rule_key(op) in EXTREMES and (counts := self._tie_counts(op.operands[0], op.kind.data)) is not None:
-                extra["counts"] = counts
+            if rule_key(op) in EXTREMES and _ties(op) == ops.JOINT:
+                extra["counts"] = self._tie_counts(op.operands[0])
             value = self.probabilities.get(y, self.values[y])
             derived = rule(op, self.grads[y], value, *(self.values[v] for v in op.operands), **extra)
             for v, d in zip(op.operands, derived, strict=True):
                 if d is not None and v in self.active:
                     self._accumulate(v, fit(d, self.values[v]))
 
-    def _tie_counts(self, v, kind: str) -> Tensor | None:
-        """Where `v` is the result of a `kind` (max or min) reduction keeping its dim, as one of
-        several dims' reductions (`ops._reduce`: amax over (0, 1), `x.max()`) makes it: how many
-        elements of the chain's input equal each element of `v` (its extreme), so that the next
-        reduction splits its gradient evenly over them all, as torch's one reduction does (split
-        one dim at a time, the shares multiplied: amax over (0, 1) of [[1, 1], [1, 0]] gave 1/4,
-        1/4, 1/2). None for any other value (each element counts once)."""
-        from ..ir import graph as g
-
+    def _tie_counts(self, v) -> Tensor:
+        """`v` the extremes one dim's reduction of an amax / amin over several dims took (`ops.JOINT`
+        marks the reductions after it): how many elements of the call's input equal each element
+        of `v`, so that the next dim's reduction splits its gradient evenly over them all, as
+        torch's one reduction does (split one dim at a time, the shares multiplied: amax over
+        (0, 1) of [[1, 1], [1, 0]] gave 1/4, 1/4, 1/2)."""
         op = v.owner
-        if not (isinstance(op, g.ReduceOp) and op.kind.data == kind and op.keepdim.data):
-            return None
         x = op.operands[0]
         hit = self.values[x] == self.values[v]
-        inner = self._tie_counts(x, kind)
-        counts = ops.cast(hit, dtypes.fp32) if inner is None else ops.where(hit, inner, 0.0)
+        counts = ops.cast(hit, dtypes.fp32) if _ties(op) != ops.JOINT else ops.where(hit, self._tie_counts(x), 0.0)
         return ops.sum(counts, op.axis.data, keepdim=True)
 
     def _attention_rowsum(self, softmax) -> Tensor | None:
@@ -587,6 +581,11 @@ def _cast_chain(v) -> list:
         chain.append(user)
         v = user.res
     return chain
+
+
+def _ties(op) -> str | None:
+    """A maximum's, minimum's or extreme reduction's tie rule (`ops.TIES`), if it has one."""
+    return op.attributes[ops.TIES].data if ops.TIES in op.attributes else None
 
 
 def _views_an_argument(x: Tensor) -> bool:

@@ -161,7 +161,7 @@ def _reduce_extreme(op, g, y, x, counts: Tensor | None = None):
     axis, keepdim = op.axis.data, op.keepdim.data
     extreme = y if keepdim else ops.unsqueeze(y, axis)
     hit = x == extreme
-    if ops.TIES in op.attributes:   # ("first": all to the first extreme, as max(x, dim)'s indices name)
+    if ops.TIES in op.attributes and op.attributes[ops.TIES].data == "first":   # (as max(x, dim)'s indices name)
         n = x.shape[axis]
         index = ops.reshape(ops.arange(n), *[n if i == axis else 1 for i in range(x.ndim)])
         first = ops.amin(ops.where(hit, index, n), axis, True)

@@ -215,6 +215,11 @@ def sigmoid(x) -> Tensor:
 #: graph.reduce, "first": all to the first extreme along its axis (`max(x, dim).values`, whose
 #: gradient torch sends to the element its indices name), not split among the ties
 TIES = "tessera.ties"
+#: a max / min graph.reduce's TIES when it reduces the extremes an earlier dim's reduction of the
+#: same call took (amax over (0, 1), `x.max()`: one reduction a dim): its gradient splits its
+#: ties evenly over the elements of all of them (`autodiff.backward._tie_counts`), as torch's
+#: one reduction; a reduction the user chained keeps torch's per-call split
+JOINT = "joint"
 
 
 def _with_ties(y: Tensor, ties: str, op=None) -> Tensor:
@@ -612,6 +617,8 @@ def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
         dims = x.dims[:axis] + (1,) + x.dims[axis + 1:]
         dt = out_dt if i == len(axes) - 1 else partial_dt
         op = current_trace().add(g.ReduceOp(x.value, kind, axis, True, g.TensorType.of(dims, dt)))
+        if i and kind in ("max", "min"):
+            _with_ties(x, JOINT, op)   # (its operand is this call's previous dim's extreme)
         x = _make(op.res, dims, dt, label)
     return x if x.dims == final else _reshape_dims(x, final)
 

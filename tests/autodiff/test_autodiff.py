@@ -152,6 +152,15 @@ def test_maximum_and_minimum_split_ties_in_half():
     np.testing.assert_allclose(db, [1.5, 1.0, 2.0])
 
 
+def test_extremes_the_user_chains_split_their_ties_call_by_call():
+    """As torch: amax(amax(x, 1), 0) splits per call (only one call over several dims is joint)."""
+    @tsr.function
+    def chained(x: Tensor["M", "N"]):
+        return tsr.amax(tsr.amax(x, 1, True), 0).sum() + tsr.max(x, 1, True).values.amax(0).sum()
+    x = np.array([[1.0, 1.0], [1.0, 0.0]], np.float32)
+    np.testing.assert_allclose(tsr.grad(chained)(x), [[0.25 + 0.5, 0.25], [0.5 + 0.5, 0.0]])
+
+
 def test_max_along_a_dim_sends_its_gradient_to_the_index_it_returns():
     """torch's max(x, dim).values: all of it to the first extreme (its indices'), not split."""
     @tsr.function
