@@ -62,6 +62,11 @@ class Specialization:
         """Notes a call's dim values (once per call): a dim the annotations name that is seen with
         a second value becomes dynamic (unnamed ones only by `dynamic=`). The first call checks
         the names `static=` and `dynamic=` give."""
+        for name, x in tensors:   # (a call refused for its ranks notes no dim values)
+            spec = annotations.get(name)
+            if spec is not None and len(spec.dims) != len(x.shape):
+                raise ShapeError(f"{fn_name}: argument {name!r} is annotated {spec} (rank {len(spec.dims)}) "
+                                 f"but has shape {[int(n) for n in x.shape]} (rank {len(x.shape)})")
         positions = dim_positions(annotations, tensors)
         if not self.seen:
             unknown = sorted((self.static | self.dynamic) - set(positions))

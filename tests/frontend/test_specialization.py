@@ -896,3 +896,15 @@ def test_a_call_whose_tensors_disagree_on_a_dim_fails_early_and_is_no_hit():
             add(np.ones((9, 4), np.float32), np.ones((10, 4), np.float32))
     info = add.cache_info()
     assert (info.compiles, info.hits) == (1, 0)
+
+
+def test_a_call_refused_for_its_ranks_notes_no_dim_values():
+    """Else its N=4 and the next call's N=3 made N look varied, and the next compile generic."""
+    @tsr.function
+    def f(x: Tensor["M", "N"], y: Tensor["N"]):
+        return x + y
+
+    with pytest.raises(tsr.ShapeError, match=r"argument 'x' is annotated Tensor\['M', 'N'\] \(rank 2\)"):
+        f(np.ones((2, 5, 1), np.float32), np.ones(4, np.float32))
+    f(np.ones((2, 3), np.float32), np.ones(3, np.float32))
+    assert f.cache_info().keys == [{"M": 2, "N": 3}]
