@@ -218,12 +218,7 @@ def _check_cotangents(f, cotangents: Sequence[ArgSpec], name: str, primal: Seque
         t = g.tensor_type(results[i])
         shape = tuple(called[d] if is_dynamic(g.dim_value(d, bindings)) else g.dim_value(d, bindings)
                       for d in t.shape) or (1,)
-        if spec.shape != shape:
-            raise ShapeError(f"vjp of {name}: the cotangent of output {i} has shape {list(spec.shape)}, "
-                             f"the output {list(shape) if t.shape else []}")
-        if spec.dtype != t.dtype:
-            raise DTypeError(f"vjp of {name}: the cotangent of output {i} is {spec.dtype}, the output "
-                             f"{t.dtype}; cotangents have their output's dtype")
+        _require_cotangent(name, i, spec.shape, shape, list(shape) if t.shape else [], spec.dtype, t.dtype)
 
 
 # --- the API --------------------------------------------------------------------------------------
@@ -319,14 +314,19 @@ def _with_defaults(fn: Function, args: Sequence) -> list:
 
 
 def _check_cotangent(name: str, i: int, ct, out) -> None:
-    """The cotangent of output `i` has the output's shape (a 0-d output's: [1]) and dtype."""
-    shape = tuple(int(n) for n in out.shape) or (1,)
-    if tuple(int(n) for n in ct.shape) != shape:
-        raise ShapeError(f"vjp of {name}: the cotangent of output {i} has shape {list(ct.shape)}, the output "
-                         f"{list(out.shape)}")
-    if _dtype_name(ct) != _dtype_name(out):
-        raise DTypeError(f"vjp of {name}: the cotangent of output {i} is {_dtype_name(ct)}, the output "
-                         f"{_dtype_name(out)}; cotangents have their output's dtype")
+    """The cotangent array of output `i` (an array) has the output's shape and dtype."""
+    _require_cotangent(name, i, tuple(int(n) for n in ct.shape), tuple(int(n) for n in out.shape) or (1,),
+                       [int(n) for n in out.shape], _dtype_name(ct), _dtype_name(out))
+
+
+def _require_cotangent(name: str, i: int, shape: tuple, want: tuple, shown: list, dtype, want_dtype) -> None:
+    """A cotangent of output `i` has its shape (`want`: a 0-d output's is [1]; `shown` as the
+    output's) and dtype: a call's arrays (`_check_cotangent`) and a compile's specs alike."""
+    if tuple(shape) != tuple(want):
+        raise ShapeError(f"vjp of {name}: the cotangent of output {i} has shape {list(shape)}, the output {shown}")
+    if str(dtype) != str(want_dtype):
+        raise DTypeError(f"vjp of {name}: the cotangent of output {i} is {dtype}, the output {want_dtype}; "
+                         f"cotangents have their output's dtype")
 
 
 def _dtype_name(x) -> str:
