@@ -68,6 +68,9 @@ def _scalar_dtype(value, like: DType | None) -> DType:
 
 def constant(value, dt: DType) -> Tensor:
     g = _graph()
+    if dt == dtypes.int32 and isinstance(value, int) and not -2 ** 31 <= value < 2 ** 31:
+        raise DTypeError(f"the integer {value} does not fit int32, the widest integer Tessera computes in; "
+                         f"use a float ({float(value)!r}) or a smaller value")
     op = current_trace().add(g.ConstantOp(float(value), g.TensorType.of((), dt)))
     return _make(op.res, (), dt, label=repr(value))
 
@@ -234,7 +237,8 @@ def _with_ties(y: Tensor, ties: str, op=None) -> Tensor:
 
 def relu(x) -> Tensor:
     """max(x, 0), whose gradient at 0 is 0 (torch's, JAX's)."""
-    return _with_ties(maximum(x, 0.0), "neither")
+    integer = isinstance(x, Tensor) and not x.dtype.is_float
+    return _with_ties(maximum(x, 0 if integer else 0.0), "neither")   # (an int stays an int)
 
 
 @_in_fp32
@@ -392,6 +396,7 @@ def getitem(x: Tensor, index) -> Tensor:
     """NumPy-style indexing with `None` (new axis), `:`, `...`, ints, ranges, and an int32 tensor
     along the first dim (`gather`)."""
     items = index if isinstance(index, tuple) else (index,)
+    items = tuple(int(i) if isinstance(i, np.integer) else i for i in items)   # (x[np.int32(0)] is x[0])
     for i in items:   # an index of a dim taken at run time (x[x.shape[0] - 1]) needs its value
         if is_dynamic(i) or isinstance(i, DimExpr):
             int(i)
@@ -651,6 +656,8 @@ def softmax(x: Tensor, dim: int = -1) -> Tensor:
 
 
 def _normalized_last(x: Tensor, normalized_shape, what: str) -> None:
+    if not x.dtype.is_float:
+        raise DTypeError(f"{what} of {x.dtype} {_label(x)}: cast to a float type first")
     shape = (normalized_shape,) if isinstance(normalized_shape, (int, Dynamic)) else tuple(normalized_shape)
     size = current_trace().size(x.dims[-1])
     if len(shape) != 1 or not _same_size(shape[0], size):

@@ -392,3 +392,21 @@ def test_a_float64_argument_is_refused_by_name():
         return x * 2.0
     with pytest.raises(tsr.DTypeError, match="double: argument 'x' is float64, which Tessera does not compute in"):
         double(np.ones(3))
+
+
+def test_int_inputs_and_scalars_at_the_edges_of_int32():
+    """relu of an int stays an int (torch); a norm of ints and an int constant past int32 are
+    refused by name, not by the IR verifier; a NumPy integer indexes as an int."""
+    ints = np.array([-2, 3], np.int32)
+    out = tsr.function(lambda x: tsr.relu(x))(ints)
+    assert out.dtype == np.int32 and out.tolist() == [0, 3]
+    with pytest.raises(tsr.DTypeError, match="layer_norm of int32"):
+        tsr.function(lambda x: tsr.layer_norm(x, (2,)))(ints[None])
+    with pytest.raises(tsr.DTypeError, match="the integer 1099511627776 does not fit int32"):
+        tsr.function(lambda x: x + 2 ** 40)(ints)
+    assert tsr.function(lambda x: x + (2 ** 31 - 4))(ints).tolist() == [2 ** 31 - 6, 2 ** 31 - 1]
+
+    @tsr.function
+    def row(x: Tensor["M", "N"]):
+        return x[np.int32(1)] * 2.0
+    np.testing.assert_allclose(row(np.arange(6, dtype=np.float32).reshape(2, 3)), [6.0, 8.0, 10.0])
