@@ -166,7 +166,11 @@ def trace(fn: Callable, fn_name: str, args: Sequence[ArgSpec], bindings: dict[st
     if t.regions:
         raise TesseraError(f"{fn_name}: profile region {t.regions[-1]!r} is begun but never ended "
                            f"(tsr.profile_end({t.regions[-1]!r}))")
-    results = _collect_results(fn_name, result, t, outputs)
+    token = _CURRENT.set(t)
+    try:
+        results = _collect_results(fn_name, result, t, outputs)
+    finally:
+        _CURRENT.reset(token)
     for r in results:
         if not isinstance(r, Tensor):
             raise TesseraError(f"{fn_name} must return tensors computed from its arguments, got {type(r).__name__}")
@@ -199,10 +203,25 @@ def _collect_results(fn_name, result, t: Trace, outputs) -> list:
             raise TesseraError(f"@kernel {fn_name} writes its outputs (e.g. C[:] = ...); it must not return a value")
         if not t.stored:
             raise TesseraError(f"@kernel {fn_name} stores to none of its arguments; write outputs with C[:] = ...")
-        return list(t.stored.values())
+        return _distinct(list(t.stored.values()))
     if result is None:
         raise TesseraError(f"{fn_name} returned None; a @tessera.function returns its result tensors")
     return list(result) if isinstance(result, (tuple, list)) else [result]
+
+
+def _distinct(values: list) -> list:
+    """A kernel's stored values, each its own: an output that holds the value another output
+    holds (`B[:] = A * 2; C[:] = B`) gets a copy of it, as a function cannot return one value
+    twice (each result is a buffer of its own)."""
+    from . import ops
+
+    seen, out = set(), []
+    for v in values:
+        if v.value in seen:
+            v = ops.where(True, v, v)   # (a copy: the value, computed again into its own buffer)
+        seen.add(v.value)
+        out.append(v)
+    return out
 
 
 def declared_returns(annotation) -> list[TensorSpec] | None:

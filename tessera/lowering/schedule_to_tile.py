@@ -805,6 +805,7 @@ def _safe_max(kb: KernelBuild, m: SSAValue, bm: int) -> SSAValue:
 
 
 LOG2E = 1.4426950408889634
+FLT_MAX = 3.4028234663852886e38
 LN2 = 0.6931471805599453
 
 
@@ -812,11 +813,16 @@ def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale
     """Online softmax update of softmax(scale * scores) for a positive `scale`: new row max of the
     scores, rescale factor for the old state, and p = exp(scale * (s - max)), computed in base 2 as
     2^(s * scale * log2 e - max * scale * log2 e): one fma and one ex2 per element, the products
-    with the max once per row."""
+    with the max once per row. A max whose product with the factor would overflow (a block all
+    filled with a mask's finfo(dtype).min, as HuggingFace's masks fill) is raised to where it does
+    not: the block's p are then 0, where -max * factor was +inf and every later block's rows NaN
+    (a row all of such fills stays 0 / 0, as one all -inf)."""
     bm = shape[0]
     factor = scale * LOG2E
     m_new = kb.b(arith.MaximumfOp(m_i, kb.b(t.ReduceOp(scores, "max", 1))))
     safe = _safe_max(kb, m_new, bm)
+    if factor > 1:   # (a finite max past -FLT_MAX / factor, a mask's torch.finfo(dtype).min, cut there)
+        safe = kb.b(arith.MaximumfOp(safe, kb.b.full(-FLT_MAX / factor, [bm])))
     alpha = kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(m_i, safe)), kb.b.full(factor, [bm])))))
     shift = kb.b(arith.MulfOp(safe, kb.b.full(-factor, [bm])))
     p = kb.b(mathd.Exp2Op(kb.b(mathd.FmaOp(scores, kb.b.full(factor, shape), _broadcast_rows(kb.b, shift, shape)))))

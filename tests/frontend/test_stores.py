@@ -213,3 +213,17 @@ def test_kernels_that_read_an_output_they_write_are_known():
 def _line_of(marker: str) -> int:
     lines = open(__file__).read().splitlines()
     return next(i for i, line in enumerate(lines, 1) if line.rstrip().endswith(f"# {marker}"))
+
+
+def test_a_kernel_may_store_one_value_into_two_outputs():
+    """B[:] = A * 2; C[:] = B: each output gets the value (a copy), where the host function
+    refused to return one value twice."""
+    @tsr.kernel
+    def twice(A: Tensor["M", "N"], B: Tensor["M", "N"], C: Tensor["M", "N"]):
+        B[:] = A * 2
+        C[:] = B
+    a = np.arange(6, dtype=np.float32).reshape(2, 3)
+    b, c = np.zeros_like(a), np.zeros_like(a)
+    twice(a, b, c)
+    np.testing.assert_array_equal(b, a * 2)
+    np.testing.assert_array_equal(c, a * 2)

@@ -4,6 +4,7 @@ against a float64 reference for plain, causal, ALiBi and soft-capped attention, 
 and awkward lengths."""
 import math
 
+import ml_dtypes
 import numpy as np
 import pytest
 
@@ -503,3 +504,35 @@ def test_dq_keeps_its_own_kernel_under_a_space_it_cannot_take(why, space, short_
     fn = tsr.function(FUNCTIONS["causal"].fn, space=space)
     c = backward(fn, (2, 3, 200, 128), 200, dtypes.bf16, **ONE_SM)
     assert sorted(len(k.outputs) for k in kernels(c) if k.kind.data == "flash_chain") == [1, 2], why
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+def test_a_mask_filled_with_the_dtypes_least_float_is_no_nan(dtype):
+    """HuggingFace's masks fill with torch.finfo(dtype).min, not -inf: a key block all of it made
+    -max * log2(e) overflow to +inf in the online softmax, and the row NaN (every row of a
+    left-padded batch). Forward and gradients against float64."""
+    @tsr.function
+    def padded(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+               mask: Tensor["M", "N"]):
+        s = tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1]))
+        return tsr.matmul(tsr.softmax(s + mask, dim=-1), v)
+    rng = np.random.default_rng(34)
+    q, k, v = (rng.standard_normal((1, 1, 130, 32)).astype(dtype) for _ in range(3))
+    mask = np.zeros((130, 130), dtype)
+    mask[:, :100] = np.finfo(np.float32).min if dtype == np.float32 else ml_dtypes.finfo(dtype).min
+    out, f_vjp = tsr.vjp(padded, q, k, v, mask)
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    s = q64 @ k64.transpose(0, 1, 3, 2) / math.sqrt(32) + mask.astype(np.float64)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    tol = 1e-5 if dtype == np.float32 else 2e-2
+    np.testing.assert_allclose(out.astype(np.float64), p @ v64, atol=tol * 4, rtol=tol)
+    g = rng.standard_normal(out.shape).astype(dtype)
+    grads = f_vjp(g)
+    g64 = g.astype(np.float64)
+    dv = p.transpose(0, 1, 3, 2) @ g64
+    dp = g64 @ v64.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    for got, want in zip(grads, (ds @ k64 / math.sqrt(32), ds.transpose(0, 1, 3, 2) @ q64 / math.sqrt(32), dv)):
+        assert not np.isnan(got.astype(np.float64)).any()
+        np.testing.assert_allclose(got.astype(np.float64), want, atol=tol * 4 * np.abs(want).max(), rtol=tol * 4)
