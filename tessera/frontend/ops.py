@@ -466,7 +466,8 @@ def setitem(x: Tensor, index, value) -> None:
     parent = trace.view_parent.get(id(x))
     if parent is not None:
         raise TesseraError(f"store into a view of {_label(parent)} (a transpose, reshape, window or [None] of it): "
-                           f"store into {_label(parent)} itself")
+                           f"store into {_label(parent)} itself (for x[i] += y, which stores into the window "
+                           f"x[i] first, write x[i] = x[i] + y)")
     value = _operands([value])[0] if not isinstance(value, Tensor) else value
     region = _store_region(x, index)
     stored = cast(_placed(x, region, value), x.dtype)
