@@ -612,7 +612,7 @@ def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
     axes = sorted({_axis(x, d, kind) for d in axes}, reverse=True)
     if kind in ("mean", "logsumexp") and not x.dtype.is_float:
         raise DTypeError(f"{kind} of {x.dtype} {_label(x)}: cast to a float type first")
-    out_dt = dtypes.int32 if x.dtype == dtypes.bool_ else x.dtype
+    out_dt = dtypes.int32 if x.dtype == dtypes.bool_ and kind not in ("max", "min") else x.dtype   # (torch's any/all)
     final = tuple(d for i, d in enumerate(x.dims) if i not in axes or keepdim)
     final = tuple(1 if i in axes else d for i, d in enumerate(x.dims)) if keepdim else final
     label = f"{kind} of {_label(x)}"

@@ -410,3 +410,11 @@ def test_int_inputs_and_scalars_at_the_edges_of_int32():
     def row(x: Tensor["M", "N"]):
         return x[np.int32(1)] * 2.0
     np.testing.assert_allclose(row(np.arange(6, dtype=np.float32).reshape(2, 3)), [6.0, 8.0, 10.0])
+
+
+def test_the_extreme_of_bools_is_a_bool_and_their_sum_a_count():
+    """As torch: amax / amin of bool tensors are bool (any / all); a sum counts (int32 here)."""
+    x = np.array([[True, False], [False, False]])
+    top, low, count = tsr.function(lambda x: (tsr.amax(x, 1), tsr.amin(x, 1), tsr.sum(x, 1)))(x)
+    assert top.dtype == bool and top.tolist() == [True, False] and low.tolist() == [False, False]
+    assert count.dtype == np.int32 and count.tolist() == [1, 0]
