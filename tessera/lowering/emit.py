@@ -207,17 +207,37 @@ def _sigmoid(b: Builder, x):
 def _floor_divide(b: Builder, x, y):
     """Python's and torch's `//`: the quotient rounded down (towards -inf, not towards zero)."""
     if x.type.get_element_type() == f32:
-        return b(math.FloorOp(b(arith.DivfOp(x, y))))
+        return _float_division(b, x, y)[0]
     return b(arith.FloorDivSIOp(x, y))
 
 
 def _remainder(b: Builder, x, y):
-    """Python's and torch's `%`: x - (x // y) * y, so the sign follows the divisor's (one fma for
-    floats, whose product is then not rounded before the subtraction)."""
-    q = _floor_divide(b, x, y)
+    """Python's and torch's `%`: x - (x // y) * y, so the sign follows the divisor's."""
     if x.type.get_element_type() == f32:
-        return b(math.FmaOp(b(arith.NegfOp(q)), y, x))
+        return _float_division(b, x, y)[1]
+    q = _floor_divide(b, x, y)
     return b(arith.SubiOp(x, b(arith.MuliOp(q, y))))
+
+
+def _float_division(b: Builder, x, y) -> tuple[SSAValue, SSAValue]:
+    """(x // y, x % y) of floats as torch's: q = floor(x / y), moved by one where the rounded
+    quotient crossed an integer (1 / 0.1 rounds to 10, and 1.0 // 0.1 is 9), r = x - q * y in one
+    fma (not rounded before the subtraction), its sign the divisor's; by an infinite divisor r is
+    x where their signs agree (7 % inf is 7) and y where not (-7 % inf is inf). (A quotient past
+    2^24 is not exact: torch's fmod is.)"""
+    shape = x.type.get_shape()
+    zero, one = b.full(0.0, shape), b.full(1.0, shape)
+    q = b(math.FloorOp(b(arith.DivfOp(x, y))))
+    r = b(math.FmaOp(b(arith.NegfOp(q)), y, x))
+    infinite = compare(b, b(math.AbsFOp(y)), b.full(float("inf"), shape), "oeq")
+    r = select(b, infinite, x, r)
+    signs_differ = b(arith.XOrIOp(compare(b, r, zero, "olt"), compare(b, y, zero, "olt")))
+    under = b(arith.AndIOp(compare(b, r, zero, "one"), signs_differ))   # q one too large
+    over = b(arith.AndIOp(compare(b, b(math.AbsFOp(r)), b(math.AbsFOp(y)), "oge"),
+                          b(arith.XOrIOp(infinite, b.splat(b(arith.ConstantOp(IntegerAttr(1, i1))), shape)))))
+    q = select(b, under, b(arith.SubfOp(q, one)), select(b, over, b(arith.AddfOp(q, one)), q))
+    r = select(b, under, b(arith.AddfOp(r, y)), select(b, over, b(arith.SubfOp(r, y)), r))
+    return q, r
 
 
 def _compare(fpred: str, ipred: str):

@@ -2268,6 +2268,9 @@ def epilogue_map(kb: KernelBuild, out: SSAValue, op: Operation, m: Map) -> Map:
     `_transposed_output`)."""
     memo: dict = {}
 
+    def sizes(v: SSAValue) -> tuple:   # (a dim named M bound to 1 is a size-1 dim: [1, N] + [M, N])
+        return tuple(g.dim_value(d, kb.bindings) for d in g.tensor_type(v).shape)
+
     def map_of(v: SSAValue) -> Map:
         if v is op.results[0]:
             return m
@@ -2278,8 +2281,7 @@ def epilogue_map(kb: KernelBuild, out: SSAValue, op: Operation, m: Map) -> Map:
                                                    and g.is_unit_reshape(step, kb.bindings)):
                 memo[v] = view_map(step, map_of(step.input), kb.bindings)
             elif isinstance(step, (g.ElementwiseOp, g.CastOp)) and on_path and all(
-                    g.tensor_type(x).shape == g.tensor_type(v).shape for x in on_path) and \
-                    len({map_of(x) for x in on_path}) == 1:
+                    sizes(x) == sizes(v) for x in on_path) and len({map_of(x) for x in on_path}) == 1:
                 memo[v] = map_of(on_path[0])
             else:
                 raise TesseraError(f"{kb.sk.sym_name.data}: a kernel's epilogue keeps its result's shape "

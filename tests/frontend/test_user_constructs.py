@@ -418,3 +418,26 @@ def test_the_extreme_of_bools_is_a_bool_and_their_sum_a_count():
     top, low, count = tsr.function(lambda x: (tsr.amax(x, 1), tsr.amin(x, 1), tsr.sum(x, 1)))(x)
     assert top.dtype == bool and top.tolist() == [True, False] and low.tolist() == [False, False]
     assert count.dtype == np.int32 and count.tolist() == [1, 0]
+
+
+def test_float_floor_division_and_remainder_are_torchs():
+    """1.0 // 0.1 is 9 (1 / 0.1 rounds to 10) and 1.0 % 0.1 is 0.1 - ulp, not a negative
+    remainder; by an infinite divisor the remainder is x or the divisor, as torch's."""
+    a = np.array([1.0, 3.0, -7.0, 7.0, -1.0, 5.5, -5.5, 0.0, 7.0], np.float32)
+    b = np.array([0.1, 0.3, np.inf, np.inf, 0.3, -2.0, 2.0, 3.0, -np.inf], np.float32)
+    q, r = tsr.function(lambda a, b: (a // b, a % b))(a, b)
+    np.testing.assert_array_equal(q, [9, 9, -1, 0, -4, -3, -3, 0, -1])
+    exact = (a.astype(np.float64) - q.astype(np.float64) * b.astype(np.float64)).astype(np.float32)   # (one rounding)
+    np.testing.assert_array_equal(r[[0, 1, 4, 5, 6, 7]], exact[[0, 1, 4, 5, 6, 7]])
+    np.testing.assert_array_equal(r[[2, 3, 8]], [np.inf, 7.0, -np.inf])
+    assert r[0] > 0 and r[1] > 0
+
+
+def test_a_column_sum_over_a_dim_of_one_feeds_its_epilogue():
+    """sum(x, 0, keepdim=True) + x with M = 1: the sum's [1, N] and x's [M, N] are one shape (the
+    fuzzer's program; the epilogue's check compared the dims' names)."""
+    @tsr.function
+    def f(x: Tensor["M", "N"]):
+        return tsr.sum(x, dim=0, keepdim=True) + x
+    x = np.array([[0.5, -2.0]], np.float16)
+    np.testing.assert_array_equal(f(x), [[1.0, -4.0]])
