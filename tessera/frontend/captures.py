@@ -241,9 +241,14 @@ def freeze(value, label: str, depth: int = 0):
         raise _refused(label, value, "is a tensor")
     if type(value).__hash__ not in (None, object.__hash__) and type(value).__eq__ is not object.__eq__:
         return (type(value), value)   # a value type (a frozen dataclass, torch.float16)
-    if depth == 0 and hasattr(value, "__dict__") and not type(value).__module__.startswith("tessera."):
-        return (type(value), ObjectIdentity(id(value)), freeze(vars(value), label, depth + 1))   # a config object
-    return value   # an object inside another, a Tessera function: by identity
+    if depth < MAX_DEPTH - 1 and hasattr(value, "__dict__") and not type(value).__module__.startswith("tessera."):
+        if depth == 0:   # a config object: by its attributes' values
+            return (type(value), ObjectIdentity(id(value)), freeze(vars(value), label, depth + 1))
+        try:   # one inside it (cfg.inner.scale) too, where they can be keyed (else by identity, as before)
+            return (type(value), ObjectIdentity(id(value)), freeze(vars(value), label, depth + 1))
+        except ArgumentKindError:
+            return value
+    return value   # an object nested deeper, a Tessera function: by identity
 
 
 def _same_when_identical(value, depth: int = 0) -> bool:

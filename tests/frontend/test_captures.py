@@ -195,3 +195,30 @@ def test_an_attribute_of_a_module_or_class_the_code_reads_is_keyed(tmp_path, mon
     labels = [v.label for v in f.captures._plan]
     assert "f reads capture_cfg.FACTOR" in labels and "f reads Knobs.GAIN" in labels
     assert not any("tsr.exp" in label for label in labels)   # (Tessera's own attributes: constants)
+
+
+class _Inner:
+    def __init__(self, scale):
+        self.scale, self.sizes = scale, [1, 2]
+
+
+class _Config:
+    def __init__(self):
+        self.inner = _Inner(2.0)
+
+
+CONFIG = _Config()
+LOOKUP = {"m": _Inner(3.0)}
+
+
+def test_an_object_inside_a_config_object_or_a_dict_is_keyed_by_its_attributes():
+    """cfg.inner.scale and D["m"].scale: changing them re-traces (they were keyed by identity)."""
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return x * CONFIG.inner.scale + x * LOOKUP["m"].scale
+    np.testing.assert_allclose(f(X), X * 5)
+    CONFIG.inner.scale, LOOKUP["m"].scale = 4.0, 6.0
+    try:
+        np.testing.assert_allclose(f(X), X * 10)
+    finally:
+        CONFIG.inner.scale, LOOKUP["m"].scale = 2.0, 3.0
