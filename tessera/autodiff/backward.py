@@ -492,7 +492,7 @@ class _Reverse:
             for kind in ("mean", "rstd"):
                 if (op, kind) in self.statistics:
                     extra[kind] = self.statistics[op, kind]
-            if rule_key(op) in EXTREMES and _ties(op) == ops.JOINT:
+            if rule_key(op) in EXTREMES and ops.ties_of(op) == ops.JOINT:
                 extra["counts"] = self._tie_counts(op.operands[0])
             value = self.probabilities.get(y, self.values[y])
             derived = rule(op, self.grads[y], value, *(self.values[v] for v in op.operands), **extra)
@@ -509,7 +509,8 @@ class _Reverse:
         op = v.owner
         x = op.operands[0]
         hit = self.values[x] == self.values[v]
-        counts = ops.cast(hit, dtypes.fp32) if _ties(op) != ops.JOINT else ops.where(hit, self._tie_counts(x), 0.0)
+        joint = ops.ties_of(op) == ops.JOINT
+        counts = ops.where(hit, self._tie_counts(x), 0.0) if joint else ops.cast(hit, dtypes.fp32)
         return ops.sum(counts, op.axis.data, keepdim=True)
 
     def _attention_rowsum(self, softmax) -> Tensor | None:
@@ -532,7 +533,7 @@ class _Reverse:
         if grad is None:
             grad = fit(full(x.shape, 0.0, x.dtype), x)
         if _views_an_argument(grad) or any(grad.value is r.value for r in returned):
-            grad = ops.where(True, grad, grad)
+            grad = ops.own_copy(grad)
         returned.append(grad)
         return grad
 
@@ -581,11 +582,6 @@ def _cast_chain(v) -> list:
         chain.append(user)
         v = user.res
     return chain
-
-
-def _ties(op) -> str | None:
-    """A maximum's, minimum's or extreme reduction's tie rule (`ops.TIES`), if it has one."""
-    return op.attributes[ops.TIES].data if ops.TIES in op.attributes else None
 
 
 def _views_an_argument(x: Tensor) -> bool:

@@ -66,7 +66,7 @@ def _extreme(larger: bool):
     of it to the first operand or to neither."""
     def rule(op, g, y, a, b):
         a_loses, b_loses = (a < b, b < a) if larger else (a > b, b > a)
-        ties = op.attributes[ops.TIES].data if ops.TIES in op.attributes else "half"
+        ties = ops.ties_of(op)
         if ties == "first":
             return ops.where(a_loses, 0.0, g), ops.where(a_loses, g, 0.0)
         if ties == "neither":
@@ -161,7 +161,7 @@ def _reduce_extreme(op, g, y, x, counts: Tensor | None = None):
     axis, keepdim = op.axis.data, op.keepdim.data
     extreme = y if keepdim else ops.unsqueeze(y, axis)
     hit = x == extreme
-    if ops.TIES in op.attributes and op.attributes[ops.TIES].data == "first":   # (as max(x, dim)'s indices name)
+    if ops.ties_of(op) == "first":   # (as max(x, dim)'s indices name)
         n = x.shape[axis]
         index = ops.reshape(ops.arange(n), *[n if i == axis else 1 for i in range(x.ndim)])
         first = ops.amin(ops.where(hit, index, n), axis, True)

@@ -242,12 +242,12 @@ def freeze(value, label: str, depth: int = 0):
     if type(value).__hash__ not in (None, object.__hash__) and type(value).__eq__ is not object.__eq__:
         return (type(value), value)   # a value type (a frozen dataclass, torch.float16)
     if depth < MAX_DEPTH - 1 and hasattr(value, "__dict__") and not type(value).__module__.startswith("tessera."):
-        if depth == 0:   # a config object: by its attributes' values
-            return (type(value), ObjectIdentity(id(value)), freeze(vars(value), label, depth + 1))
-        try:   # one inside it (cfg.inner.scale) too, where they can be keyed (else by identity, as before)
+        try:   # a config object, and one inside it (cfg.inner.scale): by its attributes' values
             return (type(value), ObjectIdentity(id(value)), freeze(vars(value), label, depth + 1))
         except ArgumentKindError:
-            return value
+            if depth == 0:
+                raise
+            return value   # (one inside whose attributes no key can stand for: by identity, as before)
     return value   # an object nested deeper, a Tessera function: by identity
 
 

@@ -235,6 +235,17 @@ def _with_ties(y: Tensor, ties: str, op=None) -> Tensor:
     return y
 
 
+def ties_of(op) -> str | None:
+    """A maximum's, minimum's or extreme reduction's tie rule (`TIES`), if it has one."""
+    return op.attributes[TIES].data if TIES in op.attributes else None
+
+
+def own_copy(x: Tensor) -> Tensor:
+    """`x` as a value of its own (a select of it by itself, which fusion computes into a buffer of
+    its own): a result that is another result, or an argument, as a function's result."""
+    return where(True, x, x)
+
+
 def relu(x) -> Tensor:
     """max(x, 0), whose gradient at 0 is 0 (torch's, JAX's)."""
     integer = isinstance(x, Tensor) and not x.dtype.is_float

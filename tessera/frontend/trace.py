@@ -211,14 +211,14 @@ def _collect_results(fn_name, result, t: Trace, outputs) -> list:
 
 def _distinct(values: list) -> list:
     """A kernel's stored values, each its own: an output that holds the value another output
-    holds (`B[:] = A * 2; C[:] = B`) gets a copy of it, as a function cannot return one value
-    twice (each result is a buffer of its own)."""
+    holds (`B[:] = A * 2; C[:] = B`) gets a copy of it (`ops.own_copy`), as a function cannot
+    return one value twice (each result is a buffer of its own)."""
     from . import ops
 
     seen, out = set(), []
     for v in values:
         if v.value in seen:
-            v = ops.where(True, v, v)   # (a copy: the value, computed again into its own buffer)
+            v = ops.own_copy(v)
         seen.add(v.value)
         out.append(v)
     return out

@@ -215,6 +215,11 @@ def fit_block(block: int, size: int) -> int:
     return min(block, max(16, 1 << max(0, hint(size) - 1).bit_length()))
 
 
+def pow2_at_least(n: int, lo: int = 16) -> int:
+    """The least power of two at least `n` and `lo`."""
+    return max(lo, 1 << max(0, n - 1).bit_length())
+
+
 def fit_warps(num_warps: int, most: int) -> int:
     """A kernel's warps: param `num_warps`, cut to the power of two at most `most`, what its tile
     keeps busy (a tensor-core fragment is 16 rows)."""
@@ -237,7 +242,7 @@ def across_fits(params: dict[str, int], rows: int, columns: int, width: int) -> 
     them (`fit_block`, `fit_warps`)."""
     block_m, block_n = fit_block(params["block_m"], rows), fit_block(params["block_n"], columns)
     warps = fit_warps(params["num_warps"], block_m // 16)
-    return across_transposed(block_n, max(16, 1 << max(0, width - 1).bit_length()), warps) is not None
+    return across_transposed(block_n, pow2_at_least(width), warps) is not None
 
 
 def mma_k_extent(extent: int, element_bytes: int) -> int:

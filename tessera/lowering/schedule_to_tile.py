@@ -40,6 +40,7 @@ from ..errors import TesseraError
 from ..ir import graph as g
 from ..ir import provenance
 from ..ir import schedule as s
+from ..ir.schedule import pow2_at_least
 from ..ir import tile as t
 from . import profile
 from ..ir import index_maps
@@ -51,10 +52,6 @@ from .grid_limits import fit_grid
 
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
-
-
-def pow2_at_least(n: int, lo: int = 16) -> int:
-    return max(lo, 1 << max(0, n - 1).bit_length())
 
 
 def memref_of(v: SSAValue, bindings) -> MemRefType:
@@ -2268,8 +2265,9 @@ def epilogue_map(kb: KernelBuild, out: SSAValue, op: Operation, m: Map) -> Map:
     `_transposed_output`)."""
     memo: dict = {}
 
-    def sizes(v: SSAValue) -> tuple:   # (a dim named M bound to 1 is a size-1 dim: [1, N] + [M, N])
-        return tuple(g.dim_value(d, kb.bindings) for d in g.tensor_type(v).shape)
+    def same_shape(x: SSAValue, v: SSAValue) -> bool:   # (a dim named M bound to 1 is a size-1 dim)
+        a, b = g.tensor_type(x).shape, g.tensor_type(v).shape
+        return a == b or [g.dim_value(d, kb.bindings) for d in a] == [g.dim_value(d, kb.bindings) for d in b]
 
     def map_of(v: SSAValue) -> Map:
         if v is op.results[0]:
@@ -2281,7 +2279,7 @@ def epilogue_map(kb: KernelBuild, out: SSAValue, op: Operation, m: Map) -> Map:
                                                    and g.is_unit_reshape(step, kb.bindings)):
                 memo[v] = view_map(step, map_of(step.input), kb.bindings)
             elif isinstance(step, (g.ElementwiseOp, g.CastOp)) and on_path and all(
-                    sizes(x) == sizes(v) for x in on_path) and len({map_of(x) for x in on_path}) == 1:
+                    same_shape(x, v) for x in on_path) and len({map_of(x) for x in on_path}) == 1:
                 memo[v] = map_of(on_path[0])
             else:
                 raise TesseraError(f"{kb.sk.sym_name.data}: a kernel's epilogue keeps its result's shape "

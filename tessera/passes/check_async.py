@@ -74,9 +74,9 @@ KINDS: dict[str, str] = {
     "register-overwrite": "(a) a loop overwrites registers a wgmma still reads (its A operand or accumulator) before "
                           "a wgmma_wait retires it",
     "wgmma-fence": "a wgmma with no wgmma_fence between it and the register writes it reads",
-    "proxy-fence": "a wgmma reads shared memory that threads stored with no fence kind = \"async_shared\" "
-                   "between the stores and the barrier publishing them (stores are the generic proxy's, wgmma "
-                   "reads the async proxy's)",
+    "proxy-fence": "a wgmma or bulk copy reads shared memory that threads stored with no fence kind = "
+                   "\"async_shared\" between the stores and the barrier publishing them (stores are the generic "
+                   "proxy's, wgmma and bulk copies read through the async proxy)",
     "barrier-threads": "a barrier whose thread count does not match the threads that reach it",
 }
 
@@ -522,9 +522,12 @@ class _Run:
         """The threads' stores of a register tile into a stage (dS^T for an across sum's mma): done
         at once in each thread, so readers need a barrier after it, and a wgmma (the async proxy)
         also a `fence kind = "async_shared"` before that barrier."""
+        self._threads_store(agent, op, self._stage(op.dst, op.stage, op))
+
+    def _threads_store(self, agent: _Agent, op: Operation, stage: _Stage) -> None:
         self.read_registers(agent, op, (op.value,))
         agent.own["st"] += 1
-        self._write(agent, op, self._stage(op.dst, op.stage, op), 0, _Write(op, "st.shared", agent, agent.own["st"]))
+        self._write(agent, op, stage, 0, _Write(op, "st.shared", agent, agent.own["st"]))
 
     def _scratch_stage(self, op: Operation) -> _Stage:
         offset = op.attributes[tgt.SCRATCH].offset.data
@@ -533,9 +536,7 @@ class _Run:
     def _stage_rows(self, agent: _Agent, op: Operation) -> None:
         """The threads' stores of a tile into a scratch buffer (a bulk reduction's source): a
         refill, once an earlier bulk_reduce read it, needs its `bulk_wait read` published."""
-        self.read_registers(agent, op, (op.value,))
-        agent.own["st"] += 1
-        self._write(agent, op, self._scratch_stage(op), 0, _Write(op, "st.shared", agent, agent.own["st"]))
+        self._threads_store(agent, op, self._scratch_stage(op))
 
     def _bulk_reduce(self, agent: _Agent, op: Operation) -> None:
         """A bulk reduction reads its scratch buffer through the async proxy until a `bulk_wait`."""

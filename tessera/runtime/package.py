@@ -95,14 +95,14 @@ def read_files(directory: Path, listed: Mapping[str, Mapping]) -> dict[str, byte
             raise ArtifactError(f"{directory / MANIFEST} names a file that is not a plain file of the package: "
                                 f"{name!r}")
         path = directory / name
+        if path.is_dir():
+            raise ArtifactError(f"package {directory}: {name!r} is a directory, not the file the manifest lists")
         try:
-            data = path.read_bytes() if not path.is_dir() else None
+            data = path.read_bytes()
         except FileNotFoundError:
             data = None
         except OSError as e:
             raise ArtifactError(f"package {directory}: {name!r} cannot be read ({e.strerror})") from None
-        if data is None and path.is_dir():
-            raise ArtifactError(f"package {directory}: {name!r} is a directory, not the file the manifest lists")
         try:
             verify_blob(name, data, ref["sha256"], ref["size"])
         except ArtifactError as e:

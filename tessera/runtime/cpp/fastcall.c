@@ -317,7 +317,6 @@ static int guards_hold(const CallObject *self) {
     return 1;
 }
 
-/* 1 when x is the tensor `s` describes, 0 when not, -1 with an exception; *ptr gets its address. */
 /* Whether a call's non-tensor argument is the record's (of its type): floats by their bits, as
    the compile keys them (captures.exact: -0.0 is not 0.0, a NaN is itself), the rest by ==. */
 static int same_value(PyObject *x, PyObject *value) {
@@ -328,6 +327,7 @@ static int same_value(PyObject *x, PyObject *value) {
     return PyObject_RichCompareBool(x, value, Py_EQ);
 }
 
+/* 1 when x is the tensor `s` describes, 0 when not, -1 with an exception; *ptr gets its address. */
 static int tensor_matches(const ArgSpec *s, PyObject *x, uint64_t *ptr) {
     PyObject *o;
     int ok;
