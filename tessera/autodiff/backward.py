@@ -508,7 +508,7 @@ class _Reverse:
         (0, 1) of [[1, 1], [1, 0]] gave 1/4, 1/4, 1/2)."""
         op = v.owner
         x = op.operands[0]
-        hit = self.values[x] == self.values[v]
+        hit = ops.equals_extreme(self.values[x], self.values[v])
         joint = ops.ties_of(op) == ops.JOINT
         counts = ops.where(hit, self._tie_counts(x), 0.0) if joint else ops.cast(hit, dtypes.fp32)
         return ops.sum(counts, op.axis.data, keepdim=True)

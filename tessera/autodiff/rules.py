@@ -160,7 +160,7 @@ def _reduce_extreme(op, g, y, x, counts: Tensor | None = None):
     element of x weighted by the elements it stands for."""
     axis, keepdim = op.axis.data, op.keepdim.data
     extreme = y if keepdim else ops.unsqueeze(y, axis)
-    hit = x == extreme
+    hit = ops.equals_extreme(x, extreme)
     if ops.ties_of(op) == "first":   # (as max(x, dim)'s indices name)
         n = x.shape[axis]
         index = ops.reshape(ops.arange(n), *[n if i == axis else 1 for i in range(x.ndim)])

@@ -278,6 +278,24 @@ def cast(x: Tensor, dt, storage: bool = False) -> Tensor:
     return _make(op.res, x.dims, dt, _label(x))
 
 
+def rounded(x: Tensor) -> Tensor:
+    """`x` rounded to its own dtype where a kernel computes it (in f32: a float narrower than f32;
+    anything else is itself). What a test for the elements equal to a max or min of x must compare:
+    the extreme another kernel took was stored in x's dtype, so rounded, while x, computed again,
+    was not (argmax of a * b in fp16 found no element equal to the row's max and returned the row's
+    length; the gradient of amax(a * b) was 0). Rounding is monotonic: the rounded max is the max
+    of the rounded values, and values that round together tie, as in torch's rounded tensor."""
+    if not (x.dtype.is_float and x.dtype.bits < 32):
+        return x
+    return cast(cast(x, dtypes.fp32), x.dtype)
+
+
+def equals_extreme(x: Tensor, extreme: Tensor) -> Tensor:
+    """Where `x` equals `extreme` (a max or min of it, broadcast along the reduced dim), both
+    `rounded`: the same elements in a kernel as in the float64 reference."""
+    return eq(rounded(x), rounded(extreme))
+
+
 # --- views ---------------------------------------------------------------------
 
 def permute(x: Tensor, *perm) -> Tensor:

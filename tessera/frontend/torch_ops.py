@@ -277,7 +277,7 @@ def _arg_extreme(x: Tensor, dim, keepdim: bool, largest: bool) -> Tensor:
     if x.dtype == dtypes.bool_:
         x = ops.cast(x, dtypes.int32)
     extreme = (ops.amax if largest else ops.amin)(x, axis, True)
-    hit = ops.logical_or(ops.eq(x, extreme), ops.ne(x, x))
+    hit = ops.logical_or(ops.equals_extreme(x, extreme), ops.ne(x, x))
     n = x.shape[axis]
     index = ops.reshape(ops.arange(n), *[n if i == axis else 1 for i in range(x.ndim)])
     return ops.amin(ops.where(hit, index, int(n)), axis, keepdim)

@@ -31,7 +31,7 @@ from xdsl.dialects.builtin import (
     i1,
     i32,
 )
-from xdsl.ir import Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from .. import dtypes
 from ..backends import BACKENDS
@@ -346,6 +346,31 @@ def _output_tile(kb: KernelBuild, axes: Sequence[str], dims: Sequence, block_m: 
 NEUTRAL = g.NEUTRAL
 COMBINE = {"sum": arith.AddfOp, "mean": arith.AddfOp, "max": arith.MaximumfOp, "min": arith.MinimumfOp}
 TILE_REDUCE = {"sum": "sum", "mean": "sum", "max": "max", "min": "min"}
+#: an int reduction's neutral element and combining op, in its i32 accumulator (`accumulator`)
+INT_NEUTRAL = {"sum": 0, "max": -2 ** 31, "min": 2 ** 31 - 1}
+INT_COMBINE = {"sum": arith.AddiOp, "max": arith.MaxSIOp, "min": arith.MinSIOp}
+
+
+def accumulator(v: SSAValue) -> Attribute:
+    """The element a reduction of `v` accumulates in: f32 for a float, i32 for an int or a bool,
+    exact (in f32 an int32 max past 2^24 was rounded, and argmax, which looks for the max in its row
+    again, found no element equal to it and returned the row's length)."""
+    return f32 if g.tensor_type(v).dtype.is_float else i32
+
+
+def neutral(b: Builder, kind: str, elem: Attribute, shape: Sequence[int]) -> SSAValue:
+    """A tile of a `kind` reduction's neutral element in accumulator `elem`."""
+    return b.full(NEUTRAL[kind], shape) if elem == f32 else b.splat(b.i32(INT_NEUTRAL[kind]), shape)
+
+
+def combine(b: Builder, kind: str, acc: SSAValue, x: SSAValue) -> SSAValue:
+    """`acc` and `x` (tiles of one accumulator element) combined by a `kind` reduction."""
+    return b((COMBINE if acc.type.get_element_type() == f32 else INT_COMBINE)[kind](acc, x))
+
+
+def accumulator_dtype(elem: Attribute):
+    """The dtype partial results of accumulator `elem` are stored in between kernels."""
+    return dtypes.fp32 if elem == f32 else dtypes.int32
 
 
 def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
@@ -354,8 +379,8 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     program in chunks of `block_n` columns. Column reductions over the same rows that fusion merged
     in (`riders`, a norm backward's weight and bias gradients) make the kernel persistent: each of
     `programs` blocks walks row blocks pid, pid + programs, ..., adds each block's rows of every
-    rider's operand into a register accumulator per column, and writes its partial results, fp32
-    [programs, N]; a kernel after it combines them in order."""
+    rider's operand into a register accumulator per column, and writes its partial results,
+    [programs, N] of its `accumulator`'s element; a kernel after it combines them in order."""
     candidates = kb.op((g.SoftmaxOp, g.LayerNormOp, g.RmsNormOp, g.ReduceOp, g.NormStatisticOp))
     riders = [op for op in candidates if _rides_rows(kb, op)] if len(candidates) > 1 else []
     rows_ops = [op for op in candidates if op not in riders]
@@ -388,13 +413,13 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         the contexts of the block's passes (`chunk_ctx`), so a row of one chunk is read once."""
         parts = []
         for rider in riders:
-            kind = rider.kind.data
+            kind, elem = rider.kind.data, accumulator(rider.input)
             for c in range(chunks):
                 ctx = chunk_ctx(first_chunk if chunks == 1 else kb.b.index(c * bn))
-                tile = convert(kb.b, kb.em.value(rider.input, axes, ctx), f32)
+                tile = convert(kb.b, kb.em.value(rider.input, axes, ctx), elem)
                 if not whole_blocks(bm, sizes[rows[-1]]):   # rows past the end count as neutral
                     live = _index_mask(kb, ctx.tiled[row][0], bm, n_rows, shape, 0)
-                    tile = select(kb.b, live, tile, kb.b.full(NEUTRAL[kind], shape))
+                    tile = select(kb.b, live, tile, neutral(kb.b, kind, elem, shape))
                 parts.append(kb.b(t.ReduceOp(tile, TILE_REDUCE[kind], 0)))
         return parts
 
@@ -418,21 +443,23 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
 
         zero = kb.b.index(0)
 
-        def masked_x(c0, fill: float, source: SSAValue = x):
-            """The row chunk of x (or `source`) in f32 (reductions accumulate in f32, bool and int
-            inputs too), tail masked."""
-            value = convert(kb.b, kb.em.value(source, axes, chunk_ctx(c0)), f32)
+        def masked_x(c0, fill: float | SSAValue, source: SSAValue = x, elem: Attribute = f32):
+            """The row chunk of x (or `source`) in `elem` (f32, or an int reduction's i32), the
+            columns past the row's end `fill` (a float, or a tile)."""
+            value = convert(kb.b, kb.em.value(source, axes, chunk_ctx(c0)), elem)
             mask = _col_mask(kb, c0, bn, n, shape)
-            return select(kb.b, mask, value, kb.b.full(fill, shape))
+            return select(kb.b, mask, value, fill if isinstance(fill, SSAValue) else kb.b.full(fill, shape))
 
-        def accumulate(kind: str, fill: float, f=lambda v, c0: v, source: SSAValue = x):
-            """One pass over the row: reduce f(x) (of `source`) with `kind`."""
+        def accumulate(kind: str, f=lambda v, c0: v, source: SSAValue = x):
+            """One pass over the row: reduce f(x) (of `source`) with `kind`, in its `accumulator`."""
+            elem = accumulator(source)
+
             def body(iv, acc):
                 c0 = kb.mul(iv, bn) if chunks > 1 else iv
-                v = masked_x(c0, fill, source)
+                v = masked_x(c0, neutral(kb.b, kind, elem, shape), source, elem)
                 part = kb.b(t.ReduceOp(f(v, c0), TILE_REDUCE[kind], 1))
-                return [kb.b(COMBINE[kind](acc, part))]
-            (acc,) = over_chunks([kb.b.full(NEUTRAL[kind], [bm])], body)
+                return [combine(kb.b, kind, acc, part)]
+            (acc,) = over_chunks([neutral(kb.b, kind, elem, [bm])], body)
             return acc
 
         def write(transform: Callable, reads_x: bool = True):
@@ -461,7 +488,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         elif isinstance(anchor, (g.LayerNormOp, g.RmsNormOp, g.NormStatisticOp)):
             eps = kb.b.f32(anchor.eps.value.data)
             layer = isinstance(anchor, g.LayerNormOp) or isinstance(anchor, g.NormStatisticOp) and anchor.centered.data
-            mean = kb.b(arith.MulfOp(accumulate("sum", 0.0), kb.b.splat(inv_n, [bm]))) if layer else None
+            mean = kb.b(arith.MulfOp(accumulate("sum"), kb.b.splat(inv_n, [bm]))) if layer else None
 
             def centered(v, c0):
                 if not layer:
@@ -470,7 +497,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 d = select(kb.b, _col_mask(kb, c0, bn, n, shape), d, kb.b.full(0.0, shape))
                 return kb.b(arith.MulfOp(d, d))
 
-            var = kb.b(arith.MulfOp(accumulate("sum", 0.0, centered), kb.b.splat(inv_n, [bm])))
+            var = kb.b(arith.MulfOp(accumulate("sum", centered), kb.b.splat(inv_n, [bm])))
             rstd = kb.b(mathd.RsqrtOp(kb.b(arith.AddfOp(var, kb.b.splat(eps, [bm])))))
             statistics, row_ctx = {"mean": mean, "rstd": rstd}, TileCtx({row: (r0, bm)}, scalars)
             kept = tuple(None if i == axis else a for i, a in enumerate(axes))
@@ -498,12 +525,12 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             if kind == "logsumexp":
                 acc = _logsumexp_of_stats(kb, *_online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks))
             else:
-                acc = accumulate(kind, NEUTRAL[kind])
+                acc = accumulate(kind)
             if kind == "mean":
                 acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
             if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced (fusion's
                 for sibling in siblings:                        # merge_row_broadcasts)
-                    total = accumulate(sibling.kind.data, NEUTRAL[sibling.kind.data], source=sibling.input)
+                    total = accumulate(sibling.kind.data, source=sibling.input)
                     if sibling.kind.data == "mean":
                         total = kb.b(arith.MulfOp(total, kb.b.splat(inv_n, [bm])))
                     kb.em.overrides[sibling.res] = rows_of(total)
@@ -565,7 +592,8 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
     else:
         raise DynamicDim(_dynamic_dim(riders[0].input, kb.bindings), "a row walk without a programs param")
     n_col = kb.size(g.tensor_type(riders[0].input).shape[1])
-    inits = [kb.b.full(NEUTRAL[r.kind.data], [bn]) for r in riders for _ in range(chunks)]
+    elems = [accumulator(r.input) for r in riders]
+    inits = [neutral(kb.b, r.kind.data, elem, [bn]) for r, elem in zip(riders, elems) for _ in range(chunks)]
     kinds = [r.kind.data for r in riders for _ in range(chunks)]
     ahead = _row_tiles_read(kb, riders[0].input) if kb.params.get("num_stages", 1) > 1 and chunks == 1 else []
 
@@ -584,17 +612,17 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
         accs, tiles = carried[:len(inits)], carried[len(inits):]
         following = load_ahead(kb.b(arith.AddiOp(iv, kb.b.index(programs)))) if ahead else []
         parts = one_block(kb.mul(iv, bm), dict(zip(ahead, tiles)))
-        return [kb.b(COMBINE[k](a, p)) for k, a, p in zip(kinds, accs, parts)] + following
+        return [combine(kb.b, k, a, p) for k, a, p in zip(kinds, accs, parts)] + following
     first = load_ahead(kb.pid(0)) if ahead else []
     accs = _for(kb.b, kb.pid(0), row_blocks, programs, inits + first, walk)[:len(inits)]
-    partials_type = MemRefType(f32, [programs, n_col])
-    buffers = [kb.add_scratch(partials_type) for _ in riders]
-    for i, buffer in enumerate(buffers):
+    partials_types = [MemRefType(elem, [programs, n_col]) for elem in elems]
+    buffers = [kb.add_scratch(partials_type) for partials_type in partials_types]
+    for i, (buffer, elem) in enumerate(zip(buffers, elems)):
         for c in range(chunks):
             ctx = TileCtx({axes[1]: (kb.b.index(c * bn), bn)}, {"p": kb.pid(0)})
-            kb.em.store(accs[i * chunks + c], buffer, ("p", axes[1]), ctx, dtypes.fp32)
+            kb.em.store(accs[i * chunks + c], buffer, ("p", axes[1]), ctx, accumulator_dtype(elem))
     after = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_combine")
-    scratch = [after.add_scratch(partials_type) for _ in riders]
+    scratch = [after.add_scratch(partials_type) for partials_type in partials_types]
     results = [_rider_output(kb, rider) for rider in riders]
     maps = [epilogue_map(kb, result, rider, (None, axes[1]) if rider.keepdim.data else (axes[1],))
             for rider, result in zip(riders, results)]
@@ -614,19 +642,19 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
 def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     """A reduction over a leading axis (fusion's `is_column_reduction`), tiled with the kept last axis across
     the tile's columns: each program walks its run of the reduced axis `block_m` indices a step,
-    combining whole tiles elementwise into an fp32 accumulator (no exchange between threads in
+    combining whole tiles elementwise into an `accumulator` (no exchange between threads in
     the loop), and reduces the accumulator's rows once, at the end. Each load is `block_n`
     contiguous elements of a row, where the row template read each column down the rows, one
     element a row (a 16384 x 8192 weight gradient took 1.73 ms on the H200, bench/RESULTS.md
     session 13). With `split_rows` > 1 (too few column blocks to fill the GPU), a first kernel
-    writes each split's partial result, fp32 [splits, *kept], and this one combines them in split
+    writes each split's partial result ([splits, *kept], fp32 or i32), and this one combines them in split
     order (so results do not depend on timing), then the epilogue. A reduced axis taken at run time
     is walked to its run-time end: split as the planner says (`fusion._split_rows`), each split's
     run of steps counted at run time, whole steps COLUMN_UNROLL at a time and the last one masked;
     the kept dims are constants (they size the partial results)."""
     (anchor,) = kb.op(g.ReduceOp)
     x_t = g.tensor_type(anchor.input)
-    axis, kind = anchor.axis.data, anchor.kind.data
+    axis, kind, elem = anchor.axis.data, anchor.kind.data, accumulator(anchor.input)
     axes = _axes("d", x_t.rank)
     sizes = [kb.size(d) for d in x_t.shape]
     kept_dynamic = [d for i, (d, n) in enumerate(zip(x_t.shape, sizes)) if i != axis and is_dynamic(n)]
@@ -663,23 +691,23 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             end = b(arith.MinSIOp(b(arith.AddiOp(first, index(run))), index(chunks)))
 
         def tile_at(iv: SSAValue) -> tuple[SSAValue, SSAValue]:
-            """(step iv's first row, its tile in fp32)."""
+            """(step iv's first row, its tile in the accumulator's element)."""
             r0 = build.mul(iv, bm)
             return r0, convert(b, build.em.value(anchor.input, axes, TileCtx({red: (r0, bm), col: (c0, bn)}, scalars)),
-                               f32)
+                               elem)
 
         def step(iv, acc, masked: bool):
             r0, tile = tile_at(iv)
             if masked:   # the last step's rows past the reduced axis count as neutral
-                tile = select(b, _index_mask(build, r0, bm, rows, shape, 0), tile, b.full(NEUTRAL[kind], shape))
-            return [b(COMBINE[kind](acc, tile))]
+                tile = select(b, _index_mask(build, r0, bm, rows, shape, 0), tile, neutral(b, kind, elem, shape))
+            return [combine(b, kind, acc, tile)]
 
         def steps(iv, acc):   # COLUMN_UNROLL whole steps, every load before the first combine
             tiles = [tile_at(b(arith.AddiOp(iv, b.index(u))))[1] for u in range(COLUMN_UNROLL)]
             for tile in tiles:
-                acc = b(COMBINE[kind](acc, tile))
+                acc = combine(b, kind, acc, tile)
             return [acc]
-        zero = b.full(NEUTRAL[kind], shape)
+        zero = neutral(b, kind, elem, shape)
         if isinstance(rows, int):
             (acc,) = _for(b, first, end, 1, [zero], lambda iv, acc: step(iv, acc, rows % bm != 0))
         else:   # whole steps unmasked, COLUMN_UNROLL at a time, then the rest, the last one masked
@@ -700,12 +728,12 @@ def lower_column_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         total, scalars, c0 = reduce_run(kb)
         finish(kb, total, TileCtx({col: (c0, bn)}, scalars))
         return grid
-    partials_type = MemRefType(f32, [splits, *(sz for _, sz in batch), n_col])
+    partials_type = MemRefType(elem, [splits, *(sz for _, sz in batch), n_col])
     part = _start(kb.sk, kb.bindings, kb.in_types,
                   kb.sk.sym_name.data + SPLIT_PARTIALS, partials_type)
     total, scalars, c0 = reduce_run(part)
     part.em.store(total, part.out, ("s", *kept), TileCtx({col: (c0, bn)}, {**scalars, "s": part.pid(2)}),
-                  dtypes.fp32)
+                  accumulator_dtype(elem))
     kb.before.append((_finish(part), grid))
     return _combine_partials(kb, [kb.add_scratch(partials_type)], splits, [kind], batch, col, n_col,
                              lambda build, _, total, ctx: finish(build, total, ctx))
@@ -739,8 +767,8 @@ def _store_column_result(build: KernelBuild, reduce, total: SSAValue, ctx: TileC
 
 def _combine_partials(kb: KernelBuild, partials: Sequence[SSAValue], splits: int, kinds: Sequence[str], batch,
                       col: str, n_col: int, finish: Callable, split_axis: str = "s") -> tuple[int, int, int]:
-    """The kernel combining column reductions' partial results (each fp32 [splits, *batch, n_col],
-    reduced by its kind): itself a column reduction, tiled COMBINE_TILE (a row of partials a
+    """The kernel combining column reductions' partial results (each [splits, *batch, n_col] of its
+    `accumulator`'s element, reduced by its kind): itself a column reduction, tiled COMBINE_TILE (a row of partials a
     thread's vector, so every load is whole lines): per block of columns, the splits combined in a
     fixed order (results do not depend on timing), every buffer's tiles loaded in the same step,
     then `finish(kb, i, total, ctx)` for each (a mean's scale, the epilogue, the store)."""
@@ -759,9 +787,12 @@ def _combine_partials(kb: KernelBuild, partials: Sequence[SSAValue], splits: int
         tiles = [kb.b(t.LoadOp(buffer, offsets, tile_dims, shape)) for buffer in partials]
         if splits % rows:
             live = _index_mask(kb, s0, rows, splits, shape, 0)
-            tiles = [select(kb.b, live, tile, kb.b.full(NEUTRAL[kind], shape)) for tile, kind in zip(tiles, kinds)]
-        return [kb.b(COMBINE[kind](acc, tile)) for acc, tile, kind in zip(accs, tiles, kinds)]
-    accs = _for(kb.b, 0, cdiv(splits, rows), 1, [kb.b.full(NEUTRAL[kind], shape) for kind in kinds], add)
+            tiles = [select(kb.b, live, tile, neutral(kb.b, kind, elem, shape))
+                     for tile, kind, elem in zip(tiles, kinds, elems)]
+        return [combine(kb.b, kind, acc, tile) for acc, tile, kind in zip(accs, tiles, kinds)]
+    elems = [buffer.type.element_type for buffer in partials]   # (f32, or an int reduction's i32)
+    accs = _for(kb.b, 0, cdiv(splits, rows), 1, [neutral(kb.b, kind, elem, shape) for kind, elem in zip(kinds, elems)],
+                add)
     for i, (acc, kind) in enumerate(zip(accs, kinds)):
         finish(kb, i, kb.b(t.ReduceOp(acc, TILE_REDUCE[kind], 0)), TileCtx({col: (c0, width)}, scalars))
     return (cdiv(n_col, width), math.prod(sz for _, sz in batch), 1)
@@ -1982,7 +2013,8 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     masks = _chain_masks(kb, sinks)
     contexts: list[TileCtx] = []
     kinds = [sink.op.kind.data if isinstance(sink.op, g.ReduceOp) else None for sink in sinks]
-    fills = [NEUTRAL[kind] if kind else 0.0 for kind in kinds]
+    # what each sink accumulates in: f32, an int reduction's i32 (`accumulator`)
+    elems = [accumulator(sink.computed) if kind else f32 for sink, kind in zip(sinks, kinds)]
 
     def compute(iv, tiles, *accs):
         n0 = kb.mul(block_of(iv) if block_of else iv, tile["n"])
@@ -1997,10 +2029,11 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
         contexts.append(ctx)   # (alive while the kernel is built: tiles are memoized by its identity)
 
         def computed(sink, ctx: TileCtx) -> SSAValue:
-            return convert(kb.b, kb.em.value(sink.computed, sink.tiling.operand_map, ctx), f32)
+            return convert(kb.b, kb.em.value(sink.computed, sink.tiling.operand_map, ctx), elems[sinks.index(sink)])
 
-        def cut(x: SSAValue, fill: float) -> SSAValue:   # columns past the end: the sink's neutral value
-            return select(kb.b, _col_mask(kb, n0, tile["n"], n_cols, block), x, kb.b.full(fill, block))
+        def cut(x: SSAValue, kind: str | None) -> SSAValue:   # columns past the end: the sink's neutral value
+            fill = neutral(kb.b, kind, x.type.get_element_type(), block) if kind else kb.b.full(0.0, block)
+            return select(kb.b, _col_mask(kb, n0, tile["n"], n_cols, block), x, fill)
 
         def branch(whole: bool) -> list[SSAValue]:
             """Every sink's computed operand over this block: in a block `whole` inside the masks
@@ -2011,7 +2044,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
             kb.em.kept_wheres = frozenset(masks) if whole else frozenset()
             xs = [computed(sink, own) for sink in sinks]
             kb.em.kept_wheres = frozenset()
-            return xs if whole or not tail else [cut(x, fill) for x, fill in zip(xs, fills)]
+            return xs if whole or not tail else [cut(x, kind) for x, kind in zip(xs, kinds)]
         masked = None
         if masks:   # the masks (and the column count) computed only in the blocks they cut
             tests = [_block_unmasked(kb, n0, m0, tile, bounds, None) for bounds in dict.fromkeys(masks.values())]
@@ -2022,18 +2055,18 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
                 inside = kb.b(arith.AndIOp(inside, test))
             masked = _if(kb.b, inside, lambda: branch(True), lambda: branch(False))
         carried = iter(accs)
-        for i, (sink, kind, fill) in enumerate(zip(sinks, kinds, fills)):
+        for i, (sink, kind) in enumerate(zip(sinks, kinds)):
             x = masked[i] if masked else computed(sink, ctx)
             if tail and not masked:   # a select in every block: without masks, a branch to the last
                 # block's select (yielding the tiles) was slower (H200 bf16 plain 3x5x1531x128: 0.201 -> 0.213 ms)
-                x = cut(x, fill)
+                x = cut(x, kind)
             with kb.b.origin(sink.op):
                 if sink.across:
                     sums.stage(sink, x)
                     continue
                 acc = next(carried)
                 if kind:
-                    out.append(kb.b(COMBINE[kind](acc, kb.b(t.ReduceOp(x, TILE_REDUCE[kind], 1)))))
+                    out.append(combine(kb.b, kind, acc, kb.b(t.ReduceOp(x, TILE_REDUCE[kind], 1))))
                     continue
                 b_use, want = uses[other]
                 x = to_storage(kb.b, x, g.tensor_type(b_use.value).dtype)
@@ -2046,8 +2079,8 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
             sums.add(n0)
         return out
 
-    accs0 = [kb.b.full(fill, [tile["m"]] if kind else [tile["m"], tile["e"]])
-             for sink, kind, fill in zip(sinks, kinds, fills) if not sink.across]
+    accs0 = [neutral(kb.b, kind, elem, [tile["m"]]) if kind else kb.b.full(0.0, [tile["m"], tile["e"]])
+             for sink, kind, elem in zip(sinks, kinds, elems) if not sink.across]
     fixed = {"m": m0, "e": zero, **{f"k{i}": zero for i in range(len(rows))}}
     steps = _key_blocks(kb, bounds, m0, tile, n_cols)
     block_of = _staggered(kb, m0, tile, steps) if sums and bounds.lower is None and bounds.upper is None else None

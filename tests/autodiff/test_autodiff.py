@@ -290,6 +290,35 @@ def test_an_extreme_over_several_dims_splits_its_ties_evenly_over_all(reduce, ki
     np.testing.assert_allclose(dx, hit / hit.sum(axis=axes, keepdims=True), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float16, "bfloat16"])
+def test_extremes_of_a_value_its_dtype_rounds_find_their_elements(dtype):
+    """The extreme of a * b was stored rounded to fp16 while the backward computed a * b again in
+    f32: no element equalled it and every gradient was 0 (`ops.equals_extreme`). As torch on the
+    rounded product: amax splits among the elements that round to the max, max(dim).values gives
+    all to the first, and one amax over both dims splits over all of them."""
+    import ml_dtypes
+    dtype = np.dtype(ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype)
+
+    @tsr.function
+    def f(a: Tensor["R", "C"], b: Tensor["R", "C"]):
+        p = a * b
+        return tsr.amax(p, 1).to(tsr.fp32), p.max(0).values.to(tsr.fp32), p.amax((0, 1), keepdim=True).to(tsr.fp32)
+    rng = np.random.default_rng(5)
+    a, b = (rng.integers(-3, 4, (6, 40)).astype(dtype) for _ in range(2))   # (ties aplenty)
+    b[0] = rng.standard_normal(40).astype(dtype)
+    out, f_vjp = tsr.vjp(f, a, b)
+    g_rows, g_cols, g_all = rng.standard_normal(6), rng.standard_normal(40), np.full((1, 1), 1.5)
+    da, _ = f_vjp(tuple(np.asarray(v, np.float32) for v in (g_rows, g_cols, g_all)))
+    p = (a.astype(np.float64) * b).astype(dtype).astype(np.float64)
+    rows = p == p.max(1, keepdims=True)
+    first = np.zeros_like(rows)
+    first[p.argmax(0), np.arange(40)] = True
+    every = p == p.max()
+    dp = rows / rows.sum(1, keepdims=True) * g_rows[:, None] + first * g_cols[None, :] + every / every.sum() * g_all
+    np.testing.assert_allclose(np.asarray(da, np.float64), (dp * b.astype(np.float64)).astype(dtype).astype(np.float64),
+                               rtol=1e-2, atol=1e-2)
+
+
 # --- matmul --------------------------------------------------------------------------------------
 
 @tsr.function

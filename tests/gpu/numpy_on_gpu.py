@@ -28,10 +28,11 @@ def to_numpy(x, dt, torch) -> np.ndarray:
     return x.cpu().numpy()
 
 
-def run_on_gpu(fn, dims: dict, arrays: list, torch, path: str = "native") -> list[np.ndarray]:
-    """`fn` compiled for this GPU on `path` ("native" or "ampere"), run on `arrays` into poisoned
-    outputs; returns the outputs as NumPy arrays."""
-    compiled = fn.compile(fn.arg_specs_for(dims), arch=_arch(), path=path)
+def run_on_gpu(fn, dims: dict, arrays: list, torch, path: str = "native", specs=None) -> list[np.ndarray]:
+    """`fn` compiled for this GPU on `path` ("native" or "ampere") for `specs` (by default those of
+    its annotations at `dims`), run on `arrays` into poisoned outputs; returns the outputs as NumPy
+    arrays."""
+    compiled = fn.compile(specs or fn.arg_specs_for(dims), arch=_arch(), path=path)
     program = compiled.gpu_program(0)
     outs = [torch.full(b.shape, _POISON[b.dtype.name], device="cuda", dtype=getattr(torch, _TORCH[b.dtype.name]))
             for b in program.outputs]

@@ -2,6 +2,7 @@
 split or not) and row statistics with an epilogue over the rows they reduced (the row template's
 merged broadcast), on the GPU into NaN-poisoned outputs, against float64; then the norm backwards
 that use both, against torch autograd in float64 at awkward shapes."""
+import numpy as np
 import pytest
 
 import tessera as tsr
@@ -9,6 +10,9 @@ from tessera import Tensor
 
 from tessera.bench.cases import layer_norm, rms_norm, softmax   # (eps 1e-5 and 1e-6)
 from test_kernels import TOL, check, run
+from exact_reduction_cases import IDS, PARAMS, function, specs
+from exact_reduction_cases import check as check_exact
+from numpy_on_gpu import run_on_gpu
 
 
 @tsr.function
@@ -110,3 +114,12 @@ def test_long_rows(torch_cuda, dtype, op, m, n):
         (x, w), (out,) = run(rms_norm, dims, dtype, torch)
         ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
     check(out, ref, dtype, torch)
+
+
+@pytest.mark.parametrize("case,dims,dtype", PARAMS, ids=IDS)
+def test_exact_reductions(torch_cuda, case, dims, dtype):
+    """int32 reductions past 2^24 through every reducing template, and argmax over values their
+    dtype rounds: exact, into poisoned outputs (tests/exact_reduction_cases.py)."""
+    arrays = case.inputs(np.random.default_rng(sum(dims.values())), dims, dtype)
+    fn = function(case)
+    check_exact(run_on_gpu(fn, dims, arrays, torch_cuda, specs=specs(fn, dims, arrays)), case.reference(*arrays))
