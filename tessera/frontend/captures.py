@@ -66,7 +66,7 @@ class Captures:
             return last[2]
         values = []
         for variable, value in zip(plan, raw):
-            if variable.helper is not None and value is not variable.helper:   # (rebound: its reads differ)
+            if variable.helper is not None and not _still(value, variable.helper):   # (rebound: its reads differ)
                 self._plan = None
                 return self.key()
             values.append(freeze(value, variable.label))
@@ -93,8 +93,9 @@ class Captures:
 class _Variable(NamedTuple):
     label: str
     read: Callable[[], Any]
-    helper: Any                  # the helper function looked into, or the module or class whose attributes are
-                                 # read, whose rebinding changes the plan
+    helper: Any                  # the helper function looked into (a tuple of them: those a container holds),
+                                 # or the module or class whose attributes are read, whose rebinding changes
+                                 # the plan (`_still`)
     source: tuple | None         # ("global", module dict, name) or ("cell", cell); None: a class's attribute
 
 
@@ -112,23 +113,26 @@ def _plan(fn: Callable) -> list[_Variable]:
         reads = _attribute_reads(f.__code__)
         cells = dict(zip(f.__code__.co_freevars, f.__closure__ or ()))
         for name, cell in cells.items():
-            owner = _attribute_owner(_cell_value(cell), [a for n, a in reads if n == name])
+            owner = _attribute_owner(_cell_value(cell), [c for n, c in reads if n == name])
             add(("cell", id(cell)), f"{fn.__name__} reads closure variable {name!r}{through(f)}",
                 _cell_reader(cell), _cell_value(cell), ("cell", cell), owner)
         module_globals = f.__globals__
         for name in _global_names(f.__code__):
             if name in module_globals:
-                owner = _attribute_owner(module_globals[name], [a for n, a in reads if n == name])
+                owner = _attribute_owner(module_globals[name], [c for n, c in reads if n == name])
                 add(("global", id(module_globals), name), f"{fn.__name__} reads global {name!r}{through(f)}",
                     _global_reader(module_globals, name), module_globals[name], ("global", module_globals, name),
                     owner)
-        for name, attr in reads:
+        for name, chain in reads:
             owner = _cell_value(cells[name]) if name in cells else module_globals.get(name)
-            if _attribute_owner(owner, (attr,)) is not None:
-                label = f"{fn.__name__} reads {name}.{attr}{through(f)}"
-                source = ("global", vars(owner), attr) if isinstance(owner, types.ModuleType) else None
-                add(("attr", id(owner), attr), label, _attribute_reader(owner, attr), getattr(owner, attr, _MISSING),
-                    source)
+            for end in range(1, len(chain) + 1):   # cfg.X, Knobs.Sub.G: each value a path of them holds
+                if _attribute_owner(owner, (chain[:end],)) is None:
+                    continue
+                label = f"{fn.__name__} reads {'.'.join((name, *chain[:end]))}{through(f)}"
+                source = ("global", vars(owner), chain[0]) if end == 1 and isinstance(owner, types.ModuleType) \
+                    else None
+                add(("attr", id(owner), chain[:end]), label, _attribute_reader(owner, chain[:end]),
+                    _attribute_reader(owner, chain[:end])(), source)
 
     def through(f) -> str:
         return "" if f is fn else f" (in {f.__name__})"
@@ -137,40 +141,78 @@ def _plan(fn: Callable) -> list[_Variable]:
         if identity in seen_vars:
             return
         seen_vars.add(identity)
-        helper = value if _is_helper(value, fn) else owner
+        held = _helpers_held(value, fn)
+        helper = value if _is_helper(value, fn) else held or owner
         plan.append(_Variable(label, read, helper, source))
-        if _is_helper(value, fn):
-            visit(value)
+        for f in (value,) if _is_helper(value, fn) else held:
+            visit(f)
 
     visit(fn)
     return plan
 
 
-def _attribute_reads(code: types.CodeType) -> list[tuple[str, str]]:
-    """(variable, attribute) for each `name.attr` `code` and the code objects nested in it read of
-    a global or closure variable: a LOAD_GLOBAL or LOAD_DEREF followed by a LOAD_ATTR."""
-    found, previous = [], None
+def _attribute_reads(code: types.CodeType) -> list[tuple[str, tuple[str, ...]]]:
+    """(variable, attribute path) for each `name.a.b...` `code` and the code objects nested in it
+    read of a global or closure variable: a LOAD_GLOBAL or LOAD_DEREF followed by LOAD_ATTRs."""
+    found, chain = [], None
     for ins in dis.get_instructions(code):
-        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and previous is not None \
-                and previous.opname in ("LOAD_GLOBAL", "LOAD_DEREF"):
-            found.append((previous.argval, ins.argval))
-        previous = ins
+        if ins.opname in ("LOAD_ATTR", "LOAD_METHOD") and chain is not None:
+            chain[1].append(ins.argval)
+            continue
+        if chain is not None and chain[1]:
+            found.append((chain[0], tuple(chain[1])))
+        chain = (ins.argval, []) if ins.opname in ("LOAD_GLOBAL", "LOAD_DEREF") else None
+    if chain is not None and chain[1]:
+        found.append((chain[0], tuple(chain[1])))
     for const in code.co_consts:
         if isinstance(const, types.CodeType):
             found.extend(_attribute_reads(const))
     return found
 
 
-def _attribute_owner(value, attrs) -> Any:
-    """`value` where it is a module or class of which some of `attrs` hold a value keyed by value
-    (a number, a string, a dtype: what a trace bakes in), else None."""
-    if not isinstance(value, (types.ModuleType, type)) or value.__name__.split(".")[0] in ("tessera", "numpy"):
-        return None
-    return value if any(isinstance(getattr(value, a, None), _VALUES) for a in attrs) else None
+def _attribute_owner(value, paths) -> Any:
+    """`value` where it is a module or class through which (and through the modules and classes
+    on the way) one of the attribute `paths` leads to a value keyed by value (a number, a string,
+    a dtype: what a trace bakes in), else None."""
+    def namespace(v) -> bool:
+        return isinstance(v, (types.ModuleType, type)) and v.__name__.split(".")[0] not in ("tessera", "numpy")
+
+    def leads(path) -> bool:
+        v = value
+        for attr in path[:-1]:
+            v = getattr(v, attr, None)
+            if not namespace(v):
+                return False
+        return isinstance(getattr(v, path[-1], None), _VALUES)
+    return value if namespace(value) and any(leads(p) for p in paths) else None
 
 
-def _attribute_reader(owner, attr: str) -> Callable[[], Any]:
-    return lambda: getattr(owner, attr, _MISSING)
+def _attribute_reader(owner, path: tuple[str, ...]) -> Callable[[], Any]:
+    """Reads owner.a.b... afresh (a class on the way rebound is followed)."""
+    def read():
+        v = owner
+        for attr in path:
+            v = getattr(v, attr, _MISSING)
+        return v
+    return read
+
+
+def _helpers_held(value, fn) -> tuple:
+    """The helper functions (`_is_helper`) a list, tuple or dict `value` holds (a table of lambdas):
+    the trace may call them, so their reads are part of the key too."""
+    items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
+    if len(items) > MAX_ITEMS:
+        return ()
+    return tuple(v for v in items if _is_helper(v, fn))
+
+
+def _still(value, helper) -> bool:
+    """Whether a variable's `value` is still what its plan looked into: the same helper function,
+    module or class, or a container holding the same helper functions."""
+    if isinstance(helper, tuple):
+        held = _helpers_held(value, helper[0])
+        return len(held) == len(helper) and all(a is b for a, b in zip(held, helper))
+    return value is helper
 
 
 def _global_names(code: types.CodeType) -> list[str]:

@@ -222,3 +222,54 @@ def test_an_object_inside_a_config_object_or_a_dict_is_keyed_by_its_attributes()
         np.testing.assert_allclose(f(X), X * 10)
     finally:
         CONFIG.inner.scale, LOOKUP["m"].scale = 2.0, 3.0
+
+
+class _Outer:
+    class Sub:
+        G = 2.0
+
+
+GAIN = 3.0
+ACTIVATIONS = {"scaled": lambda x: x * GAIN}
+
+
+def test_an_attribute_of_a_class_inside_a_class_is_keyed():
+    """Knobs.Sub.G: a changed value re-traces, and so does a nested class rebound."""
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return x * _Outer.Sub.G
+    np.testing.assert_allclose(f(X), X * 2)
+    original = _Outer.Sub
+    try:
+        _Outer.Sub.G = 5.0
+        np.testing.assert_allclose(f(X), X * 5)
+
+        class Other:
+            G = 7.0
+        _Outer.Sub = Other
+        np.testing.assert_allclose(f(X), X * 7)
+    finally:
+        _Outer.Sub = original
+        original.G = 2.0
+    assert "f reads _Outer.Sub.G" in [v.label for v in f.captures._plan]
+
+
+def test_a_global_a_lambda_in_a_table_reads_retraces():
+    """A lambda held in a dict the function reads: its own globals are part of the key, and a
+    lambda put in the table's place is looked into again."""
+    global GAIN
+
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return ACTIVATIONS["scaled"](x)
+    np.testing.assert_allclose(f(X), X * 3)
+    try:
+        GAIN = 4.0
+        np.testing.assert_allclose(f(X), X * 4)
+        ACTIVATIONS["scaled"] = lambda x: x * OFFSET * GAIN
+        np.testing.assert_allclose(f(X), X * 4)   # (OFFSET is 1.0)
+        GAIN = 6.0
+        np.testing.assert_allclose(f(X), X * 6)
+    finally:
+        GAIN = 3.0
+        ACTIVATIONS["scaled"] = lambda x: x * GAIN
