@@ -251,6 +251,10 @@ def mma_k_extent(extent: int, element_bytes: int) -> int:
     return max(32 // element_bytes, extent)
 
 
+#: a wgmma GEMM's block_n values that are not powers of two (`KernelOp._wgmma_columns`)
+WGMMA_BLOCK_N = (192,)
+
+
 def gemm_tile(params: dict[str, int], m: int, n: int, k: int, element_bytes: int = 2) -> dict[str, int]:
     """The tile a GEMM kernel computes for an M x N output over K (`fit_block` of each, K at least
     one instruction's step)."""
@@ -403,6 +407,13 @@ class KernelOp(IRDLOperation):
         """The backend that compiles this kernel (`tessera.backends.BACKENDS`)."""
         return self.backend.data if self.backend is not None else "ptx"
 
+    def _wgmma_columns(self, key: str, value: int) -> bool:
+        """Whether `value` is a GEMM's block_n the wgmma path takes though not a power of two: whole
+        128-byte swizzle rows of 64 bf16 columns, up to wgmma's 256 (`WGMMA_BLOCK_N`). mma.sync's
+        warp tiling divides the tile by powers of two (192 there computed wrong products)."""
+        return (key == "block_n" and self.kind.data == "gemm" and value in WGMMA_BLOCK_N
+                and self.param_values.get("mma_async") == 1 and self.param_values.get("split_k", 1) == 1)
+
     def verify_(self) -> None:
         if self.kind.data not in KINDS:
             raise VerifyException(f"schedule.kernel {self.sym_name.data}: unknown kind {self.kind.data!r}; "
@@ -428,8 +439,10 @@ class KernelOp(IRDLOperation):
                 kind = "0 or 1" if key in SWITCHES else "a positive int"
                 raise VerifyException(f"schedule.kernel {self.sym_name.data}: param {key} must be {kind}")
             v = value.value.data
-            if allowed is not None and key.startswith("block") and v & (v - 1):
-                raise VerifyException(f"schedule.kernel {self.sym_name.data}: {key}={v} is not a power of two")
+            if allowed is not None and key.startswith("block") and v & (v - 1) and not self._wgmma_columns(key, v):
+                raise VerifyException(f"schedule.kernel {self.sym_name.data}: {key}={v} is not a power of two"
+                                      + (" (192 columns: an unsplit GEMM on the wgmma path only)" if key == "block_n"
+                                         else ""))
         params = self.param_values
         if params.get("persistent") and "programs" not in params:
             raise VerifyException(f"schedule.kernel {self.sym_name.data}: persistent = 1 needs programs "

@@ -192,8 +192,17 @@ def kernel_platform(kernel: tile.KernelOp, platform: Platform) -> Platform:
 
 
 def _chosen_platform(kernel: tile.KernelOp, platform: Platform, tensor_cores: bool) -> Platform:
-    """`kernel_platform`, or the platform without the native path when mmas stay on CUDA cores."""
-    return kernel_platform(kernel, platform) if tensor_cores else platforms.without(platform, NATIVE)
+    """`kernel_platform`, or the platform without the native path when mmas stay on CUDA cores; a
+    TargetLoweringError for a kernel with an mma tile only wgmma takes (`schedule.WGMMA_BLOCK_N`: the
+    other paths' warp tilings halve a tile's sides) that cannot use wgmma."""
+    chosen = kernel_platform(kernel, platform) if tensor_cores else platforms.without(platform, NATIVE)
+    uneven = sorted({n for op in kernel.walk() if isinstance(op, tile.MmaOp) for n in [op.mnk[1]] if n & (n - 1)})
+    if uneven and not NATIVE <= chosen.features:
+        why = (native_blockers(kernel, platform) or ["its mmas stay on CUDA cores"])[0] if tensor_cores \
+            else "its mmas stay on CUDA cores"
+        raise TargetLoweringError(f"kernel @{kernel.sym_name.data}: {uneven[0]}-column tiles need wgmma, which it "
+                                  f"cannot use here ({why}); pin a block_n that is a power of two")
+    return chosen
 
 
 def _grids(module: ModuleOp) -> dict[str, tuple]:

@@ -1089,9 +1089,10 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if space_override:
         space = {k: list(v) for k, v in space_override.items() if k in params}
         params = {k: (space[k][0] if k in space else v) for k, v in params.items()}
-    if group.kind == "gemm" and features.get("wgmma") and features.get("element_bytes") == 2 and planner.platform \
+    if group.kind == "gemm" and features.get("wgmma") and planner.platform \
             and not {"block_m", "block_n", "num_warps"} & set(space_override or {}):
-        params.update(_small_gemm_tile(group, planner, params, features))
+        small = _small_gemm_tile if features.get("element_bytes") == 2 else _one_wave_fp8_tile
+        params.update(small(group, planner, params, features))
     if params.get("persistent"):   # as many blocks as the SMs' shared memory holds, or as the space says
         shared = s.shared_bytes(group.kind, params, features)
         per_sm = max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared)) if planner.platform else 1
@@ -1104,8 +1105,10 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if group.kind == "flash_attention":
         params.update(_paged_key_block(block, planner, params, pinned))
     if group.kind == "gemm" and planner.platform and "split_k" not in pinned:
-        # a split GEMM's partial products neither walk tiles nor warp-specialize: a pin of either wins
-        wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize"))
+        # a split GEMM's partial products neither walk tiles nor warp-specialize, nor take wgmma-only
+        # widths (`schedule.WGMMA_BLOCK_N`): a pin of either, or such a tile, wins
+        wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize")) \
+            or params["block_n"] in s.WGMMA_BLOCK_N
         params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
     if group.kind == "flash_attention" and planner.platform and "split_kv" not in pinned:
         params["split_kv"] = _split_kv(group, planner, params, features)
@@ -1270,6 +1273,36 @@ def _small_gemm_tile(group: Group, planner: _Planner, params: dict[str, int], fe
     if chosen == (params["block_m"], params["block_n"], params["num_warps"]):
         return {}
     return {"block_m": chosen[0], "block_n": chosen[1], "num_warps": chosen[2]}
+
+
+#: an fp8 GEMM's output tile where its default (128 x 256) tiles fill one wave of the SMs less than
+#: ONE_WAVE_FILL and these fill it more but still in one wave: each block does 3/4 of the work, and
+#: every SM has some. H200, bench/fp8_gemm.py (e4m3, bf16 out, per-tensor scales): 1008x3008x8192
+#: 96 -> 128 tiles, 46.2 -> 39.5 us (0.89x -> 1.04x torch._scaled_mm); at 4096^3 and 8192^3 (many
+#: waves) 128 x 192 lost 10% and 3%. Not 16-bit GEMMs, which read twice the bytes a FLOP: bf16
+#: 1024x8192x3072 gained (85.0 -> 70.1 us) but 1000x8192x3000 lost (87.3 -> 92.0), not understood yet
+#: (bench/RESULTS.md, session 35)
+ONE_WAVE_TILE = (128, 192, 8)
+ONE_WAVE_FILL = 0.8
+
+
+def _one_wave_fp8_tile(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict:
+    """ONE_WAVE_TILE for an fp8 GEMM on the default tile whose one wave it fills better; else {}."""
+    if (params["block_m"], params["block_n"], params["num_warps"]) != GEMM_TILES[0] or params.get("split_k", 1) > 1:
+        return {}
+    (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
+    dims = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(mm.res).shape]   # (a speed choice)
+    k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
+
+    def tiles(t) -> int:
+        tile = s.gemm_tile({**params, "block_m": t[0], "block_n": t[1]}, dims[-2], dims[-1], k,
+                           features["element_bytes"])
+        return math.prod(dims[:-2]) * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])
+    before, after = tiles(GEMM_TILES[0]), tiles(ONE_WAVE_TILE)
+    full_rows = s.fit_block(ONE_WAVE_TILE[0], dims[-2]) == ONE_WAVE_TILE[0]   # (fewer: no wgmma, which 192 needs)
+    if not (full_rows and before < ONE_WAVE_FILL * planner.sm_count and before < after <= planner.sm_count):
+        return {}
+    return {"block_m": ONE_WAVE_TILE[0], "block_n": ONE_WAVE_TILE[1], "num_warps": ONE_WAVE_TILE[2]}
 
 
 #: the fewest K steps (of block_k) each split of a split-K GEMM gets: fewer, and the second kernel's

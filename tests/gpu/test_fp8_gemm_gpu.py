@@ -7,8 +7,9 @@ import pytest
 from fp8_gemm_cases import reference, rowwise_bias_gelu, scaled_mm
 from test_kernels import PATHS, _arch
 
+#: (1000, 768, 512), (256, 4096, 4096) and (1008, 3008, 512) take 128 x 192 tiles on sm_90a (fusion.ONE_WAVE_TILE)
 SHAPES = [(1000, 768, 512), (37, 130, 96), (1, 17, 64), (4097, 256, 128), (64, 64, 100), (256, 4096, 4096),
-          (64, 48, 16), (33, 40, 8)]
+          (64, 48, 16), (33, 40, 8), (1008, 3008, 512)]
 FP8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 #: relative error (of the norm) against float64 on the fp8 values: the result's rounding
 TOL = {"bf16": 1e-2, "fp16": 2e-3}
@@ -56,6 +57,8 @@ def test_scaled_mm_matches_float64_and_torch(torch_cuda, m, n, k, dtype, path):
     check(torch, out, reference(torch, scaled_mm, *args), TOL["bf16"])
     if path == "native" and _arch() == "sm_90a" and k % 128 == 0 and m >= 64:   # (whole 128-byte TMA rows)
         assert 'tensor_core "wgmma"' in compiled.ir("target")
+        if (m, n) in ((1000, 768), (256, 4096), (1008, 3008)):
+            assert "[192, 128], major = k" in compiled.ir("target")
     a, b, sa, sb = args
     if dtype == "fp8_e4m3" and k % 16 == 0 and n % 16 == 0:   # (torch has no e5m2 x e5m2; cuBLASLt's alignment)
         peer = torch._scaled_mm(a, b.T, scale_a=sa, scale_b=sb, out_dtype=torch.bfloat16)

@@ -13,6 +13,7 @@ from xdsl.ir import BlockArgument
 import tessera as tsr
 from tessera import Tensor
 from tessera.compiler import compile_module
+from tessera.lowering import TargetLoweringError
 from tessera.passes.fusion import fuse
 
 from seed_kernels import alibi_attention, causal_attention, flash_attention
@@ -708,3 +709,77 @@ def test_a_norm_backward_walks_its_rows_with_the_blocks_ptxas_leaves_room_for(no
     blocks = platforms.occupancy(platform, launch.threads, registers, 0)[0]
     fewer = 1 if norm == "rms_norm" and n in (1024, 2048) else 0
     assert launch.grid[0] == platform.sm_count * (blocks - fewer), (registers, launch.threads)
+
+
+def _fp8_gemm_params(m: int, n: int, k: int, space=None) -> dict:
+    from tessera import dtypes, platforms
+    from tessera.frontend.trace import ArgSpec
+
+    from fp8_gemm_cases import scaled_mm
+    specs = [ArgSpec("a", (m, k), dtypes.fp8_e4m3, ("M", "K")), ArgSpec("b", (n, k), dtypes.fp8_e4m3, ("N", "K")),
+             ArgSpec("sa", (1,), dtypes.fp32, (1,)), ArgSpec("sb", (1,), dtypes.fp32, (1,))]
+    module = fuse(scaled_mm.trace(specs), space, platform=platforms.get("sm_90a"))
+    return next(op for op in module.walk() if op.name == "schedule.kernel").param_values
+
+
+@pytest.mark.parametrize("m, n, k, tile", [
+    (1008, 3008, 8192, (128, 192, 8)),   # 96 tiles of 128 x 256 for 132 SMs; 128 of 128 x 192
+    (512, 6000, 8192, (128, 192, 8)),
+    (4096, 4096, 4096, (128, 256, 8)),   # many waves: the default
+    (2048, 4096, 4096, (128, 256, 8)),   # 128 tiles fill the wave already
+    (1008, 8000, 4096, (128, 256, 8)),   # 256 tiles: past one wave either way
+    (64, 24000, 4096, (128, 256, 8)),    # 64 rows: under one wgmma per warpgroup of 128 x 192
+])
+def test_an_fp8_gemm_filling_one_wave_badly_takes_192_columns(m, n, k, tile):
+    """fusion.ONE_WAVE_TILE: fp8 GEMMs whose default tiles leave a fifth of the SMs idle in their
+    one wave take 128 x 192 tiles where those still make one wave (H200 figures in its comment)."""
+    p = _fp8_gemm_params(m, n, k)
+    assert (p["block_m"], p["block_n"], p["num_warps"]) == tile and p["split_k"] == 1 and p["mma_async"] == 1
+
+
+def test_192_columns_are_refused_where_the_kernel_cannot_take_them():
+    """192 is not a power of two: only an unsplit wgmma GEMM takes it (mma.sync's warp tiling
+    computed wrong products), a bf16 GEMM never chooses it (1000x8192x3000 was slower), and a
+    pinned 192 keeps a GEMM in one kernel rather than splitting it onto mma.sync."""
+    import tessera as tsr
+    from tessera import platforms
+
+    @tsr.function
+    def mm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+    sm90 = platforms.get("sm_90a")
+    p = next(op for op in fuse(mm.trace(mm.arg_specs_for(dict(M=1000, K=8192, N=3000), "bf16")), platform=sm90)
+             .walk() if op.name == "schedule.kernel").param_values
+    assert p["block_n"] == 256
+    p = next(op for op in fuse(mm.trace(mm.arg_specs_for(dict(M=128, K=8192, N=384), "bf16")),
+                               {"block_n": [192]}, platform=sm90).walk() if op.name == "schedule.kernel").param_values
+    assert p["block_n"] == 192 and p["split_k"] == 1 and p["mma_async"] == 1   # (2 tiles: it would split)
+    unaligned = mm.arg_specs_for(dict(M=2000, K=8192, N=1500), "bf16")   # (3000-byte rows: no TMA, no wgmma)
+    with pytest.raises(Exception, match="192 columns: an unsplit GEMM on the wgmma path only"):
+        mm.compile(unaligned, arch="sm_90a", space={"block_n": [192]})
+    with pytest.raises(TargetLoweringError, match="192-column tiles need wgmma, .* not 16-byte aligned"):
+        mm.compile(unaligned, arch="sm_90a", space={"block_n": [192], "mma_async": [1]}).stage("target")
+
+
+@pytest.mark.parametrize("m, n, k", [(200, 576, 256), (65, 200, 128), (130, 384, 128)])
+def test_a_192_column_fp8_gemm_matches_float64(m, n, k):
+    """The 192-column tile's TMA boxes, wgmma descriptors and epilogue on the CPU interpreter, at
+    sizes no tile divides (pinned: their tile counts would not choose it), and its PTX assembles."""
+    import ml_dtypes
+    import tessera as tsr
+    from tessera import dtypes
+    from tessera.frontend.trace import ArgSpec
+
+    from fp8_gemm_cases import scaled_mm
+    fn = tsr.function(scaled_mm.fn, space={"block_n": [192]})
+    specs = [ArgSpec("a", (m, k), dtypes.fp8_e4m3, ("M", "K")), ArgSpec("b", (n, k), dtypes.fp8_e4m3, ("N", "K")),
+             ArgSpec("sa", (1,), dtypes.fp32, (1,)), ArgSpec("sb", (1,), dtypes.fp32, (1,))]
+    compiled = fn.compile(specs, arch="sm_90a", sm_count=132)
+    assert "[192, 128], major = k" in compiled.ir("target")
+    rng = np.random.default_rng(m)
+    a, b = (rng.standard_normal(shape).astype(ml_dtypes.float8_e4m3fn) for shape in ((m, k), (n, k)))
+    (out,) = compiled.run(a, b, np.array([0.5], np.float32), np.array([1.25], np.float32))
+    ref = a.astype(np.float64) @ b.astype(np.float64).T * 0.625
+    assert not np.isnan(out.astype(np.float64)).any()
+    assert np.abs(out.astype(np.float64) - ref).max() <= 1e-2 * np.abs(ref).max()
+    compiled.stage("cubin")
