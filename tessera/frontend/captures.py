@@ -66,7 +66,7 @@ class Captures:
             return last[2]
         values = []
         for variable, value in zip(plan, raw):
-            if variable.helper is not None and not _still(value, variable.helper):   # (rebound: its reads differ)
+            if variable.helper is not None and not _still(value, variable.helper, self.fn):   # (its reads differ)
                 self._plan = None
                 return self.key()
             values.append(freeze(value, variable.label))
@@ -93,9 +93,9 @@ class Captures:
 class _Variable(NamedTuple):
     label: str
     read: Callable[[], Any]
-    helper: Any                  # the helper function looked into (a tuple of them: those a container holds),
-                                 # or the module or class whose attributes are read, whose rebinding changes
-                                 # the plan (`_still`)
+    helper: Any                  # the helper function looked into, the helpers a container holds (`_Held`),
+                                 # or the module or class whose attributes are read: what changes the plan
+                                 # when the variable no longer holds it (`_still`)
     source: tuple | None         # ("global", module dict, name) or ("cell", cell); None: a class's attribute
 
 
@@ -141,10 +141,10 @@ def _plan(fn: Callable) -> list[_Variable]:
         if identity in seen_vars:
             return
         seen_vars.add(identity)
-        held = _helpers_held(value, fn)
-        helper = value if _is_helper(value, fn) else held or owner
+        held = _Held(_helpers_held(value, fn)) if isinstance(value, (list, tuple, dict)) else None
+        helper = value if _is_helper(value, fn) else held if held is not None else owner
         plan.append(_Variable(label, read, helper, source))
-        for f in (value,) if _is_helper(value, fn) else held:
+        for f in (value,) if _is_helper(value, fn) else held or ():
             visit(f)
 
     visit(fn)
@@ -197,20 +197,24 @@ def _attribute_reader(owner, path: tuple[str, ...]) -> Callable[[], Any]:
     return read
 
 
+class _Held(tuple):
+    """The helper functions a container variable held when its plan was made (`_helpers_held`)."""
+
+
 def _helpers_held(value, fn) -> tuple:
     """The helper functions (`_is_helper`) a list, tuple or dict `value` holds (a table of lambdas):
-    the trace may call them, so their reads are part of the key too."""
+    the trace may call them, so their reads are part of the key too. (One level deep.)"""
     items = value.values() if isinstance(value, dict) else value if isinstance(value, (list, tuple)) else ()
     if len(items) > MAX_ITEMS:
         return ()
     return tuple(v for v in items if _is_helper(v, fn))
 
 
-def _still(value, helper) -> bool:
-    """Whether a variable's `value` is still what its plan looked into: the same helper function,
-    module or class, or a container holding the same helper functions."""
-    if isinstance(helper, tuple):
-        held = _helpers_held(value, helper[0])
+def _still(value, helper, fn) -> bool:
+    """Whether a variable's `value` is still what `fn`'s plan looked into: the same helper function,
+    module or class, or a container holding the same helper functions (none, when it held none)."""
+    if isinstance(helper, _Held):
+        held = _helpers_held(value, fn)
         return len(held) == len(helper) and all(a is b for a, b in zip(held, helper))
     return value is helper
 

@@ -408,11 +408,13 @@ class KernelOp(IRDLOperation):
         return self.backend.data if self.backend is not None else "ptx"
 
     def _wgmma_columns(self, key: str, value: int) -> bool:
-        """Whether `value` is a GEMM's block_n the wgmma path takes though not a power of two: whole
-        128-byte swizzle rows of 64 bf16 columns, up to wgmma's 256 (`WGMMA_BLOCK_N`). mma.sync's
-        warp tiling divides the tile by powers of two (192 there computed wrong products)."""
+        """Whether `value` is a GEMM's block_n the wgmma path takes though not a power of two
+        (`WGMMA_BLOCK_N`): an unsplit GEMM's, since a split one's partial products take mma.sync,
+        whose warp tiling halves the tile (192 columns there computed wrong products). Whether the
+        kernel takes wgmma is Target IR's choice: `tile_to_target._chosen_platform` refuses one
+        with such a tile that does not."""
         return (key == "block_n" and self.kind.data == "gemm" and value in WGMMA_BLOCK_N
-                and self.param_values.get("mma_async") == 1 and self.param_values.get("split_k", 1) == 1)
+                and self.param_values.get("split_k", 1) == 1)
 
     def verify_(self) -> None:
         if self.kind.data not in KINDS:
@@ -441,8 +443,7 @@ class KernelOp(IRDLOperation):
             v = value.value.data
             if allowed is not None and key.startswith("block") and v & (v - 1) and not self._wgmma_columns(key, v):
                 raise VerifyException(f"schedule.kernel {self.sym_name.data}: {key}={v} is not a power of two"
-                                      + (" (192 columns: an unsplit GEMM on the wgmma path only)" if key == "block_n"
-                                         else ""))
+                                      + (" (192 columns: an unsplit GEMM only)" if key == "block_n" else ""))
         params = self.param_values
         if params.get("persistent") and "programs" not in params:
             raise VerifyException(f"schedule.kernel {self.sym_name.data}: persistent = 1 needs programs "

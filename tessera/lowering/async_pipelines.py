@@ -39,10 +39,9 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 
 from ..ir import target, tile
 from ..platforms import Platform
+from ..runtime.tensor_maps import TMA_ROW_BYTES
 from .assign_layouts import is_tile
 
-#: bytes of one TMA box row: one 128-byte swizzle span
-TMA_ROW_BYTES = 128
 
 #: registers a producer warpgroup keeps after handing the rest to the computing warpgroups: its one
 #: issuing thread only computes copy coordinates and waits on mbarriers

@@ -40,12 +40,13 @@ from tessera import dtypes, platforms
 from tessera.ir import provenance, target, tile
 from tessera.platforms import Platform
 from tessera.runtime import tensor_maps
+from tessera.runtime.tensor_maps import TMA_ROW_BYTES
 
 from . import TargetLoweringError, debug_to_target
 
 from .assign_layouts import annotate_layouts
 from .shared_memory import SHARED_LAYOUT, allocate_shared
-from .async_pipelines import TMA_ROW_BYTES, RegisterSplit, lower_tma_pipelines
+from .async_pipelines import RegisterSplit, lower_tma_pipelines
 
 
 # Register estimate: per-thread registers for indices, addresses and loop

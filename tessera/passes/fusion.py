@@ -45,6 +45,7 @@ from ..ir import schedule as s
 from ..ir import index_maps, tile
 from ..ir.masks import ColumnBounds, attention_mask, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
+from ..runtime.tensor_maps import TMA_ROW_BYTES
 from ..backends import BACKENDS, Backend, check_backend_option
 from ..dims import DynamicDim, hint, is_dynamic, least, unbounded
 from . import backend_choice, byte_operands, query_groups, recompute
@@ -1091,8 +1092,10 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params = {k: (space[k][0] if k in space else v) for k, v in params.items()}
     if group.kind == "gemm" and features.get("wgmma") and planner.platform \
             and not {"block_m", "block_n", "num_warps"} & set(space_override or {}):
-        small = _small_gemm_tile if features.get("element_bytes") == 2 else _one_wave_fp8_tile
-        params.update(small(group, planner, params, features))
+        if features.get("element_bytes") == 2:
+            params.update(_small_gemm_tile(group, planner, params, features))
+        elif features.get("element_bytes") == 1:
+            params.update(_one_wave_fp8_tile(group, planner, params, features))
     if params.get("persistent"):   # as many blocks as the SMs' shared memory holds, or as the space says
         shared = s.shared_bytes(group.kind, params, features)
         per_sm = max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared)) if planner.platform else 1
@@ -1287,7 +1290,9 @@ ONE_WAVE_FILL = 0.8
 
 
 def _one_wave_fp8_tile(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict:
-    """ONE_WAVE_TILE for an fp8 GEMM on the default tile whose one wave it fills better; else {}."""
+    """ONE_WAVE_TILE for an fp8 GEMM on the default tile whose one wave it fills better, where its
+    tile takes the wgmma path, which 192 columns need (`tile_to_target._chosen_platform`): whole
+    128-row blocks (one wgmma a warpgroup) and K steps of whole 128-byte TMA rows; else {}."""
     if (params["block_m"], params["block_n"], params["num_warps"]) != GEMM_TILES[0] or params.get("split_k", 1) > 1:
         return {}
     (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
@@ -1299,8 +1304,10 @@ def _one_wave_fp8_tile(group: Group, planner: _Planner, params: dict[str, int], 
                            features["element_bytes"])
         return math.prod(dims[:-2]) * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])
     before, after = tiles(GEMM_TILES[0]), tiles(ONE_WAVE_TILE)
-    full_rows = s.fit_block(ONE_WAVE_TILE[0], dims[-2]) == ONE_WAVE_TILE[0]   # (fewer: no wgmma, which 192 needs)
-    if not (full_rows and before < ONE_WAVE_FILL * planner.sm_count and before < after <= planner.sm_count):
+    tile = s.gemm_tile({**params, "block_m": ONE_WAVE_TILE[0], "block_n": ONE_WAVE_TILE[1]}, dims[-2], dims[-1], k,
+                       features["element_bytes"])
+    native = tile["m"] == ONE_WAVE_TILE[0] and tile["k"] * features["element_bytes"] % TMA_ROW_BYTES == 0
+    if not (native and before < ONE_WAVE_FILL * planner.sm_count and before < after <= planner.sm_count):
         return {}
     return {"block_m": ONE_WAVE_TILE[0], "block_n": ONE_WAVE_TILE[1], "num_warps": ONE_WAVE_TILE[2]}
 

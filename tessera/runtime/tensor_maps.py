@@ -9,6 +9,10 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+#: bytes of one TMA box row: one 128-byte swizzle span (the lowering's copies and wgmma
+#: descriptors, and fusion's choice of tiles that take them)
+TMA_ROW_BYTES = 128
+
 #: a dim of `TensorMapSpec.shape` the kernel takes at run time (`tessera.dims`; a buffer has one),
 #: whose size each call's map is encoded with (`TensorMapSpec.bound`)
 DYNAMIC = -1
@@ -26,7 +30,7 @@ class TensorMapSpec:
     dtype: str
     shape: tuple[int, ...]     # a dynamic dim: DYNAMIC
     box: tuple[int, ...]       # per dim, outermost first, like `shape`
-    swizzle: int = 128
+    swizzle: int = TMA_ROW_BYTES
     strides: tuple[int, ...] | None = None   # element strides, outermost first; None: row-major
 
     @property

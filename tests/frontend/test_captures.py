@@ -273,3 +273,26 @@ def test_a_global_a_lambda_in_a_table_reads_retraces():
     finally:
         GAIN = 3.0
         ACTIVATIONS["scaled"] = lambda x: x * GAIN
+
+
+FUNCTIONS: list = []
+G = 2.0
+
+
+def test_a_table_empty_when_first_read_is_looked_into_once_it_holds_a_function():
+    """A list that held no function when the plan was made, then one reading a global: a changed
+    global re-traces (the plan is made again when the table's functions change)."""
+    global G
+
+    @tsr.function
+    def f(x: Tensor["N"]):
+        return FUNCTIONS[0](x) if FUNCTIONS else x
+    np.testing.assert_allclose(f(X), X)
+    try:
+        FUNCTIONS[:] = [lambda x: x * G]
+        np.testing.assert_allclose(f(X), X * 2)
+        G = 7.0
+        np.testing.assert_allclose(f(X), X * 7)
+    finally:
+        FUNCTIONS.clear()
+        G = 2.0

@@ -729,6 +729,7 @@ def _fp8_gemm_params(m: int, n: int, k: int, space=None) -> dict:
     (2048, 4096, 4096, (128, 256, 8)),   # 128 tiles fill the wave already
     (1008, 8000, 4096, (128, 256, 8)),   # 256 tiles: past one wave either way
     (64, 24000, 4096, (128, 256, 8)),    # 64 rows: under one wgmma per warpgroup of 128 x 192
+    (1008, 3008, 64, (128, 256, 8)),     # K steps of 64 bytes: no TMA, so no wgmma, which 192 needs
 ])
 def test_an_fp8_gemm_filling_one_wave_badly_takes_192_columns(m, n, k, tile):
     """fusion.ONE_WAVE_TILE: fp8 GEMMs whose default tiles leave a fifth of the SMs idle in their
@@ -755,16 +756,17 @@ def test_192_columns_are_refused_where_the_kernel_cannot_take_them():
                                {"block_n": [192]}, platform=sm90).walk() if op.name == "schedule.kernel").param_values
     assert p["block_n"] == 192 and p["split_k"] == 1 and p["mma_async"] == 1   # (2 tiles: it would split)
     unaligned = mm.arg_specs_for(dict(M=2000, K=8192, N=1500), "bf16")   # (3000-byte rows: no TMA, no wgmma)
-    with pytest.raises(Exception, match="192 columns: an unsplit GEMM on the wgmma path only"):
-        mm.compile(unaligned, arch="sm_90a", space={"block_n": [192]})
     with pytest.raises(TargetLoweringError, match="192-column tiles need wgmma, .* not 16-byte aligned"):
-        mm.compile(unaligned, arch="sm_90a", space={"block_n": [192], "mma_async": [1]}).stage("target")
+        mm.compile(unaligned, arch="sm_90a", space={"block_n": [192]}).stage("target")
+    with pytest.raises(Exception, match="192 columns: an unsplit GEMM only"):
+        mm.compile(unaligned, arch="sm_90a", space={"block_n": [192], "split_k": [2]})
 
 
 @pytest.mark.parametrize("m, n, k", [(200, 576, 256), (65, 200, 128), (130, 384, 128)])
 def test_a_192_column_fp8_gemm_matches_float64(m, n, k):
-    """The 192-column tile's TMA boxes, wgmma descriptors and epilogue on the CPU interpreter, at
-    sizes no tile divides (pinned: their tile counts would not choose it), and its PTX assembles."""
+    """The 192-column tile's tile program on the CPU interpreter, at sizes no tile divides (pinned:
+    their tile counts would not choose it), its wgmma descriptors in Target IR, and its PTX
+    assembles (its registers' layouts run on the GPU: tests/gpu/test_fp8_gemm_gpu.py)."""
     import ml_dtypes
     import tessera as tsr
     from tessera import dtypes

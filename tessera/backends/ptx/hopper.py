@@ -37,14 +37,14 @@ from ... import dtypes
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Mma
-from ...lowering.async_pipelines import TMA_ROW_BYTES
+from ...runtime.tensor_maps import TMA_ROW_BYTES
 from ...runtime import tensor_maps
 from . import tensor_core
 from .core import KernelEmitter, TensorMapSpec
 from .tensor_core import TileBuffer, _a_fragments, register_tile, stage_address
 from .types import F32, PRED, S32, U64, UnsupportedByBackend
 
-#: bytes of one TMA box row (`async_pipelines.TMA_ROW_BYTES`) and of the swizzle pattern's repeat (8 rows)
+#: bytes of one TMA box row (`tensor_maps.TMA_ROW_BYTES`) and of the swizzle pattern's repeat (8 rows)
 ROW_BYTES = TMA_ROW_BYTES
 SWIZZLE_ATOM = 8 * ROW_BYTES
 #: a wgmma descriptor's swizzle field (bits 62-63) per swizzle width in bytes
