@@ -14,6 +14,8 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
+import numpy as np
+
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
 from xdsl.dialects.builtin import (
@@ -807,7 +809,7 @@ def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunks: int, masked
     """Pass 1 of a row softmax: running max m and running sum l of exp(x - m)."""
     def body(iv, m_i, l_i):
         v = masked_x(kb.mul(iv, bn) if chunks > 1 else iv, -math.inf)
-        m_new, alpha, p = _softmax_step(kb, v, m_i, [bm, bn])
+        m_new, alpha, p = _softmax_step(kb, v, m_i, [bm, bn], exact=True)
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(p, "sum", 1))))
         return [m_new, l_new]
     m_i, l_i = over_chunks([kb.b.full(-math.inf, [bm]), kb.b.full(0.0, [bm])], body)
@@ -837,24 +839,62 @@ FLT_MAX = 3.4028234663852886e38
 LN2 = 0.6931471805599453
 
 
-def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale: float = 1.0):
+def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale: float = 1.0,
+                  exact: bool = False):
     """Online softmax update of softmax(scale * scores) for a positive `scale`: new row max of the
     scores, rescale factor for the old state, and p = exp(scale * (s - max)), computed in base 2 as
     2^(s * scale * log2 e - max * scale * log2 e): one fma and one ex2 per element, the products
     with the max once per row. A max whose product with the factor would overflow (a block all
     filled with a mask's finfo(dtype).min, as HuggingFace's masks fill) is raised to where it does
-    not: the block's p are then 0, where -max * factor was +inf and every later block's rows NaN
-    (a row all of such fills stays 0 / 0, as one all -inf)."""
+    not: the block's p are then 0, where -max * factor was +inf and every later block's rows NaN.
+    With `exact` (a row kernel, whose time is its memory's), or in an attention that may hold such
+    a fill (`_may_hold_huge_scores`), p is 2^((s - max) * factor) instead, an op more an element:
+    the rounded product of a huge max with the factor is off by up to 2^103, so a row all of the
+    fill got 2^(-8e30) = 0 and 0 / 0, where torch's is uniform (a row all -inf stays 0 / 0, NaN,
+    as torch's)."""
     bm = shape[0]
     factor = scale * LOG2E
     m_new = kb.b(arith.MaximumfOp(m_i, kb.b(t.ReduceOp(scores, "max", 1))))
     safe = _safe_max(kb, m_new, bm)
+    if exact or _may_hold_huge_scores(kb, -EXACT_PRODUCTS / factor):
+        def scaled_exp2(x, m, to):
+            return kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(x, m)), kb.b.full(factor, to)))))
+        return m_new, scaled_exp2(m_i, safe, [bm]), scaled_exp2(scores, _broadcast_rows(kb.b, safe, shape), shape)
     if factor > 1:   # (a finite max past -FLT_MAX / factor, a mask's torch.finfo(dtype).min, cut there)
         safe = kb.b(arith.MaximumfOp(safe, kb.b.full(-FLT_MAX / factor, [bm])))
     alpha = kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(m_i, safe)), kb.b.full(factor, [bm])))))
     shift = kb.b(arith.MulfOp(safe, kb.b.full(-factor, [bm])))
     p = kb.b(mathd.Exp2Op(kb.b(mathd.FmaOp(scores, kb.b.full(factor, shape), _broadcast_rows(kb.b, shift, shape)))))
     return m_new, alpha, p
+
+
+#: the largest product of a score with the softmax's factor whose rounding error (half an ulp: 2^6
+#: here) 2^(s * factor - max * factor) can take: past it `_softmax_step` subtracts the max first
+EXACT_PRODUCTS = 2.0 ** 30
+
+
+def _may_hold_huge_scores(kb: KernelBuild, bound: float) -> bool:
+    """Whether an attention kernel's scores may hold finite values below `bound` (< 0): it computes
+    with such a constant (a mask's fill of torch.finfo(dtype).min, HuggingFace's, or -1e30), or
+    reads a float tensor besides its matmuls' operands that varies along the keys (an additive
+    mask, [B, 1, M, N] or [B, 1, 1, N]; not ALiBi's slopes)."""
+    operands = set()
+    for v in (v for op in kb.op(g.MatmulOp) for v in op.operands):
+        while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp, g.CastOp, g.GatherOp)):   # (K^T, a paged cache)
+            v = v.owner.operands[0]
+        operands.add(v)
+    masks = [v for v in kb.group_block.args if v not in operands and g.tensor_type(v).dtype.is_float
+             and g.tensor_type(v).rank >= 2 and kb.size(g.tensor_type(v).shape[-1]) != 1]
+    return bool(masks) or _holds_fill_past(kb, bound)
+
+
+def _holds_fill_past(kb: KernelBuild, bound: float) -> bool:
+    """Whether the kernel computes with a finite constant below `bound` (< 0), as its dtype holds
+    it: a mask's fill of torch.finfo(dtype).min (HuggingFace's masks), or -1e30."""
+    def value(op) -> float:   # (as its dtype holds it: finfo(fp32).min in fp16 is -inf)
+        return float(np.asarray(op.value.value.data, g.tensor_type(op.res).dtype.np))
+    return bound < 0 and any(isinstance(op, g.ConstantOp) and g.tensor_type(op.res).dtype.is_float
+                             and -math.inf < value(op) < bound for op in kb.group_block.walk())
 
 
 def _positive_scale(x: SSAValue) -> tuple[SSAValue, float]:
@@ -1727,7 +1767,12 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
     has_keys = compare(b, rows.l_i, b.full(0.0, [bm]), "ogt")
     inv_l = select(b, has_keys, b(arith.DivfOp(b.full(1.0, [bm]), rows.l_i)), b.full(0.0, [bm]))
     out = b(arith.MulfOp(rows.acc, _broadcast_rows(b, inv_l, [bm, be])))
-    lse = b(arith.AddfOp(b(arith.MulfOp(rows.m_i, b.full(rows.scale * LOG2E, [bm]))), b(mathd.Log2Op(rows.l_i))))
+    # (a max whose product overflows, a row all of a mask's finfo(dtype).min, kept at -FLT_MAX: its
+    # splits then weigh alike, where -inf - -inf was NaN; their log2(l) is below that float's ulp)
+    scaled_max = b(arith.MaximumfOp(b(arith.MulfOp(rows.m_i, b.full(rows.scale * LOG2E, [bm]))),
+                                    select(b, compare(b, rows.m_i, b.full(-math.inf, [bm]), "oeq"),
+                                           b.full(-math.inf, [bm]), b.full(-FLT_MAX, [bm]))))
+    lse = b(arith.AddfOp(scaled_max, b(mathd.Log2Op(rows.l_i))))
     scalars = {**rows.scalars, "s": split}
     part.em.store(out, part.out, ("s", *att.axes), TileCtx({"m": (rows.m0, bm), "e": (b.index(0), be)}, scalars),
                   dtypes.fp32)

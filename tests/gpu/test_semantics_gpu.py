@@ -196,3 +196,46 @@ def test_cupy_in_cupy_out(cuda_device):
     np.testing.assert_allclose(cupy.asnumpy(out).astype(np.float32), expected, rtol=1e-2, atol=1e-2)
     empty = bias_relu(cupy.zeros((0, 64), np.float16), b)
     assert isinstance(empty, cupy.ndarray) and empty.shape == (0, 64)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("additive", [False, True])
+@pytest.mark.parametrize("s", [130, 1024])
+def test_rows_a_finite_fill_masks_whole_average_v_as_torch(torch_cuda, dtype, additive, s):
+    """HuggingFace's masks fill with torch.finfo(dtype).min; a padding query's row, masked whole,
+    averages V in torch (each fill minus the max is 0), where Tessera's attention and row softmax
+    gave 0 / 0 (`schedule_to_tile._softmax_step`): filled by `where` or added as a mask tensor; at
+    1024 keys on 6 heads the attention splits its keys (equal runs: a whole row's splits weigh
+    alike)."""
+    torch = torch_cuda
+    dt = getattr(torch, dtype)
+    fill = torch.finfo(dt).min
+
+    @tsr.function
+    def by_where(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
+                 keep: Tensor["S", "S"]):
+        s_ = tsr.where(keep, q @ k.transpose(-2, -1) * 0.125, fill)
+        return tsr.softmax(s_, dim=-1) @ v, tsr.softmax(tsr.where(keep, q[0, 0] @ k[0, 0].T, fill), -1)
+
+    @tsr.function
+    def by_mask(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
+                mask: Tensor["B", 1, "S", "S"]):
+        return tsr.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v
+    gen = torch.Generator(device="cuda").manual_seed(s)
+    q, k, v = (torch.randn(2, 3, s, 64, device="cuda", generator=gen, dtype=dt) for _ in range(3))
+    keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()
+    keep[:9] = False
+    keep[s // 2] = False
+    scores = (q.double() @ k.double().transpose(-2, -1)) * 0.125
+    if additive:
+        mask = torch.zeros(2, 1, s, s, device="cuda", dtype=dt).masked_fill(~keep, fill)
+        out = by_mask(q, k, v, mask)
+        ref = torch.softmax(scores + mask.double(), -1) @ v.double()
+    else:
+        out, rows = by_where(q, k, v, keep)
+        ref = torch.softmax(scores.masked_fill(~keep, fill), -1) @ v.double()
+        rows_ref = torch.softmax((q[0, 0] @ k[0, 0].T).double().masked_fill(~keep, fill), -1)   # (scores in dt)
+        assert not torch.isnan(rows).any()
+        torch.testing.assert_close(rows.double(), rows_ref, atol=2e-2 if dtype == "bfloat16" else 2e-3, rtol=0)
+    assert not torch.isnan(out).any()
+    torch.testing.assert_close(out.double(), ref, atol=4e-2 if dtype == "bfloat16" else 4e-3, rtol=0)

@@ -536,3 +536,47 @@ def test_a_mask_filled_with_the_dtypes_least_float_is_no_nan(dtype):
     for got, want in zip(grads, (ds @ k64 / math.sqrt(32), ds.transpose(0, 1, 3, 2) @ q64 / math.sqrt(32), dv)):
         assert not np.isnan(got.astype(np.float64)).any()
         np.testing.assert_allclose(got.astype(np.float64), want, atol=tol * 4 * np.abs(want).max(), rtol=tol * 4)
+
+
+@pytest.mark.parametrize("dtype", [np.float32, ml_dtypes.bfloat16])
+@pytest.mark.parametrize("fill", ["finfo", -1e30])
+def test_a_row_all_of_a_finite_fill_is_uniform_as_in_torch(dtype, fill):
+    """Rows a mask of torch.finfo(dtype).min (or -1e30) fills whole (a left-padded batch's padding
+    queries) average V, as torch's softmax makes them (each fill minus the max is 0), where they
+    were 0 / 0, NaN (`schedule_to_tile._softmax_step`); a row softmax alike. The gradients agree
+    where the cotangent of those rows is 0, as a loss over the real tokens makes it (their saved
+    log-sum-exp, the fill plus log(N), rounds to the fill, as in FlashAttention)."""
+    fill = float(np.finfo(np.float32).min if dtype == np.float32 else ml_dtypes.finfo(dtype).min) \
+        if fill == "finfo" else fill
+
+    @tsr.function
+    def padded(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+               keep: Tensor["M", "N"]):
+        s = tsr.where(keep, tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])), fill)
+        return tsr.matmul(tsr.softmax(s, dim=-1), v), tsr.softmax(tsr.where(keep, q[0, 0] @ k[0, 0].T, fill), -1)
+    rng = np.random.default_rng(35)
+    q, k, v = (rng.standard_normal((1, 2, 130, 32)).astype(dtype) for _ in range(3))
+    keep = np.tril(np.ones((130, 130), bool))
+    keep[:7] = False
+    keep[70] = False
+    (out, rows), f_vjp = tsr.vjp(padded, q, k, v, keep)
+    q64, k64, v64 = (x.astype(np.float64) for x in (q, k, v))
+    s = np.where(keep, q64 @ k64.transpose(0, 1, 3, 2) / math.sqrt(32), fill)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    s2 = np.where(keep, q64[0, 0] @ k64[0, 0].T, fill)
+    p2 = np.exp(s2 - s2.max(-1, keepdims=True))
+    p2 /= p2.sum(-1, keepdims=True)
+    tol = 1e-5 if dtype == np.float32 else 2e-2
+    np.testing.assert_allclose(out.astype(np.float64), p @ v64, atol=tol * 4, rtol=tol)
+    np.testing.assert_allclose(rows.astype(np.float64), p2, atol=tol, rtol=tol)
+    g = rng.standard_normal(out.shape).astype(dtype)
+    g[:, :, ~keep.any(-1)] = 0
+    grads = f_vjp((g, np.zeros_like(rows)))[:3]
+    g64 = g.astype(np.float64)
+    dp = g64 @ v64.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    wants = (ds @ k64 / math.sqrt(32), ds.transpose(0, 1, 3, 2) @ q64 / math.sqrt(32), p.transpose(0, 1, 3, 2) @ g64)
+    for got, want in zip(grads, wants):
+        assert not np.isnan(got.astype(np.float64)).any()
+        np.testing.assert_allclose(got.astype(np.float64), want, atol=tol * 4 * np.abs(want).max(), rtol=tol * 4)
