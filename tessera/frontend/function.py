@@ -137,6 +137,30 @@ class Function:
         self.specialization = Specialization(self.name, static, dynamic)
 
     # --- specialisation ------------------------------------------------------------
+    def _bind_keywords(self, args: tuple, keywords: dict) -> tuple[tuple, dict]:
+        """(the arguments, the compile options) of a call's keywords: one naming a parameter of the
+        function is that argument (`f(x, scale=3.0)`; the parameters it skips take their defaults),
+        one naming an option of `compile_module` (`arch=`, `space=`) an option; anything else a
+        TypeError (an argument the function lacks was taken as an option, silently)."""
+        from ..compiler import compile_module
+
+        params = self.signature.parameters
+        given = {k: v for k, v in keywords.items() if k in params}
+        options = {k: v for k, v in keywords.items() if k not in params}
+        known = set(inspect.signature(compile_module).parameters) - {"graph_module"}
+        unknown = sorted(set(options) - known)
+        if unknown:
+            raise TypeError(f"{self.name}() got an unexpected keyword argument {unknown[0]!r}: its parameters are "
+                            f"{', '.join(params)}, and a call's options {', '.join(sorted(known))}")
+        if not given:
+            return args, options
+        try:
+            bound = self.signature.bind(*args, **given)
+        except TypeError as e:
+            raise TypeError(f"{self.name}(): {e}") from None
+        bound.apply_defaults()
+        return tuple(bound.args), options
+
     def _split_args(self, args: Sequence) -> tuple[list, dict[str, Any]]:
         """(tensor arguments, constant arguments) by name; parameters left out take their defaults."""
         params = self.signature.parameters
@@ -490,6 +514,8 @@ class Function:
                 outs = fast(*args)
                 if outs is not None:
                     return outs
+        if options:
+            args, options = self._bind_keywords(args, options)
         if _torch_path(args):
             from . import torch_autograd
             return torch_autograd.call(self, args, options)
@@ -540,6 +566,8 @@ class Kernel(Function):
             for fast in self._fast:   # (checked and launched in C: the record's outputs overlap no other argument)
                 if fast(*args) is not None:
                     return None
+        if options:
+            args, options = self._bind_keywords(args, options)
         key = self._call_key(args, options)
         known = self._programs.get(key) if key is not None else None
         if known is not None:

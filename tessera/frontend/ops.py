@@ -627,6 +627,14 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
     return _make(op.res, dims, out, "matmul result")
 
 
+def reduced_axes(x: Tensor, dim, what: str) -> list[int]:
+    """The axes a reduction's `dim` names, ascending: one, several, or every one for None or an
+    empty tuple (torch's dim=())."""
+    every = dim is None or isinstance(dim, (tuple, list)) and not dim
+    dims = range(x.ndim) if every else (dim if isinstance(dim, (tuple, list)) else (dim,))
+    return sorted({_axis(x, d, what) for d in dims})
+
+
 def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
     """One graph.reduce per reduced dim, each keeping its dim; the requested shape is a view at the end.
 
@@ -637,8 +645,7 @@ def _reduce(x: Tensor, kind: str, dim, keepdim: bool) -> Tensor:
     A logsumexp over several dims is one per dim, exactly: lse over (a, b) is lse_a(lse_b(x)).
     """
     g = _graph()
-    axes = range(x.ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
-    axes = sorted({_axis(x, d, kind) for d in axes}, reverse=True)
+    axes = reduced_axes(x, dim, kind)[::-1]
     if kind in ("mean", "logsumexp") and not x.dtype.is_float:
         raise DTypeError(f"{kind} of {x.dtype} {_label(x)}: cast to a float type first")
     out_dt = dtypes.int32 if x.dtype == dtypes.bool_ and kind not in ("max", "min") else x.dtype   # (torch's any/all)

@@ -260,11 +260,6 @@ class ValuesIndices(NamedTuple):
     indices: Tensor
 
 
-def _all_axes(x: Tensor, dim) -> list[int]:
-    dims = range(x.ndim) if dim is None else (dim if isinstance(dim, (tuple, list)) else (dim,))
-    return sorted({_axis(x, d, "reduction") for d in dims})
-
-
 def _arg_extreme(x: Tensor, dim, keepdim: bool, largest: bool) -> Tensor:
     """The index of the first largest (smallest) element along `dim`, as torch: a NaN counts as the
     largest and smallest, so the first NaN's index. Two row reductions: the extreme, then the least
@@ -332,7 +327,7 @@ def min(input: Tensor, dim=None, keepdim: bool = False, *, other=None):
 
 
 def _count(x: Tensor, dim) -> int:
-    return math.prod(int(x.shape[a]) for a in _all_axes(x, dim))
+    return math.prod(int(x.shape[a]) for a in ops.reduced_axes(x, dim, "reduction"))
 
 
 def _squeezed(r: Tensor, x: Tensor, dim, keepdim: bool) -> Tensor:
@@ -340,7 +335,7 @@ def _squeezed(r: Tensor, x: Tensor, dim, keepdim: bool) -> Tensor:
     `keepdim` (the reductions end in a view, so no kernel has a rank-0 result)."""
     if keepdim:
         return r
-    axes = _all_axes(x, dim)
+    axes = ops.reduced_axes(x, dim, "reduction")
     return ops.reshape(r, *[n for i, n in enumerate(r.shape) if i not in axes])
 
 

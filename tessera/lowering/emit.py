@@ -223,20 +223,25 @@ def _float_division(b: Builder, x, y) -> tuple[SSAValue, SSAValue]:
     """(x // y, x % y) of floats as torch's: q = floor(x / y), moved by one where the rounded
     quotient crossed an integer (1 / 0.1 rounds to 10, and 1.0 // 0.1 is 9), r = x - q * y in one
     fma (not rounded before the subtraction), its sign the divisor's; by an infinite divisor r is
-    x where their signs agree (7 % inf is 7) and y where not (-7 % inf is inf). (A quotient past
-    2^24 is not exact: torch's fmod is.)"""
+    x where their signs agree (7 % inf is 7) and y where not (-7 % inf is inf); of an infinite x
+    both are NaN (but x // 0, which is x / 0). A remainder that rounds to the divisor's magnitude
+    (1e-8 % -1.5 is -1.5, 1e-8 // -1.5 is -1) stays there: only one past it means q was one too
+    small, as x and y are multiples of y's ulp there. (A quotient past 2^24 is not exact: torch's
+    fmod is.)"""
     shape = x.type.get_shape()
-    zero, one = b.full(0.0, shape), b.full(1.0, shape)
+    zero, one, inf, nan = (b.full(v, shape) for v in (0.0, 1.0, float("inf"), float("nan")))
     q = b(math.FloorOp(b(arith.DivfOp(x, y))))
     r = b(math.FmaOp(b(arith.NegfOp(q)), y, x))
-    infinite = compare(b, b(math.AbsFOp(y)), b.full(float("inf"), shape), "oeq")
-    r = select(b, infinite, x, r)
+    infinite = compare(b, b(math.AbsFOp(y)), inf, "oeq")
+    x_infinite = compare(b, b(math.AbsFOp(x)), inf, "oeq")
+    r = select(b, infinite, select(b, x_infinite, nan, x), r)
     signs_differ = b(arith.XOrIOp(compare(b, r, zero, "olt"), compare(b, y, zero, "olt")))
     under = b(arith.AndIOp(compare(b, r, zero, "one"), signs_differ))   # q one too large
-    over = b(arith.AndIOp(compare(b, b(math.AbsFOp(r)), b(math.AbsFOp(y)), "oge"),
+    over = b(arith.AndIOp(compare(b, b(math.AbsFOp(r)), b(math.AbsFOp(y)), "ogt"),
                           b(arith.XOrIOp(infinite, b.splat(b(arith.ConstantOp(IntegerAttr(1, i1))), shape)))))
     q = select(b, under, b(arith.SubfOp(q, one)), select(b, over, b(arith.AddfOp(q, one)), q))
     r = select(b, under, b(arith.AddfOp(r, y)), select(b, over, b(arith.SubfOp(r, y)), r))
+    q = select(b, b(arith.AndIOp(x_infinite, compare(b, y, zero, "one"))), nan, q)
     return q, r
 
 

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 import tessera as tsr
 from tessera import Tensor
@@ -35,3 +36,21 @@ def test_only_hashable_calls_have_a_gpu_call_key():
     assert key((FakeCuda(), 1), {}) != key((FakeCuda(), 1.0), {})
     assert key((np.zeros(3),), {}) is None
     assert key((FakeCuda(),), {"space": {"block_m": [64]}}) is None
+
+
+def test_keyword_arguments_bind_to_parameters_and_others_are_refused():
+    """A keyword naming a parameter is that argument (`opt_level=5` was taken as the compile's
+    option, silently, and `scale=3.0` failed inside compile_module); one naming neither a
+    parameter nor a call option is a TypeError that lists both."""
+    @tsr.function
+    def f(x: Tensor["N"], scale: float = 1.0, opt_level: int = 1):
+        return x * scale * opt_level
+    x = np.ones(3, np.float32)
+    np.testing.assert_array_equal(f(x, opt_level=5), x * 5)
+    np.testing.assert_array_equal(f(x, scale=3.0), x * 3)
+    np.testing.assert_array_equal(f(x=x, scale=2.0, opt_level=2), x * 4)
+    with pytest.raises(TypeError, match="unexpected keyword argument 'bogus': its parameters are x, scale, opt_level"):
+        f(x, bogus=1)
+    with pytest.raises(TypeError, match="multiple values for argument 'scale'"):
+        f(x, 2.0, scale=3.0)
+    np.testing.assert_array_equal(f(x, 2.0, space={"block_n": [64]}), x * 2)   # (an option still)

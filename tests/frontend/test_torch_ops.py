@@ -86,6 +86,31 @@ def test_floor_division_and_remainder_round_down_as_python():
     assert qf.tolist() == q.tolist() and rf.tolist() == r.tolist()
 
 
+def test_an_empty_dim_tuple_reduces_every_dim_as_torch():
+    """dim=() is every dim (torch's), where a rank-1 input failed inside the compiler and a rank-2
+    one came back unreduced."""
+    def f(v: Tensor["K"], x: Tensor["M", "N"]):
+        return tsr.sum(v, ()), tsr.sum(x, (), keepdim=True), tsr.amax(x, []), x.var(())
+    v, x = np.arange(4, dtype=np.float32), np.arange(6, dtype=np.float32).reshape(2, 3)
+    total, kept, top, var = _run(f, v, x)
+    assert float(total) == 6.0 and kept.tolist() == [[15.0]] and float(top) == 5.0
+    np.testing.assert_allclose(var, x.var(ddof=1), rtol=1e-6)
+
+
+def test_float_floor_division_at_its_edges_is_numpys():
+    """A remainder rounding to the divisor's magnitude stays (1e-8 // -1.5 was 0, 1e-8 % -1.5 was
+    0), infinite dividends give NaN (inf // 1.5, inf % inf were inf), x // 0 is x / 0."""
+    x = np.array([1e-8, 1.5, np.inf, np.inf, -np.inf, 1.0, 7, -7, 1.0, 0.0, np.nan, 5.0, 3.0, -1e-8], np.float32)
+    y = np.array([-1.5, -3.4e38, 1.5, np.inf, -2.0, 0.1, np.inf, np.inf, 0.0, 0.0, 1.0, np.nan, 1.5, 1.5], np.float32)
+
+    def f(x: Tensor["N"], y: Tensor["N"]):
+        return x // y, x % y
+    q, r = _run(f, x, y)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(q, np.floor_divide(x, y))
+        np.testing.assert_array_equal(r, np.remainder(x, y))
+
+
 # --- fusion ----------------------------------------------------------------------------------------
 
 def _kinds(fn, dims, dtype="fp16"):
