@@ -98,6 +98,11 @@ CASES = [
            args=(("a", ("M", "K")), ("b", ("K", "N"))), dtypes=("fp16", "bf16")),
     OpCase("einsum_nt", lambda b, a: tsr.einsum("nk,mk->mn", b, a), lambda b, a: a @ b.T,
            args=(("b", ("N", "K")), ("a", ("M", "K"))), dtypes=("fp16", "bf16")),
+    # a vector made a matrix by a view, multiplied (a GEMM's tiles could not read it: now a reduction)
+    OpCase("matvec", lambda a, v: a @ v[:, None], lambda a, v: a @ v[:, None],
+           args=(("a", ("M", "K")), ("v", ("K",)))),
+    OpCase("vecmat", lambda v, b: v[None, :] @ b + 1.0, lambda v, b: v[None, :] @ b + 1.0,
+           args=(("v", ("K",)), ("b", ("K", "N")))),
     OpCase("einsum_bmm_out_transposed", lambda a, b: tsr.einsum("bmk,bkn->bnm", a, b),
            lambda a, b: np.swapaxes(a @ b, -1, -2),
            args=(("a", ("B", "M", "K")), ("b", ("B", "K", "N"))), dtypes=("fp16", "bf16")),

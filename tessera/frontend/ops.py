@@ -621,6 +621,12 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         # GEMM over the B rows (dropping the unit axis and adding it back are views of the same memory)
         rows = matmul(_reshape_dims(a, (*a.dims[:-2], a.dims[-1])), b)
         return _reshape_dims(rows, (*rows.dims[:-1], 1, rows.dims[-1]))
+    if a.ndim == b.ndim == 2 and a.dtype not in dtypes.FP8 and 1 in (a.dims[0], b.dims[1]):
+        # a matrix-vector product ([M, K] @ [K, 1], [1, K] @ [K, N]; a vector made a matrix, v[:, None],
+        # is a view a GEMM's tiles cannot read): the products summed, a row or column reduction
+        # reading each element once, where a tensor-core tile would be all padding but a row
+        return sum(a * transpose(b, 0, 1), -1, keepdim=True) if b.dims[1] == 1 else \
+            sum(transpose(a, 0, 1) * b, 0, keepdim=True)
     dims = (*batch, a.dims[-2], b.dims[-1])
     out = dtypes.fp32 if a.dtype in dtypes.FP8 else a.dtype
     op = trace.add(g.MatmulOp(a.value, b.value, g.TensorType.of(dims, out)))
