@@ -381,10 +381,12 @@ def logsumexp(x: Tensor, dim, keepdim: bool = False) -> Tensor:
 
 @ops._in_fp32
 def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
-    """torch.log_softmax: x - logsumexp(x) along `dim` (accurate where log(softmax(x)) underflows)."""
+    """torch.log_softmax: x - logsumexp(x) along `dim` (accurate where log(softmax(x)) underflows);
+    a row holding +inf is NaN throughout, as torch's (x - inf gave -inf beside it)."""
     if not x.dtype.is_float:
         raise DTypeError(f"log_softmax of {x.dtype} {_label(x)}: cast to a float type first")
-    return x - _logsumexp(x, dim)
+    lse = _logsumexp(x, dim)
+    return ops.where(ops.eq(lse, math.inf), math.nan, x - lse)
 
 
 # --- einsum -----------------------------------------------------------------------------------------

@@ -47,6 +47,16 @@ def test_argmax_of_a_row_with_nan_is_the_first_nan():
     assert hi.tolist() == [1, 0] and lo.tolist() == [1, 3]
 
 
+def test_log_softmax_of_a_row_with_inf_is_nan_as_torch():
+    x = np.array([[np.inf, 0, 1, 2], [0, 1, 2, 3], [-np.inf, -np.inf, 0, 1]], np.float32)
+
+    def f(x: Tensor["M", "N"]):
+        return tsr.log_softmax(x, -1)
+    out = _run(f, x)
+    assert np.isnan(out[0]).all() and np.isneginf(out[2, :2]).all()
+    np.testing.assert_allclose(out[1], x[1] - np.log(np.exp(x[1]).sum()), rtol=1e-6)
+
+
 def test_var_defaults_to_bessels_correction():
     x = np.random.default_rng(0).standard_normal((5, 9)).astype(np.float32)
 
