@@ -109,6 +109,13 @@ def _signature(fn: Callable) -> inspect.Signature:
 MAX_REMEMBERED_CALLS = 4096
 
 
+@functools.lru_cache(maxsize=1)
+def _call_options() -> frozenset[str]:
+    """The keyword options a call passes to `compiler.compile_module` (`arch=`, `space=`, ...)."""
+    from ..compiler import compile_module
+    return frozenset(inspect.signature(compile_module).parameters) - {"graph_module"}
+
+
 class Function:
     """A traced tensor function. Calling it with NumPy arrays runs it on the CPU tile interpreter."""
 
@@ -142,12 +149,10 @@ class Function:
         function is that argument (`f(x, scale=3.0)`; the parameters it skips take their defaults),
         one naming an option of `compile_module` (`arch=`, `space=`) an option; anything else a
         TypeError (an argument the function lacks was taken as an option, silently)."""
-        from ..compiler import compile_module
-
         params = self.signature.parameters
         given = {k: v for k, v in keywords.items() if k in params}
         options = {k: v for k, v in keywords.items() if k not in params}
-        known = set(inspect.signature(compile_module).parameters) - {"graph_module"}
+        known = _call_options()
         unknown = sorted(set(options) - known)
         if unknown:
             raise TypeError(f"{self.name}() got an unexpected keyword argument {unknown[0]!r}: its parameters are "
@@ -159,6 +164,9 @@ class Function:
         except TypeError as e:
             raise TypeError(f"{self.name}(): {e}") from None
         bound.apply_defaults()
+        if bound.kwargs:   # (a keyword-only or ** parameter: the trace takes arguments by position)
+            raise TypeError(f"{self.name}(): parameter {next(iter(bound.kwargs))!r} is keyword-only or **, which "
+                            f"a Tessera function does not take yet; make it an ordinary parameter")
         return tuple(bound.args), options
 
     def _split_args(self, args: Sequence) -> tuple[list, dict[str, Any]]:

@@ -226,8 +226,8 @@ def _float_division(b: Builder, x, y) -> tuple[SSAValue, SSAValue]:
     x where their signs agree (7 % inf is 7) and y where not (-7 % inf is inf); of an infinite x
     both are NaN (but x // 0, which is x / 0). A remainder that rounds to the divisor's magnitude
     (1e-8 % -1.5 is -1.5, 1e-8 // -1.5 is -1) stays there: only one past it means q was one too
-    small, as x and y are multiples of y's ulp there. (A quotient past 2^24 is not exact: torch's
-    fmod is.)"""
+    small, as x and y are multiples of y's ulp there. (A quotient past 2^24 is not exact, and one
+    past the float range gives an infinite remainder: torch's and NumPy's fmod are exact.)"""
     shape = x.type.get_shape()
     zero, one, inf, nan = (b.full(v, shape) for v in (0.0, 1.0, float("inf"), float("nan")))
     q = b(math.FloorOp(b(arith.DivfOp(x, y))))

@@ -15,7 +15,6 @@ from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
-
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
 from xdsl.dialects.builtin import (
@@ -856,35 +855,40 @@ def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale
     factor = scale * LOG2E
     m_new = kb.b(arith.MaximumfOp(m_i, kb.b(t.ReduceOp(scores, "max", 1))))
     safe = _safe_max(kb, m_new, bm)
+
+    def scaled_exp2(x, m, to):   # 2^((x - m) * factor)
+        return kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(x, m)), kb.b.full(factor, to)))))
     if exact or _may_hold_huge_scores(kb, -EXACT_PRODUCTS / factor):
-        def scaled_exp2(x, m, to):
-            return kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(x, m)), kb.b.full(factor, to)))))
         return m_new, scaled_exp2(m_i, safe, [bm]), scaled_exp2(scores, _broadcast_rows(kb.b, safe, shape), shape)
     if factor > 1:   # (a finite max past -FLT_MAX / factor, a mask's torch.finfo(dtype).min, cut there)
         safe = kb.b(arith.MaximumfOp(safe, kb.b.full(-FLT_MAX / factor, [bm])))
-    alpha = kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(m_i, safe)), kb.b.full(factor, [bm])))))
+    alpha = scaled_exp2(m_i, safe, [bm])
     shift = kb.b(arith.MulfOp(safe, kb.b.full(-factor, [bm])))
     p = kb.b(mathd.Exp2Op(kb.b(mathd.FmaOp(scores, kb.b.full(factor, shape), _broadcast_rows(kb.b, shift, shape)))))
     return m_new, alpha, p
 
 
-#: the largest product of a score with the softmax's factor whose rounding error (half an ulp: 2^6
-#: here) 2^(s * factor - max * factor) can take: past it `_softmax_step` subtracts the max first
-EXACT_PRODUCTS = 2.0 ** 30
+#: the largest product of a score with the softmax's factor whose rounding error (half an ulp, 1/2
+#: here) 2^(s * factor - max * factor) can take: past it `_softmax_step` subtracts the max first. A
+#: row all of a fill gets p = 2^(error) before its division by the sum, stored as P @ V's operand:
+#: within [0.7, 1.4] for fp16 and fp8 alike (at 2^30 an error up to 2^6, -6.9e8 made fp16 P overflow)
+EXACT_PRODUCTS = 2.0 ** 24
 
 
 def _may_hold_huge_scores(kb: KernelBuild, bound: float) -> bool:
-    """Whether an attention kernel's scores may hold finite values below `bound` (< 0): it computes
-    with such a constant (a mask's fill of torch.finfo(dtype).min, HuggingFace's, or -1e30), or
-    reads a float tensor besides its matmuls' operands that varies along the keys (an additive
-    mask, [B, 1, M, N] or [B, 1, 1, N]; not ALiBi's slopes)."""
+    """Whether an attention kernel's scores may hold finite values below `bound`: it computes with
+    such a constant (a mask's fill of torch.finfo(dtype).min, HuggingFace's, or -1e9), or reads a
+    float tensor besides its matmuls' operands along the keys' dim (an additive mask, [B, 1, M, N],
+    [B, 1, 1, N] or [N]; not ALiBi's slopes)."""
+    matmuls = kb.op(g.MatmulOp)
     operands = set()
-    for v in (v for op in kb.op(g.MatmulOp) for v in op.operands):
+    for v in (v for op in matmuls for v in op.operands):
         while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp, g.CastOp, g.GatherOp)):   # (K^T, a paged cache)
             v = v.owner.operands[0]
         operands.add(v)
+    keys = g.tensor_type(matmuls[0].res).shape[-1]
     masks = [v for v in kb.group_block.args if v not in operands and g.tensor_type(v).dtype.is_float
-             and g.tensor_type(v).rank >= 2 and kb.size(g.tensor_type(v).shape[-1]) != 1]
+             and g.tensor_type(v).rank >= 1 and g.tensor_type(v).shape[-1] == keys]
     return bool(masks) or _holds_fill_past(kb, bound)
 
 
@@ -893,8 +897,8 @@ def _holds_fill_past(kb: KernelBuild, bound: float) -> bool:
     it: a mask's fill of torch.finfo(dtype).min (HuggingFace's masks), or -1e30."""
     def value(op) -> float:   # (as its dtype holds it: finfo(fp32).min in fp16 is -inf)
         return float(np.asarray(op.value.value.data, g.tensor_type(op.res).dtype.np))
-    return bound < 0 and any(isinstance(op, g.ConstantOp) and g.tensor_type(op.res).dtype.is_float
-                             and -math.inf < value(op) < bound for op in kb.group_block.walk())
+    return any(isinstance(op, g.ConstantOp) and g.tensor_type(op.res).dtype.is_float
+               and -math.inf < value(op) < bound for op in kb.group_block.walk())
 
 
 def _positive_scale(x: SSAValue) -> tuple[SSAValue, float]:
@@ -1752,39 +1756,48 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
     one query against 100k keys makes one block per head) splits its key blocks `splits` ways. A
     first kernel runs the usual loop over split s's run of key blocks (grid axis 2) and writes its
     normalized output (0 where the run saw no key) to an fp32 buffer [splits, *output dims] and
-    each row's log-sum-exp (base 2, -inf for no key) to [splits, *output dims but E]; `kb`'s kernel then
-    combines the splits row by row, in split order (results do not depend on timing), and applies
-    the epilogue. A dim taken at run time (a batch, a query count) sizes both buffers then."""
+    each row's log-sum-exp (base 2, -inf for no key) to [splits, *output dims but E]. Where the
+    scores may hold a mask's huge fill (`_may_hold_huge_scores`), each row's max score and log2 of
+    its sum go to two such buffers instead: their sum lost the log of a row all of the fill (its
+    product with the softmax's factor overflows, or rounds every log away) and weighed its splits
+    alike, where the last run is shorter (a second load a split: H200 GQA decode B=1 32k keys, 49
+    splits, took 1% longer, so not for the others). `kb`'s kernel then combines the splits row by
+    row, in split order (results do not depend on timing), and applies the epilogue. A dim taken at
+    run time (a batch, a query count) sizes the buffers then."""
     sizes = [t.DYNAMIC if is_dynamic(att.sizes[a]) else att.sizes[a] for a in att.axes]
-    lse_type, out_type = MemRefType(f32, [splits, *sizes[:-1]]), MemRefType(f32, [splits, *sizes])
+    row_type, out_type = MemRefType(f32, [splits, *sizes[:-1]]), MemRefType(f32, [splits, *sizes])
     dim = dynamic_dim_of([kb.result], kb.bindings)
     part = _start(kb.sk, kb.bindings, kb.in_types,
                   kb.sk.sym_name.data + SPLIT_PARTIALS, out_type)
-    part_lse = part.add_scratch(lse_type, dim)
+    row_buffers = [part.add_scratch(row_type, dim)]
     split = part.pid(2)
     rows = _attention_rows(part, att, (split, splits))
+    factor = rows.scale * LOG2E
+    apart = _may_hold_huge_scores(part, -EXACT_PRODUCTS / factor)
+    if apart:
+        row_buffers.append(part.add_scratch(row_type, dim))
     b, bm, be = part.b, att.tile["m"], att.tile["e"]
     has_keys = compare(b, rows.l_i, b.full(0.0, [bm]), "ogt")
     inv_l = select(b, has_keys, b(arith.DivfOp(b.full(1.0, [bm]), rows.l_i)), b.full(0.0, [bm]))
     out = b(arith.MulfOp(rows.acc, _broadcast_rows(b, inv_l, [bm, be])))
-    # (a max whose product overflows, a row all of a mask's finfo(dtype).min, kept at -FLT_MAX: its
-    # splits then weigh alike, where -inf - -inf was NaN; their log2(l) is below that float's ulp)
-    scaled_max = b(arith.MaximumfOp(b(arith.MulfOp(rows.m_i, b.full(rows.scale * LOG2E, [bm]))),
-                                    select(b, compare(b, rows.m_i, b.full(-math.inf, [bm]), "oeq"),
-                                           b.full(-math.inf, [bm]), b.full(-FLT_MAX, [bm]))))
-    lse = b(arith.AddfOp(scaled_max, b(mathd.Log2Op(rows.l_i))))
+    row_stats = [rows.m_i, b(mathd.Log2Op(rows.l_i))] if apart else \
+        [b(arith.AddfOp(b(arith.MulfOp(rows.m_i, b.full(factor, [bm]))), b(mathd.Log2Op(rows.l_i))))]
     scalars = {**rows.scalars, "s": split}
     part.em.store(out, part.out, ("s", *att.axes), TileCtx({"m": (rows.m0, bm), "e": (b.index(0), be)}, scalars),
                   dtypes.fp32)
-    part.em.store(lse, part_lse, ("s", *att.axes[:-1]), TileCtx({"m": (rows.m0, bm)}, scalars), dtypes.fp32)
+    for row_stat, buffer in zip(row_stats, row_buffers):
+        part.em.store(row_stat, buffer, ("s", *att.axes[:-1]), TileCtx({"m": (rows.m0, bm)}, scalars), dtypes.fp32)
     kb.before.append((_finish(part), att.grid(part, splits)))
-    return _combine_splits(kb, att, kb.add_scratch(lse_type, dim), kb.add_scratch(out_type, dim), splits)
+    stats = [kb.add_scratch(row_type, dim) for _ in row_buffers]
+    return _combine_splits(kb, att, stats, kb.add_scratch(out_type, dim), splits, factor)
 
 
-def _combine_splits(kb: KernelBuild, att: _AttentionShape, lse: SSAValue, partials: SSAValue,
-                    splits: int) -> tuple[int, int, int]:
+def _combine_splits(kb: KernelBuild, att: _AttentionShape, stats: Sequence[SSAValue], partials: SSAValue,
+                    splits: int, factor: float) -> tuple[int, int, int]:
     """`kb`'s kernel as a split-KV attention's second kernel: per output row, the splits' outputs
-    O_s weighted by 2^(lse_s - max_s lse_s) and divided by the weights' sum, taken in split order
+    O_s weighted by 2^(lse_s - max_s lse_s) (`stats`: the log-sum-exps, base 2), or by
+    l_s 2^((m_s - max_s m_s) factor) (`stats`: each split's max score m_s and log2 of its sum l_s;
+    `factor` the softmax's scale times log2 e), and divided by the weights' sum, taken in split order
     with a running max (as the first kernel's loop takes key blocks): results do not depend on
     timing. A program reads SPLIT_KV_COMBINE_GROUP splits' rows at once (the splits past the last whole
     group after the loop), so the loads' latency is paid once a group, not once a split. Then
@@ -1802,14 +1815,21 @@ def _combine_splits(kb: KernelBuild, att: _AttentionShape, lse: SSAValue, partia
         offsets, tile_dims, _ = kb.em.access(("s", *axes), at)
         return b(t.LoadOp(memref, offsets, tile_dims, shape))
 
+    apart = len(stats) == 2
+
     def combine(indices, m_i, total, acc):
-        lses = [load(lse, att.axes[:-1], [bm], s) for s in indices]
+        ms = [load(stats[0], att.axes[:-1], [bm], s) for s in indices]
+        log_sums = [load(stats[1], att.axes[:-1], [bm], s) for s in indices] if apart else [None] * len(ms)
         outs = [load(partials, att.axes, [bm, be], s) for s in indices]
-        for lse_s, out_s in zip(lses, outs):
-            m_new = b(arith.MaximumfOp(m_i, lse_s))
+        for m_s, log_s, out_s in zip(ms, log_sums, outs):
+            m_new = b(arith.MaximumfOp(m_i, m_s))
             safe = _safe_max(kb, m_new, bm)
-            alpha = b(mathd.Exp2Op(b(arith.SubfOp(m_i, safe))))
-            weight = b(mathd.Exp2Op(b(arith.SubfOp(lse_s, safe))))
+            if apart:
+                alpha = b(mathd.Exp2Op(b(arith.MulfOp(b(arith.SubfOp(m_i, safe)), b.full(factor, [bm])))))
+                weight = b(mathd.Exp2Op(b(mathd.FmaOp(b(arith.SubfOp(m_s, safe)), b.full(factor, [bm]), log_s))))
+            else:
+                alpha = b(mathd.Exp2Op(b(arith.SubfOp(m_i, safe))))
+                weight = b(mathd.Exp2Op(b(arith.SubfOp(m_s, safe))))
             total = b(mathd.FmaOp(total, alpha, weight))
             acc = b(mathd.FmaOp(_broadcast_rows(b, weight, [bm, be]), out_s,
                                 b(arith.MulfOp(acc, _broadcast_rows(b, alpha, [bm, be])))))
@@ -1826,8 +1846,12 @@ def _combine_splits(kb: KernelBuild, att: _AttentionShape, lse: SSAValue, partia
     m2 = kb.op(g.MatmulOp)[1]
     kb.em.overrides[m2.res] = b(arith.MulfOp(acc, _broadcast_rows(b, inv_total, [bm, be])))
     kb.store_result(att.out_axes, ctx)
-    if len(kb.outs) > 1:   # the splits' log-sum-exps (base 2, about their max) combined, in natural log
-        lse2 = b(arith.AddfOp(_safe_max(kb, m_i, bm), b(mathd.Log2Op(total))))
+    if len(kb.outs) > 1:   # the row's log-sum-exp (base 2: its max times the factor, cut to a float, plus
+        # log2 of the weights' sum), in natural log
+        scaled_max = _safe_max(kb, m_i, bm)
+        if apart:   # (cut to a float: a row all of a huge fill)
+            scaled_max = b(arith.MaximumfOp(b(arith.MulfOp(scaled_max, b.full(factor, [bm]))), b.full(-FLT_MAX, [bm])))
+        lse2 = b(arith.AddfOp(scaled_max, b(mathd.Log2Op(total))))
         score_map = matmul_operand_maps(m2, att.axes, "n", kb.bindings)[0]
         _store_logsumexp(kb, b(arith.MulfOp(lse2, b.full(LN2, [bm]))), score_map,
                          TileCtx({a: x for a, x in ctx.tiled.items() if a != att.axes[-1]}, ctx.scalars))
@@ -2060,6 +2084,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     kinds = [sink.op.kind.data if isinstance(sink.op, g.ReduceOp) else None for sink in sinks]
     # what each sink accumulates in: f32, an int reduction's i32 (`accumulator`)
     elems = [accumulator(sink.computed) if kind else f32 for sink, kind in zip(sinks, kinds)]
+    elem_of = {id(sink): elem for sink, elem in zip(sinks, elems)}
 
     def compute(iv, tiles, *accs):
         n0 = kb.mul(block_of(iv) if block_of else iv, tile["n"])
@@ -2074,7 +2099,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
         contexts.append(ctx)   # (alive while the kernel is built: tiles are memoized by its identity)
 
         def computed(sink, ctx: TileCtx) -> SSAValue:
-            return convert(kb.b, kb.em.value(sink.computed, sink.tiling.operand_map, ctx), elems[sinks.index(sink)])
+            return convert(kb.b, kb.em.value(sink.computed, sink.tiling.operand_map, ctx), elem_of[id(sink)])
 
         def cut(x: SSAValue, kind: str | None) -> SSAValue:   # columns past the end: the sink's neutral value
             fill = neutral(kb.b, kind, x.type.get_element_type(), block) if kind else kb.b.full(0.0, block)

@@ -205,8 +205,7 @@ def test_rows_a_finite_fill_masks_whole_average_v_as_torch(torch_cuda, dtype, ad
     """HuggingFace's masks fill with torch.finfo(dtype).min; a padding query's row, masked whole,
     averages V in torch (each fill minus the max is 0), where Tessera's attention and row softmax
     gave 0 / 0 (`schedule_to_tile._softmax_step`): filled by `where` or added as a mask tensor; at
-    1024 keys on 6 heads the attention splits its keys (equal runs: a whole row's splits weigh
-    alike)."""
+    1024 keys on 6 heads the attention splits its keys (each split's max and log sum kept apart)."""
     torch = torch_cuda
     dt = getattr(torch, dtype)
     fill = torch.finfo(dt).min
