@@ -98,6 +98,8 @@ CASES = [
            args=(("a", ("M", "K")), ("b", ("K", "N"))), dtypes=("fp16", "bf16")),
     OpCase("einsum_nt", lambda b, a: tsr.einsum("nk,mk->mn", b, a), lambda b, a: a @ b.T,
            args=(("b", ("N", "K")), ("a", ("M", "K"))), dtypes=("fp16", "bf16")),
+    OpCase("int_pow", lambda x, y: x ** (y % 4) - x ** 2, lambda x, y: x ** (y % 4) - x ** 2, args=XY,
+           dtypes=("int32",)),
     # a vector made a matrix by a view, multiplied (a GEMM's tiles could not read it: now a reduction)
     OpCase("matvec", lambda a, v: a @ v[:, None], lambda a, v: a @ v[:, None],
            args=(("a", ("M", "K")), ("v", ("K",)))),

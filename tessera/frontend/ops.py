@@ -142,11 +142,15 @@ def _broadcast(xs: Sequence[Tensor], what: str) -> tuple:
 #: ops torch refuses on bool operands, with what it says to use instead
 _NOT_ON_BOOL = {"neg": "to invert a mask use ~x or tsr.logical_not(x)",
                 "sub": "use tsr.ne(a, b) (exclusive or) or cast to int32 first",
-                "floor_divide": "cast to int32 first", "remainder": "cast to int32 first"}
+                "floor_divide": "cast to int32 first", "remainder": "cast to int32 first", "pow": "cast to int32 first"}
 
 
 def elementwise(kind: str, *xs) -> Tensor:
     g = _graph()
+    if kind == "pow" and isinstance(xs[1], (int, np.integer)) and not isinstance(xs[1], bool) and xs[1] < 0 \
+            and isinstance(xs[0], Tensor) and not xs[0].dtype.is_float:
+        raise DTypeError(f"pow: {xs[0].dtype} {_label(xs[0])} ** {xs[1]}: integers to negative integer powers are "
+                         f"not allowed (as in torch); cast to a float type first")
     operands = _operands(xs)
     entry = g.ELEMENTWISE[kind]
     if kind == "where" and operands[0].dtype != dtypes.bool_:

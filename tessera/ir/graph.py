@@ -283,6 +283,19 @@ def _rsqrt(x):
     return 1.0 / np.sqrt(x)
 
 
+def _pow(x, y):
+    """x ** y; of two ints torch's integer pow, wrapping as int32 does where the result is stored,
+    and for a negative exponent 1 for x = 1, +-1 for x = -1, else 0 (torch's CUDA kernels; NumPy
+    refuses it)."""
+    if x.dtype.kind == "f" or np.asarray(y).dtype.kind == "f":
+        return np.power(x, y)
+    x, y = np.broadcast_arrays(np.asarray(x, np.int64), np.asarray(y, np.int64))
+    with np.errstate(over="ignore"):
+        positive = np.power(x, np.maximum(y, 0))
+    negative = np.where(x == 1, 1, np.where(x == -1, np.where(y % 2 == 1, -1, 1), 0))
+    return np.where(y < 0, negative, positive)
+
+
 def _sigmoid(x):
     """1 / (1 + exp(-x)) as exp(-softplus(-x)): no overflow warning for very negative x, and no
     cancellation in its tiny values (0.5 (1 + tanh(x / 2)) rounds them to 0)."""
@@ -310,7 +323,7 @@ ELEMENTWISE: dict[str, Elementwise] = {e.name: e for e in [
     Elementwise("div", 2, np.divide, "float"),
     Elementwise("maximum", 2, np.maximum),
     Elementwise("minimum", 2, np.minimum),
-    Elementwise("pow", 2, np.power, "float"),
+    Elementwise("pow", 2, _pow),
     Elementwise("floor_divide", 2, np.floor_divide),
     Elementwise("remainder", 2, np.remainder),
     Elementwise("lt", 2, np.less, "bool"),

@@ -245,6 +245,41 @@ def _float_division(b: Builder, x, y) -> tuple[SSAValue, SSAValue]:
     return q, r
 
 
+def _int_pow(b: Builder, x, y):
+    """x ** y of int32 tiles as torch's integer pow (`graph._pow`): by squaring, over the exponent's
+    bits (those of a constant exponent only), wrapping as int32 does; for a negative exponent 1
+    for x = 1, +-1 for x = -1, else 0."""
+    shape = x.type.get_shape()
+
+    def c(v: int):
+        return b.splat(b.i32(v), shape)
+    known = _splat_int(y)
+    width = 31 if known is None else max(known, 0).bit_length()
+    result, base = c(1), x
+    for i in range(width):
+        if known is None:
+            bit_set = compare(b, b(arith.AndIOp(y, c(1 << i))), c(0), "ne")
+            result = select(b, bit_set, b(arith.MuliOp(result, base)), result)
+        elif known >> i & 1:
+            result = b(arith.MuliOp(result, base))
+        if i + 1 < width:
+            base = b(arith.MuliOp(base, base))
+    if known is not None and known >= 0:
+        return result
+    odd = compare(b, b(arith.AndIOp(y, c(1))), c(0), "ne")
+    negative = select(b, compare(b, x, c(1), "eq"), c(1),
+                      select(b, compare(b, x, c(-1), "eq"), select(b, odd, c(-1), c(1)), c(0)))
+    return select(b, compare(b, y, c(0), "slt"), negative, result)
+
+
+def _splat_int(v) -> int | None:
+    """The value of an int tile that is a constant splat, else None."""
+    op = v.owner
+    if isinstance(op, t.BroadcastOp) and isinstance(op.x.owner, arith.ConstantOp):
+        return op.x.owner.value.value.data
+    return None
+
+
 def _compare(fpred: str, ipred: str):
     def build(b: Builder, x, y):
         return compare(b, x, y, fpred if x.type.get_element_type() == f32 else ipred)
@@ -277,7 +312,7 @@ ELEMENTWISE: dict[str, Callable] = {
     "div": lambda b, x, y: b(arith.DivfOp(x, y)),
     "maximum": _float_or_int(arith.MaximumfOp, arith.MaxSIOp),
     "minimum": _float_or_int(arith.MinimumfOp, arith.MinSIOp),
-    "pow": lambda b, x, y: b(math.PowFOp(x, y)),
+    "pow": lambda b, x, y: b(math.PowFOp(x, y)) if x.type.get_element_type() == f32 else _int_pow(b, x, y),
     "floor_divide": _floor_divide,
     "remainder": _remainder,
     "lt": _compare("olt", "slt"),

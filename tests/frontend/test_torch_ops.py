@@ -107,6 +107,22 @@ def test_an_empty_dim_tuple_reduces_every_dim_as_torch():
     np.testing.assert_allclose(var, x.var(ddof=1), rtol=1e-6)
 
 
+def test_integer_pow_is_torchs():
+    """int ** int is int32 (it was float32), wrapping as int32 does, torch's values for negative
+    exponents; a constant negative exponent of an int is refused, as torch refuses it."""
+    x = np.array([2, -3, 5, 1, -1, 0, 46341, 7, -1, 2], np.int32)
+    y = np.array([3, 2, 0, -4, -3, 5, 2, 31, -2, 40], np.int32)
+
+    def f(x: Tensor["N"], y: Tensor["N"]):
+        return x ** y, x ** 3 + 1, x ** 0.5
+    p, cube, root = _run(f, x, y)
+    assert p.dtype == np.int32 and cube.dtype == np.int32 and root.dtype == np.float32
+    assert p.tolist() == [8, 9, 1, 1, -1, 0, -2147479015, 265001655, 1, 0]   # (torch 2.11's)
+    assert cube.tolist() == [9, -26, 126, 2, 0, 1, -1932785794, 344, 0, 9]
+    with pytest.raises(DTypeError, match="integers to negative integer powers are not allowed"):
+        _run(lambda x: x ** -1, x)
+
+
 def test_float_floor_division_at_its_edges_is_numpys():
     """A remainder rounding to the divisor's magnitude stays (1e-8 // -1.5 was 0, 1e-8 % -1.5 was
     0), infinite dividends give NaN (inf // 1.5, inf % inf were inf), x // 0 is x / 0."""
