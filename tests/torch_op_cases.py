@@ -105,6 +105,8 @@ CASES = [
            args=(("a", ("M", "K")), ("v", ("K",)))),
     OpCase("vecmat", lambda v, b: v[None, :] @ b + 1.0, lambda v, b: v[None, :] @ b + 1.0,
            args=(("v", ("K",)), ("b", ("K", "N")))),
+    OpCase("batched_matvec", lambda a, v: a @ v[:, :, None], lambda a, v: a @ v[:, :, None],
+           args=(("a", ("B", "M", "K")), ("v", ("B", "K"))), dtypes=("fp16", "bf16")),
     OpCase("einsum_bmm_out_transposed", lambda a, b: tsr.einsum("bmk,bkn->bnm", a, b),
            lambda a, b: np.swapaxes(a @ b, -1, -2),
            args=(("a", ("B", "M", "K")), ("b", ("B", "K", "N"))), dtypes=("fp16", "bf16")),

@@ -625,6 +625,10 @@ def matmul(a: Tensor, b: Tensor) -> Tensor:
         # GEMM over the B rows (dropping the unit axis and adding it back are views of the same memory)
         rows = matmul(_reshape_dims(a, (*a.dims[:-2], a.dims[-1])), b)
         return _reshape_dims(rows, (*rows.dims[:-1], 1, rows.dims[-1]))
+    # a batched operand whose unit dim a view added ([B, K] -> [B, K, 1]): the GEMM template's tiles
+    # read two dims of memory, so it reads a copy of its own
+    a, b = (own_copy(x) if x.ndim >= 3 and isinstance(x.value.owner, g.ReshapeOp) and 1 in x.dims[-2:] else x
+            for x in (a, b))
     if a.ndim == b.ndim == 2 and a.dtype not in dtypes.FP8 and 1 in (a.dims[0], b.dims[1]):
         # a matrix-vector product ([M, K] @ [K, 1], [1, K] @ [K, N]; a vector made a matrix, v[:, None],
         # is a view a GEMM's tiles cannot read): the products summed, a row or column reduction

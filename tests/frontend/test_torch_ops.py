@@ -123,6 +123,23 @@ def test_integer_pow_is_torchs():
         _run(lambda x: x ** -1, x)
 
 
+def test_a_query_made_a_row_by_a_view_is_still_one_attention():
+    """q[:, :, None, :] @ k^T (a decode step's query given as [B, H, D]): the view's unit dim is
+    copied for the kernel's tiles, which read two dims of memory (it failed inside the compiler)."""
+    def f(q: Tensor["B", "H", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
+        return tsr.softmax(q[:, :, None, :] @ k.transpose(-1, -2) * 0.125, -1) @ v
+    rng = np.random.default_rng(3)
+    q = rng.standard_normal((2, 3, 64)).astype(np.float16)
+    k, v = (rng.standard_normal((2, 3, 300, 64)).astype(np.float16) for _ in range(2))
+    fn = tsr.function(f)
+    s = q[:, :, None, :].astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) * 0.125
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    np.testing.assert_allclose(fn(q, k, v).astype(np.float64), p @ v.astype(np.float64), atol=2e-3)
+    names = fn.compile(fn.arg_specs_for(dict(B=2, H=3, N=300, D=64), "fp16"), arch="sm_90a").kernel_names
+    assert sum("flash_attention" in n for n in names) == 1, names
+
+
 def test_float_floor_division_at_its_edges_is_numpys():
     """A remainder rounding to the divisor's magnitude stays (1e-8 // -1.5 was 0, 1e-8 % -1.5 was
     0), infinite dividends give NaN (inf // 1.5, inf % inf were inf), x // 0 is x / 0."""
