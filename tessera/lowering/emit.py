@@ -253,7 +253,7 @@ def _int_pow(b: Builder, x, y):
 
     def c(v: int):
         return b.splat(b.i32(v), shape)
-    known = _splat_int(y)
+    known = splat_constant(y)
     width = 31 if known is None else max(known, 0).bit_length()
     result, base = c(1), x
     for i in range(width):
@@ -272,8 +272,8 @@ def _int_pow(b: Builder, x, y):
     return select(b, compare(b, y, c(0), "slt"), negative, result)
 
 
-def _splat_int(v) -> int | None:
-    """The value of an int tile that is a constant splat, else None."""
+def splat_constant(v: SSAValue) -> float | int | None:
+    """The value of a tile that is a constant broadcast (a scale, an exponent), else None."""
     op = v.owner
     if isinstance(op, t.BroadcastOp) and isinstance(op.x.owner, arith.ConstantOp):
         return op.x.owner.value.value.data

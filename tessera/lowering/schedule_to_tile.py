@@ -46,7 +46,7 @@ from ..ir import tile as t
 from . import profile
 from ..ir import index_maps
 from ..ir.index_maps import Map, matmul_operand_maps, operand_maps, view_map
-from .emit import Builder, Emitter, TileCtx, compare, convert, select, to_compute, to_storage
+from .emit import Builder, Emitter, TileCtx, compare, convert, select, splat_constant, to_compute, to_storage
 from ..ir.masks import ColumnBounds, ColumnLimit, attention_mask, chain_bounds, condition_bounds
 from .grid_limits import fit_grid
 
@@ -908,21 +908,14 @@ def _positive_scale(x: SSAValue) -> tuple[SSAValue, float]:
     op = x.owner
     candidates = []
     if isinstance(op, arith.MulfOp):
-        candidates = [(op.lhs, _splat_constant(op.rhs)), (op.rhs, _splat_constant(op.lhs))]
+        candidates = [(op.lhs, splat_constant(op.rhs)), (op.rhs, splat_constant(op.lhs))]
     elif isinstance(op, arith.DivfOp):
-        d = _splat_constant(op.rhs)
+        d = splat_constant(op.rhs)
         candidates = [(op.lhs, 1.0 / d if d else None)]
     for value, c in candidates:
         if c is not None and 0 < c < math.inf:
             return value, c
     return x, 1.0
-
-
-def _splat_constant(v: SSAValue) -> float | None:
-    op = v.owner
-    if isinstance(op, t.BroadcastOp) and isinstance(op.x.owner, arith.ConstantOp):
-        return op.x.owner.value.value.data
-    return None
 
 
 def _erase_unused(v: SSAValue, keep: SSAValue) -> None:

@@ -1256,23 +1256,27 @@ GEMM_TILES = ((128, 256, 8), (128, 128, 8), (64, 128, 4), (64, 64, 4))
 SMALL_GEMM_TILES_PER_SM = 0.25
 
 
+def _output_tiles(group: Group, planner: _Planner, params: dict[str, int],
+                  blocks: tuple[int, ...]) -> tuple[dict[str, int], int]:
+    """A GEMM kernel's tile (`schedule.gemm_tile`) with output blocks `blocks` (block_m, block_n)
+    in place of the params', and how many of them its output (batch included) takes: for a dynamic
+    dim, at its hint (a choice of speed)."""
+    (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
+    dims = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(mm.res).shape]
+    k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
+    tile = s.gemm_tile({**params, "block_m": blocks[0], "block_n": blocks[1]}, dims[-2], dims[-1], k,
+                       g.tensor_type(mm.lhs).dtype.itemsize)
+    return tile, math.prod(dims[:-2]) * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])
+
+
 def _small_gemm_tile(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict:
     """A native GEMM's tile (block_m, block_n, num_warps) where its default leaves most SMs idle
     (`GEMM_TILES`); {} where the default fills them, or is not one of those tiles."""
     if (params["block_m"], params["block_n"], params["num_warps"]) not in GEMM_TILES:
         return {}
-    (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
-    dims = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(mm.res).shape]   # (a speed choice)
-    k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
-    batch = math.prod(dims[:-2])
     usable = [t for t in GEMM_TILES if t[1] <= params["block_n"]]   # (an epilogue that asked for 128 columns)
-
-    def tiles(t) -> int:
-        tile = s.gemm_tile({**params, "block_m": t[0], "block_n": t[1]}, dims[-2], dims[-1], k,
-                           features["element_bytes"])
-        return batch * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])
     enough = planner.sm_count * SMALL_GEMM_TILES_PER_SM
-    chosen = next((t for t in usable if tiles(t) >= enough), usable[-1])
+    chosen = next((t for t in usable if _output_tiles(group, planner, params, t)[1] >= enough), usable[-1])
     if chosen == (params["block_m"], params["block_n"], params["num_warps"]):
         return {}
     return {"block_m": chosen[0], "block_n": chosen[1], "num_warps": chosen[2]}
@@ -1295,17 +1299,8 @@ def _one_wave_fp8_tile(group: Group, planner: _Planner, params: dict[str, int], 
     128-row blocks (one wgmma a warpgroup) and K steps of whole 128-byte TMA rows; else {}."""
     if (params["block_m"], params["block_n"], params["num_warps"]) != GEMM_TILES[0] or params.get("split_k", 1) > 1:
         return {}
-    (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
-    dims = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(mm.res).shape]   # (a speed choice)
-    k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
-
-    def tiles(t) -> int:
-        tile = s.gemm_tile({**params, "block_m": t[0], "block_n": t[1]}, dims[-2], dims[-1], k,
-                           features["element_bytes"])
-        return math.prod(dims[:-2]) * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])
-    before, after = tiles(GEMM_TILES[0]), tiles(ONE_WAVE_TILE)
-    tile = s.gemm_tile({**params, "block_m": ONE_WAVE_TILE[0], "block_n": ONE_WAVE_TILE[1]}, dims[-2], dims[-1], k,
-                       features["element_bytes"])
+    before = _output_tiles(group, planner, params, GEMM_TILES[0])[1]
+    tile, after = _output_tiles(group, planner, params, ONE_WAVE_TILE)
     native = tile["m"] == ONE_WAVE_TILE[0] and tile["k"] * features["element_bytes"] % TMA_ROW_BYTES == 0
     if not (native and before < ONE_WAVE_FILL * planner.sm_count and before < after <= planner.sm_count):
         return {}
@@ -1324,10 +1319,8 @@ def _split_k(group: Group, planner: _Planner, params: dict[str, int], features: 
     shorter than twice that are never split. The partial products go through an fp32 buffer and a
     second kernel, which is cheap next to an idle GPU, not next to a busy one or a short K loop."""
     (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
-    dims = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(mm.res).shape]   # (a choice of speed)
     k = g.dim_value(g.tensor_type(mm.lhs).shape[-1], planner.bindings)
-    tile = s.gemm_tile(params, dims[-2], dims[-1], k, g.tensor_type(mm.lhs).dtype.itemsize)
-    tiles = math.prod(dims[:-2]) * -(-dims[-2] // tile["m"]) * -(-dims[-1] // tile["n"])
+    tile, tiles = _output_tiles(group, planner, params, (params["block_m"], params["block_n"]))
     shared = s.shared_bytes(group.kind, params, features)
     slots = planner.sm_count * max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared))
     if 2 * tiles > slots:
