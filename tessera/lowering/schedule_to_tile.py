@@ -523,10 +523,8 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             write(normalize)
         else:
             kind = anchor.kind.data
-            if kind == "logsumexp":
-                acc = _logsumexp_of_stats(kb, *_online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks))
-            else:
-                acc = accumulate(kind)
+            stats = _online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks) if kind == "logsumexp" else None
+            acc = _logsumexp_of_stats(kb, *stats) if stats else accumulate(kind)
             if kind == "mean":
                 acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
             if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced (fusion's
@@ -535,7 +533,13 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                     if sibling.kind.data == "mean":
                         total = kb.b(arith.MulfOp(total, kb.b.splat(inv_n, [bm])))
                     kb.em.overrides[sibling.res] = rows_of(total)
-                write(lambda v, c0, ctx: rows_of(acc), reads_x=False)
+                apart = _logsumexp_differences(kb, anchor, stats, x_t.shape, rows_of)
+
+                def epilogue_inputs(v, c0, ctx):
+                    for difference, exact in apart:
+                        kb.em.overrides[difference.res] = exact(ctx)
+                    return rows_of(acc)
+                write(epilogue_inputs, reads_x=False)
                 return column_parts(chunk_ctx, zero)
             out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
             if not anchor.keepdim.data:
@@ -824,6 +828,26 @@ def _logsumexp_of_stats(kb: KernelBuild, m: SSAValue, l: SSAValue, scale: float 
     shape = m.type.get_shape()
     lse = b(mathd.FmaOp(m, b.full(scale, shape), b(arith.MulfOp(b(mathd.Log2Op(l)), b.full(LN2, shape)))))
     return select(b, compare(b, m, b.full(math.inf, shape), "oeq"), b.full(math.inf, shape), lse)
+
+
+def _logsumexp_differences(kb: KernelBuild, anchor: g.ReduceOp, stats, shape, rows_of) -> list:
+    """An epilogue's `y - logsumexp(x)` over the rows reduced (log_softmax), each as (its op, a
+    function of the chunk's context giving (y - m) - log(l) from the row's max m and sum l), torch's
+    order: the logsumexp of a row all of a huge finite fill (finfo.min, -1e30) rounds to the fill,
+    and y minus it gave 0 where (y - m) - log(l) gives -log N. Only for a logsumexp anchor (`stats`)."""
+    differences = [use.operation for use in anchor.res.uses
+                   if isinstance(use.operation, g.ElementwiseOp) and use.operation.kind == "sub"
+                   and use.index == 1 and g.tensor_type(use.operation.operands[0]).shape == shape]
+    if stats is None or not differences:
+        return []
+    (m, l), b, axes = stats, kb.b, _axes("d", len(shape))
+    m_rows = rows_of(m)
+    log_l = rows_of(b(arith.MulfOp(b(mathd.Log2Op(l)), b.full(LN2, l.type.get_shape()))))
+
+    def exact(difference):
+        return lambda ctx: b(arith.SubfOp(b(arith.SubfOp(
+            convert(b, kb.em.value(difference.operands[0], axes, ctx), f32), m_rows)), log_l))
+    return [(d, exact(d)) for d in differences]
 
 
 def _safe_max(kb: KernelBuild, m: SSAValue, bm: int) -> SSAValue:

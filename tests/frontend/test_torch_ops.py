@@ -57,6 +57,32 @@ def test_log_softmax_of_a_row_with_inf_is_nan_as_torch():
     np.testing.assert_allclose(out[1], x[1] - np.log(np.exp(x[1]).sum()), rtol=1e-6)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, "bfloat16", np.float16])
+@pytest.mark.parametrize("n", [300, 20000], ids=["one_chunk", "chunked"])
+def test_log_softmax_of_a_row_all_of_a_finite_fill_is_minus_log_n_as_torch(dtype, n):
+    """A row all of finfo.min (a padding mask's fill) or -1e30: its logsumexp, the fill plus log N,
+    rounds to the fill, and x - it was 0; torch's (x - max) - log(sum) gives -log N. Also an fp32
+    x - logsumexp(x), which takes the same form (`schedule_to_tile._logsumexp_differences`; a 16-bit
+    one subtracts the logsumexp rounded to its dtype, as torch)."""
+    import ml_dtypes
+    dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
+    rng = np.random.default_rng(36)
+    x = (rng.standard_normal((5, n)) * 3).astype(dtype)
+    x[1] = np.finfo(np.float32).min if dtype == np.float32 else ml_dtypes.finfo(dtype).min
+    x[2, : n // 2] = -1e30 if dtype == np.float32 else ml_dtypes.finfo(dtype).min
+    x[3] = -1e30 if dtype == np.float32 else -6e4
+
+    def f(x: Tensor["M", "N"]):
+        return tsr.log_softmax(x, -1), x - tsr.logsumexp(x, -1, keepdim=True)
+    out, written = _run(f, x)
+    x64 = x.astype(np.float64)
+    want = (x64 - x64.max(-1, keepdims=True)) - np.log(np.exp(x64 - x64.max(-1, keepdims=True)).sum(-1, keepdims=True))
+    tol = 1e-5 if dtype == np.float32 else 1e-2
+    np.testing.assert_allclose(out.astype(np.float64), want, rtol=tol, atol=tol)
+    if dtype == np.float32:
+        np.testing.assert_allclose(written, want, rtol=tol, atol=tol)
+
+
 def test_var_defaults_to_bessels_correction():
     x = np.random.default_rng(0).standard_normal((5, 9)).astype(np.float32)
 
