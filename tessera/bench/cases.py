@@ -5,7 +5,7 @@ A `Case` is declared without touching a GPU (its name, suite, unit and work are 
 callables to check and time (`Prepared`). Suites:
 
 - rows: layer_norm and softmax over fp16 rows (GB/s of one read and one write; rows of 8192 and of
-  32768), an RMSNorm backward (GB/s of the bytes it must move: x and dy read, dx written, the weight
+  32768), log_softmax, a layer_norm written out in ops (its two statistics in one kernel), an RMSNorm backward (GB/s of the bytes it must move: x and dy read, dx written, the weight
   and its gradient; checked on dx), and the host cost of a small call (us/call, wall clock);
 - gemm: fp16/bf16 square GEMMs on both code paths ("(native)": what a plain call runs, TMA + wgmma on an
   H100; "(ampere)": mma.sync + cp.async) against cuBLAS, the mma.sync one also against Triton's matmul
@@ -76,6 +76,19 @@ def rms_norm(x: Tensor["M", "N"], w: Tensor["N"]):
     return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
 
 
+@tsr.function
+def written_layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
+    """layer_norm written out in ops, as users write their own norms: the mean and the variance
+    about it are two statistics of the rows, computed in one kernel (`fusion.merge_row_chains`)."""
+    d = x - x.mean(-1, keepdim=True)
+    return d * tsr.rsqrt((d * d).mean(-1, keepdim=True) + 1e-5) * w + b
+
+
+@tsr.function
+def log_softmax(x: Tensor["M", "N"]):
+    return tsr.log_softmax(x, -1)
+
+
 @dataclass
 class Prepared:
     """A case on the GPU: Tessera's call and its peers', each a no-argument callable returning its output.
@@ -132,6 +145,11 @@ def _row_case(name: str, m: int, n: int) -> Case:
         if name == "layer_norm":
             return Prepared(lambda: layer_norm(x, w, b),
                             {"torch.layer_norm": lambda: torch.nn.functional.layer_norm(x, (n,), w, b)})
+        if name == "written layer_norm":
+            return Prepared(lambda: written_layer_norm(x, w, b),
+                            {"torch.layer_norm": lambda: torch.nn.functional.layer_norm(x, (n,), w, b)})
+        if name == "log_softmax":
+            return Prepared(lambda: log_softmax(x), {"torch.log_softmax": lambda: torch.log_softmax(x, dim=-1)})
         return Prepared(lambda: softmax(x), {"torch.softmax": lambda: torch.softmax(x, dim=-1)})
     return Case(f"{name} {m}x{n} fp16", "rows", "GB/s", 2 * m * n * 2, build)
 
@@ -160,6 +178,7 @@ def _overhead_case() -> Case:
 def rows_cases(quick: bool) -> list[Case]:
     m, n = (4096, 8192) if quick else (16384, 8192)
     return [_row_case("layer_norm", m, n), _row_case("softmax", m, n), _row_case("layer_norm", m // 4, 4 * n),
+            _row_case("written layer_norm", m, n), _row_case("log_softmax", m, n),
             _norm_backward_case(m, n), _overhead_case()]
 
 

@@ -522,6 +522,15 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 return y
             write(normalize)
         else:
+            def sibling_total(sibling):
+                """A sibling's statistic of the rows, [bm]; read over the rows as a [bm, bn] tile."""
+                total = accumulate(sibling.kind.data, source=sibling.input)
+                if sibling.kind.data == "mean":
+                    total = kb.b(arith.MulfOp(total, kb.b.splat(inv_n, [bm])))
+                kb.em.overrides[sibling.res] = rows_of(total)
+                return total
+            # the statistics the anchor's input reads (fusion's merge_row_chains) first, in order
+            chained = {sibling: sibling_total(sibling) for sibling in _feeding(anchor, siblings)}
             kind = anchor.kind.data
             stats = _online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks) if kind == "logsumexp" else None
             acc = _logsumexp_of_stats(kb, *stats) if stats else accumulate(kind)
@@ -529,10 +538,8 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
             if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced (fusion's
                 for sibling in siblings:                        # merge_row_broadcasts)
-                    total = accumulate(sibling.kind.data, source=sibling.input)
-                    if sibling.kind.data == "mean":
-                        total = kb.b(arith.MulfOp(total, kb.b.splat(inv_n, [bm])))
-                    kb.em.overrides[sibling.res] = rows_of(total)
+                    if sibling not in chained:
+                        sibling_total(sibling)
                 apart = _logsumexp_differences(kb, anchor, stats, x_t.shape, rows_of)
 
                 def epilogue_inputs(v, c0, ctx):
@@ -546,6 +553,8 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 out_map = out_map[:axis] + out_map[axis + 1:]
             ctx = TileCtx({row: (r0, bm)}, scalars)
             kb.em.overrides[anchor.results[0]] = acc
+            for sibling, total in chained.items():   # (as the output's epilogue reads them)
+                kb.em.overrides[sibling.res] = total
             kb.store_result(out_map, ctx)
         return column_parts(chunk_ctx, zero)
 
@@ -553,6 +562,21 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         one_block(kb.mul(kb.pid(0), bm))
         return grid
     return _persistent_rows(kb, riders, one_block, kb.cdiv(n_rows, bm), bm, chunks, bn, axes)
+
+
+def _feeding(anchor: g.ReduceOp, siblings: list) -> list:
+    """The `siblings` whose results the anchor's input is computed from (the mean a variance's
+    squares subtract: fusion's merge_row_chains), directly or through one another, in order."""
+    reached, work, seen = set(), [anchor.input], set()
+    while work:
+        op = work.pop().owner
+        if not isinstance(op, Operation) or op in seen:
+            continue
+        seen.add(op)
+        if op in siblings:
+            reached.add(op)
+        work.extend(op.operands)
+    return [sibling for sibling in siblings if sibling in reached]
 
 
 def _rides_rows(kb: KernelBuild, op) -> bool:

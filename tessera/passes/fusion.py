@@ -10,7 +10,9 @@ Rules, in the order they claim ops:
 3. softmax / layer_norm / rms_norm / reduce become one `row_reduction` kernel
    each, with their elementwise prologue and epilogue (a norm's kernel also
    writes the norm_statistics of its rows a forward saves; a row statistic's
-   epilogue may be over the whole rows it reduced); a reduce over an axis
+   epilogue may be over the whole rows it reduced, and a statistic only a
+   later one over the same rows reads, a variance's mean, is computed in
+   that kernel first); a reduce over an axis
    before the last (a weight gradient's sum over the rows) becomes a
    `column_reduction` kernel, which reads along the kept, contiguous axis,
    unless a row kernel over the same rows computes it on the way;
@@ -381,6 +383,53 @@ class _Planner:
             self.claim(producer, consumer.ops)
             producer.output = consumer.output
             self.groups.remove(consumer)
+
+    def merge_row_chains(self) -> None:
+        """Folds a row statistic that only a later row reduction's kernel over the same rows reads
+        (the mean a variance or a written-out layer norm subtracts, the max a written-out softmax
+        subtracts) into that kernel: the template reduces the rows for each in turn
+        (`lower_row_reduction`'s siblings), where two kernels read every row twice and launched
+        twice. Only into kernels whose row reductions are all reduces over the last axis."""
+        merged = True
+        while merged:
+            merged = False
+            for group in [grp for grp in self.groups if self._reduces_rows_only(grp)]:
+                earlier = next((self.group_of[self.producer(v)] for v in self.inputs_of(group)
+                                if self._chains_into(v, group)), None)
+                if earlier is not None:
+                    self.claim(group, earlier.ops)
+                    self.groups.remove(earlier)
+                    merged = True
+                    break
+
+    def _reduces_rows_only(self, group: Group) -> bool:
+        """A row_reduction kernel whose row reductions are reduces over the last axis (no norm,
+        softmax or column rider, whose templates take no statistic of the rows before theirs)."""
+        reductions = [op for op in group.ops if isinstance(op, ROW_REDUCTIONS)]
+        return (group.kind == "row_reduction" and group.output is not None and not group.extra
+                and all(isinstance(op, g.ReduceOp) and _over_last_axis(op) for op in reductions))
+
+    def _chains_into(self, v: SSAValue, group: Group) -> bool:
+        """Whether `v` is a row statistic (`_row_statistic`) over the rows `group` reduces, read by
+        `group` alone (`merge_row_chains`)."""
+        earlier = self.group_of.get(self.producer(v))
+        statistic = self._row_statistic(earlier) if earlier is not None and earlier is not group else None
+        if statistic is None or not all(u in group.ops for u in self._readers(v)):
+            return False
+        rows = [self._sizes(op.input) for op in group.ops if isinstance(op, g.ReduceOp)]
+        return all(sizes == self._sizes(statistic.input) for sizes in rows)
+
+    def _row_statistic(self, group: Group) -> g.ReduceOp | None:
+        """The reduce of a row_reduction kernel computing one accumulated statistic of its rows,
+        kept as a column ([M, 1]) and maybe scaled (a sum divided by a count), else None."""
+        reductions = [op for op in group.ops if isinstance(op, ROW_REDUCTIONS)]
+        if len(reductions) != 1 or not self._reduces_rows_only(group):
+            return None
+        (op,) = reductions
+        kept = self._sizes(op.input)[:-1] + [1]
+        if op.kind.data not in ACCUMULATED_KINDS or not op.keepdim.data or self._sizes(group.output) != kept:
+            return None
+        return op
 
     def merge_column_reductions(self) -> None:
         """Folds a column reduction of a 2-D value (a sum over its rows, maybe with an epilogue,
@@ -773,6 +822,7 @@ class _Planner:
                 self.pull_producers(group, [op.input] if isinstance(op, g.GatherOp) else op.operands)
         self.merge_epilogues()
         self.merge_row_broadcasts()
+        self.merge_row_chains()
         self.merge_column_reductions()
         self._place_asserts()
         self._copies_for_unproduced_results()

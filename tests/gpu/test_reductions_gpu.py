@@ -13,6 +13,7 @@ from test_kernels import TOL, check, run
 from exact_reduction_cases import IDS, PARAMS, function, specs
 from exact_reduction_cases import check as check_exact
 from numpy_on_gpu import run_on_gpu
+import row_chain_cases
 
 
 @tsr.function
@@ -123,3 +124,21 @@ def test_exact_reductions(torch_cuda, case, dims, dtype):
     arrays = case.inputs(np.random.default_rng(sum(dims.values())), dims, dtype)
     fn = function(case)
     check_exact(run_on_gpu(fn, dims, arrays, torch_cuda, specs=specs(fn, dims, arrays)), case.reference(*arrays))
+
+
+@pytest.mark.parametrize("dtype", ["fp16", "bf16"])
+@pytest.mark.parametrize("m,n", [(1, 1), (7, 1000), (1000, 33), (3, 20000), (4097, 128)])
+@pytest.mark.parametrize("fn", list(row_chain_cases.CASES), ids=lambda f: f.name)
+def test_statistics_in_a_chain_share_a_kernel(torch_cuda, fn, dtype, m, n):
+    """A variance's mean, a written-out softmax's max, computed first in the kernel of the
+    reduction that reads them (`fusion.merge_row_chains`), into NaN-poisoned outputs."""
+    torch = torch_cuda
+    references, row_kernels = row_chain_cases.CASES[fn]
+    (x,), outs = run(fn, dict(M=m, N=n), dtype, torch)
+    names = fn.compile(fn.arg_specs_for(dict(M=m, N=n), dtype), arch=_arch()).kernel_names
+    assert sum("row_reduction" in k and not k.endswith("combine") for k in names) == row_kernels, names
+    for out, want in zip(outs, references(x.double().cpu().numpy())):
+        want, got = torch.from_numpy(want).reshape(out.shape), out.double().cpu()
+        assert torch.equal(torch.isnan(got), torch.isnan(want)), "NaN where the reference has none (or not where it has)"
+        error = (got - want).nan_to_num().abs().max()
+        assert error <= TOL[dtype] * (1 + want.nan_to_num().abs().max()), error

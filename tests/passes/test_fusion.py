@@ -16,6 +16,7 @@ from tessera.compiler import compile_module
 from tessera.lowering import TargetLoweringError
 from tessera.passes.fusion import fuse
 
+import row_chain_cases
 from seed_kernels import alibi_attention, causal_attention, flash_attention
 
 ATTN_DIMS = {"B": 2, "H": 2, "S": 70, "Sq": 70, "Sk": 70, "D": 64}
@@ -212,6 +213,21 @@ def test_row_reduction_is_one_kernel(fn, random_inputs, assert_matches_reference
     (kernel,) = schedule_kernels(c)
     assert kernel.kind.data == "row_reduction"
     assert "tile.alloc_global" not in tile_host_ops(c)
+
+
+@pytest.mark.parametrize("fn", list(row_chain_cases.CASES), ids=lambda f: f.name)
+@pytest.mark.parametrize("dims", [{"M": 9, "N": 300}, {"M": 3, "N": 1}, {"M": 5, "N": 20000}], ids=["row", "one", "chunks"])
+def test_statistics_a_later_row_reduction_reads_share_its_kernel(fn, dims, random_inputs, assert_matches_reference):
+    """A statistic only a later reduction over the same rows reads (a variance's mean, the max a
+    written-out softmax subtracts; three in a chain for the purity) is computed first in that
+    reduction's kernel (`fusion.merge_row_chains`), where it took a kernel of its own and the rows
+    were read twice; with a column sum of the same rows riding along (`merge_column_reductions`)."""
+    c = compile_and_check(fn, dims, "fp32", random_inputs, assert_matches_reference)
+    references, row_kernels = row_chain_cases.CASES[fn]
+    assert [k.kind.data for k in schedule_kernels(c)].count("row_reduction") == row_kernels
+    (x,) = random_inputs(fn.arg_specs_for(dims, "fp32"), 0)
+    for got, want in zip(c.run(x), references(x.astype(np.float64))):
+        np.testing.assert_allclose(np.asarray(got, np.float64).reshape(want.shape), want, rtol=2e-5, atol=2e-5)
 
 
 @tsr.function
