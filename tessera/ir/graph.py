@@ -37,7 +37,7 @@ from xdsl.dialects.builtin import (
     i32,
     i64,
 )
-from xdsl.ir import Attribute, Dialect, ParametrizedAttribute, SSAValue, TypeAttribute
+from xdsl.ir import Attribute, Dialect, Operation, ParametrizedAttribute, SSAValue, TypeAttribute
 from xdsl.irdl import (
     IRDLOperation,
     ParsePropInAttrDict,
@@ -821,6 +821,19 @@ def swaps_last_dims(v: SSAValue) -> bool:
 def functions(module) -> list[func.FuncOp]:
     """The functions of a Graph IR module."""
     return [f for f in module.ops if isinstance(f, func.FuncOp)]
+
+
+def computed_from(v: SSAValue, op: Operation) -> bool:
+    """Whether `v` is `op`'s result or computed from it, through any ops."""
+    work, seen = [v], set()
+    while work:
+        x = work.pop()
+        if x.owner is op:
+            return True
+        if isinstance(x.owner, Operation) and x.owner not in seen:
+            seen.add(x.owner)
+            work.extend(x.owner.operands)
+    return False
 
 
 def paged_view(op: ReshapeOp, bindings: dict[str, int]) -> GatherOp | None:

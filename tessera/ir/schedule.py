@@ -161,6 +161,13 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # rms_norm 4096 x 32768 on the H100, 461 -> 387 us)
     ("row_reduction", lambda f: (f.get("softmax") or f.get("over_rows")) and f.get("row_elements", 0) > 8192,
      {"num_warps": 16, "block_n": 16384}),
+    # ... but statistics computed in turn without exponentials (a variance's mean, then the squares
+    # about it: a layer_norm written out) take the whole row, as a norm, read from memory once for
+    # its passes. H200 fp16 4096 x 32768, 16384 -> 32768 columns: var 131 -> 84 us, a written-out
+    # layer_norm 177 -> 165 (a softmax written out, whose exponentials take registers, lost: 196 ->
+    # 224; scratch pins, bench/RESULTS.md session 36)
+    ("row_reduction", lambda f: f.get("chained_statistics") and not f.get("exponentials")
+     and f.get("row_elements", 0) > 8192, {"num_warps": 16, "block_n": 32768}),
     # a row kernel carrying two column reductions (a layer_norm backward's weight and bias
     # gradients) over rows of 4096+ elements, or one over rows longer: 8 warps, as on 4 its
     # accumulators and rows spill (255 registers at 8192; H200 bf16 layer_norm 16384 x 8192 462 ->

@@ -530,7 +530,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 kb.em.overrides[sibling.res] = rows_of(total)
                 return total
             # the statistics the anchor's input reads (fusion's merge_row_chains) first, in order
-            chained = {sibling: sibling_total(sibling) for sibling in _feeding(anchor, siblings)}
+            chained = {sibling: sibling_total(sibling) for sibling in siblings if g.computed_from(anchor.input, sibling)}
             kind = anchor.kind.data
             stats = _online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks) if kind == "logsumexp" else None
             acc = _logsumexp_of_stats(kb, *stats) if stats else accumulate(kind)
@@ -564,21 +564,6 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     return _persistent_rows(kb, riders, one_block, kb.cdiv(n_rows, bm), bm, chunks, bn, axes)
 
 
-def _feeding(anchor: g.ReduceOp, siblings: list) -> list:
-    """The `siblings` whose results the anchor's input is computed from (the mean a variance's
-    squares subtract: fusion's merge_row_chains), directly or through one another, in order."""
-    reached, work, seen = set(), [anchor.input], set()
-    while work:
-        op = work.pop().owner
-        if not isinstance(op, Operation) or op in seen:
-            continue
-        seen.add(op)
-        if op in siblings:
-            reached.add(op)
-        work.extend(op.operands)
-    return [sibling for sibling in siblings if sibling in reached]
-
-
 def _rides_rows(kb: KernelBuild, op) -> bool:
     """A column reduction fusion merged into a row kernel (`merge_column_reductions`): a reduce
     over axis 0 of a 2-D value, one of the kernel's outputs (`_rider_output`)."""
@@ -605,7 +590,7 @@ def _row_tiles_read(kb: KernelBuild, rows: SSAValue) -> list[SSAValue]:
 def _rider_output(kb: KernelBuild, rider) -> SSAValue | None:
     """The kernel output computed from `rider`'s result: itself, or through an epilogue (a weight
     gradient's reshape to the weight's dims and cast to its dtype: fusion's `_unit_dims_apart`)."""
-    return next((v for v in kb.group_block.last_op.operands if _computed_from(v, rider)), None)
+    return next((v for v in kb.group_block.last_op.operands if g.computed_from(v, rider)), None)
 
 
 def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: int | SSAValue, bm: int,
@@ -2418,7 +2403,7 @@ def epilogue_map(kb: KernelBuild, out: SSAValue, op: Operation, m: Map) -> Map:
             return m
         if v not in memo:
             step = v.owner
-            on_path = list(dict.fromkeys(x for x in getattr(step, "operands", ()) if _computed_from(x, op)))
+            on_path = list(dict.fromkeys(x for x in getattr(step, "operands", ()) if g.computed_from(x, op)))
             if isinstance(step, g.TransposeOp) or (isinstance(step, g.ReshapeOp)
                                                    and g.is_unit_reshape(step, kb.bindings)):
                 memo[v] = view_map(step, map_of(step.input), kb.bindings)
@@ -2430,18 +2415,6 @@ def epilogue_map(kb: KernelBuild, out: SSAValue, op: Operation, m: Map) -> Map:
                                    f"(or transposes it)")
         return memo[v]
     return map_of(out)
-
-
-def _computed_from(v: SSAValue, op: Operation) -> bool:
-    work, seen = [v], set()
-    while work:
-        x = work.pop()
-        if x.owner is op:
-            return True
-        if isinstance(x.owner, Operation) and x.owner not in seen:
-            seen.add(x.owner)
-            work.extend(x.owner.operands)
-    return False
 
 
 def _chain_dims(kb: KernelBuild, sinks: list) -> dict[str, g.Dim]:

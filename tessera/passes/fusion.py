@@ -1652,16 +1652,20 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
 def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     """A row kernel's `row_elements` (the reduced axis's length), the `column_riders` it carries,
     whether it is a norm's or a softmax's (`norm`, `softmax`), which hold one row in registers, and
-    whether a reduction's epilogue is `over_rows` it reduced (a norm backward's dx)."""
+    whether a reduction's epilogue is `over_rows` it reduced (a norm backward's dx), the statistics
+    computed before the anchor's (`chained_statistics`: `merge_row_chains`) and the `exponentials`."""
     riders = _column_riders(group, planner)
     *_, anchor = [op for op in sorted(group.ops, key=planner.order.__getitem__)   # (siblings before it)
                   if isinstance(op, ROW_REDUCTIONS) and not isinstance(op, g.NormStatisticOp) and op not in riders] \
         or [op for op in group.ops if isinstance(op, g.NormStatisticOp)]
     axis = anchor.axis.data if isinstance(anchor, (g.SoftmaxOp, g.ReduceOp)) else -1
     over_rows = isinstance(anchor, g.ReduceOp) and planner._sizes(group.output) == planner._sizes(anchor.operands[0])
+    chained = [op for op in group.ops if isinstance(op, g.ReduceOp) and op is not anchor
+               and g.computed_from(anchor.operands[0], op)]
     return {"row_elements": planner._sizes(anchor.operands[0])[axis], "column_riders": len(riders),
             "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))), "softmax": int(isinstance(anchor, g.SoftmaxOp)),
-            "over_rows": int(over_rows)}
+            "over_rows": int(over_rows), "chained_statistics": len(chained),
+            "exponentials": sum(isinstance(op, g.ElementwiseOp) and op.kind in ("exp", "exp2") for op in group.ops)}
 
 
 def _chain_tiles(block: Block, bindings) -> dict[str, int]:
