@@ -239,6 +239,15 @@ def _with_ties(y: Tensor, ties: str, op=None) -> Tensor:
     return y
 
 
+def log_softmax_difference(x: Tensor, lse: Tensor) -> Tensor:
+    """x - lse, marked as log_softmax's (`graph.LOG_SOFTMAX`)."""
+    from xdsl.dialects.builtin import UnitAttr
+
+    d = x - lse
+    d.value.owner.attributes[_graph().LOG_SOFTMAX] = UnitAttr()
+    return d
+
+
 def ties_of(op) -> str | None:
     """A maximum's, minimum's or extreme reduction's tie rule (`TIES`), if it has one."""
     return op.attributes[TIES].data if TIES in op.attributes else None

@@ -386,7 +386,7 @@ def log_softmax(x: Tensor, dim: int = -1) -> Tensor:
     if not x.dtype.is_float:
         raise DTypeError(f"log_softmax of {x.dtype} {_label(x)}: cast to a float type first")
     lse = _logsumexp(x, dim)
-    return ops.where(ops.eq(lse, math.inf), math.nan, x - lse)
+    return ops.where(ops.eq(lse, math.inf), math.nan, ops.log_softmax_difference(x, lse))
 
 
 # --- einsum -----------------------------------------------------------------------------------------

@@ -823,6 +823,32 @@ def functions(module) -> list[func.FuncOp]:
     return [f for f in module.ops if isinstance(f, func.FuncOp)]
 
 
+def structure(v: SSAValue):
+    """A key equal for values computed by the same ops from the same function arguments (the
+    copies `recompute.py` makes of a score tree for each sink, a prologue's cast cloned into each
+    of its readers)."""
+    op = v.owner
+    if not isinstance(op, Operation):
+        return v
+    return op.name, tuple(structure(x) for x in op.operands), op_settings(op), \
+        op.results.index(v) if len(op.results) > 1 else 0
+
+
+def op_settings(op: Operation) -> tuple:
+    """What besides its operands makes an op compute what it does: its properties and attributes
+    (its source location aside) and its result types."""
+    attrs = tuple(sorted((k, str(a)) for k, a in {**op.properties, **op.attributes}.items() if k != "tessera.loc"))
+    return attrs, tuple(str(r.type) for r in op.results)
+
+
+#: the attribute of log_softmax's graph.sub `x - logsumexp(x)` (a unit attribute, set by
+#: `ops.log_softmax_difference`): the row kernel computes it as (x - max) - log(sum), torch's
+#: log_softmax, from the row's online statistics (`schedule_to_tile._log_softmax_differences`);
+#: x - logsumexp(x) written out keeps torch's order (a row all of finfo.min gives 0 there: its
+#: logsumexp rounds to the fill)
+LOG_SOFTMAX = "tessera.log_softmax"
+
+
 def computed_from(v: SSAValue, op: Operation) -> bool:
     """Whether `v` is `op`'s result or computed from it, through any ops."""
     work, seen = [v], set()

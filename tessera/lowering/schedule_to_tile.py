@@ -536,11 +536,10 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             acc = _logsumexp_of_stats(kb, *stats) if stats else accumulate(kind)
             if kind == "mean":
                 acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
-            if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced (fusion's
-                for sibling in siblings:                        # merge_row_broadcasts)
-                    if sibling not in chained:
-                        sibling_total(sibling)
-                apart = _logsumexp_differences(kb, anchor, stats, x_t.shape, rows_of)
+            # then the others (those an epilogue over the rows reads: fusion's merge_row_broadcasts)
+            totals = {**chained, **{sibling: sibling_total(sibling) for sibling in siblings if sibling not in chained}}
+            if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced
+                apart = _log_softmax_differences(kb, anchor, stats, rows_of)
 
                 def epilogue_inputs(v, c0, ctx):
                     for difference, exact in apart:
@@ -553,7 +552,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 out_map = out_map[:axis] + out_map[axis + 1:]
             ctx = TileCtx({row: (r0, bm)}, scalars)
             kb.em.overrides[anchor.results[0]] = acc
-            for sibling, total in chained.items():   # (as the output's epilogue reads them)
+            for sibling, total in totals.items():   # (as the output's epilogue reads them)
                 kb.em.overrides[sibling.res] = total
             kb.store_result(out_map, ctx)
         return column_parts(chunk_ctx, zero)
@@ -839,17 +838,18 @@ def _logsumexp_of_stats(kb: KernelBuild, m: SSAValue, l: SSAValue, scale: float 
     return select(b, compare(b, m, b.full(math.inf, shape), "oeq"), b.full(math.inf, shape), lse)
 
 
-def _logsumexp_differences(kb: KernelBuild, anchor: g.ReduceOp, stats, shape, rows_of) -> list:
-    """An epilogue's `y - logsumexp(x)` over the rows reduced (log_softmax), each as (its op, a
-    function of the chunk's context giving (y - m) - log(l) from the row's max m and sum l), torch's
-    order: the logsumexp of a row all of a huge finite fill (finfo.min, -1e30) rounds to the fill,
-    and y minus it gave 0 where (y - m) - log(l) gives -log N. Only for a logsumexp anchor (`stats`)."""
+def _log_softmax_differences(kb: KernelBuild, anchor: g.ReduceOp, stats, rows_of) -> list:
+    """log_softmax's `x - logsumexp(x)` over the rows reduced (the frontend marks it: `graph.LOG_SOFTMAX`),
+    each as (its op, a function of the chunk's context giving (x - m) - log(l) from the row's max m
+    and sum l), torch's order: the logsumexp of a row all of a huge finite fill (finfo.min, -1e30)
+    rounds to the fill, and x minus it gave 0 where log_softmax is -log N. Only for a logsumexp
+    anchor (`stats`)."""
     differences = [use.operation for use in anchor.res.uses
-                   if isinstance(use.operation, g.ElementwiseOp) and use.operation.kind == "sub"
-                   and use.index == 1 and g.tensor_type(use.operation.operands[0]).shape == shape]
+                   if g.LOG_SOFTMAX in use.operation.attributes and use.index == 1
+                   and g.structure(use.operation.operands[0]) == g.structure(anchor.input)]
     if stats is None or not differences:
         return []
-    (m, l), b, axes = stats, kb.b, _axes("d", len(shape))
+    (m, l), b, axes = stats, kb.b, _axes("d", g.tensor_type(anchor.input).rank)
     m_rows = rows_of(m)
     log_l = rows_of(b(arith.MulfOp(b(mathd.Log2Op(l)), b.full(LN2, l.type.get_shape()))))
 

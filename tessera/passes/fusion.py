@@ -414,7 +414,9 @@ class _Planner:
         `group` alone (`merge_row_chains`)."""
         earlier = self.group_of.get(self.producer(v))
         statistic = self._row_statistic(earlier) if earlier is not None and earlier is not group else None
-        if statistic is None or not all(u in group.ops for u in self._readers(v)):
+        # (read as computed, not through a view: one dropping its size-1 dim broadcasts it along
+        # the columns, where the template's statistic is a row's)
+        if statistic is None or not all(u in group.ops for u in self.users(v)):
             return False
         rows = [self._sizes(op.input) for op in group.ops if isinstance(op, g.ReduceOp)]
         return all(sizes == self._sizes(statistic.input) for sizes in rows)
@@ -512,9 +514,9 @@ class _Planner:
         centering) that its kernel writes as further outputs from the mean and rstd it computes:
         what a norm's forward saves for its backward. Only those every reader of which runs
         after the norm (where the kernel runs)."""
-        found, x = [], _structure(norm.x)
+        found, x = [], g.structure(norm.x)
         for op in self.f.body.block.ops:   # (each reads its own copy of a prologue: recompute.py)
-            if isinstance(op, g.NormStatisticOp) and self.free(op) and _structure(op.input) == x \
+            if isinstance(op, g.NormStatisticOp) and self.free(op) and g.structure(op.input) == x \
                     and op.eps.value.data == norm.eps.value.data \
                     and bool(op.centered.data) == isinstance(norm, g.LayerNormOp) \
                     and all(self.order.get(u.operation, len(self.order)) > self.order[norm] for u in op.res.uses):
@@ -707,7 +709,7 @@ class _Planner:
 
     def _chains_match(self, a: Group, b: Group, transposed: bool = False) -> bool:
         """Whether two flash_chain groups tile the same score matmuls (the same math on the same
-        inputs, `_structure`) with the same maps, over the same extents (a matmul sink's columns
+        inputs, `graph.structure`) with the same maps, over the same extents (a matmul sink's columns
         too: one kernel's sinks share them); `transposed`: `a`'s with its rows and loop swapped."""
         ta, tb = self._chain_tiling(a), self._chain_tiling(b)
         if ta is None or tb is None:
@@ -744,7 +746,7 @@ class _Planner:
         for axis, d in zip(tiling.result_map, g.tensor_type(sink.results[0]).shape):
             if axis is not None:
                 extents[axis] = extent(d)
-        return {_structure(mm.res): m for mm, m in tiling.scores.items()}, tuple(sorted(extents.items()))
+        return {g.structure(mm.res): m for mm, m in tiling.scores.items()}, tuple(sorted(extents.items()))
 
     def _views_in(self, group: Group) -> set[Operation]:
         """The cheap view ops (transposes, unit reshapes) the group's ops read through."""
@@ -1010,23 +1012,6 @@ def _dim_after_view(op, dim: int | None, bindings) -> int | None:
     return kept[nth] if src[dim] != 1 and nth < len(kept) else None
 
 
-def _structure(v: SSAValue):
-    """A key equal for values computed by the same ops from the same function arguments (the
-    copies `recompute.py` makes of a score tree for each sink)."""
-    op = v.owner
-    if not isinstance(op, Operation):
-        return v
-    return op.name, tuple(_structure(x) for x in op.operands), _settings(op), \
-        op.results.index(v) if len(op.results) > 1 else 0
-
-
-def _settings(op: Operation) -> tuple:
-    """What besides its operands makes an op compute what it does: its properties and attributes
-    (its source location aside) and its result types."""
-    attrs = tuple(sorted((k, str(a)) for k, a in {**op.properties, **op.attributes}.items() if k != "tessera.loc"))
-    return attrs, tuple(str(r.type) for r in op.results)
-
-
 def _merge_duplicates(block: Block) -> None:
     """Replaces each op of a kernel body that repeats an earlier one (same name, operands and
     attributes) by the earlier one's results: a merged flash_chain kernel's sinks then share one
@@ -1035,7 +1020,7 @@ def _merge_duplicates(block: Block) -> None:
     for op in list(block.ops):
         if not op.results or op.regions:
             continue
-        key = (op.name, tuple(op.operands), _settings(op))
+        key = (op.name, tuple(op.operands), g.op_settings(op))
         if key in seen:
             for old, new in zip(op.results, seen[key].results):
                 old.replace_all_uses_with(new)

@@ -61,9 +61,9 @@ def test_log_softmax_of_a_row_with_inf_is_nan_as_torch():
 @pytest.mark.parametrize("n", [300, 20000], ids=["one_chunk", "chunked"])
 def test_log_softmax_of_a_row_all_of_a_finite_fill_is_minus_log_n_as_torch(dtype, n):
     """A row all of finfo.min (a padding mask's fill) or -1e30: its logsumexp, the fill plus log N,
-    rounds to the fill, and x - it was 0; torch's (x - max) - log(sum) gives -log N. Also an fp32
-    x - logsumexp(x), which takes the same form (`schedule_to_tile._logsumexp_differences`; a 16-bit
-    one subtracts the logsumexp rounded to its dtype, as torch)."""
+    rounds to the fill, and x - it was 0; torch's (x - max) - log(sum) gives -log N
+    (`schedule_to_tile._log_softmax_differences`). x - logsumexp(x) written out keeps torch's
+    order, and its result there, 0."""
     import ml_dtypes
     dtype = ml_dtypes.bfloat16 if dtype == "bfloat16" else dtype
     rng = np.random.default_rng(36)
@@ -80,7 +80,30 @@ def test_log_softmax_of_a_row_all_of_a_finite_fill_is_minus_log_n_as_torch(dtype
     tol = 1e-5 if dtype == np.float32 else 1e-2
     np.testing.assert_allclose(out.astype(np.float64), want, rtol=tol, atol=tol)
     if dtype == np.float32:
-        np.testing.assert_allclose(written, want, rtol=tol, atol=tol)
+        rounded = x64 - torch_logsumexp_fp32(x)
+        np.testing.assert_allclose(written, rounded, rtol=tol, atol=tol)
+        assert (written[1] == 0).all()
+
+
+def torch_logsumexp_fp32(x):
+    """torch.logsumexp of fp32 rows as torch computes it: max + log(sum(exp(x - max))), rounded to fp32."""
+    x64 = x.astype(np.float64)
+    m = x64.max(-1, keepdims=True)
+    return (m + np.log(np.exp(x64 - m).sum(-1, keepdims=True))).astype(np.float32).astype(np.float64)
+
+
+def test_a_difference_from_a_logsumexp_of_another_row_keeps_its_infinities():
+    """y - logsumexp(x) where x's row holds +inf is -inf (the logsumexp is +inf), and x - l beside
+    exp(l - x) both take the rounded l: only log_softmax's own difference is computed apart."""
+    x = np.array([[np.inf, 1, 2, 3], [-3e38, -3e38, -3e38, -3e38]], np.float32)
+    y = np.ones((2, 4), np.float32)
+
+    def f(x: Tensor["M", "N"], y: Tensor["M", "N"]):
+        lse = tsr.logsumexp(x, -1, keepdim=True)
+        return y - lse, (x - lse) * tsr.exp(lse - x)
+    shifted, product = _run(f, x, y)
+    assert np.isneginf(shifted[0]).all()
+    np.testing.assert_array_equal(product[1], np.zeros(4, np.float32))
 
 
 def test_var_defaults_to_bessels_correction():

@@ -231,6 +231,22 @@ def test_statistics_a_later_row_reduction_reads_share_its_kernel(fn, dims, rando
 
 
 @tsr.function
+def statistic_along_the_columns(x: Tensor["N", "N"]):
+    return (x - x.amax(-1, keepdim=True)[:, 0]).sum(-1), tsr.exp(x - x.mean(-1, keepdim=True).reshape(1, x.shape[0])).sum(-1)
+
+
+def test_a_statistic_viewed_along_the_columns_keeps_its_kernel(random_inputs, assert_matches_reference):
+    """A row statistic whose view drops its size-1 dim broadcasts along the columns: the row
+    template's statistic is a row's, so it stays a kernel of its own (it was merged, and wrong)."""
+    c = compile_and_check(statistic_along_the_columns, {"N": 6}, "fp32", random_inputs, assert_matches_reference)
+    (x,) = random_inputs(statistic_along_the_columns.arg_specs_for({"N": 6}, "fp32"), 0)
+    x64 = x.astype(np.float64)
+    first, second = c.run(x)
+    np.testing.assert_allclose(first, (x64 - x64.max(-1)).sum(-1), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(second, np.exp(x64 - x64.mean(-1)[None, :]).sum(-1), rtol=1e-5)
+
+
+@tsr.function
 def elementwise_chain(x: Tensor["B", "M", "N"], y: Tensor["N"], z: Tensor["M", 1]):
     a = tsr.exp(-tsr.abs(x)) * y + z
     b = tsr.where(x > y, a, tsr.minimum(a, 0.5))
