@@ -42,9 +42,12 @@ from __future__ import annotations
 
 import dataclasses
 import inspect
+import math
 from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
+
+import numpy as np
 
 from .. import dtypes
 from ..errors import TesseraError
@@ -118,11 +121,12 @@ def backward_graph(forward_module, wrt: Sequence[int] | None = None, seed_ones: 
 @dataclass(frozen=True)
 class Saved:
     """A value the forward saves for its backward: the row log-sum-exp of the scores of the
-    softmax at `op` (fp32, the reduced axis kept), the row `mean` or `rstd` of the norm at `op`
+    softmax at `op` (fp32, the reduced axis kept; of the scores less their row max, saved too as
+    `rowmax`, where they may hold a huge fill: `may_hold_huge_fill`), the row `mean` or `rstd` of the norm at `op`
     (fp32, the last dim kept: `graph.norm_statistic`), or the result of the op at `op` (an
     attention's output O). `op` indexes the forward function's body, the same in every trace of it."""
 
-    kind: str   # "logsumexp", "mean", "rstd" or "result"
+    kind: str   # "logsumexp", "rowmax", "mean", "rstd" or "result"
     op: int
 
     def value(self, f):
@@ -159,6 +163,7 @@ def saved_values(f) -> list[Saved]:
         if isinstance(op, (g.LayerNormOp, g.RmsNormOp)) and g.tensor_type(op.res).dtype.is_float:
             saved += [Saved(kind, i) for kind in _norm_statistics(op)]
         if is_score_softmax(op):
+            saved += [Saved("rowmax", i)] if may_hold_huge_fill(op) else []
             saved.append(Saved("logsumexp", i))
             pv = _attention_output(op, set(f.body.block.last_op.operands))
             if pv is not None:
@@ -286,7 +291,7 @@ def forward_with_residuals(forward_module, name: str | None = None):
     def body(*tensors):
         values = _replay(f, tensors)
         outputs = [values[v] for v in f.body.block.last_op.operands]
-        extra = []
+        extra, maxima = [], {}
         for r, at in zip(residuals, positions):
             if at < n_out:
                 continue
@@ -297,9 +302,13 @@ def forward_with_residuals(forward_module, name: str | None = None):
                 with _provenance_of(op):
                     extra.append(ops.norm_statistic(values[op.x], r.kind, op.eps.value.data,
                                                     isinstance(op, g.LayerNormOp)))
+            elif r.kind == "rowmax":   # (before its logsumexp: saved_values)
+                with _provenance_of(op):
+                    maxima[op] = ops.amax(_wide(values[op.input]), op.axis.data, True)
+                extra.append(maxima[op])
             else:
                 with _provenance_of(op):
-                    extra.append(torch_ops._logsumexp(_wide(values[op.input]), op.axis.data))
+                    extra.append(_row_logsumexp(values[op.input], op.axis.data, maxima.get(op)))
         return (*outputs, *extra)
     module, _ = trace(_taking(body, [s.name for s in specs]), name or f"{f.sym_name.data}_saving", specs,
                       bindings, {})
@@ -419,6 +428,7 @@ class _Reverse:
         self.values.update(zip(args, primals))
         given = {body[r.op].results[0]: x for r, x in zip(self.saved, residuals) if r.kind == "result"}
         lse = {body[r.op]: x for r, x in zip(self.saved, residuals) if r.kind == "logsumexp"}
+        maxima = {body[r.op]: x for r, x in zip(self.saved, residuals) if r.kind == "rowmax"}
         self.statistics = {(body[r.op], r.kind): x for r, x in zip(self.saved, residuals) if r.kind in ("mean", "rstd")}
         for op in body:
             if op.results and op.results[0] in given:
@@ -432,16 +442,20 @@ class _Reverse:
                 self.values[old] = Tensor(t, new, g.tensor_type(new).shape, g.tensor_type(new).dtype)
         for op in body:
             if is_score_softmax(op):
-                self._probabilities_from_logsumexp(op, lse.get(op))
+                self._probabilities_from_logsumexp(op, lse.get(op), maxima.get(op))
 
-    def _probabilities_from_logsumexp(self, softmax, lse: Tensor | None = None) -> None:
+    def _probabilities_from_logsumexp(self, softmax, lse: Tensor | None = None, rowmax: Tensor | None = None) -> None:
         """What the backward's rules read of an attention's probabilities P = softmax(s) (and of the
         casts of P that its P @ V reads): exp(s - logsumexp(s)), so that each reader fuses into a
         kernel over score blocks (`softmax_from_logsumexp`). The forward's own ops (the clones)
         keep the softmax, so its P @ V stays one flash-attention kernel, which also writes the
-        log-sum-exp (made here, after every clone: fusion's order for a kernel's second output)."""
+        log-sum-exp (made here, after every clone: fusion's order for a kernel's second output), and
+        the row max where the scores may hold a huge fill (`may_hold_huge_fill`)."""
         with _provenance_of(softmax):
-            wide = softmax_from_logsumexp(self.values[softmax.input], softmax.axis.data, lse)
+            scores, axis = self.values[softmax.input], softmax.axis.data
+            if lse is None and may_hold_huge_fill(softmax):
+                rowmax = ops.amax(_wide(scores), axis, True)
+            wide = softmax_from_logsumexp(scores, axis, lse, rowmax)
             probs = ops.cast(wide, softmax.res.type.dtype)   # (as the forward's softmax rounds them)
         self.values[softmax.res], self.probabilities[softmax.res] = probs, wide
         for cast in _cast_chain(softmax.res):
@@ -560,8 +574,52 @@ def is_score_softmax(op) -> bool:
     return False
 
 
-def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None) -> Tensor:
-    """softmax(x) recomputed as exp(x - lse), lse = logsumexp(x) (or a saved one), in fp32. An
+def may_hold_huge_fill(softmax) -> bool:
+    """Whether an attention's scores may hold a finite fill so large that their row log-sum-exp,
+    the fill plus log N for a row all of it, rounds to the fill in fp32 (P = exp(s - lse) is then 1,
+    not 1/N, and the backward's dV, dQ, dK wrong where dO is not 0 on such rows): a float constant
+    below -HUGE_FILL computes them (torch.finfo(dtype).min, HuggingFace's padding masks; -1e9), or
+    a float tensor other than the matmuls' operands read along the keys' dim (an additive mask:
+    its values are unknown). Such attentions save their row max apart (`Saved` "rowmax")."""
+    from xdsl.ir import BlockArgument, Operation
+
+    from ..ir import graph as g
+
+    keys = g.tensor_type(softmax.input).shape[-1]
+    work, seen = [softmax.input], set()
+    while work:
+        v = work.pop()
+        producer = v.owner
+        if isinstance(producer, BlockArgument) or not isinstance(producer, Operation):
+            t = g.tensor_type(v)
+            if t.dtype.is_float and t.rank >= 1 and t.shape[-1] == keys:
+                return True
+            continue
+        if producer in seen or isinstance(producer, g.MatmulOp):
+            continue
+        seen.add(producer)
+        if isinstance(producer, g.ConstantOp) and g.tensor_type(v).dtype.is_float:
+            value = float(np.asarray(producer.value.value.data, g.tensor_type(v).dtype.np))
+            if -math.inf < value < -HUGE_FILL:
+                return True
+        work.extend(producer.operands)
+    return False
+
+
+#: fills below -HUGE_FILL (one ulp of it 2^-9: P off by 0.1% at most in a row all of it) are saved
+#: apart from the log-sum-exp (`may_hold_huge_fill`); BERT's -10000 is not
+HUGE_FILL = 2.0 ** 14
+
+
+def _row_logsumexp(x: Tensor, axis: int, rowmax: Tensor | None) -> Tensor:
+    """The row log-sum-exp of x in fp32, of x less `rowmax` where given."""
+    wide = _wide(x)
+    return torch_ops._logsumexp(wide if rowmax is None else wide - rowmax, axis)
+
+
+def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None, rowmax: Tensor | None = None) -> Tensor:
+    """softmax(x) recomputed as exp(x - lse), lse = logsumexp(x) (or a saved one), in fp32; with
+    the row max apart (`may_hold_huge_fill`), exp((x - rowmax) - lse), lse of x - rowmax. An
     attention backward reads the probabilities in
     several places (dV, and dS = P * (dP - D) for dQ and dK); in this form each reader recomputes
     them from the scores and a row's log-sum-exp (one number per row), so fusion makes every reader
@@ -569,8 +627,8 @@ def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None) -> T
     reach memory. The log-sum-exp is one `graph.reduce` of kind logsumexp, which the forward's
     flash-attention kernel writes beside its output."""
     wide = _wide(x)
-    lse = torch_ops._logsumexp(wide, axis) if lse is None else lse
-    return ops.exp(wide - lse)
+    lse = _row_logsumexp(x, axis, rowmax) if lse is None else lse
+    return ops.exp((wide if rowmax is None else wide - rowmax) - lse)
 
 
 def _cast_chain(v) -> list:

@@ -1592,22 +1592,37 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     ctx = TileCtx({"m": (rows.m0, tile["m"]), "e": (kb.b.index(0), tile["e"])}, rows.scalars)
     kb.em.overrides[kb.op(g.MatmulOp)[1].res] = out
     kb.store_result(shape.out_axes, ctx)
-    _store_logsumexp(kb, _logsumexp_of_stats(kb, rows.m_i, rows.l_i, rows.scale), rows.score_map,
-                     TileCtx({"m": (rows.m0, tile["m"])}, rows.scalars))
+    b = kb.b
+    _store_logsumexp(kb, lambda: _logsumexp_of_stats(kb, rows.m_i, rows.l_i, rows.scale),
+                     lambda: (b(arith.MulfOp(rows.m_i, b.full(rows.scale, [tile["m"]]))),
+                              b(arith.MulfOp(b(mathd.Log2Op(rows.l_i)), b.full(LN2, [tile["m"]])))),
+                     rows.score_map, TileCtx({"m": (rows.m0, tile["m"])}, rows.scalars))
     return shape.grid(kb)
 
 
-def _store_logsumexp(kb: KernelBuild, lse: SSAValue, score_map: Map, ctx: TileCtx) -> None:
-    """Stores each query row's log-sum-exp `lse` (natural log, [BM]) where the kernel has a second
-    output: the scores' `graph.reduce` of kind logsumexp that fusion gave the kernel (an attention
-    backward's saved residual); its dims are the scores' with the keys' reduced (kept with size 1
-    or dropped)."""
+def _saves_row_max(kb: KernelBuild) -> bool:
+    """Whether an attention kernel writes its rows' max score apart from their log-sum-exp (fusion's
+    `_logsumexp_of_scores`: a backward's residuals where the scores may hold a huge fill)."""
+    return any(r.kind.data == "max" for r in kb.op(g.ReduceOp))
+
+
+def _store_logsumexp(kb: KernelBuild, lse: Callable[[], SSAValue], apart: Callable[[], tuple[SSAValue, SSAValue]],
+                     score_map: Map, ctx: TileCtx) -> None:
+    """Stores each query row's log-sum-exp (natural log, [BM]: `lse()`) where fusion gave the
+    kernel the scores' `graph.reduce` of kind logsumexp as a further output (an attention
+    backward's saved residual); where it also gave their max reduce (`_saves_row_max`), the row's
+    max score and the log-sum-exp of the scores less it (`apart()`), whose sum would round to a
+    huge fill. Their dims are the scores' with the keys' reduced (kept with size 1 or dropped)."""
     if len(kb.outs) < 2:
         return
-    (reduce,) = kb.op(g.ReduceOp)
-    lse_map = (*score_map[:-1], None) if reduce.keepdim.data else score_map[:-1]
-    with kb.b.origin(reduce):
-        kb.em.store(lse, kb.outs[1], lse_map, ctx, g.tensor_type(reduce.res).dtype)
+    outputs = list(kb.group_block.last_op.operands)
+    reduces = kb.op(g.ReduceOp)
+    values = dict(zip(("max", "logsumexp"), apart())) if _saves_row_max(kb) else {"logsumexp": lse()}
+    for reduce in reduces:
+        stat_map = (*score_map[:-1], None) if reduce.keepdim.data else score_map[:-1]
+        with kb.b.origin(reduce):
+            kb.em.store(values[reduce.kind.data], kb.outs[outputs.index(reduce.res)], stat_map, ctx,
+                        g.tensor_type(reduce.res).dtype)
 
 
 def _ordered_program(kb: KernelBuild, blocks: int, programs: int, bounds: ColumnBounds,
@@ -1799,7 +1814,7 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
     split = part.pid(2)
     rows = _attention_rows(part, att, (split, splits))
     factor = rows.scale * LOG2E
-    apart = _may_hold_huge_scores(part, -EXACT_PRODUCTS / factor)
+    apart = _may_hold_huge_scores(part, -EXACT_PRODUCTS / factor) or _saves_row_max(part)
     if apart:
         row_buffers.append(part.add_scratch(row_type, dim))
     b, bm, be = part.b, att.tile["m"], att.tile["e"]
@@ -1815,20 +1830,21 @@ def _split_kv_attention(kb: KernelBuild, att: _AttentionShape, splits: int) -> t
         part.em.store(row_stat, buffer, ("s", *att.axes[:-1]), TileCtx({"m": (rows.m0, bm)}, scalars), dtypes.fp32)
     kb.before.append((_finish(part), att.grid(part, splits)))
     stats = [kb.add_scratch(row_type, dim) for _ in row_buffers]
-    return _combine_splits(kb, att, stats, kb.add_scratch(out_type, dim), splits, factor)
+    return _combine_splits(kb, att, stats, kb.add_scratch(out_type, dim), splits, rows.scale)
 
 
 def _combine_splits(kb: KernelBuild, att: _AttentionShape, stats: Sequence[SSAValue], partials: SSAValue,
-                    splits: int, factor: float) -> tuple[int, int, int]:
+                    splits: int, scale: float) -> tuple[int, int, int]:
     """`kb`'s kernel as a split-KV attention's second kernel: per output row, the splits' outputs
     O_s weighted by 2^(lse_s - max_s lse_s) (`stats`: the log-sum-exps, base 2), or by
     l_s 2^((m_s - max_s m_s) factor) (`stats`: each split's max score m_s and log2 of its sum l_s;
-    `factor` the softmax's scale times log2 e), and divided by the weights' sum, taken in split order
+    `factor` the softmax's `scale` times log2 e), and divided by the weights' sum, taken in split order
     with a running max (as the first kernel's loop takes key blocks): results do not depend on
     timing. A program reads SPLIT_KV_COMBINE_GROUP splits' rows at once (the splits past the last whole
     group after the loop), so the loads' latency is paid once a group, not once a split. Then
     the epilogue and the store. A row no split saw a key of comes out NaN, as softmax over no key
     does in one kernel."""
+    factor = scale * LOG2E
     kb.kernel.attributes.pop(t.PRODUCER_WARPS, None)
     kb.kernel.properties["num_stages"] = IntegerAttr(1, 64)
     ctx, grid = _output_tile(kb, att.axes, [att.dims[a] for a in att.axes], 1, SPLIT_KV_COMBINE_COLUMNS)
@@ -1873,13 +1889,20 @@ def _combine_splits(kb: KernelBuild, att: _AttentionShape, stats: Sequence[SSAVa
     kb.em.overrides[m2.res] = b(arith.MulfOp(acc, _broadcast_rows(b, inv_total, [bm, be])))
     kb.store_result(att.out_axes, ctx)
     if len(kb.outs) > 1:   # the row's log-sum-exp (base 2: its max times the factor, cut to a float, plus
-        # log2 of the weights' sum), in natural log
-        scaled_max = _safe_max(kb, m_i, bm)
-        if apart:   # (cut to a float: a row all of a huge fill)
-            scaled_max = b(arith.MaximumfOp(b(arith.MulfOp(scaled_max, b.full(factor, [bm]))), b.full(-FLT_MAX, [bm])))
-        lse2 = b(arith.AddfOp(scaled_max, b(mathd.Log2Op(total))))
+        # log2 of the weights' sum), in natural log; or (`apart`) its max score, and the natural log
+        # of the weights' sum, which are relative to it
+        def lse():
+            scaled_max = _safe_max(kb, m_i, bm)
+            if apart:   # (cut to a float: a row all of a huge fill)
+                scaled_max = b(arith.MaximumfOp(b(arith.MulfOp(scaled_max, b.full(factor, [bm]))),
+                                                b.full(-FLT_MAX, [bm])))
+            return b(arith.MulfOp(b(arith.AddfOp(scaled_max, b(mathd.Log2Op(total)))), b.full(LN2, [bm])))
+
+        def max_apart():
+            return (b(arith.MulfOp(_safe_max(kb, m_i, bm), b.full(scale, [bm]))),
+                    b(arith.MulfOp(b(mathd.Log2Op(total)), b.full(LN2, [bm]))))
         score_map = matmul_operand_maps(m2, att.axes, "n", kb.bindings)[0]
-        _store_logsumexp(kb, b(arith.MulfOp(lse2, b.full(LN2, [bm]))), score_map,
+        _store_logsumexp(kb, lse, max_apart, score_map,
                          TileCtx({a: x for a, x in ctx.tiled.items() if a != att.axes[-1]}, ctx.scalars))
     return grid
 

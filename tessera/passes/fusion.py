@@ -506,7 +506,7 @@ class _Planner:
         if m1 is None or not self.free(m1) or not self.free(sm):
             return
         group = self.new_group("flash_attention", [m1, *region, sm, *casts, m2, *lse], m2.res)
-        group.extra = [lse[-1].res] if lse else []
+        group.extra = [op.res for op in lse if isinstance(op, g.ReduceOp)]
         self.pull_producers(group, [v for o in region for v in o.operands])
 
     def _statistics_of(self, norm) -> list[SSAValue]:
@@ -524,22 +524,53 @@ class _Planner:
         return found
 
     def _logsumexp_of_scores(self, sm: g.SoftmaxOp, m2: g.MatmulOp) -> list[Operation]:
-        """The ops of a row log-sum-exp of the softmax's scores (`graph.reduce` logsumexp over the
-        last axis, of the scores or of their cast to fp32) that the attention kernel writes as a
-        second output from its row max and sum: an attention backward's saved residual. Only where
-        every reader runs after the kernel (after m2 in program order); else none."""
-        for user in self.users(sm.input):
-            ops = [user]
-            if isinstance(user, g.CastOp) and g.tensor_type(user.res).dtype == dtypes.fp32 \
-                    and len(self.users(user.res)) == 1:
-                ops.append(self.users(user.res)[0])
-            reduce = ops[-1]
-            if not (isinstance(reduce, g.ReduceOp) and reduce.kind.data == "logsumexp"
-                    and reduce.axis.data == g.tensor_type(reduce.input).rank - 1):
+        """The ops of a row log-sum-exp of the softmax's scores that the attention kernel writes as
+        further outputs from its row max and sum (an attention backward's saved residuals): a
+        `graph.reduce` logsumexp over the last axis of the scores or of their cast to fp32; or, where
+        the backward keeps the row max apart (`autodiff.backward.may_hold_huge_fill`), a max
+        reduce of them and the logsumexp of them less it (the outputs: the max, then the
+        logsumexp). Only where every reader runs after the kernel (after m2 in program order);
+        else none."""
+        scores = sm.input
+        for reduce in self._reductions_of(scores):
+            if reduce.kind.data == "logsumexp":
+                ops = [reduce]
+            elif reduce.kind.data == "max" and reduce.keepdim.data:
+                ops = [reduce, *self._logsumexp_less(reduce, scores)]
+                if len(ops) == 1:
+                    continue
+            else:
                 continue
-            readers = [u.operation for u in reduce.res.uses]
+            casts = {v.owner for op in ops for v in op.operands if self._widens(v, scores)}
+            if any(u not in ops for c in casts for u in self.users(c.res)):
+                continue
+            ops = sorted([*casts, *ops], key=self.order.__getitem__)
+            outputs = [op.res for op in ops if isinstance(op, g.ReduceOp)]
+            readers = [u.operation for v in outputs for u in v.uses if u.operation not in ops]
             if all(self.free(op) for op in ops) and all(self.order.get(r, -1) > self.order[m2] for r in readers):
                 return ops
+        return []
+
+    def _widens(self, v: SSAValue, scores: SSAValue) -> bool:
+        """Whether v is a cast of `scores` to fp32."""
+        return isinstance(v.owner, g.CastOp) and v.owner.input is scores and g.tensor_type(v).dtype == dtypes.fp32
+
+    def _reductions_of(self, scores: SSAValue) -> list[g.ReduceOp]:
+        """The reduces over the last axis reading the scores, or their cast to fp32."""
+        read = [scores, *(u.res for u in self.users(scores) if isinstance(u, g.CastOp) and self._widens(u.res, scores))]
+        return [u for v in read for u in self.users(v) if isinstance(u, g.ReduceOp) and _over_last_axis(u)]
+
+    def _logsumexp_less(self, rowmax: g.ReduceOp, scores: SSAValue) -> list[Operation]:
+        """[the sub, its logsumexp] of logsumexp(scores - rowmax) (the scores maybe cast to fp32),
+        else []."""
+        for sub in self.users(rowmax.res):
+            if not (isinstance(sub, g.ElementwiseOp) and sub.kind == "sub" and sub.operands[1] is rowmax.res
+                    and (sub.operands[0] is scores or self._widens(sub.operands[0], scores))):
+                continue
+            readers = self.users(sub.results[0])
+            if len(readers) == 1 and isinstance(readers[0], g.ReduceOp) and readers[0].kind.data == "logsumexp" \
+                    and _over_last_axis(readers[0]):
+                return [sub, readers[0]]
         return []
 
     def _score_region(self, v: SSAValue, lse: set[Operation] = frozenset()):

@@ -87,11 +87,24 @@ def chain_sink(op, operand: SSAValue, bindings: dict[str, int]) -> bool:
     operand's kept dim is at most MAX_SCORE_INNER (a program accumulates whole output rows)."""
     if isinstance(op, g.ReduceOp):
         rank = g.tensor_type(op.input).rank
-        return op.kind.data in ("sum", "max", "min") and rank >= 2 and op.axis.data >= rank - 2
+        return op.kind.data in ("sum", "max", "min") and rank >= 2 and op.axis.data >= rank - 2 \
+            and not is_row_max_apart(op)
     if isinstance(op, g.MatmulOp) and (op.lhs is operand) != (op.rhs is operand):
         kept = g.dim_value(g.tensor_type(op.res).shape[-1 if op.lhs is operand else -2], bindings)
         return not is_dynamic(kept) and kept <= MAX_SCORE_INNER   # (a dynamic dim has no bound)
     return False
+
+
+def is_row_max_apart(op: g.ReduceOp) -> bool:
+    """A max over the last axis that a logsumexp of the same rows less it reads (through a sub):
+    an attention's row max, saved apart from its log-sum-exp (`autodiff.backward.may_hold_huge_fill`),
+    which the flash kernel computes anyway (`fusion._logsumexp_of_scores`): not a sink of its own."""
+    if op.kind.data != "max" or op.axis.data != g.tensor_type(op.input).rank - 1:
+        return False
+    return any(isinstance(sub := use.operation, g.ElementwiseOp) and sub.kind == "sub" and use.index == 1
+               and any(isinstance(r.operation, g.ReduceOp) and r.operation.kind.data == "logsumexp"
+                       for r in sub.results[0].uses)
+               for use in op.res.uses)
 
 
 def recompute_scores(module: ModuleOp) -> ModuleOp:

@@ -238,3 +238,37 @@ def test_rows_a_finite_fill_masks_whole_average_v_as_torch(torch_cuda, dtype, ad
         torch.testing.assert_close(rows.double(), rows_ref, atol=2e-2 if dtype == "bfloat16" else 2e-3, rtol=0)
     assert not torch.isnan(out).any()
     torch.testing.assert_close(out.double(), ref, atol=4e-2 if dtype == "bfloat16" else 4e-3, rtol=0)
+
+
+@pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
+@pytest.mark.parametrize("s", [130, 1024])
+def test_gradients_through_rows_a_finite_fill_masks_whole_are_torchs(torch_cuda, dtype, s):
+    """The backward of an attention whose padding rows an additive finfo.min mask fills whole, with
+    a cotangent on those rows: the forward saves each row's max apart from the log-sum-exp of the
+    scores less it (`autodiff.backward.may_hold_huge_fill`), so P there is 1/N as in torch (the
+    log-sum-exp alone, the fill plus log N, rounded to the fill and P was 1)."""
+    torch = torch_cuda
+    dt = getattr(torch, dtype)
+    fill = torch.finfo(dt).min
+
+    @tsr.function
+    def by_mask(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
+                mask: Tensor["B", 1, "S", "S"]):
+        return tsr.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v
+    gen = torch.Generator(device="cuda").manual_seed(s)
+    q, k, v = (torch.randn(2, 3, s, 64, device="cuda", generator=gen, dtype=dt) for _ in range(3))
+    keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()
+    keep[:9] = False
+    mask = torch.zeros(2, 1, s, s, device="cuda", dtype=dt).masked_fill(~keep, fill)
+    d_out = torch.randn(2, 3, s, 64, device="cuda", generator=gen, dtype=dt)
+    ours = [x.clone().requires_grad_() for x in (q, k, v)]
+    by_mask(*ours, mask).backward(d_out)
+    exact = [x.double().requires_grad_() for x in (q, k, v)]
+    scores = exact[0] @ exact[1].transpose(-2, -1) * 0.125 + mask.double()
+    (torch.softmax(scores, -1) @ exact[2]).backward(d_out.double())
+    for mine, want in zip(ours, exact):
+        assert not torch.isnan(mine.grad).any()
+        scale = want.grad.abs().max().item()
+        torch.testing.assert_close(mine.grad.double(), want.grad, atol=(3e-2 if dtype == "bfloat16" else 4e-3) * scale,
+                                   rtol=0)
+

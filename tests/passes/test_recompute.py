@@ -545,8 +545,9 @@ def test_a_row_all_of_a_finite_fill_is_uniform_as_in_torch(dtype, fill):
     """Rows a mask of torch.finfo(dtype).min (or -1e30) fills whole (a left-padded batch's padding
     queries) average V, as torch's softmax makes them (each fill minus the max is 0), where they
     were 0 / 0, NaN (`schedule_to_tile._softmax_step`); a row softmax alike. The gradients agree
-    where the cotangent of those rows is 0, as a loss over the real tokens makes it (their saved
-    log-sum-exp, the fill plus log(N), rounds to the fill, as in FlashAttention)."""
+    with a cotangent on those rows too: the forward saves each row's max apart from the log-sum-exp
+    of the scores less it (`autodiff.backward.may_hold_huge_fill`), where the log-sum-exp alone,
+    the fill plus log(N), rounded to the fill and P there was 1, not 1/N (as in FlashAttention)."""
     fill = float(np.finfo(np.float32).min if dtype == np.float32 else ml_dtypes.finfo(dtype).min) \
         if fill == "finfo" else fill
 
@@ -572,11 +573,10 @@ def test_a_row_all_of_a_finite_fill_is_uniform_as_in_torch(dtype, fill):
     np.testing.assert_allclose(out.astype(np.float64), p @ v64, atol=tol * 4, rtol=tol)
     np.testing.assert_allclose(rows.astype(np.float64), p2, atol=tol, rtol=tol)
     g = rng.standard_normal(out.shape).astype(dtype)
-    g[:, :, ~keep.any(-1)] = 0
     grads = f_vjp((g, np.zeros_like(rows)))[:3]
     g64 = g.astype(np.float64)
     dp = g64 @ v64.transpose(0, 1, 3, 2)
-    ds = p * (dp - (dp * p).sum(-1, keepdims=True))
+    ds = np.where(keep, p * (dp - (dp * p).sum(-1, keepdims=True)), 0)   # (a masked score takes no gradient)
     wants = (ds @ k64 / math.sqrt(32), ds.transpose(0, 1, 3, 2) @ q64 / math.sqrt(32), p.transpose(0, 1, 3, 2) @ g64)
     for got, want in zip(grads, wants):
         assert not np.isnan(got.astype(np.float64)).any()
@@ -641,3 +641,49 @@ def test_a_split_attention_weighs_a_row_all_of_a_fill_by_its_keys(m, n):
     p = np.exp(s - s.max(-1, keepdims=True))
     p /= p.sum(-1, keepdims=True)
     np.testing.assert_allclose(out[0, 0], p @ v[0, 0], atol=1e-5)
+
+
+def _fill_rows_reference(q, k, v, bias, g):
+    """Attention with an additive bias in float64, its output and (dQ, dK, dV) for cotangent g."""
+    q64, k64, v64, g64 = (x.astype(np.float64) for x in (q, k, v, g))
+    s = q64 @ k64.transpose(0, 1, 3, 2) / math.sqrt(q.shape[-1]) + bias.astype(np.float64)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = g64 @ v64.transpose(0, 1, 3, 2)
+    ds = p * (dp - (dp * p).sum(-1, keepdims=True)) / math.sqrt(q.shape[-1])
+    return p @ v64, (ds @ k64, ds.transpose(0, 1, 3, 2) @ q64, p.transpose(0, 1, 3, 2) @ g64)
+
+
+@pytest.mark.parametrize("m,n", [(130, 130), (3, 4097)], ids=["rows", "split_kv"])
+@pytest.mark.parametrize("mode", ["saved", "recomputed"])
+def test_an_additive_mask_of_finite_fill_rows_has_exact_gradients(m, n, mode):
+    """An additive float mask (HuggingFace's: 0 or finfo.min) whose rows are all fill: its values
+    are unknown to the compiler, so the forward saves each row's max apart from its log-sum-exp
+    (`autodiff.backward.may_hold_huge_fill`), in one flash kernel (split over the keys for 3
+    queries: its combining kernel writes both) or, in a derivative that recomputes the forward, in
+    the recomputed flash kernel; the backward's P there is 1/N, not 1, and the gradients exact."""
+    @tsr.function
+    def biased(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+               bias: Tensor["M", "N"]):
+        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + bias,
+                                      dim=-1), v)
+    rng = np.random.default_rng(36)
+    q, k, v = (rng.standard_normal((1, 2, x, 32)).astype(np.float32) for x in (m, n, n))
+    bias = np.where(np.tril(np.ones((m, n), bool), n - m), 0.0, np.finfo(np.float32).min).astype(np.float32)
+    bias[:2] = np.finfo(np.float32).min
+    g = rng.standard_normal((1, 2, m, 32)).astype(np.float32)
+    want_out, wants = _fill_rows_reference(q, k, v, bias, g)
+    if mode == "saved":
+        out, f_vjp = tsr.vjp(biased, q, k, v, bias)
+        grads = f_vjp(g)[:3]
+        np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=1e-4)
+        saving_kernels = tsr.autodiff.api.saving(biased).compile(
+            biased.arg_specs_for(dict(B=1, H=2, M=m, N=n, D=32), "fp32"), arch="sm_90a", sm_count=132).kernel_names
+        assert not any("row_reduction" in name or "gemm" in name for name in saving_kernels), saving_kernels
+    else:
+        specs = biased.arg_specs_for(dict(B=1, H=2, M=m, N=n, D=32), "fp32")
+        d_out = dataclasses.replace(specs[0], name="d_out")
+        compiled = Derivative(biased, cotangent_names=["d_out"]).compile([*specs, d_out], arch="sm_90a", sm_count=132)
+        grads = compiled.run(q, k, v, bias, g)[:3]
+    for got, want in zip(grads, wants):
+        np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=1e-3)
