@@ -628,7 +628,16 @@ def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None, rowm
     flash-attention kernel writes beside its output."""
     wide = _wide(x)
     lse = _row_logsumexp(x, axis, rowmax) if lse is None else lse
-    return ops.exp((wide if rowmax is None else wide - rowmax) - lse)
+    if rowmax is None:
+        return ops.exp(wide - lse)
+    # in base 2, the log-sum-exp's product a row's: (x - rowmax) * log2(e) - lse * log2(e), a sub
+    # and an fma an element as exp(x - lse) took (exp((x - rowmax) - lse) took an op more). The
+    # second row value still costs: H200 bf16 4x16x2048x128, a finfo.min padding fill, the vjp
+    # 1.016 -> 1.073 ms (1.095 with the op more; bench/RESULTS.md session 36)
+    return ops.exp2((wide - rowmax) * LOG2E - lse * LOG2E)
+
+
+LOG2E = 1.4426950408889634
 
 
 def _cast_chain(v) -> list:
