@@ -121,12 +121,13 @@ def backward_graph(forward_module, wrt: Sequence[int] | None = None, seed_ones: 
 @dataclass(frozen=True)
 class Saved:
     """A value the forward saves for its backward: the row log-sum-exp of the scores of the
-    softmax at `op` (fp32, the reduced axis kept; of the scores less their row max, saved too as
-    `rowmax`, where they may hold a huge fill: `may_hold_huge_fill`), the row `mean` or `rstd` of the norm at `op`
+    softmax at `op` (fp32, the reduced axis kept; where they may hold a huge fill, also their row
+    max, `rowmax`, and the log-sum-exp of the scores less it, `logsumexp_less_max`:
+    `may_hold_huge_fill`), the row `mean` or `rstd` of the norm at `op`
     (fp32, the last dim kept: `graph.norm_statistic`), or the result of the op at `op` (an
     attention's output O). `op` indexes the forward function's body, the same in every trace of it."""
 
-    kind: str   # "logsumexp", "rowmax", "mean", "rstd" or "result"
+    kind: str   # "logsumexp", "rowmax", "logsumexp_less_max", "mean", "rstd" or "result"
     op: int
 
     def value(self, f):
@@ -163,8 +164,8 @@ def saved_values(f) -> list[Saved]:
         if isinstance(op, (g.LayerNormOp, g.RmsNormOp)) and g.tensor_type(op.res).dtype.is_float:
             saved += [Saved(kind, i) for kind in _norm_statistics(op)]
         if is_score_softmax(op):
-            saved += [Saved("rowmax", i)] if may_hold_huge_fill(op) else []
             saved.append(Saved("logsumexp", i))
+            saved += [Saved("rowmax", i), Saved("logsumexp_less_max", i)] if may_hold_huge_fill(op) else []
             pv = _attention_output(op, set(f.body.block.last_op.operands))
             if pv is not None:
                 saved.append(Saved("result", body.index(pv)))
@@ -302,13 +303,14 @@ def forward_with_residuals(forward_module, name: str | None = None):
                 with _provenance_of(op):
                     extra.append(ops.norm_statistic(values[op.x], r.kind, op.eps.value.data,
                                                     isinstance(op, g.LayerNormOp)))
-            elif r.kind == "rowmax":   # (before its logsumexp: saved_values)
+            elif r.kind == "rowmax":   # (before the log-sum-exp less it: saved_values)
                 with _provenance_of(op):
                     maxima[op] = ops.amax(_wide(values[op.input]), op.axis.data, True)
                 extra.append(maxima[op])
             else:
                 with _provenance_of(op):
-                    extra.append(_row_logsumexp(values[op.input], op.axis.data, maxima.get(op)))
+                    extra.append(_row_logsumexp(values[op.input], op.axis.data,
+                                                maxima[op] if r.kind == "logsumexp_less_max" else None))
         return (*outputs, *extra)
     module, _ = trace(_taking(body, [s.name for s in specs]), name or f"{f.sym_name.data}_saving", specs,
                       bindings, {})
@@ -401,6 +403,9 @@ class _Reverse:
         #: an attention's probabilities in fp32, before their rounding to the forward's dtype: what
         #: its softmax rule reads (dS = P * (dP - D)), where the rounded P is P @ V's operand only
         self.probabilities: dict = {}
+        #: an attention's P @ V -> the row factor c its cotangent dO takes (`_probabilities_from_logsumexp`)
+        self.row_scales: dict = {}
+        self.scaled_cotangents: dict = {}   # P @ V -> c * dO, made once for its rule and the rowsum
         self.grads: dict = {}    # forward SSA value -> its cotangent so far
         self.active: set = set()   # forward values that depend on a differentiated input
 
@@ -429,6 +434,7 @@ class _Reverse:
         given = {body[r.op].results[0]: x for r, x in zip(self.saved, residuals) if r.kind == "result"}
         lse = {body[r.op]: x for r, x in zip(self.saved, residuals) if r.kind == "logsumexp"}
         maxima = {body[r.op]: x for r, x in zip(self.saved, residuals) if r.kind == "rowmax"}
+        less_max = {body[r.op]: x for r, x in zip(self.saved, residuals) if r.kind == "logsumexp_less_max"}
         self.statistics = {(body[r.op], r.kind): x for r, x in zip(self.saved, residuals) if r.kind in ("mean", "rstd")}
         for op in body:
             if op.results and op.results[0] in given:
@@ -442,9 +448,10 @@ class _Reverse:
                 self.values[old] = Tensor(t, new, g.tensor_type(new).shape, g.tensor_type(new).dtype)
         for op in body:
             if is_score_softmax(op):
-                self._probabilities_from_logsumexp(op, lse.get(op), maxima.get(op))
+                self._probabilities_from_logsumexp(op, lse.get(op), maxima.get(op), less_max.get(op))
 
-    def _probabilities_from_logsumexp(self, softmax, lse: Tensor | None = None, rowmax: Tensor | None = None) -> None:
+    def _probabilities_from_logsumexp(self, softmax, lse: Tensor | None = None, rowmax: Tensor | None = None,
+                                      less_max: Tensor | None = None) -> None:
         """What the backward's rules read of an attention's probabilities P = softmax(s) (and of the
         casts of P that its P @ V reads): exp(s - logsumexp(s)), so that each reader fuses into a
         kernel over score blocks (`softmax_from_logsumexp`). The forward's own ops (the clones)
@@ -453,9 +460,18 @@ class _Reverse:
         the row max where the scores may hold a huge fill (`may_hold_huge_fill`)."""
         with _provenance_of(softmax):
             scores, axis = self.values[softmax.input], softmax.axis.data
-            if lse is None and may_hold_huge_fill(softmax):
-                rowmax = ops.amax(_wide(scores), axis, True)
-            wide = softmax_from_logsumexp(scores, axis, lse, rowmax)
+            if lse is None:
+                lse = _row_logsumexp(scores, axis, None)
+                if may_hold_huge_fill(softmax):
+                    rowmax = ops.amax(_wide(scores), axis, True)
+                    less_max = _row_logsumexp(scores, axis, rowmax)
+            pv = _attention_output(softmax, set(self.forward.body.block.last_op.operands))
+            if rowmax is not None and pv is None:
+                wide = softmax_from_logsumexp(scores, axis, less_max, rowmax)
+            else:
+                wide = softmax_from_logsumexp(scores, axis, lse)
+                if rowmax is not None:   # (the factor dO takes: _Reverse._cotangent)
+                    self.row_scales[pv] = ops.exp((lse - rowmax) - less_max)
             probs = ops.cast(wide, softmax.res.type.dtype)   # (as the forward's softmax rounds them)
         self.values[softmax.res], self.probabilities[softmax.res] = probs, wide
         for cast in _cast_chain(softmax.res):
@@ -509,7 +525,7 @@ class _Reverse:
             if rule_key(op) in EXTREMES and ops.ties_of(op) == ops.JOINT:
                 extra["counts"] = self._tie_counts(op.operands[0])
             value = self.probabilities.get(y, self.values[y])
-            derived = rule(op, self.grads[y], value, *(self.values[v] for v in op.operands), **extra)
+            derived = rule(op, self._cotangent(op), value, *(self.values[v] for v in op.operands), **extra)
             for v, d in zip(op.operands, derived, strict=True):
                 if d is not None and v in self.active:
                     self._accumulate(v, fit(d, self.values[v]))
@@ -535,7 +551,23 @@ class _Reverse:
         pv = _attention_output(softmax, set(self.forward.body.block.last_op.operands))
         if pv is None or pv.res not in self.grads:
             return None
-        return ops.sum(_wide(self.grads[pv.res]) * _wide(self.values[pv.res]), -1, keepdim=True)
+        return ops.sum(_wide(self._cotangent(pv)) * _wide(self.values[pv.res]), -1, keepdim=True)
+
+    def _cotangent(self, op) -> Tensor:
+        """The cotangent `op`'s rule takes: its result's; for an attention's P @ V whose scores may
+        hold a huge fill (`may_hold_huge_fill`) and whose P only it reads, times its rows' factor
+        c = exp((lse - rowmax) - lse_less_max), in dO's dtype. Its probabilities are read as
+        P' = exp(s - lse), as without the max apart, and P = c P': c is 1 but for lse's rounding,
+        and 1/N on a row all of a huge fill, where lse rounded to the fill and P' is 1. So
+        dV = P^T dO = P'^T (c dO), and dS = P (dP - rowsum(dO O)) = P' ((c dO) V^T - rowsum((c dO) O)):
+        the kernels over the scores compute what they compute without the max apart, one row value
+        an element (two cost 5.6%: bench/RESULTS.md session 36)."""
+        g = self.grads[op.results[0]]
+        if op not in self.row_scales:
+            return g
+        if op not in self.scaled_cotangents:
+            self.scaled_cotangents[op] = ops.cast(_wide(g) * self.row_scales[op], g.dtype)
+        return self.scaled_cotangents[op]
 
     def _accumulate(self, v, grad: Tensor) -> None:
         self.grads[v] = grad if v not in self.grads else self.grads[v] + grad
@@ -630,10 +662,10 @@ def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None, rowm
     lse = _row_logsumexp(x, axis, rowmax) if lse is None else lse
     if rowmax is None:
         return ops.exp(wide - lse)
-    # in base 2, the log-sum-exp's product a row's: (x - rowmax) * log2(e) - lse * log2(e), a sub
-    # and an fma an element as exp(x - lse) took (exp((x - rowmax) - lse) took an op more). The
-    # second row value still costs: H200 bf16 4x16x2048x128, a finfo.min padding fill, the vjp
-    # 1.016 -> 1.073 ms (1.095 with the op more; bench/RESULTS.md session 36)
+    # (where another op reads P too: else `_Reverse._cotangent` takes the max into dO) in base 2, the
+    # log-sum-exp's product a row's: (x - rowmax) * log2(e) - lse * log2(e), a sub and an fma an
+    # element as exp(x - lse) took; the second row value costs registers (H200 bf16 4x16x2048x128,
+    # a finfo.min padding fill: the vjp 1.016 -> 1.073 ms, bench/RESULTS.md session 36)
     return ops.exp2((wide - rowmax) * LOG2E - lse * LOG2E)
 
 

@@ -1611,18 +1611,26 @@ def _store_logsumexp(kb: KernelBuild, lse: Callable[[], SSAValue], apart: Callab
     """Stores each query row's log-sum-exp (natural log, [BM]: `lse()`) where fusion gave the
     kernel the scores' `graph.reduce` of kind logsumexp as a further output (an attention
     backward's saved residual); where it also gave their max reduce (`_saves_row_max`), the row's
-    max score and the log-sum-exp of the scores less it (`apart()`), whose sum would round to a
-    huge fill. Their dims are the scores' with the keys' reduced (kept with size 1 or dropped)."""
+    max score and the log-sum-exp of the scores less it (`apart()`), which the log-sum-exp rounds
+    away on a row all of a huge fill. Their dims are the scores' with the keys' reduced (kept with
+    size 1 or dropped)."""
     if len(kb.outs) < 2:
         return
     outputs = list(kb.group_block.last_op.operands)
-    reduces = kb.op(g.ReduceOp)
-    values = dict(zip(("max", "logsumexp"), apart())) if _saves_row_max(kb) else {"logsumexp": lse()}
-    for reduce in reduces:
+    maxima = [r for r in kb.op(g.ReduceOp) if r.kind.data == "max"]
+    made: dict = {}
+
+    def value(reduce) -> SSAValue:
+        if reduce.kind.data == "max" or any(g.computed_from(reduce.input, m) for m in maxima):
+            made.setdefault("apart", apart())
+            return made["apart"][0 if reduce.kind.data == "max" else 1]
+        made.setdefault("lse", lse())
+        return made["lse"]
+    for reduce in kb.op(g.ReduceOp):
         stat_map = (*score_map[:-1], None) if reduce.keepdim.data else score_map[:-1]
+        stat = value(reduce)
         with kb.b.origin(reduce):
-            kb.em.store(values[reduce.kind.data], kb.outs[outputs.index(reduce.res)], stat_map, ctx,
-                        g.tensor_type(reduce.res).dtype)
+            kb.em.store(stat, kb.outs[outputs.index(reduce.res)], stat_map, ctx, g.tensor_type(reduce.res).dtype)
 
 
 def _ordered_program(kb: KernelBuild, blocks: int, programs: int, bounds: ColumnBounds,
@@ -1891,16 +1899,22 @@ def _combine_splits(kb: KernelBuild, att: _AttentionShape, stats: Sequence[SSAVa
     if len(kb.outs) > 1:   # the row's log-sum-exp (base 2: its max times the factor, cut to a float, plus
         # log2 of the weights' sum), in natural log; or (`apart`) its max score, and the natural log
         # of the weights' sum, which are relative to it
+        made: dict = {}
+
+        def max_apart():
+            if "apart" not in made:
+                made["apart"] = (b(arith.MulfOp(_safe_max(kb, m_i, bm), b.full(scale, [bm]))),
+                                 b(arith.MulfOp(b(mathd.Log2Op(total)), b.full(LN2, [bm]))))
+            return made["apart"]
+
         def lse():
+            if _saves_row_max(kb):   # (their sum, rounded as the one-kernel attention's: the fill, on
+                return b(arith.AddfOp(*max_apart()))   # a row all of it; the backward's factor needs it)
             scaled_max = _safe_max(kb, m_i, bm)
             if apart:   # (cut to a float: a row all of a huge fill)
                 scaled_max = b(arith.MaximumfOp(b(arith.MulfOp(scaled_max, b.full(factor, [bm]))),
                                                 b.full(-FLT_MAX, [bm])))
             return b(arith.MulfOp(b(arith.AddfOp(scaled_max, b(mathd.Log2Op(total)))), b.full(LN2, [bm])))
-
-        def max_apart():
-            return (b(arith.MulfOp(_safe_max(kb, m_i, bm), b.full(scale, [bm]))),
-                    b(arith.MulfOp(b(mathd.Log2Op(total)), b.full(LN2, [bm]))))
         score_map = matmul_operand_maps(m2, att.axes, "n", kb.bindings)[0]
         _store_logsumexp(kb, lse, max_apart, score_map,
                          TileCtx({a: x for a, x in ctx.tiled.items() if a != att.axes[-1]}, ctx.scalars))

@@ -524,14 +524,13 @@ class _Planner:
         return found
 
     def _logsumexp_of_scores(self, sm: g.SoftmaxOp, m2: g.MatmulOp) -> list[Operation]:
-        """The ops of a row log-sum-exp of the softmax's scores that the attention kernel writes as
+        """The ops of the row statistics of the softmax's scores that the attention kernel writes as
         further outputs from its row max and sum (an attention backward's saved residuals): a
-        `graph.reduce` logsumexp over the last axis of the scores or of their cast to fp32; or, where
-        the backward keeps the row max apart (`autodiff.backward.may_hold_huge_fill`), a max
-        reduce of them and the logsumexp of them less it (the outputs: the max, then the
-        logsumexp). Only where every reader runs after the kernel (after m2 in program order);
-        else none."""
-        scores = sm.input
+        `graph.reduce` logsumexp over the last axis of the scores or of their cast to fp32; and,
+        where the backward keeps the row max apart (`autodiff.backward.may_hold_huge_fill`), a max
+        reduce of them and the logsumexp of them less it. Each only where every reader runs after
+        the kernel (after m2 in program order); else not."""
+        scores, found = sm.input, []
         for reduce in self._reductions_of(scores):
             if reduce.kind.data == "logsumexp":
                 ops = [reduce]
@@ -544,12 +543,11 @@ class _Planner:
             casts = {v.owner for op in ops for v in op.operands if self._widens(v, scores)}
             if any(u not in ops for c in casts for u in self.users(c.res)):
                 continue
-            ops = sorted([*casts, *ops], key=self.order.__getitem__)
             outputs = [op.res for op in ops if isinstance(op, g.ReduceOp)]
             readers = [u.operation for v in outputs for u in v.uses if u.operation not in ops]
-            if all(self.free(op) for op in ops) and all(self.order.get(r, -1) > self.order[m2] for r in readers):
-                return ops
-        return []
+            if all(self.free(op) for op in [*casts, *ops]) and all(self.order.get(r, -1) > self.order[m2] for r in readers):
+                found += [*casts, *ops]
+        return sorted(found, key=self.order.__getitem__)
 
     def _widens(self, v: SSAValue, scores: SSAValue) -> bool:
         """Whether v is a cast of `scores` to fp32."""
