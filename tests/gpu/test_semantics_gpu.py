@@ -198,6 +198,21 @@ def test_cupy_in_cupy_out(cuda_device):
     assert isinstance(empty, cupy.ndarray) and empty.shape == (0, 64)
 
 
+@tsr.function
+def by_mask(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
+            mask: Tensor["B", 1, "S", "S"]):
+    return tsr.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v
+
+
+def _padded_queries(torch, s, dt):
+    """q, k, v [2, 3, s, 64] and a causal `keep` whose first 9 query rows keep nothing (padding)."""
+    gen = torch.Generator(device="cuda").manual_seed(s)
+    q, k, v = (torch.randn(2, 3, s, 64, device="cuda", generator=gen, dtype=dt) for _ in range(3))
+    keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()
+    keep[:9] = False
+    return q, k, v, keep
+
+
 @pytest.mark.parametrize("dtype", ["bfloat16", "float16"])
 @pytest.mark.parametrize("additive", [False, True])
 @pytest.mark.parametrize("s", [130, 1024])
@@ -216,14 +231,7 @@ def test_rows_a_finite_fill_masks_whole_average_v_as_torch(torch_cuda, dtype, ad
         s_ = tsr.where(keep, q @ k.transpose(-2, -1) * 0.125, fill)
         return tsr.softmax(s_, dim=-1) @ v, tsr.softmax(tsr.where(keep, q[0, 0] @ k[0, 0].T, fill), -1)
 
-    @tsr.function
-    def by_mask(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
-                mask: Tensor["B", 1, "S", "S"]):
-        return tsr.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v
-    gen = torch.Generator(device="cuda").manual_seed(s)
-    q, k, v = (torch.randn(2, 3, s, 64, device="cuda", generator=gen, dtype=dt) for _ in range(3))
-    keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()
-    keep[:9] = False
+    q, k, v, keep = _padded_queries(torch, s, dt)
     keep[s // 2] = False
     scores = (q.double() @ k.double().transpose(-2, -1)) * 0.125
     if additive:
@@ -251,16 +259,9 @@ def test_gradients_through_rows_a_finite_fill_masks_whole_are_torchs(torch_cuda,
     dt = getattr(torch, dtype)
     fill = torch.finfo(dt).min
 
-    @tsr.function
-    def by_mask(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
-                mask: Tensor["B", 1, "S", "S"]):
-        return tsr.softmax(q @ k.transpose(-2, -1) * 0.125 + mask, dim=-1) @ v
-    gen = torch.Generator(device="cuda").manual_seed(s)
-    q, k, v = (torch.randn(2, 3, s, 64, device="cuda", generator=gen, dtype=dt) for _ in range(3))
-    keep = torch.ones(s, s, dtype=torch.bool, device="cuda").tril()
-    keep[:9] = False
+    q, k, v, keep = _padded_queries(torch, s, dt)
     mask = torch.zeros(2, 1, s, s, device="cuda", dtype=dt).masked_fill(~keep, fill)
-    d_out = torch.randn(2, 3, s, 64, device="cuda", generator=gen, dtype=dt)
+    d_out = torch.randn(2, 3, s, 64, device="cuda", generator=torch.Generator(device="cuda").manual_seed(1), dtype=dt)
     ours = [x.clone().requires_grad_() for x in (q, k, v)]
     by_mask(*ours, mask).backward(d_out)
     exact = [x.double().requires_grad_() for x in (q, k, v)]
