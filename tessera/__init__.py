@@ -23,7 +23,7 @@ from .frontend.ops import (
 from .frontend.tensor import SymInt, Tensor, TensorSpec
 from .frontend.torch_ops import (
     ValuesIndices, argmax, argmin, cat, clamp, clip, concat, einsum, expand, flatten, floor_divide, log_softmax,
-    logsumexp, masked_fill, max, min, remainder, stack, std, tril, triu, var,
+    logsumexp, masked_fill, max, min, remainder, stack, std, std_mean, tril, triu, var, var_mean,
 )
 from .runtime.profile import profile_report, reset_profile
 
@@ -132,6 +132,7 @@ __all__ = [
     "sqrt",
     "stack",
     "std",
+    "std_mean",
     "sub",
     "sum",
     "tanh",
@@ -142,6 +143,7 @@ __all__ = [
     "triu",
     "unsqueeze",
     "var",
+    "var_mean",
     "vjp",
     "where",
 ]

@@ -38,6 +38,20 @@ def std_and_column_sum(x: Tensor["M", "N"]):
     return tsr.std(x, -1), x.sum(0)
 
 
+@tsr.function
+def var_and_mean(x: Tensor["M", "N"]):
+    """torch.var_mean: the mean is written beside the variance, by its kernel (rounded to x's dtype)."""
+    return tsr.var_mean(x, -1)
+
+
+@tsr.function
+def written_std_and_mean(x: Tensor["M", "N"]):
+    """A mean read by the kernel of the variance about it and returned too, and an epilogue over the rows."""
+    m = x.mean(-1, keepdim=True)
+    d = x - m
+    return tsr.sqrt((d * d).sum(-1, keepdim=True) / x.shape[-1]), m, d * 2.0
+
+
 def _softmax(x):
     e = np.exp(x - x.max(-1, keepdims=True))
     return e / e.sum(-1, keepdims=True)
@@ -60,4 +74,7 @@ CASES = {
     variance: (lambda x: [_var(x), np.sqrt(_var(x, True))], 2),
     probability_purity: (lambda x: [(_softmax(x) ** 2).sum(-1)], 1),
     std_and_column_sum: (lambda x: [np.sqrt(_var(x)), x.sum(0)], 1),
+    var_and_mean: (lambda x: [_var(x), x.mean(-1)], 1),
+    written_std_and_mean: (lambda x: [x.std(-1, keepdims=True), x.mean(-1, keepdims=True),
+                                      (x - x.mean(-1, keepdims=True)) * 2.0], 1),
 }

@@ -460,11 +460,10 @@ class _Reverse:
         the row max where the scores may hold a huge fill (`may_hold_huge_fill`)."""
         with _provenance_of(softmax):
             scores, axis = self.values[softmax.input], softmax.axis.data
-            if lse is None:
+            if lse is None and may_hold_huge_fill(softmax):
                 lse = _row_logsumexp(scores, axis, None)
-                if may_hold_huge_fill(softmax):
-                    rowmax = ops.amax(_wide(scores), axis, True)
-                    less_max = _row_logsumexp(scores, axis, rowmax)
+                rowmax = ops.amax(_wide(scores), axis, True)
+                less_max = _row_logsumexp(scores, axis, rowmax)
             pv = _attention_output(softmax, set(self.forward.body.block.last_op.operands))
             if rowmax is not None and pv is None:
                 wide = softmax_from_logsumexp(scores, axis, less_max, rowmax)
@@ -611,7 +610,8 @@ def may_hold_huge_fill(softmax) -> bool:
     """Whether an attention's scores may hold a finite fill so large that their row log-sum-exp,
     the fill plus log N for a row all of it, rounds to the fill in fp32 (P = exp(s - lse) is then 1,
     not 1/N, and the backward's dV, dQ, dK wrong where dO is not 0 on such rows): a float constant
-    below -HUGE_FILL computes them (torch.finfo(dtype).min, HuggingFace's padding masks; -1e9), or
+    past HUGE_FILL computes them (torch.finfo(dtype).min, HuggingFace's padding masks; -1e9; the 1e9
+    scaling a 0/1 mask, (keep - 1) * 1e9), or
     a float tensor other than the matmuls' operands read along the keys' dim (an additive mask:
     its values are unknown). Such attentions save their row max apart (`Saved` "rowmax")."""
     from xdsl.ir import BlockArgument, Operation
@@ -632,15 +632,16 @@ def may_hold_huge_fill(softmax) -> bool:
             continue
         seen.add(producer)
         if isinstance(producer, g.ConstantOp) and g.tensor_type(v).dtype.is_float:
-            value = float(np.asarray(producer.value.value.data, g.tensor_type(v).dtype.np))
-            if -math.inf < value < -HUGE_FILL:
+            with np.errstate(over="ignore"):   # (finfo(fp32).min as fp16 is -inf)
+                value = float(np.asarray(producer.value.value.data, g.tensor_type(v).dtype.np))
+            if HUGE_FILL < abs(value) < math.inf:
                 return True
         work.extend(producer.operands)
     return False
 
 
-#: fills below -HUGE_FILL (one ulp of it 2^-9: P off by 0.1% at most in a row all of it) are saved
-#: apart from the log-sum-exp (`may_hold_huge_fill`); BERT's -10000 is not
+#: fills past HUGE_FILL in magnitude (one ulp of it 2^-9: P off by 0.1% at most in a row all of it)
+#: have the row max saved apart (`may_hold_huge_fill`); BERT's -10000 does not
 HUGE_FILL = 2.0 ** 14
 
 
@@ -660,7 +661,7 @@ def softmax_from_logsumexp(x: Tensor, axis: int, lse: Tensor | None = None, rowm
     reach memory. The log-sum-exp is one `graph.reduce` of kind logsumexp, which the forward's
     flash-attention kernel writes beside its output."""
     wide = _wide(x)
-    lse = _row_logsumexp(x, axis, rowmax) if lse is None else lse
+    lse = torch_ops._logsumexp(wide if rowmax is None else wide - rowmax, axis) if lse is None else lse
     if rowmax is None:
         return ops.exp(wide - lse)
     # (where another op reads P too: else `_Reverse._cotangent` takes the max into dO) in base 2, the

@@ -785,5 +785,5 @@ def arange(n) -> Tensor:
 
 from .torch_ops import (  # noqa: E402  (PyTorch's ops, built from the primitives above)
     ValuesIndices, argmax, argmin, cat, clamp, clip, concat, einsum, expand, flatten, floor_divide, log_softmax,
-    logsumexp, masked_fill, mT, remainder, stack, std, tril, triu, var,
+    logsumexp, masked_fill, mT, remainder, stack, std, std_mean, tril, triu, var, var_mean,
 )

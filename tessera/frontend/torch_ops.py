@@ -339,11 +339,11 @@ def _squeezed(r: Tensor, x: Tensor, dim, keepdim: bool) -> Tensor:
     return ops.reshape(r, *[n for i, n in enumerate(r.shape) if i not in axes])
 
 
-def _var(x: Tensor, dim, correction) -> Tensor:
+def _var(x: Tensor, dim, correction, mean: Tensor | None = None) -> Tensor:
     """Variance with the reduced dims kept: sum((x - mean)^2) / (N - correction), in two passes
-    (the mean, then the squares about it), which keeps the cancellation of E[x^2] - E[x]^2 out;
-    N - correction <= 0 gives inf or nan, as torch."""
-    d = x - ops.mean(x, dim, True)
+    (the mean, then the squares about it: one kernel over rows, fusion's merge_row_chains), which
+    keeps the cancellation of E[x^2] - E[x]^2 out; N - correction <= 0 gives inf or nan, as torch."""
+    d = x - (ops.mean(x, dim, True) if mean is None else mean)
     total = ops.sum(d * d, dim, True)
     denominator = builtins.max(_count(x, dim) - int(correction), 0)
     return total / denominator if denominator else total * math.inf
@@ -366,6 +366,27 @@ def var(x: Tensor, dim=None, *, correction=1, keepdim: bool = False) -> Tensor:
 def std(x: Tensor, dim=None, *, correction=1, keepdim: bool = False) -> Tensor:
     """torch.std: the square root of `var` (same correction default, 1)."""
     return _reduced_in_fp32(x, lambda w: ops.sqrt(_var(w, dim, correction)), dim, keepdim, "std")
+
+
+def _with_mean(x: Tensor, compute, dim, correction, keepdim: bool, what: str) -> tuple[Tensor, Tensor]:
+    """(compute(var), mean) over `dim` in fp32, each rounded once to x's dtype: torch.var_mean's
+    pair, one kernel over rows (the mean is the variance's first statistic, written beside it)."""
+    if not x.dtype.is_float:
+        raise DTypeError(f"{what} of {x.dtype} {_label(x)}: cast to a float type first")
+    wide = ops.cast(x, dtypes.fp32) if x.dtype.bits < 32 else x
+    mean = ops.mean(wide, dim, True)
+    return tuple(_squeezed(ops.cast(r, x.dtype), x, dim, keepdim)
+                 for r in (compute(_var(wide, dim, correction, mean)), mean))
+
+
+def var_mean(x: Tensor, dim=None, *, correction=1, keepdim: bool = False) -> tuple[Tensor, Tensor]:
+    """torch.var_mean: (var, mean) over `dim` (all dims when None), Bessel's correction by default."""
+    return _with_mean(x, lambda v: v, dim, correction, keepdim, "var_mean")
+
+
+def std_mean(x: Tensor, dim=None, *, correction=1, keepdim: bool = False) -> tuple[Tensor, Tensor]:
+    """torch.std_mean: (std, mean) over `dim` (all dims when None), Bessel's correction by default."""
+    return _with_mean(x, ops.sqrt, dim, correction, keepdim, "std_mean")
 
 
 def _logsumexp(x: Tensor, dim) -> Tensor:

@@ -546,6 +546,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                         kb.em.overrides[difference.res] = exact(ctx)
                     return rows_of(acc)
                 write(epilogue_inputs, reads_x=False)
+                store_statistics(totals, r0)
                 return column_parts(chunk_ctx, zero)
             out_map = tuple(None if i == axis else a for i, a in enumerate(axes))
             if not anchor.keepdim.data:
@@ -555,7 +556,26 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             for sibling, total in totals.items():   # (as the output's epilogue reads them)
                 kb.em.overrides[sibling.res] = total
             kb.store_result(out_map, ctx)
+            store_statistics(totals, r0)
         return column_parts(chunk_ctx, zero)
+
+    def store_statistics(totals: dict, r0: SSAValue) -> None:
+        """The kernel's further outputs computed from its siblings' statistics (`totals`, [bm]): a
+        chained statistic read after the kernel too (fusion's merge_row_chains), as kept columns."""
+        kept = tuple(None if i == axis else a for i, a in enumerate(axes))
+        for v in kb.group_block.last_op.operands[1:]:
+            used = [sibling for sibling in totals if g.computed_from(v, sibling)]
+            if not used:
+                continue
+            before = {sibling: kb.em.overrides.get(sibling.res) for sibling in used}
+            for sibling in used:
+                kb.em.overrides[sibling.res] = totals[sibling]
+            kb.store_result(kept, TileCtx({row: (r0, bm)}, scalars), result=v, out=_output_param(kb, v))
+            for sibling, tile in before.items():   # (the riders' passes read them as they were)
+                if tile is None:
+                    kb.em.overrides.pop(sibling.res)
+                else:
+                    kb.em.overrides[sibling.res] = tile
 
     if not riders:
         one_block(kb.mul(kb.pid(0), bm))
@@ -1592,12 +1612,20 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     ctx = TileCtx({"m": (rows.m0, tile["m"]), "e": (kb.b.index(0), tile["e"])}, rows.scalars)
     kb.em.overrides[kb.op(g.MatmulOp)[1].res] = out
     kb.store_result(shape.out_axes, ctx)
-    b = kb.b
     _store_logsumexp(kb, lambda: _logsumexp_of_stats(kb, rows.m_i, rows.l_i, rows.scale),
-                     lambda: (b(arith.MulfOp(rows.m_i, b.full(rows.scale, [tile["m"]]))),
-                              b(arith.MulfOp(b(mathd.Log2Op(rows.l_i)), b.full(LN2, [tile["m"]])))),
+                     lambda: _max_apart(kb, rows.m_i, rows.l_i, rows.scale),
                      rows.score_map, TileCtx({"m": (rows.m0, tile["m"])}, rows.scalars))
     return shape.grid(kb)
+
+
+def _max_apart(kb: KernelBuild, m: SSAValue, l: SSAValue, scale: float) -> tuple[SSAValue, SSAValue]:
+    """A row's max of scale * x and the log-sum-exp of scale * x less it, from its running max `m`
+    of x (-inf: no key) and sum `l` of exp(scale * (x - m)): NaN where the max is -inf, as torch's
+    logsumexp of x - max there (-inf - -inf)."""
+    b, shape = kb.b, m.type.get_shape()
+    less = b(arith.MulfOp(b(mathd.Log2Op(l)), b.full(LN2, shape)))
+    empty = compare(b, m, b.full(-math.inf, shape), "oeq")
+    return b(arith.MulfOp(m, b.full(scale, shape))), select(b, empty, b.full(math.nan, shape), less)
 
 
 def _saves_row_max(kb: KernelBuild) -> bool:
@@ -1903,13 +1931,13 @@ def _combine_splits(kb: KernelBuild, att: _AttentionShape, stats: Sequence[SSAVa
 
         def max_apart():
             if "apart" not in made:
-                made["apart"] = (b(arith.MulfOp(_safe_max(kb, m_i, bm), b.full(scale, [bm]))),
-                                 b(arith.MulfOp(b(mathd.Log2Op(total)), b.full(LN2, [bm]))))
+                made["apart"] = _max_apart(kb, m_i, total, scale)
             return made["apart"]
 
         def lse():
-            if _saves_row_max(kb):   # (their sum, rounded as the one-kernel attention's: the fill, on
-                return b(arith.AddfOp(*max_apart()))   # a row all of it; the backward's factor needs it)
+            if _saves_row_max(kb):   # (the max plus the sum's log, rounded as the one-kernel attention's:
+                # the fill, on a row all of it, which the backward's factor needs; -inf with no key)
+                return b(arith.AddfOp(max_apart()[0], b(arith.MulfOp(b(mathd.Log2Op(total)), b.full(LN2, [bm])))))
             scaled_max = _safe_max(kb, m_i, bm)
             if apart:   # (cut to a float: a row all of a huge fill)
                 scaled_max = b(arith.MaximumfOp(b(arith.MulfOp(scaled_max, b.full(factor, [bm]))),

@@ -389,34 +389,76 @@ class _Planner:
         (the mean a variance or a written-out layer norm subtracts, the max a written-out softmax
         subtracts) into that kernel: the template reduces the rows for each in turn
         (`lower_row_reduction`'s siblings), where two kernels read every row twice and launched
-        twice. Only into kernels whose row reductions are all reduces over the last axis."""
+        twice. A statistic also read after that kernel (returned beside the variance, as
+        torch.var_mean does) is written by it as a further output. Only into kernels whose row
+        reductions are all reduces over the last axis."""
         merged = True
         while merged:
             merged = False
-            for group in [grp for grp in self.groups if self._reduces_rows_only(grp)]:
-                earlier = next((self.group_of[self.producer(v)] for v in self.inputs_of(group)
-                                if self._chains_into(v, group)), None)
-                if earlier is not None:
-                    self.claim(group, earlier.ops)
-                    self.groups.remove(earlier)
-                    merged = True
-                    break
+            # (the last kernels first: a statistic read by two goes into the last, which may take
+            # the first then, where the first would have kept a further output instead)
+            for group in sorted((grp for grp in self.groups if self._reduces_rows_only(grp)),
+                                key=self.position, reverse=True):
+                v = next((v for v in self.inputs_of(group) if self._chains_into(v, group)), None)
+                if v is None:
+                    continue
+                earlier = self.group_of[self.producer(v)]
+                self.claim(group, earlier.ops)
+                self.groups.remove(earlier)
+                group.extra = [*group.extra, *(w for w in dict.fromkeys((v, earlier.output))
+                                               if any(u not in group.ops for u in self.users(w)))]
+                group.extra = [self._extra_epilogue(group, w) for w in group.extra]
+                merged = True
+                break
+
+    def _reads_written(self, op: Operation) -> bool:
+        """Whether `op` may read a row kernel's further output from memory: the function's return or
+        a view (no kernel's), or an elementwise kernel's op. Not a reduction's kernel, which may yet
+        become a rider of the row kernel that the statistic would have been a kernel before (a norm
+        backward's weight gradient: `merge_column_reductions` takes only inputs made before its host)."""
+        group = self.group_of.get(op)
+        return group is None or group.kind == "elementwise"
+
+    def _runs_at(self, op: Operation) -> int:
+        """Where `op` runs: its kernel's `position`, or its own place in the trace (a return)."""
+        group = self.group_of.get(op)
+        return self.position(group) if group is not None else self.order.get(op, len(self.order))
+
+    def _extra_epilogue(self, group: Group, w: SSAValue) -> SSAValue:
+        """A further output `w` of a row kernel, or the output of the elementwise group of its shape
+        that alone reads it (its cast to the input's dtype, as torch.var_mean returns the mean),
+        folded into the kernel, where it took a kernel of its own."""
+        readers = [u for u in self.users(w) if u not in group.ops]
+        consumer = self.group_of.get(readers[0]) if readers else None
+        if consumer is None or consumer.kind != "elementwise" or consumer.output is None \
+                or self.inputs_of(consumer) != {w} or any(self.group_of.get(u) is not consumer for u in readers) \
+                or self._sizes(consumer.output) != self._sizes(w) or any(isinstance(o, WINDOWS) for o in consumer.ops):
+            return w
+        self.claim(group, consumer.ops)
+        self.groups.remove(consumer)
+        return consumer.output
 
     def _reduces_rows_only(self, group: Group) -> bool:
         """A row_reduction kernel whose row reductions are reduces over the last axis (no norm,
-        softmax or column rider, whose templates take no statistic of the rows before theirs)."""
+        softmax or column rider, whose templates take no statistic of the rows before theirs), its
+        further outputs statistics of the rows it computes (`merge_row_chains`)."""
         reductions = [op for op in group.ops if isinstance(op, ROW_REDUCTIONS)]
-        return (group.kind == "row_reduction" and group.output is not None and not group.extra
+        return (group.kind == "row_reduction" and group.output is not None
+                and all(self.producer(v) in group.ops for v in group.extra)
                 and all(isinstance(op, g.ReduceOp) and _over_last_axis(op) for op in reductions))
 
     def _chains_into(self, v: SSAValue, group: Group) -> bool:
         """Whether `v` is a row statistic (`_row_statistic`) over the rows `group` reduces, read by
-        `group` alone (`merge_row_chains`)."""
+        `group` and else only after it (`merge_row_chains`)."""
         earlier = self.group_of.get(self.producer(v))
         statistic = self._row_statistic(earlier) if earlier is not None and earlier is not group else None
-        # (read as computed, not through a view: one dropping its size-1 dim broadcasts it along
-        # the columns, where the template's statistic is a row's)
-        if statistic is None or not all(u in group.ops for u in self.users(v)):
+        if statistic is None or not any(u in group.ops for u in self.users(v)):
+            return False
+        # (read as computed, not through a view before the kernel: one dropping its size-1 dim
+        # broadcasts it along the columns, where the template's statistic is a row's)
+        at, members = self.position(group), group.ops | earlier.ops
+        outside = [u for w in (v, earlier.output) for u in self.users(w) if u not in members]
+        if any(self._runs_at(u) <= at or not self._reads_written(u) for u in outside):
             return False
         rows = [self._sizes(op.input) for op in group.ops if isinstance(op, g.ReduceOp)]
         return all(sizes == self._sizes(statistic.input) for sizes in rows)

@@ -117,6 +117,32 @@ def test_var_defaults_to_bessels_correction():
     np.testing.assert_allclose(s1, x.astype(np.float64).std(1, ddof=1), rtol=1e-5)
 
 
+@pytest.mark.parametrize("shape,dim,keepdim", [((7, 1000), -1, False), ((3, 5, 20000), -1, True), ((9, 13), 0, False),
+                                               ((2, 3, 4), None, False)])
+def test_var_mean_and_std_mean_are_torchs_in_one_row_kernel(shape, dim, keepdim):
+    """torch.var_mean / std_mean: (var, mean), Bessel's correction by default; over the last dim one
+    kernel, the mean written beside the variance (`fusion.merge_row_chains`)."""
+    import torch
+    x = np.random.default_rng(3).standard_normal(shape).astype(np.float32)
+
+    def f(x):
+        v, m = tsr.var_mean(x, dim, keepdim=keepdim)
+        s, m2 = tsr.std_mean(x, dim, correction=0, keepdim=keepdim)
+        return v, m, s, m2
+    got = [np.asarray(o, np.float64) for o in _run(f, x)]
+    t = torch.tensor(x, dtype=torch.float64)
+    kw = {} if dim is None else {"dim": dim, "keepdim": keepdim}
+    want = [*torch.var_mean(t, **kw), *torch.std_mean(t, correction=0, **kw)]
+    for g_, w in zip(got, want):
+        np.testing.assert_allclose(g_.reshape(w.shape), w.numpy(), rtol=1e-5, atol=1e-6)
+    if dim == -1:
+        from tessera.frontend.trace import ArgSpec
+        single = tsr.function(lambda x: tsr.var_mean(x, -1, keepdim=keepdim))
+        spec = ArgSpec("x", shape, tsr.bf16, tuple(f"d{i}" for i in range(len(shape))))
+        names = single.compile([spec], arch="sm_90a", sm_count=132).kernel_names
+        assert len(names) == 1, names
+
+
 def test_var_of_one_element_is_nan_as_in_torch():
     def f(x: Tensor["M", "N"]):
         return x.var(1)
@@ -307,7 +333,7 @@ def test_mistakes_are_reported_in_the_users_terms(body, error, match):
 
 
 def test_every_new_op_is_exported():
-    for name in ["cat", "stack", "clamp", "clip", "masked_fill", "tril", "triu", "einsum", "var", "std",
+    for name in ["cat", "stack", "clamp", "clip", "masked_fill", "tril", "triu", "einsum", "var", "std", "var_mean", "std_mean",
                  "log_softmax", "logsumexp", "argmax", "argmin", "flatten", "expand", "floor_divide",
                  "remainder", "max", "min"]:
         assert name in tsr.__all__ and callable(getattr(tsr, name))

@@ -687,3 +687,44 @@ def test_an_additive_mask_of_finite_fill_rows_has_exact_gradients(m, n, mode):
         grads = compiled.run(q, k, v, bias, g)[:3]
     for got, want in zip(grads, wants):
         np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=1e-3)
+
+
+def test_a_returned_row_max_and_logsumexp_beside_an_attention_keep_torchs_empty_rows():
+    """A function returning the scores' amax and logsumexp(s - amax) beside the attention: the flash
+    kernel writes them (`fusion._logsumexp_of_scores`), split over the keys or not; a row every
+    key of which is masked with -inf gives -inf and NaN there, as torch."""
+    @tsr.function
+    def f(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+          keep: Tensor["M", "N"]):
+        s = tsr.where(keep, tsr.matmul(q, k.transpose(-2, -1)) * 0.125, -math.inf)
+        m = s.amax(-1, keepdim=True)
+        return tsr.matmul(tsr.softmax(s, dim=-1), v), m, tsr.logsumexp(s - m, -1, keepdim=True)
+    rng = np.random.default_rng(5)
+    for m_, n in ((130, 130), (2, 4097)):
+        q, k, v = (rng.standard_normal((1, 2, x, 32)).astype(np.float32) for x in (m_, n, n))
+        keep = np.tril(np.ones((m_, n), bool), n - m_)
+        keep[0] = False
+        _, rowmax, lse = f(q, k, v, keep)
+        s = np.where(keep, q.astype(np.float64) @ k.astype(np.float64).transpose(0, 1, 3, 2) * 0.125, -np.inf)
+        want = s.max(-1, keepdims=True)
+        assert np.isneginf(rowmax[:, :, 0]).all() and np.isnan(lse[:, :, 0]).all()
+        np.testing.assert_allclose(rowmax[:, :, 1:], want[:, :, 1:], rtol=1e-5)
+        with np.errstate(invalid="ignore"):
+            want_lse = np.log(np.exp(s - want).sum(-1, keepdims=True))
+        np.testing.assert_allclose(lse[:, :, 1:], want_lse[:, :, 1:], rtol=1e-5, atol=1e-6)
+
+
+def test_a_zero_one_mask_scaled_past_the_fill_bound_saves_the_row_max():
+    """(keep - 1) * 1e9 holds no constant below the bound, but its scale is past it: the forward
+    saves the row max apart (`autodiff.backward.may_hold_huge_fill`)."""
+    from tessera.autodiff.backward import saved_values, forward_function
+
+    @tsr.function
+    def f(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+          keep: Tensor["M", "N"]):
+        s = tsr.matmul(q, k.transpose(-2, -1)) * 0.125
+        return tsr.matmul(tsr.softmax(s + (keep.to(tsr.fp32) - 1.0) * 1e9, dim=-1), v)
+    specs = f.arg_specs_for(dict(B=1, H=2, M=70, N=70, D=32), "fp32")
+    specs[-1] = dataclasses.replace(specs[-1], dtype=dtypes.bool_)
+    kinds = [s.kind for s in saved_values(forward_function(f.trace(specs)))]
+    assert "rowmax" in kinds and "logsumexp_less_max" in kinds
