@@ -612,20 +612,21 @@ def may_hold_huge_fill(softmax) -> bool:
     not 1/N, and the backward's dV, dQ, dK wrong where dO is not 0 on such rows): a float constant
     past HUGE_FILL computes them (torch.finfo(dtype).min, HuggingFace's padding masks; -1e9; the 1e9
     scaling a 0/1 mask, (keep - 1) * 1e9), or
-    a float tensor other than the matmuls' operands read along the keys' dim (an additive mask:
-    its values are unknown). Such attentions save their row max apart (`Saved` "rowmax")."""
+    a float tensor other than the matmuls' operands read along the keys' dim or a query row's (an
+    additive mask, `graph.masks_rows_or_keys`: its values are unknown). Such attentions save their
+    row max apart (`Saved` "rowmax")."""
     from xdsl.ir import BlockArgument, Operation
 
     from ..ir import graph as g
 
-    keys = g.tensor_type(softmax.input).shape[-1]
+    scores = g.tensor_type(softmax.input).shape
     work, seen = [softmax.input], set()
     while work:
         v = work.pop()
         producer = v.owner
         if isinstance(producer, BlockArgument) or not isinstance(producer, Operation):
             t = g.tensor_type(v)
-            if t.dtype.is_float and t.rank >= 1 and t.shape[-1] == keys:
+            if t.dtype.is_float and g.masks_rows_or_keys(t.shape, scores):
                 return True
             continue
         if producer in seen or isinstance(producer, g.MatmulOp):

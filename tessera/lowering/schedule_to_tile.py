@@ -931,17 +931,18 @@ EXACT_PRODUCTS = 2.0 ** 24
 def _may_hold_huge_scores(kb: KernelBuild, bound: float) -> bool:
     """Whether an attention kernel's scores may hold finite values below `bound`: it computes with
     such a constant (a mask's fill of torch.finfo(dtype).min, HuggingFace's, or -1e9), or reads a
-    float tensor besides its matmuls' operands along the keys' dim (an additive mask, [B, 1, M, N],
-    [B, 1, 1, N] or [N]; not ALiBi's slopes)."""
+    float tensor besides its matmuls' operands along the keys' dim or a query row's (an additive
+    mask, [B, 1, M, N], [B, 1, 1, N], [N] or [B, 1, M, 1]: `graph.masks_rows_or_keys`; not ALiBi's
+    slopes)."""
     matmuls = kb.op(g.MatmulOp)
     operands = set()
     for v in (v for op in matmuls for v in op.operands):
         while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp, g.CastOp, g.GatherOp)):   # (K^T, a paged cache)
             v = v.owner.operands[0]
         operands.add(v)
-    keys = g.tensor_type(matmuls[0].res).shape[-1]
+    scores = g.tensor_type(matmuls[0].res).shape
     masks = [v for v in kb.group_block.args if v not in operands and g.tensor_type(v).dtype.is_float
-             and g.tensor_type(v).rank >= 1 and g.tensor_type(v).shape[-1] == keys]
+             and g.masks_rows_or_keys(g.tensor_type(v).shape, scores)]
     return bool(masks) or _holds_fill_past(kb, bound)
 
 

@@ -728,3 +728,23 @@ def test_a_zero_one_mask_scaled_past_the_fill_bound_saves_the_row_max():
     specs[-1] = dataclasses.replace(specs[-1], dtype=dtypes.bool_)
     kinds = [s.kind for s in saved_values(forward_function(f.trace(specs)))]
     assert "rowmax" in kinds and "logsumexp_less_max" in kinds
+
+
+def test_an_additive_query_row_mask_of_a_huge_fill_averages_v_with_exact_gradients():
+    """A [B, 1, M, 1] additive mask of finfo.min (query padding rows): the forward's probabilities
+    take the exact form (`schedule_to_tile._may_hold_huge_scores`), where they were 0 / 0, and the
+    backward saves the row max apart (`graph.masks_rows_or_keys`)."""
+    @tsr.function
+    def f(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+          rows: Tensor["B", 1, "M", 1]):
+        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + rows,
+                                      dim=-1), v)
+    rng = np.random.default_rng(9)
+    q, k, v, g = (rng.standard_normal((1, 2, 130, 32)).astype(np.float32) for _ in range(4))
+    rows = np.zeros((1, 1, 130, 1), np.float32)
+    rows[..., :5, :] = np.finfo(np.float32).min
+    out, f_vjp = tsr.vjp(f, q, k, v, rows)
+    want_out, wants = _fill_rows_reference(q, k, v, np.broadcast_to(rows, (1, 1, 130, 130)), g)
+    np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=1e-4)
+    for got, want in zip(f_vjp(g)[:3], wants):
+        np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=1e-3)
