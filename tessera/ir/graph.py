@@ -843,11 +843,10 @@ def op_settings(op: Operation) -> tuple:
 
 def masks_rows_or_keys(shape: Sequence[Dim], scores: Sequence[Dim]) -> bool:
     """Whether a tensor of `shape` added to attention scores of shape `scores` ([..., M, N]) may
-    mask keys or whole query rows: its last dim is the keys' ([B, 1, M, N], [N]), or it is a
-    column over the queries ([B, 1, M, 1]; not ALiBi's [H, 1, 1] slopes, unless M is 1)."""
-    if not shape:
-        return False
-    return shape[-1] == scores[-1] or (len(shape) >= 2 and shape[-1] == 1 and shape[-2] == scores[-2])
+    mask keys or whole query rows: its last dim is the keys' ([B, 1, M, N], [N]), or one of its
+    last two the queries' ([B, 1, M, 1], or [B, M] viewed as that inside the function; not ALiBi's
+    [H, 1, 1] slopes, unless M is 1)."""
+    return bool(shape) and (shape[-1] == scores[-1] or scores[-2] in tuple(shape[-2:]))
 
 
 #: the attribute of log_softmax's graph.sub `x - logsumexp(x)` (a unit attribute, set by

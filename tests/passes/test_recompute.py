@@ -748,3 +748,24 @@ def test_an_additive_query_row_mask_of_a_huge_fill_averages_v_with_exact_gradien
     np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=1e-4)
     for got, want in zip(f_vjp(g)[:3], wants):
         np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=1e-3)
+
+
+def test_a_query_row_mask_viewed_inside_the_function_averages_v():
+    """A [B, M] additive row mask of finfo.min given its size-1 dims inside the function
+    (`rows[:, None, :, None]`) is a query-row mask too (`graph.masks_rows_or_keys`): uniform rows
+    and finite gradients, split over the keys or not, where they were NaN."""
+    @tsr.function
+    def f(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"],
+          rows: Tensor["B", "M"]):
+        return tsr.softmax(q @ k.transpose(-2, -1) * (1.0 / math.sqrt(q.shape[-1])) + rows[:, None, :, None], -1) @ v
+    rng = np.random.default_rng(10)
+    for m_, n in ((70, 90), (3, 4097)):
+        q, g = (rng.standard_normal((2, 2, m_, 32)).astype(np.float32) for _ in range(2))
+        k, v = (rng.standard_normal((2, 2, n, 32)).astype(np.float32) for _ in range(2))
+        rows = np.zeros((2, m_), np.float32)
+        rows[0, 0] = rows[1, -1] = np.finfo(np.float32).min
+        out, f_vjp = tsr.vjp(f, q, k, v, rows)
+        want_out, wants = _fill_rows_reference(q, k, v, np.broadcast_to(rows[:, None, :, None], (2, 2, m_, n)), g)
+        np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=1e-4)
+        for got, want in zip(f_vjp(g)[:3], wants):
+            np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=1e-3)
