@@ -47,8 +47,6 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
-
 from .. import dtypes
 from ..errors import TesseraError
 from ..frontend import ops, torch_ops
@@ -632,11 +630,9 @@ def may_hold_huge_fill(softmax) -> bool:
         if producer in seen or isinstance(producer, g.MatmulOp):
             continue
         seen.add(producer)
-        if isinstance(producer, g.ConstantOp) and g.tensor_type(v).dtype.is_float:
-            with np.errstate(over="ignore"):   # (finfo(fp32).min as fp16 is -inf)
-                value = float(np.asarray(producer.value.value.data, g.tensor_type(v).dtype.np))
-            if HUGE_FILL < abs(value) < math.inf:
-                return True
+        if isinstance(producer, g.ConstantOp) and g.tensor_type(v).dtype.is_float \
+                and HUGE_FILL < abs(g.float_constant_value(producer)) < math.inf:
+            return True
         work.extend(producer.operands)
     return False
 

@@ -841,6 +841,12 @@ def op_settings(op: Operation) -> tuple:
     return attrs, tuple(str(r.type) for r in op.results)
 
 
+def float_constant_value(op: "ConstantOp") -> float:
+    """A float graph.constant's value as its dtype holds it (finfo(fp32).min in fp16 is -inf)."""
+    with np.errstate(over="ignore"):
+        return float(np.asarray(op.value.value.data, tensor_type(op.res).dtype.np))
+
+
 def masks_rows_or_keys(shape: Sequence[Dim], scores: Sequence[Dim]) -> bool:
     """Whether a tensor of `shape` added to attention scores of shape `scores` ([..., M, N]) may
     mask keys or whole query rows: its last dim is the keys' ([B, 1, M, N], [N]), or one of its

@@ -14,7 +14,6 @@ import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
-import numpy as np
 from xdsl.dialects import arith, func, scf
 from xdsl.dialects import math as mathd
 from xdsl.dialects.builtin import (
@@ -949,10 +948,8 @@ def _may_hold_huge_scores(kb: KernelBuild, bound: float) -> bool:
 def _holds_fill_past(kb: KernelBuild, bound: float) -> bool:
     """Whether the kernel computes with a finite constant below `bound` (< 0), as its dtype holds
     it: a mask's fill of torch.finfo(dtype).min (HuggingFace's masks), or -1e30."""
-    def value(op) -> float:   # (as its dtype holds it: finfo(fp32).min in fp16 is -inf)
-        return float(np.asarray(op.value.value.data, g.tensor_type(op.res).dtype.np))
     return any(isinstance(op, g.ConstantOp) and g.tensor_type(op.res).dtype.is_float
-               and -math.inf < value(op) < bound for op in kb.group_block.walk())
+               and -math.inf < g.float_constant_value(op) < bound for op in kb.group_block.walk())
 
 
 def _positive_scale(x: SSAValue) -> tuple[SSAValue, float]:
