@@ -362,6 +362,38 @@ def occupancy(platform: Platform | str, threads: int, regs: int, shared_bytes: i
     return blocks, tuple(name for name, n in limits.items() if n == blocks)
 
 
+#: the most blocks of a thread-block cluster every GPU with clusters launches (the portable size)
+MAX_CLUSTER = 8
+
+#: Thread-block clusters resident at once, by (SMs, blocks a cluster, blocks an SM), as
+#: cuOccupancyMaxActiveClusters reported them on an H200 (132 SMs; a 256-thread kernel held to 1-4
+#: blocks an SM by its shared memory; `.scratch/cluster_probe.py`, bench/RESULTS.md session 37). A
+#: cluster's blocks share a GPC, whose SMs do not divide evenly: clusters of 4 leave 12 of 132 SMs
+#: idle at one block an SM (30 clusters), clusters of 2 none.
+RESIDENT_CLUSTERS = {
+    (132, 2, 1): 66, (132, 2, 2): 132, (132, 2, 3): 198, (132, 2, 4): 264,
+    (132, 3, 1): 39, (132, 3, 2): 79, (132, 3, 3): 124, (132, 3, 4): 163,
+    (132, 4, 1): 30, (132, 4, 2): 62, (132, 4, 3): 92, (132, 4, 4): 124,
+    (132, 6, 1): 17, (132, 6, 2): 39, (132, 6, 3): 62, (132, 6, 4): 79,
+    (132, 8, 1): 15, (132, 8, 2): 30, (132, 8, 3): 45, (132, 8, 4): 62,
+}
+#: ... elsewhere, the share of the blocks' room that clusters of more than 2 fill at least above
+RESIDENT_CLUSTER_SHARE = 0.88
+
+
+def resident_clusters(platform: Platform | str, cluster: int, blocks_per_sm: int) -> int:
+    """How many clusters of `cluster` blocks the GPU runs at once, each SM holding `blocks_per_sm`
+    of the kernel's blocks: measured where known (`RESIDENT_CLUSTERS`), else all of them for
+    clusters of 1 or 2 and RESIDENT_CLUSTER_SHARE of them for larger ones. A persistent kernel
+    launches no more, or the clusters left over run after the others, doubling its time."""
+    p = _platform(platform)
+    room = p.sm_count * blocks_per_sm // cluster
+    known = RESIDENT_CLUSTERS.get((p.sm_count, cluster, blocks_per_sm))
+    if known is not None:
+        return known
+    return max(1, room if cluster <= 2 else int(room * RESIDENT_CLUSTER_SHARE))
+
+
 def copy_mechanisms(platform: Platform | str, padding: float = 0.0) -> tuple[str, ...]:
     """Every way `platform` can copy a tile padded with `padding`, best first."""
     p = _platform(platform)

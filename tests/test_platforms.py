@@ -1,4 +1,5 @@
 """The platform registry: features, limits, instruction selection, PTX headers."""
+import dataclasses
 import shutil
 import subprocess
 
@@ -197,3 +198,13 @@ def test_each_block_carries_the_drivers_shared_memory_reservation():
     assert platforms.blocks_per_sm_by_shared("sm_75", 32 * 1024) == 2             # no reservation before sm_80
     with pytest.raises(ValueError, match="NVIDIA's rules"):
         platforms.occupancy("gfx90a", 256, 64, 0)
+
+
+def test_resident_clusters_are_those_measured_else_a_share_of_the_room():
+    """Clusters of 4 on a 132-SM Hopper at one block an SM: 30, as cuOccupancyMaxActiveClusters
+    reported on an H200 (a cluster's blocks share a GPC); clusters of 2 fill every SM."""
+    assert platforms.resident_clusters("sm_90a", 4, 1) == 30
+    assert platforms.resident_clusters("sm_90a", 2, 1) == 66
+    other = dataclasses.replace(platforms.get("sm_90a"), sm_count=114)   # (an H100 PCIe: not measured)
+    assert platforms.resident_clusters(other, 2, 1) == 57
+    assert platforms.resident_clusters(other, 4, 2) == int(57 * platforms.RESIDENT_CLUSTER_SHARE)

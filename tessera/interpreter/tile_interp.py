@@ -14,12 +14,14 @@ compiler's Tile IR can be checked against NumPy references without a GPU:
   so reads of never-written memory show up in results;
 - `tile.assert` raises `DeviceAssertError` (message, source line, program id, first failing
   element); profile stamps are host nanoseconds, reported like a GPU's cycles
-  (`tessera.runtime.profile`).
+  (`tessera.runtime.profile`);
+- the blocks of a thread-block cluster (`tile.CLUSTER`) run together, each on a thread of its
+  own, so that a `tile.cluster_reduce` waits for all of them as the GPU's cluster barrier does.
 
 Speed: each function is compiled once into a list of closures over a frame (a
 Python list indexed by value slot; the op -> builder table is consulted only
 while compiling), so a grid of thousands of programs does not re-walk xDSL
-structures.  Programs of a grid run one after another, axis 0 fastest.
+structures.  Programs of a grid run one after another (a cluster's together), axis 0 fastest.
 
 Entry points:
 - `TileProgram(module)`: compiles lazily and caches per kernel/function;
@@ -32,6 +34,7 @@ Entry points:
 from __future__ import annotations
 
 import math as pymath
+import threading
 import time
 from collections import deque
 from collections.abc import Callable, Sequence
@@ -178,8 +181,29 @@ REDUCERS: dict[str, Callable] = {"sum": np.add.reduce, "max": np.maximum.reduce,
 
 PID_SLOTS = (0, 1, 2)
 ASYNC_SLOT = 3
-RESERVED_SLOTS = 4
-"""Frame layout: program ids along axes 0..2, this program's async-copy queue, then SSA values."""
+CLUSTER_SLOT = 4
+RESERVED_SLOTS = 5
+"""Frame layout: program ids along axes 0..2, this program's async-copy queue, its cluster (a
+`Cluster` and its rank there, or None), then SSA values."""
+
+
+class Cluster:
+    """The blocks of one thread-block cluster, each running on its own thread: a cluster
+    reduction's values meet here, and each block waits for all of them twice, once before
+    combining them (in rank order, so every block computes the same result) and once before any
+    may overwrite its value with the next reduction's."""
+
+    def __init__(self, size: int):
+        self.values: list = [None] * size
+        self.barrier = threading.Barrier(size)
+
+    def exchange(self, rank: int, values: list, combine: Callable[[list], list]) -> list:
+        """`combine` of every block's `values` (a list of them in rank order), once all gave them."""
+        self.values[rank] = values
+        self.barrier.wait()
+        result = combine(list(self.values))
+        self.barrier.wait()
+        return result
 
 
 class AsyncCopies:
@@ -224,9 +248,9 @@ class CompiledFunction:
     """A compiled `tile.kernel` or host `func.func`: its frame size, argument slots and body."""
 
     def __init__(self, name: str, arg_types: Sequence[Attribute], nslots: int, arg_slots: list[int],
-                 body: CompiledBlock):
+                 body: CompiledBlock, cluster: int = 1):
         self.name, self.arg_types, self.nslots = name, tuple(arg_types), nslots
-        self.arg_slots, self.body = arg_slots, body
+        self.arg_slots, self.body, self.cluster = arg_slots, body, cluster
 
     def frame(self, args: Sequence) -> Frame:
         """A frame holding the (checked and converted) arguments."""
@@ -243,18 +267,47 @@ class CompiledFunction:
             return self._run(self.frame(args), pid)
 
     def launch(self, args: Sequence, grid: Sequence[int]) -> None:
-        """Run every program of `grid`, axis 0 fastest."""
+        """Run every program of `grid`, axis 0 fastest; a cluster's blocks together."""
         base = self.frame(args)
         gx, gy, gz = grid
+        if gx % self.cluster:
+            raise TesseraError(f"@{self.name}: a grid of {gx} blocks along axis 0 is not whole clusters of "
+                               f"{self.cluster}")
         with np.errstate(all="ignore"):
             for z in range(gz):
                 for y in range(gy):
-                    for x in range(gx):
-                        self._run(base.copy(), (x, y, z))
+                    for x in range(0, gx, self.cluster):
+                        if self.cluster == 1:
+                            self._run(base.copy(), (x, y, z))
+                        else:
+                            self._run_cluster(base, (x, y, z))
 
-    def _run(self, f: Frame, pid: tuple[int, int, int]) -> list:
+    def _run_cluster(self, base: Frame, first: tuple[int, int, int]) -> None:
+        """The blocks of the cluster starting at program `first`, each on a thread; the first
+        error raised in any of them (the others, left waiting at its barrier, are released)."""
+        cluster, errors = Cluster(self.cluster), []
+
+        def block(rank: int) -> None:
+            try:
+                with np.errstate(all="ignore"):
+                    self._run(base.copy(), (first[0] + rank, first[1], first[2]), (cluster, rank))
+            except threading.BrokenBarrierError:
+                pass
+            except BaseException as e:   # (re-raised on the launching thread)
+                errors.append(e)
+                cluster.barrier.abort()
+        threads = [threading.Thread(target=block, args=(rank,)) for rank in range(self.cluster)]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if errors:
+            raise errors[0]
+
+    def _run(self, f: Frame, pid: tuple[int, int, int], cluster: tuple[Cluster, int] | None = None) -> list:
         f[0], f[1], f[2] = (np.int64(p) for p in pid)
         f[ASYNC_SLOT] = AsyncCopies()
+        f[CLUSTER_SLOT] = cluster
         try:
             self.body.run(f)
         except Exception as e:
@@ -317,10 +370,10 @@ class Compiler:
         results = self.ins(terminator) if terminator is not None else []
         return CompiledBlock(steps, ops, results)
 
-    def function(self, name: str, block: Block) -> CompiledFunction:
+    def function(self, name: str, block: Block, cluster: int = 1) -> CompiledFunction:
         arg_slots = [self.slot(a) for a in block.args]
         body = self.block(block)
-        return CompiledFunction(name, block.arg_types, self.nslots, arg_slots, body)
+        return CompiledFunction(name, block.arg_types, self.nslots, arg_slots, body, cluster)
 
 
 def _apply(fn: Callable, ins: list[int], out: int) -> Step:
@@ -648,6 +701,24 @@ def _reduce(c: Compiler, op: tile.ReduceOp) -> Step:
                   c.ins(op), c.out(op))
 
 
+def _cluster_reduce(c: Compiler, op: tile.ClusterReduceOp) -> Step:
+    reducers = [REDUCERS[kind] for kind in op.kind_names]
+    dts = [np_dtype(r.type) for r in op.results]
+    xs, outs = c.ins(op), [c.slot(r) for r in op.results]
+
+    def combined(values: list[list]) -> list:   # (values: each block's operands, in rank order)
+        return [np.asarray(reducer(np.stack([block[i] for block in values]), axis=0)).astype(dt)
+                for i, (reducer, dt) in enumerate(zip(reducers, dts))]
+
+    def step(f):
+        if f[CLUSTER_SLOT] is None:
+            raise TesseraError("tile.cluster_reduce in a kernel launched without a cluster (tile.CLUSTER)")
+        cluster, rank = f[CLUSTER_SLOT]
+        for out, value in zip(outs, cluster.exchange(rank, [f[x] for x in xs], combined)):
+            f[out] = value
+    return step
+
+
 def _broadcast(c: Compiler, op: tile.BroadcastOp) -> Step:
     shape = op.result.type.get_shape()
     expanded = [1] * len(shape)
@@ -728,7 +799,7 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,
     tile.MmaWaitOp: _no_op,
     tile.LoadSharedOp: _load_shared, tile.StoreSharedOp: _store_shared, tile.AtomicAddOp: _atomic_add,
-    tile.MmaOp: _mma, tile.ReduceOp: _reduce,
+    tile.MmaOp: _mma, tile.ReduceOp: _reduce, tile.ClusterReduceOp: _cluster_reduce,
     tile.BroadcastOp: _broadcast, tile.ArangeOp: _arange, tile.LaunchOp: _launch,
     tile.AssertOp: _assert, tile.ProfileBeginOp: _profile_stamp(0), tile.ProfileEndOp: _profile_stamp(1),
 }
@@ -760,7 +831,8 @@ class TileProgram:
             raise KeyError(f"no {kind.name} @{name} in this module; it has "
                            f"{', '.join('@' + s for s in self._symbols) or 'no symbols'}")
         if name not in self._compiled:
-            self._compiled[name] = Compiler(self).function(name, op.body.block)
+            cluster = tile.cluster_size(op) if isinstance(op, tile.KernelOp) else 1
+            self._compiled[name] = Compiler(self).function(name, op.body.block, cluster)
         return self._compiled[name]
 
     def profile_labels(self, kernel: str) -> list[str] | None:

@@ -50,10 +50,11 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
          "num_warps": [4, 8], "num_stages": [2, 3, 4], "group_m": [1, 4, 8, 16], "mma_async": [0, 1],
          "warp_specialize": [0, 1], "persistent": [0, 1], "split_k": [1, 2, 4, 8, 16]},
     ),
+    # `cluster`: the blocks of a thread-block cluster a row may be split across (`row_split`)
     "row_reduction": (
-        {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1},
+        {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1, "cluster": 1},
         {"block_m": [1, 4, 16, 64], "block_n": [1024, 2048, 4096, 8192, 16384, 32768], "num_warps": [4, 8, 16],
-         "num_stages": [1, 2]},
+         "num_stages": [1, 2], "cluster": [1, 2, 4, 8]},
     ),
     # block_m rows of the reduced axis a step, block_n kept columns a program: 32 x 128 on 4 warps
     # (32 accumulators a thread); H100, sum(x * y * r, 0) bf16, of the copy bandwidth, against 32 x
@@ -168,6 +169,16 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # 224; scratch pins, bench/RESULTS.md session 36)
     ("row_reduction", lambda f: f.get("chained_statistics") and not f.get("exponentials")
      and f.get("row_elements", 0) > 8192, {"num_warps": 16, "block_n": 32768}),
+    # where blocks form clusters (distributed shared memory), a row kernel carrying column reductions
+    # (a norm backward's weight gradients) over rows longer than one 8192-element chunk splits each
+    # row across up to 8 blocks of a cluster, each reducing its share as a row of 8192 and carrying
+    # the column sums of its share, the cluster combining the shares' statistics
+    # (`tile.cluster_reduce`); without clusters such rows carry none, and the column sums read the
+    # rows again in kernels of their own. H200 bf16 4096 x 32768, vjp us (of the copy bandwidth):
+    # layer_norm 523 (0.37x) -> 276 (0.70x), rms_norm 491 (0.40x) -> 243 (0.80x); 2048 x 65536,
+    # clusters of 8: 606 -> 286, 479 -> 251 (bench/RESULTS.md session 37)
+    ("row_reduction", lambda f: f.get("clusters") and f.get("column_riders") and f.get("row_elements", 0) > 8192,
+     {"cluster": 8, "block_n": 8192, "num_warps": 4}),
     # a row kernel carrying two column reductions (a layer_norm backward's weight and bias
     # gradients) over rows of 4096+ elements, or one over rows longer: 8 warps, as on 4 its
     # accumulators and rows spill (255 registers at 8192; H200 bf16 layer_norm 16384 x 8192 462 ->
@@ -285,6 +296,13 @@ def row_tile(params: dict[str, int], n_rows: int, row_elements: int) -> tuple[in
     bn = min(params["block_n"], 1 << max(0, row_elements - 1).bit_length())
     bm = min(params["block_m"], max(1, ROW_TILE_ELEMENTS // bn), 1 << max(0, n_rows - 1).bit_length())
     return bm, bn, -(-row_elements // bn)
+
+
+def row_split(params: dict[str, int], row_elements: int) -> int:
+    """The blocks of a cluster that share each row of a row kernel: as many as cut the row into
+    chunks of block_n, at most the `cluster` param (1: no cluster). Each then reduces its share
+    (`cdiv(row_elements, split)` columns, `row_tile`) and the cluster combines the shares."""
+    return max(1, min(params.get("cluster", 1), -(-row_elements // params["block_n"])))
 
 
 def column_tile(params: dict[str, int], n_red: int, n_col: int) -> tuple[int, int, int]:

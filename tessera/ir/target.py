@@ -264,7 +264,7 @@ def _platform_of(op: Operation) -> Platform:
 
 
 #: a kernel's optional integer properties, in print order
-_KERNEL_INTS = ("opt_level", "producer_warps", "maxnreg", "min_blocks")
+_KERNEL_INTS = ("opt_level", "producer_warps", "maxnreg", "min_blocks", "cluster")
 
 
 #: a kernel attribute: the grid axes that grow with dynamic dims, as `tile.launch`'s `grid_dims`
@@ -289,13 +289,15 @@ class KernelOp(IRDLOperation):
     producer_warps = opt_prop_def(IntegerAttr[I64])   # of the config's block: warps that only issue copies
     maxnreg = opt_prop_def(IntegerAttr[I64])          # registers per thread at launch (a register split's pool)
     min_blocks = opt_prop_def(IntegerAttr[I64])       # blocks per SM its registers must allow (tile.OCCUPANCY)
+    cluster = opt_prop_def(IntegerAttr[I64])          # blocks of a thread-block cluster along grid x (tile.CLUSTER)
     body = region_def("single_block")
     traits = traits_def(IsolatedFromAbove(), SymbolOpInterface())
 
     def __init__(self, name: str, arg_types: Sequence[Attribute], config: KernelConfigAttr,
                  platform: PlatformAttr, body: Region | None = None, opt_level: int | None = None,
-                 producer_warps: int | None = None, maxnreg: int | None = None, min_blocks: int | None = None):
-        ints = {k: v for k, v in zip(_KERNEL_INTS, (opt_level, producer_warps, maxnreg, min_blocks))
+                 producer_warps: int | None = None, maxnreg: int | None = None, min_blocks: int | None = None,
+                 cluster: int | None = None):
+        ints = {k: v for k, v in zip(_KERNEL_INTS, (opt_level, producer_warps, maxnreg, min_blocks, cluster))
                 if v is not None}
         super().__init__(
             properties={"sym_name": StringAttr(name), "function_type": FunctionType.from_lists(arg_types, []),
@@ -321,6 +323,15 @@ class KernelOp(IRDLOperation):
         if cfg.regs.data * cfg.threads > p.regs_per_sm:
             raise VerifyException(f"kernel @{name}: {cfg.threads} threads x {cfg.regs.data} registers exceeds the "
                                   f"{p.regs_per_sm} registers of one {p.arch} SM")
+        if self.cluster is not None:
+            size = self.cluster.value.data
+            if not p.has("clusters"):
+                raise VerifyException(f"kernel @{name}: clusters of {size} blocks, which {p.arch} does not have")
+            if not 1 <= size <= platforms.MAX_CLUSTER:
+                raise VerifyException(f"kernel @{name}: a cluster of {size} blocks; 1 to {platforms.MAX_CLUSTER} are portable")
+            if cfg.grid_dims[0] % size:
+                raise VerifyException(f"kernel @{name}: grid {list(cfg.grid_dims)} is not whole clusters of {size} "
+                                      f"along x")
 
     @classmethod
     def parse(cls, parser: Parser) -> KernelOp:
@@ -1151,6 +1162,31 @@ class BarrierOp(_AsyncOp):
 
 
 @irdl_op_definition
+class ClusterBarrierOp(_AsyncOp):
+    """`tessera_target.cluster_barrier arrive` / `wait`: the two halves of the cluster's barrier
+    (every thread of every block of the kernel's cluster arrives, then waits for all the others to
+    have arrived; an arrive releases the thread's memory operations and a wait acquires the
+    others'). A kernel with cluster reductions arrives at its start and waits before its first
+    one, so that no block writes into another's shared memory before that block has started; each
+    `tile.cluster_reduce` then writes its values into every block's scratch, arrives and waits (the
+    cluster meets once), and reads. Each reduction has a buffer of its own, two taken in turn in a
+    loop (`DOUBLE_BUFFERED`): a block writes a buffer again only after a meeting that the blocks
+    reading it arrived at after reading, and none exits while another may still write to it."""
+
+    name = "tessera_target.cluster_barrier"
+    phase = prop_def(StringAttr)
+
+    assembly_format = "$phase attr-dict"
+
+    def __init__(self, phase: str):
+        super().__init__(properties={"phase": StringAttr(phase)})
+
+    def verify_(self) -> None:
+        _check_choice(self, "phase", self.phase.data, ("arrive", "wait"))
+        _require(self, "clusters")
+
+
+@irdl_op_definition
 class BulkWaitOp(_CountedWaitOp):
     """`tessera_target.bulk_wait pending = N read`: wait until at most N of this thread's committed
     bulk groups (`bulk_reduce`) are in flight; with `read`, only until the others have read their
@@ -1292,7 +1328,8 @@ class SetMaxNRegOp(_AsyncOp):
 
 ASYNC_OPS = [TensorMapOp, MBarrierAllocOp, MBarrierInitOp, MBarrierArriveExpectTxOp, MBarrierArriveOp,
              MBarrierTryWaitOp, TmaLoadOp, WgmmaDescriptorOp, CpAsyncCommitOp, CpAsyncWaitOp, WgmmaFenceOp, WgmmaCommitOp,
-             WgmmaWaitOp, FenceOp, BarrierOp, WarpSpecializeOp, SetMaxNRegOp, BulkWaitOp, StageRowsOp, BulkReduceOp]
+             WgmmaWaitOp, FenceOp, BarrierOp, ClusterBarrierOp, WarpSpecializeOp, SetMaxNRegOp, BulkWaitOp,
+             StageRowsOp, BulkReduceOp]
 ASYNC_TYPES = [MBarriersType, TensorMapType, WgmmaDescriptorType]
 
 
@@ -1441,6 +1478,10 @@ LAYOUT_ATTRS = [BlockedLayoutAttr, MmaLayoutAttr, SliceLayoutAttr]
 SCRATCH = "tessera_target.scratch"
 #: the attribute on a tile.store the allocation pass stages through per-warp shared buffers
 STAGING = "tessera_target.staging"
+#: the attribute on a tile.cluster_reduce that runs in a loop: its scratch holds two buffers, which
+#: its runs take in turn, so that another block's next run may write one while this block still
+#: reads the other (`ClusterBarrierOp`)
+DOUBLE_BUFFERED = "tessera_target.double_buffered"
 
 
 class _FieldsAttr(ParametrizedAttribute):

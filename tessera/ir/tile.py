@@ -37,6 +37,7 @@ from xdsl.dialects import arith, math
 from xdsl.dialects.builtin import (
     DYNAMIC_INDEX,
     DenseArrayBase,
+    ArrayAttr,
     DictionaryAttr,
     f32,
     f64,
@@ -70,6 +71,7 @@ from xdsl.irdl import (
     result_def,
     traits_def,
     var_operand_def,
+    var_result_def,
 )
 from xdsl.parser import Parser
 from xdsl.printer import Printer
@@ -306,6 +308,10 @@ IN_RANGE = "tessera.in_range"
 #: A tile.kernel attribute: the blocks per SM its schedule asks for (its `occupancy` param): a hint
 #: to tileiras, and to ptxas the registers that many blocks need at most (`.minnctapersm`).
 OCCUPANCY = "tessera.occupancy"
+#: A tile.kernel attribute: the blocks of one thread-block cluster, consecutive along grid axis 0
+#: (whose size is then a multiple of it); they exchange values through distributed shared memory
+#: (`ClusterReduceOp`). A row kernel splits a long row across them (the `cluster` param).
+CLUSTER = "tessera.cluster"
 #: tile.kernel attributes: the backend that compiles it (`tessera.backends.BACKENDS`) and the rule
 #: or option that chose it, its schedule.kernel's `backend` and `backend_why`. The Target IR lowers
 #: the "ptx" ones and leaves the others as they are.
@@ -915,6 +921,47 @@ class ReduceOp(IRDLOperation):
 
 
 @irdl_op_definition
+class ClusterReduceOp(IRDLOperation):
+    """Sums/maxes/mins (`kinds`, one per operand) of 1-D tiles across the blocks of the kernel's
+    cluster (`CLUSTER` blocks along grid axis 0, rank = program id 0 mod the cluster size), each
+    combined in rank order so that every block gets the same result bit for bit; the operands
+    are exchanged together, in one meeting of the cluster. Every block of a cluster executes it
+    the same number of times: a row split across a cluster reduces each block's share
+    (`tile.reduce`), then this."""
+
+    name = "tile.cluster_reduce"
+    xs = var_operand_def(TensorType)
+    kinds = prop_def(ArrayAttr)
+    results_ = var_result_def(TensorType)
+    irdl_options = (ParsePropInAttrDict(),)
+    assembly_format = "$xs attr-dict `:` type($xs) `->` type($results_)"
+
+    def __init__(self, xs: Sequence[Value], kinds: Sequence[str]):
+        types = [SSAValue.get(x).type for x in xs]
+        super().__init__(operands=[list(xs)], properties={"kinds": ArrayAttr([StringAttr(k) for k in kinds])},
+                         result_types=[types])
+
+    @property
+    def kind_names(self) -> list[str]:
+        return [k.data for k in self.kinds.data]
+
+    def verify_(self) -> None:
+        kinds = self.kind_names
+        _require(len(kinds) == len(self.xs) > 0, self, f"{len(self.xs)} operands but {len(kinds)} kinds")
+        for kind, x, r in zip(kinds, self.xs, self.results):
+            _require(kind in REDUCE_KINDS, self, f"kind must be one of {', '.join(REDUCE_KINDS)}, got {kind!r}")
+            _require(x.type.get_num_dims() == 1, self,
+                     f"a cluster reduction takes 1-D tiles (row statistics), got {_fmt(x.type.get_shape())}")
+            _require(r.type == x.type, self, f"result {r.type} differs from its operand {x.type}")
+
+
+def cluster_size(kernel) -> int:
+    """The blocks of a tile.kernel's cluster (`CLUSTER`), 1 without one."""
+    attr = kernel.attributes.get(CLUSTER)
+    return attr.value.data if attr is not None else 1
+
+
+@irdl_op_definition
 class BroadcastOp(IRDLOperation):
     """Like `broadcast_in_dim`: input dim i becomes output dim `dims[i]` (size equal or 1)."""
 
@@ -1280,7 +1327,7 @@ Tile = Dialect(
     "tile",
     [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, LoadGatherOp, StoreOp,
      AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp,
-     StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
+     StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, ClusterReduceOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
     [],
 )
 

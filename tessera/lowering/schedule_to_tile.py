@@ -397,9 +397,10 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         raise TesseraError(f"{anchor.name} over a rank-1 tensor is not supported yet; add a leading dim "
                            f"(x[None, :]) or keep the reduced dim")
     row, col, n = axes[rows[-1]], axes[axis], sizes[axis]
-    bm, bn, chunks = s.row_tile(kb.params, hint(sizes[rows[-1]]), n)
+    split = s.row_split(kb.params, n)   # the blocks of a cluster sharing a row
+    bm, bn, chunks = s.row_tile(kb.params, hint(sizes[rows[-1]]), cdiv(n, split))
     batch = [(axes[i], sizes[i]) for i in rows[:-1]]
-    grid = (kb.grid_extent(x_t.shape[rows[-1]], sizes[rows[-1]], bm),
+    grid = (kb.grid_extent(x_t.shape[rows[-1]], sizes[rows[-1]], bm, split),
             kb.grid_extent(x_t.shape[rows[0]], sizes[rows[0]], 1, math.prod(sizes[i] for i in rows[1:-1]))
             if batch else 1, 1)
     scalars = kb.batch_indices(kb.pid(1), batch)
@@ -407,6 +408,33 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     contexts: dict = {}   # (outside one_block: a context's tiles are memoized by its identity)
     # the rows' count as the riders' masks and the row walk see it (a dynamic one's read at run time)
     n_rows = kb.extent(x_t.shape[rows[-1]], sizes[rows[-1]]) if riders else None
+    # a row split across a cluster: program id 0 is (row block, rank); the block of rank r reduces
+    # the columns from r * bn * chunks, and the cluster then combines the blocks' statistics
+    row_block = share_start = None
+    if split > 1:
+        kb.kernel.attributes[t.CLUSTER] = IntegerAttr(split, 64)
+        row_block = kb.b(arith.DivSIOp(kb.pid(0), kb.b.index(split)))
+        share_start = kb.mul(kb.b(arith.RemSIOp(kb.pid(0), kb.b.index(split))), bn * chunks)
+
+    def across_cluster_many(kinds: Sequence[str], shares: Sequence[SSAValue]) -> list[SSAValue]:
+        """Row statistics of the block's share ([bm] each, reduced by `kinds`) combined with the
+        cluster's other shares', all in one exchange."""
+        if split == 1 or not shares:
+            return list(shares)
+        op = t.ClusterReduceOp(shares, [TILE_REDUCE[kind] for kind in kinds])
+        kb.b(op)
+        return list(op.results)
+
+    def across_cluster(kind: str, v: SSAValue) -> SSAValue:
+        return across_cluster_many([kind], [v])[0]
+
+    def chunk_start(iv: SSAValue | int) -> SSAValue:
+        """The first column of the block's chunk `iv` (the loop's index, or the chunk's number; the
+        share's start itself when the share is one chunk)."""
+        if chunks == 1:
+            return iv if split == 1 else share_start
+        c0 = kb.b.index(iv * bn) if isinstance(iv, int) else kb.mul(iv, bn)
+        return kb.b(arith.AddiOp(share_start, c0)) if split > 1 else c0
 
     def column_parts(chunk_ctx: Callable, first_chunk: SSAValue) -> list[SSAValue]:
         """Each rider's sum (max, min) over this block's rows, per chunk of columns ([bn] tiles), in
@@ -415,7 +443,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         for rider in riders:
             kind, elem = rider.kind.data, accumulator(rider.input)
             for c in range(chunks):
-                ctx = chunk_ctx(first_chunk if chunks == 1 else kb.b.index(c * bn))
+                ctx = chunk_ctx(first_chunk if chunks == 1 else chunk_start(c))
                 tile = convert(kb.b, kb.em.value(rider.input, axes, ctx), elem)
                 if not whole_blocks(bm, sizes[rows[-1]]):   # rows past the end count as neutral
                     live = _index_mask(kb, ctx.tiled[row][0], bm, n_rows, shape, 0)
@@ -441,7 +469,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 return body(zero, *inits)
             return _for(kb.b, 0, chunks, 1, inits, body)
 
-        zero = kb.b.index(0)
+        zero = kb.b.index(0) if split == 1 else share_start   # (the first chunk's start)
 
         def masked_x(c0, fill: float | SSAValue, source: SSAValue = x, elem: Attribute = f32):
             """The row chunk of x (or `source`) in `elem` (f32, or an int reduction's i32), the
@@ -450,23 +478,24 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             mask = _col_mask(kb, c0, bn, n, shape)
             return select(kb.b, mask, value, fill if isinstance(fill, SSAValue) else kb.b.full(fill, shape))
 
-        def accumulate(kind: str, f=lambda v, c0: v, source: SSAValue = x):
-            """One pass over the row: reduce f(x) (of `source`) with `kind`, in its `accumulator`."""
+        def accumulate(kind: str, f=lambda v, c0: v, source: SSAValue = x, across: bool = True):
+            """One pass over the row: reduce f(x) (of `source`) with `kind`, in its `accumulator`
+            (over the block's share only, without `across`, for `across_cluster_many`)."""
             elem = accumulator(source)
 
             def body(iv, acc):
-                c0 = kb.mul(iv, bn) if chunks > 1 else iv
+                c0 = chunk_start(iv)
                 v = masked_x(c0, neutral(kb.b, kind, elem, shape), source, elem)
                 part = kb.b(t.ReduceOp(f(v, c0), TILE_REDUCE[kind], 1))
                 return [combine(kb.b, kind, acc, part)]
             (acc,) = over_chunks([neutral(kb.b, kind, elem, [bm])], body)
-            return acc
+            return across_cluster(kind, acc) if across else acc
 
         def write(transform: Callable, reads_x: bool = True):
             """Final pass: the anchor's result over a chunk, transform(x, c0, ctx) (without x unless
             `reads_x`), then the epilogue, stored chunk by chunk."""
             def body(iv):
-                c0 = kb.mul(iv, bn) if chunks > 1 else iv
+                c0 = chunk_start(iv)
                 ctx = chunk_ctx(c0)
                 v = kb.em.value(x, axes, ctx) if reads_x else None
                 kb.em.overrides[anchor.results[0]] = transform(v, c0, ctx)
@@ -478,7 +507,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         inv_n = kb.b.f32(1.0 / n)
 
         if isinstance(anchor, g.SoftmaxOp):
-            m_i, l_i = _online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks)
+            m_i, l_i = _online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks, across_cluster)
             # a reciprocal a row, then a multiply an element, where a division an element took the
             # MUFU unit once more per element (H100 bf16, of the copy bandwidth, old and new trees
             # alternated: 4096 x 32768 0.82 -> 0.88x, 16384 x 8192 0.98 -> 0.99x; bench/RESULTS.md)
@@ -521,22 +550,37 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 return y
             write(normalize)
         else:
-            def sibling_total(sibling):
-                """A sibling's statistic of the rows, [bm]; read over the rows as a [bm, bn] tile."""
-                total = accumulate(sibling.kind.data, source=sibling.input)
+            def sibling_share(sibling):
+                """A sibling's statistic of the block's rows, over its share of a split row."""
+                return accumulate(sibling.kind.data, source=sibling.input, across=False)
+
+            def sibling_total(sibling, total):
+                """A sibling's statistic of the rows ([bm], its share's `total` across the cluster),
+                read over the rows as a [bm, bn] tile."""
                 if sibling.kind.data == "mean":
                     total = kb.b(arith.MulfOp(total, kb.b.splat(inv_n, [bm])))
                 kb.em.overrides[sibling.res] = rows_of(total)
                 return total
             # the statistics the anchor's input reads (fusion's merge_row_chains) first, in order
-            chained = {sibling: sibling_total(sibling) for sibling in siblings if g.computed_from(anchor.input, sibling)}
+            chained = {sibling: sibling_total(sibling, across_cluster(sibling.kind.data, sibling_share(sibling)))
+                       for sibling in siblings if g.computed_from(anchor.input, sibling)}
             kind = anchor.kind.data
-            stats = _online_softmax_stats(kb, bm, bn, chunks, masked_x, over_chunks) if kind == "logsumexp" else None
-            acc = _logsumexp_of_stats(kb, *stats) if stats else accumulate(kind)
+            stats = (_online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks, across_cluster)
+                     if kind == "logsumexp" else None)
+            # then the anchor's and the others' (those an epilogue over the rows reads: fusion's
+            # merge_row_broadcasts), the shares of a split row exchanged together
+            others = [sibling for sibling in siblings if sibling not in chained]
+            if split > 1:
+                shares = ([] if stats else [(kind, accumulate(kind, across=False))]) + \
+                    [(sibling.kind.data, sibling_share(sibling)) for sibling in others]
+                reduced = across_cluster_many([k for k, _ in shares], [v for _, v in shares])
+                acc = _logsumexp_of_stats(kb, *stats) if stats else reduced.pop(0)
+            else:
+                acc = _logsumexp_of_stats(kb, *stats) if stats else accumulate(kind)
             if kind == "mean":
                 acc = kb.b(arith.MulfOp(acc, kb.b.splat(inv_n, [bm])))
-            # then the others (those an epilogue over the rows reads: fusion's merge_row_broadcasts)
-            totals = {**chained, **{sibling: sibling_total(sibling) for sibling in siblings if sibling not in chained}}
+            totals = {**chained, **{sibling: sibling_total(sibling, reduced[i] if split > 1 else sibling_share(sibling))
+                                    for i, sibling in enumerate(others)}}
             if g.tensor_type(kb.result).shape == x_t.shape:   # an epilogue over the rows reduced
                 apart = _log_softmax_differences(kb, anchor, stats, rows_of)
 
@@ -577,9 +621,9 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                     kb.em.overrides[sibling.res] = tile
 
     if not riders:
-        one_block(kb.mul(kb.pid(0), bm))
+        one_block(kb.mul(row_block if row_block is not None else kb.pid(0), bm))
         return grid
-    return _persistent_rows(kb, riders, one_block, kb.cdiv(n_rows, bm), bm, chunks, bn, axes)
+    return _persistent_rows(kb, riders, one_block, kb.cdiv(n_rows, bm), bm, chunks, bn, axes, split, share_start)
 
 
 def _rides_rows(kb: KernelBuild, op) -> bool:
@@ -612,17 +656,23 @@ def _rider_output(kb: KernelBuild, rider) -> SSAValue | None:
 
 
 def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: int | SSAValue, bm: int,
-                     chunks: int, bn: int, axes) -> tuple[int, int, int]:
+                     chunks: int, bn: int, axes, split: int = 1,
+                     share_start: SSAValue | None = None) -> tuple[int, int, int]:
     """The row kernel as `programs` blocks walking row blocks (`lower_row_reduction`), each rider's
     column accumulators carried through the walk, then stored as the block's partial results; one
     kernel after it adds each rider's partials in order, then the rider's epilogue. A
-    row count taken at run time ends the walk then; blocks past it store neutral partials."""
+    row count taken at run time ends the walk then; blocks past it store neutral partials. Rows
+    split across a cluster of `split` blocks (each the columns from `share_start`): the clusters
+    walk the row blocks, and each block stores its share of its cluster's row of partials."""
     if isinstance(row_blocks, int):
-        programs = min(kb.params.get("programs", row_blocks), row_blocks)
+        walkers = min(max(1, kb.params.get("programs", row_blocks * split) // split), row_blocks)
     elif "programs" in kb.params:
-        programs = kb.params["programs"]
+        walkers = max(1, kb.params["programs"] // split)
     else:
         raise DynamicDim(_dynamic_dim(riders[0].input, kb.bindings), "a row walk without a programs param")
+
+    def walker() -> SSAValue:   # (the block's cluster's number, when rows are split)
+        return kb.pid(0) if split == 1 else kb.b(arith.DivSIOp(kb.pid(0), kb.b.index(split)))
     n_col = kb.size(g.tensor_type(riders[0].input).shape[1])
     elems = [accumulator(r.input) for r in riders]
     inits = [neutral(kb.b, r.kind.data, elem, [bn]) for r, elem in zip(riders, elems) for _ in range(chunks)]
@@ -633,7 +683,7 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
         """The inputs' tiles of row block `block` as stored (the walk's last one again past its end)."""
         last = kb.b(arith.SubiOp(row_blocks if isinstance(row_blocks, SSAValue) else kb.b.index(row_blocks),
                                  kb.b.index(1)))
-        ctx = TileCtx({axes[0]: (kb.mul(kb.b(arith.MinSIOp(block, last)), bm), bm), axes[1]: (kb.b.index(0), bn)}, {})
+        ctx = TileCtx({axes[0]: (kb.mul(kb.b(arith.MinSIOp(block, last)), bm), bm), axes[1]: (kb.b.index(0) if split == 1 else share_start, bn)}, {})
         tiles = []
         for v in ahead:
             offsets, tile_dims, _ = kb.em.access(axes, ctx)
@@ -642,16 +692,17 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
 
     def walk(iv, *carried):
         accs, tiles = carried[:len(inits)], carried[len(inits):]
-        following = load_ahead(kb.b(arith.AddiOp(iv, kb.b.index(programs)))) if ahead else []
+        following = load_ahead(kb.b(arith.AddiOp(iv, kb.b.index(walkers)))) if ahead else []
         parts = one_block(kb.mul(iv, bm), dict(zip(ahead, tiles)))
         return [combine(kb.b, k, a, p) for k, a, p in zip(kinds, accs, parts)] + following
-    first = load_ahead(kb.pid(0)) if ahead else []
-    accs = _for(kb.b, kb.pid(0), row_blocks, programs, inits + first, walk)[:len(inits)]
-    partials_types = [MemRefType(elem, [programs, n_col]) for elem in elems]
+    first = load_ahead(walker()) if ahead else []
+    accs = _for(kb.b, walker(), row_blocks, walkers, inits + first, walk)[:len(inits)]
+    partials_types = [MemRefType(elem, [walkers, n_col]) for elem in elems]
     buffers = [kb.add_scratch(partials_type) for partials_type in partials_types]
     for i, (buffer, elem) in enumerate(zip(buffers, elems)):
         for c in range(chunks):
-            ctx = TileCtx({axes[1]: (kb.b.index(c * bn), bn)}, {"p": kb.pid(0)})
+            start = kb.b.index(c * bn) if split == 1 else kb.b(arith.AddiOp(share_start, kb.b.index(c * bn)))
+            ctx = TileCtx({axes[1]: (start, bn)}, {"p": walker()})
             kb.em.store(accs[i * chunks + c], buffer, ("p", axes[1]), ctx, accumulator_dtype(elem))
     after = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_combine")
     scratch = [after.add_scratch(partials_type) for partials_type in partials_types]
@@ -662,10 +713,10 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
     def finish(build: KernelBuild, i: int, total: SSAValue, ctx: TileCtx) -> None:
         _store_column_result(build, riders[i], total, ctx, maps[i], results[i], _output_param(build, results[i]))
     # (one kernel for every rider, their loads issued together: a launch, not one each)
-    after_grid = _combine_partials(after, scratch, programs, [r.kind.data for r in riders], [], axes[1], n_col,
+    after_grid = _combine_partials(after, scratch, walkers, [r.kind.data for r in riders], [], axes[1], n_col,
                                    finish, "p")
     kb.after.append((_finish(after), after_grid))
-    return (programs, 1, 1)
+    return (walkers * split, 1, 1)
 
 
 # --- column reductions ---------------------------------------------------------------------------
@@ -835,16 +886,23 @@ def _output_param(kb: KernelBuild, v: SSAValue) -> SSAValue:
     return kb.outs[list(kb.group_block.last_op.operands).index(v)]
 
 
-def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunks: int, masked_x, over_chunks):
-    """Pass 1 of a row softmax: running max m and running sum l of exp(x - m)."""
+def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunk_start, masked_x, over_chunks,
+                          across_cluster=lambda kind, v: v):
+    """Pass 1 of a row softmax: running max m and running sum l of exp(x - m) over the block's
+    chunks (from `chunk_start(iv)`); for a row split across a cluster (`across_cluster`), then the
+    row's max over the blocks' shares, and the sum of their sums each scaled by exp(its max - the
+    row's) (0 for a share of only -inf, whose sum is 0)."""
     def body(iv, m_i, l_i):
-        v = masked_x(kb.mul(iv, bn) if chunks > 1 else iv, -math.inf)
+        v = masked_x(chunk_start(iv), -math.inf)
         m_new, alpha, p = _softmax_step(kb, v, m_i, [bm, bn], exact=True)
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(p, "sum", 1))))
         return [m_new, l_new]
     m_i, l_i = over_chunks([kb.b.full(-math.inf, [bm]), kb.b.full(0.0, [bm])], body)
-    safe = _safe_max(kb, m_i, bm)
-    return safe, l_i
+    m_row = across_cluster("max", m_i)
+    if m_row is not m_i:
+        apart = kb.b(arith.MulfOp(kb.b(arith.SubfOp(m_i, _safe_max(kb, m_row, bm))), kb.b.full(LOG2E, [bm])))
+        l_i = across_cluster("sum", kb.b(arith.MulfOp(l_i, kb.b(mathd.Exp2Op(apart)))))
+    return _safe_max(kb, m_row, bm), l_i
 
 
 def _logsumexp_of_stats(kb: KernelBuild, m: SSAValue, l: SSAValue, scale: float = 1.0) -> SSAValue:

@@ -7,8 +7,10 @@
    `tile.alloc_shared` is lowered);
 2. the mbarriers (`mbarrier_alloc`, 8 bytes each);
 3. the scratch ops need for themselves, written on the op as `tessera_target.scratch`:
-   a row reduction whose rows span warps exchanges the warps' partials through it, and an
-   accumulator tile stored through a shared buffer per warp (`tessera_target.staging`, where
+   a row reduction whose rows span warps exchanges the warps' partials through it, a cluster
+   reduction receives every block's values there, with the mbarrier they complete (a region no
+   other op shares: the other blocks write into it while this one runs on), and an accumulator
+   tile stored through a shared buffer per warp (`tessera_target.staging`, where
    this pass decides to stage it: `staging_for`) writes its fragments there.
 
 The total is the kernel's `shared` (its config and its launches'); the PTX backend declares
@@ -97,6 +99,24 @@ def _exchange_bytes(op: tile.ReduceOp, layouts: dict[SSAValue, Layout]) -> int:
     return 4 * src.cover[kept] * src.reps[kept] * src.warps_along(axis)
 
 
+def cluster_exchange_rows(layout: Layout) -> int:
+    """The rows a cluster reduction's 1-D tile spans in its layout (its parent's cover along the
+    kept dim, padding included): each block's values take 4 bytes a row in every block's scratch."""
+    parent = layout.parent
+    return parent.cover[layout.keep] * parent.reps[layout.keep]
+
+
+#: a cluster reduction's mbarrier a buffer (the values it receives complete its phase)
+CLUSTER_MBARRIER_BYTES = 8
+
+
+def cluster_exchange_bytes(op: tile.ClusterReduceOp, layouts: dict[SSAValue, Layout], cluster: int) -> int:
+    """A cluster reduction's mbarrier and buffer (4 bytes a row of each operand from each of the
+    `cluster` blocks), twice over where it is `target.DOUBLE_BUFFERED`: the mbarriers first."""
+    buffer = 4 * sum(cluster_exchange_rows(layouts[x]) for x in op.xs) * cluster
+    return (CLUSTER_MBARRIER_BYTES + buffer) * (2 if target.DOUBLE_BUFFERED in op.attributes else 1)
+
+
 def staging_for(op: tile.StoreOp, layouts: dict[SSAValue, Layout], platform: Platform, used: int,
                 storing_warps: int) -> Staging | None:
     """A Staging for storing an mma accumulator tile with 16-byte row-contiguous stores, or None
@@ -163,6 +183,8 @@ def _place_scratch(kernel, platform: Platform, layouts: dict[SSAValue, Layout], 
     for op in kernel.walk():
         if isinstance(op, tile.ReduceOp) and (size := _exchange_bytes(op, layouts)):
             total = _place(op, total, size, 4)
+        elif isinstance(op, tile.ClusterReduceOp):
+            total = _place(op, total, cluster_exchange_bytes(op, layouts, tile.cluster_size(kernel)), 8)
         elif isinstance(op, tile.StoreOp) and (st := staging_for(op, layouts, platform, total, storing_warps)):
             op.attributes[target.STAGING] = target.StagingAttr.of(cols=st.cols, pitch=st.pitch)
             total = _place(op, total, storing_warps * st.buffer_bytes, 16)

@@ -269,16 +269,44 @@ class LowerKernel(RewritePattern):
         split = self.splits.get(name)
         body = op.detach_region(op.body)
         occupancy = op.attributes.get(tile.OCCUPANCY)
+        cluster = tile.cluster_size(op)
         kernel = target.KernelOp(
             name, op.function_type.inputs.data, self.configs[name], target.PlatformAttr.of(self.platforms[name]), body,
             producer_warps=producers, maxnreg=split.launch if split else None,
-            min_blocks=occupancy.value.data if occupancy is not None and not split else None)
+            min_blocks=occupancy.value.data if occupancy is not None and not split else None,
+            cluster=cluster if cluster > 1 else None)
         if name in self.dependents and self.platforms[name].has("programmatic_launch"):
             kernel.attributes[target.PROGRAMMATIC_LAUNCH] = UnitAttr()
         for name in (tile.INDEX_BITS, tile.BUFFER_DIMS, tile.BACKEND_WHY):
             if name in op.attributes:
                 kernel.attributes[name] = op.attributes[name]
         rewriter.replace(op, kernel)
+
+
+def _cluster_barriers(block, name: str, platform: Platform) -> None:
+    """A clustered kernel's meeting before its first cluster reduction: the cluster barrier's arrive
+    at the start of its body, its wait before the op holding that reduction; and the reductions
+    run in a loop double-buffered (`target.ClusterBarrierOp` says why)."""
+    if not platform.has("clusters"):
+        raise TargetLoweringError(f"kernel @{name} splits its rows across a thread-block cluster, which "
+                                  f"{platform.arch} does not have; pin the row kernel's cluster param to 1")
+    first = next((op for op in block.ops if any(isinstance(o, tile.ClusterReduceOp) for o in op.walk())), None)
+    if first is None:
+        return
+    block.insert_op_before(target.ClusterBarrierOp("arrive"), block.first_op)
+    block.insert_op_before(target.ClusterBarrierOp("wait"), first)
+    for op in block.walk():
+        if isinstance(op, tile.ClusterReduceOp) and _in_loop(op):
+            op.attributes[target.DOUBLE_BUFFERED] = UnitAttr()
+
+
+def _in_loop(op) -> bool:
+    parent = op.parent_op()
+    while parent is not None and not isinstance(parent, tile.KernelOp):
+        if isinstance(parent, scf.ForOp):
+            return True
+        parent = parent.parent_op()
+    return False
 
 
 class LowerReturn(RewritePattern):
@@ -558,6 +586,8 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
             if generic and layouts and tile.OCCUPANCY not in kernel.attributes else None
         if blocks is not None:
             kernel.attributes[tile.OCCUPANCY] = IntegerAttr(blocks, 64)
+        if tile.cluster_size(kernel) > 1:
+            _cluster_barriers(kernel.body.block, name, kp)
         shared = allocate_shared(kernel, kp, layouts, warps)
         if layouts is not None:
             lower_bulk_reductions(kernel, layouts)

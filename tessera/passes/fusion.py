@@ -482,15 +482,19 @@ class _Planner:
         blocks persistently and adds each block's rows into column accumulators
         (`lower_row_reduction`'s riders), so the operands both read come from memory once, where
         the column kernel read them again. Only where the row fits in one chunk of the row template
-        (the accumulators are a row wide), the column kernel's inputs come from kernels that run
-        before the row kernel, and its result is read after it. Of several row kernels, the one
-        sharing the most inputs, then the last."""
+        (the accumulators are a row wide), or in one a block of a cluster where the PTX backend can
+        split rows across clusters (`schedule.row_split`), the column kernel's inputs come from
+        kernels that run before the row kernel, and its result is read after it. Of several row
+        kernels, the one sharing the most inputs, then the last."""
+        clusters = (self.target is not None and self.target.has("clusters")
+                    and BACKENDS.get(self.backend_option, BACKENDS["ptx"]).tile_compiler is False)
+        longest = s.KINDS["row_reduction"][0]["block_n"] * (platforms.MAX_CLUSTER if clusters else 1)
         for column in [grp for grp in self.groups if grp.kind == "column_reduction"]:
             (reduce,) = (op for op in column.ops if isinstance(op, g.ReduceOp))
             if reduce.axis.data != 0 or g.tensor_type(reduce.input).rank != 2:
                 continue
             sizes = self._sizes(reduce.input)
-            if sizes[1] > s.KINDS["row_reduction"][0]["block_n"]:
+            if sizes[1] > longest:
                 continue
             hosts = [grp for grp in self.groups if self._hosts_column(grp, column, sizes)]
             if not hosts:
@@ -1230,7 +1234,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
-        params["programs"] = pinned.get("programs", [planner.sm_count * _row_walk_blocks(group, planner, params)])[0]
+        params["programs"] = pinned.get("programs", [_row_walk_programs(group, planner, params)])[0]
     return block, inputs, params, space, choice
 
 
@@ -1610,6 +1614,17 @@ def _column_riders(group: Group, planner: _Planner) -> list:
     return riders
 
 
+def _row_walk_programs(group: Group, planner: _Planner, params: dict[str, int]) -> int:
+    """The blocks of a row walk (`_row_walk_blocks` on each SM), in whole clusters where its rows
+    are split across them (`schedule.row_split`): only as many as run at once
+    (`platforms.resident_clusters`)."""
+    blocks = _row_walk_blocks(group, planner, params)
+    split = s.row_split(params, planner._sizes(_column_riders(group, planner)[0].input)[1])
+    if split == 1 or planner.platform is None:
+        return planner.sm_count * blocks
+    return split * platforms.resident_clusters(planner.platform, split, blocks)
+
+
 def _row_walk_blocks(group: Group, planner: _Planner, params: dict[str, int]) -> int:
     """Blocks an SM holds of a row kernel carrying column reductions, by the registers a thread
     takes (`ROW_WALK_REGISTERS`): its walk has as many programs as the SMs hold at once, as each
@@ -1623,7 +1638,7 @@ def _row_walk_blocks(group: Group, planner: _Planner, params: dict[str, int]) ->
     measured off NVIDIA: 2 a compute unit there, as before."""
     riders = _column_riders(group, planner)
     n_rows, row_elements = planner._sizes(riders[0].input)
-    rows, cols, chunks = s.row_tile(params, hint(n_rows), row_elements)
+    rows, cols, chunks = s.row_tile(params, hint(n_rows), -(-row_elements // s.row_split(params, row_elements)))
     threads = 32 * params["num_warps"]
     per_tile, per_accumulator, per_ahead, fixed = ROW_WALK_REGISTERS
     ahead = per_ahead if params.get("num_stages", 1) > 1 and chunks == 1 else 0
@@ -1709,7 +1724,8 @@ def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     """A row kernel's `row_elements` (the reduced axis's length), the `column_riders` it carries,
     whether it is a norm's or a softmax's (`norm`, `softmax`), which hold one row in registers, and
     whether a reduction's epilogue is `over_rows` it reduced (a norm backward's dx), the statistics
-    computed before the anchor's (`chained_statistics`: `merge_row_chains`) and the `exponentials`."""
+    computed before the anchor's (`chained_statistics`: `merge_row_chains`), the `exponentials`, and
+    whether its blocks may form `clusters` (PTX on a platform that has them: a long row splits)."""
     riders = _column_riders(group, planner)
     *_, anchor = [op for op in sorted(group.ops, key=planner.order.__getitem__)   # (siblings before it)
                   if isinstance(op, ROW_REDUCTIONS) and not isinstance(op, g.NormStatisticOp) and op not in riders] \
@@ -1719,6 +1735,7 @@ def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     chained = [op for op in group.ops if isinstance(op, g.ReduceOp) and op is not anchor
                and g.computed_from(anchor.operands[0], op)]
     return {"row_elements": planner._sizes(anchor.operands[0])[axis], "column_riders": len(riders),
+            "clusters": int(planner.platform is not None and not planner.tile_compiler and planner.platform.has("clusters")),
             "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))), "softmax": int(isinstance(anchor, g.SoftmaxOp)),
             "over_rows": int(over_rows), "chained_statistics": len(chained),
             "exponentials": sum(isinstance(op, g.ElementwiseOp) and op.kind in ("exp", "exp2") for op in group.ops)}

@@ -440,3 +440,22 @@ def test_a_statistic_kept_as_a_column_is_read_in_pairs_only_where_aligned():
     shifted = scores_grad(lambda lse: lse[:, :, 1:257, :])
     assert whole["ld.global.b32"] == 8 and whole["ld.global.b16"] == 0, whole   # bf16 pairs
     assert shifted["ld.global.b16"] == 16 and shifted["ld.global.b32"] == 0, shifted
+
+
+@needs_ptxas
+@needs_cuobjdump
+def test_rows_split_across_a_cluster_exchange_their_statistics_through_its_shared_memory(tmp_path):
+    """A norm backward over rows of 32768 splits them across clusters of 4 blocks: the kernel
+    declares its cluster, meets once before its walk (`barrier.cluster`), then writes each row
+    block's statistics into every block's shared memory (`mapa`, `st.async`), each completing
+    that block's mbarrier, without spilling."""
+    import norm_backward_cases
+    compiled, _ = norm_backward_cases.compile("layer_norm", 4096, 32768)
+    kernel = emit_module(compiled.modules["target"])[compiled.kernel_names[0]]
+    assert ".reqnctapercluster 4, 1, 1" in kernel.ptx
+    assert kernel.ptx.count("st.async.shared::cluster.mbarrier::complete_tx::bytes.b32") == 2 * 4   # (2 values, 4 blocks)
+    assert kernel.ptx.count("barrier.cluster.wait.aligned;") == 1
+    report, cubin = assemble(kernel.ptx, "sm_90a", tmp_path)
+    assert "0 bytes spill stores" in report
+    listing = sass(cubin)
+    assert "UCGABAR_ARV" in listing and "UCGABAR_WAIT" in listing

@@ -73,8 +73,11 @@ def _arch():
 
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
-@pytest.mark.parametrize("m,n", [(1, 64), (7, 1000), (1000, 33), (4097, 128), (3, 4097), (2048, 8192)])
+@pytest.mark.parametrize("m,n", [(1, 64), (7, 1000), (1000, 33), (4097, 128), (3, 4097), (2048, 8192),
+                                 (1, 8193), (1000, 20000), (4, 24577), (300, 32768), (3, 65536), (2, 70001)])
 def test_norm_backward_matches_float64(torch_cuda, dtype, norm, m, n):
+    """Rows of 8193-65536 are split across a cluster of 2-8 blocks (`schedule.row_split`), each
+    carrying its share's weight gradients; 70001 takes separate column sums."""
     torch = torch_cuda
     gen = torch.Generator(device="cuda").manual_seed(m * n)
     dt = getattr(torch, dtype)
@@ -100,19 +103,22 @@ def test_norm_backward_matches_float64(torch_cuda, dtype, norm, m, n):
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("op", ["softmax", "layer_norm", "rms_norm"])
 @pytest.mark.parametrize("m,n", [(1, 8193), (5, 32768), (3, 40000), (7, 65537)])
-def test_long_rows(torch_cuda, dtype, op, m, n):
+@pytest.mark.parametrize("cluster", [None, 4])
+def test_long_rows(torch_cuda, dtype, op, m, n, cluster):
     """Rows past one 8192-element chunk take 16 warps and 16384- or 32768-element chunks (a row of
-    40000 or 65537 is still two or more), against float64."""
+    40000 or 65537 is still two or more), or, pinned, split across a cluster of 4 blocks (the
+    softmax's max and sum combined across it), against float64."""
     torch = torch_cuda
     dims = dict(M=m, N=n)
+    space = {"cluster": [cluster], "block_n": [8192], "num_warps": [4]} if cluster else None
     if op == "softmax":
-        (x,), (out,) = run(softmax, dims, dtype, torch)
+        (x,), (out,) = run(softmax, dims, dtype, torch, space=space)
         ref = torch.softmax(x.double(), -1)
     elif op == "layer_norm":
-        (x, w, b), (out,) = run(layer_norm, dims, dtype, torch)
+        (x, w, b), (out,) = run(layer_norm, dims, dtype, torch, space=space)
         ref = torch.nn.functional.layer_norm(x.double(), (n,), w.double(), b.double(), 1e-5)
     else:
-        (x, w), (out,) = run(rms_norm, dims, dtype, torch)
+        (x, w), (out,) = run(rms_norm, dims, dtype, torch, space=space)
         ref = torch.nn.functional.rms_norm(x.double(), (n,), w.double(), 1e-6)
     check(out, ref, dtype, torch)
 

@@ -442,3 +442,46 @@ def test_errors_name_the_op_and_program():
     with pytest.raises(IndexError) as info:
         TileProgram(ModuleOp([op])).launch("k", (3,), np.zeros((2, 4, 4), np.float32))
     assert info.value.__notes__ == ["  in tile.load_shared (tensor<4x4xf32>)", "  in @k, program id (1, 0, 0)"]
+
+
+CLUSTER_ROWS = """builtin.module {
+  tile.kernel @halves(%x: memref<4x128xf32>, %sums: memref<4x2xf32>, %maxes: memref<4x2xf32>) attributes \
+{num_warps = 4 : i64, num_stages = 1 : i64, tessera.cluster = 2 : i64} {
+    %pid = tile.program_id {axis = 0 : i64}
+    %c0 = arith.constant 0 : index
+    %c64 = arith.constant 64 : index
+    %col = arith.muli %pid, %c64 : index
+    %limit = arith.constant LIMIT : index
+    %ok = arith.cmpi slt, %pid, %limit : index
+    tile.assert %ok {message = "block past the limit"} : i1
+    %t = tile.load %x[%c0, %col] {tile_dims = array<i64: 0, 1>} : memref<4x128xf32> -> tensor<4x64xf32>
+    %r = tile.reduce %t {kind = "sum", axis = 1 : i64} : tensor<4x64xf32> -> tensor<4xf32>
+    %h = tile.reduce %t {kind = "max", axis = 1 : i64} : tensor<4x64xf32> -> tensor<4xf32>
+    %s, %m = tile.cluster_reduce %r, %h {kinds = ["sum", "max"]} : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>, tensor<4xf32>
+    tile.store %s, %sums[%c0, %pid] {tile_dims = array<i64: 0>} : tensor<4xf32>, memref<4x2xf32>
+    tile.store %m, %maxes[%c0, %pid] {tile_dims = array<i64: 0>} : tensor<4xf32>, memref<4x2xf32>
+    tile.return
+  }
+}
+"""
+
+
+def test_a_cluster_reduction_combines_the_shares_of_every_block_of_the_cluster():
+    """The two blocks of a cluster (each on a thread) reduce their halves of each row; both get
+    the whole row's sum and max."""
+    x = np.random.default_rng(0).standard_normal((4, 128)).astype(np.float32)
+    sums, maxes = np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)
+    TileProgram(tile.parse_tile_module(CLUSTER_ROWS.replace("LIMIT", "2"))).launch("halves", (2,), x, sums, maxes)
+    np.testing.assert_allclose(sums, np.repeat((x[:, :64].sum(1) + x[:, 64:].sum(1))[:, None], 2, 1), rtol=1e-6)
+    np.testing.assert_array_equal(maxes, np.repeat(x.max(1)[:, None], 2, 1))
+
+
+def test_a_failing_block_of_a_cluster_raises_and_releases_the_others():
+    """Block 1 fails before the reduction that block 0 waits at: the error is raised, nothing hangs."""
+    from tessera.errors import DeviceAssertError, TesseraError
+    program = TileProgram(tile.parse_tile_module(CLUSTER_ROWS.replace("LIMIT", "1")))
+    args = np.zeros((4, 128), np.float32), np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)
+    with pytest.raises(DeviceAssertError, match="block past the limit"):
+        program.launch("halves", (2,), *args)
+    with pytest.raises(TesseraError, match="a grid of 3 blocks along axis 0 is not whole clusters of 2"):
+        program.launch("halves", (3,), *args)

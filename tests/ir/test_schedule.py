@@ -167,3 +167,13 @@ def test_an_across_sum_needs_a_side_of_16_rows_a_warp(params, rows, columns, wid
     assert s.across_fits(params, rows, columns, width) is fits
     assert s.across_transposed(64, 128, 8) is True and s.across_transposed(64, 128, 4) is False
     assert s.across_transposed(32, 128, 4) is None
+
+
+@pytest.mark.parametrize("params, n, split", [
+    ({"block_n": 8192, "cluster": 8}, 8192, 1), ({"block_n": 8192, "cluster": 8}, 8193, 2),
+    ({"block_n": 8192, "cluster": 8}, 20000, 3), ({"block_n": 8192, "cluster": 8}, 100000, 8),
+    ({"block_n": 8192, "cluster": 1}, 100000, 1), ({"block_n": 64}, 1000, 1),
+])
+def test_a_row_splits_across_as_many_blocks_of_a_cluster_as_have_a_chunk(params, n, split):
+    from tessera.ir.schedule import row_split
+    assert row_split(params, n) == split

@@ -16,6 +16,8 @@ GLOBAL = "memref<256x128xf16>"
 TILE = "tensor<64x32xf16>"
 ACC = "tensor<64x64xf32>"
 
+CLUSTERED = "#tessera_target.kernel_config<grid = [4, 1, 1], block = [128, 1, 1], shared = 64, regs = 64>"
+
 # Every op of the dialect, every attribute and type, every optional part.
 DESC = "!tessera_target.wgmma_descriptor<f16, [64, 64], major = mn>"
 SUM, DQ = "memref<256x132xf32>", "tensor<64x128xf32>"
@@ -70,6 +72,11 @@ EVERY_OP = f"""builtin.module {{
     tessera_target.barrier
     tessera_target.bulk_reduce %sum[%s, %s] tile_dims = [0, 1] rows = 64 {{{STAGED}}} : {SUM}
     tessera_target.bulk_wait pending = 0
+    tessera_target.return
+  }}
+  tessera_target.kernel @clustered(%g: {GLOBAL}) config = {CLUSTERED} platform = {SM90A} cluster = 2 {{
+    tessera_target.cluster_barrier "arrive"
+    tessera_target.cluster_barrier "wait"
     tessera_target.return
   }}
   func.func @main(%a: {GLOBAL}, %x: {TILE}, %y: tensor<32x64xf16>, %acc: {ACC}, %p: i1) {{
@@ -139,6 +146,16 @@ def test_registers_must_fit_on_an_sm():
     text = EVERY_OP.replace("block = [128, 1, 1], shared = 16384, regs = 64",
                             "block = [1024, 1, 1], shared = 16384, regs = 128")
     assert "1024 threads x 128 registers exceeds the 65536 registers" in verify_error(text)
+
+
+def test_a_cluster_needs_a_platform_with_clusters_and_whole_clusters_of_blocks():
+    on_sm80 = EVERY_OP.replace(f"{CLUSTERED} platform = {SM90A}", f"{CLUSTERED} platform = {SM80}")
+    assert "cluster_barrier needs clusters, which sm_80 does not have" in verify_error(on_sm80)
+    barriers = ('    tessera_target.cluster_barrier "arrive"\n', '    tessera_target.cluster_barrier "wait"\n')
+    assert "clusters of 2 blocks, which sm_80 does not have" in verify_error(
+        on_sm80.replace(barriers[0], "").replace(barriers[1], ""))
+    assert "grid [4, 1, 1] is not whole clusters of 3 along x" in verify_error(EVERY_OP.replace("cluster = 2", "cluster = 3"))
+    assert "a cluster of 16 blocks; 1 to 8 are portable" in verify_error(EVERY_OP.replace("cluster = 2", "cluster = 16"))
 
 
 def test_wgmma_is_not_available_on_sm80():

@@ -470,7 +470,8 @@ def centered_stats(x: Tensor["M", "N"], y: Tensor["M", "N"]):
     return (x - tsr.mean(x, -1, keepdim=True)) * tsr.amax(y, -1, keepdim=True) + y * tsr.sum(x * y, -1, keepdim=True)
 
 
-@pytest.mark.parametrize("space", [{}, dict(block_n=[64], block_m=[4])], ids=["row-in-one-chunk", "chunks"])
+@pytest.mark.parametrize("space", [{}, dict(block_n=[64], block_m=[4]), dict(block_n=[64], block_m=[4], cluster=[4])],
+                         ids=["row-in-one-chunk", "chunks", "cluster"])
 @pytest.mark.parametrize("m,n", [(1, 1), (7, 1000), (300, 33)])
 def test_row_statistics_broadcast_over_their_rows_share_one_kernel(space, m, n):
     fn = tsr.function(centered_stats.fn, space=space or None)
@@ -486,13 +487,16 @@ def test_row_statistics_broadcast_over_their_rows_share_one_kernel(space, m, n):
 @pytest.mark.parametrize("layer", [False, True], ids=["rms_norm", "layer_norm"])
 @pytest.mark.parametrize("space", [{}, dict(programs=[1]), dict(programs=[3], block_m=[4]),
                                    dict(programs=[5], block_n=[64]), dict(programs=[3], block_m=[4], num_stages=[2]),
-                                   dict(programs=[1], num_stages=[2])],
-                         ids=["default", "one-block", "3x4rows", "chunks", "3x4rows-ahead", "one-block-ahead"])
+                                   dict(programs=[1], num_stages=[2]), dict(programs=[8], block_n=[64], cluster=[4]),
+                                   dict(programs=[6], block_n=[512], block_m=[4], num_stages=[2], cluster=[3])],
+                         ids=["default", "one-block", "3x4rows", "chunks", "3x4rows-ahead", "one-block-ahead",
+                              "clusters-of-4", "clusters-of-2-ahead"])
 @pytest.mark.parametrize("m,n", [(1, 1), (5, 3), (97, 1000), (300, 33)])
 def test_norm_backward_matches_float64(layer, space, m, n):
     """Persistent row walks (1, 3, 5 blocks; 4 rows a block leaving a partial last block; rows in
     chunks of 64 columns, so each rider has several accumulators; each row block's inputs loaded
-    while the one before is computed, `num_stages` 2) against float64."""
+    while the one before is computed, `num_stages` 2; rows split across clusters of blocks, 2 of
+    them walking the rows, each block carrying its share's column sums) against float64."""
     fn = tsr.function(_layer_norm if layer else _rms_norm, space=space or None)
     rng = np.random.default_rng(m * n)
     x, dy = rng.standard_normal((m, n)).astype(np.float32), rng.standard_normal((m, n)).astype(np.float32)
@@ -580,3 +584,38 @@ def test_a_row_walk_loads_its_next_row_block_ahead(stages, ahead):
     carried = [v.type for v in walk.results]
     assert len(carried) == 1 + ahead
     assert all(str(t.get_element_type()) == "bf16" and t.get_shape()[-1] == 1024 for t in carried[1:])
+
+
+@tsr.function
+def long_row_statistics(x: Tensor["M", "N"]):
+    return tsr.softmax(x, -1), tsr.logsumexp(x, -1), tsr.layer_norm(x, (x.shape[-1],))
+
+
+@pytest.mark.parametrize("cluster, blocks", [(4, 4), (8, 8), (3, 3), (2, 2)])
+def test_rows_split_across_a_cluster_match_float64(cluster, blocks):
+    """A row split across the blocks of a cluster (the `cluster` param; 1000 columns, chunks of 64:
+    at most 16 blocks would have a chunk): each block reduces its share, the cluster combines the
+    shares' statistics (a softmax's max, then its sums each rescaled to that max), rows of -inf,
+    of a huge finite fill and a NaN included."""
+    fn = tsr.function(long_row_statistics.fn, space={"cluster": [cluster], "block_n": [64], "block_m": [4]})
+    m, n = 6, 1000
+    compiled = fn.compile(fn.arg_specs_for(dict(M=m, N=n)), arch="sm_90a")
+    kernels = [op for op in compiled.modules["tile"].ops if isinstance(op, tile.KernelOp)]
+    assert [tile.cluster_size(k) for k in kernels] == [blocks] * 3
+    x = np.random.default_rng(cluster).standard_normal((m, n)).astype(np.float32)
+    x[1] = -np.inf
+    x[2, :700] = -np.inf   # (the first blocks' shares all -inf)
+    x[3, ::2] = np.finfo(np.float32).min
+    x[4, 17] = np.nan
+    x64 = x.astype(np.float64)
+    with np.errstate(all="ignore"):
+        mx = x64.max(-1, keepdims=True)
+        e = np.exp(x64 - mx)
+        softmax, lse = e / e.sum(-1, keepdims=True), (mx + np.log(e.sum(-1, keepdims=True)))[:, 0]
+        lse[1] = -np.inf   # (torch's logsumexp of a row of -inf)
+        d = x64 - x64.mean(-1, keepdims=True)
+        norm = d / np.sqrt((d * d).mean(-1, keepdims=True) + 1e-5)
+    got = compiled.run(x)
+    for g, want in zip(got, (softmax, lse, norm)):
+        rows = [i for i in range(m) if i not in (1, 3)] if want is norm else range(m)   # (inf - inf: NaN either way)
+        np.testing.assert_allclose(g[list(rows)], want[list(rows)], rtol=2e-5, atol=2e-6, equal_nan=True)

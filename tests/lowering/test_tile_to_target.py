@@ -252,3 +252,32 @@ def test_a_kernel_that_is_no_stream_asks_nothing():
         return tsr.layer_norm(x, (x.shape[-1],), w, b)
     kernel, ptx = _elementwise_kernel(norm, {"M": 4096, "N": 4096}, "bf16", ("M",))
     assert kernel.min_blocks is None and ".minnctapersm" not in ptx
+
+
+@tsr.function
+def long_softmax(x: Tensor["M", "N"]):
+    return tsr.softmax(x, -1)
+
+
+def test_a_row_split_across_a_cluster_is_refused_where_there_are_none():
+    fn = tsr.function(long_softmax.fn, space={"cluster": [4], "block_n": [8192]})
+    compiled = fn.compile(fn.arg_specs_for(dict(M=4, N=32768), "bf16"), arch="sm_80")
+    with pytest.raises(TargetLoweringError, match="thread-block cluster, which sm_80 does not have; pin the row "
+                                                  "kernel's cluster param to 1"):
+        compiled.stage("target")
+
+
+def test_a_cluster_reduction_in_a_row_walk_is_double_buffered():
+    """The exchange of a walk's every row block takes its two buffers in turn; the meeting before
+    the first exchange is the kernel's arrive at its start and the wait before the walk."""
+    import norm_backward_cases
+    compiled, _ = norm_backward_cases.compile("rms_norm", 300, 20000)
+    kernel = next(op for op in compiled.modules["target"].ops if isinstance(op, target.KernelOp))
+    ops = list(kernel.body.block.ops)
+    assert isinstance(ops[0], target.ClusterBarrierOp) and ops[0].phase.data == "arrive"
+    (wait,) = [op for op in ops if isinstance(op, target.ClusterBarrierOp) and op.phase.data == "wait"]
+    assert isinstance(wait.next_op, scf.ForOp)
+    (exchange,) = [op for op in kernel.walk() if isinstance(op, tile.ClusterReduceOp)]
+    assert target.DOUBLE_BUFFERED in exchange.attributes
+    # (two mbarriers and buffers: one row a block, 4 bytes a value from each of the 3 blocks)
+    assert exchange.attributes[target.SCRATCH].size.data == 2 * (8 + 4 * 3)

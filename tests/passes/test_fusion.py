@@ -16,6 +16,7 @@ from tessera.compiler import compile_module
 from tessera.lowering import TargetLoweringError
 from tessera.passes.fusion import fuse
 
+import norm_backward_cases
 import row_chain_cases
 from seed_kernels import alibi_attention, causal_attention, flash_attention
 
@@ -705,16 +706,6 @@ def test_a_column_reduction_takes_an_epilogue_through_size_1_dims(fn, dims, kern
 # --- a norm backward's row walk ---------------------------------------------------------------------------------
 
 
-@tsr.function
-def rms_norm_for_walk(x: Tensor["M", "N"], w: Tensor["N"]):
-    return tsr.rms_norm(x, (x.shape[-1],), w, 1e-6)
-
-
-@tsr.function
-def layer_norm_for_walk(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
-    return tsr.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
-
-
 @pytest.mark.skipif(__import__("shutil").which("ptxas") is None, reason="ptxas (CUDA toolkit) not installed")
 @pytest.mark.parametrize("n", [512, 1024, 2048, 4096, 6144, 8192])
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
@@ -723,17 +714,7 @@ def test_a_norm_backward_walks_its_rows_with_the_blocks_ptxas_leaves_room_for(no
     SMs hold of it by the registers ptxas gave it, so no program waits for a second wave (rms_norm
     at 1024 and 2048 columns: one block an SM fewer, which measured the same)."""
     from tessera import platforms
-    from tessera.autodiff.api import _vjp_function, saving
-    from tessera.frontend.trace import ArgSpec
-    fn = {"rms_norm": rms_norm_for_walk, "layer_norm": layer_norm_for_walk}[norm]
-    m = 16384 * 8192 // n
-    names = ("w", "b")[:2 if norm == "layer_norm" else 1]
-    tensors, constants = fn._split_args([np.empty((m, n), tsr.bf16.np), *(np.empty(n, tsr.bf16.np) for _ in names)])
-    layout = saving(fn).layout(tensors, constants)   # (the statistics the forward saves: the backward's inputs)
-    saved = [ArgSpec(f"saved{i}", (m, 1), tsr.float32, ("M", 1)) for i in range(len(layout.saved))]
-    specs = [ArgSpec("x", (m, n), tsr.bf16, ("M", "N")), *(ArgSpec(p, (n,), tsr.bf16, ("N",)) for p in names),
-             *saved, ArgSpec("d_out0", (m, n), tsr.bf16, ("M", "N"))]
-    compiled = _vjp_function(fn, (0,), len(saved), layout).compile(specs, arch="sm_90a")
+    compiled, _ = norm_backward_cases.compile(norm, 16384 * 8192 // n, n)
     (name,) = (k for k in compiled.kernel_names if k.endswith("row_reduction_0"))
     launch = compiled.launches[name]
     registers = compiled.stage("cubin")[name].resources[name].registers
@@ -817,3 +798,31 @@ def test_a_192_column_fp8_gemm_matches_float64(m, n, k):
     assert not np.isnan(out.astype(np.float64)).any()
     assert np.abs(out.astype(np.float64) - ref).max() <= 1e-2 * np.abs(ref).max()
     compiled.stage("cubin")
+
+
+
+@pytest.mark.parametrize("n, blocks", [(8193, 2), (20000, 3), (32768, 4), (65536, 8)])
+@pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
+def test_a_norm_backward_over_long_rows_splits_them_across_a_cluster(norm, n, blocks, random_inputs,
+                                                                       assert_matches_reference):
+    """Rows longer than one 8192-element chunk are split across a cluster of blocks
+    (`schedule.row_split`), each carrying its share's weight gradients, where the column sums
+    were kernels of their own reading x and dy again; on the interpreter, every block of a cluster
+    on its own thread, against the float64 reference."""
+    from tessera.ir import tile
+    compiled, specs = norm_backward_cases.compile(norm, 5, n, dtype=tsr.float32)
+    assert [k.rsplit("_vjp_", 1)[1] for k in compiled.kernel_names] == ["row_reduction_0", "row_reduction_0_combine"]
+    kernel = next(op for op in compiled.modules["tile"].ops if isinstance(op, tile.KernelOp))
+    assert tile.cluster_size(kernel) == blocks
+    assert compiled.launches[compiled.kernel_names[0]].grid[0] == 5 * blocks   # (one cluster a row: 5 rows)
+    assert_matches_reference(compiled, random_inputs(specs, 0))
+
+
+
+def test_without_clusters_long_rows_keep_their_column_sums_apart():
+    """On a platform without clusters (sm_80) a norm backward over rows of 32768 carries no column
+    sums: each is a kernel of its own."""
+    from tessera.ir import tile
+    compiled, _ = norm_backward_cases.compile("layer_norm", 5, 32768, arch="sm_80")
+    assert sum("column_reduction" in k for k in compiled.kernel_names) == 2
+    assert all(tile.cluster_size(op) == 1 for op in compiled.modules["tile"].ops if isinstance(op, tile.KernelOp))

@@ -256,6 +256,8 @@ class KernelEmitter:
         bounds = f".maxntid {self.threads}, 1, 1" + (f" .maxnreg {maxnreg.value.data}" if maxnreg else "")
         if self.kernel.min_blocks is not None:   # registers for that many blocks per SM (tile.OCCUPANCY)
             bounds += f" .minnctapersm {self.kernel.min_blocks.value.data}"
+        if self.kernel.cluster is not None:   # launched as clusters of that many blocks along x (tile.CLUSTER)
+            bounds += f" .reqnctapercluster {self.kernel.cluster.value.data}, 1, 1"
         head = [f".visible .entry {self.name}(", ",\n".join(params), f") {bounds}", "{"]
         return "\n".join(extern + head + self.regs.declarations() + self.lines + ["}"]) + "\n"
 

@@ -4,7 +4,8 @@ emitter prints a kernel with, and the layout of the shared buffers its copies fi
     base     control flow, coordinates, broadcasts (core.py), scalar and per-element arithmetic
              (arithmetic.py), global loads and stores (memory.py), row reductions (reductions.py)
     ampere   + shared buffers, cp.async groups, ldmatrix and mma.sync       (tensor_core.py)
-    hopper   + tensor maps, mbarriers, TMA loads, wgmma, warp specialization (hopper.py)
+    hopper   + tensor maps, mbarriers, TMA loads, wgmma, warp specialization (hopper.py),
+             cluster reductions and barriers (reductions.py)
 
 A kernel's path is chosen by what its platform has (`path_for`), never by an arch name.
 """
@@ -30,7 +31,7 @@ class CodePath:
 BASE: dict[type, Callable] = {**core.HANDLERS, **arithmetic.HANDLERS, **memory.HANDLERS, **reductions.HANDLERS}
 
 AMPERE = CodePath("ampere", {**BASE, **tensor_core.HANDLERS}, tensor_core.BUFFERS)
-HOPPER = CodePath("hopper", {**BASE, **tensor_core.HANDLERS, **hopper.HANDLERS},
+HOPPER = CodePath("hopper", {**BASE, **tensor_core.HANDLERS, **hopper.HANDLERS, **reductions.CLUSTER_HANDLERS},
                   {**tensor_core.BUFFERS, **hopper.BUFFERS})
 
 

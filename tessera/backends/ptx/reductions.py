@@ -1,6 +1,7 @@
 """Reductions of a 2-D tile along either axis (sum, max, min): the registers of a row (column) a
 thread holds, then its lanes with `shfl.sync.bfly`, then, where a row (column) spans warps, the
-warps through shared memory.
+warps through shared memory; and of a row statistic across the blocks of a thread-block cluster,
+through distributed shared memory.
 """
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from typing import Callable
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Blocked, Slice
+from ...lowering.shared_memory import CLUSTER_MBARRIER_BYTES, cluster_exchange_rows
 from .arithmetic import emit_nan_minmax
 from .core import KernelEmitter
 from .types import F32, PRED, S32, U64, UnsupportedByBackend, ptx_type
@@ -133,7 +135,125 @@ def _reduce_across_warps(e: KernelEmitter, op: t.ReduceOp, src: Blocked, out: Sl
     return result
 
 
+def _cluster_reduce(e: KernelEmitter, op: t.ClusterReduceOp):
+    """Row statistics combined across the kernel's cluster through distributed shared memory:
+    thread 0 arms the reduction's mbarrier for the bytes every block will send it, the threads
+    holding column 0 of each row write the block's values into its rank's slots of every block's
+    buffer, each write completing its share of that block's mbarrier (`st.async` ...
+    `complete_tx`), and every thread waits on its own block's mbarrier, then combines the slots of
+    its rows in rank order, so that every block computes the same values. No block waits for the
+    others to arrive anywhere, only for their values. A double-buffered one (in a loop) takes its
+    two buffers and mbarriers in turn, by a count of its runs, and has its block meet
+    (`bar.sync`) before writing, so that no thread of it still reads the buffer it writes next;
+    why that is enough across the cluster: `tgt.ClusterBarrierOp`."""
+    layouts = [e.layouts[x] for x in op.xs]
+    if any(not isinstance(layout.parent, Blocked) for layout in layouts):
+        raise UnsupportedByBackend("PTX backend: a cluster reduction of accumulator rows is not supported yet")
+    size = e.kernel.cluster.value.data
+    double = tgt.DOUBLE_BUFFERED in op.attributes
+    rows = [cluster_exchange_rows(layout) for layout in layouts]
+    buffers = 2 if double else 1
+    data = 4 * sum(rows) * size
+    scratch = op.attributes.get(tgt.SCRATCH)
+    if scratch is None or scratch.size.data < buffers * (CLUSTER_MBARRIER_BYTES + data) or scratch.offset.data % 8:
+        raise UnsupportedByBackend(f"PTX backend: a cluster reduction over {size} blocks needs {buffers} x "
+                                   f"{CLUSTER_MBARRIER_BYTES + data} bytes of tessera_target.scratch at an 8-byte "
+                                   f"offset (the shared-memory allocation pass places it), got {scratch}")
+    first_bar = e.new(S32)
+    e.at_entry(f"add.s32 {first_bar}, {e.smem_base()}, {scratch.offset.data};")
+    thread0 = _thread0(e)
+    for k in range(buffers):   # (made visible to the cluster by the kernel's first meeting: ClusterBarrierOp)
+        e.at_entry(f"@{thread0} mbarrier.init.shared::cta.b64 [{first_bar}+{8 * k}], 1;")
+    e.at_entry("fence.mbarrier_init.release.cluster;")
+    bar, base = e.new(S32), e.new(S32)
+    if double:
+        runs, which, phase = e.new(S32), e.new(S32), e.new(S32)
+        e.at_entry(f"mov.u32 {runs}, 0;")
+        e.emit(f"and.b32 {which}, {runs}, 1;")
+        e.emit(f"bfe.u32 {phase}, {runs}, 1, 1;")
+        e.emit(f"add.s32 {runs}, {runs}, 1;")
+        e.emit(f"mad.lo.s32 {bar}, {which}, 8, {first_bar};")
+        e.emit(f"mad.lo.s32 {base}, {which}, {data}, {first_bar};")
+        e.emit(f"add.s32 {base}, {base}, {buffers * CLUSTER_MBARRIER_BYTES};")
+        e.emit("bar.sync 0;")
+    else:
+        phase = "0"
+        e.emit(f"mov.u32 {bar}, {first_bar};")
+        e.emit(f"add.s32 {base}, {first_bar}, {CLUSTER_MBARRIER_BYTES};")
+    e.emit(f"@{thread0} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{bar}], {data};")
+    rank = e.new(S32)
+    e.emit(f"mov.u32 {rank}, %cluster_ctarank;")
+    remote_bars = []
+    for peer in range(size):
+        there = e.new(S32)
+        e.emit(f"mapa.shared::cluster.u32 {there}, {bar}, {peer};")
+        remote_bars.append(there)
+    _, lane, warp = e.tid()
+    region, placed = 0, []   # (each operand's region of the buffer: its rows from every rank)
+    for x, layout, n in zip(op.xs, layouts, rows):
+        parent, keep = layout.parent, layout.keep
+        lane_c, lane_r = e.divmod(lane, parent.tc)
+        warp_c, warp_r = e.divmod(warp, parent.wc)
+        across = e.new(S32)
+        e.emit(f"or.b32 {across}, {lane_c if keep == 0 else lane_r}, {warp_c if keep == 0 else warp_r};")
+        writer = e.new(PRED)
+        e.emit(f"setp.eq.s32 {writer}, {across}, 0;")
+        first = e.new(S32)   # (rank 0's slot of the thread's first row)
+        e.emit(f"mad.lo.s32 {first}, {e.base(parent.base_keys[keep])}, 4, {base};")
+        if region:
+            e.emit(f"add.s32 {first}, {first}, {region};")
+        mine = e.new(S32)
+        e.emit(f"mad.lo.s32 {mine}, {rank}, {4 * n}, {first};")
+        for peer, remote_bar in enumerate(remote_bars):
+            there = e.new(S32)
+            e.emit(f"mapa.shared::cluster.u32 {there}, {mine}, {peer};")
+            for (off,), v in zip(layout.offsets, e.env[x]):
+                e.emit(f"@{writer} st.async.shared::cluster.mbarrier::complete_tx::bytes.b32 [{there}+{4 * off}], "
+                       f"{v}, [{remote_bar}];")
+        placed.append((first, n))
+        region += 4 * n * size
+    done, again = e.new(PRED), e.label("cluster_values")
+    e.lines.append(f"{again}:")
+    e.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{bar}], {phase};")
+    e.emit(f"@!{done} bra {again};")
+    for x, layout, kind, (first, n), result in zip(op.xs, layouts, op.kind_names, placed, op.results):
+        ty = ptx_type(x.type)
+        combine = _COMBINE[(kind, ty.op if ty is F32 else "s32")]
+        values = []
+        for (off,) in layout.offsets:
+            acc = None
+            for peer in range(size):
+                v = e.new(ty)
+                e.emit(f"ld.shared.b32 {v}, [{first}+{4 * (off + peer * n)}];")
+                if acc is not None:
+                    r = e.new(ty)
+                    combine(e, r, acc, v)
+                    v = r
+                acc = v
+            values.append(acc)
+        e.env[result] = values
+
+
+def _thread0(e: KernelEmitter) -> str:
+    """Thread 0's predicate, computed at entry (it initialises and arms the cluster reductions' mbarriers)."""
+    if "cluster_thread0" not in e.state:
+        tid, thread0 = e.new(S32), e.new(PRED)
+        e.at_entry(f"mov.u32 {tid}, %tid.x;")
+        e.at_entry(f"setp.eq.u32 {thread0}, {tid}, 0;")
+        e.state["cluster_thread0"] = thread0
+    return e.state["cluster_thread0"]
+
+
+def _cluster_barrier(e: KernelEmitter, op: tgt.ClusterBarrierOp) -> None:
+    e.emit(f"barrier.cluster.{op.phase.data}.aligned;")
+
+
 #: reductions
 HANDLERS: dict[type, Callable] = {
     t.ReduceOp: _reduce,
+}
+#: ... across a thread-block cluster (the platforms with clusters: Hopper's code path)
+CLUSTER_HANDLERS: dict[type, Callable] = {
+    t.ClusterReduceOp: _cluster_reduce,
+    tgt.ClusterBarrierOp: _cluster_barrier,
 }
