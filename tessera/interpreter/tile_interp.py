@@ -16,7 +16,7 @@ compiler's Tile IR can be checked against NumPy references without a GPU:
   element); profile stamps are host nanoseconds, reported like a GPU's cycles
   (`tessera.runtime.profile`);
 - the blocks of a thread-block cluster (`tile.CLUSTER`) run together, each on a thread of its
-  own, so that a `tile.cluster_reduce` waits for all of them as the GPU's cluster barrier does.
+  own, so that a `tile.cluster_gather` waits for all of them as the GPU's blocks do.
 
 Speed: each function is compiled once into a list of closures over a frame (a
 Python list indexed by value slot; the op -> builder table is consulted only
@@ -188,20 +188,19 @@ RESERVED_SLOTS = 5
 
 
 class Cluster:
-    """The blocks of one thread-block cluster, each running on its own thread: a cluster
-    reduction's values meet here, and each block waits for all of them twice, once before
-    combining them (in rank order, so every block computes the same result) and once before any
-    may overwrite its value with the next reduction's."""
+    """The blocks of one thread-block cluster, each running on its own thread: a cluster gather's
+    values meet here, and each block waits for all of them twice, once before reading them and
+    once before any may overwrite its value with the next gather's."""
 
     def __init__(self, size: int):
         self.values: list = [None] * size
         self.barrier = threading.Barrier(size)
 
-    def exchange(self, rank: int, values: list, combine: Callable[[list], list]) -> list:
-        """`combine` of every block's `values` (a list of them in rank order), once all gave them."""
+    def exchange(self, rank: int, values: list) -> list[list]:
+        """Every block's `values`, in rank order, once all gave them."""
         self.values[rank] = values
         self.barrier.wait()
-        result = combine(list(self.values))
+        result = list(self.values)
         self.barrier.wait()
         return result
 
@@ -701,21 +700,16 @@ def _reduce(c: Compiler, op: tile.ReduceOp) -> Step:
                   c.ins(op), c.out(op))
 
 
-def _cluster_reduce(c: Compiler, op: tile.ClusterReduceOp) -> Step:
-    reducers = [REDUCERS[kind] for kind in op.kind_names]
-    dts = [np_dtype(r.type) for r in op.results]
-    xs, outs = c.ins(op), [c.slot(r) for r in op.results]
-
-    def combined(values: list[list]) -> list:   # (values: each block's operands, in rank order)
-        return [np.asarray(reducer(np.stack([block[i] for block in values]), axis=0)).astype(dt)
-                for i, (reducer, dt) in enumerate(zip(reducers, dts))]
+def _cluster_gather(c: Compiler, op: tile.ClusterGatherOp) -> Step:
+    xs, outs = c.ins(op), [c.slot(r) for r in op.gathered]
 
     def step(f):
         if f[CLUSTER_SLOT] is None:
-            raise TesseraError("tile.cluster_reduce in a kernel launched without a cluster (tile.CLUSTER)")
+            raise TesseraError("tile.cluster_gather in a kernel launched without a cluster (tile.CLUSTER)")
         cluster, rank = f[CLUSTER_SLOT]
-        for out, value in zip(outs, cluster.exchange(rank, [f[x] for x in xs], combined)):
-            f[out] = value
+        blocks = cluster.exchange(rank, [f[x] for x in xs])
+        for i, out in enumerate(outs):   # (operand i // size of block i % size)
+            f[out] = blocks[i % len(blocks)][i // len(blocks)]
     return step
 
 
@@ -799,7 +793,7 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,
     tile.MmaWaitOp: _no_op,
     tile.LoadSharedOp: _load_shared, tile.StoreSharedOp: _store_shared, tile.AtomicAddOp: _atomic_add,
-    tile.MmaOp: _mma, tile.ReduceOp: _reduce, tile.ClusterReduceOp: _cluster_reduce,
+    tile.MmaOp: _mma, tile.ReduceOp: _reduce, tile.ClusterGatherOp: _cluster_gather,
     tile.BroadcastOp: _broadcast, tile.ArangeOp: _arange, tile.LaunchOp: _launch,
     tile.AssertOp: _assert, tile.ProfileBeginOp: _profile_stamp(0), tile.ProfileEndOp: _profile_stamp(1),
 }

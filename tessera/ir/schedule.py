@@ -179,6 +179,21 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # clusters of 8: 606 -> 286, 479 -> 251 (bench/RESULTS.md session 37)
     ("row_reduction", lambda f: f.get("clusters") and f.get("column_riders") and f.get("row_elements", 0) > 8192,
      {"cluster": 8, "block_n": 8192, "num_warps": 4}),
+    # ... and so does a forward over rows past one 8192-element chunk where a block a row measured
+    # slower: fewer rows than SMs (a block a row left most SMs idle), a softmax over rows of more
+    # than 32768 (4 warps a block), a layer_norm over more than 32768 and an rms_norm over more than
+    # 65536 (8 warps; a softmax's max and sum and a layer_norm's mean and variance exchanged in one
+    # round each). H200, bf16 / fp16, us, a block a row -> split: 3 x 100003 softmax 57 -> 15,
+    # layer_norm 85 -> 17; softmax 2048 x 65536 188 -> 162, 1024 x 131072 207 -> 163; layer_norm
+    # 2048 x 65536 237 -> 186 / 217 -> 182, 1024 x 131072 252 -> 205; rms_norm 1024 x 131072 196
+    # -> 153. Where the split measured no better: softmax at 20000-32768 (+-5%), layer_norm at
+    # 32768 (0.74 -> 0.72x), rms_norm at 32768 (0.90 -> 0.73x) and 65536 (0.74 -> 0.70x)
+    # (`.scratch` A/B and pins, bench/RESULTS.md session 37)
+    ("row_reduction", lambda f: f.get("clusters") and f.get("row_elements", 0) > 8192 and (
+        f.get("few_rows") or f.get("softmax") and f.get("row_elements", 0) > 32768),
+     {"cluster": 8, "block_n": 8192, "num_warps": 4}),
+    ("row_reduction", lambda f: f.get("clusters") and f.get("norm") and not f.get("few_rows") and f.get("row_elements", 0)
+     > (32768 if f.get("layer_norm") else 65536), {"cluster": 8, "block_n": 8192, "num_warps": 8}),
     # a row kernel carrying two column reductions (a layer_norm backward's weight and bias
     # gradients) over rows of 4096+ elements, or one over rows longer: 8 warps, as on 4 its
     # accumulators and rows spill (255 registers at 8192; H200 bf16 layer_norm 16384 x 8192 462 ->

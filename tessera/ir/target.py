@@ -1166,12 +1166,14 @@ class ClusterBarrierOp(_AsyncOp):
     """`tessera_target.cluster_barrier arrive` / `wait`: the two halves of the cluster's barrier
     (every thread of every block of the kernel's cluster arrives, then waits for all the others to
     have arrived; an arrive releases the thread's memory operations and a wait acquires the
-    others'). A kernel with cluster reductions arrives at its start and waits before its first
-    one, so that no block writes into another's shared memory before that block has started; each
-    `tile.cluster_reduce` then writes its values into every block's scratch, arrives and waits (the
-    cluster meets once), and reads. Each reduction has a buffer of its own, two taken in turn in a
-    loop (`DOUBLE_BUFFERED`): a block writes a buffer again only after a meeting that the blocks
-    reading it arrived at after reading, and none exits while another may still write to it."""
+    others'). A kernel with cluster gathers arrives at its start and waits before its first one,
+    so that no block writes into another's shared memory (or its mbarriers, initialised at entry)
+    before that block has started. Each `tile.cluster_gather` then writes its values into every
+    block's buffer, completing that block's mbarrier, and waits for its own. It has a buffer of its
+    own, two taken in turn in a loop (`DOUBLE_BUFFERED`): another block writes run e + 2's values
+    into a buffer only once it has all of run e + 1's, which this block sends after it read run
+    e's (its threads meet first); and none exits while another may still write to it, as each
+    waits for every value sent to it."""
 
     name = "tessera_target.cluster_barrier"
     phase = prop_def(StringAttr)
@@ -1478,9 +1480,9 @@ LAYOUT_ATTRS = [BlockedLayoutAttr, MmaLayoutAttr, SliceLayoutAttr]
 SCRATCH = "tessera_target.scratch"
 #: the attribute on a tile.store the allocation pass stages through per-warp shared buffers
 STAGING = "tessera_target.staging"
-#: the attribute on a tile.cluster_reduce that runs in a loop: its scratch holds two buffers, which
-#: its runs take in turn, so that another block's next run may write one while this block still
-#: reads the other (`ClusterBarrierOp`)
+#: the attribute on a tile.cluster_gather that runs in a loop: its scratch holds two buffers (and
+#: mbarriers), which its runs take in turn, so that another block's next run may write one while
+#: this block still reads the other (`ClusterBarrierOp`)
 DOUBLE_BUFFERED = "tessera_target.double_buffered"
 
 

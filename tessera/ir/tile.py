@@ -310,7 +310,7 @@ IN_RANGE = "tessera.in_range"
 OCCUPANCY = "tessera.occupancy"
 #: A tile.kernel attribute: the blocks of one thread-block cluster, consecutive along grid axis 0
 #: (whose size is then a multiple of it); they exchange values through distributed shared memory
-#: (`ClusterReduceOp`). A row kernel splits a long row across them (the `cluster` param).
+#: (`ClusterGatherOp`). A row kernel splits a long row across them (the `cluster` param).
 CLUSTER = "tessera.cluster"
 #: tile.kernel attributes: the backend that compiles it (`tessera.backends.BACKENDS`) and the rule
 #: or option that chose it, its schedule.kernel's `backend` and `backend_why`. The Target IR lowers
@@ -921,38 +921,40 @@ class ReduceOp(IRDLOperation):
 
 
 @irdl_op_definition
-class ClusterReduceOp(IRDLOperation):
-    """Sums/maxes/mins (`kinds`, one per operand) of 1-D tiles across the blocks of the kernel's
-    cluster (`CLUSTER` blocks along grid axis 0, rank = program id 0 mod the cluster size), each
-    combined in rank order so that every block gets the same result bit for bit; the operands
-    are exchanged together, in one meeting of the cluster. Every block of a cluster executes it
-    the same number of times: a row split across a cluster reduces each block's share
-    (`tile.reduce`), then this."""
+class ClusterGatherOp(IRDLOperation):
+    """Each 1-D tile operand's value in every block of the kernel's cluster (`CLUSTER` blocks along
+    grid axis 0, rank = program id 0 mod the cluster size): the results are operand 0's from ranks
+    0, 1, ..., then operand 1's, and so on, the same in every block. The operands are exchanged
+    together, in one round. Every block of a cluster executes it the same number of times: a row
+    split across a cluster reduces each block's share (`tile.reduce`), gathers the shares'
+    statistics and combines them (in rank order: every block computes the same values)."""
 
-    name = "tile.cluster_reduce"
+    name = "tile.cluster_gather"
     xs = var_operand_def(TensorType)
-    kinds = prop_def(ArrayAttr)
-    results_ = var_result_def(TensorType)
+    gathered = var_result_def(TensorType)
     irdl_options = (ParsePropInAttrDict(),)
-    assembly_format = "$xs attr-dict `:` type($xs) `->` type($results_)"
+    assembly_format = "$xs attr-dict `:` type($xs) `->` type($gathered)"
 
-    def __init__(self, xs: Sequence[Value], kinds: Sequence[str]):
+    def __init__(self, xs: Sequence[Value], cluster: int):
         types = [SSAValue.get(x).type for x in xs]
-        super().__init__(operands=[list(xs)], properties={"kinds": ArrayAttr([StringAttr(k) for k in kinds])},
-                         result_types=[types])
+        super().__init__(operands=[list(xs)], result_types=[[ty for ty in types for _ in range(cluster)]])
 
     @property
-    def kind_names(self) -> list[str]:
-        return [k.data for k in self.kinds.data]
+    def cluster(self) -> int:
+        """The blocks of the cluster (results per operand)."""
+        return len(self.gathered) // len(self.xs)
+
+    def of(self, i: int) -> list[SSAValue]:
+        """Operand `i`'s values, in rank order."""
+        return list(self.gathered)[i * self.cluster:(i + 1) * self.cluster]
 
     def verify_(self) -> None:
-        kinds = self.kind_names
-        _require(len(kinds) == len(self.xs) > 0, self, f"{len(self.xs)} operands but {len(kinds)} kinds")
-        for kind, x, r in zip(kinds, self.xs, self.results):
-            _require(kind in REDUCE_KINDS, self, f"kind must be one of {', '.join(REDUCE_KINDS)}, got {kind!r}")
+        _require(len(self.xs) > 0 and len(self.gathered) % len(self.xs) == 0, self,
+                 f"{len(self.gathered)} results for {len(self.xs)} operands: not a whole cluster's each")
+        for i, x in enumerate(self.xs):
             _require(x.type.get_num_dims() == 1, self,
-                     f"a cluster reduction takes 1-D tiles (row statistics), got {_fmt(x.type.get_shape())}")
-            _require(r.type == x.type, self, f"result {r.type} differs from its operand {x.type}")
+                     f"a cluster gathers 1-D tiles (row statistics), got {_fmt(x.type.get_shape())}")
+            _require(all(r.type == x.type for r in self.of(i)), self, f"operand {i}'s results differ from {x.type}")
 
 
 def cluster_size(kernel) -> int:
@@ -1327,7 +1329,7 @@ Tile = Dialect(
     "tile",
     [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, LoadGatherOp, StoreOp,
      AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp,
-     StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, ClusterReduceOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
+     StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, ClusterGatherOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
     [],
 )
 

@@ -10,6 +10,7 @@ line-info requests and profile stamps to the kernels (`tessera.lowering.profile`
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -416,14 +417,20 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         row_block = kb.b(arith.DivSIOp(kb.pid(0), kb.b.index(split)))
         share_start = kb.mul(kb.b(arith.RemSIOp(kb.pid(0), kb.b.index(split))), bn * chunks)
 
+    def gathered(shares: Sequence[SSAValue]) -> list[list[SSAValue]]:
+        """Each of the block's row statistics ([bm]) from every block of the cluster, in rank order
+        (one exchange)."""
+        op = t.ClusterGatherOp(shares, split)
+        kb.b(op)
+        return [op.of(i) for i in range(len(shares))]
+
     def across_cluster_many(kinds: Sequence[str], shares: Sequence[SSAValue]) -> list[SSAValue]:
         """Row statistics of the block's share ([bm] each, reduced by `kinds`) combined with the
-        cluster's other shares', all in one exchange."""
+        cluster's other shares' in rank order, all in one exchange."""
         if split == 1 or not shares:
             return list(shares)
-        op = t.ClusterReduceOp(shares, [TILE_REDUCE[kind] for kind in kinds])
-        kb.b(op)
-        return list(op.results)
+        return [functools.reduce(lambda acc, v: combine(kb.b, TILE_REDUCE[kind], acc, v), values)
+                for kind, values in zip(kinds, gathered(shares))]
 
     def across_cluster(kind: str, v: SSAValue) -> SSAValue:
         return across_cluster_many([kind], [v])[0]
@@ -507,7 +514,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         inv_n = kb.b.f32(1.0 / n)
 
         if isinstance(anchor, g.SoftmaxOp):
-            m_i, l_i = _online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks, across_cluster)
+            m_i, l_i = _online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks, gathered if split > 1 else None)
             # a reciprocal a row, then a multiply an element, where a division an element took the
             # MUFU unit once more per element (H100 bf16, of the copy bandwidth, old and new trees
             # alternated: 4096 x 32768 0.82 -> 0.88x, 16384 x 8192 0.98 -> 0.99x; bench/RESULTS.md)
@@ -517,16 +524,23 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         elif isinstance(anchor, (g.LayerNormOp, g.RmsNormOp, g.NormStatisticOp)):
             eps = kb.b.f32(anchor.eps.value.data)
             layer = isinstance(anchor, g.LayerNormOp) or isinstance(anchor, g.NormStatisticOp) and anchor.centered.data
-            mean = kb.b(arith.MulfOp(accumulate("sum"), kb.b.splat(inv_n, [bm]))) if layer else None
 
-            def centered(v, c0):
-                if not layer:
-                    return kb.b(arith.MulfOp(v, v))
-                d = kb.b(arith.SubfOp(v, rows_of(mean)))
-                d = select(kb.b, _col_mask(kb, c0, bn, n, shape), d, kb.b.full(0.0, shape))
-                return kb.b(arith.MulfOp(d, d))
+            def centered(center):
+                """The squares of x about `center` ([bm]), 0 past the row's end (about 0 for an rms_norm)."""
+                def squares(v, c0):
+                    if center is None:
+                        return kb.b(arith.MulfOp(v, v))
+                    d = kb.b(arith.SubfOp(v, rows_of(center)))
+                    d = select(kb.b, _col_mask(kb, c0, bn, n, shape), d, kb.b.full(0.0, shape))
+                    return kb.b(arith.MulfOp(d, d))
+                return squares
 
-            var = kb.b(arith.MulfOp(accumulate("sum", centered), kb.b.splat(inv_n, [bm])))
+            if layer and split > 1:
+                mean, var = _split_mean_and_variance(kb, accumulate, centered, gathered, share_start, n, bm,
+                                                     bn * chunks, split)
+            else:
+                mean = kb.b(arith.MulfOp(accumulate("sum"), kb.b.splat(inv_n, [bm]))) if layer else None
+                var = kb.b(arith.MulfOp(accumulate("sum", centered(mean)), kb.b.splat(inv_n, [bm])))
             rstd = kb.b(mathd.RsqrtOp(kb.b(arith.AddfOp(var, kb.b.splat(eps, [bm])))))
             statistics, row_ctx = {"mean": mean, "rstd": rstd}, TileCtx({row: (r0, bm)}, scalars)
             kept = tuple(None if i == axis else a for i, a in enumerate(axes))
@@ -565,7 +579,7 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             chained = {sibling: sibling_total(sibling, across_cluster(sibling.kind.data, sibling_share(sibling)))
                        for sibling in siblings if g.computed_from(anchor.input, sibling)}
             kind = anchor.kind.data
-            stats = (_online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks, across_cluster)
+            stats = (_online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks, gathered if split > 1 else None)
                      if kind == "logsumexp" else None)
             # then the anchor's and the others' (those an epilogue over the rows reads: fusion's
             # merge_row_broadcasts), the shares of a split row exchanged together
@@ -886,23 +900,52 @@ def _output_param(kb: KernelBuild, v: SSAValue) -> SSAValue:
     return kb.outs[list(kb.group_block.last_op.operands).index(v)]
 
 
-def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunk_start, masked_x, over_chunks,
-                          across_cluster=lambda kind, v: v):
+def _split_mean_and_variance(kb: KernelBuild, accumulate, centered, gathered, share_start: SSAValue, n: int,
+                             bm: int, span: int, split: int) -> tuple[SSAValue, SSAValue]:
+    """The mean and variance of rows split across a cluster, in one exchange (Chan et al.'s
+    pairwise combination): each block's share of `span` columns from `share_start` gives its sum
+    and the sum of its squares about its own mean; every block gathers them all, and the row's
+    sum of squares about its mean is theirs plus, for each share of n_q columns and mean m_q,
+    n_q (m_q - mean)^2. (About the row's mean in a second pass, the shares would meet twice.)"""
+    b = kb.b
+    count = b(arith.MinSIOp(b(arith.MaxSIOp(b(arith.SubiOp(b.index(n), share_start)), b.index(0))), b.index(span)))
+    count = convert(b, b.splat(b(arith.IndexCastOp(count, i32)), [bm]), f32)
+    share_sum = accumulate("sum", across=False)
+    share_mean = b(arith.DivfOp(share_sum, b(arith.MaximumfOp(count, b.full(1.0, [bm])))))
+    sums, squares = gathered([share_sum, accumulate("sum", centered(share_mean), across=False)])
+    mean = b(arith.MulfOp(functools.reduce(lambda acc, v: b(arith.AddfOp(acc, v)), sums), b.full(1.0 / n, [bm])))
+    total = None
+    for q, (share, square) in enumerate(zip(sums, squares)):
+        n_q = min(max(n - q * span, 0), span)
+        if n_q == 0:
+            continue
+        apart = b(arith.SubfOp(b(arith.MulfOp(share, b.full(1.0 / n_q, [bm]))), mean))
+        term = b(mathd.FmaOp(b(arith.MulfOp(apart, apart)), b.full(float(n_q), [bm]), square))
+        total = term if total is None else b(arith.AddfOp(total, term))
+    return mean, b(arith.MulfOp(total, b.full(1.0 / n, [bm])))
+
+
+def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunk_start, masked_x, over_chunks, gathered=None):
     """Pass 1 of a row softmax: running max m and running sum l of exp(x - m) over the block's
-    chunks (from `chunk_start(iv)`); for a row split across a cluster (`across_cluster`), then the
-    row's max over the blocks' shares, and the sum of their sums each scaled by exp(its max - the
-    row's) (0 for a share of only -inf, whose sum is 0)."""
+    chunks (from `chunk_start(iv)`); for a row split across a cluster, then every block's (m, l)
+    (`gathered`, one exchange): the row's max M over them, and the sum of their sums each scaled
+    by exp(its max - M), in rank order (0 for a share of only -inf, whose sum is 0)."""
     def body(iv, m_i, l_i):
         v = masked_x(chunk_start(iv), -math.inf)
         m_new, alpha, p = _softmax_step(kb, v, m_i, [bm, bn], exact=True)
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(p, "sum", 1))))
         return [m_new, l_new]
     m_i, l_i = over_chunks([kb.b.full(-math.inf, [bm]), kb.b.full(0.0, [bm])], body)
-    m_row = across_cluster("max", m_i)
-    if m_row is not m_i:
-        apart = kb.b(arith.MulfOp(kb.b(arith.SubfOp(m_i, _safe_max(kb, m_row, bm))), kb.b.full(LOG2E, [bm])))
-        l_i = across_cluster("sum", kb.b(arith.MulfOp(l_i, kb.b(mathd.Exp2Op(apart)))))
-    return _safe_max(kb, m_row, bm), l_i
+    if gathered is not None:
+        ms, ls = gathered([m_i, l_i])
+        m_i = functools.reduce(lambda acc, m: kb.b(arith.MaximumfOp(acc, m)), ms)
+        safe = _safe_max(kb, m_i, bm)
+
+        def scaled(m, l):   # l exp(m - M), in base 2
+            return kb.b(arith.MulfOp(l, kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(m, safe)),
+                                                                            kb.b.full(LOG2E, [bm])))))))
+        l_i = functools.reduce(lambda acc, v: kb.b(arith.AddfOp(acc, v)), [scaled(m, l) for m, l in zip(ms, ls)])
+    return _safe_max(kb, m_i, bm), l_i
 
 
 def _logsumexp_of_stats(kb: KernelBuild, m: SSAValue, l: SSAValue, scale: float = 1.0) -> SSAValue:

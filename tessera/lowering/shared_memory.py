@@ -100,18 +100,18 @@ def _exchange_bytes(op: tile.ReduceOp, layouts: dict[SSAValue, Layout]) -> int:
 
 
 def cluster_exchange_rows(layout: Layout) -> int:
-    """The rows a cluster reduction's 1-D tile spans in its layout (its parent's cover along the
+    """The rows a cluster gather's 1-D tile spans in its layout (its parent's cover along the
     kept dim, padding included): each block's values take 4 bytes a row in every block's scratch."""
     parent = layout.parent
     return parent.cover[layout.keep] * parent.reps[layout.keep]
 
 
-#: a cluster reduction's mbarrier a buffer (the values it receives complete its phase)
+#: a cluster gather's mbarrier a buffer (the values it receives complete its phase)
 CLUSTER_MBARRIER_BYTES = 8
 
 
-def cluster_exchange_bytes(op: tile.ClusterReduceOp, layouts: dict[SSAValue, Layout], cluster: int) -> int:
-    """A cluster reduction's mbarrier and buffer (4 bytes a row of each operand from each of the
+def cluster_exchange_bytes(op: tile.ClusterGatherOp, layouts: dict[SSAValue, Layout], cluster: int) -> int:
+    """A cluster gather's mbarrier and buffer (4 bytes a row of each operand from each of the
     `cluster` blocks), twice over where it is `target.DOUBLE_BUFFERED`: the mbarriers first."""
     buffer = 4 * sum(cluster_exchange_rows(layouts[x]) for x in op.xs) * cluster
     return (CLUSTER_MBARRIER_BYTES + buffer) * (2 if target.DOUBLE_BUFFERED in op.attributes else 1)
@@ -183,7 +183,7 @@ def _place_scratch(kernel, platform: Platform, layouts: dict[SSAValue, Layout], 
     for op in kernel.walk():
         if isinstance(op, tile.ReduceOp) and (size := _exchange_bytes(op, layouts)):
             total = _place(op, total, size, 4)
-        elif isinstance(op, tile.ClusterReduceOp):
+        elif isinstance(op, tile.ClusterGatherOp):
             total = _place(op, total, cluster_exchange_bytes(op, layouts, tile.cluster_size(kernel)), 8)
         elif isinstance(op, tile.StoreOp) and (st := staging_for(op, layouts, platform, total, storing_warps)):
             op.attributes[target.STAGING] = target.StagingAttr.of(cols=st.cols, pitch=st.pitch)

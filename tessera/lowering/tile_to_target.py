@@ -284,19 +284,19 @@ class LowerKernel(RewritePattern):
 
 
 def _cluster_barriers(block, name: str, platform: Platform) -> None:
-    """A clustered kernel's meeting before its first cluster reduction: the cluster barrier's arrive
+    """A clustered kernel's meeting before its first cluster gather: the cluster barrier's arrive
     at the start of its body, its wait before the op holding that reduction; and the reductions
     run in a loop double-buffered (`target.ClusterBarrierOp` says why)."""
     if not platform.has("clusters"):
         raise TargetLoweringError(f"kernel @{name} splits its rows across a thread-block cluster, which "
                                   f"{platform.arch} does not have; pin the row kernel's cluster param to 1")
-    first = next((op for op in block.ops if any(isinstance(o, tile.ClusterReduceOp) for o in op.walk())), None)
+    first = next((op for op in block.ops if any(isinstance(o, tile.ClusterGatherOp) for o in op.walk())), None)
     if first is None:
         return
     block.insert_op_before(target.ClusterBarrierOp("arrive"), block.first_op)
     block.insert_op_before(target.ClusterBarrierOp("wait"), first)
     for op in block.walk():
-        if isinstance(op, tile.ClusterReduceOp) and _in_loop(op):
+        if isinstance(op, tile.ClusterGatherOp) and _in_loop(op):
             op.attributes[target.DOUBLE_BUFFERED] = UnitAttr()
 
 

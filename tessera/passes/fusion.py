@@ -1722,10 +1722,11 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
 
 def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     """A row kernel's `row_elements` (the reduced axis's length), the `column_riders` it carries,
-    whether it is a norm's or a softmax's (`norm`, `softmax`), which hold one row in registers, and
+    whether it is a norm's (`norm`; `layer_norm`) or a softmax's (`softmax`), which hold one row in registers, and
     whether a reduction's epilogue is `over_rows` it reduced (a norm backward's dx), the statistics
-    computed before the anchor's (`chained_statistics`: `merge_row_chains`), the `exponentials`, and
-    whether its blocks may form `clusters` (PTX on a platform that has them: a long row splits)."""
+    computed before the anchor's (`chained_statistics`: `merge_row_chains`), the `exponentials`,
+    whether its blocks may form `clusters` (PTX on a platform that has them: a long row splits),
+    and whether it has `few_rows` (fewer than the SMs)."""
     riders = _column_riders(group, planner)
     *_, anchor = [op for op in sorted(group.ops, key=planner.order.__getitem__)   # (siblings before it)
                   if isinstance(op, ROW_REDUCTIONS) and not isinstance(op, g.NormStatisticOp) and op not in riders] \
@@ -1734,9 +1735,12 @@ def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     over_rows = isinstance(anchor, g.ReduceOp) and planner._sizes(group.output) == planner._sizes(anchor.operands[0])
     chained = [op for op in group.ops if isinstance(op, g.ReduceOp) and op is not anchor
                and g.computed_from(anchor.operands[0], op)]
-    return {"row_elements": planner._sizes(anchor.operands[0])[axis], "column_riders": len(riders),
+    sizes = planner._sizes(anchor.operands[0])
+    rows = math.prod(hint(n) for i, n in enumerate(sizes) if i != len(sizes) + axis and i != axis)
+    return {"row_elements": sizes[axis], "column_riders": len(riders), "few_rows": int(rows < planner.sm_count),
             "clusters": int(planner.platform is not None and not planner.tile_compiler and planner.platform.has("clusters")),
-            "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))), "softmax": int(isinstance(anchor, g.SoftmaxOp)),
+            "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))), "layer_norm": int(isinstance(anchor, g.LayerNormOp)),
+            "softmax": int(isinstance(anchor, g.SoftmaxOp)),
             "over_rows": int(over_rows), "chained_statistics": len(chained),
             "exponentials": sum(isinstance(op, g.ElementwiseOp) and op.kind in ("exp", "exp2") for op in group.ops)}
 

@@ -457,7 +457,10 @@ CLUSTER_ROWS = """builtin.module {
     %t = tile.load %x[%c0, %col] {tile_dims = array<i64: 0, 1>} : memref<4x128xf32> -> tensor<4x64xf32>
     %r = tile.reduce %t {kind = "sum", axis = 1 : i64} : tensor<4x64xf32> -> tensor<4xf32>
     %h = tile.reduce %t {kind = "max", axis = 1 : i64} : tensor<4x64xf32> -> tensor<4xf32>
-    %s, %m = tile.cluster_reduce %r, %h {kinds = ["sum", "max"]} : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>, tensor<4xf32>
+    %r0, %r1, %h0, %h1 = tile.cluster_gather %r, %h : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>, tensor<4xf32>, \
+tensor<4xf32>, tensor<4xf32>
+    %s = arith.addf %r0, %r1 : tensor<4xf32>
+    %m = arith.maximumf %h0, %h1 : tensor<4xf32>
     tile.store %s, %sums[%c0, %pid] {tile_dims = array<i64: 0>} : tensor<4xf32>, memref<4x2xf32>
     tile.store %m, %maxes[%c0, %pid] {tile_dims = array<i64: 0>} : tensor<4xf32>, memref<4x2xf32>
     tile.return
@@ -466,9 +469,9 @@ CLUSTER_ROWS = """builtin.module {
 """
 
 
-def test_a_cluster_reduction_combines_the_shares_of_every_block_of_the_cluster():
-    """The two blocks of a cluster (each on a thread) reduce their halves of each row; both get
-    the whole row's sum and max."""
+def test_a_cluster_gather_gives_every_block_the_shares_of_every_block_of_the_cluster():
+    """The two blocks of a cluster (each on a thread) reduce their halves of each row and gather
+    both halves' sums and maxes: both get the whole row's."""
     x = np.random.default_rng(0).standard_normal((4, 128)).astype(np.float32)
     sums, maxes = np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)
     TileProgram(tile.parse_tile_module(CLUSTER_ROWS.replace("LIMIT", "2"))).launch("halves", (2,), x, sums, maxes)
@@ -477,7 +480,7 @@ def test_a_cluster_reduction_combines_the_shares_of_every_block_of_the_cluster()
 
 
 def test_a_failing_block_of_a_cluster_raises_and_releases_the_others():
-    """Block 1 fails before the reduction that block 0 waits at: the error is raised, nothing hangs."""
+    """Block 1 fails before the gather that block 0 waits at: the error is raised, nothing hangs."""
     from tessera.errors import DeviceAssertError, TesseraError
     program = TileProgram(tile.parse_tile_module(CLUSTER_ROWS.replace("LIMIT", "1")))
     args = np.zeros((4, 128), np.float32), np.zeros((4, 2), np.float32), np.zeros((4, 2), np.float32)

@@ -97,8 +97,8 @@ tessera.cluster = 2 : i64} {
     %c0 = arith.constant 0 : index
     %t = tile.load %x[%c0, %c0] {tile_dims = array<i64: 0, 1>} : memref<4x100xf32> -> tensor<4x64xf32>
     %r = tile.reduce %t {kind = "sum", axis = 1 : i64} : tensor<4x64xf32> -> tensor<4xf32>
-    %s, %m = tile.cluster_reduce %r, %r {kinds = ["sum", "max"]} : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>, \
-tensor<4xf32>
+    %r0, %r1, %m0, %m1 = tile.cluster_gather %r, %r : tensor<4xf32>, tensor<4xf32> -> tensor<4xf32>, tensor<4xf32>, \
+tensor<4xf32>, tensor<4xf32>
     tile.return
   }
   func.func @rows(%x: memref<?x100xf16>) attributes {tessera.buffer_dims = ["M"]} {
@@ -331,11 +331,13 @@ VERIFIER_CASES = {
     "arange type": (lambda: tile.ArangeOp.create(operands=list(values(IndexType())), result_types=[t(8, el=f32)]),
                     "result must be a 1-D i32 tile, got tensor<8xf32>"),
     "select mask": (select_mask_shape, "condition type tensor<4xi1> must be i1 or tensor<8xi1>"),
-    "cluster_reduce kinds": (lambda: tile.ClusterReduceOp(values(t(8), t(8)), ["sum"]), "2 operands but 1 kinds"),
-    "cluster_reduce kind": (lambda: tile.ClusterReduceOp(values(t(8)), ["mean"]),
-                            "kind must be one of sum, max, min, got 'mean'"),
-    "cluster_reduce rank": (lambda: tile.ClusterReduceOp(values(t(8, 8)), ["sum"]),
-                            "a cluster reduction takes 1-D tiles (row statistics), got 8x8"),
+    "cluster_gather results": (lambda: tile.ClusterGatherOp.create(operands=list(values(t(8), t(8))),
+                                                                  result_types=[t(8)] * 3),
+                               "3 results for 2 operands: not a whole cluster's each"),
+    "cluster_gather rank": (lambda: tile.ClusterGatherOp(values(t(8, 8)), 2),
+                            "a cluster gathers 1-D tiles (row statistics), got 8x8"),
+    "cluster_gather types": (lambda: tile.ClusterGatherOp.create(operands=list(values(t(8))), result_types=[t(8), t(4)]),
+                             "operand 0's results differ from tensor<8xf16>"),
     "kernel args": (kernel_with_bad_args, "kernel @k: block arguments ['f32'] differ from function_type inputs ['i32']"),
 }
 

@@ -267,7 +267,7 @@ def test_a_row_split_across_a_cluster_is_refused_where_there_are_none():
         compiled.stage("target")
 
 
-def test_a_cluster_reduction_in_a_row_walk_is_double_buffered():
+def test_a_cluster_gather_in_a_row_walk_is_double_buffered():
     """The exchange of a walk's every row block takes its two buffers in turn; the meeting before
     the first exchange is the kernel's arrive at its start and the wait before the walk."""
     import norm_backward_cases
@@ -277,7 +277,7 @@ def test_a_cluster_reduction_in_a_row_walk_is_double_buffered():
     assert isinstance(ops[0], target.ClusterBarrierOp) and ops[0].phase.data == "arrive"
     (wait,) = [op for op in ops if isinstance(op, target.ClusterBarrierOp) and op.phase.data == "wait"]
     assert isinstance(wait.next_op, scf.ForOp)
-    (exchange,) = [op for op in kernel.walk() if isinstance(op, tile.ClusterReduceOp)]
+    (exchange,) = [op for op in kernel.walk() if isinstance(op, tile.ClusterGatherOp)]
     assert target.DOUBLE_BUFFERED in exchange.attributes
     # (two mbarriers and buffers: one row a block, 4 bytes a value from each of the 3 blocks)
     assert exchange.attributes[target.SCRATCH].size.data == 2 * (8 + 4 * 3)

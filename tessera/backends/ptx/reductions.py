@@ -1,7 +1,7 @@
 """Reductions of a 2-D tile along either axis (sum, max, min): the registers of a row (column) a
 thread holds, then its lanes with `shfl.sync.bfly`, then, where a row (column) spans warps, the
-warps through shared memory; and of a row statistic across the blocks of a thread-block cluster,
-through distributed shared memory.
+warps through shared memory; and row statistics gathered from the blocks of a thread-block
+cluster, through distributed shared memory.
 """
 from __future__ import annotations
 
@@ -135,14 +135,13 @@ def _reduce_across_warps(e: KernelEmitter, op: t.ReduceOp, src: Blocked, out: Sl
     return result
 
 
-def _cluster_reduce(e: KernelEmitter, op: t.ClusterReduceOp):
-    """Row statistics combined across the kernel's cluster through distributed shared memory:
-    thread 0 arms the reduction's mbarrier for the bytes every block will send it, the threads
-    holding column 0 of each row write the block's values into its rank's slots of every block's
-    buffer, each write completing its share of that block's mbarrier (`st.async` ...
-    `complete_tx`), and every thread waits on its own block's mbarrier, then combines the slots of
-    its rows in rank order, so that every block computes the same values. No block waits for the
-    others to arrive anywhere, only for their values. A double-buffered one (in a loop) takes its
+def _cluster_gather(e: KernelEmitter, op: t.ClusterGatherOp):
+    """Row statistics gathered from every block of the kernel's cluster through distributed shared
+    memory: thread 0 arms the gather's mbarrier for the bytes every block will send it, the
+    threads holding column 0 of each row write the block's values into its rank's slots of every
+    block's buffer, each write completing its share of that block's mbarrier (`st.async` ...
+    `complete_tx`), and every thread waits on its own block's mbarrier, then reads the slots of
+    its rows. No block waits for the others to arrive anywhere, only for their values. A double-buffered one (in a loop) takes its
     two buffers and mbarriers in turn, by a count of its runs, and has its block meet
     (`bar.sync`) before writing, so that no thread of it still reads the buffer it writes next;
     why that is enough across the cluster: `tgt.ClusterBarrierOp`."""
@@ -216,22 +215,14 @@ def _cluster_reduce(e: KernelEmitter, op: t.ClusterReduceOp):
     e.lines.append(f"{again}:")
     e.emit(f"mbarrier.try_wait.parity.shared::cta.b64 {done}, [{bar}], {phase};")
     e.emit(f"@!{done} bra {again};")
-    for x, layout, kind, (first, n), result in zip(op.xs, layouts, op.kind_names, placed, op.results):
-        ty = ptx_type(x.type)
-        combine = _COMBINE[(kind, ty.op if ty is F32 else "s32")]
-        values = []
-        for (off,) in layout.offsets:
-            acc = None
-            for peer in range(size):
-                v = e.new(ty)
+    for i, (layout, (first, n)) in enumerate(zip(layouts, placed)):
+        for peer, result in enumerate(op.of(i)):
+            values = []
+            for (off,) in layout.offsets:
+                v = e.new(ptx_type(result.type))
                 e.emit(f"ld.shared.b32 {v}, [{first}+{4 * (off + peer * n)}];")
-                if acc is not None:
-                    r = e.new(ty)
-                    combine(e, r, acc, v)
-                    v = r
-                acc = v
-            values.append(acc)
-        e.env[result] = values
+                values.append(v)
+            e.env[result] = values
 
 
 def _thread0(e: KernelEmitter) -> str:
@@ -252,8 +243,8 @@ def _cluster_barrier(e: KernelEmitter, op: tgt.ClusterBarrierOp) -> None:
 HANDLERS: dict[type, Callable] = {
     t.ReduceOp: _reduce,
 }
-#: ... across a thread-block cluster (the platforms with clusters: Hopper's code path)
+#: ... gathered across a thread-block cluster (the platforms with clusters: Hopper's code path)
 CLUSTER_HANDLERS: dict[type, Callable] = {
-    t.ClusterReduceOp: _cluster_reduce,
+    t.ClusterGatherOp: _cluster_gather,
     tgt.ClusterBarrierOp: _cluster_barrier,
 }
