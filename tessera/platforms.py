@@ -367,7 +367,7 @@ MAX_CLUSTER = 8
 
 #: Thread-block clusters resident at once, by (SMs, blocks a cluster, blocks an SM), as
 #: cuOccupancyMaxActiveClusters reported them on an H200 (132 SMs; a 256-thread kernel held to 1-4
-#: blocks an SM by its shared memory; `.scratch/cluster_probe.py`, bench/RESULTS.md session 37). A
+#: blocks an SM by its shared memory; `python3 bench/cluster_occupancy.py`, bench/RESULTS.md session 37). A
 #: cluster's blocks share a GPC, whose SMs do not divide evenly: clusters of 4 leave 12 of 132 SMs
 #: idle at one block an SM (30 clusters), clusters of 2 none.
 RESIDENT_CLUSTERS = {

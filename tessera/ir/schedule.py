@@ -194,6 +194,12 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
      {"cluster": 8, "block_n": 8192, "num_warps": 4}),
     ("row_reduction", lambda f: f.get("clusters") and f.get("norm") and not f.get("few_rows") and f.get("row_elements", 0)
      > (32768 if f.get("layer_norm") else 65536), {"cluster": 8, "block_n": 8192, "num_warps": 8}),
+    # ... but a softmax over rows of two whole 16384-element chunks splits them across 2 blocks of
+    # 8 warps, each share one chunk: H200 bf16 4096 x 32768, of the copy bandwidth, a block a row
+    # 0.81-0.82x, 8 shares of 8192 0.85x, 2 of 16384 0.90-0.91x (three runs); a share short of its
+    # chunk measured far slower (4096 x 24576 and 1000 x 20000: 0.39x; bench/RESULTS.md session 37)
+    ("row_reduction", lambda f: f.get("clusters") and f.get("softmax") and f.get("row_elements") == 32768
+     and not f.get("few_rows"), {"cluster": 8, "block_n": 16384, "num_warps": 8}),
     # a row kernel carrying two column reductions (a layer_norm backward's weight and bias
     # gradients) over rows of 4096+ elements, or one over rows longer: 8 warps, as on 4 its
     # accumulators and rows spill (255 registers at 8192; H200 bf16 layer_norm 16384 x 8192 462 ->
