@@ -17,11 +17,13 @@ def layer_norm(x: Tensor["M", "N"], w: Tensor["N"], b: Tensor["N"]):
     return tsr.layer_norm(x, (x.shape[-1],), w, b, 1e-5)
 
 
-def compile(norm: str, m: int, n: int, arch: str = "sm_90a", dtype=tsr.bf16):
-    """(the compiled vjp of `norm` over [m, n] for `arch`, its argument specs)."""
+def compile(norm: str, m: int, n: int, arch: str = "sm_90a", dtype=tsr.bf16, space: dict | None = None):
+    """(the compiled vjp of `norm` over [m, n] for `arch` (its schedules pinned by `space`), its
+    argument specs)."""
     from tessera.autodiff.api import _vjp_function, saving
     from tessera.frontend.trace import ArgSpec
     fn = {"rms_norm": rms_norm, "layer_norm": layer_norm}[norm]
+    fn = tsr.function(fn.fn, space=space) if space else fn
     names = ("w", "b")[:2 if norm == "layer_norm" else 1]
     tensors, constants = fn._split_args([np.empty((m, n), dtype.np), *(np.empty(n, dtype.np) for _ in names)])
     layout = saving(fn).layout(tensors, constants)   # (the statistics the forward saves: the backward's inputs)

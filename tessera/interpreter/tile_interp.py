@@ -192,12 +192,26 @@ class Cluster:
     values meet here, and each block waits for all of them twice, once before reading them and
     once before any may overwrite its value with the next gather's."""
 
+    #: seconds a block waits for the others at a gather before the launch is taken to be wrong
+    #: (blocks of one cluster that gather different numbers of times: a miscompile), not hung
+    PATIENCE = 600.0
+
     def __init__(self, size: int):
         self.values: list = [None] * size
-        self.barrier = threading.Barrier(size)
+        self.barrier = threading.Barrier(size, timeout=self.PATIENCE)
+        self.done = 0   # (blocks that ran to their end: none may still gather)
+
+    def finished(self) -> None:
+        """A block ran to its end: any other still waiting at a gather would wait for ever."""
+        self.done += 1
+        if self.barrier.n_waiting:
+            self.barrier.abort()
 
     def exchange(self, rank: int, values: list) -> list[list]:
         """Every block's `values`, in rank order, once all gave them."""
+        if self.done:
+            raise TesseraError("a block of the cluster gathered after another had ended: the blocks of a "
+                               "cluster must run every tile.cluster_gather alike")
         self.values[rank] = values
         self.barrier.wait()
         result = list(self.values)
@@ -284,14 +298,15 @@ class CompiledFunction:
     def _run_cluster(self, base: Frame, first: tuple[int, int, int]) -> None:
         """The blocks of the cluster starting at program `first`, each on a thread; the first
         error raised in any of them (the others, left waiting at its barrier, are released)."""
-        cluster, errors = Cluster(self.cluster), []
+        cluster, errors, broken = Cluster(self.cluster), [], []
 
         def block(rank: int) -> None:
             try:
                 with np.errstate(all="ignore"):
                     self._run(base.copy(), (first[0] + rank, first[1], first[2]), (cluster, rank))
+                cluster.finished()
             except threading.BrokenBarrierError:
-                pass
+                broken.append(rank)
             except BaseException as e:   # (re-raised on the launching thread)
                 errors.append(e)
                 cluster.barrier.abort()
@@ -302,6 +317,10 @@ class CompiledFunction:
             thread.join()
         if errors:
             raise errors[0]
+        if broken:
+            raise TesseraError(f"@{self.name}: blocks {broken} of the cluster from program {first} waited at a "
+                               f"tile.cluster_gather the others never reached: the blocks of a cluster must run "
+                               f"every gather alike")
 
     def _run(self, f: Frame, pid: tuple[int, int, int], cluster: tuple[Cluster, int] | None = None) -> list:
         f[0], f[1], f[2] = (np.int64(p) for p in pid)

@@ -486,9 +486,7 @@ class _Planner:
         split rows across clusters (`schedule.row_split`), the column kernel's inputs come from
         kernels that run before the row kernel, and its result is read after it. Of several row
         kernels, the one sharing the most inputs, then the last."""
-        clusters = (self.target is not None and self.target.has("clusters")
-                    and BACKENDS.get(self.backend_option, BACKENDS["ptx"]).tile_compiler is False)
-        longest = s.KINDS["row_reduction"][0]["block_n"] * (platforms.MAX_CLUSTER if clusters else 1)
+        longest = s.KINDS["row_reduction"][0]["block_n"] * self._most_row_split()
         for column in [grp for grp in self.groups if grp.kind == "column_reduction"]:
             (reduce,) = (op for op in column.ops if isinstance(op, g.ReduceOp))
             if reduce.axis.data != 0 or g.tensor_type(reduce.input).rank != 2:
@@ -505,6 +503,18 @@ class _Planner:
             self.claim(host, column.ops)
             host.extra = [*host.extra, column.output]
             self.groups.remove(column)
+
+    def _most_row_split(self) -> int:
+        """The most blocks of a cluster a row kernel may split its rows across: none without
+        clusters on the target, or with a space pinning a backend other than PTX; else the space's
+        `cluster` pin, or the portable most. (A rider's accumulators are its share of the row wide:
+        merged into a row kernel that could not split, a 65536-column layer_norm backward spilled
+        10 KB a thread.)"""
+        backend = self.pins.get(s.BACKEND_PARAM, [self.backend_option])
+        backend = backend if isinstance(backend, str) else backend[0]
+        if self.target is None or not self.target.has("clusters") or backend not in ("ptx", "auto"):
+            return 1
+        return self.pins.get("cluster", [platforms.MAX_CLUSTER])[0]
 
     def _hosts_column(self, group: Group, column: Group, sizes: list[int]) -> bool:
         """Whether row kernel `group` (over the last axis of a value of `sizes`) can compute

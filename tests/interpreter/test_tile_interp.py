@@ -488,3 +488,31 @@ def test_a_failing_block_of_a_cluster_raises_and_releases_the_others():
         program.launch("halves", (2,), *args)
     with pytest.raises(TesseraError, match="a grid of 3 blocks along axis 0 is not whole clusters of 2"):
         program.launch("halves", (3,), *args)
+
+
+UNEVEN_GATHERS = """builtin.module {
+  tile.kernel @uneven(%x: memref<4x128xf32>, %out: memref<4x2xf32>) attributes {num_warps = 4 : i64, \
+num_stages = 1 : i64, tessera.cluster = 2 : i64} {
+    %pid = tile.program_id {axis = 0 : i64}
+    %c0 = arith.constant 0 : index
+    %t = tile.load %x[%c0, %c0] {tile_dims = array<i64: 0, 1>} : memref<4x128xf32> -> tensor<4x64xf32>
+    %r = tile.reduce %t {kind = "sum", axis = 1 : i64} : tensor<4x64xf32> -> tensor<4xf32>
+    %go = arith.cmpi ne, %pid, %c0 : index
+    scf.if %go {
+      %r0, %r1 = tile.cluster_gather %r : tensor<4xf32> -> tensor<4xf32>, tensor<4xf32>
+      tile.store %r0, %out[%c0, %pid] {tile_dims = array<i64: 0>} : tensor<4xf32>, memref<4x2xf32>
+      scf.yield
+    }
+    tile.return
+  }
+}
+"""
+
+
+def test_blocks_of_a_cluster_gathering_unalike_raise_rather_than_hang():
+    """Block 0 skips the gather (what only a miscompile could do): block 1, left waiting, is
+    released with an error, not hung."""
+    from tessera.errors import TesseraError
+    args = np.zeros((4, 128), np.float32), np.zeros((4, 2), np.float32)
+    with pytest.raises(TesseraError, match="the blocks of a cluster must run every"):
+        TileProgram(tile.parse_tile_module(UNEVEN_GATHERS)).launch("uneven", (2,), *args)

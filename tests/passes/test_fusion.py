@@ -826,3 +826,12 @@ def test_without_clusters_long_rows_keep_their_column_sums_apart():
     compiled, _ = norm_backward_cases.compile("layer_norm", 5, 32768, arch="sm_80")
     assert sum("column_reduction" in k for k in compiled.kernel_names) == 2
     assert all(tile.cluster_size(op) == 1 for op in compiled.modules["tile"].ops if isinstance(op, tile.KernelOp))
+
+
+@pytest.mark.parametrize("space, column_kernels", [({"cluster": [1]}, 2), ({"cluster": [2]}, 2), ({"cluster": [4]}, 0),
+                                                   ({"backend": ["cuda-tile"]}, 2)])
+def test_long_rows_carry_their_column_sums_only_where_the_row_kernel_can_split_them(space, column_kernels):
+    """A space pinning fewer blocks of a cluster than a row of 32768 needs (shares of 8192), or
+    another backend, keeps the column sums apart: merged, their accumulators a row wide spilled."""
+    compiled, _ = norm_backward_cases.compile("layer_norm", 5, 32768, dtype=tsr.float32, space=space)
+    assert sum("column_reduction" in k for k in compiled.kernel_names) == column_kernels
