@@ -173,7 +173,7 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # (a norm backward's weight gradients) over rows longer than one 8192-element chunk splits each
     # row across up to 8 blocks of a cluster, each reducing its share as a row of 8192 and carrying
     # the column sums of its share, the cluster combining the shares' statistics
-    # (`tile.cluster_reduce`); without clusters such rows carry none, and the column sums read the
+    # (`tile.cluster_gather`); without clusters such rows carry none, and the column sums read the
     # rows again in kernels of their own. H200 bf16 4096 x 32768, vjp us (of the copy bandwidth):
     # layer_norm 523 (0.37x) -> 276 (0.70x), rms_norm 491 (0.40x) -> 243 (0.80x); 2048 x 65536,
     # clusters of 8: 606 -> 286, 479 -> 251 (bench/RESULTS.md session 37)
@@ -192,8 +192,9 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("row_reduction", lambda f: f.get("clusters") and f.get("row_elements", 0) > 8192 and (
         f.get("few_rows") or f.get("softmax") and f.get("row_elements", 0) > 32768),
      {"cluster": 8, "block_n": 8192, "num_warps": 4}),
-    ("row_reduction", lambda f: f.get("clusters") and f.get("norm") and not f.get("few_rows") and f.get("row_elements", 0)
-     > (32768 if f.get("layer_norm") else 65536), {"cluster": 8, "block_n": 8192, "num_warps": 8}),
+    ("row_reduction", lambda f: f.get("clusters") and f.get("norm") and not f.get("few_rows")
+     and f.get("row_elements", 0) > (32768 if f.get("layer_norm") else 65536),
+     {"cluster": 8, "block_n": 8192, "num_warps": 8}),
     # ... but a softmax over rows of two whole 16384-element chunks splits them across 2 blocks of
     # 8 warps, each share one chunk: H200 bf16 4096 x 32768, of the copy bandwidth, a block a row
     # 0.81-0.82x, 8 shares of 8192 0.85x, 2 of 16384 0.90-0.91x (three runs); a share short of its

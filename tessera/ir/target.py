@@ -328,7 +328,8 @@ class KernelOp(IRDLOperation):
             if not p.has("clusters"):
                 raise VerifyException(f"kernel @{name}: clusters of {size} blocks, which {p.arch} does not have")
             if not 1 <= size <= platforms.MAX_CLUSTER:
-                raise VerifyException(f"kernel @{name}: a cluster of {size} blocks; 1 to {platforms.MAX_CLUSTER} are portable")
+                raise VerifyException(f"kernel @{name}: a cluster of {size} blocks; 1 to {platforms.MAX_CLUSTER} "
+                                      f"are portable")
             if cfg.grid_dims[0] % size:
                 raise VerifyException(f"kernel @{name}: grid {list(cfg.grid_dims)} is not whole clusters of {size} "
                                       f"along x")

@@ -1329,7 +1329,8 @@ Tile = Dialect(
     "tile",
     [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, LoadGatherOp, StoreOp,
      AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp,
-     StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, ClusterGatherOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
+     StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, ClusterGatherOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp,
+     ProfileBeginOp, ProfileEndOp],
     [],
 )
 

@@ -514,7 +514,8 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         inv_n = kb.b.f32(1.0 / n)
 
         if isinstance(anchor, g.SoftmaxOp):
-            m_i, l_i = _online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks, gathered if split > 1 else None)
+            m_i, l_i = _online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks,
+                                             gathered if split > 1 else None)
             # a reciprocal a row, then a multiply an element, where a division an element took the
             # MUFU unit once more per element (H100 bf16, of the copy bandwidth, old and new trees
             # alternated: 4096 x 32768 0.82 -> 0.88x, 16384 x 8192 0.98 -> 0.99x; bench/RESULTS.md)
@@ -579,7 +580,8 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
             chained = {sibling: sibling_total(sibling, across_cluster(sibling.kind.data, sibling_share(sibling)))
                        for sibling in siblings if g.computed_from(anchor.input, sibling)}
             kind = anchor.kind.data
-            stats = (_online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks, gathered if split > 1 else None)
+            stats = (_online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks,
+                                           gathered if split > 1 else None)
                      if kind == "logsumexp" else None)
             # then the anchor's and the others' (those an epilogue over the rows reads: fusion's
             # merge_row_broadcasts), the shares of a split row exchanged together
@@ -697,7 +699,8 @@ def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: i
         """The inputs' tiles of row block `block` as stored (the walk's last one again past its end)."""
         last = kb.b(arith.SubiOp(row_blocks if isinstance(row_blocks, SSAValue) else kb.b.index(row_blocks),
                                  kb.b.index(1)))
-        ctx = TileCtx({axes[0]: (kb.mul(kb.b(arith.MinSIOp(block, last)), bm), bm), axes[1]: (kb.b.index(0) if split == 1 else share_start, bn)}, {})
+        first_column = kb.b.index(0) if split == 1 else share_start
+        ctx = TileCtx({axes[0]: (kb.mul(kb.b(arith.MinSIOp(block, last)), bm), bm), axes[1]: (first_column, bn)}, {})
         tiles = []
         for v in ahead:
             offsets, tile_dims, _ = kb.em.access(axes, ctx)

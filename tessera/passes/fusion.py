@@ -1748,8 +1748,10 @@ def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     sizes = planner._sizes(anchor.operands[0])
     rows = math.prod(hint(n) for i, n in enumerate(sizes) if i != len(sizes) + axis and i != axis)
     return {"row_elements": sizes[axis], "column_riders": len(riders), "few_rows": int(rows < planner.sm_count),
-            "clusters": int(planner.platform is not None and not planner.tile_compiler and planner.platform.has("clusters")),
-            "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))), "layer_norm": int(isinstance(anchor, g.LayerNormOp)),
+            "clusters": int(planner.platform is not None and not planner.tile_compiler
+                            and planner.platform.has("clusters")),
+            "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))),
+            "layer_norm": int(isinstance(anchor, g.LayerNormOp)),
             "softmax": int(isinstance(anchor, g.SoftmaxOp)),
             "over_rows": int(over_rows), "chained_statistics": len(chained),
             "exponentials": sum(isinstance(op, g.ElementwiseOp) and op.kind in ("exp", "exp2") for op in group.ops)}

@@ -5,7 +5,7 @@ emitter prints a kernel with, and the layout of the shared buffers its copies fi
              (arithmetic.py), global loads and stores (memory.py), row reductions (reductions.py)
     ampere   + shared buffers, cp.async groups, ldmatrix and mma.sync       (tensor_core.py)
     hopper   + tensor maps, mbarriers, TMA loads, wgmma, warp specialization (hopper.py),
-             cluster reductions and barriers (reductions.py)
+             cluster gathers and barriers (reductions.py)
 
 A kernel's path is chosen by what its platform has (`path_for`), never by an arch name.
 """

@@ -141,13 +141,13 @@ def _cluster_gather(e: KernelEmitter, op: t.ClusterGatherOp):
     threads holding column 0 of each row write the block's values into its rank's slots of every
     block's buffer, each write completing its share of that block's mbarrier (`st.async` ...
     `complete_tx`), and every thread waits on its own block's mbarrier, then reads the slots of
-    its rows. No block waits for the others to arrive anywhere, only for their values. A double-buffered one (in a loop) takes its
-    two buffers and mbarriers in turn, by a count of its runs, and has its block meet
-    (`bar.sync`) before writing, so that no thread of it still reads the buffer it writes next;
-    why that is enough across the cluster: `tgt.ClusterBarrierOp`."""
+    its rows. No block waits for the others to arrive anywhere, only for their values. A
+    double-buffered one (in a loop) takes its two buffers and mbarriers in turn, by a count of its
+    runs, and has its block meet (`bar.sync`) before writing, so that no thread of it still reads
+    the buffer it writes next; why that is enough across the cluster: `tgt.ClusterBarrierOp`."""
     layouts = [e.layouts[x] for x in op.xs]
     if any(not isinstance(layout.parent, Blocked) for layout in layouts):
-        raise UnsupportedByBackend("PTX backend: a cluster reduction of accumulator rows is not supported yet")
+        raise UnsupportedByBackend("PTX backend: a cluster gather of accumulator rows is not supported yet")
     size = e.kernel.cluster.value.data
     double = tgt.DOUBLE_BUFFERED in op.attributes
     rows = [cluster_exchange_rows(layout) for layout in layouts]
@@ -155,7 +155,7 @@ def _cluster_gather(e: KernelEmitter, op: t.ClusterGatherOp):
     data = 4 * sum(rows) * size
     scratch = op.attributes.get(tgt.SCRATCH)
     if scratch is None or scratch.size.data < buffers * (CLUSTER_MBARRIER_BYTES + data) or scratch.offset.data % 8:
-        raise UnsupportedByBackend(f"PTX backend: a cluster reduction over {size} blocks needs {buffers} x "
+        raise UnsupportedByBackend(f"PTX backend: a cluster gather over {size} blocks needs {buffers} x "
                                    f"{CLUSTER_MBARRIER_BYTES + data} bytes of tessera_target.scratch at an 8-byte "
                                    f"offset (the shared-memory allocation pass places it), got {scratch}")
     first_bar = e.new(S32)
@@ -226,7 +226,7 @@ def _cluster_gather(e: KernelEmitter, op: t.ClusterGatherOp):
 
 
 def _thread0(e: KernelEmitter) -> str:
-    """Thread 0's predicate, computed at entry (it initialises and arms the cluster reductions' mbarriers)."""
+    """Thread 0's predicate, computed at entry (it initialises and arms the cluster gathers' mbarriers)."""
     if "cluster_thread0" not in e.state:
         tid, thread0 = e.new(S32), e.new(PRED)
         e.at_entry(f"mov.u32 {tid}, %tid.x;")
