@@ -197,8 +197,9 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
      {"cluster": 8, "block_n": 8192, "num_warps": 8}),
     # ... but a softmax over rows of two whole 16384-element chunks splits them across 2 blocks of
     # 8 warps, each share one chunk: H200 bf16 4096 x 32768, of the copy bandwidth, a block a row
-    # 0.81-0.82x, 8 shares of 8192 0.85x, 2 of 16384 0.90-0.91x (three runs); a share short of its
-    # chunk measured far slower (4096 x 24576 and 1000 x 20000: 0.39x; bench/RESULTS.md session 37)
+    # 0.81-0.82x, 8 shares of 8192 0.85x, 2 of 16384 0.90-0.91x (three runs; fp16 0.90x); a share
+    # short of its chunk measured far slower (4096 x 24576 and 1000 x 20000: 0.39x, its column masks
+    # taking 154 registers a thread against 80, one block an SM; bench/RESULTS.md session 37)
     ("row_reduction", lambda f: f.get("clusters") and f.get("softmax") and f.get("row_elements") == 32768
      and not f.get("few_rows"), {"cluster": 8, "block_n": 16384, "num_warps": 8}),
     # a row kernel carrying two column reductions (a layer_norm backward's weight and bias
