@@ -1173,7 +1173,7 @@ class ClusterBarrierOp(_AsyncOp):
     block's buffer, completing that block's mbarrier, and waits for its own. It has a buffer of its
     own, two taken in turn in a loop (`DOUBLE_BUFFERED`): another block writes run e + 2's values
     into a buffer only once it has all of run e + 1's, which this block sends after it read run
-    e's (its threads meet first); and none exits while another may still write to it, as each
+    e's (its threads meet at a `barrier` before each such gather); and none exits while another may still write to it, as each
     waits for every value sent to it."""
 
     name = "tessera_target.cluster_barrier"

@@ -8,7 +8,7 @@
 2. the mbarriers (`mbarrier_alloc`, 8 bytes each);
 3. the scratch ops need for themselves, written on the op as `tessera_target.scratch`:
    a row reduction whose rows span warps exchanges the warps' partials through it, a cluster
-   reduction receives every block's values there, with the mbarrier they complete (a region no
+   gather receives every block's values there, with the mbarrier they complete (a region no
    other op shares: the other blocks write into it while this one runs on), and an accumulator
    tile stored through a shared buffer per warp (`tessera_target.staging`, where
    this pass decides to stage it: `staging_for`) writes its fragments there.

@@ -285,8 +285,9 @@ class LowerKernel(RewritePattern):
 
 def _cluster_barriers(block, name: str, platform: Platform) -> None:
     """A clustered kernel's meeting before its first cluster gather: the cluster barrier's arrive
-    at the start of its body, its wait before the op holding that reduction; and the reductions
-    run in a loop double-buffered (`target.ClusterBarrierOp` says why)."""
+    at the start of its body, its wait before the op holding that gather; and each gather run in
+    a loop double-buffered, after a block barrier (its block's threads have read the buffer it
+    writes next: `target.ClusterBarrierOp` says why that is enough)."""
     if not platform.has("clusters"):
         raise TargetLoweringError(f"kernel @{name} splits its rows across a thread-block cluster, which "
                                   f"{platform.arch} does not have; pin the row kernel's cluster param to 1")
@@ -298,6 +299,7 @@ def _cluster_barriers(block, name: str, platform: Platform) -> None:
     for op in block.walk():
         if isinstance(op, tile.ClusterGatherOp) and _in_loop(op):
             op.attributes[target.DOUBLE_BUFFERED] = UnitAttr()
+            op.parent_block().insert_op_before(target.BarrierOp(), op)
 
 
 def _in_loop(op) -> bool:

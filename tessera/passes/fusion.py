@@ -1746,7 +1746,7 @@ def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     chained = [op for op in group.ops if isinstance(op, g.ReduceOp) and op is not anchor
                and g.computed_from(anchor.operands[0], op)]
     sizes = planner._sizes(anchor.operands[0])
-    rows = math.prod(hint(n) for i, n in enumerate(sizes) if i != len(sizes) + axis and i != axis)
+    rows = math.prod(hint(n) for i, n in enumerate(sizes) if i != axis % len(sizes))
     return {"row_elements": sizes[axis], "column_riders": len(riders), "few_rows": int(rows < planner.sm_count),
             "clusters": int(planner.platform is not None and not planner.tile_compiler
                             and planner.platform.has("clusters")),

@@ -268,8 +268,9 @@ def test_a_row_split_across_a_cluster_is_refused_where_there_are_none():
 
 
 def test_a_cluster_gather_in_a_row_walk_is_double_buffered():
-    """The exchange of a walk's every row block takes its two buffers in turn; the meeting before
-    the first exchange is the kernel's arrive at its start and the wait before the walk."""
+    """The exchange of a walk's every row block takes its two buffers in turn, after a block
+    barrier; the meeting before the first exchange is the kernel's arrive at its start and the
+    wait before the walk."""
     import norm_backward_cases
     compiled, _ = norm_backward_cases.compile("rms_norm", 300, 20000)
     kernel = next(op for op in compiled.modules["target"].ops if isinstance(op, target.KernelOp))
@@ -279,5 +280,6 @@ def test_a_cluster_gather_in_a_row_walk_is_double_buffered():
     assert isinstance(wait.next_op, scf.ForOp)
     (exchange,) = [op for op in kernel.walk() if isinstance(op, tile.ClusterGatherOp)]
     assert target.DOUBLE_BUFFERED in exchange.attributes
+    assert isinstance(exchange.prev_op, target.BarrierOp)   # (the block has read the buffer it writes next)
     # (two mbarriers and buffers: one row a block, 4 bytes a value from each of the 3 blocks)
     assert exchange.attributes[target.SCRATCH].size.data == 2 * (8 + 4 * 3)

@@ -142,12 +142,15 @@ def _cluster_gather(e: KernelEmitter, op: t.ClusterGatherOp):
     block's buffer, each write completing its share of that block's mbarrier (`st.async` ...
     `complete_tx`), and every thread waits on its own block's mbarrier, then reads the slots of
     its rows. No block waits for the others to arrive anywhere, only for their values. A
-    double-buffered one (in a loop) takes its two buffers and mbarriers in turn, by a count of its
-    runs, and has its block meet (`bar.sync`) before writing, so that no thread of it still reads
-    the buffer it writes next; why that is enough across the cluster: `tgt.ClusterBarrierOp`."""
+    double-buffered one (in a loop, after the block barrier the lowering put before it) takes its
+    two buffers and mbarriers in turn, by a count of its runs; why that is enough across the
+    cluster: `tgt.ClusterBarrierOp`."""
     layouts = [e.layouts[x] for x in op.xs]
     if any(not isinstance(layout.parent, Blocked) for layout in layouts):
         raise UnsupportedByBackend("PTX backend: a cluster gather of accumulator rows is not supported yet")
+    if any(x.type.get_element_type().bitwidth != 32 for x in op.xs):
+        raise UnsupportedByBackend("PTX backend: a cluster gather exchanges 32-bit values (row statistics in "
+                                   f"f32 or i32), got {', '.join(str(x.type) for x in op.xs)}")
     size = e.kernel.cluster.value.data
     double = tgt.DOUBLE_BUFFERED in op.attributes
     rows = [cluster_exchange_rows(layout) for layout in layouts]
@@ -174,7 +177,6 @@ def _cluster_gather(e: KernelEmitter, op: t.ClusterGatherOp):
         e.emit(f"mad.lo.s32 {bar}, {which}, 8, {first_bar};")
         e.emit(f"mad.lo.s32 {base}, {which}, {data}, {first_bar};")
         e.emit(f"add.s32 {base}, {base}, {buffers * CLUSTER_MBARRIER_BYTES};")
-        e.emit("bar.sync 0;")
     else:
         phase = "0"
         e.emit(f"mov.u32 {bar}, {first_bar};")
