@@ -34,7 +34,7 @@ from tessera.bench.cases import layer_norm, rms_norm  # noqa: E402  (eps 1e-5 an
 
 SHAPES = [(16384, 8192), (4096, 32768), (65536, 1024), (32768, 4096)]
 #: the row walk's pins `--sweep` times: warps, stages, programs an SM
-PINS = list(itertools.product([4, 8, 16], [1, 2], [1, 2, 3]))
+PINS = list(itertools.product([4, 8, 16], [1, 2, 3], [1, 2, 3]))
 
 
 def ms(fn) -> float:

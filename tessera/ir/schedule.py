@@ -54,7 +54,7 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "row_reduction": (
         {"block_m": 64, "block_n": 8192, "num_warps": 4, "num_stages": 1, "cluster": 1},
         {"block_m": [1, 4, 16, 64], "block_n": [1024, 2048, 4096, 8192, 16384, 32768], "num_warps": [4, 8, 16],
-         "num_stages": [1, 2], "cluster": [1, 2, 4, 8]},
+         "num_stages": [1, 2, 3], "cluster": [1, 2, 4, 8]},
     ),
     # block_m rows of the reduced axis a step, block_n kept columns a program: 32 x 128 on 4 warps
     # (32 accumulators a thread); H100, sum(x * y * r, 0) bf16, of the copy bandwidth, against 32 x
@@ -158,6 +158,14 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # bench/RESULTS.md session 16
     ("row_reduction", lambda f: f.get("norm") and f.get("row_elements", 0) > 8192,
      {"num_warps": 16, "block_n": 32768}),
+    # ... where a layer_norm's whole row of more than 16384 is that chunk, the block walks its rows,
+    # the next row staged in shared memory while it reduces one (its two statistics, each a round
+    # across the block, leave the memory idle otherwise). H200, of the copy bandwidth, bf16 / fp16:
+    # 4096 x 32768 0.74 -> 0.79x / 0.79 -> 0.88x, 4096 x 24576 0.64 -> 0.81x / 0.67 -> 0.83x, 1000 x
+    # 20000 0.70 -> 0.84x / 0.71 -> 0.86x (3 stages: less; rms_norm, one round: mixed, +-8%;
+    # bench/RESULTS.md session 38)
+    ("row_reduction", lambda f: f.get("layer_norm") and 16384 < f.get("row_elements", 0) <= 32768,
+     {"num_stages": 2}),
     # ... and so does a reduction with an epilogue over the rows it reduced (a norm backward's dx:
     # rms_norm 4096 x 32768 on the H100, 461 -> 387 us)
     ("row_reduction", lambda f: (f.get("softmax") or f.get("over_rows")) and f.get("row_elements", 0) > 8192,
@@ -202,16 +210,22 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # taking 154 registers a thread against 80, one block an SM; bench/RESULTS.md session 37)
     ("row_reduction", lambda f: f.get("clusters") and f.get("softmax") and f.get("row_elements") == 32768
      and not f.get("few_rows"), {"cluster": 8, "block_n": 16384, "num_warps": 8}),
-    # a row kernel carrying two column reductions (a layer_norm backward's weight and bias
-    # gradients) over rows of 4096+ elements, or one over rows longer: 8 warps, as on 4 its
-    # accumulators and rows spill (255 registers at 8192; H200 bf16 layer_norm 16384 x 8192 462 ->
-    # 404 us, 32768 x 4096 381 -> 353), and each row block's tiles loaded while the one before is
-    # computed (num_stages 2: the walk's memory requests, where a block of 8 warps an SM left them
-    # idle while it reduced). H200 bf16, of the copy bandwidth, 1 stage -> 2: layer_norm 16384 x
-    # 8192 0.67 -> 0.77x, 32768 x 4096 0.79 -> 0.84x; rms_norm 16384 x 8192 0.80 -> 0.84x (at 4096
-    # rms_norm keeps 4 warps and 1 stage, 3 blocks an SM: 0.94x; bench/RESULTS.md session 31)
+    # a row kernel carrying column reductions walks its rows with each row block's tiles staged in
+    # shared memory one or two row blocks ahead (num_stages 2-3: the walk's memory requests, where
+    # a block loading its rows as it reduced them left them idle). H200 bf16, of the copy
+    # bandwidth, 4 warps: rms_norm 65536 x 1024 1 stage (3 blocks an SM) 0.92x -> 2 stages 0.95x,
+    # layer_norm 0.85 -> 0.93x (bench/RESULTS.md session 38; session 31 had the rows ahead in
+    # registers, where they cost a block an SM at 1024 columns)
+    ("row_reduction", lambda f: f.get("column_riders", 0), {"num_stages": 2}),
+    # ... over rows of 4096+ elements with two column reductions (a layer_norm backward's weight and
+    # bias gradients), or longer with one: 8 warps, as on 4 its accumulators and rows spill (255
+    # registers at 8192; H200 bf16 layer_norm 16384 x 8192 462 -> 404 us, 32768 x 4096 381 -> 353),
+    # and two row blocks ahead. H200 bf16, of the copy bandwidth, rows ahead in registers (session
+    # 31) -> 2 stages in shared memory -> 3: layer_norm 16384 x 8192 0.76 -> 0.83 -> 0.84x, 32768 x
+    # 4096 0.81 -> 0.87 -> 0.90x; rms_norm 16384 x 8192 0.83 -> 0.86 -> 0.92x, 32768 x 4096 0.92 ->
+    # 0.93 -> 0.99x (bench/RESULTS.md session 38)
     ("row_reduction", lambda f: f.get("column_riders", 0) >= 2 and f.get("row_elements", 0) >= 4096
-     or f.get("column_riders", 0) and f.get("row_elements", 0) > 4096, {"num_warps": 8, "num_stages": 2}),
+     or f.get("column_riders", 0) and f.get("row_elements", 0) > 4096, {"num_warps": 8, "num_stages": 3}),
     ("flash_attention", lambda f: f.get("tile_compiler") and f.get("head_dim", 0) > 64, {"block_n": 64}),
     # a chain kernel summing dQ across its key blocks (an across sink, `index_maps.ChainSink.across`):
     # 128 keys a block on 8 warps, so each query block's dQ is added half as often as with 64 (one

@@ -793,9 +793,15 @@ class BarrierOp(IRDLOperation):
         super().__init__()
 
 
+#: ops that read a shared stage themselves (an mma through its fragments, wgmma through a
+#: descriptor): a `tile.load_shared` that only these read moves nothing into registers by itself
+SHARED_TILE_READERS = frozenset({"tile.mma", "tessera_target.tensor_core", "tessera_target.wgmma_descriptor"})
+
+
 @irdl_op_definition
 class LoadSharedOp(IRDLOperation):
-    """Reads stage `stage` of a shared buffer into a register tile."""
+    """Reads stage `stage` of a shared buffer into a register tile: for the mmas that read it
+    (`SHARED_TILE_READERS`), or, `into_registers`, for ops computing on it (a row walk's rows)."""
 
     name = "tile.load_shared"
     src = operand_def(MemRefType)
@@ -807,6 +813,11 @@ class LoadSharedOp(IRDLOperation):
         src_t = SSAValue.get(src).type
         super().__init__(operands=[src, stage],
                          result_types=[TensorType(src_t.get_element_type(), src_t.get_shape()[1:])])
+
+    @property
+    def into_registers(self) -> bool:
+        """Whether ops computing in registers read the tile, not only mmas (`SHARED_TILE_READERS`)."""
+        return any(use.operation.name not in SHARED_TILE_READERS for use in self.result.uses)
 
     def verify_(self) -> None:
         src_t, res_t = self.src.type, self.result.type

@@ -29,6 +29,11 @@ def is_tile(v: SSAValue) -> bool:
     return isinstance(v.type, TensorType) and v.type.get_num_dims() > 0
 
 
+def _held(v: SSAValue) -> bool:
+    """A tile held in registers: all but a shared stage only mmas read (`LoadSharedOp.into_registers`)."""
+    return not isinstance(v.owner, t.LoadSharedOp) or v.owner.into_registers
+
+
 def _tensor_values(kernel) -> list[SSAValue]:
     out = []
     for op in kernel.walk():
@@ -70,7 +75,7 @@ def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
     others use one `Blocked` layout. Rank-1 tiles become `Slice`s of the layout their
     reductions and broadcasts touch, spread through elementwise ops and loops.
     """
-    values = [v for v in _tensor_values(kernel) if not isinstance(v.owner, t.LoadSharedOp)]
+    values = [v for v in _tensor_values(kernel) if _held(v)]
     shapes2 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 2}
     shapes1 = {tuple(v.type.get_shape()) for v in values if v.type.get_num_dims() == 1}
     if any(v.type.get_num_dims() > 2 for v in values):
@@ -181,7 +186,7 @@ def kernel_layouts(kernel: tgt.KernelOp) -> dict[SSAValue, Layout]:
             for arg, a in zip(op.body.block.args, op.attributes[tgt.ARG_LAYOUTS].data):
                 if not isinstance(a, UnitAttr):
                     out[arg] = tgt.layout_of(a)
-    missing = [v for v in _tensor_values(kernel) if v not in out and not isinstance(v.owner, t.LoadSharedOp)]
+    missing = [v for v in _tensor_values(kernel) if v not in out and _held(v)]
     if missing:
         assign_layouts(kernel, computing_warps(kernel))   # raises the reason
         raise UnsupportedLayout(f"{len(missing)} tile values of kernel {kernel.sym_name.data} have no layout; "

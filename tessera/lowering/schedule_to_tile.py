@@ -407,8 +407,10 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
     scalars = kb.batch_indices(kb.pid(1), batch)
     shape = [bm, bn]
     contexts: dict = {}   # (outside one_block: a context's tiles are memoized by its identity)
+    # a walk of the rows (`_persistent_rows`): to carry riders, or to load each row block ahead
+    walks = bool(riders) or x_t.rank == 2 and _walks_rows(kb.params, chunks)
     # the rows' count as the riders' masks and the row walk see it (a dynamic one's read at run time)
-    n_rows = kb.extent(x_t.shape[rows[-1]], sizes[rows[-1]]) if riders else None
+    n_rows = kb.extent(x_t.shape[rows[-1]], sizes[rows[-1]]) if walks else None
     # a row split across a cluster: program id 0 is (row block, rank); the block of rank r reduces
     # the columns from r * bn * chunks, and the cluster then combines the blocks' statistics
     row_block = share_start = None
@@ -636,10 +638,17 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
                 else:
                     kb.em.overrides[sibling.res] = tile
 
-    if not riders:
+    if not walks:
         one_block(kb.mul(row_block if row_block is not None else kb.pid(0), bm))
         return grid
-    return _persistent_rows(kb, riders, one_block, kb.cdiv(n_rows, bm), bm, chunks, bn, axes, split, share_start)
+    return _persistent_rows(kb, x, riders, one_block, kb.cdiv(n_rows, bm), bm, chunks, bn, axes, split, share_start)
+
+
+def _walks_rows(params: dict, chunks: int) -> bool:
+    """Whether a row kernel without riders walks its rows: `programs` blocks, each row block's
+    tiles staged in shared memory while the block before is computed (num_stages 2+, a row of
+    one chunk; fusion's `_walks_ahead` gives it its programs)."""
+    return params.get("num_stages", 1) > 1 and chunks == 1 and "programs" in params
 
 
 def _rides_rows(kb: KernelBuild, op) -> bool:
@@ -650,10 +659,10 @@ def _rides_rows(kb: KernelBuild, op) -> bool:
 
 
 def _row_tiles_read(kb: KernelBuild, rows: SSAValue) -> list[SSAValue]:
-    """The kernel's inputs of the shape of `rows` (the riders' operand) that its passes read as
-    [bm, bn] tiles of the rows they walk (a norm backward's x and dy): what `num_stages` = 2 loads a
-    row block ahead (`_persistent_rows`). Not one read through a view (a square input transposed),
-    whose tiles are another map's."""
+    """The kernel's inputs of the shape of `rows` (the rows it walks) that its passes read as
+    [bm, bn] tiles of those rows (a norm backward's x and dy, a forward's x): what `num_stages` 2+
+    stages in shared memory ahead of the row block computed (`_persistent_rows`). Not one read
+    through a view (a square input transposed), whose tiles are another map's."""
     shape = [kb.size(d) for d in g.tensor_type(rows).shape]
 
     def as_rows(use) -> bool:
@@ -671,49 +680,56 @@ def _rider_output(kb: KernelBuild, rider) -> SSAValue | None:
     return next((v for v in kb.group_block.last_op.operands if g.computed_from(v, rider)), None)
 
 
-def _persistent_rows(kb: KernelBuild, riders, one_block: Callable, row_blocks: int | SSAValue, bm: int,
-                     chunks: int, bn: int, axes, split: int = 1,
+def _persistent_rows(kb: KernelBuild, rows: SSAValue, riders, one_block: Callable, row_blocks: int | SSAValue,
+                     bm: int, chunks: int, bn: int, axes, split: int = 1,
                      share_start: SSAValue | None = None) -> tuple[int, int, int]:
-    """The row kernel as `programs` blocks walking row blocks (`lower_row_reduction`), each rider's
-    column accumulators carried through the walk, then stored as the block's partial results; one
-    kernel after it adds each rider's partials in order, then the rider's epilogue. A
-    row count taken at run time ends the walk then; blocks past it store neutral partials. Rows
-    split across a cluster of `split` blocks (each the columns from `share_start`): the clusters
-    walk the row blocks, and each block stores its share of its cluster's row of partials."""
+    """The row kernel as `programs` blocks walking row blocks of `rows` (`lower_row_reduction`),
+    each rider's column accumulators carried through the walk, then stored as the block's partial
+    results; one kernel after it adds each rider's partials in order, then the rider's epilogue
+    (a walk without riders stores nothing more). A row count taken at run time ends the walk
+    then; blocks past it store neutral partials. Rows split across a cluster of `split` blocks
+    (each the columns from `share_start`): the clusters walk the row blocks, and each block
+    stores its share of its cluster's row of partials. With `num_stages` 2+ (a row of one
+    chunk), the next num_stages - 1 row blocks' tiles are copied into shared memory while one is
+    computed (a `_Pipeline` over the walker's row blocks), where a block loading its rows as it
+    reduced them left the memory idle (H200 figures in schedule.SHAPE_DEFAULTS)."""
     if isinstance(row_blocks, int):
         walkers = min(max(1, kb.params.get("programs", row_blocks * split) // split), row_blocks)
     elif "programs" in kb.params:
         walkers = max(1, kb.params["programs"] // split)
     else:
-        raise DynamicDim(_dynamic_dim(riders[0].input, kb.bindings), "a row walk without a programs param")
+        raise DynamicDim(_dynamic_dim(rows, kb.bindings), "a row walk without a programs param")
 
     def walker() -> SSAValue:   # (the block's cluster's number, when rows are split)
         return kb.pid(0) if split == 1 else kb.b(arith.DivSIOp(kb.pid(0), kb.b.index(split)))
-    n_col = kb.size(g.tensor_type(riders[0].input).shape[1])
+    n_col = kb.size(g.tensor_type(rows).shape[-1])
     elems = [accumulator(r.input) for r in riders]
     inits = [neutral(kb.b, r.kind.data, elem, [bn]) for r, elem in zip(riders, elems) for _ in range(chunks)]
     kinds = [r.kind.data for r in riders for _ in range(chunks)]
-    ahead = _row_tiles_read(kb, riders[0].input) if kb.params.get("num_stages", 1) > 1 and chunks == 1 else []
+    ahead = _row_tiles_read(kb, rows) if kb.params.get("num_stages", 1) > 1 and chunks == 1 else []
+    first_column = kb.b.index(0) if split == 1 else share_start
+    if not ahead:
+        def walk(iv, *accs):
+            parts = one_block(kb.mul(iv, bm))
+            return [combine(kb.b, k, a, p) for k, a, p in zip(kinds, accs, parts)]
+        accs = _for(kb.b, walker(), row_blocks, walkers, inits, walk)
+    else:   # each row block's tiles staged in shared memory, num_stages - 1 row blocks ahead
+        first = walker()
+        end = row_blocks if isinstance(row_blocks, SSAValue) else kb.b.index(row_blocks)
+        steps = kb.b(arith.DivSIOp(kb.b(arith.AddiOp(kb.b(arith.SubiOp(end, first)), kb.b.index(walkers - 1))),
+                                   kb.b.index(walkers)))   # (the walker's row blocks: first, first + walkers, ..)
 
-    def load_ahead(block: SSAValue) -> list[SSAValue]:
-        """The inputs' tiles of row block `block` as stored (the walk's last one again past its end)."""
-        last = kb.b(arith.SubiOp(row_blocks if isinstance(row_blocks, SSAValue) else kb.b.index(row_blocks),
-                                 kb.b.index(1)))
-        first_column = kb.b.index(0) if split == 1 else share_start
-        ctx = TileCtx({axes[0]: (kb.mul(kb.b(arith.MinSIOp(block, last)), bm), bm), axes[1]: (first_column, bn)}, {})
-        tiles = []
-        for v in ahead:
-            offsets, tile_dims, _ = kb.em.access(axes, ctx)
-            tiles.append(kb.b(t.LoadOp(kb.em.params[v], offsets, tile_dims, [bm, bn])))
-        return tiles
+        def block_of(step: SSAValue) -> SSAValue:
+            return kb.b(arith.AddiOp(first, kb.mul(step, walkers)))
+        operands = [Operand(v, tuple(axes), (axes[0], axes[1]), {axes[0]: bm, axes[1]: bn}) for v in ahead]
 
-    def walk(iv, *carried):
-        accs, tiles = carried[:len(inits)], carried[len(inits):]
-        following = load_ahead(kb.b(arith.AddiOp(iv, kb.b.index(walkers)))) if ahead else []
-        parts = one_block(kb.mul(iv, bm), dict(zip(ahead, tiles)))
-        return [combine(kb.b, k, a, p) for k, a, p in zip(kinds, accs, parts)] + following
-    first = load_ahead(walker()) if ahead else []
-    accs = _for(kb.b, walker(), row_blocks, walkers, inits + first, walk)[:len(inits)]
+        def compute(step, tiles, *accs):
+            parts = one_block(kb.mul(block_of(step), bm), dict(zip(ahead, tiles)))
+            return [combine(kb.b, k, a, p) for k, a, p in zip(kinds, accs, parts)]
+        accs = _pipelined_loop(kb, (0, steps), kb.params["num_stages"], operands, axes[0], bm,
+                               {axes[1]: first_column}, {}, inits, compute, block_of=block_of)
+    if not riders:
+        return (walkers * split, 1, 1)
     partials_types = [MemRefType(elem, [walkers, n_col]) for elem in elems]
     buffers = [kb.add_scratch(partials_type) for partials_type in partials_types]
     for i, (buffer, elem) in enumerate(zip(buffers, elems)):

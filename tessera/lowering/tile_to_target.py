@@ -142,6 +142,10 @@ def native_blockers(kernel: tile.KernelOp, platform: Platform) -> list[str]:
             reasons += _copy_blockers(op)
         elif isinstance(op, tile.MmaOp):
             reasons += _mma_blockers(op, warps)
+        elif isinstance(op, tile.LoadSharedOp) and op.into_registers:
+            # (TMA lays a stage out in 128-byte boxes for wgmma, one copy a box: 512 a row of 32768
+            # bf16 elements, where the threads' own 16-byte copies land where they read them)
+            reasons.append("a staged tile read into registers (a row walk's rows), which the threads copy")
     return reasons
 
 

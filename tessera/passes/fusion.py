@@ -1243,7 +1243,8 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params.update(_occupancy(group.kind, planner, params, features))
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
-    if features.get("column_riders"):   # a row kernel carrying column reductions walks its rows
+    if features.get("column_riders") or _walks_ahead(group, planner, params):
+        # a row kernel carrying column reductions walks its rows, as does one loading its rows ahead
         params["programs"] = pinned.get("programs", [_row_walk_programs(group, planner, params)])[0]
     return block, inputs, params, space, choice
 
@@ -1579,15 +1580,15 @@ COLUMN_BLOCKS_PER_SM = 4
 MIN_SPLIT_ROW_STEPS = 8
 
 
-#: registers a thread of a row kernel carrying column reductions takes (`_row_walk_blocks`): per
-#: element of its share of the row tile, of the riders' accumulators and (num_stages 2) of the next
-#: row block's tiles, loaded ahead, and besides. Fitted to what ptxas allocated the norm backwards
-#: (sm_90a, bf16, rows of 512-8192, 4-16 warps, 1-2 stages: 66 kernels) for the blocks an SM then
-#: holds: it names them for every default schedule but rms_norm's at 1024 and 2048 columns (3 where
-#: ptxas's 114 and 128 registers leave 4; at 1024, 3 and 4 measured the same on the H200, 0.944x and
-#: 0.940x the copy bandwidth, ptxas held to them; 2048 not measured); a linear count gets 6 of the
-#: 66 wrong, ptxas's choices being its own
-ROW_WALK_REGISTERS = (3.4, 1.2, 1.0, 12)
+#: registers a thread of a row kernel walking its rows takes (`_row_walk_blocks`): per element of
+#: its share of the row tile and of the riders' accumulators, and besides. Fitted to what ptxas
+#: allocated the norm backwards (sm_90a, bf16, rows of 512-8192, 4-16 warps, 1-2 stages: 66
+#: kernels) for the blocks an SM then holds: it names them for every default schedule but rms_norm's
+#: at 1024 and 2048 columns (3 where ptxas's 114 and 128 registers leave 4; at 1024, 3 and 4
+#: measured the same on the H200, 0.944x and 0.940x the copy bandwidth, ptxas held to them; 2048
+#: not measured); a linear count gets 6 of the 66 wrong, ptxas's choices being its own. (The rows
+#: staged ahead are in shared memory: `_staged_row_bytes`.)
+ROW_WALK_REGISTERS = (3.4, 1.2, 12)
 
 
 #: column reductions one row kernel carries at most: each holds a row-wide accumulator in registers
@@ -1629,10 +1630,22 @@ def _row_walk_programs(group: Group, planner: _Planner, params: dict[str, int]) 
     are split across them (`schedule.row_split`): only as many as run at once
     (`platforms.resident_clusters`)."""
     blocks = _row_walk_blocks(group, planner, params)
-    split = s.row_split(params, planner._sizes(_column_riders(group, planner)[0].input)[1])
+    split = s.row_split(params, planner._sizes(_walked_rows(group, planner))[-1])
     if split == 1 or planner.platform is None:
         return planner.sm_count * blocks
     return split * platforms.resident_clusters(planner.platform, split, blocks)
+
+
+def _walks_ahead(group: Group, planner: _Planner, params: dict[str, int]) -> bool:
+    """Whether a row kernel without riders walks its rows to load each row block ahead
+    (`num_stages` 2, a row of one chunk, rows of a 2-D input): `schedule_to_tile._walks_rows`."""
+    if group.kind != "row_reduction" or params.get("num_stages", 1) < 2:
+        return False
+    anchor = _row_anchor(group, planner, [])
+    sizes = planner._sizes(anchor.operands[0])
+    axis = anchor.axis.data if isinstance(anchor, (g.SoftmaxOp, g.ReduceOp)) else -1
+    split = s.row_split(params, sizes[-1])
+    return len(sizes) == 2 and axis % 2 == 1 and s.row_tile(params, hint(sizes[0]), -(-sizes[-1] // split))[2] == 1
 
 
 def _row_walk_blocks(group: Group, planner: _Planner, params: dict[str, int]) -> int:
@@ -1647,17 +1660,29 @@ def _row_walk_blocks(group: Group, planner: _Planner, params: dict[str, int]) ->
     4 blocks) 0.888 -> 0.94x; H200 rms_norm 32768 x 4096 (168 on 4, 3 blocks) 0.81 -> 0.94x. Not
     measured off NVIDIA: 2 a compute unit there, as before."""
     riders = _column_riders(group, planner)
-    n_rows, row_elements = planner._sizes(riders[0].input)
+    n_rows, row_elements = planner._sizes(_walked_rows(group, planner))
     rows, cols, chunks = s.row_tile(params, hint(n_rows), -(-row_elements // s.row_split(params, row_elements)))
     threads = 32 * params["num_warps"]
-    per_tile, per_accumulator, per_ahead, fixed = ROW_WALK_REGISTERS
-    ahead = per_ahead if params.get("num_stages", 1) > 1 and chunks == 1 else 0
-    registers = fixed + ((per_tile + ahead) * rows * cols + per_accumulator * len(riders) * chunks * cols) / threads
+    per_tile, per_accumulator, fixed = ROW_WALK_REGISTERS
+    registers = fixed + (per_tile * rows * cols + per_accumulator * len(riders) * chunks * cols) / threads
     platform = planner.platform
     if platform is None or platform.vendor != "nvidia":   # (no register file to count by)
         return 2
     regs = min(platform.max_regs_per_thread, math.ceil(registers))
-    return max(1, platforms.occupancy(platform, threads, regs, 0)[0])
+    staged = _staged_row_bytes(group, planner, params, rows * cols) if chunks == 1 else 0
+    return max(1, platforms.occupancy(platform, threads, regs, staged)[0])
+
+
+def _staged_row_bytes(group: Group, planner: _Planner, params: dict[str, int], tile_elements: int) -> int:
+    """The shared memory a row walk's stages take (`num_stages` 2+): a tile of `tile_elements` of
+    each of the kernel's inputs shaped as its rows (`schedule_to_tile._row_tiles_read`, which the
+    walk loads ahead), a stage each."""
+    if params.get("num_stages", 1) < 2:
+        return 0
+    rows = planner._sizes(_walked_rows(group, planner))
+    inputs = {v for op in group.ops for v in op.operands if planner.producer(v) not in group.ops
+              and planner._sizes(v) == rows}
+    return params["num_stages"] * tile_elements * sum(g.tensor_type(v).dtype.itemsize for v in inputs)
 
 
 def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
@@ -1738,9 +1763,7 @@ def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     whether its blocks may form `clusters` (PTX on a platform that has them: a long row splits),
     and whether it has `few_rows` (fewer than the SMs)."""
     riders = _column_riders(group, planner)
-    *_, anchor = [op for op in sorted(group.ops, key=planner.order.__getitem__)   # (siblings before it)
-                  if isinstance(op, ROW_REDUCTIONS) and not isinstance(op, g.NormStatisticOp) and op not in riders] \
-        or [op for op in group.ops if isinstance(op, g.NormStatisticOp)]
+    anchor = _row_anchor(group, planner, riders)
     axis = anchor.axis.data if isinstance(anchor, (g.SoftmaxOp, g.ReduceOp)) else -1
     over_rows = isinstance(anchor, g.ReduceOp) and planner._sizes(group.output) == planner._sizes(anchor.operands[0])
     chained = [op for op in group.ops if isinstance(op, g.ReduceOp) and op is not anchor
@@ -1755,6 +1778,21 @@ def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
             "softmax": int(isinstance(anchor, g.SoftmaxOp)),
             "over_rows": int(over_rows), "chained_statistics": len(chained),
             "exponentials": sum(isinstance(op, g.ElementwiseOp) and op.kind in ("exp", "exp2") for op in group.ops)}
+
+
+def _row_anchor(group: Group, planner: _Planner, riders: list):
+    """The op a row kernel's rows are reduced by (the template's anchor): the last row reduction
+    but its `riders` and saved statistics, else a statistic."""
+    *_, anchor = [op for op in sorted(group.ops, key=planner.order.__getitem__)   # (siblings before it)
+                  if isinstance(op, ROW_REDUCTIONS) and not isinstance(op, g.NormStatisticOp) and op not in riders] \
+        or [op for op in group.ops if isinstance(op, g.NormStatisticOp)]
+    return anchor
+
+
+def _walked_rows(group: Group, planner: _Planner) -> SSAValue:
+    """The rows a row walk (`_row_walk_programs`) walks: its riders' operand, else its anchor's."""
+    riders = _column_riders(group, planner)
+    return riders[0].input if riders else _row_anchor(group, planner, riders).operands[0]
 
 
 def _chain_tiles(block: Block, bindings) -> dict[str, int]:

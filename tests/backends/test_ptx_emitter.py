@@ -459,3 +459,29 @@ def test_rows_split_across_a_cluster_exchange_their_statistics_through_its_share
     assert "0 bytes spill stores" in report
     listing = sass(cubin)
     assert "UCGABAR_ARV" in listing and "UCGABAR_WAIT" in listing
+
+
+@needs_ptxas
+@needs_cuobjdump
+def test_a_row_walk_stages_its_rows_with_the_threads_own_copies(tmp_path):
+    """A layer_norm over rows of 32768 walks its rows, the next row staged in shared memory: on
+    sm_90a too its threads copy their 16-byte chunks (cp.async; TMA's 128-byte boxes would take 512
+    copies a row, `native_blockers`) and read them back in 16-byte vectors (LDGSTS and LDS.128 in
+    SASS), 2 stages of 64 KB, one block an SM walking, without spilling."""
+    from tessera.bench import cases
+    from tessera.lowering.tile_to_target import native_blockers
+    fn = cases.layer_norm
+    compiled = fn.compile(fn.arg_specs_for(dict(M=4096, N=32768), "bf16"), arch="sm_90a")
+    (name,) = compiled.kernel_names
+    (kernel,) = [op for op in compiled.stage("tile").walk() if getattr(op, "sym_name", None) and op.sym_name.data == name]
+    from tessera import platforms
+    assert any("read into registers" in why for why in native_blockers(kernel, platforms.get("sm_90a")))
+    launch = compiled.launches[name]
+    assert launch.grid == (132, 1, 1) and launch.dynamic_shared >= 2 * 32768 * 2
+    ptx = compiled.stage("ptx")[name].ptx
+    assert "cp.async.cg.shared.global" in ptx and "cp.async.bulk.tensor" not in ptx
+    assert ptx.count("ld.shared.v4.b32") == 32768 * 2 // 16 // 512   # (each thread's 16-byte chunks of a row)
+    report, cubin = assemble(ptx, "sm_90a", tmp_path)
+    assert "0 bytes spill stores" in report
+    listing = sass(cubin)
+    assert "LDGSTS" in listing and "LDS.128" in listing

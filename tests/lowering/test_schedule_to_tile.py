@@ -488,14 +488,15 @@ def test_row_statistics_broadcast_over_their_rows_share_one_kernel(space, m, n):
 @pytest.mark.parametrize("space", [{}, dict(programs=[1]), dict(programs=[3], block_m=[4]),
                                    dict(programs=[5], block_n=[64]), dict(programs=[3], block_m=[4], num_stages=[2]),
                                    dict(programs=[1], num_stages=[2]), dict(programs=[8], block_n=[64], cluster=[4]),
-                                   dict(programs=[6], block_n=[512], block_m=[4], num_stages=[2], cluster=[3])],
+                                   dict(programs=[6], block_n=[512], block_m=[4], num_stages=[2], cluster=[3]),
+                                   dict(programs=[2], block_m=[4], num_stages=[3])],
                          ids=["default", "one-block", "3x4rows", "chunks", "3x4rows-ahead", "one-block-ahead",
-                              "clusters-of-4", "clusters-of-2-ahead"])
+                              "clusters-of-4", "clusters-of-2-ahead", "2x4rows-two-ahead"])
 @pytest.mark.parametrize("m,n", [(1, 1), (5, 3), (97, 1000), (300, 33)])
 def test_norm_backward_matches_float64(layer, space, m, n):
     """Persistent row walks (1, 3, 5 blocks; 4 rows a block leaving a partial last block; rows in
-    chunks of 64 columns, so each rider has several accumulators; each row block's inputs loaded
-    while the one before is computed, `num_stages` 2; rows split across clusters of blocks, 2 of
+    chunks of 64 columns, so each rider has several accumulators; the next one or two row blocks'
+    inputs staged in shared memory while one is computed, `num_stages` 2-3; rows split across clusters of blocks, 2 of
     them walking the rows, each block carrying its share's column sums) against float64."""
     fn = tsr.function(_layer_norm if layer else _rms_norm, space=space or None)
     rng = np.random.default_rng(m * n)
@@ -568,10 +569,11 @@ def test_a_norm_over_a_computed_input_writes_its_statistics_from_its_one_kernel(
         np.testing.assert_allclose(np.asarray(got, np.float64), want, rtol=2e-2, atol=2e-2)
 
 
-@pytest.mark.parametrize("stages,ahead", [(1, 0), (2, 2)])
-def test_a_row_walk_loads_its_next_row_block_ahead(stages, ahead):
-    """num_stages 2: the walk carries the next row block's x and dy tiles (bf16, as loaded) beside
-    the weight gradient's accumulator."""
+@pytest.mark.parametrize("stages", [1, 2, 3])
+def test_a_row_walk_stages_its_next_row_blocks_in_shared_memory(stages):
+    """num_stages 2-3: the walk copies the next one or two row blocks' x and dy tiles (bf16, as
+    stored) into stages of shared memory while it computes one, and carries only the weight
+    gradient's accumulator."""
     from xdsl.dialects import scf as scf_d
     from tessera.autodiff.api import Derivative
     from tessera.frontend.trace import ArgSpec
@@ -579,11 +581,57 @@ def test_a_row_walk_loads_its_next_row_block_ahead(stages, ahead):
     specs = [ArgSpec("x", (512, 1024), tsr.bf16, ("M", "N")), ArgSpec("w", (1024,), tsr.bf16, ("N",)),
              ArgSpec("d_out", (512, 1024), tsr.bf16, ("M", "N"))]
     module = Derivative(fn, cotangent_names=["d_out"]).compile(specs, arch="sm_90a").stage("tile")
-    (walk,) = [op for op in module.walk() if isinstance(op, scf_d.ForOp) and op.results and isinstance(
-        kernel := op.parent_op(), tile.KernelOp) and not kernel.sym_name.data.endswith("_combine")]   # (the row walk)
-    carried = [v.type for v in walk.results]
-    assert len(carried) == 1 + ahead
-    assert all(str(t.get_element_type()) == "bf16" and t.get_shape()[-1] == 1024 for t in carried[1:])
+    kernels = {op.sym_name.data: op for op in module.walk() if isinstance(op, tile.KernelOp)}
+    (kernel,) = [op for name, op in kernels.items() if f"{name}_combine" in kernels]   # (the row walk)
+    (walk,) = [op for op in kernel.walk() if isinstance(op, scf_d.ForOp) and op.results]
+    assert len(walk.results) == 1   # (the accumulator)
+    buffers = [op.result.type for op in kernel.walk() if isinstance(op, tile.AllocSharedOp)]
+    if stages == 1:
+        assert not buffers
+        return
+    assert [(b.get_shape()[0], b.get_shape()[-1], str(b.get_element_type())) for b in buffers] == [(stages, 1024, "bf16")] * 2
+    reads = [op for op in walk.walk() if isinstance(op, tile.LoadSharedOp)]
+    assert len(reads) == 2 and all(op.into_registers for op in reads)
+
+
+@pytest.mark.parametrize("op", ["softmax", "layer_norm", "rms_norm"])
+@pytest.mark.parametrize("space", [dict(num_stages=[2]), dict(num_stages=[3], programs=[5]),
+                                   dict(num_stages=[2], programs=[3], block_m=[4]),
+                                   dict(num_stages=[2], programs=[4], cluster=[2])],
+                         ids=["ahead", "two-ahead-5-blocks", "4-rows-3-blocks", "clusters-of-2"])
+@pytest.mark.parametrize("m,n", [(1, 1), (7, 1000), (300, 33), (13, 4097), (5, 9000)])
+def test_a_forward_walking_its_rows_matches_float64(op, space, m, n):
+    """A row kernel without riders walks its rows where its schedule stages them ahead (num_stages
+    2+, a row one chunk; `programs` blocks, or as many as the SMs hold): softmax and both norms,
+    a partial last row block, fewer rows than blocks, rows split across a cluster."""
+    from tessera.bench import cases
+    fn = tsr.function(getattr(cases, op).fn, space={**space, "block_n": [8192]})
+    compiled = fn.compile(fn.arg_specs_for(dict(M=m, N=n)), arch="sm_90a")
+    (kernel,) = compiled.kernel_names
+    from tessera.ir import schedule as sch
+    (params,) = [op.param_values for op in compiled.stage("schedule").walk() if op.name == "schedule.kernel"]
+    split = sch.row_split(params, n)
+    bm, _, chunks = sch.row_tile(params, m, -(-n // split))
+    staged = [op for op in compiled.stage("tile").walk() if isinstance(op, tile.LoadSharedOp)]
+    assert bool(staged) == (chunks == 1) and all(op.into_registers for op in staged)
+    if chunks == 1:   # (as many blocks as the pin says, or as the rows need)
+        assert compiled.launches[kernel].grid[0] == split * min(params.get("programs", 132) // split, -(-m // bm))
+    rng = np.random.default_rng(m * n)
+    x = rng.standard_normal((m, n)).astype(np.float32)
+    w, b = (1 + 0.1 * rng.standard_normal(n)).astype(np.float32), rng.standard_normal(n).astype(np.float32)
+    args = {"softmax": [x], "layer_norm": [x, w, b], "rms_norm": [x, w]}[op]
+    x64 = x.astype(np.float64)
+    if op == "softmax":
+        e = np.exp(x64 - x64.max(-1, keepdims=True))
+        want = e / e.sum(-1, keepdims=True)
+    elif op == "layer_norm":
+        mean = x64.mean(-1, keepdims=True)
+        want = (x64 - mean) / np.sqrt(((x64 - mean) ** 2).mean(-1, keepdims=True) + 1e-5) * w + b
+    else:
+        want = x64 / np.sqrt((x64 ** 2).mean(-1, keepdims=True) + 1e-6) * w
+    got = np.full_like(want, np.nan)
+    got[...] = compiled.run(*args)[0]
+    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
 @tsr.function

@@ -710,16 +710,17 @@ def test_a_column_reduction_takes_an_epilogue_through_size_1_dims(fn, dims, kern
 @pytest.mark.parametrize("n", [512, 1024, 2048, 4096, 6144, 8192])
 @pytest.mark.parametrize("norm", ["rms_norm", "layer_norm"])
 def test_a_norm_backward_walks_its_rows_with_the_blocks_ptxas_leaves_room_for(norm, n):
-    """The dx kernel's programs (`fusion._row_walk_blocks`, a register estimate) are as many as the
-    SMs hold of it by the registers ptxas gave it, so no program waits for a second wave (rms_norm
-    at 1024 and 2048 columns: one block an SM fewer, which measured the same)."""
+    """The dx kernel's programs (`fusion._row_walk_blocks`, a register estimate and its staged rows'
+    shared memory) are as many as the SMs hold of it by the registers ptxas gave it and the shared
+    memory its launch takes, so no program waits for a second wave (rms_norm at 1024 and 2048
+    columns: one block an SM fewer, which measured the same)."""
     from tessera import platforms
     compiled, _ = norm_backward_cases.compile(norm, 16384 * 8192 // n, n)
     (name,) = (k for k in compiled.kernel_names if k.endswith("row_reduction_0"))
     launch = compiled.launches[name]
     registers = compiled.stage("cubin")[name].resources[name].registers
     platform = platforms.get("sm_90a")
-    blocks = platforms.occupancy(platform, launch.threads, registers, 0)[0]
+    blocks = platforms.occupancy(platform, launch.threads, registers, launch.dynamic_shared)[0]
     fewer = 1 if norm == "rms_norm" and n in (1024, 2048) else 0
     assert launch.grid[0] == platform.sm_count * (blocks - fewer), (registers, launch.threads)
 

@@ -19,7 +19,8 @@ from ...lowering.assign_layouts import is_tile
 from ...lowering.shared_memory import Staging
 from . import hopper
 from .core import KernelEmitter, pack_bytes, unpack_bytes
-from .types import B8, PRED, S32, U64, PtxType, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
+from .types import (B8, PRED, S32, U64, PtxType, UnsupportedByBackend, braced, mov_constant, ptx_type, storage_suffix,
+                    vector_suffix)
 
 
 def _memory_access(e: KernelEmitter, memref: SSAValue, offsets, tile_dims, layout: Layout):
@@ -207,15 +208,6 @@ def _vector_width(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, tile
     return width if ty.bytes > 1 or width >= 4 else 1
 
 
-def _vector_suffix(ty: PtxType, width: int) -> tuple[str, int]:
-    """(ld/st type with vector prefix, registers packed per 32-bit word) for a run of `width` elements."""
-    if ty.bytes < 4 and width * ty.bytes >= 4:
-        pack = 4 // ty.bytes
-        words = width // pack
-        return (f"v{words}.b32" if words > 1 else "b32"), pack
-    return (f"v{width}.{storage_suffix(ty)}" if width > 1 else storage_suffix(ty)), 1
-
-
 def _pack(e: KernelEmitter, run: list[str], pack: int) -> list[str]:
     """A run's registers as 32-bit words of `pack` elements each."""
     if pack == 4:
@@ -238,7 +230,7 @@ def _load(e: KernelEmitter, op: t.LoadOp):
         e.env[op.result] = [_load_bool(e, addr, byte, pred, pad) for byte, pred in elems]
         return
     width = _vector_width(op.src, tile_dims, layout, ty, list(op.offsets))
-    suffix, pack = _vector_suffix(ty, width)
+    suffix, pack = vector_suffix(ty, width)
     regs = []
     for i in range(0, len(elems), width):
         byte, pred = elems[i]
@@ -246,7 +238,7 @@ def _load(e: KernelEmitter, op: t.LoadOp):
         for r in run:
             e.emit(mov_constant(ty, r, pad))
         targets = run if pack == 1 else _pack(e, run, pack)   # (the padding, where the run is out of bounds)
-        e.emit(f"@{pred} ld.global.{suffix} {_braced(targets)}, [{addr}+{byte}];")
+        e.emit(f"@{pred} ld.global.{suffix} {braced(targets)}, [{addr}+{byte}];")
         if pack == 2:
             for w, (lo, hi) in zip(targets, zip(run[::2], run[1::2])):
                 e.emit(f"mov.b32 {{{lo}, {hi}}}, {w};")
@@ -254,10 +246,6 @@ def _load(e: KernelEmitter, op: t.LoadOp):
             run = [r for w in targets for r in unpack_bytes(e, w, ty)]
         regs.extend(run)
     e.env[op.result] = regs
-
-
-def _braced(regs: list[str]) -> str:
-    return regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
 
 
 def _store(e: KernelEmitter, op: t.StoreOp):
@@ -273,13 +261,13 @@ def _store(e: KernelEmitter, op: t.StoreOp):
             _store_bool(e, addr, byte, pred, value)
         return
     width = _vector_width(op.dst, tile_dims, layout, ty, list(op.offsets))
-    suffix, pack = _vector_suffix(ty, width)
+    suffix, pack = vector_suffix(ty, width)
     for i in range(0, len(elems), width):
         byte, pred = elems[i]
         run = regs[i:i + width]
         if pack > 1:
             run = _pack(e, run, pack)
-        e.emit(f"@{pred} st.global.{suffix} [{addr}+{byte}], {_braced(run)};")
+        e.emit(f"@{pred} st.global.{suffix} [{addr}+{byte}], {braced(run)};")
 
 
 def _atomic_add(e: KernelEmitter, op: t.AtomicAddOp):
@@ -298,7 +286,7 @@ def _atomic_add(e: KernelEmitter, op: t.AtomicAddOp):
     for i in range(0, len(elems), width):
         byte, pred = elems[i]
         vector = ".v2" if width == 2 else ""
-        e.emit(f"@{pred} red.global.add{vector}.f32 [{addr}+{byte}], {_braced(regs[i:i + width])};")
+        e.emit(f"@{pred} red.global.add{vector}.f32 [{addr}+{byte}], {braced(regs[i:i + width])};")
 
 
 def _scratch_address(e: KernelEmitter, op) -> str:
@@ -455,9 +443,9 @@ def emit_staged_store(e: KernelEmitter, layout: Mma, ty: PtxType, memref: SSAVal
                 ok = e.new(PRED)
                 e.emit(f"and.pred {ok}, {row_ok[r]}, {col_ok};")
                 words = [e.new(S32) for _ in range(4)]
-                e.emit(f"ld.shared.v4.b32 {_braced(words)}, [{vec_at}+{p * rows_per_pass * st.pitch}];")
+                e.emit(f"ld.shared.v4.b32 {braced(words)}, [{vec_at}+{p * rows_per_pass * st.pitch}];")
                 byte = (r * strides[row_dim] + chunk * st.cols) * ty.bytes
-                e.emit(f"@{ok} st.global.v4.b32 [{addr}+{byte}], {_braced(words)};")
+                e.emit(f"@{ok} st.global.v4.b32 [{addr}+{byte}], {braced(words)};")
             e.emit("bar.warp.sync -1;")
 
 

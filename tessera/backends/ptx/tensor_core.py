@@ -27,9 +27,10 @@ from ... import dtypes, platforms
 from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
-from ...ir.layouts import Mma
-from .core import KernelEmitter, pack_bytes
-from .types import F32, PRED, S32, U64, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
+from ...ir.layouts import Blocked, Mma
+from .core import KernelEmitter, pack_bytes, unpack_bytes
+from .types import (F32, PRED, S32, U64, UnsupportedByBackend, braced, mov_constant, ptx_type, storage_suffix,
+                    vector_suffix)
 
 
 @dataclass(frozen=True)
@@ -319,8 +320,11 @@ class Fragments:
 
 def _load_shared(e: KernelEmitter, op: t.LoadSharedOp) -> None:
     """A stage of a shared buffer, read by the mma that uses it. An A operand loaded outside the
-    loop of its mma (flash attention's Q) is read into fragments here, once, not every iteration."""
+    loop of its mma (flash attention's Q) is read into fragments here, once, not every iteration.
+    A stage that ops computing in registers read (`into_registers`) is read into its tile's layout."""
     tile_ = SharedTile(e.env[op.src], e.value(op.stage))
+    if op.into_registers:
+        return _load_shared_blocked(e, op, tile_)
     if not isinstance(tile_.buffer, SharedBuffer):
         raise UnsupportedByBackend(f"PTX backend: a {type(tile_.buffer).__name__} is read by wgmma through "
                                    f"descriptors (tessera_target.wgmma_descriptor), not by tile.load_shared")
@@ -333,6 +337,56 @@ def _load_shared(e: KernelEmitter, op: t.LoadSharedOp) -> None:
         e.env[op.result] = Fragments(_a_fragments(e, tile_, acc, k_steps, acc.wn, transposed, k))
         return
     e.env[op.result] = tile_
+
+
+def _load_shared_blocked(e: KernelEmitter, op: t.LoadSharedOp, tile_: SharedTile) -> None:
+    """A stage read into a `Blocked` register tile (a row walk's staged rows): each run of a
+    thread's consecutive columns, up to a 16-byte chunk, one vector load from its swizzled chunk.
+    The lanes of a warp read consecutive chunks of a row (or 8 rows' chunks, which the swizzle
+    spreads over the banks), so no two share a bank. A layout covering more than the tile reads
+    nothing past it (those registers are 0)."""
+    layout, buf = e.layouts[op.result], tile_.buffer
+    if not isinstance(layout, Blocked) or not isinstance(buf, SharedBuffer):
+        raise UnsupportedByBackend(f"PTX backend: tile.load_shared into registers reads a thread-copied stage "
+                                   f"into a blocked layout, not a {type(buf).__name__} into {layout}")
+    ty = ptx_type(op.result.type)
+    (row, col), offsets = e.coords(layout)
+    base = stage_address(e, buf, tile_.stage)
+    width = min(layout.vec, max(1, 16 // buf.elem))   # (a run never crosses a 16-byte chunk)
+    suffix, pack = vector_suffix(ty, width)
+    regs = []
+    for i in range(0, len(offsets), width):
+        r_off, c_off = offsets[i]
+        guard = _inside_tile(e, layout, (row, col), (r_off, c_off))
+        run = [e.new(ty) for _ in range(width)]
+        words = run if pack == 1 else [e.new(S32) for _ in range(width // pack)]
+        if guard:
+            for w in words:
+                e.emit(mov_constant(S32 if pack > 1 else ty, w, 0.0))
+        e.emit(f"{f'@{guard} ' if guard else ''}ld.shared.{suffix} {braced(words)}, "
+               f"[{_shared_slot(e, buf, base, row, r_off, col, c_off)}];")
+        if pack == 2:
+            for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
+                e.emit(f"mov.b32 {{{lo}, {hi}}}, {w};")
+        elif pack == 4:
+            run = [r for w in words for r in unpack_bytes(e, w, ty)]
+        regs.extend(run)
+    e.env[op.result] = regs
+
+
+def _inside_tile(e: KernelEmitter, layout: Blocked, bases: tuple[str, str], offset: tuple[int, int]) -> str | None:
+    """A predicate: the element at a thread's `bases` + `offset` is inside the layout's tile (None
+    where the layout covers the tile exactly)."""
+    guard = None
+    for dim in (0, 1):
+        if not layout.over_covers(dim):
+            continue
+        p = e.new(PRED)
+        e.emit(f"setp.lt.s32 {p}, {bases[dim]}, {layout.shape[dim] - offset[dim]};")
+        if guard is not None:
+            e.emit(f"and.pred {p}, {p}, {guard};")
+        guard = p
+    return guard
 
 
 # --- mma.sync --------------------------------------------------------------------------------------

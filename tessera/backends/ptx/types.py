@@ -73,6 +73,20 @@ def storage_suffix(ty: PtxType) -> str:
     return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", E4M3: "u8", E5M2: "u8"}[ty]
 
 
+def vector_suffix(ty: PtxType, width: int) -> tuple[str, int]:
+    """(ld/st type with vector prefix, registers packed per 32-bit word) for a run of `width` elements."""
+    if ty.bytes < 4 and width * ty.bytes >= 4:
+        pack = 4 // ty.bytes
+        words = width // pack
+        return (f"v{words}.b32" if words > 1 else "b32"), pack
+    return (f"v{width}.{storage_suffix(ty)}" if width > 1 else storage_suffix(ty)), 1
+
+
+def braced(regs: list[str]) -> str:
+    """A vector operand's registers: {a, b, ..}, or the one register."""
+    return regs[0] if len(regs) == 1 else "{" + ", ".join(regs) + "}"
+
+
 def mov_suffix(ty: PtxType) -> str:
     return {F32: "f32", F16: "b16", BF16: "b16", S32: "b32", PRED: "pred", U64: "b64", E4M3: "b16",
             E5M2: "b16"}[ty]
