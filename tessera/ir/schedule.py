@@ -210,13 +210,13 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # taking 154 registers a thread against 80, one block an SM; bench/RESULTS.md session 37)
     ("row_reduction", lambda f: f.get("clusters") and f.get("softmax") and f.get("row_elements") == 32768
      and not f.get("few_rows"), {"cluster": 8, "block_n": 16384, "num_warps": 8}),
-    # a row kernel carrying column reductions walks its rows with each row block's tiles staged in
-    # shared memory one or two row blocks ahead (num_stages 2-3: the walk's memory requests, where
-    # a block loading its rows as it reduced them left them idle). H200 bf16, of the copy
-    # bandwidth, 4 warps: rms_norm 65536 x 1024 1 stage (3 blocks an SM) 0.92x -> 2 stages 0.95x,
-    # layer_norm 0.85 -> 0.93x (bench/RESULTS.md session 38; session 31 had the rows ahead in
-    # registers, where they cost a block an SM at 1024 columns)
-    ("row_reduction", lambda f: f.get("column_riders", 0), {"num_stages": 2}),
+    # a row kernel carrying column reductions over rows of 1024+ walks its rows with the next row
+    # block's tiles staged in shared memory (num_stages 2: the walk's memory requests, where a
+    # block loading its rows as it reduced them left them idle). H200 bf16, us, 1 stage -> 2 (3):
+    # rms_norm 65536 x 1024 112 -> 110 (110), 65536 x 2048 210 -> 205 (213); layer_norm 121 -> 120
+    # (121), 220 -> 205 (209); at 512 columns 2 stages lost (layer_norm 131072 x 512 127 -> 143 us;
+    # bench/RESULTS.md session 38)
+    ("row_reduction", lambda f: f.get("column_riders", 0) and f.get("row_elements", 0) >= 1024, {"num_stages": 2}),
     # ... over rows of 4096+ elements with two column reductions (a layer_norm backward's weight and
     # bias gradients), or longer with one: 8 warps, as on 4 its accumulators and rows spill (255
     # registers at 8192; H200 bf16 layer_norm 16384 x 8192 462 -> 404 us, 32768 x 4096 381 -> 353),
@@ -226,6 +226,12 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # 0.93 -> 0.99x (bench/RESULTS.md session 38)
     ("row_reduction", lambda f: f.get("column_riders", 0) >= 2 and f.get("row_elements", 0) >= 4096
      or f.get("column_riders", 0) and f.get("row_elements", 0) > 4096, {"num_warps": 8, "num_stages": 3}),
+    # ... but one column reduction (an rms_norm backward's weight gradient) over rows split across a
+    # cluster: 16 warps. H200 bf16, us, 8 warps -> 16: 1000 x 20000 65.7 -> 54.4, 8000 x 20000 417
+    # -> 329, 4096 x 32768 233 -> 229, 2048 x 65536 244 -> 239 (a layer_norm's two lost: 4096 x 32768
+    # 253 -> 285; bench/RESULTS.md session 38)
+    ("row_reduction", lambda f: f.get("clusters") and f.get("column_riders", 0) == 1 and f.get("row_elements", 0) > 8192,
+     {"num_warps": 16}),
     ("flash_attention", lambda f: f.get("tile_compiler") and f.get("head_dim", 0) > 64, {"block_n": 64}),
     # a chain kernel summing dQ across its key blocks (an across sink, `index_maps.ChainSink.across`):
     # 128 keys a block on 8 warps, so each query block's dQ is added half as often as with 64 (one
@@ -255,7 +261,8 @@ def default_params(kind: str, features: dict[str, int], max_shared: int | None =
             params.update(overrides)
     if max_shared is None:
         return params
-    shrink = [("num_stages", 2), ("block_n", 32), ("block_m", 64), ("block_k", 32)]
+    # (a row walk stages its rows only where they fit: 1 stage, no walk, at least)
+    shrink = [("num_stages", 1 if kind == "row_reduction" else 2), ("block_n", 32), ("block_m", 64), ("block_k", 32)]
     while shared_bytes(kind, params, features) > max_shared:
         key = next((k for k, least in shrink if params.get(k, 0) > least), None)
         if key is None:
@@ -411,6 +418,11 @@ def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) ->
         return features.get("row_tiles", 1) * tile(p["block_m"], d) + \
             features.get("streamed_tiles", 2) * tile(p["block_n"], d, p["num_stages"]) + \
             features.get("staged_tiles", 0) * (tile(p["block_m"], p["block_n"]) + 4 * p["block_n"] * (d + 4))
+    if kind == "row_reduction" and p.get("num_stages", 1) > 1:   # a row walk's stages: a row block of each
+        # input read as the rows (`staged_row_bytes` a row element), where a row is one chunk
+        n = features.get("row_elements", 0)
+        bm, bn, chunks = row_tile(p, features.get("rows", 1), -(-n // row_split(p, n)))
+        return p["num_stages"] * bm * bn * features.get("staged_row_bytes", 0) if chunks == 1 else 0
     return 0
 
 

@@ -1669,20 +1669,17 @@ def _row_walk_blocks(group: Group, planner: _Planner, params: dict[str, int]) ->
     if platform is None or platform.vendor != "nvidia":   # (no register file to count by)
         return 2
     regs = min(platform.max_regs_per_thread, math.ceil(registers))
-    staged = _staged_row_bytes(group, planner, params, rows * cols) if chunks == 1 else 0
+    staged = s.shared_bytes("row_reduction", params, _row_features(group, planner))
     return max(1, platforms.occupancy(platform, threads, regs, staged)[0])
 
 
-def _staged_row_bytes(group: Group, planner: _Planner, params: dict[str, int], tile_elements: int) -> int:
-    """The shared memory a row walk's stages take (`num_stages` 2+): a tile of `tile_elements` of
-    each of the kernel's inputs shaped as its rows (`schedule_to_tile._row_tiles_read`, which the
-    walk loads ahead), a stage each."""
-    if params.get("num_stages", 1) < 2:
-        return 0
+def _staged_row_bytes(group: Group, planner: _Planner) -> int:
+    """The bytes a row element of the inputs a row walk stages takes (`schedule.shared_bytes`):
+    those of the kernel's inputs shaped as its rows (`schedule_to_tile._row_tiles_read`)."""
     rows = planner._sizes(_walked_rows(group, planner))
     inputs = {v for op in group.ops for v in op.operands if planner.producer(v) not in group.ops
               and planner._sizes(v) == rows}
-    return params["num_stages"] * tile_elements * sum(g.tensor_type(v).dtype.itemsize for v in inputs)
+    return sum(g.tensor_type(v).dtype.itemsize for v in inputs)
 
 
 def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
@@ -1758,7 +1755,8 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
 def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     """A row kernel's `row_elements` (the reduced axis's length), the `column_riders` it carries,
     whether it is a norm's (`norm`; `layer_norm`) or a softmax's (`softmax`), which hold one row in registers, and
-    whether a reduction's epilogue is `over_rows` it reduced (a norm backward's dx), the statistics
+    whether a reduction's epilogue is `over_rows` it reduced (a norm backward's dx), its `rows` and
+    the bytes a row element of its rows' inputs takes (`staged_row_bytes`), the statistics
     computed before the anchor's (`chained_statistics`: `merge_row_chains`), the `exponentials`,
     whether its blocks may form `clusters` (PTX on a platform that has them: a long row splits),
     and whether it has `few_rows` (fewer than the SMs)."""
@@ -1771,6 +1769,7 @@ def _row_features(group: Group, planner: _Planner) -> dict[str, int]:
     sizes = planner._sizes(anchor.operands[0])
     rows = math.prod(hint(n) for i, n in enumerate(sizes) if i != axis % len(sizes))
     return {"row_elements": sizes[axis], "column_riders": len(riders), "few_rows": int(rows < planner.sm_count),
+            "rows": rows, "staged_row_bytes": _staged_row_bytes(group, planner),
             "clusters": int(planner.platform is not None and not planner.tile_compiler
                             and planner.platform.has("clusters")),
             "norm": int(isinstance(anchor, (g.LayerNormOp, g.RmsNormOp))),

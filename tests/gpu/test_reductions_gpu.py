@@ -100,17 +100,26 @@ def test_norm_backward_matches_float64(torch_cuda, dtype, norm, m, n):
         check(got, w, "bf16" if dtype == "bfloat16" else "fp16", torch)
 
 
+#: space pins of test_long_rows: the defaults; rows split across a cluster of 4 blocks; blocks
+#: walking the rows, the next one or two staged in shared memory (7 blocks, or as the SMs hold)
+LONG_ROW_PINS = {"default": None, "cluster-4": {"cluster": [4], "block_n": [8192], "num_warps": [4]},
+                 "walk-7-blocks": {"num_stages": [3], "programs": [7], "cluster": [1]},
+                 "walk": {"num_stages": [2], "cluster": [1]}}
+
+
 @pytest.mark.parametrize("dtype", ["fp16", "bf16"])
 @pytest.mark.parametrize("op", ["softmax", "layer_norm", "rms_norm"])
-@pytest.mark.parametrize("m,n", [(1, 8193), (5, 32768), (3, 40000), (7, 65537)])
-@pytest.mark.parametrize("cluster", [None, 4])
-def test_long_rows(torch_cuda, dtype, op, m, n, cluster):
+@pytest.mark.parametrize("m,n", [(1, 8193), (5, 32768), (3, 40000), (7, 65537), (133, 16385), (300, 20000),
+                                 (1000, 32768)])
+@pytest.mark.parametrize("pins", list(LONG_ROW_PINS))
+def test_long_rows(torch_cuda, dtype, op, m, n, pins):
     """Rows past one 8192-element chunk take 16 warps and 16384- or 32768-element chunks (a row of
     40000 or 65537 is still two or more), or, pinned, split across a cluster of 4 blocks (the
-    softmax's max and sum combined across it), against float64."""
+    softmax's max and sum combined across it), or walked by blocks that stage the next rows in
+    shared memory (a layer_norm's default over rows of 16385-32768), against float64."""
     torch = torch_cuda
     dims = dict(M=m, N=n)
-    space = {"cluster": [cluster], "block_n": [8192], "num_warps": [4]} if cluster else None
+    space = LONG_ROW_PINS[pins]
     if op == "softmax":
         (x,), (out,) = run(softmax, dims, dtype, torch, space=space)
         ref = torch.softmax(x.double(), -1)

@@ -177,3 +177,16 @@ def test_an_across_sum_needs_a_side_of_16_rows_a_warp(params, rows, columns, wid
 def test_a_row_splits_across_as_many_blocks_of_a_cluster_as_have_a_chunk(params, n, split):
     from tessera.ir.schedule import row_split
     assert row_split(params, n) == split
+
+
+@pytest.mark.parametrize("bytes_, n, stages, staged", [(2, 32768, 2, 131072), (4, 32768, 1, 0), (2, 20000, 2, 131072),
+                                                       (4, 20000, 1, 0), (2, 65536, 1, 0)])
+def test_a_row_walk_stages_its_rows_only_where_they_fit(bytes_, n, stages, staged):
+    """A layer_norm over rows of 16385-32768 walks them two stages deep (schedule.SHAPE_DEFAULTS),
+    a 32768-element chunk a stage, 64 KB in bf16; in fp32 two such stages would pass sm_90a's 227 KB,
+    so it takes one (no walk). Longer rows are two chunks and stage nothing."""
+    from tessera.ir.schedule import default_params, shared_bytes
+    features = {"norm": 1, "layer_norm": 1, "row_elements": n, "rows": 4096, "staged_row_bytes": bytes_}
+    params = default_params("row_reduction", features, max_shared=232448)
+    assert params["num_stages"] == stages
+    assert shared_bytes("row_reduction", params, features) == staged
