@@ -25,7 +25,8 @@ from ...ir.layouts import Layout, Slice
 from ...lowering.assign_layouts import UnsupportedLayout, is_tile, kernel_layouts
 from ...runtime.tensor_maps import TensorMapSpec
 from .debug import KernelDebug
-from .types import F32, PRED, S32, U64, PtxType, UnsupportedByBackend, f32_literal, mov_suffix, ptx_type
+from .types import (F32, PRED, S32, U64, PtxType, UnsupportedByBackend, braced, f32_literal, mov_constant, mov_suffix,
+                    ptx_type, vector_suffix)
 
 #: the kernel's dynamic shared memory, which holds every shared byte it uses
 SMEM_SYMBOL = "tsr_smem"
@@ -566,3 +567,34 @@ def unpack_bytes(e: KernelEmitter, word: str, ty) -> list[str]:
         e.emit(f"shr.u16 {high}, {half}, 8;")
         out += [low, high]
     return out
+
+
+def pack_words(e: KernelEmitter, run: list[str], pack: int) -> list[str]:
+    """A run's registers as 32-bit words of `pack` elements each."""
+    if pack == 4:
+        return [pack_bytes(e, run[i:i + 4]) for i in range(0, len(run), 4)]
+    words = [e.new(S32) for _ in range(len(run) // 2)]
+    for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
+        e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
+    return words
+
+
+def vector_load(e: KernelEmitter, ty: PtxType, width: int, space: str, address: str, pred: str | None,
+                fill: float = 0.0) -> list[str]:
+    """A run of `width` elements of type `ty` in one load from `space` ("global", "shared") at
+    `address`, where `pred` holds (`fill` where it does not): its registers, one an element (16-bit
+    and 8-bit elements loaded packed in 32-bit words, `vector_suffix`)."""
+    suffix, pack = vector_suffix(ty, width)
+    run = [e.new(ty) for _ in range(width)]
+    if pred is not None:
+        for r in run:
+            e.emit(mov_constant(ty, r, fill))
+    words = run if pack == 1 else pack_words(e, run, pack) if pred is not None else \
+        [e.new(S32) for _ in range(width // pack)]
+    e.emit(f"{f'@{pred} ' if pred else ''}ld.{space}.{suffix} {braced(words)}, [{address}];")
+    if pack == 2:
+        for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
+            e.emit(f"mov.b32 {{{lo}, {hi}}}, {w};")
+    elif pack == 4:
+        run = [r for w in words for r in unpack_bytes(e, w, ty)]
+    return run

@@ -18,7 +18,7 @@ from ...ir.layouts import Layout, Mma
 from ...lowering.assign_layouts import is_tile
 from ...lowering.shared_memory import Staging
 from . import hopper
-from .core import KernelEmitter, pack_bytes, unpack_bytes
+from .core import KernelEmitter, pack_words, vector_load
 from .types import (B8, PRED, S32, U64, PtxType, UnsupportedByBackend, braced, mov_constant, ptx_type, storage_suffix,
                     vector_suffix)
 
@@ -208,16 +208,6 @@ def _vector_width(memref: SSAValue, tile_dims, layout: Layout, ty: PtxType, tile
     return width if ty.bytes > 1 or width >= 4 else 1
 
 
-def _pack(e: KernelEmitter, run: list[str], pack: int) -> list[str]:
-    """A run's registers as 32-bit words of `pack` elements each."""
-    if pack == 4:
-        return [pack_bytes(e, run[i:i + 4]) for i in range(0, len(run), 4)]
-    words = [e.new(S32) for _ in range(len(run) // 2)]
-    for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
-        e.emit(f"mov.b32 {w}, {{{lo}, {hi}}};")
-    return words
-
-
 def _load(e: KernelEmitter, op: t.LoadOp):
     if not is_tile(op.result):
         return _load_scalar(e, op)
@@ -230,21 +220,10 @@ def _load(e: KernelEmitter, op: t.LoadOp):
         e.env[op.result] = [_load_bool(e, addr, byte, pred, pad) for byte, pred in elems]
         return
     width = _vector_width(op.src, tile_dims, layout, ty, list(op.offsets))
-    suffix, pack = vector_suffix(ty, width)
     regs = []
-    for i in range(0, len(elems), width):
+    for i in range(0, len(elems), width):   # (the padding, where a run is out of bounds)
         byte, pred = elems[i]
-        run = [e.new(ty) for _ in range(width)]
-        for r in run:
-            e.emit(mov_constant(ty, r, pad))
-        targets = run if pack == 1 else _pack(e, run, pack)   # (the padding, where the run is out of bounds)
-        e.emit(f"@{pred} ld.global.{suffix} {braced(targets)}, [{addr}+{byte}];")
-        if pack == 2:
-            for w, (lo, hi) in zip(targets, zip(run[::2], run[1::2])):
-                e.emit(f"mov.b32 {{{lo}, {hi}}}, {w};")
-        elif pack == 4:
-            run = [r for w in targets for r in unpack_bytes(e, w, ty)]
-        regs.extend(run)
+        regs.extend(vector_load(e, ty, width, "global", f"{addr}+{byte}", pred, pad))
     e.env[op.result] = regs
 
 
@@ -266,7 +245,7 @@ def _store(e: KernelEmitter, op: t.StoreOp):
         byte, pred = elems[i]
         run = regs[i:i + width]
         if pack > 1:
-            run = _pack(e, run, pack)
+            run = pack_words(e, run, pack)
         e.emit(f"@{pred} st.global.{suffix} [{addr}+{byte}], {braced(run)};")
 
 

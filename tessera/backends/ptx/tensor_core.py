@@ -28,9 +28,8 @@ from ...ir import index_facts
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Blocked, Mma
-from .core import KernelEmitter, pack_bytes, unpack_bytes
-from .types import (F32, PRED, S32, U64, UnsupportedByBackend, braced, mov_constant, ptx_type, storage_suffix,
-                    vector_suffix)
+from .core import KernelEmitter, pack_bytes, vector_load
+from .types import F32, PRED, S32, U64, UnsupportedByBackend, mov_constant, ptx_type, storage_suffix
 
 
 @dataclass(frozen=True)
@@ -353,24 +352,11 @@ def _load_shared_blocked(e: KernelEmitter, op: t.LoadSharedOp, tile_: SharedTile
     (row, col), offsets = e.coords(layout)
     base = stage_address(e, buf, tile_.stage)
     width = min(layout.vec, max(1, 16 // buf.elem))   # (a run never crosses a 16-byte chunk)
-    suffix, pack = vector_suffix(ty, width)
     regs = []
     for i in range(0, len(offsets), width):
         r_off, c_off = offsets[i]
         guard = _inside_tile(e, layout, (row, col), (r_off, c_off))
-        run = [e.new(ty) for _ in range(width)]
-        words = run if pack == 1 else [e.new(S32) for _ in range(width // pack)]
-        if guard:
-            for w in words:
-                e.emit(mov_constant(S32 if pack > 1 else ty, w, 0.0))
-        e.emit(f"{f'@{guard} ' if guard else ''}ld.shared.{suffix} {braced(words)}, "
-               f"[{_shared_slot(e, buf, base, row, r_off, col, c_off)}];")
-        if pack == 2:
-            for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
-                e.emit(f"mov.b32 {{{lo}, {hi}}}, {w};")
-        elif pack == 4:
-            run = [r for w in words for r in unpack_bytes(e, w, ty)]
-        regs.extend(run)
+        regs.extend(vector_load(e, ty, width, "shared", _shared_slot(e, buf, base, row, r_off, col, c_off), guard))
     e.env[op.result] = regs
 
 
