@@ -129,6 +129,7 @@ FLOAT_FNS: dict[type[Operation], Callable] = {
     math.FloorOp: np.floor, math.CeilOp: np.ceil, math.TruncOp: np.trunc, math.RoundEvenOp: np.rint,
     math.RoundOp: lambda x: np.copysign(np.floor(np.abs(x) + 0.5), x),
     math.FmaOp: lambda a, b, c: np.multiply(a, b, dtype=np.float64) + c,
+    tile.RemFOp: np.fmod,
 }
 """Float elementwise ops: computed in `compute_dtype`, rounded to the result dtype."""
 

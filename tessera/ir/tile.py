@@ -1325,7 +1325,16 @@ class FPToSIOp(_TileConversion):
     traits = traits_def(Pure())
 
 
-TILE_ARITH_OPS = (CmpiOp, CmpfOp, SelectOp, SIToFPOp, FPToSIOp)
+@irdl_op_definition
+class RemFOp(arith.FloatingPointLikeBinaryOperation):
+    """arith.remf (MLIR's; xDSL lacks it): C's fmod, x - trunc(x / y) * y computed exactly, the sign
+    x's. Float `//` and `%` are built from it (`lowering.emit._float_division`), as torch's are."""
+
+    name = "arith.remf"
+    traits = traits_def(Pure())
+
+
+TILE_ARITH_OPS = (CmpiOp, CmpfOp, SelectOp, SIToFPOp, FPToSIOp, RemFOp)
 
 ArithOnTiles = Dialect(
     "arith",

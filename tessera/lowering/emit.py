@@ -220,28 +220,26 @@ def _remainder(b: Builder, x, y):
 
 
 def _float_division(b: Builder, x, y) -> tuple[SSAValue, SSAValue]:
-    """(x // y, x % y) of floats as torch's: q = floor(x / y), moved by one where the rounded
-    quotient crossed an integer (1 / 0.1 rounds to 10, and 1.0 // 0.1 is 9), r = x - q * y in one
-    fma (not rounded before the subtraction), its sign the divisor's; by an infinite divisor r is
-    x where their signs agree (7 % inf is 7) and y where not (-7 % inf is inf); of an infinite x
-    both are NaN (but x // 0, which is x / 0). A remainder that rounds to the divisor's magnitude
-    (1e-8 % -1.5 is -1.5, 1e-8 // -1.5 is -1) stays there: only one past it means q was one too
-    small, as x and y are multiples of y's ulp there. (A quotient past 2^24 is not exact, and one
-    past the float range gives an infinite remainder: torch's and NumPy's fmod are exact.)"""
+    """(x // y, x % y) of floats as torch computes them, from the exact remainder of C's fmod
+    (`tile.RemFOp`): r = fmod(x, y), moved by y where its sign is not the divisor's; q = (x - r) / y
+    (x - fmod(x, y) is a multiple of y), one less where r moved, then the nearest integer below
+    (above where the quotient rounded more than half below one), a zero quotient signed as x / y.
+    By zero, x // 0 is x / 0. So 1.0 // 0.1 is 9 (1 / 0.1 rounds to 10), 1e-8 % -1.5 is -1.5, 7 %
+    inf is 7 and -7 % inf inf, an infinite x gives NaN, and quotients past 2^24 stay exact: 1e9 %
+    3.3 is 1.3496 (x - floor(x / y) * y gave 7.95)."""
     shape = x.type.get_shape()
-    zero, one, inf, nan = (b.full(v, shape) for v in (0.0, 1.0, float("inf"), float("nan")))
-    q = b(math.FloorOp(b(arith.DivfOp(x, y))))
-    r = b(math.FmaOp(b(arith.NegfOp(q)), y, x))
-    infinite = compare(b, b(math.AbsFOp(y)), inf, "oeq")
-    x_infinite = compare(b, b(math.AbsFOp(x)), inf, "oeq")
-    r = select(b, infinite, select(b, x_infinite, nan, x), r)
-    signs_differ = b(arith.XOrIOp(compare(b, r, zero, "olt"), compare(b, y, zero, "olt")))
-    under = b(arith.AndIOp(compare(b, r, zero, "one"), signs_differ))   # q one too large
-    over = b(arith.AndIOp(compare(b, b(math.AbsFOp(r)), b(math.AbsFOp(y)), "ogt"),
-                          b(arith.XOrIOp(infinite, b.splat(b(arith.ConstantOp(IntegerAttr(1, i1))), shape)))))
-    q = select(b, under, b(arith.SubfOp(q, one)), select(b, over, b(arith.AddfOp(q, one)), q))
-    r = select(b, under, b(arith.AddfOp(r, y)), select(b, over, b(arith.SubfOp(r, y)), r))
-    q = select(b, b(arith.AndIOp(x_infinite, compare(b, y, zero, "one"))), nan, q)
+    zero, one, half = (b.full(v, shape) for v in (0.0, 1.0, 0.5))
+    r = b(t.RemFOp(x, y))
+    q = b(arith.DivfOp(b(arith.SubfOp(x, r)), y))
+    moved = b(arith.AndIOp(compare(b, r, zero, "one"),
+                           b(arith.XOrIOp(compare(b, y, zero, "olt"), compare(b, r, zero, "olt")))))
+    r = select(b, moved, b(arith.AddfOp(r, y)), r)
+    q = select(b, moved, b(arith.SubfOp(q, one)), q)
+    floor = b(math.FloorOp(q))
+    floor = select(b, compare(b, b(arith.SubfOp(q, floor)), half, "ogt"), b(arith.AddfOp(floor, one)), floor)
+    signed_zero = b(arith.MulfOp(b(arith.DivfOp(x, y)), zero))   # (finite there: |x| < |y|)
+    q = select(b, compare(b, q, zero, "une"), floor, signed_zero)
+    q = select(b, compare(b, y, zero, "oeq"), b(arith.DivfOp(x, y)), q)
     return q, r
 
 

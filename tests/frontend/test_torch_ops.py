@@ -229,6 +229,25 @@ def test_float_floor_division_at_its_edges_is_numpys():
         np.testing.assert_array_equal(r, np.remainder(x, y))
 
 
+#: dividends and divisors whose quotients pass 2^24 (x - floor(x / y) * y was 7.95 for 1e9 % 3.3, -1
+#: for 3e8 % 7), past the float range (3e38 / 1e-38), and subnormal ones
+LARGE_QUOTIENTS = (np.array([1e9, 3e8, 123456789.0, -1e9, 7.5e7, 3e38, -3e38, 1e-45, 2.5e-40, 16777217.0, 1e30, 0.75],
+                            np.float32),
+                   np.array([3.3, 7.0, 0.1, 3.3, -1.7, 1e-38, 7.1e-3, 3e-45, 7e-45, 3.0, -1.1, 1e-44], np.float32))
+
+
+def test_float_floor_division_past_two_to_the_24_is_exact():
+    """Float `%` is C's fmod, exact (`tile.RemFOp`), moved by the divisor where their signs
+    differ, and `//` is built on it as torch's: NumPy's results bit for bit, on the CPU."""
+    def f(x: Tensor["N"], y: Tensor["N"]):
+        return x // y, x % y
+    x, y = LARGE_QUOTIENTS
+    q, r = _run(f, x, y)
+    with np.errstate(all="ignore"):
+        np.testing.assert_array_equal(q, np.floor_divide(x, y))
+        np.testing.assert_array_equal(r, np.remainder(x, y))
+
+
 # --- fusion ----------------------------------------------------------------------------------------
 
 def _kinds(fn, dims, dtype="fp16"):

@@ -273,3 +273,36 @@ def test_gradients_through_rows_a_finite_fill_masks_whole_are_torchs(torch_cuda,
         torch.testing.assert_close(mine.grad.double(), want.grad, atol=(3e-2 if dtype == "bfloat16" else 4e-3) * scale,
                                    rtol=0)
 
+
+
+@tsr.function
+def floor_division(x: Tensor["N"], y: Tensor["N"]):
+    return x // y, x % y
+
+
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16", "float16"])
+def test_float_floor_division_is_torchs_bit_for_bit(torch_cuda, dtype):
+    """Float `%` (an exact fmod, each element's long division a loop of its own in PTX) and `//`
+    as torch computes them on the GPU: quotients past 2^24 and the float range, subnormals, zeros,
+    infinities and random values, in fp32 and (computed in fp32, rounded) bf16 / fp16."""
+    import sys
+    from pathlib import Path
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "frontend"))
+    from test_torch_ops import LARGE_QUOTIENTS
+    torch = torch_cuda
+    inf = float("inf")
+    edges_x = [1e-8, 1.5, inf, -inf, 1.0, 7.0, -7.0, 0.0, -0.0, 5.0, 3.0, 2.5]
+    edges_y = [-1.5, -3.4e38, 1.5, -2.0, 0.1, inf, inf, 3.0, 5.0, 0.0, -1e-45, 2.5]
+    gen = torch.Generator(device="cuda").manual_seed(0)
+    rand_x = (torch.randn(4000, device="cuda", generator=gen) * 10 ** torch.randint(-3, 9, (4000,), device="cuda",
+                                                                                     generator=gen)).tolist()
+    rand_y = (torch.randn(4000, device="cuda", generator=gen) * 10 ** torch.randint(-3, 3, (4000,), device="cuda",
+                                                                                     generator=gen)).tolist()
+    x = torch.tensor(LARGE_QUOTIENTS[0].tolist() + edges_x + rand_x, device="cuda").to(getattr(torch, dtype))
+    y = torch.tensor(LARGE_QUOTIENTS[1].tolist() + edges_y + rand_y, device="cuda").to(getattr(torch, dtype))
+    q, r = floor_division(x, y)
+    want_q, want_r = torch.floor_divide(x, y), torch.remainder(x, y)
+    for got, want in ((q, want_q), (r, want_r)):
+        same = (got == want) | (got.isnan() & want.isnan())
+        assert bool(same.all()), [(a, b, g, w) for a, b, g, w in zip(x[~same].tolist(), y[~same].tolist(),
+                                                                     got[~same].tolist(), want[~same].tolist())][:8]

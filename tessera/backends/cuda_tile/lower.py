@@ -483,6 +483,7 @@ RULES: dict[type, Callable] = {
     mathd.AbsIOp: _unary("absi"),
     mathd.FloorOp: _unary("floor"),
     mathd.FmaOp: lambda lowering, op: lowering.b.fma(*(lowering.v(x) for x in op.operands)),
+    t.RemFOp: _binary("remf"),
     mathd.PowFOp: _binary("pow"),
     mathd.ErfOp: _KernelLowering.erf,
 }

@@ -431,6 +431,91 @@ def _constant(e: KernelEmitter, op: arith.ConstantOp):
         e.env[op.result] = e.const_s32(int(value.value.data))
 
 
+def _remf(e: KernelEmitter, op: t.RemFOp):
+    """C's fmod of f32 elements, exact (`tile.RemFOp`), by long division of the significands: |x|
+    and |y| as m * 2^e with 24-bit m (subnormals normalized by their leading zeros), one bit of
+    quotient a step while x's exponent exceeds y's, each element its own loop (a step per binade
+    between them, none where |x| < |y|); the remainder, a multiple of y's unit in the last place
+    and below |y|, packed back exactly (subnormal where it falls there), with x's sign. NaN where
+    either is NaN, x infinite or y zero; x where y is infinite and x finite."""
+    def bits(name_value):
+        r = e.new(S32)
+        e.emit(f"mov.b32 {r}, {name_value};")
+        return r
+
+    def normalized(magnitude: str) -> tuple[str, str]:
+        """(24-bit significand with its leading one at bit 23, biased exponent, below 1 for subnormals)."""
+        exp, man, lead, shift = e.new(S32), e.new(S32), e.new(PRED), e.new(S32)
+        e.emit(f"shr.u32 {exp}, {magnitude}, 23;")
+        e.emit(f"and.b32 {man}, {magnitude}, 8388607;")
+        e.emit(f"setp.ne.s32 {lead}, {exp}, 0;")
+        e.emit(f"@{lead} or.b32 {man}, {man}, 8388608;")
+        e.emit(f"@!{lead} mov.s32 {exp}, 1;")
+        e.emit(f"clz.b32 {shift}, {man};")
+        e.emit(f"sub.s32 {shift}, {shift}, 8;")
+        e.emit(f"shl.b32 {man}, {man}, {shift};")
+        e.emit(f"sub.s32 {exp}, {exp}, {shift};")
+        return man, exp
+
+    def build(args):
+        x, y = args
+        ux, uy = bits(x), bits(y)
+        ax, ay, sign = e.new(S32), e.new(S32), e.new(S32)
+        e.emit(f"and.b32 {ax}, {ux}, 2147483647;")
+        e.emit(f"and.b32 {ay}, {uy}, 2147483647;")
+        e.emit(f"and.b32 {sign}, {ux}, -2147483648;")
+        r = e.new(F32)
+        nan, small, p = e.new(PRED), e.new(PRED), e.new(PRED)
+        e.emit(f"setp.gt.u32 {nan}, {ay}, 2139095040;")          # y NaN
+        e.emit(f"setp.ge.u32 {p}, {ax}, 2139095040;")            # x infinite or NaN
+        e.emit(f"or.pred {nan}, {nan}, {p};")
+        e.emit(f"setp.eq.u32 {p}, {ay}, 0;")                     # y zero
+        e.emit(f"or.pred {nan}, {nan}, {p};")
+        e.emit(f"setp.lt.u32 {small}, {ax}, {ay};")              # |x| < |y| (y infinite included): x
+        done = e.label("fmod_done")
+        e.emit(f"mov.b32 {r}, 2147483647;")
+        e.emit(f"@{nan} bra {done};")
+        e.emit(f"mov.f32 {r}, {x};")
+        e.emit(f"@{small} bra {done};")
+        mx, ex = normalized(ax)
+        my, ey = normalized(ay)
+        steps, more, ge = e.new(S32), e.new(PRED), e.new(PRED)
+        e.emit(f"sub.s32 {steps}, {ex}, {ey};")
+        top, last = e.label("fmod_step"), e.label("fmod_last")
+        e.lines.append(f"{top}:")
+        e.emit(f"setp.gt.s32 {more}, {steps}, 0;")
+        e.emit(f"@!{more} bra {last};")
+        e.emit(f"setp.ge.u32 {ge}, {mx}, {my};")
+        e.emit(f"@{ge} sub.s32 {mx}, {mx}, {my};")
+        e.emit(f"shl.b32 {mx}, {mx}, 1;")
+        e.emit(f"sub.s32 {steps}, {steps}, 1;")
+        e.emit(f"bra {top};")
+        e.lines.append(f"{last}:")
+        e.emit(f"setp.ge.u32 {ge}, {mx}, {my};")
+        e.emit(f"@{ge} sub.s32 {mx}, {mx}, {my};")
+        # the remainder mx * 2^(ey - 150), mx < 2^24: normalized to bit 23 at exponent er, or subnormal
+        shift, er, out, sub, zero = e.new(S32), e.new(S32), e.new(S32), e.new(S32), e.new(PRED)
+        e.emit(f"clz.b32 {shift}, {mx};")
+        e.emit(f"sub.s32 {shift}, {shift}, 8;")
+        e.emit(f"shl.b32 {mx}, {mx}, {shift};")
+        e.emit(f"sub.s32 {er}, {ey}, {shift};")
+        e.emit(f"sub.s32 {out}, {er}, 1;")
+        e.emit(f"shl.b32 {out}, {out}, 23;")
+        e.emit(f"add.s32 {out}, {out}, {mx};")
+        e.emit(f"setp.lt.s32 {p}, {er}, 1;")
+        e.emit(f"sub.s32 {sub}, 1, {er};")
+        e.emit(f"min.s32 {sub}, {sub}, 31;")
+        e.emit(f"shr.u32 {sub}, {mx}, {sub};")
+        e.emit(f"selp.b32 {out}, {sub}, {out}, {p};")
+        e.emit(f"setp.eq.s32 {zero}, {mx}, 0;")
+        e.emit(f"selp.b32 {out}, 0, {out}, {zero};")
+        e.emit(f"or.b32 {out}, {out}, {sign};")
+        e.emit(f"mov.b32 {r}, {out};")
+        e.lines.append(f"{done}:")
+        return r
+    e.elementwise(op, build)
+
+
 #: the arith and math dialects' ops, tile comparisons, selects and casts
 HANDLERS: dict[type, Callable] = {
     arith.ConstantOp: _constant,
@@ -438,6 +523,7 @@ HANDLERS: dict[type, Callable] = {
     arith.SubfOp: _binary("sub.f32 {r}, {a}, {b};"),
     arith.MulfOp: _binary("mul.f32 {r}, {a}, {b};"),
     arith.DivfOp: _divf,
+    t.RemFOp: _remf,
     arith.MaximumfOp: _nan_minmax("max"),
     arith.MinimumfOp: _nan_minmax("min"),
     arith.NegfOp: _unary(_result_type, "neg.f32 {r}, {a};"),
