@@ -384,11 +384,15 @@ def _extf(e: KernelEmitter, op):
         r = e.new(F32)
         if src is F16:
             e.emit(f"cvt.f32.f16 {r}, {args[0]};")
+            return r
+        wide = e.new(S32)
+        if args[0] in e.packed_halves:   # (bf16 is f32's high half: one shift or mask of the loaded word)
+            word, half = e.packed_halves[args[0]]
+            e.emit(f"and.b32 {wide}, {word}, -65536;" if half else f"shl.b32 {wide}, {word}, 16;")
         else:
-            wide = e.new(S32)
             e.emit(f"cvt.u32.u16 {wide}, {args[0]};")
             e.emit(f"shl.b32 {wide}, {wide}, 16;")
-            e.emit(f"mov.b32 {r}, {wide};")
+        e.emit(f"mov.b32 {r}, {wide};")
         return r
     e.elementwise(op, build)
 

@@ -91,6 +91,9 @@ class KernelEmitter:
         self.lines: list[str] = []
         self.env: dict[SSAValue, object] = {}
         self._labels = 0
+        #: a 16-bit register a load unpacked from a 32-bit word -> (the word, which half): a
+        #: widening reads the half from the word in one instruction (`arithmetic._extf`)
+        self.packed_halves: dict[str, tuple[str, int]] = {}
         self.smem_bytes = kernel.config.shared.data   # dynamic shared memory, as the allocation pass placed it
         self._smem_base: str | None = None   # register holding the dynamic shared memory's address
         self._tid_regs: tuple[str, str, str] | None = None
@@ -595,6 +598,7 @@ def vector_load(e: KernelEmitter, ty: PtxType, width: int, space: str, address: 
     if pack == 2:
         for w, (lo, hi) in zip(words, zip(run[::2], run[1::2])):
             e.emit(f"mov.b32 {{{lo}, {hi}}}, {w};")
+            e.packed_halves[lo], e.packed_halves[hi] = (w, 0), (w, 1)
     elif pack == 4:
         run = [r for w in words for r in unpack_bytes(e, w, ty)]
     return run
