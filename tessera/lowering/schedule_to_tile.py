@@ -516,14 +516,19 @@ def lower_row_reduction(kb: KernelBuild) -> tuple[int, int, int]:
         inv_n = kb.b.f32(1.0 / n)
 
         if isinstance(anchor, g.SoftmaxOp):
+            exps: list = []
             m_i, l_i = _online_softmax_stats(kb, bm, bn, chunk_start, masked_x, over_chunks,
-                                             gathered if split > 1 else None)
-            # a reciprocal a row, then a multiply an element, where a division an element took the
-            # MUFU unit once more per element (H100 bf16, of the copy bandwidth, old and new trees
-            # alternated: 4096 x 32768 0.82 -> 0.88x, 16384 x 8192 0.98 -> 0.99x; bench/RESULTS.md)
-            inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [bm]), l_i))
-            write(lambda v, c0, ctx: kb.b(arith.MulfOp(
-                kb.b(mathd.ExpOp(kb.b(arith.SubfOp(v, rows_of(m_i))))), rows_of(inv_l))))
+                                             gathered if split > 1 else None, exps if chunks == 1 else None)
+            if exps:   # (a share of one chunk: its exponentials, scaled)
+                p, factor = exps
+                write(lambda v, c0, ctx: kb.b(arith.MulfOp(p, rows_of(factor))), reads_x=False)
+            else:
+                # a reciprocal a row, then a multiply an element, where a division an element took the
+                # MUFU unit once more per element (H100 bf16, of the copy bandwidth, old and new trees
+                # alternated: 4096 x 32768 0.82 -> 0.88x, 16384 x 8192 0.98 -> 0.99x; bench/RESULTS.md)
+                inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [bm]), l_i))
+                write(lambda v, c0, ctx: kb.b(arith.MulfOp(
+                    kb.b(mathd.ExpOp(kb.b(arith.SubfOp(v, rows_of(m_i))))), rows_of(inv_l))))
         elif isinstance(anchor, (g.LayerNormOp, g.RmsNormOp, g.NormStatisticOp)):
             eps = kb.b.f32(anchor.eps.value.data)
             layer = isinstance(anchor, g.LayerNormOp) or isinstance(anchor, g.NormStatisticOp) and anchor.centered.data
@@ -944,27 +949,46 @@ def _split_mean_and_variance(kb: KernelBuild, accumulate, centered, gathered, sh
     return mean, b(arith.MulfOp(total, b.full(1.0 / n, [bm])))
 
 
-def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunk_start, masked_x, over_chunks, gathered=None):
+def _online_softmax_stats(kb: KernelBuild, bm: int, bn: int, chunk_start, masked_x, over_chunks, gathered=None,
+                          exps: list | None = None):
     """Pass 1 of a row softmax: running max m and running sum l of exp(x - m) over the block's
     chunks (from `chunk_start(iv)`); for a row split across a cluster, then every block's (m, l)
     (`gathered`, one exchange): the row's max M over them, and the sum of their sums each scaled
-    by exp(its max - M), in rank order (0 for a share of only -inf, whose sum is 0)."""
+    by exp(its max - M), in rank order (0 for a share of only -inf, whose sum is 0). A share of one
+    chunk appends to `exps` its exp(x - m) tile and the factor exp(m - M) / l that makes them the
+    softmax (0 / l where the share is all -inf), so the output needs no second exponential (pass
+    `exps` only where the share is one chunk: `over_chunks` then runs the pass once, unlooped)."""
+    local: list = []
+
     def body(iv, m_i, l_i):
         v = masked_x(chunk_start(iv), -math.inf)
         m_new, alpha, p = _softmax_step(kb, v, m_i, [bm, bn], exact=True)
+        local[:] = [p, m_new]
         l_new = kb.b(arith.AddfOp(kb.b(arith.MulfOp(l_i, alpha)), kb.b(t.ReduceOp(p, "sum", 1))))
         return [m_new, l_new]
     m_i, l_i = over_chunks([kb.b.full(-math.inf, [bm]), kb.b.full(0.0, [bm])], body)
+    share_max = m_i
     if gathered is not None:
         ms, ls = gathered([m_i, l_i])
         m_i = functools.reduce(lambda acc, m: kb.b(arith.MaximumfOp(acc, m)), ms)
         safe = _safe_max(kb, m_i, bm)
 
         def scaled(m, l):   # l exp(m - M), in base 2
-            return kb.b(arith.MulfOp(l, kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(m, safe)),
-                                                                            kb.b.full(LOG2E, [bm])))))))
+            return kb.b(arith.MulfOp(l, _exp2_of_difference(kb, m, safe, bm)))
         l_i = functools.reduce(lambda acc, v: kb.b(arith.AddfOp(acc, v)), [scaled(m, l) for m, l in zip(ms, ls)])
-    return _safe_max(kb, m_i, bm), l_i
+    safe = _safe_max(kb, m_i, bm)
+    if exps is not None:
+        inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [bm]), l_i))
+        factor = inv_l if gathered is None else kb.b(arith.MulfOp(select(   # (0 / 0 for a row all -inf, as torch)
+            kb.b, compare(kb.b, share_max, kb.b.full(-math.inf, [bm]), "oeq"), kb.b.full(0.0, [bm]),
+            _exp2_of_difference(kb, _safe_max(kb, share_max, bm), safe, bm)), inv_l))
+        exps.extend([local[0], factor])
+    return safe, l_i
+
+
+def _exp2_of_difference(kb: KernelBuild, m: SSAValue, safe: SSAValue, bm: int) -> SSAValue:
+    """exp(m - M) of row statistics ([bm]), in base 2."""
+    return kb.b(mathd.Exp2Op(kb.b(arith.MulfOp(kb.b(arith.SubfOp(m, safe)), kb.b.full(LOG2E, [bm])))))
 
 
 def _logsumexp_of_stats(kb: KernelBuild, m: SSAValue, l: SSAValue, scale: float = 1.0) -> SSAValue:

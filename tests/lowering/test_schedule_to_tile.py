@@ -639,13 +639,15 @@ def long_row_statistics(x: Tensor["M", "N"]):
     return tsr.softmax(x, -1), tsr.logsumexp(x, -1), tsr.layer_norm(x, (x.shape[-1],))
 
 
-@pytest.mark.parametrize("cluster, blocks", [(4, 4), (8, 8), (3, 3), (2, 2)])
-def test_rows_split_across_a_cluster_match_float64(cluster, blocks):
+@pytest.mark.parametrize("cluster, blocks, block_n", [(4, 4, 64), (8, 8, 64), (3, 3, 64), (2, 2, 64), (4, 4, 256),
+                                                      (2, 2, 512)])
+def test_rows_split_across_a_cluster_match_float64(cluster, blocks, block_n):
     """A row split across the blocks of a cluster (the `cluster` param; 1000 columns, chunks of 64:
-    at most 16 blocks would have a chunk): each block reduces its share, the cluster combines the
+    at most 16 blocks would have a chunk; or shares of one chunk, whose softmax scales the
+    exponentials of its statistics' pass): each block reduces its share, the cluster combines the
     shares' statistics (a softmax's max, then its sums each rescaled to that max), rows of -inf,
-    of a huge finite fill and a NaN included."""
-    fn = tsr.function(long_row_statistics.fn, space={"cluster": [cluster], "block_n": [64], "block_m": [4]})
+    of a huge finite fill and a NaN included, and shares all -inf beside finite ones."""
+    fn = tsr.function(long_row_statistics.fn, space={"cluster": [cluster], "block_n": [block_n], "block_m": [4]})
     m, n = 6, 1000
     compiled = fn.compile(fn.arg_specs_for(dict(M=m, N=n)), arch="sm_90a")
     kernels = [op for op in compiled.modules["tile"].ops if isinstance(op, tile.KernelOp)]
