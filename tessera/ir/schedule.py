@@ -222,8 +222,8 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # registers at 8192; H200 bf16 layer_norm 16384 x 8192 462 -> 404 us, 32768 x 4096 381 -> 353),
     # and two row blocks ahead. H200 bf16, of the copy bandwidth, rows ahead in registers (session
     # 31) -> 2 stages in shared memory -> 3: layer_norm 16384 x 8192 0.76 -> 0.83 -> 0.84x, 32768 x
-    # 4096 0.81 -> 0.87 -> 0.90x; rms_norm 16384 x 8192 0.83 -> 0.86 -> 0.92x, 32768 x 4096 0.92 ->
-    # 0.93 -> 0.99x (bench/RESULTS.md session 38)
+    # 4096 0.82 -> 0.87 -> 0.90x; rms_norm 16384 x 8192 0.84 -> 0.86 -> 0.92x, 32768 x 4096 0.92 ->
+    # 0.93 -> 0.94x (bench/RESULTS.md session 38)
     ("row_reduction", lambda f: f.get("column_riders", 0) >= 2 and f.get("row_elements", 0) >= 4096
      or f.get("column_riders", 0) and f.get("row_elements", 0) > 4096, {"num_warps": 8, "num_stages": 3}),
     # ... but one column reduction (an rms_norm backward's weight gradient) over rows split across a

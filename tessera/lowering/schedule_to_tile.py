@@ -712,14 +712,13 @@ def _persistent_rows(kb: KernelBuild, rows: SSAValue, riders, one_block: Callabl
     inits = [neutral(kb.b, r.kind.data, elem, [bn]) for r, elem in zip(riders, elems) for _ in range(chunks)]
     kinds = [r.kind.data for r in riders for _ in range(chunks)]
     ahead = _row_tiles_read(kb, rows) if kb.params.get("num_stages", 1) > 1 and chunks == 1 else []
-    first_column = kb.b.index(0) if split == 1 else share_start
     if not ahead:
         def walk(iv, *accs):
             parts = one_block(kb.mul(iv, bm))
             return [combine(kb.b, k, a, p) for k, a, p in zip(kinds, accs, parts)]
         accs = _for(kb.b, walker(), row_blocks, walkers, inits, walk)
     else:   # each row block's tiles staged in shared memory, num_stages - 1 row blocks ahead
-        first = walker()
+        first, first_column = walker(), kb.b.index(0) if split == 1 else share_start
         end = row_blocks if isinstance(row_blocks, SSAValue) else kb.b.index(row_blocks)
         steps = kb.b(arith.DivSIOp(kb.b(arith.AddiOp(kb.b(arith.SubiOp(end, first)), kb.b.index(walkers - 1))),
                                    kb.b.index(walkers)))   # (the walker's row blocks: first, first + walkers, ..)

@@ -1587,7 +1587,7 @@ MIN_SPLIT_ROW_STEPS = 8
 #: at 1024 and 2048 columns (3 where ptxas's 114 and 128 registers leave 4; at 1024, 3 and 4
 #: measured the same on the H200, 0.944x and 0.940x the copy bandwidth, ptxas held to them; 2048
 #: not measured); a linear count gets 6 of the 66 wrong, ptxas's choices being its own. (The rows
-#: staged ahead are in shared memory: `_staged_row_bytes`.)
+#: staged ahead take shared memory, not registers: `schedule.shared_bytes`.)
 ROW_WALK_REGISTERS = (3.4, 1.2, 12)
 
 
@@ -1637,8 +1637,8 @@ def _row_walk_programs(group: Group, planner: _Planner, params: dict[str, int]) 
 
 
 def _walks_ahead(group: Group, planner: _Planner, params: dict[str, int]) -> bool:
-    """Whether a row kernel without riders walks its rows to load each row block ahead
-    (`num_stages` 2, a row of one chunk, rows of a 2-D input): `schedule_to_tile._walks_rows`."""
+    """Whether a row kernel without riders walks its rows to stage the next row blocks ahead
+    (`num_stages` 2+, a row of one chunk, rows of a 2-D input): `schedule_to_tile._walks_rows`."""
     if group.kind != "row_reduction" or params.get("num_stages", 1) < 2:
         return False
     anchor = _row_anchor(group, planner, [])
@@ -1649,9 +1649,9 @@ def _walks_ahead(group: Group, planner: _Planner, params: dict[str, int]) -> boo
 
 
 def _row_walk_blocks(group: Group, planner: _Planner, params: dict[str, int]) -> int:
-    """Blocks an SM holds of a row kernel carrying column reductions, by the registers a thread
-    takes (`ROW_WALK_REGISTERS`): its walk has as many programs as the SMs hold at once, as each
-    writes a row of partials for the combining kernel to add. Fewer leave memory requests
+    """Blocks an SM holds of a row kernel walking its rows, by the registers a thread takes
+    (`ROW_WALK_REGISTERS`) and its stages' shared memory: its walk has as many programs as the SMs
+    hold at once, as each writes a row of partials for the combining kernel to add. Fewer leave memory requests
     unissued; more run as later waves (H100 rms_norm 16384 x 8192, 3 an SM where 2 fit: 0.81x
     against 0.92x, half the SMs idle in the last wave), and asking ptxas to fit more
     (.minnctapersm) spilled: 0.06-0.4x. Of the copy bandwidth, bench/RESULTS.md session
