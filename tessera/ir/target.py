@@ -921,13 +921,17 @@ class MBarrierArriveExpectTxOp(_AsyncOp):
 
 
 #: who arrives in an `mbarrier_arrive`: each thread, or one lane of each warp
-ARRIVERS = ("thread", "warp")
+#: who arrives on an mbarrier_arrive's mbarrier: each thread running it, one lane of each warp, or
+#: the issuing thread on the same mbarrier of every block of the kernel's cluster (its `cluster`)
+ARRIVERS = ("thread", "warp", "cluster")
 
 
 @irdl_op_definition
 class MBarrierArriveOp(_AsyncOp):
     """`tessera_target.mbarrier_arrive %b[%stage] per = "warp" : ..`: an arrival on mbarrier %stage
-    of %b from each thread, or from one lane of each warp, that runs it."""
+    of %b from each thread, or from one lane of each warp, that runs it; `per = "cluster"`: the
+    issuing thread's arrival on mbarrier %stage of %b in every block of the kernel's cluster, its
+    own included (blocks telling one another that a stage they all fill is free)."""
 
     name = "tessera_target.mbarrier_arrive"
     barriers = operand_def(MBarriersType)
@@ -941,6 +945,8 @@ class MBarrierArriveOp(_AsyncOp):
 
     def verify_(self) -> None:
         _check_choice(self, "per", self.per.data, ARRIVERS)
+        if self.per.data == "cluster":
+            _require(self, "clusters")
 
 
 @irdl_op_definition
@@ -964,7 +970,13 @@ class TmaLoadOp(_AsyncOp):
     """`tessera_target.tma_load %map[%c0, %c1], %dst[%stage] + 16384, %b[%stage] : ..`: one bulk
     tensor copy (`cp.async.bulk.tensor`) of the box of %map at element coordinates %c (outermost
     first) into stage %stage of shared buffer %dst, `offset` bytes into the stage; it completes
-    on mbarrier %stage of %b, counting the box's bytes. Issued by one thread."""
+    on mbarrier %stage of %b, counting the box's bytes. Issued by one thread.
+
+    `multicast = c` (a kernel in clusters of c blocks): the cluster's blocks copy a tile they all
+    need once for all of them. The op is the whole cluster's: c boxes stacked along the map's
+    second-innermost dim, the block of rank r copying box r (coordinate + r * its box rows there,
+    `offset` + r * box bytes) into the same place of every block of the cluster, completing on each
+    one's mbarrier; every block then receives c boxes' bytes."""
 
     name = "tessera_target.tma_load"
     tensor_map = operand_def(TensorMapType)
@@ -974,16 +986,24 @@ class TmaLoadOp(_AsyncOp):
     barriers = operand_def(MBarriersType)
     barrier_stage = operand_def(IndexType)
     offset = prop_def(IntegerAttr[I64])
+    multicast = opt_prop_def(IntegerAttr[I64])
     irdl_options = (AttrSizedOperandSegments(as_property=True),)
 
     assembly_format = ("$tensor_map `[` $coords `]` `,` $dst `[` $stage `]` `+` $offset `,` "
-                       "$barriers `[` $barrier_stage `]` attr-dict `:` type($tensor_map) `,` type($dst) `,` "
-                       "type($barriers)")
+                       "$barriers `[` $barrier_stage `]` (`multicast` `=` $multicast^)? attr-dict `:` "
+                       "type($tensor_map) `,` type($dst) `,` type($barriers)")
 
     def __init__(self, tensor_map: SSAValue, coords: Sequence[SSAValue], dst: SSAValue, stage: SSAValue,
-                 offset: int, barriers: SSAValue):
-        super().__init__(operands=[tensor_map, coords, dst, stage, barriers, stage],
-                         properties={"offset": IntegerAttr(offset, i64)})
+                 offset: int, barriers: SSAValue, multicast: int = 1):
+        properties = {"offset": IntegerAttr(offset, i64)}
+        if multicast > 1:
+            properties["multicast"] = IntegerAttr(multicast, i64)
+        super().__init__(operands=[tensor_map, coords, dst, stage, barriers, stage], properties=properties)
+
+    @property
+    def copies(self) -> int:
+        """The boxes the op copies into each block (`multicast`, 1 without)."""
+        return self.multicast.value.data if self.multicast is not None else 1
 
     def verify_(self) -> None:
         m: TensorMapType = self.tensor_map.type
@@ -992,9 +1012,13 @@ class TmaLoadOp(_AsyncOp):
         if _space(self.dst.type) != MEMORY_SPACES["shared"]:
             raise VerifyException(f"tma_load: destination {self.dst.type} is not in shared memory")
         stage_bytes = memref_bytes(self.dst.type) // self.dst.type.get_shape()[0]
-        if not 0 <= self.offset.value.data <= stage_bytes - m.box_bytes:
-            raise VerifyException(f"tma_load: a {m.box_bytes}-byte box at offset {self.offset.value.data} does not "
-                                  f"fit a {stage_bytes}-byte stage of {self.dst.type}")
+        if not 0 <= self.offset.value.data <= stage_bytes - self.copies * m.box_bytes:
+            raise VerifyException(f"tma_load: {self.copies} {m.box_bytes}-byte box(es) at offset "
+                                  f"{self.offset.value.data} do not fit a {stage_bytes}-byte stage of {self.dst.type}")
+        if self.copies > 1:
+            _require(self, "clusters")
+            if len(m.shape_dims) < 2:
+                raise VerifyException("tma_load: a multicast copy stacks its boxes along a map's second-innermost dim")
 
 
 #: the 128-byte swizzle, the only one Tessera's TMA buffers use (`allocate swizzle = "tma_128b"`)

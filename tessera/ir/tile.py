@@ -310,7 +310,9 @@ IN_RANGE = "tessera.in_range"
 OCCUPANCY = "tessera.occupancy"
 #: A tile.kernel attribute: the blocks of one thread-block cluster, consecutive along grid axis 0
 #: (whose size is then a multiple of it); they exchange values through distributed shared memory
-#: (`ClusterGatherOp`). A row kernel splits a long row across them (the `cluster` param).
+#: (`ClusterGatherOp`), or take shared tiles copied once for all of them (`CopyAsyncOp`'s
+#: `cluster_shared`). A row kernel splits a long row across them, a GEMM gives them consecutive tile
+#: rows of one tile column (the `cluster` param of each).
 CLUSTER = "tessera.cluster"
 #: tile.kernel attributes: the backend that compiles it (`tessera.backends.BACKENDS`) and the rule
 #: or option that chose it, its schedule.kernel's `backend` and `backend_why`. The Target IR lowers
@@ -686,7 +688,10 @@ class CopyAsyncOp(IRDLOperation):
     several copies: a paged KV cache's key block, a page a copy). `whole`: along every tile dim
     taken at run time, the compile promises a size that the tile's extent divides (its class's
     multiple: `dims.whole_if_relied_on`), so a tile at a multiple of its extent is wholly inside
-    the source or wholly past its end, and one check decides the copy."""
+    the source or wholly past its end, and one check decides the copy. `cluster_shared`: every
+    block of the kernel's cluster (`CLUSTER`) copies the same tile at the same step into the same
+    stage (a GEMM's B tile, shared by the cluster's tile rows), so a backend may copy it once for
+    them all (TMA multicast); a backend that does not copies it in each block, as without it."""
 
     name = "tile.copy_async"
     src = operand_def(MemRefType)
@@ -697,18 +702,21 @@ class CopyAsyncOp(IRDLOperation):
     padding = prop_def(FloatAttr, default_value=FloatAttr(0.0, f64))
     dst_rows = opt_prop_def(DenseArrayBase)
     whole = opt_prop_def(UnitAttr)
+    cluster_shared = opt_prop_def(UnitAttr)
     irdl_options = (ParsePropInAttrDict(),)
     assembly_format = ("$src `[` $offsets `]` `,` $dst `[` $stage `]` attr-dict "
                        "`:` type($src) `,` type($dst)")
 
     def __init__(self, src: Value, dst: Value, stage: Value, offsets: Sequence[Value],
                  tile_dims: Sequence[int], padding: float = 0.0, dst_rows: tuple[int, int] | None = None,
-                 whole: bool = False):
+                 whole: bool = False, cluster_shared: bool = False):
         properties = {"tile_dims": _i64_array(tile_dims), "padding": FloatAttr(padding, f64)}
         if dst_rows is not None:
             properties["dst_rows"] = _i64_array(dst_rows)
         if whole:
             properties["whole"] = UnitAttr()
+        if cluster_shared:
+            properties["cluster_shared"] = UnitAttr()
         super().__init__(operands=[src, dst, stage, offsets], properties=properties)
 
     @property
@@ -791,6 +799,26 @@ class BarrierOp(IRDLOperation):
 
     def __init__(self):
         super().__init__()
+
+
+@irdl_op_definition
+class ReleaseStageOp(IRDLOperation):
+    """`tile.release_stage %buf[%stage]`: every thread of the block is done reading stage `stage`
+    of the pipeline that fills shared buffer `buf` (a `tile.barrier` before it says so). Where the
+    blocks of a cluster fill the pipeline's stages together (a `CopyAsyncOp` `cluster_shared`), a
+    copy into a stage waits until every block of the cluster has released it once more than it
+    was filled before; elsewhere the barrier says all there is to say and the op goes."""
+
+    name = "tile.release_stage"
+    buf = operand_def(MemRefType)
+    stage = operand_def(IndexType)
+    assembly_format = "$buf `[` $stage `]` attr-dict `:` type($buf)"
+
+    def __init__(self, buf: Value, stage: Value):
+        super().__init__(operands=[buf, stage])
+
+    def verify_(self) -> None:
+        _require(is_shared(self.buf.type), self, f"buffer {self.buf.type} must be in shared memory space 3")
 
 
 #: ops that read a shared stage themselves (an mma through its fragments, wgmma through a
@@ -1348,9 +1376,9 @@ ArithOnTiles = Dialect(
 Tile = Dialect(
     "tile",
     [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, LoadGatherOp, StoreOp,
-     AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp, LoadSharedOp,
-     StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, ClusterGatherOp, BroadcastOp, ArangeOp, LaunchOp, AssertOp,
-     ProfileBeginOp, ProfileEndOp],
+     AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp,
+     ReleaseStageOp, LoadSharedOp, StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, ClusterGatherOp, BroadcastOp,
+     ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
     [],
 )
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Callable, Sequence
 
 from xdsl.dialects import arith, func, scf
@@ -1173,6 +1173,7 @@ class Operand:
     order: tuple[str, str]   # tile axes, outer to inner
     sizes: dict[str, int]
     pages: Pages | None = None
+    cluster_shared: bool = False   # the same tile in every block of the cluster (`tile.CopyAsyncOp`)
 
     @property
     def shape(self) -> list[int]:
@@ -1228,7 +1229,8 @@ def _copy(kb: KernelBuild, o: Operand, smem: SSAValue, stage: SSAValue, offsets:
         sizes = [kb.size(shape[d]) for d in tile_dims]
         whole = p is None and any(map(is_dynamic, sizes)) and all(
             whole_if_relied_on(n, size) for n, size in zip(extents, sizes))
-        kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims, whole=whole))
+        kb.b(t.CopyAsyncOp(kb.em.params[o.value], smem, stage, offs, tile_dims, whole=whole,
+                           cluster_shared=o.cluster_shared))
         return
     if o.order[0] != p.axis or o.sizes[p.axis] % p.page:
         raise TesseraError(f"{kb.sk.sym_name.data}: a tile of {o.sizes[p.axis]} keys over pages of {p.page} must "
@@ -1285,6 +1287,15 @@ class _Pipeline:
     barrier (so in every thread), then issue into stage (i-1) % stages; the caller waits for the
     accumulator after the loop.
 
+    Where the blocks of a cluster fill the stages together (an operand `cluster_shared`, with
+    `mma_async`), a block may refill a stage only once every block of the cluster released it
+    (`tile.release_stage`, after the barrier that frees it in the block): iteration i releases
+    stage (i-1) % stages and refills stage (i-2) % stages, with step i+stages-2 (one step of
+    `lag`), so its refill waits on the releases the other blocks made an iteration earlier rather
+    than on the one they make now. The prologue releases every stage but step first-1's (the
+    first iteration releases that), so each fill follows one release of its stage by every
+    block.
+
     Where the kernel does not stage its operands (`KernelBuild.stage_operands` off), there is no
     pipeline: iteration i loads step i's tiles from global memory and computes.
     """
@@ -1302,6 +1313,15 @@ class _Pipeline:
         self.smem = [] if self.direct else [
             self.kb.b(t.AllocSharedOp([self.stages, *o.shape], g.tensor_type(o.value).element))
             for o in self.operands]
+        self.shared = self.mma_async and any(o.cluster_shared for o in self.operands)
+
+    @property
+    def lag(self) -> int:
+        """Iterations between a stage's release and its refill beyond the one it must (1 where a
+        cluster fills the stages: a refill waiting on the release every block makes in the same
+        iteration met the cluster every step, 236.8 -> 303.0 us at 3000x4096x5000 bf16 on an H200,
+        session 39; else 0)."""
+        return 1 if self.shared else 0
 
     def stage(self, step: SSAValue) -> SSAValue:
         return self.kb.b(arith.RemSIOp(step, self.kb.b.index(self.stages)))
@@ -1321,11 +1341,19 @@ class _Pipeline:
         stage = self.stage(step)
         return [self.kb.b(t.LoadSharedOp(buf, stage)) for buf in self.smem]
 
+    def release(self, step: SSAValue) -> None:
+        """This block is done with step `step`'s stage (`tile.release_stage`)."""
+        self.kb.b(t.ReleaseStageOp(self.smem[0], self.stage(step)))
+
     def prologue(self, first: SSAValue) -> None:
         if self.direct:
             return
-        for i in range(self.stages - 1):
-            self.issue(self.kb.b(arith.AddiOp(first, self.kb.b.index(i))))
+        at = [self.kb.b(arith.AddiOp(first, self.kb.b.index(i))) for i in range(self.stages - 1)]
+        if self.shared:
+            for step in at:
+                self.release(step)
+        for step in at[:self.stages - 1 - self.lag]:
+            self.issue(step)
 
     def loop(self, first, end, inits: list[SSAValue], compute, base: SSAValue | None = None) -> list[SSAValue]:
         """The loop over iterations [first, end), iteration i being pipeline step `base + i`
@@ -1338,7 +1366,7 @@ class _Pipeline:
                 return compute(iv, self.tiles(step), *state)
             if stages == 1:
                 self.issue(step)
-            kb.b(t.AsyncWaitOp(max(stages - 2, 0)))
+            kb.b(t.AsyncWaitOp(max(stages - 2 - self.lag, 0)))
             kb.b(t.BarrierOp())
             if stages > 1 and not self.mma_async:
                 self.issue(kb.b(arith.AddiOp(step, kb.b.index(stages - 1))))
@@ -1347,8 +1375,10 @@ class _Pipeline:
                 kb.b(t.MmaWaitOp(1))
             if stages == 1 or self.mma_async:
                 kb.b(t.BarrierOp())
+            if self.shared:
+                self.release(kb.b(arith.AddiOp(step, kb.b.index(stages - 1))))   # (step - 1's stage)
             if self.mma_async:
-                self.issue(kb.b(arith.AddiOp(step, kb.b.index(stages - 1))))
+                self.issue(kb.b(arith.AddiOp(step, kb.b.index(stages - 1 - self.lag))))
             return out
         return _for(kb.b, first, end, 1, inits, body)
 
@@ -1480,11 +1510,43 @@ class _Gemm:
         """The most warps the tile keeps busy (tensor-core fragments are 16 x 8)."""
         return (self.tile["m"] // 16) * (self.tile["n"] // 8)
 
+    def cluster(self, kb: KernelBuild) -> int:
+        """The blocks of a cluster computing consecutive tile rows of one tile column, which copy
+        each B tile once for all of them (`schedule.gemm_cluster`; 1 for a backend loading
+        operands itself)."""
+        tiles_m = None if is_dynamic(self.sizes["m"]) else self.tiles[0]
+        return s.gemm_cluster(kb.params, tiles_m) if kb.stage_operands else 1
+
     def operands(self, kb: KernelBuild) -> tuple[Operand, Operand]:
         a_map, b_map = matmul_operand_maps(self.mm, self.axes, "k", kb.bindings)
         a = operand(kb, self.mm.lhs, a_map, ("m", "k"), self.tile)
         b = operand(kb, self.mm.rhs, b_map, ("k", "n"), self.tile)
+        if self.cluster(kb) > 1:
+            b = replace(b, cluster_shared=True)
         return a, b   # each as stored: an A stored K x M (X^T of a weight gradient) is read transposed
+
+    def cluster_program(self, kb: KernelBuild) -> tuple[SSAValue, SSAValue | None]:
+        """(the block's cluster's number, its rank in the cluster), or (program id 0, None) without
+        clusters: blocks of a cluster are consecutive along grid axis 0."""
+        c = self.cluster(kb)
+        if c == 1:
+            return kb.pid(0), None
+        pid = kb.pid(0)
+        return kb.b(arith.DivSIOp(pid, kb.b.index(c))), kb.b(arith.RemSIOp(pid, kb.b.index(c)))
+
+    def tile_of(self, kb: KernelBuild, index: SSAValue, tiles: tuple[int | SSAValue, int],
+                rank: SSAValue | None) -> tuple[SSAValue, SSAValue]:
+        """(tile row, tile column) of output tile `index` in grouped order; in clusters (`rank`
+        given) `index` counts the clusters' tiles: cluster i's c blocks take tile rows c j .. c j +
+        c - 1 of tile column k, (j, k) tile i of a grid of c times fewer tile rows (grouped by
+        group_m / c of them), each block the row of its rank."""
+        group = kb.params.get("group_m", 1)
+        if rank is None:
+            return _grouped_tile(kb, index, *tiles, group)
+        c = self.cluster(kb)
+        (tiles_m, tiles_n) = tiles
+        pair_m, pid_n = _grouped_tile(kb, index, tiles_m // c, tiles_n, max(1, group // c))
+        return kb.b(arith.AddiOp(kb.mul(pair_m, c), rank)), pid_n
 
     def zero(self, kb: KernelBuild) -> SSAValue:
         """The accumulator before the first step."""
@@ -1503,7 +1565,8 @@ class _Gemm:
         the pipeline's copies for steps past `steps` read past K (padding), not data after the run."""
         a, b = self.operands(kb)
         acc0 = self.zero(kb)
-        pid_m, pid_n = _grouped_tile(kb, kb.pid(0), *self.tile_counts(kb), kb.params.get("group_m", 1))
+        index, rank = self.cluster_program(kb)
+        pid_m, pid_n = self.tile_of(kb, index, self.tile_counts(kb), rank)
         m0, n0 = kb.mul(pid_m, self.tile["m"]), kb.mul(pid_n, self.tile["n"])
         (acc,) = _pipelined_loop(kb, steps or (0, self.steps), kb.params["num_stages"], [a, b], "k", self.tile["k"],
                                  {"m": m0, "n": n0}, scalars, [acc0], self.step(kb, a, b),
@@ -1520,6 +1583,8 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
     p = kb.params
     kb.limit_warps(gemm.warps)
     scalars = kb.batch_indices(kb.pid(1), gemm.batch)
+    if gemm.cluster(kb) > 1:
+        kb.kernel.attributes[t.CLUSTER] = IntegerAttr(gemm.cluster(kb), 64)
 
     def store(acc, m0, n0):
         ctx = TileCtx({"m": (m0, gemm.tile["m"]), "n": (n0, gemm.tile["n"])}, scalars)
@@ -1528,8 +1593,7 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
 
     if _walks_tiles(p, math.prod(gemm.tiles), gemm.steps):
         a, b = gemm.operands(kb)
-        _persistent_tiles(kb, p["programs"], gemm.tile_counts(kb), gemm.steps, [a, b], scalars, gemm.zero(kb),
-                          gemm.step(kb, a, b), store)
+        _persistent_tiles(kb, gemm, p["programs"], gemm.steps, [a, b], scalars, gemm.step(kb, a, b), store)
         return (p["programs"], gemm.batch_grid(kb), 1)
     store(*gemm.tile_loop(kb, scalars))
     return gemm.grid(kb)
@@ -1592,18 +1656,22 @@ def _walks_tiles(params: dict, tiles: int, steps: int) -> bool:
             and not (params.get("warp_specialize") and params["num_stages"] > 1))
 
 
-def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int | SSAValue, int], steps: int, operands,
-                      scalars, acc0, compute, store) -> None:
+def _persistent_tiles(kb: KernelBuild, gemm: _Gemm, programs: int, steps: int, operands, scalars, compute,
+                      store) -> None:
     """`programs` blocks, each walking the output tiles pid, pid + programs, ... (in grouped order),
-    `steps` k steps each. The pipeline counts steps across tiles (step j * steps + k of a block's
-    j-th tile), so the last steps of one tile already issue the first copies of the next: they
-    land while this tile's accumulator is stored, and no tile starts with an empty pipeline. The
-    tile rows may be counted at run time (a dynamic M)."""
+    `steps` k steps each; blocks in clusters (`_Gemm.cluster`) walk their clusters' tiles alike.
+    The pipeline counts steps across tiles (step j * steps + k of a block's j-th tile), so the last
+    steps of one tile already issue the first copies of the next: they land while this tile's
+    accumulator is stored, and no tile starts with an empty pipeline. The tile rows may be counted
+    at run time (a dynamic M)."""
     b, p = kb.b, kb.params
-    tiles_m, tiles_n = tiles
+    tiles_m, tiles_n = tiles = gemm.tile_counts(kb)
     a, bb = operands
-    pid = kb.pid(0)
-    total = tiles_m * tiles_n if isinstance(tiles_m, int) else kb.mul(tiles_m, tiles_n)
+    acc0 = gemm.zero(kb)
+    pid, rank = gemm.cluster_program(kb)   # (in clusters, pid counts them)
+    cluster = gemm.cluster(kb)
+    programs //= cluster
+    total = tiles_m // cluster * tiles_n if isinstance(tiles_m, int) else kb.mul(tiles_m, tiles_n)
 
     def clamped(index: SSAValue) -> SSAValue:
         """`index`, or for one past the last tile a tile that exists (the last; with tiles counted
@@ -1614,7 +1682,7 @@ def _persistent_tiles(kb: KernelBuild, programs: int, tiles: tuple[int | SSAValu
         return b(t.SelectOp(b(t.CmpiOp(index, total, "slt")), index, pid))
 
     def tile_origin(tile_index):
-        pid_m, pid_n = _grouped_tile(kb, tile_index, tiles_m, tiles_n, p.get("group_m", 1))
+        pid_m, pid_n = gemm.tile_of(kb, tile_index, tiles, rank)
         return kb.mul(pid_m, a.sizes["m"]), kb.mul(pid_n, bb.sizes["n"])
 
     def offsets(step):

@@ -492,6 +492,15 @@ class FenceSharedStores(RewritePattern):
         rewriter.insert(target.FenceOp("async_shared"), InsertPoint.after(op))
 
 
+class DropReleaseStage(RewritePattern):
+    """tile.release_stage goes where no cluster fills its pipeline's stages (`lower_tma_pipelines`
+    lowers the others): the barrier before it already freed the stage."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.ReleaseStageOp, rewriter: PatternRewriter) -> None:
+        rewriter.erase(op)
+
+
 class LowerBarrier(RewritePattern):
     """tile.barrier -> tessera_target.barrier (every thread of the block)."""
 
@@ -522,6 +531,7 @@ def patterns(platform: Platform, tensor_cores: bool = True) -> Iterable[RewriteP
         LowerReturn(), *([LowerMma(platform)] if tensor_cores else []),
         LowerAllocShared(platform), LowerCopyAsync(platform),
         LowerAsyncCommit(platform), LowerAsyncWait(platform), LowerMmaWait(platform), LowerBarrier(),
+        DropReleaseStage(),
         FenceSharedStores(platform),
         *debug_to_target.patterns(),
     )

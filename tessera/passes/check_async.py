@@ -18,6 +18,10 @@ The model (a concrete abstract interpreter):
   number); tile data is not. A tensor value is a *marker* of who
   wrote it: a wgmma group (`("wg", agent, group, op)`), registers written at clock t
   (`("reg", t)`), or a shared stage a wgmma reads through a descriptor (`("sh", stage)`).
+* A kernel in thread-block clusters runs one block, and the others of its cluster are taken to
+  run alike: a cluster arrival (`mbarrier_arrive per = "cluster"`) counts every block's, a
+  multicast `tma_load` writes every block's box. What one block's refill owes the others' reads
+  is not checked (their handshake is `async_pipelines`', a pattern the tests pin).
 * Agents: the block (its threads run alike, as Tile IR promises); inside `warp_specialize`, the
   producer thread and the consumer warps, run as coroutines. The scheduler always resumes the
   producer first, so it runs as far ahead as the barriers let it: that exposes refills of stages
@@ -618,8 +622,14 @@ class _Run:
         yield from self._arrive(agent, op, bar, 1, op.bytes.value.data, agent.threads == 1)
 
     def _mbarrier_arrive(self, agent: _Agent, op: tgt.MBarrierArriveOp):
+        """Each thread's or warp's arrival; a cluster arrival is the cluster's blocks' (they run
+        alike: each block arrives where this one does), one each, by the issuing thread."""
         bar = self._mbarrier(op, op.barriers, op.stage)
-        count = agent.warps if op.per.data == "warp" else agent.threads
+        per = op.per.data
+        if per == "cluster":
+            yield from self._arrive(agent, op, bar, self.kernel.cluster.value.data, 0, False)
+            return
+        count = agent.warps if per == "warp" else agent.threads
         yield from self._arrive(agent, op, bar, count, 0, True)
 
     def _check_bytes(self, op: Operation, bar: _MBarrier) -> None:
@@ -628,11 +638,15 @@ class _Run:
                         f"which expects {bar.expect} (mbarrier_arrive_expect_tx bytes)")
 
     def _tma_load(self, agent: _Agent, op: tgt.TmaLoadOp) -> None:
+        """A box into the stage; a multicast copy's boxes from every block of the cluster (they run
+        alike: each block issues its box where this one does)."""
         bar = self._mbarrier(op, op.barriers, op.barrier_stage)
         stage = self._stage(op.dst, op.stage, op)
+        box = op.tensor_map.type.box_bytes
         write = _Write(op, "tma", agent, bar.completed, bar)
-        self._write(agent, op, stage, op.offset.value.data, write)
-        bar.tx += op.tensor_map.type.box_bytes
+        for k in range(op.copies):
+            self._write(agent, op, stage, op.offset.value.data + k * box, write)
+        bar.tx += box * op.copies
         bar.last_copy = write
         self._check_bytes(op, bar)
 

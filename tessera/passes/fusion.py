@@ -1233,6 +1233,8 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         wants_one_kernel = any(pinned.get(switch, [0])[0] for switch in ("persistent", "warp_specialize")) \
             or params["block_n"] in s.WGMMA_BLOCK_N
         params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
+    if group.kind == "gemm" and planner.platform:
+        params.update(_gemm_cluster(planner, params, features, pinned))
     if group.kind == "flash_attention" and planner.platform and "split_kv" not in pinned:
         params["split_kv"] = _split_kv(group, planner, params, features)
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and params.get("split_kv", 1) == 1:
@@ -1401,6 +1403,16 @@ def _small_gemm_tile(group: Group, planner: _Planner, params: dict[str, int], fe
     if chosen == (params["block_m"], params["block_n"], params["num_warps"]):
         return {}
     return {"block_m": chosen[0], "block_n": chosen[1], "num_warps": chosen[2]}
+
+
+def _gemm_cluster(planner: _Planner, params: dict[str, int], features: dict[str, int], pinned: dict) -> dict:
+    """{"cluster": c} for a GEMM whose blocks pair up in thread-block clusters sharing B's tiles
+    (`schedule.gemm_cluster`), on a target with clusters and a wgmma path (TMA multicast): the
+    space's pin; {} for none."""
+    cluster = pinned.get("cluster", [1])[0]
+    if cluster <= 1 or not planner.platform.has("clusters") or not features.get("wgmma"):
+        return {}
+    return {"cluster": cluster}
 
 
 #: an fp8 GEMM's output tile where its default (128 x 256) tiles fill one wave of the SMs less than

@@ -42,7 +42,7 @@ from ...runtime import tensor_maps
 from . import tensor_core
 from .core import KernelEmitter, TensorMapSpec
 from .tensor_core import TileBuffer, _a_fragments, register_tile, stage_address
-from .types import F32, PRED, S32, U64, UnsupportedByBackend
+from .types import B8, F32, PRED, S32, U64, UnsupportedByBackend
 
 #: bytes of one TMA box row (`tensor_maps.TMA_ROW_BYTES`) and of the swizzle pattern's repeat (8 rows)
 ROW_BYTES = TMA_ROW_BYTES
@@ -176,10 +176,26 @@ def _arrive_expect_tx(e: KernelEmitter, op: tgt.MBarrierArriveExpectTxOp) -> Non
            f"{op.bytes.value.data};")
 
 
+def _cluster_rank(e: KernelEmitter) -> str:
+    """The block's rank in its cluster, read at entry."""
+    if "cluster_rank" not in e.state:
+        rank = e.new(S32)
+        e.at_entry(f"mov.u32 {rank}, %cluster_ctarank;")
+        e.state["cluster_rank"] = rank
+    return e.state["cluster_rank"]
+
+
 def _arrive(e: KernelEmitter, op: tgt.MBarrierArriveOp) -> None:
     """One arrival per thread, or from lane 0 of each warp (once the warp's reads are done: wgmma
-    waits are warp-wide; one arrive per thread costs 256 shared atomics a stage)."""
+    waits are warp-wide; one arrive per thread costs 256 shared atomics a stage), or from the
+    issuing thread on the mbarrier of every block of the cluster (its address there by `mapa`)."""
     barrier = _barrier_at(e, op, op.barriers, op.stage)
+    if op.per.data == "cluster":
+        for rank in range(e.kernel.cluster.value.data):
+            there = e.new(S32)
+            e.emit(f"mapa.shared::cluster.u32 {there}, {barrier}, {rank};")
+            e.emit(f"@{_issuer(e)} mbarrier.arrive.shared::cluster.b64 _, [{there}];")
+        return
     if op.per.data == "thread":
         e.emit(f"mbarrier.arrive.shared::cta.b64 _, [{barrier}];")
         return
@@ -199,14 +215,23 @@ def _try_wait(e: KernelEmitter, op: tgt.MBarrierTryWaitOp) -> None:
 
 
 def _tma_load(e: KernelEmitter, op: tgt.TmaLoadOp) -> None:
+    """One box (`cp.async.bulk.tensor`); of a multicast copy, the block's own box (its rank's rows)
+    into every block of the cluster (`.multicast::cluster`, a mask of all its ranks)."""
     buf: TmaBuffer = e.env[op.dst]
     m: tgt.TensorMapType = op.tensor_map.type
     dst = _in_block(e, op, ("stage", op.dst, op.stage), lambda: stage_address(e, buf, e.value(op.stage)))
-    coords = ", ".join(reversed([e.value(c) for c in op.coords]))
+    coords = [e.value(c) for c in op.coords]
     barrier = _barrier_at(e, op, op.barriers, op.barrier_stage)
+    multicast, mask = "", ""
+    if op.copies > 1:
+        rank, row, mine, bits = _cluster_rank(e), e.new(S32), e.new(S32), e.new(B8)
+        e.emit(f"mad.lo.s32 {row}, {rank}, {m.box_dims[-2]}, {coords[-2]};")
+        e.emit(f"mad.lo.s32 {mine}, {rank}, {m.box_bytes}, {dst};")
+        e.emit(f"mov.b16 {bits}, {(1 << op.copies) - 1};")
+        coords[-2], dst, multicast, mask = row, mine, ".multicast::cluster", f", {bits}"
     e.emit(f"@{_issuer(e)} cp.async.bulk.tensor.{len(m.shape_dims)}d.shared::cluster.global.tile.mbarrier::"
-           f"complete_tx::bytes [{dst}+{op.offset.value.data}], [{e.value(op.tensor_map)}, {{{coords}}}], "
-           f"[{barrier}];")
+           f"complete_tx::bytes{multicast} [{dst}+{op.offset.value.data}], [{e.value(op.tensor_map)}, "
+           f"{{{', '.join(reversed(coords))}}}], [{barrier}]{mask};")
 
 
 #: the PTX of each `tessera_target.fence` kind
@@ -249,6 +274,13 @@ def _setmaxnreg(e: KernelEmitter, op: tgt.SetMaxNRegOp) -> None:
 
 # --- wgmma -----------------------------------------------------------------------------------------
 
+#: the shared address bits a wgmma descriptor holds (bits 4-17, as address / 16 in its bits 0-13): in a
+#: kernel launched in clusters a block's shared addresses also carry its rank in the cluster (bit 24
+#: up), which unmasked spilled into the leading byte offset and read every 64-column box past the
+#: first 256 bytes off in rank 1 (H200, session 39)
+DESCRIPTOR_ADDRESS_MASK = 0x3FFFF
+
+
 def _wgmma_descriptor(e: KernelEmitter, op: tgt.WgmmaDescriptorOp) -> None:
     """The 64-bit descriptor of the op's stage: address / 16 in bits 0-13, the leading and stride
     byte offsets / 16 in bits 16-29 and 32-45, the swizzle in bits 62-63; a warpgroup's A rows
@@ -267,6 +299,10 @@ def _wgmma_descriptor(e: KernelEmitter, op: tgt.WgmmaDescriptorOp) -> None:
         e.emit(f"add.s32 {addr}, {addr}, {rows};")
     fields = (_SWIZZLE_MODE[op.swizzle.value.data] << 62 | (op.stride.value.data >> 4) << 32
               | (op.leading.value.data >> 4) << 16)
+    if e.kernel.cluster is not None:   # (a cluster block's shared addresses carry its rank in bit 24 and up)
+        low = e.new(S32)
+        e.emit(f"and.b32 {low}, {addr}, {DESCRIPTOR_ADDRESS_MASK};")
+        addr = low
     desc = e.new(U64)
     e.emit(f"cvt.u64.u32 {desc}, {addr};")
     e.emit(f"shr.u64 {desc}, {desc}, 4;")
