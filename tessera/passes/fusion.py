@@ -1234,7 +1234,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
             or params["block_n"] in s.WGMMA_BLOCK_N
         params["split_k"] = 1 if wants_one_kernel else _split_k(group, planner, params, features)
     if group.kind == "gemm" and planner.platform:
-        params.update(_gemm_cluster(planner, params, features, pinned))
+        params.update(_gemm_cluster(group, planner, params, features, pinned))
     if group.kind == "flash_attention" and planner.platform and "split_kv" not in pinned:
         params["split_kv"] = _split_kv(group, planner, params, features)
     if group.kind in ("flash_attention", "flash_chain") and planner.platform and params.get("split_kv", 1) == 1:
@@ -1405,11 +1405,26 @@ def _small_gemm_tile(group: Group, planner: _Planner, params: dict[str, int], fe
     return {"block_m": chosen[0], "block_n": chosen[1], "num_warps": chosen[2]}
 
 
-def _gemm_cluster(planner: _Planner, params: dict[str, int], features: dict[str, int], pinned: dict) -> dict:
+#: the blocks of a cluster sharing a 16-bit GEMM's B tiles where B's rows split 128-byte lines
+#: (`_rows_split_lines`). H200, bf16, M x K x N, B [K, N] (`python3 bench/persistent_gemm.py`,
+#: bench/RESULTS.md session 40): 3000x4096x5000 234.4 -> 194.7 us (cuBLAS 184.6: clusters of two
+#: sharing B are its answer as well). Only where the blocks walk several tiles each: in one wave
+#: (1000x8192x3000, 96 tiles) it gained nothing (87.4 -> 88.3 us); where B's rows are whole lines
+#: it cost 2-4% (4096^3 195.4 -> 199.8, 8192^3 1607 -> 1634).
+SPLIT_ROWS_GEMM_CLUSTER = 2
+
+
+def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int],
+                  pinned: dict) -> dict:
     """{"cluster": c} for a GEMM whose blocks pair up in thread-block clusters sharing B's tiles
-    (`schedule.gemm_cluster`), on a target with clusters and a wgmma path (TMA multicast): the
-    space's pin; {} for none."""
-    cluster = pinned.get("cluster", [1])[0]
+    (`schedule.gemm_cluster` drops it where the schedule cannot), on a target with clusters and a
+    wgmma path (TMA multicast): the space's pin, else SPLIT_ROWS_GEMM_CLUSTER for a persistent
+    16-bit GEMM with more tiles than blocks whose B rows split lines; {} for none."""
+    default = 1
+    if features.get("rhs_rows_split") and features["element_bytes"] == 2 and params.get("persistent"):
+        _, tiles = _output_tiles(group, planner, params, (params["block_m"], params["block_n"]))
+        default = SPLIT_ROWS_GEMM_CLUSTER if tiles > params["programs"] else 1
+    cluster = pinned.get("cluster", [default])[0]
     if cluster <= 1 or not planner.platform.has("clusters") or not features.get("wgmma"):
         return {}
     return {"cluster": cluster}
@@ -1716,19 +1731,42 @@ def _split_rows(group: Group, planner: _Planner, params: dict[str, int]) -> int:
     return max(1, min(wanted, steps // MIN_SPLIT_ROW_STEPS))
 
 
+def _stored(v: SSAValue, group: Group, planner: _Planner) -> tuple[SSAValue, tuple[int, ...]] | None:
+    """Matmul operand `v` as read from memory through any views, and its element strides (a dynamic
+    dim counted as 1: its strides' factors); None for one the kernel computes (attention's
+    probabilities)."""
+    while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp, g.GatherOp)):   # (a paged cache's pages: its rows)
+        v = v.owner.input
+    if v.owner in group.ops:
+        return None
+    shape = [g.dim_value(d, planner.bindings) for d in g.tensor_type(v).shape]
+    return v, planner.strided.get(v) or interop.c_strides([1 if is_dynamic(n) else n for n in shape])
+
+
 def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
     """Whether matmul operand `v`, read from memory through any views, has strides a TMA tensor map
     holds: 16-byte rows (one computed in the kernel, like attention's probabilities, is not
     copied). A GEMM with 70-element fp16 rows takes the mma.sync path, so it should not get the
     native path's tiling (Target IR decides the path per kernel; this keeps the defaults in step)."""
-    while isinstance(v.owner, (g.TransposeOp, g.ReshapeOp, g.GatherOp)):   # (a paged cache's pages: its rows)
-        v = v.owner.input
-    if v.owner in group.ops:
+    stored = _stored(v, group, planner)
+    if stored is None:
         return True
-    t = g.tensor_type(v)
-    shape = [g.dim_value(d, planner.bindings) for d in t.shape]   # (a dynamic dim: its strides' factors)
-    strides = planner.strided.get(v) or interop.c_strides([1 if is_dynamic(n) else n for n in shape])
-    return tensor_maps.stride_problem(strides, t.dtype.itemsize) is None
+    v, strides = stored
+    return tensor_maps.stride_problem(strides, g.tensor_type(v).dtype.itemsize) is None
+
+
+def _rows_split_lines(v: SSAValue, group: Group, planner: _Planner) -> bool:
+    """Whether the stored rows of matmul operand `v` start off the 128-byte lines a TMA box row
+    spans (a row pitch not a multiple of TMA_ROW_BYTES, known at compile time): each box row then
+    costs about three L2 requests rather than one (bench/gemm_l2_traffic.py, session 39)."""
+    stored = _stored(v, group, planner)
+    if stored is None or len(stored[1]) < 2:
+        return False
+    v, strides = stored
+    shape = g.tensor_type(v).shape
+    if is_dynamic(g.dim_value(shape[-1], planner.bindings)) and v not in planner.strided:
+        return False
+    return strides[-2] * g.tensor_type(v).dtype.itemsize % TMA_ROW_BYTES != 0
 
 
 def _wgmma_reads(mm: g.MatmulOp) -> bool:
@@ -1756,6 +1794,8 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
                 "wgmma": int(planner.native and all(_rows_aligned(v, group, planner) and _wgmma_reads(mm)
                                                     for mm in matmuls for v in (mm.lhs, mm.rhs))),
                 "tile_compiler": int(planner.tile_compiler)}
+    if group.kind == "gemm":
+        features["rhs_rows_split"] = int(_rows_split_lines(matmuls[0].rhs, group, planner))
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
         features["value_bytes"] = g.tensor_type(matmuls[1].rhs).dtype.itemsize

@@ -67,6 +67,34 @@ def test_a_barrier_that_only_publishes_copies_goes():
     assert body.index("mbarrier_try_wait") < body.index("tensor_core")
 
 
+def test_a_cluster_copies_b_once_and_refills_a_stage_its_blocks_released():
+    """Blocks in clusters of two sharing B's tiles (`cluster`): each block's B copy is half the
+    tile's rows into both blocks (`tma_load multicast = 2`), the arm counts both halves, a stage's
+    free mbarrier takes one arrival a block (`mbarrier_arrive per = "cluster"`, from each
+    `tile.release_stage`), a copy group first waits for it, and the blocks meet after the init and
+    before they exit; the checker finds no hazard."""
+    from tessera.passes.check_async import check_async
+    fn = tsr.function(gemm.fn, space={"cluster": [2], "programs": [4], "persistent": [1],
+                                      "block_m": [128], "block_n": [256]})
+    compiled = fn.compile(fn.arg_specs_for(dict(M=1024, K=1024, N=1000), "bf16"), arch="sm_90a")
+    (kernel,) = [op for op in compiled.modules["target"].ops if isinstance(op, tgt.KernelOp)]
+    assert kernel.cluster.value.data == 2
+    full, free = ops(kernel, tgt.MBarrierAllocOp)
+    assert [init.arrivals.value.data for init in ops(kernel, tgt.MBarrierInitOp)] == [1, 2]
+    loads = ops(kernel, tgt.TmaLoadOp)
+    assert {(load.tensor_map.type.box_dims, load.copies) for load in loads} == {((128, 64), 1), ((32, 64), 2)}
+    for arm in ops(kernel, tgt.MBarrierArriveExpectTxOp):
+        assert arm.bytes.value.data == 128 * 64 * 2 + 64 * 256 * 2         # A, and both halves of B
+    arrivals = ops(kernel, tgt.MBarrierArriveOp)
+    assert {a.per.data for a in arrivals} == {"cluster"} and {a.barriers for a in arrivals} == {free.result}
+    assert len(arrivals) == 4 and not ops(kernel, tile.ReleaseStageOp)  # 3 in the prologue, 1 a step
+    claims = [w for w in ops(kernel, tgt.MBarrierTryWaitOp) if w.barriers == free.result]
+    assert len(claims) == len(ops(kernel, tgt.MBarrierArriveExpectTxOp))   # a wait before each group
+    top = [op for op in kernel.body.block.ops if isinstance(op, tgt.ClusterBarrierOp)]
+    assert [b.phase.data for b in top] == ["arrive", "wait", "arrive", "wait"]
+    assert check_async(compiled.stage("target")) == []
+
+
 def test_warp_specialization_is_two_regions_with_the_register_split():
     kernel = kernel_of(gemm, dict(M=512, K=1024, N=512), warp_specialize=1, block_m=128, block_n=256)
     (ws,) = ops(kernel, tgt.WarpSpecializeOp)

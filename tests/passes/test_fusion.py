@@ -442,6 +442,28 @@ def test_native_tiling_only_for_gemms_the_native_path_can_take():
     assert (fallback["block_m"], fallback["block_n"], fallback["mma_async"]) == (128, 128, 0)
 
 
+@pytest.mark.parametrize("m, k, n, dtype, arch, cluster", [
+    (3000, 4096, 5000, "bf16", "sm_90a", 2),      # B rows of 10000 bytes split lines; 480 tiles for 132 blocks
+    (3000, 4096, 5000, "fp16", "sm_90a", 2),
+    (3000, 4096, 5120, "bf16", "sm_90a", None),   # whole 128-byte lines
+    (1000, 8192, 3000, "bf16", "sm_90a", None),   # 96 tiles: one wave, nothing walked
+    (3000, 4096, 5000, "bf16", "sm_80", None),    # no clusters
+])
+def test_gemm_blocks_pair_up_where_b_rows_split_lines(m, k, n, dtype, arch, cluster):
+    """A persistent 16-bit GEMM walking more tiles than blocks whose B rows (as stored) start off
+    128-byte lines pairs its blocks in clusters sharing B's tiles (`SPLIT_ROWS_GEMM_CLUSTER`)."""
+    import tessera as tsr
+    from tessera import platforms
+
+    @tsr.function
+    def mm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+
+    module = fuse(mm.trace(mm.arg_specs_for({"M": m, "K": k, "N": n}, dtype)), platform=platforms.get(arch))
+    p = next(op for op in module.walk() if op.name == "schedule.kernel").param_values
+    assert p.get("cluster") == cluster
+
+
 @pytest.mark.parametrize("m, k, n, dtype, space, tile", [
     (512, 512, 512, "bf16", None, (64, 64, 4)),
     (1024, 1024, 1024, "bf16", None, (128, 128, 8)),
