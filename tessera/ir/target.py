@@ -1013,8 +1013,9 @@ class TmaLoadOp(_AsyncOp):
             raise VerifyException(f"tma_load: destination {self.dst.type} is not in shared memory")
         stage_bytes = memref_bytes(self.dst.type) // self.dst.type.get_shape()[0]
         if not 0 <= self.offset.value.data <= stage_bytes - self.copies * m.box_bytes:
-            raise VerifyException(f"tma_load: {self.copies} {m.box_bytes}-byte box(es) at offset "
-                                  f"{self.offset.value.data} do not fit a {stage_bytes}-byte stage of {self.dst.type}")
+            boxes = f"a {m.box_bytes}-byte box" if self.copies == 1 else f"{self.copies} {m.box_bytes}-byte boxes"
+            raise VerifyException(f"tma_load: {boxes} at offset {self.offset.value.data} does not fit a "
+                                  f"{stage_bytes}-byte stage of {self.dst.type}")
         if self.copies > 1:
             _require(self, "clusters")
             if len(m.shape_dims) < 2:

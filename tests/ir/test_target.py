@@ -210,6 +210,22 @@ def test_async_ops_need_their_features():
     assert "wgmma_wait needs wgmma, which sm_80 does not have" in verify_error(wgmma_wait_on_sm80)
 
 
+def test_multicast_copies_and_cluster_arrivals_round_trip_and_verify():
+    """A multicast tma_load (the cluster's boxes stacked along the map's rows, each block's box
+    copied into every block) and an arrival on every block's mbarrier print as they parse; boxes
+    past the stage are refused."""
+    shared = EVERY_OP.replace("box = [64, 64]", "box = [32, 64]").replace(
+        "%buf[%s] + 0, %b[%s] :", "%buf[%s] + 0, %b[%s] multicast = 2 :").replace(
+        'mbarrier_arrive %f[%s] per = "warp"', 'mbarrier_arrive %f[%s] per = "cluster"')
+    module = target.parse_target_module(shared)
+    module.verify()
+    assert target.print_module(module) == shared
+    (load,) = [op for op in module.walk() if isinstance(op, target.TmaLoadOp)]
+    assert load.copies == 2
+    too_many = shared.replace("multicast = 2", "multicast = 4")
+    assert "4 4096-byte boxes at offset 0 does not fit a 8192-byte stage" in verify_error(too_many)
+
+
 def test_async_op_verifiers():
     box_too_far = EVERY_OP.replace("%buf[%s] + 0, %b[%s]", "%buf[%s] + 4096, %b[%s]")
     assert "a 8192-byte box at offset 4096 does not fit a 8192-byte stage" in verify_error(box_too_far)
