@@ -324,15 +324,19 @@ def gemm_tile(params: dict[str, int], m: int, n: int, k: int, element_bytes: int
             "k": mma_k_extent(fit_block(params["block_k"], k), element_bytes)}
 
 
-def gemm_cluster(params: dict[str, int], tiles_m: int | None) -> int:
+def gemm_cluster(params: dict[str, int], tiles_m: int | None, walks: bool) -> int:
     """The blocks of a thread-block cluster that compute consecutive tile rows of one tile column
     of a GEMM, B's tile copied once for all of them (the `cluster` param; 1: none). 1 where their
     pipelines could not hand stages over to one another (they need mma_async over 3+ stages, one
-    of which the hand-over's lag takes, and neither a producer warpgroup nor split-K partials) or
-    where the tile rows (None: counted at run time) do not fill whole clusters."""
+    of which the hand-over's lag takes, and neither a producer warpgroup nor split-K partials), and
+    where a grid of one tile a block would not fill whole clusters: the tile rows (None: counted at
+    run time) in whole clusters, unless the blocks `walk` tiles, where a cluster's last rows may lie
+    past the output (their copies read padding, their stores are masked)."""
     c = params.get("cluster", 1)
-    if (c <= 1 or tiles_m is None or tiles_m % c or not params.get("mma_async") or params["num_stages"] < 3
-            or params.get("warp_specialize") or params.get("split_k", 1) > 1 or params.get("programs", c) % c):
+    if (c <= 1 or not params.get("mma_async") or params["num_stages"] < 3 or params.get("warp_specialize")
+            or params.get("split_k", 1) > 1 or params.get("programs", c) % c):
+        return 1
+    if not walks and (tiles_m is None or tiles_m % c):
         return 1
     return c
 

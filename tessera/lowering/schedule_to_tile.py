@@ -1515,7 +1515,8 @@ class _Gemm:
         each B tile once for all of them (`schedule.gemm_cluster`; 1 for a backend loading
         operands itself)."""
         tiles_m = None if is_dynamic(self.sizes["m"]) else self.tiles[0]
-        return s.gemm_cluster(kb.params, tiles_m) if kb.stage_operands else 1
+        walks = _walks_tiles(kb.params, math.prod(self.tiles), self.steps)
+        return s.gemm_cluster(kb.params, tiles_m, walks) if kb.stage_operands else 1
 
     def operands(self, kb: KernelBuild) -> tuple[Operand, Operand]:
         a_map, b_map = matmul_operand_maps(self.mm, self.axes, "k", kb.bindings)
@@ -1538,15 +1539,19 @@ class _Gemm:
                 rank: SSAValue | None) -> tuple[SSAValue, SSAValue]:
         """(tile row, tile column) of output tile `index` in grouped order; in clusters (`rank`
         given) `index` counts the clusters' tiles: cluster i's c blocks take tile rows c j .. c j +
-        c - 1 of tile column k, (j, k) tile i of a grid of c times fewer tile rows (grouped by
-        group_m / c of them), each block the row of its rank."""
+        c - 1 of tile column k, (j, k) tile i of a grid of c times fewer tile rows (`cluster_rows`,
+        grouped by group_m / c of them), each block the row of its rank."""
         group = kb.params.get("group_m", 1)
         if rank is None:
             return _grouped_tile(kb, index, *tiles, group)
         c = self.cluster(kb)
-        (tiles_m, tiles_n) = tiles
-        pair_m, pid_n = _grouped_tile(kb, index, tiles_m // c, tiles_n, max(1, group // c))
-        return kb.b(arith.AddiOp(kb.mul(pair_m, c), rank)), pid_n
+        rows, pid_n = _grouped_tile(kb, index, self.cluster_rows(kb, tiles[0]), tiles[1], max(1, group // c))
+        return kb.b(arith.AddiOp(kb.mul(rows, c), rank)), pid_n
+
+    def cluster_rows(self, kb: KernelBuild, tiles_m: int | SSAValue) -> int | SSAValue:
+        """The clusters along M: each takes `cluster` tile rows, the last perhaps some past the output."""
+        c = self.cluster(kb)
+        return -(-tiles_m // c) if isinstance(tiles_m, int) else kb.cdiv(tiles_m, c)
 
     def zero(self, kb: KernelBuild) -> SSAValue:
         """The accumulator before the first step."""
@@ -1671,7 +1676,8 @@ def _persistent_tiles(kb: KernelBuild, gemm: _Gemm, programs: int, steps: int, o
     pid, rank = gemm.cluster_program(kb)   # (in clusters, pid counts them)
     cluster = gemm.cluster(kb)
     programs //= cluster
-    total = tiles_m // cluster * tiles_n if isinstance(tiles_m, int) else kb.mul(tiles_m, tiles_n)
+    rows = gemm.cluster_rows(kb, tiles_m) if cluster > 1 else tiles_m
+    total = rows * tiles_n if isinstance(rows, int) else kb.mul(rows, tiles_n)
 
     def clamped(index: SSAValue) -> SSAValue:
         """`index`, or for one past the last tile a tile that exists (the last; with tiles counted

@@ -206,6 +206,32 @@ def test_one_gemm_compile_serves_every_row_count(torch_cuda, dtype, k, n):
     assert info.compiles == classes(ROWS) and info.fixed == {} and info.keys[0]["M"] == "dynamic<=16", info
 
 
+def test_a_clustered_gemm_serves_every_row_count(torch_cuda):
+    """Blocks in clusters of two sharing B's tiles, walking tile rows counted at run time: an odd
+    count leaves the last cluster's second row past M (its copies read padding, its stores are
+    masked). One compile, every row count against float64, into NaN-poisoned outputs."""
+    torch = torch_cuda
+    from tessera.runtime import driver
+
+    @tsr.function(space={"cluster": [2], "persistent": [1], "programs": [8]})
+    def linear(x: Tensor["M", "K"], w: Tensor["K", "N"]):
+        return tsr.matmul(x, w) * 0.5
+
+    platform = driver.Device(0).platform()
+    if not platform.has("wgmma"):
+        pytest.skip("clusters sharing B by TMA multicast are the sm_90a path's")
+    compiled = linear.compile(linear.arg_specs_for(dict(M=3000, K=512, N=1000), "bf16"), dynamic=frozenset({"M"}),
+                              arch=platform.arch)
+    assert "tessera.cluster = 2" in compiled.ir("tile")
+    program = compiled.gpu_program(0)
+    w = torch.randn(512, 1000, device="cuda", dtype=torch.bfloat16) / 16
+    for m in [*ROWS, 2900, 3000]:
+        x = torch.randn(m, 512, device="cuda", dtype=torch.bfloat16)
+        out = torch.full((m, 1000), float("nan"), device="cuda", dtype=torch.bfloat16)
+        program(x, w, out=[out])
+        check(out, 0.5 * (x.double() @ w.double()), "bf16", torch)
+
+
 def test_a_gemm_kernel_writes_every_row_of_a_poisoned_output(torch_cuda):
     """`x @ w.T` (B read K-major) into NaN-filled outputs of every row count."""
     torch = torch_cuda
