@@ -5,8 +5,9 @@ same GEMM without clusters and cuBLAS, in one process on the same inputs.
 
 bf16, A [M, K] @ B with B stored [K, N] ("B") and [N, K] ("B^T"). Each shape runs Tessera's default
 schedule (which pairs blocks where `fusion.SPLIT_ROWS_GEMM_CLUSTER` says: B's rows start off 128-byte
-lines and the blocks walk several tiles), the same with `cluster` pinned to 1 and to 2, and
-torch.matmul (cuBLAS). Every output is checked against a float64 product first; medians of three
+lines and the blocks walk several tiles), the same with `cluster` pinned to 1 and to 2, the default
+compiled with M taken at run time ("generic M": what a function called with varying row counts
+runs), and torch.matmul (cuBLAS). Every output is checked against a float64 product first; medians of three
 rounds of do_bench medians (us), the variants alternated within each round.
 """
 from __future__ import annotations
@@ -26,12 +27,22 @@ from tessera.bench.cases import gemm, on_path  # noqa: E402
 
 SHAPES = [(3000, 4096, 5000), (4000, 4096, 3000), (3000, 4096, 5120), (4096, 4096, 4096), (8192, 8192, 8104),
           (1000, 8192, 3000)]
-VARIANTS = {"default": None, "cluster 1": {"cluster": [1]}, "cluster 2": {"cluster": [2]}}
+VARIANTS = {"default": None, "cluster 1": {"cluster": [1]}, "cluster 2": {"cluster": [2]}, "generic M": None}
 
 
 @tsr.function
 def gemm_bt(a: Tensor["M", "K"], b: Tensor["N", "K"]):
     return a @ b.T
+
+
+def generic_m(fn, dims: dict[str, int]):
+    """`fn`'s default schedule with M a kernel argument, as a callable returning its one output."""
+    from tessera.runtime import driver
+    platform = driver.Device(0).platform()
+    compiled = fn.compile(fn.arg_specs_for(dims, "bf16"), dynamic=frozenset({"M"}), arch=platform.arch,
+                          sm_count=platform.sm_count)
+    program = compiled.gpu_program(0)
+    return lambda *xs: program(*xs)[0]
 
 
 def median(values: list[float]) -> float:
@@ -51,7 +62,8 @@ def main() -> int:
             ref = a.double() @ (b.double().T if layout == "B^T" else b.double())
             calls = {"cuBLAS": (lambda: a @ b.T) if layout == "B^T" else (lambda: a @ b)}
             for name, space in VARIANTS.items():
-                program = on_path(fn, "native", dict(M=m, K=k, N=n), "bf16", space)
+                program = generic_m(fn, dict(M=m, K=k, N=n)) if name == "generic M" else \
+                    on_path(fn, "native", dict(M=m, K=k, N=n), "bf16", space)
                 calls[name] = (lambda p=program: p(a, b))
             for name, call in calls.items():
                 err = float((call().double() - ref).norm() / ref.norm())
