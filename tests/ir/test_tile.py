@@ -43,7 +43,7 @@ tessera.profile = ["every_op", "mainloop"]} {
     tile.profile_begin %stamps {label = "mainloop", slot = 1 : i64} : memref<1x2x3x2x4xi32>
     %acc = scf.for %k = %c0 to %c2 step %c1 iter_args(%acc_1 = %zero) -> (tensor<32x32xf32>) {
       %ko = arith.muli %k, %c32 : index
-      tile.copy_async %a[%om, %ko], %sa[%k] {tile_dims = array<i64: 0, 1>} : memref<77x100xf16>, memref<2x32x16xf16, 3 : i64>
+      tile.copy_async %a[%om, %ko], %sa[%k] {tile_dims = array<i64: 0, 1>, cluster_shared} : memref<77x100xf16>, memref<2x32x16xf16, 3 : i64>
       tile.copy_async %a[%om, %ko], %sa[%k] {tile_dims = array<i64: 0, 1>, dst_rows = array<i64: 16, 16>} : memref<77x100xf16>, memref<2x32x16xf16, 3 : i64>
       tile.async_commit
       tile.async_wait {pending = 0 : i64}
@@ -55,6 +55,7 @@ tessera.profile = ["every_op", "mainloop"]} {
       %p = tile.mma %ta, %tb, %acc_1 {transpose_b} : tensor<32x16xf16>, tensor<32x16xf16>, tensor<32x32xf32>
       %q = tile.mma %ta, %tbt, %p : tensor<32x16xf16>, tensor<16x32xf16>, tensor<32x32xf32>
       tile.mma_wait {pending = 1 : i64}
+      tile.release_stage %sa[%k] : memref<2x32x16xf16, 3 : i64>
       scf.yield %q : tensor<32x32xf32>
     }
     tile.mma_wait {pending = 0 : i64}
