@@ -920,7 +920,6 @@ class MBarrierArriveExpectTxOp(_AsyncOp):
         super().__init__(operands=[barriers, stage], properties={"bytes": IntegerAttr(nbytes, i64)})
 
 
-#: who arrives in an `mbarrier_arrive`: each thread, or one lane of each warp
 #: who arrives on an mbarrier_arrive's mbarrier: each thread running it, one lane of each warp, or
 #: the issuing thread on the same mbarrier of every block of the kernel's cluster (its `cluster`)
 ARRIVERS = ("thread", "warp", "cluster")

@@ -158,10 +158,10 @@ def _pipes(kernel: tile.KernelOp) -> dict[SSAValue, _Pipe]:
 
 def multicast(op: tile.CopyAsyncOp, cluster: int) -> int:
     """The blocks of the cluster that copy `op`'s tile together (`tma_load multicast`): the cluster
-    where the tile is the same in all of them and its rows split into a share of whole swizzle
-    atoms (8 rows of 128 bytes) each along the map's second-innermost dim; else 1."""
+    where the tile is the same in all of them, fills whole stages, and its rows split into a share
+    of whole swizzle atoms (8 rows of 128 bytes) each along the map's second-innermost dim; else 1."""
     rows, rank = op.rows[1], op.src.type.get_num_dims()
-    if (cluster <= 1 or op.cluster_shared is None or rank < 2
+    if (cluster <= 1 or op.cluster_shared is None or op.dst_rows is not None or rank < 2
             or tile.int_values(op.tile_dims)[0] != rank - 2 or rows % (8 * cluster)):
         return 1
     return cluster

@@ -158,6 +158,14 @@ class KernelEmitter:
             self._tid_regs = (tid, lane, warp)
         return self._tid_regs
 
+    def cluster_rank(self) -> str:
+        """The block's rank in its thread-block cluster, read once at the kernel's entry."""
+        if "cluster_rank" not in self.state:
+            rank = self.new(S32)
+            self.at_entry(f"mov.u32 {rank}, %cluster_ctarank;")
+            self.state["cluster_rank"] = rank
+        return self.state["cluster_rank"]
+
     def divmod(self, x: str, n: int) -> tuple[str, str]:
         """(x % n, x / n) for a power of two n."""
         lo, hi = self.new(S32), self.new(S32)

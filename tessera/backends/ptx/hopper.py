@@ -176,15 +176,6 @@ def _arrive_expect_tx(e: KernelEmitter, op: tgt.MBarrierArriveExpectTxOp) -> Non
            f"{op.bytes.value.data};")
 
 
-def _cluster_rank(e: KernelEmitter) -> str:
-    """The block's rank in its cluster, read at entry."""
-    if "cluster_rank" not in e.state:
-        rank = e.new(S32)
-        e.at_entry(f"mov.u32 {rank}, %cluster_ctarank;")
-        e.state["cluster_rank"] = rank
-    return e.state["cluster_rank"]
-
-
 def _arrive(e: KernelEmitter, op: tgt.MBarrierArriveOp) -> None:
     """One arrival per thread, or from lane 0 of each warp (once the warp's reads are done: wgmma
     waits are warp-wide; one arrive per thread costs 256 shared atomics a stage), or from the
@@ -224,7 +215,7 @@ def _tma_load(e: KernelEmitter, op: tgt.TmaLoadOp) -> None:
     barrier = _barrier_at(e, op, op.barriers, op.barrier_stage)
     multicast, mask = "", ""
     if op.copies > 1:
-        rank, row, mine, bits = _cluster_rank(e), e.new(S32), e.new(S32), e.new(B8)
+        rank, row, mine, bits = e.cluster_rank(), e.new(S32), e.new(S32), e.new(B8)
         e.emit(f"mad.lo.s32 {row}, {rank}, {m.box_dims[-2]}, {coords[-2]};")
         e.emit(f"mad.lo.s32 {mine}, {rank}, {m.box_bytes}, {dst};")
         e.emit(f"mov.b16 {bits}, {(1 << op.copies) - 1};")

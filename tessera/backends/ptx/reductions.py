@@ -182,8 +182,7 @@ def _cluster_gather(e: KernelEmitter, op: t.ClusterGatherOp):
         e.emit(f"mov.u32 {bar}, {first_bar};")
         e.emit(f"add.s32 {base}, {first_bar}, {CLUSTER_MBARRIER_BYTES};")
     e.emit(f"@{thread0} mbarrier.arrive.expect_tx.shared::cta.b64 _, [{bar}], {data};")
-    rank = e.new(S32)
-    e.emit(f"mov.u32 {rank}, %cluster_ctarank;")
+    rank = e.cluster_rank()
     remote_bars = []
     for peer in range(size):
         there = e.new(S32)
