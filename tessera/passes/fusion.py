@@ -1410,7 +1410,8 @@ def _small_gemm_tile(group: Group, planner: _Planner, params: dict[str, int], fe
 #: bench/RESULTS.md session 40): 3000x4096x5000 234.4 -> 194.7 us (cuBLAS 184.6: clusters of two
 #: sharing B are its answer as well). Only where the blocks walk several tiles each: in one wave
 #: (1000x8192x3000, 96 tiles) it gained nothing (87.4 -> 88.3 us); where B's rows are whole lines
-#: it cost 2-4% (4096^3 195.4 -> 199.8, 8192^3 1607 -> 1634).
+#: it cost 2-4% (4096^3 195.4 -> 199.8, 8192^3 1607 -> 1634). Not fp8 GEMMs, half the bytes a FLOP:
+#: e4m3 4096x3008x4096 (B [N, K] rows split) 77.6 -> 78.4 us, already 1.07x torch._scaled_mm.
 SPLIT_ROWS_GEMM_CLUSTER = 2
 
 
