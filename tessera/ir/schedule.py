@@ -328,10 +328,11 @@ def gemm_cluster(params: dict[str, int], tiles_m: int | None, walks: bool) -> in
     """The blocks of a thread-block cluster that compute consecutive tile rows of one tile column
     of a GEMM, B's tile copied once for all of them (the `cluster` param; 1: none). 1 where their
     pipelines could not hand stages over to one another (they need mma_async over 3+ stages, one
-    of which the hand-over's lag takes, and neither a producer warpgroup nor split-K partials), and
-    where a grid of one tile a block would not fill whole clusters: the tile rows (None: counted at
-    run time) in whole clusters, unless the blocks `walk` tiles, where a cluster's last rows may lie
-    past the output (their copies read padding, their stores are masked)."""
+    of which the hand-over's lag takes, and neither a producer warpgroup nor split-K partials),
+    where the persistent blocks (`programs`) are not whole clusters, and where a grid of one tile a
+    block would not fill whole clusters: the tile rows (None: counted at run time) in whole
+    clusters, unless the blocks `walk` tiles, where a cluster's last rows may lie past the output
+    (their copies read padding, their stores are masked)."""
     c = params.get("cluster", 1)
     if (c <= 1 or not params.get("mma_async") or params["num_stages"] < 3 or params.get("warp_specialize")
             or params.get("split_k", 1) > 1 or params.get("programs", c) % c):

@@ -1406,13 +1406,20 @@ def _small_gemm_tile(group: Group, planner: _Planner, params: dict[str, int], fe
 
 
 #: the blocks of a cluster sharing a 16-bit GEMM's B tiles where B's rows split 128-byte lines
-#: (`_rows_split_lines`). H200, bf16, M x K x N, B [K, N] (`python3 bench/persistent_gemm.py`,
-#: bench/RESULTS.md session 40): 3000x4096x5000 234.4 -> 194.7 us (cuBLAS 184.6: clusters of two
-#: sharing B are its answer as well). Only where the blocks walk several tiles each: in one wave
-#: (1000x8192x3000, 96 tiles) it gained nothing (87.4 -> 88.3 us); where B's rows are whole lines
-#: it cost 2-4% (4096^3 195.4 -> 199.8, 8192^3 1607 -> 1634). Not fp8 GEMMs, half the bytes a FLOP:
-#: e4m3 4096x3008x4096 (B [N, K] rows split) 77.6 -> 78.4 us, already 1.07x torch._scaled_mm.
+#: (`_rows_split_lines`). H200, bf16, M x K x N, B [K, N] (`python3 bench/gemm_clusters.py`,
+#: bench/RESULTS.md session 40): 3000x4096x5000 236.1 -> 201.0 us, 8192x8192x8104 1925 -> 1691
+#: (cuBLAS 181.6 and 1616: clusters of two sharing B are its answer as well). Only where the blocks
+#: walk several tiles each: in one wave (1000x8192x3000, 96 tiles) it gained nothing (88.0 -> 89.6
+#: us); where B's rows are whole lines it cost 1-3% (4096^3 199.6 -> 204.0). Not fp8 GEMMs, half the
+#: bytes a FLOP: e4m3 4096x3008x4096 (B [N, K] rows split) 77.6 -> 78.4 us, 1.07x torch._scaled_mm.
 SPLIT_ROWS_GEMM_CLUSTER = 2
+
+#: the most tile rows past M, as a share of the GEMM's, that the default's clusters may add (a
+#: cluster's last rows past M compute padding): one tile row computed as two cost 128x4096x40008
+#: 125.7 -> 159.1 us, 3 as 4 at 384x4096x40008 236.2 -> 242.8 (H200, session 40's review), against
+#: the 13-17% the pairs gain where their rows are all inside M. A 16th is a margin under that gain,
+#: not a measured boundary.
+MAX_CLUSTER_PADDING = 1 / 16
 
 
 def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int],
@@ -1420,15 +1427,26 @@ def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], featu
     """{"cluster": c} for a GEMM whose blocks pair up in thread-block clusters sharing B's tiles
     (`schedule.gemm_cluster` drops it where the schedule cannot), on a target with clusters and a
     wgmma path (TMA multicast): the space's pin, else SPLIT_ROWS_GEMM_CLUSTER for a persistent
-    16-bit GEMM with more tiles than blocks whose B rows split lines; {} for none."""
+    16-bit GEMM with more tiles than blocks whose B rows split lines and whose clusters add few
+    tile rows past M (MAX_CLUSTER_PADDING); {} for none. A persistent GEMM's blocks are then no
+    more than the clusters that run at once hold (`platforms.resident_clusters`), unless pinned."""
     default = 1
     if features.get("rhs_rows_split") and features["element_bytes"] == 2 and params.get("persistent"):
-        _, tiles = _output_tiles(group, planner, params, (params["block_m"], params["block_n"]))
-        default = SPLIT_ROWS_GEMM_CLUSTER if tiles > params["programs"] else 1
+        tile, tiles = _output_tiles(group, planner, params, (params["block_m"], params["block_n"]))
+        (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
+        rows = -(-hint(g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)) // tile["m"])
+        padding = -rows % SPLIT_ROWS_GEMM_CLUSTER
+        if tiles > params["programs"] and padding <= rows * MAX_CLUSTER_PADDING:
+            default = SPLIT_ROWS_GEMM_CLUSTER
     cluster = pinned.get("cluster", [default])[0]
     if cluster <= 1 or not planner.platform.has("clusters") or not features.get("wgmma"):
         return {}
-    return {"cluster": cluster}
+    chosen = {"cluster": cluster}
+    if params.get("persistent") and "programs" not in pinned:
+        per_sm = max(1, params["programs"] // planner.sm_count)
+        chosen["programs"] = min(params["programs"],
+                                 cluster * platforms.resident_clusters(planner.platform, cluster, per_sm))
+    return chosen
 
 
 #: an fp8 GEMM's output tile where its default (128 x 256) tiles fill one wave of the SMs less than
@@ -1759,7 +1777,12 @@ def _rows_aligned(v: SSAValue, group: Group, planner: _Planner) -> bool:
 def _rows_split_lines(v: SSAValue, group: Group, planner: _Planner) -> bool:
     """Whether the stored rows of matmul operand `v` start off the 128-byte lines a TMA box row
     spans (a row pitch not a multiple of TMA_ROW_BYTES, known at compile time): each box row then
-    costs about three L2 requests rather than one (bench/gemm_l2_traffic.py, session 39)."""
+    costs about three L2 requests rather than one (bench/gemm_l2_traffic.py, session 39). Through
+    transposes only: the rows of a reshaped or gathered view need not be its source's."""
+    while isinstance(v.owner, g.TransposeOp):
+        v = v.owner.input
+    if isinstance(v.owner, (g.ReshapeOp, g.GatherOp)):
+        return False
     stored = _stored(v, group, planner)
     if stored is None or len(stored[1]) < 2:
         return False

@@ -448,6 +448,9 @@ def test_native_tiling_only_for_gemms_the_native_path_can_take():
     (3000, 4096, 5120, "bf16", "sm_90a", None),   # whole 128-byte lines
     (1000, 8192, 3000, "bf16", "sm_90a", None),   # 96 tiles: one wave, nothing walked
     (3000, 4096, 5000, "bf16", "sm_80", None),    # no clusters
+    (2900, 4096, 5000, "bf16", "sm_90a", 2),      # 23 tile rows: the last pair's second row past M
+    (128, 4096, 40008, "bf16", "sm_90a", None),   # 1 tile row: pairs would compute twice the rows
+    (384, 4096, 40008, "bf16", "sm_90a", None),   # 3 tile rows computed as 4
 ])
 def test_gemm_blocks_pair_up_where_b_rows_split_lines(m, k, n, dtype, arch, cluster):
     """A persistent 16-bit GEMM walking more tiles than blocks whose B rows (as stored) start off
@@ -462,6 +465,32 @@ def test_gemm_blocks_pair_up_where_b_rows_split_lines(m, k, n, dtype, arch, clus
     module = fuse(mm.trace(mm.arg_specs_for({"M": m, "K": k, "N": n}, dtype)), platform=platforms.get(arch))
     p = next(op for op in module.walk() if op.name == "schedule.kernel").param_values
     assert p.get("cluster") == cluster
+
+
+def test_gemm_clusters_launch_what_runs_at_once_and_trust_only_stored_rows():
+    """A pinned cluster of 4 launches the 30 clusters an H200 runs at once at one block an SM (not
+    33: the last 3 would walk after the others); B read through a reshape (a [K, 26, 96] tensor
+    viewed as [K, 2496], rows of 4992 bytes: whole lines) is not judged by its source's 192-byte
+    steps."""
+    import tessera as tsr
+    from tessera import platforms
+
+    @tsr.function
+    def mm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+
+    @tsr.function
+    def mm_view(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "H", "D"]):
+        return tsr.matmul(a, b.reshape(b.shape[0], b.shape[1] * b.shape[2]))
+
+    def params(fn, dims, space=None):
+        module = fuse(fn.trace(fn.arg_specs_for(dims, "bf16")), space, platform=platforms.get("sm_90a"))
+        return next(op for op in module.walk() if op.name == "schedule.kernel").param_values
+    p = params(mm, {"M": 3000, "K": 4096, "N": 5000}, {"cluster": [4]})
+    assert (p["cluster"], p["programs"]) == (4, 120)
+    assert params(mm, {"M": 3000, "K": 4096, "N": 5000})["programs"] == 132     # pairs: all 66 run at once
+    view = params(mm_view, {"M": 3000, "K": 4096, "H": 26, "D": 96})
+    assert view["block_n"] == 256 and view.get("cluster") is None
 
 
 @pytest.mark.parametrize("m, k, n, dtype, space, tile", [
