@@ -1414,12 +1414,13 @@ def _small_gemm_tile(group: Group, planner: _Planner, params: dict[str, int], fe
 #: bytes a FLOP: e4m3 4096x3008x4096 (B [N, K] rows split) 77.6 -> 78.4 us, 1.07x torch._scaled_mm.
 SPLIT_ROWS_GEMM_CLUSTER = 2
 
-#: the most tile rows past M, as a share of the GEMM's, that the default's clusters may add (a
-#: cluster's last rows past M compute padding): one tile row computed as two cost 128x4096x40008
-#: 125.7 -> 159.1 us, 3 as 4 at 384x4096x40008 236.2 -> 242.8 (H200, session 40's review), against
-#: the 13-17% the pairs gain where their rows are all inside M. A 16th is a margin under that gain,
-#: not a measured boundary.
-MAX_CLUSTER_PADDING = 1 / 16
+#: the most tile rows past M, as a share of the GEMM's at its smallest M (a dynamic M's class's
+#: least), that the default's clusters may add (a cluster's last rows past M compute padding, stored
+#: nowhere): one tile row computed as two cost 128x4096x40008 127.3 -> 158.3 us, 3 as 4 at
+#: 384x4096x40008 230.8 -> 254.4 (H200, `python3 bench/gemm_clusters.py`, session 40), against the
+#: 13-17% the pairs gain where all their rows are inside M. An 8th (9 tile rows as 10: a dynamic M's
+#: last class starts at 1025 rows) is a bound under that gain, not a measured boundary.
+MAX_CLUSTER_PADDING = 1 / 8
 
 
 def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int],
@@ -1428,13 +1429,13 @@ def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], featu
     (`schedule.gemm_cluster` drops it where the schedule cannot), on a target with clusters and a
     wgmma path (TMA multicast): the space's pin, else SPLIT_ROWS_GEMM_CLUSTER for a persistent
     16-bit GEMM with more tiles than blocks whose B rows split lines and whose clusters add few
-    tile rows past M (MAX_CLUSTER_PADDING); {} for none. A persistent GEMM's blocks are then no
+    tile rows past M even at its smallest (MAX_CLUSTER_PADDING); {} for none. A persistent GEMM's blocks are then no
     more than the clusters that run at once hold (`platforms.resident_clusters`), unless pinned."""
     default = 1
     if features.get("rhs_rows_split") and features["element_bytes"] == 2 and params.get("persistent"):
         tile, tiles = _output_tiles(group, planner, params, (params["block_m"], params["block_n"]))
         (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
-        rows = -(-hint(g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)) // tile["m"])
+        rows = -(-least(g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)) // tile["m"])
         padding = -rows % SPLIT_ROWS_GEMM_CLUSTER
         if tiles > params["programs"] and padding <= rows * MAX_CLUSTER_PADDING:
             default = SPLIT_ROWS_GEMM_CLUSTER

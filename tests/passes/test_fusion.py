@@ -467,6 +467,22 @@ def test_gemm_blocks_pair_up_where_b_rows_split_lines(m, k, n, dtype, arch, clus
     assert p.get("cluster") == cluster
 
 
+@pytest.mark.parametrize("m, cluster", [(384, None), (700, None), (3000, 2)])
+def test_a_dynamic_m_pairs_blocks_only_where_its_smallest_rows_would(m, cluster):
+    """M taken at run time: the default judges the rows a cluster adds past M at the class's least
+    value (257 rows: 3 tile rows as 4, 513: 5 as 6; the class past 1024 from 1025: 9 as 10)."""
+    import tessera as tsr
+
+    @tsr.function
+    def mm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+
+    compiled = mm.compile(mm.arg_specs_for({"M": m, "K": 4096, "N": 5000}, "bf16"), dynamic=frozenset({"M"}),
+                          arch="sm_90a")
+    p = next(op for op in compiled.modules["schedule"].walk() if op.name == "schedule.kernel").param_values
+    assert p.get("cluster") == cluster
+
+
 def test_gemm_clusters_launch_what_runs_at_once_and_trust_only_stored_rows():
     """A pinned cluster of 4 launches the 30 clusters an H200 runs at once at one block an SM (not
     33: the last 3 would walk after the others); B read through a reshape (a [K, 26, 96] tensor
