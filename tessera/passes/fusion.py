@@ -1214,8 +1214,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
             and not {"block_m", "block_n", "num_warps"} & set(space_override or {}):
         if features.get("element_bytes") == 2:
             params.update(_small_gemm_tile(group, planner, params, features))
-        elif features.get("element_bytes") == 1:
-            params.update(_one_wave_fp8_tile(group, planner, params, features))
+        params.update(_narrow_tile(group, planner, params, features))
     if params.get("persistent"):   # as many blocks as the SMs' shared memory holds, or as the space says
         shared = s.shared_bytes(group.kind, params, features)
         per_sm = max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared)) if planner.platform else 1
@@ -1450,29 +1449,46 @@ def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], featu
     return chosen
 
 
-#: an fp8 GEMM's output tile where its default (128 x 256) tiles fill one wave of the SMs less than
-#: ONE_WAVE_FILL and these fill it more but still in one wave: each block does 3/4 of the work, and
-#: every SM has some. H200, bench/fp8_gemm.py (e4m3, bf16 out, per-tensor scales): 1008x3008x8192
-#: 96 -> 128 tiles, 46.2 -> 39.5 us (0.89x -> 1.04x torch._scaled_mm); at 4096^3 and 8192^3 (many
-#: waves) 128 x 192 lost 10% and 3%. Not 16-bit GEMMs, which read twice the bytes a FLOP: bf16
-#: 1024x8192x3072 gained (85.0 -> 70.1 us) but 1000x8192x3000 lost (87.3 -> 92.0), not understood yet
-#: (bench/RESULTS.md, session 35)
-ONE_WAVE_TILE = (128, 192, 8)
-ONE_WAVE_FILL = 0.8
+#: the narrower native GEMM tile a GEMM on the default (128 x 256) takes where its tiles' waves are
+#: shorter by WAVE_GAIN at least: a persistent block computes ceil(tiles / SMs) tiles one after
+#: another, so the longest walk is that count times the tile's width. H200, `python3
+#: bench/gemm_one_wave.py` and session 40's scratch runs (us, 128 x 256 -> 128 x 192):
+#: - fp8 (bench/fp8_gemm.py): 1008x3008x8192 96 -> 128 tiles, 46.2 -> 39.5 (0.89x -> 1.04x
+#:   torch._scaled_mm); 4096^3 and 8192^3 lost 10% and 3% (walks 1024 -> 1152, 4096 -> 4032);
+#: - bf16, B rows whole lines: 1024x8192x3072 85.1 -> 70.2 (walk 256 -> 192); stored [N, K]
+#:   (`python3 bench/gemm_clusters.py`, eed64a8's default -> this one) 1000x8192x3000 84.5 -> 70.4,
+#:   1000x4096x3000 46.1 -> 38.2, 2000x4096x3000 89.3 -> 72.1 (each about 1.0x cuBLAS); 4096^3
+#:   197.6 -> 215.0 and 4000x4096x4096 195.0 -> 215.1 (1024 -> 1152); 3000x4096x5120 188.8 -> 187.9
+#:   (1024 -> 960: not taken);
+#: - bf16, B rows split (both in clusters of two, `_gemm_cluster`): 2000x4096x3000 93.7 -> 82.8
+#:   (512 -> 384; eed64a8's 108.8 -> 84.1), 3000x8192x6000 492.2 -> 474.9 (1280 -> 1152),
+#:   3000x4096x5000 199.0 -> 205.4 (1024 -> 960: not taken). In one wave it lost without the
+#:   cluster (1000x8192x3000 87.0 -> 89.9), which a grid of one tile a block does not get by
+#:   default, so such a GEMM keeps 128 x 256.
+NARROW_TILE = (128, 192, 8)
+WAVE_GAIN = 0.9
 
 
-def _one_wave_fp8_tile(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict:
-    """ONE_WAVE_TILE for an fp8 GEMM on the default tile whose one wave it fills better, where its
-    tile takes the wgmma path, which 192 columns need (`tile_to_target._chosen_platform`): whole
-    128-row blocks (one wgmma a warpgroup) and K steps of whole 128-byte TMA rows; else {}."""
-    if (params["block_m"], params["block_n"], params["num_warps"]) != GEMM_TILES[0] or params.get("split_k", 1) > 1:
+def _narrow_tile(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict:
+    """NARROW_TILE for a native GEMM on the default tile whose blocks' longest walk it shortens by
+    WAVE_GAIN, where its tile takes the wgmma path, which 192 columns need
+    (`tile_to_target._chosen_platform`): whole 128-row blocks (one wgmma a warpgroup) and K steps of
+    whole 128-byte TMA rows; not a 16-bit GEMM whose B rows split lines (`_rows_split_lines`) and
+    whose narrow tiles fill one wave; else {}."""
+    if ((params["block_m"], params["block_n"], params["num_warps"]) != GEMM_TILES[0] or params.get("split_k", 1) > 1
+            or features["element_bytes"] not in (1, 2)):   # (fp32's tf32 wgmma: not measured)
         return {}
     before = _output_tiles(group, planner, params, GEMM_TILES[0])[1]
-    tile, after = _output_tiles(group, planner, params, ONE_WAVE_TILE)
-    native = tile["m"] == ONE_WAVE_TILE[0] and tile["k"] * features["element_bytes"] % TMA_ROW_BYTES == 0
-    if not (native and before < ONE_WAVE_FILL * planner.sm_count and before < after <= planner.sm_count):
+    tile, after = _output_tiles(group, planner, params, NARROW_TILE)
+    native = tile["m"] == NARROW_TILE[0] and tile["k"] * features["element_bytes"] % TMA_ROW_BYTES == 0
+
+    def walk(tiles: int, width: int) -> int:
+        return -(-tiles // planner.sm_count) * width
+    if not native or walk(after, NARROW_TILE[1]) > WAVE_GAIN * walk(before, GEMM_TILES[0][1]):
         return {}
-    return {"block_m": ONE_WAVE_TILE[0], "block_n": ONE_WAVE_TILE[1], "num_warps": ONE_WAVE_TILE[2]}
+    if features["element_bytes"] == 2 and features.get("rhs_rows_split") and after <= planner.sm_count:
+        return {}
+    return {"block_m": NARROW_TILE[0], "block_n": NARROW_TILE[1], "num_warps": NARROW_TILE[2]}
 
 
 #: the fewest K steps (of block_k) each split of a split-K GEMM gets: fewer, and the second kernel's

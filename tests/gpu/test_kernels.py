@@ -248,12 +248,13 @@ def test_warp_specialized_gemm(torch_cuda, hopper, fn, dims, dtype, stages):
 @pytest.mark.parametrize("fn,dims,dtype,space", [
     (gemm_bias_gelu, dict(M=2048, K=256, N=5000), "bf16", {}),                                 # the default's pairs
     (gemm_bias_gelu, dict(M=2900, K=256, N=5000), "bf16", {}),                                 # 23 tile rows: one past M
+    (gemm_bias_gelu, dict(M=2000, K=256, N=3000), "bf16", {}),                                 # 128 x 192 tiles in pairs
     (gemm_bias_gelu, dict(M=512, K=1024, N=512), "fp16", dict(programs=[4])),                  # whole lines, 4 tiles each
     (gemm_bias_gelu, dict(M=1000, K=200, N=1000), "bf16", dict(programs=[6], num_stages=[3])),  # tails everywhere
     (gemm_nt_scaled, dict(M=256, K=1000, N=200), "fp16", dict(programs=[2])),                  # B stored [N, K]
     (gemm_bias_gelu, dict(M=256, K=64, N=264), "fp16", dict(persistent=[0])),                  # one k step, a tile a block
     (batched_gemm, dict(B=3, M=700, K=96, N=640), "fp16", dict(programs=[2])),                 # batched
-], ids=["default", "odd-tile-rows", "aligned", "tails", "b-k-major", "one-step", "batched"])
+], ids=["default", "odd-tile-rows", "narrow", "aligned", "tails", "b-k-major", "one-step", "batched"])
 def test_cluster_gemm(torch_cuda, hopper, fn, dims, dtype, space):
     """Blocks in clusters of two computing consecutive tile rows, each copying half of every B tile
     into both (TMA multicast) and refilling a stage one step after both released it. A handshake

@@ -813,16 +813,37 @@ def _fp8_gemm_params(m: int, n: int, k: int, space=None) -> dict:
     (1008, 3008, 64, (128, 256, 8)),     # K steps of 64 bytes: no TMA, so no wgmma, which 192 needs
 ])
 def test_an_fp8_gemm_filling_one_wave_badly_takes_192_columns(m, n, k, tile):
-    """fusion.ONE_WAVE_TILE: fp8 GEMMs whose default tiles leave a fifth of the SMs idle in their
-    one wave take 128 x 192 tiles where those still make one wave (H200 figures in its comment)."""
+    """fusion.NARROW_TILE: fp8 GEMMs whose default tiles leave a fifth of the SMs idle in their one
+    wave take 128 x 192 tiles where those still make one wave (H200 figures in its comment)."""
     p = _fp8_gemm_params(m, n, k)
     assert (p["block_m"], p["block_n"], p["num_warps"]) == tile and p["split_k"] == 1 and p["mma_async"] == 1
 
 
+@pytest.mark.parametrize("m, k, n, block_n, cluster", [
+    (1024, 8192, 3072, 192, None),   # 96 tiles -> 128: one wave either way, each a quarter narrower
+    (2000, 4096, 3000, 192, 2),      # 192 -> 256 tiles: two waves either way; B rows split: pairs
+    (1000, 8192, 3000, 256, None),   # B rows split, one wave: its narrow tiles alone were slower
+    (3000, 4096, 5000, 256, 2),      # 4 waves -> 5: 960 against 1024 columns, within WAVE_GAIN
+    (4096, 4096, 4096, 256, None),   # 4 waves -> 6
+])
+def test_a_16_bit_gemm_takes_narrow_tiles_where_its_waves_shorten(m, k, n, block_n, cluster):
+    """fusion.NARROW_TILE: a GEMM whose blocks' longest walk (waves of tiles times their width) is
+    at least WAVE_GAIN shorter on 128 x 192 tiles takes them (H200 figures in its comment)."""
+    import tessera as tsr
+    from tessera import platforms
+
+    @tsr.function
+    def mm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
+        return tsr.matmul(a, b)
+    module = fuse(mm.trace(mm.arg_specs_for(dict(M=m, K=k, N=n), "bf16")), platform=platforms.get("sm_90a"))
+    p = next(op for op in module.walk() if op.name == "schedule.kernel").param_values
+    assert (p["block_n"], p.get("cluster")) == (block_n, cluster)
+
+
 def test_192_columns_are_refused_where_the_kernel_cannot_take_them():
     """192 is not a power of two: only an unsplit wgmma GEMM takes it (mma.sync's warp tiling
-    computed wrong products), a bf16 GEMM never chooses it (1000x8192x3000 was slower), and a
-    pinned 192 keeps a GEMM in one kernel rather than splitting it onto mma.sync."""
+    computed wrong products), and a pinned 192 keeps a GEMM in one kernel rather than splitting
+    it onto mma.sync."""
     import tessera as tsr
     from tessera import platforms
 
@@ -830,9 +851,6 @@ def test_192_columns_are_refused_where_the_kernel_cannot_take_them():
     def mm(a: tsr.Tensor["M", "K"], b: tsr.Tensor["K", "N"]):
         return tsr.matmul(a, b)
     sm90 = platforms.get("sm_90a")
-    p = next(op for op in fuse(mm.trace(mm.arg_specs_for(dict(M=1000, K=8192, N=3000), "bf16")), platform=sm90)
-             .walk() if op.name == "schedule.kernel").param_values
-    assert p["block_n"] == 256
     p = next(op for op in fuse(mm.trace(mm.arg_specs_for(dict(M=128, K=8192, N=384), "bf16")),
                                {"block_n": [192]}, platform=sm90).walk() if op.name == "schedule.kernel").param_values
     assert p["block_n"] == 192 and p["split_k"] == 1 and p["mma_async"] == 1   # (2 tiles: it would split)
