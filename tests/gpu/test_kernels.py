@@ -268,6 +268,20 @@ def test_cluster_gemm(torch_cuda, hopper, fn, dims, dtype, space):
     check(out, gemm_reference(fn, inputs, torch), dtype, torch)
 
 
+@pytest.mark.parametrize("fn,dims,dtype", [
+    (gemm_nt_scaled, dict(M=1000, K=512, N=3000), "fp16"),     # B stored [N, K]; tails in M and N
+    (gemm_bias_gelu, dict(M=1024, K=256, N=3072), "bf16"),     # B [K, N], whole lines; 16 tile columns
+], ids=["b-k-major", "epilogue"])
+def test_narrow_tile_gemm(torch_cuda, hopper, fn, dims, dtype):
+    """A 16-bit GEMM whose blocks' walk 128 x 192 tiles shorten (`fusion.NARROW_TILE`) takes them by
+    default: three 64-column boxes a B stage, wgmma n = 192, against torch."""
+    torch = torch_cuda
+    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=_arch())
+    assert "block_n = 192 : i64" in compiled.ir("schedule")
+    inputs, (out,) = run(fn, dims, dtype, torch, path="native", expect="wgmma")
+    check(out, gemm_reference(fn, inputs, torch), dtype, torch)
+
+
 @pytest.mark.parametrize("fn,dims,dtype,split_k", [
     (gemm_bias_gelu, dict(M=1, K=4096, N=1000), "fp16", None),    # one row: the split the compiler derives
     (gemm_bias_gelu, dict(M=129, K=4104, N=264), "bf16", [8]),     # tails everywhere; the last split is shorter
