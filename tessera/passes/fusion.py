@@ -1427,8 +1427,9 @@ def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], featu
     """{"cluster": c} for a GEMM whose blocks pair up in thread-block clusters sharing B's tiles
     (`schedule.gemm_cluster` drops it where the schedule cannot), on a target with clusters and a
     wgmma path (TMA multicast): the space's pin, else SPLIT_ROWS_GEMM_CLUSTER for a persistent
-    16-bit GEMM with more tiles than blocks whose B rows split lines and whose clusters add few
-    tile rows past M even at its smallest (MAX_CLUSTER_PADDING); {} for none. A persistent GEMM's blocks are then no
+    16-bit GEMM whose B rows split lines, with more tiles than blocks or on NARROW_TILE's one wave
+    of whole pairs of tile rows, and whose clusters add few tile rows past M even at its smallest
+    (MAX_CLUSTER_PADDING); {} for none. A persistent GEMM's blocks are then no
     more than the clusters that run at once hold (`platforms.resident_clusters`), unless pinned."""
     default = 1
     if features.get("rhs_rows_split") and features["element_bytes"] == 2 and params.get("persistent"):
@@ -1436,7 +1437,8 @@ def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], featu
         (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
         rows = -(-least(g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)) // tile["m"])
         padding = -rows % SPLIT_ROWS_GEMM_CLUSTER
-        if tiles > params["programs"] and padding <= rows * MAX_CLUSTER_PADDING:
+        narrow_wave = params["block_n"] == NARROW_TILE[1] and not padding   # (`_narrow_tile`'s one wave)
+        if (tiles > params["programs"] or narrow_wave) and padding <= rows * MAX_CLUSTER_PADDING:
             default = SPLIT_ROWS_GEMM_CLUSTER
     cluster = pinned.get("cluster", [default])[0]
     if cluster <= 1 or not planner.platform.has("clusters") or not features.get("wgmma"):
@@ -1462,9 +1464,9 @@ def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], featu
 #:   (1024 -> 960: not taken);
 #: - bf16, B rows split (both in clusters of two, `_gemm_cluster`): 2000x4096x3000 93.7 -> 82.8
 #:   (512 -> 384; eed64a8's 108.8 -> 84.1), 3000x8192x6000 492.2 -> 474.9 (1280 -> 1152),
-#:   3000x4096x5000 199.0 -> 205.4 (1024 -> 960: not taken). In one wave it lost without the
-#:   cluster (1000x8192x3000 87.0 -> 89.9), which a grid of one tile a block does not get by
-#:   default, so such a GEMM keeps 128 x 256.
+#:   3000x4096x5000 199.0 -> 205.4 (1024 -> 960: not taken). In one wave, paired: 1000x8192x3000
+#:   87.0 -> 80.3, 1000x4096x3000 46.7 -> 46.8; unpaired it lost (89.9, 47.8), so a one-wave GEMM
+#:   whose tile rows cannot pair (odd, or counted at run time) keeps 128 x 256.
 NARROW_TILE = (128, 192, 8)
 WAVE_GAIN = 0.9
 
@@ -1473,8 +1475,9 @@ def _narrow_tile(group: Group, planner: _Planner, params: dict[str, int], featur
     """NARROW_TILE for a native GEMM on the default tile whose blocks' longest walk it shortens by
     WAVE_GAIN, where its tile takes the wgmma path, which 192 columns need
     (`tile_to_target._chosen_platform`): whole 128-row blocks (one wgmma a warpgroup) and K steps of
-    whole 128-byte TMA rows; not a 16-bit GEMM whose B rows split lines (`_rows_split_lines`) and
-    whose narrow tiles fill one wave; else {}."""
+    whole 128-byte TMA rows; a 16-bit GEMM whose B rows split lines (`_rows_split_lines`) and whose
+    narrow tiles fill one wave only where its blocks pair up over them (`_gemm_cluster`: whole
+    pairs of tile rows, known at compile time); else {}."""
     if ((params["block_m"], params["block_n"], params["num_warps"]) != GEMM_TILES[0] or params.get("split_k", 1) > 1
             or features["element_bytes"] not in (1, 2)):   # (fp32's tf32 wgmma: not measured)
         return {}
@@ -1487,7 +1490,10 @@ def _narrow_tile(group: Group, planner: _Planner, params: dict[str, int], featur
     if not native or walk(after, NARROW_TILE[1]) > WAVE_GAIN * walk(before, GEMM_TILES[0][1]):
         return {}
     if features["element_bytes"] == 2 and features.get("rhs_rows_split") and after <= planner.sm_count:
-        return {}
+        (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
+        m = g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)
+        if is_dynamic(m) or -(-m // tile["m"]) % SPLIT_ROWS_GEMM_CLUSTER:
+            return {}
     return {"block_m": NARROW_TILE[0], "block_n": NARROW_TILE[1], "num_warps": NARROW_TILE[2]}
 
 

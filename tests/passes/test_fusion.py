@@ -446,7 +446,7 @@ def test_native_tiling_only_for_gemms_the_native_path_can_take():
     (3000, 4096, 5000, "bf16", "sm_90a", 2),      # B rows of 10000 bytes split lines; 480 tiles for 132 blocks
     (3000, 4096, 5000, "fp16", "sm_90a", 2),
     (3000, 4096, 5120, "bf16", "sm_90a", None),   # whole 128-byte lines
-    (1000, 8192, 3000, "bf16", "sm_90a", None),   # 96 tiles: one wave, nothing walked
+    (850, 8192, 3000, "bf16", "sm_90a", None),    # 84 tiles, 7 rows: one wave, nothing walked, no pairs
     (3000, 4096, 5000, "bf16", "sm_80", None),    # no clusters
     (2900, 4096, 5000, "bf16", "sm_90a", 2),      # 23 tile rows: the last pair's second row past M
     (128, 4096, 40008, "bf16", "sm_90a", None),   # 1 tile row: pairs would compute twice the rows
@@ -822,7 +822,8 @@ def test_an_fp8_gemm_filling_one_wave_badly_takes_192_columns(m, n, k, tile):
 @pytest.mark.parametrize("m, k, n, block_n, cluster", [
     (1024, 8192, 3072, 192, None),   # 96 tiles -> 128: one wave either way, each a quarter narrower
     (2000, 4096, 3000, 192, 2),      # 192 -> 256 tiles: two waves either way; B rows split: pairs
-    (1000, 8192, 3000, 256, None),   # B rows split, one wave: its narrow tiles alone were slower
+    (1000, 8192, 3000, 192, 2),      # B rows split, one wave: narrow tiles only in pairs (8 tile rows)
+    (850, 8192, 3000, 256, None),    # ... 7 tile rows do not pair: unpaired narrow tiles were slower
     (3000, 4096, 5000, 256, 2),      # 4 waves -> 5: 960 against 1024 columns, within WAVE_GAIN
     (4096, 4096, 4096, 256, None),   # 4 waves -> 6
 ])
