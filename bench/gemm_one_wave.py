@@ -1,5 +1,5 @@
-"""GEMMs whose default 128 x 256 tiles fill one wave of the SMs badly, against 128 x 192 tiles
-(`fusion.ONE_WAVE_TILE`, taken by fp8 GEMMs only) and the peer, each pinned through `space`.
+"""GEMMs whose default 128 x 256 tiles fill their waves of the SMs badly, against 128 x 192 tiles
+(`fusion.NARROW_TILE`) and the peer, each pinned through `space`.
 
     python3 bench/gemm_one_wave.py [--bf16 M,K,N ...] [--fp8 M,N,K ...]
 

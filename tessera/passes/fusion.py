@@ -1475,9 +1475,10 @@ def _narrow_tile(group: Group, planner: _Planner, params: dict[str, int], featur
     """NARROW_TILE for a native GEMM on the default tile whose blocks' longest walk it shortens by
     WAVE_GAIN, where its tile takes the wgmma path, which 192 columns need
     (`tile_to_target._chosen_platform`): whole 128-row blocks (one wgmma a warpgroup) and K steps of
-    whole 128-byte TMA rows; a 16-bit GEMM whose B rows split lines (`_rows_split_lines`) and whose
-    narrow tiles fill one wave only where its blocks pair up over them (`_gemm_cluster`: whole
-    pairs of tile rows, known at compile time); else {}."""
+    whole 128-byte TMA rows; an fp8 GEMM only in one wave (the measured case); a 16-bit GEMM whose
+    B rows split lines (`_rows_split_lines`) and whose narrow tiles fill one wave only where its
+    blocks pair up over them (`_gemm_cluster`: whole pairs of tile rows, known at compile time);
+    else {}."""
     if ((params["block_m"], params["block_n"], params["num_warps"]) != GEMM_TILES[0] or params.get("split_k", 1) > 1
             or features["element_bytes"] not in (1, 2)):   # (fp32's tf32 wgmma: not measured)
         return {}
@@ -1489,6 +1490,8 @@ def _narrow_tile(group: Group, planner: _Planner, params: dict[str, int], featur
         return -(-tiles // planner.sm_count) * width
     if not native or walk(after, NARROW_TILE[1]) > WAVE_GAIN * walk(before, GEMM_TILES[0][1]):
         return {}
+    if features["element_bytes"] == 1 and after > planner.sm_count:
+        return {}   # (an fp8 GEMM of several waves: not measured)
     if features["element_bytes"] == 2 and features.get("rhs_rows_split") and after <= planner.sm_count:
         (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
         m = g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)

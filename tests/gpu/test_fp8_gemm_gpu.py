@@ -7,7 +7,7 @@ import pytest
 from fp8_gemm_cases import reference, rowwise_bias_gelu, scaled_mm
 from test_kernels import PATHS, _arch
 
-#: (1000, 768, 512), (256, 4096, 4096) and (1008, 3008, 512) take 128 x 192 tiles on sm_90a (fusion.ONE_WAVE_TILE)
+#: (1000, 768, 512), (256, 4096, 4096) and (1008, 3008, 512) take 128 x 192 tiles on sm_90a (fusion.NARROW_TILE)
 SHAPES = [(1000, 768, 512), (37, 130, 96), (1, 17, 64), (4097, 256, 128), (64, 64, 100), (256, 4096, 4096),
           (64, 48, 16), (33, 40, 8), (1008, 3008, 512)]
 FP8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
