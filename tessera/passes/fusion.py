@@ -1467,32 +1467,41 @@ def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], featu
 #:   3000x4096x5000 199.0 -> 205.4 (1024 -> 960: not taken). In one wave, paired: 1000x8192x3000
 #:   87.0 -> 80.3, 1000x4096x3000 46.7 -> 46.8; unpaired it lost (89.9, 47.8), so a one-wave GEMM
 #:   whose tile rows cannot pair (odd, or counted at run time) keeps 128 x 256.
+#: Every case measured had more narrow tiles than wide ones, and no 16-bit one split K (192 columns
+#: take no split-K: `_kernel_body`'s `wants_one_kernel`), so neither is taken otherwise.
 NARROW_TILE = (128, 192, 8)
 WAVE_GAIN = 0.9
+#: an fp8 GEMM's measured case: its wide tiles fill under this share of one wave, its narrow ones
+#: one wave at most (multi-wave fp8 GEMMs on narrow tiles: not measured)
+ONE_WAVE_FILL = 0.8
 
 
 def _narrow_tile(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int]) -> dict:
-    """NARROW_TILE for a native GEMM on the default tile whose blocks' longest walk it shortens by
-    WAVE_GAIN, where its tile takes the wgmma path, which 192 columns need
-    (`tile_to_target._chosen_platform`): whole 128-row blocks (one wgmma a warpgroup) and K steps of
-    whole 128-byte TMA rows; an fp8 GEMM only in one wave (the measured case); a 16-bit GEMM whose
-    B rows split lines (`_rows_split_lines`) and whose narrow tiles fill one wave only where its
-    blocks pair up over them (`_gemm_cluster`: whole pairs of tile rows, known at compile time);
-    else {}."""
+    """NARROW_TILE for a native GEMM on the default tile: a 16-bit one whose blocks' longest walk it
+    shortens by WAVE_GAIN and whose wide tiles would not split K (`_split_k`), an fp8 one in its
+    measured case (ONE_WAVE_FILL, as since session 35); in either where the narrow tiles are more
+    than the wide ones, and where its tile takes the wgmma path, which 192 columns need (`tile_to_target._chosen_platform`):
+    whole 128-row blocks (one wgmma a warpgroup) and K steps of whole 128-byte TMA rows. A 16-bit
+    GEMM whose B rows split lines (`_rows_split_lines`) and whose narrow tiles fill one wave takes
+    them only where its blocks pair up over them (`_gemm_cluster`: whole pairs of tile rows, known
+    at compile time). Else {}."""
     if ((params["block_m"], params["block_n"], params["num_warps"]) != GEMM_TILES[0] or params.get("split_k", 1) > 1
             or features["element_bytes"] not in (1, 2)):   # (fp32's tf32 wgmma: not measured)
         return {}
     before = _output_tiles(group, planner, params, GEMM_TILES[0])[1]
     tile, after = _output_tiles(group, planner, params, NARROW_TILE)
     native = tile["m"] == NARROW_TILE[0] and tile["k"] * features["element_bytes"] % TMA_ROW_BYTES == 0
-
-    def walk(tiles: int, width: int) -> int:
-        return -(-tiles // planner.sm_count) * width
-    if not native or walk(after, NARROW_TILE[1]) > WAVE_GAIN * walk(before, GEMM_TILES[0][1]):
+    if not native or after <= before:
         return {}
-    if features["element_bytes"] == 1 and after > planner.sm_count:
-        return {}   # (an fp8 GEMM of several waves: not measured)
-    if features["element_bytes"] == 2 and features.get("rhs_rows_split") and after <= planner.sm_count:
+    sms = planner.sm_count
+    if features["element_bytes"] == 1:
+        taken = before < ONE_WAVE_FILL * sms and after <= sms
+    else:
+        taken = (-(-after // sms) * NARROW_TILE[1] <= WAVE_GAIN * -(-before // sms) * GEMM_TILES[0][1]
+                 and _split_k(group, planner, params, features) == 1)
+    if not taken:
+        return {}
+    if features["element_bytes"] == 2 and features.get("rhs_rows_split") and after <= sms:
         (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
         m = g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)
         if is_dynamic(m) or -(-m // tile["m"]) % SPLIT_ROWS_GEMM_CLUSTER:

@@ -819,17 +819,20 @@ def test_an_fp8_gemm_filling_one_wave_badly_takes_192_columns(m, n, k, tile):
     assert (p["block_m"], p["block_n"], p["num_warps"]) == tile and p["split_k"] == 1 and p["mma_async"] == 1
 
 
-@pytest.mark.parametrize("m, k, n, block_n, cluster", [
-    (1024, 8192, 3072, 192, None),   # 96 tiles -> 128: one wave either way, each a quarter narrower
-    (2000, 4096, 3000, 192, 2),      # 192 -> 256 tiles: two waves either way; B rows split: pairs
-    (1000, 8192, 3000, 192, 2),      # B rows split, one wave: narrow tiles only in pairs (8 tile rows)
-    (850, 8192, 3000, 256, None),    # ... 7 tile rows do not pair: unpaired narrow tiles were slower
-    (3000, 4096, 5000, 256, 2),      # 4 waves -> 5: 960 against 1024 columns, within WAVE_GAIN
-    (4096, 4096, 4096, 256, None),   # 4 waves -> 6
+@pytest.mark.parametrize("m, k, n, block_n, cluster, split", [
+    (1024, 8192, 3072, 192, None, False),   # 96 tiles -> 128: one wave either way, each a quarter narrower
+    (2000, 4096, 3000, 192, 2, False),      # 192 -> 256 tiles: two waves either way; B rows split: pairs
+    (1000, 8192, 3000, 192, 2, False),      # B rows split, one wave: narrow tiles only in pairs (8 tile rows)
+    (850, 8192, 3000, 256, None, False),    # ... 7 tile rows do not pair: unpaired narrow tiles were slower
+    (3000, 4096, 5000, 256, 2, False),      # 4 waves -> 5: 960 against 1024 columns, within WAVE_GAIN
+    (4096, 4096, 4096, 256, None, False),   # 4 waves -> 6
+    (500, 8192, 4096, 256, None, True),     # 64 tiles split K in 2; 192 columns would not split (one kernel)
+    (3000, 4096, 384, 256, None, True),     # 48 tiles either way (the narrow ones no more): split K
 ])
-def test_a_16_bit_gemm_takes_narrow_tiles_where_its_waves_shorten(m, k, n, block_n, cluster):
+def test_a_16_bit_gemm_takes_narrow_tiles_where_its_waves_shorten(m, k, n, block_n, cluster, split):
     """fusion.NARROW_TILE: a GEMM whose blocks' longest walk (waves of tiles times their width) is
-    at least WAVE_GAIN shorter on 128 x 192 tiles takes them (H200 figures in its comment)."""
+    at least WAVE_GAIN shorter on 128 x 192 tiles takes them (H200 figures in its comment), unless
+    its wide tiles split K (192 columns take no split-K) or the narrow tiles are no more."""
     import tessera as tsr
     from tessera import platforms
 
@@ -838,7 +841,7 @@ def test_a_16_bit_gemm_takes_narrow_tiles_where_its_waves_shorten(m, k, n, block
         return tsr.matmul(a, b)
     module = fuse(mm.trace(mm.arg_specs_for(dict(M=m, K=k, N=n), "bf16")), platform=platforms.get("sm_90a"))
     p = next(op for op in module.walk() if op.name == "schedule.kernel").param_values
-    assert (p["block_n"], p.get("cluster")) == (block_n, cluster)
+    assert (p["block_n"], p.get("cluster"), p["split_k"] > 1) == (block_n, cluster, split)
 
 
 def test_192_columns_are_refused_where_the_kernel_cannot_take_them():
