@@ -73,6 +73,9 @@ section "mma.sync ceiling"
 python3 bench/mma_sync_ceiling.py || status=1
 section "Persistent GEMM"
 python3 bench/persistent_gemm.py || status=1
+# GEMMs whose B rows split 128-byte lines: blocks in clusters of two sharing B's tiles, and 128 x 192 tiles.
+section "GEMM clusters"
+python3 bench/gemm_clusters.py || status=1
 # The GEMMs' fixed cost (epilogue, pipeline fill, last wave) against their main loop, from a K sweep.
 section "GEMM fixed cost"
 python3 bench/gemm_fixed_cost.py || status=1
