@@ -1429,8 +1429,8 @@ def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], featu
     wgmma path (TMA multicast): the space's pin, else SPLIT_ROWS_GEMM_CLUSTER for a persistent
     16-bit GEMM whose B rows split lines, with more tiles than blocks or on NARROW_TILE's one wave
     of whole pairs of tile rows, and whose clusters add few tile rows past M even at its smallest
-    (MAX_CLUSTER_PADDING); {} for none. A persistent GEMM's blocks are then no
-    more than the clusters that run at once hold (`platforms.resident_clusters`), unless pinned."""
+    (MAX_CLUSTER_PADDING); {} for none. A persistent GEMM's blocks are then no more than the
+    clusters that run at once hold (`platforms.resident_clusters`), unless pinned."""
     default = 1
     if features.get("rhs_rows_split") and features["element_bytes"] == 2 and params.get("persistent"):
         tile, tiles = _output_tiles(group, planner, params, (params["block_m"], params["block_n"]))
