@@ -23,6 +23,13 @@ def arch(cuda_device):
     return cuda_device.platform().arch
 
 
+@pytest.fixture
+def hopper(cuda_device):
+    """A skip where device 0 has no wgmma + TMA path (the native Hopper kernels need sm_90a)."""
+    if not cuda_device.platform().has("wgmma"):
+        pytest.skip("the native path's wgmma + TMA kernels need an sm_90a GPU (H100/H200)")
+
+
 @pytest.fixture(scope="session")
 def torch_cuda(cuda_device):
     """torch, when it is installed with CUDA."""

@@ -206,7 +206,7 @@ def test_one_gemm_compile_serves_every_row_count(torch_cuda, dtype, k, n):
     assert info.compiles == classes(ROWS) and info.fixed == {} and info.keys[0]["M"] == "dynamic<=16", info
 
 
-def test_a_clustered_gemm_serves_every_row_count(torch_cuda):
+def test_a_clustered_gemm_serves_every_row_count(torch_cuda, hopper):
     """Blocks in clusters of two sharing B's tiles, walking tile rows counted at run time: an odd
     count leaves the last cluster's second row past M (its copies read padding, its stores are
     masked). One compile, every row count against float64, into NaN-poisoned outputs."""
@@ -218,8 +218,6 @@ def test_a_clustered_gemm_serves_every_row_count(torch_cuda):
         return tsr.matmul(x, w) * 0.5
 
     platform = driver.Device(0).platform()
-    if not platform.has("wgmma"):
-        pytest.skip("clusters sharing B by TMA multicast are the sm_90a path's")
     compiled = linear.compile(linear.arg_specs_for(dict(M=3000, K=512, N=1000), "bf16"), dynamic=frozenset({"M"}),
                               arch=platform.arch)
     assert "tessera.cluster = 2" in compiled.ir("tile")

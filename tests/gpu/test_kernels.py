@@ -177,13 +177,6 @@ def test_batched_gemm(torch_cuda, path):
     check(out, a.float() @ b.float(), "fp16", torch)
 
 
-@pytest.fixture
-def hopper(cuda_device):
-    from tessera.runtime import driver
-    if not driver.Device(0).platform().has("wgmma"):
-        pytest.skip("the native path's wgmma + TMA kernels need an sm_90a GPU (H100/H200)")
-
-
 def gemm_reference(fn, inputs, torch):
     """torch's result for one of the GEMMs above, in fp32."""
     a, b = inputs[0].float(), inputs[1].float()
