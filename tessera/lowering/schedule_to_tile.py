@@ -1588,8 +1588,9 @@ def lower_gemm(kb: KernelBuild) -> tuple[int, int, int]:
     p = kb.params
     kb.limit_warps(gemm.warps)
     scalars = kb.batch_indices(kb.pid(1), gemm.batch)
-    if gemm.cluster(kb) > 1:
-        kb.kernel.attributes[t.CLUSTER] = IntegerAttr(gemm.cluster(kb), 64)
+    cluster = gemm.cluster(kb)
+    if cluster > 1:
+        kb.kernel.attributes[t.CLUSTER] = IntegerAttr(cluster, 64)
 
     def store(acc, m0, n0):
         ctx = TileCtx({"m": (m0, gemm.tile["m"]), "n": (n0, gemm.tile["n"])}, scalars)

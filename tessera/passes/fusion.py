@@ -1378,6 +1378,12 @@ GEMM_TILES = ((128, 256, 8), (128, 128, 8), (64, 128, 4), (64, 64, 4))
 SMALL_GEMM_TILES_PER_SM = 0.25
 
 
+def _gemm_rows(group: Group, planner: _Planner):
+    """A GEMM group's output rows (M): a dim value, `tessera.dims.Dynamic` where taken at run time."""
+    (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
+    return g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)
+
+
 def _output_tiles(group: Group, planner: _Planner, params: dict[str, int],
                   blocks: tuple[int, ...]) -> tuple[dict[str, int], int]:
     """A GEMM kernel's tile (`schedule.gemm_tile`) with output blocks `blocks` (block_m, block_n)
@@ -1434,8 +1440,7 @@ def _gemm_cluster(group: Group, planner: _Planner, params: dict[str, int], featu
     default = 1
     if features.get("rhs_rows_split") and features["element_bytes"] == 2 and params.get("persistent"):
         tile, tiles = _output_tiles(group, planner, params, (params["block_m"], params["block_n"]))
-        (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
-        rows = -(-least(g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)) // tile["m"])
+        rows = -(-least(_gemm_rows(group, planner)) // tile["m"])
         padding = -rows % SPLIT_ROWS_GEMM_CLUSTER
         narrow_wave = params["block_n"] == NARROW_TILE[1] and not padding   # (`_narrow_tile`'s one wave)
         if (tiles > params["programs"] or narrow_wave) and padding <= rows * MAX_CLUSTER_PADDING:
@@ -1480,8 +1485,9 @@ def _narrow_tile(group: Group, planner: _Planner, params: dict[str, int], featur
     """NARROW_TILE for a native GEMM on the default tile: a 16-bit one whose blocks' longest walk it
     shortens by WAVE_GAIN and whose wide tiles would not split K (`_split_k`), an fp8 one in its
     measured case (ONE_WAVE_FILL, as since session 35); in either where the narrow tiles are more
-    than the wide ones, and where its tile takes the wgmma path, which 192 columns need (`tile_to_target._chosen_platform`):
-    whole 128-row blocks (one wgmma a warpgroup) and K steps of whole 128-byte TMA rows. A 16-bit
+    than the wide ones, and where its tile takes the wgmma path, which 192 columns need
+    (`tile_to_target._chosen_platform`): whole 128-row blocks (one wgmma a warpgroup) and K steps
+    of whole 128-byte TMA rows. A 16-bit
     GEMM whose B rows split lines (`_rows_split_lines`) and whose narrow tiles fill one wave takes
     them only where its blocks pair up over them (`_gemm_cluster`: whole pairs of tile rows, known
     at compile time). Else {}."""
@@ -1502,8 +1508,7 @@ def _narrow_tile(group: Group, planner: _Planner, params: dict[str, int], featur
     if not taken:
         return {}
     if features["element_bytes"] == 2 and features.get("rhs_rows_split") and after <= sms:
-        (mm,) = (op for op in group.ops if isinstance(op, g.MatmulOp))
-        m = g.dim_value(g.tensor_type(mm.res).shape[-2], planner.bindings)
+        m = _gemm_rows(group, planner)
         if is_dynamic(m) or -(-m // tile["m"]) % SPLIT_ROWS_GEMM_CLUSTER:
             return {}
     return {"block_m": NARROW_TILE[0], "block_n": NARROW_TILE[1], "num_warps": NARROW_TILE[2]}
