@@ -36,7 +36,8 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
         {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0, "warp_specialize": 0,
          "split_kv": 1, "heavy_first": 0},
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
-         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32], "heavy_first": [0, 1]},
+         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32],
+         "heavy_first": [0, 1]},
     ),
     "flash_chain": (
         {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "heavy_first": 0},
@@ -73,7 +74,7 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 
 #: Params that switch a template feature on (1) or off (0) rather than size something: `mma_async`
 #: leaves each GEMM step's (wgmma) mmas running while the next copies are issued; `qk_ahead` (with
-#: 3+ stages) has flash attention compute the next key block's scores before this block's P @ V;
+#: 2+ stages) has flash attention compute the next key block's scores before this block's P @ V;
 #: `warp_specialize` (with 2+ stages) adds a producer warpgroup that alone issues the (TMA) copies, so
 #: the warps computing never wait for each other, only for data (ignored where copies are not TMA's);
 #: `persistent` launches one GEMM block per SM (the schedule's `programs`), each walking output
@@ -134,11 +135,26 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2,
      {"block_m": 128, "block_n": 128, "num_warps": 8, "num_stages": 2}),
     ("flash_attention", lambda f: f.get("wgmma") and f.get("head_dim", 0) > 64, {"block_n": 64}),
+    # ... but at D = 128, where the query rows fill a block (not a decode step's few), 128 keys, a
+    # producer warpgroup, and each block's scores computed before the previous block's P @ V
+    # (qk_ahead: keys and values in two stages each, the 64 registers a thread of the next scores
+    # paid by the producer's). H200 bf16, against cuDNN (`python3 bench/attention_schedules.py`,
+    # bench/RESULTS.md session 41), before -> after: 8x16x4096x128 0.906 -> 0.980x, causal 0.941 ->
+    # 1.009x; 32x12x2048x128 0.887 -> 0.954x, 0.923 -> 0.978x; 4x16x8192x128 0.915 -> 0.983x, 0.941
+    # -> 1.013x. 128 keys with the producer alone: 0.92 / 0.96x at 8x16x4096x128; qk_ahead on 64
+    # keys (two blocks an SM, 48 bytes spilled): 0.79x. At D = 64 it lost (624 -> 709 us), and so
+    # it did where the key ranges are read per row (varlen: GQA 8 x 2048 packed 675 -> 763 us,
+    # bench/varlen_attention.py --quick), which keep 64 keys and two blocks an SM
+    ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2 and f.get("head_dim") == 128
+     and f.get("query_rows", 0) >= 128 and not f.get("reads_indices"),
+     {"block_n": 128, "qk_ahead": 1, "warp_specialize": 1}),
     # ... but 128 keys with 8-bit operands (fp8), whose transposed V tile ([D, keys]) must be whole
     # 128-byte swizzled rows of keys for TMA and wgmma, and a producer warpgroup: with the matmuls
     # twice as fast, the softmax bounds the loop, and the consumers issuing no copies pays. H200,
     # 8x16x4096x128 with V passed transposed: 1.763 ms -> 1.606 (causal 1.263 -> 1.182 with V's
-    # copy); qk_ahead and 3 stages were slower (1.74-1.86 ms; bench/RESULTS.md session 25)
+    # copy); qk_ahead and 3 stages were slower (1.74-1.86 ms; bench/RESULTS.md session 25), and so
+    # was qk_ahead with keys and values two stages each (V^T 1.620 -> 1.820 ms, causal 0.942 ->
+    # 0.985; session 41)
     ("flash_attention", lambda f: f.get("wgmma") and f.get("value_bytes") == 1,
      {"block_n": 128, "warp_specialize": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at

@@ -198,7 +198,8 @@ class _Lowering:
     state: dict[tuple[str, int], SSAValue] = field(default_factory=dict)
     waiting: set[int] = field(default_factory=set)      # pipes whose next read waits for its stage
     pending: list = field(default_factory=list)         # tma_loads of the group being issued
-    refill_guard: SSAValue | None = None                # warp-specialized: the handshake before the next copy
+    guarded: bool = False                               # warp-specialized: the copies after a refill's barrier
+    handed: set[int] = field(default_factory=set)       # ... whose pipes' stages were handed over
     claimed: set[int] = field(default_factory=set)      # cluster-filled pipes whose group being issued waited
     drained: bool = False
     after_wait: bool = False                            # the op just walked was a tile.async_wait
@@ -216,6 +217,9 @@ class _Lowering:
 
     def op(self, op: Operation) -> None:
         at = _Insert(op.parent_block(), op)
+        if self.guarded and not (isinstance(op, (tile.CopyAsyncOp, tile.AsyncCommitOp, tile.ReleaseStageOp))
+                                 or op.dialect_name() == "arith" or _computes_index(op)):
+            self.guarded = False   # (the copies a barrier guarded are issued)
         if isinstance(op, tile.CopyAsyncOp):
             self.copy(op, at)
         elif isinstance(op, tile.AsyncCommitOp):
@@ -230,6 +234,7 @@ class _Lowering:
             self.barrier(op, at)
         elif isinstance(op, tile.ReleaseStageOp):
             self.release(op, at)
+
         elif isinstance(op, tile.LoadSharedOp) and op.src in self.pipes:
             self.wait_for_stage(self.pipes[op.src], op.stage, at)
         elif isinstance(op, scf.ForOp):
@@ -245,9 +250,12 @@ class _Lowering:
     # -- copies --
     def copy(self, op: tile.CopyAsyncOp, at: _Insert) -> None:
         pipe = self.pipes[op.dst]
-        if self.refill_guard is not None:
+        if self.guarded and pipe.index not in self.handed:
+            self.handed.add(pipe.index)
             self.hand_over(pipe, op.stage, at)
-            self.refill_guard = None
+        if self.role is not _NONE:
+            key = ("used", pipe.index)
+            self.state[key] = at(arith.OrIOp(self.state[key], at.stage_bit(op.stage)))
         if self.role is _NONE and pipe.free is not None and pipe.index not in self.claimed:
             self.claim(pipe, op.stage, at)
         if self.role == _CONSUMER:
@@ -341,19 +349,20 @@ class _Lowering:
             return
         if self.role is _NONE:
             return   # a block barrier (tile_to_target's pattern)
-        loop = op.parent_op()
-        if _guards_refill(op) and isinstance(loop, scf.ForOp):
-            self.refill_guard = at(tile.CmpiOp(loop.body.block.args[0], loop.lb, "sgt"))
+        if _guards_refill(op):
+            self.guarded, self.handed = True, set()
         elif self.role == _CONSUMER:
             at(target.BarrierOp(1, self.consumer_threads))
         _erase(op)
 
     def hand_over(self, pipe: _Pipe, stage: SSAValue, at: _Insert) -> None:
-        """Where the guard holds (not in a loop's first iteration, whose refill fills a stage never
-        used): each computing warp arrives on the stage's free mbarrier (one lane, once the warp's
-        reads are done: one arrive per thread costs 256 shared atomics a stage), the producer waits
-        for its current phase."""
-        guard = self.refill_guard
+        """The first copy into a pipeline after a barrier guarding refills, where the stage was
+        filled before (its `used` bit, which both roles keep alike; a stage's first fill waits for
+        nothing): each computing warp arrives on the stage's free mbarrier (one lane, once the
+        warp's reads are done: one arrive per thread costs 256 shared atomics a stage), the
+        producer waits for its current phase. Every pipeline the guarded copies fill is handed over
+        (flash attention ahead refills a value and a key stage after one barrier)."""
+        guard = at(tile.CmpiOp(at.bit_of(self.state[("used", pipe.index)], stage), at.i32(0), "ne"))
         body = Block()
         inside = _Insert(body, None)
         if self.role == _CONSUMER:
@@ -489,7 +498,8 @@ def lower_tma_pipelines(kernel: tile.KernelOp, platform: Platform, producer_warp
     split = register_split(platform, consumers + 32 * producer_warps, 32 * producer_warps)
     body = [op for op in rest if not isinstance(op, tile.ReturnOp)]
     regions = [_role_region(body, role, keys, _Lowering(pipes, maps, role, consumers), all_pipes, split)
-               for role, keys in ((_PRODUCER, ("armed", "filled", "free_phase")), (_CONSUMER, ("phase",)))]
+               for role, keys in ((_PRODUCER, ("armed", "filled", "free_phase", "used")),
+                                  (_CONSUMER, ("phase", "used")))]
     for op in reversed(body):
         _erase(op, safe=False)
     block.insert_op_before(target.WarpSpecializeOp(producer_warps, *regions), block.last_op)

@@ -1413,41 +1413,51 @@ def _pipelined_loop(kb: KernelBuild, steps: tuple, stages: int, operands: list[O
     return results
 
 
-def _pipelined_loop_ahead(kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
-                          step_size: int, fixed: dict[str, SSAValue], scalars, inits, head, body):
-    """The pipeline of `_pipelined_loop` (3+ stages) for a loop whose iteration i reads step i + 1's
-    first operand and step i's second: flash attention computing block i + 1's scores (Q @ K) before
-    block i's P @ V, so that on a GPU with asynchronous mmas (wgmma) P @ V runs while the next
-    softmax does. The prologue issues steps first..first+stages-2, waits for step first and runs
-    `head(first, step first's first tile, *inits)`, which returns the loop's state. Iteration i waits for step
-    i + 1 (the wait and barrier publish it) and calls `body(i, step i+1's first tile, step i's second
-    tile, refill, *state)`; `refill()` waits until only the mma just issued runs (so the previous
-    iteration's mmas, the last readers of stage (i - 1) % stages, are done in this thread), meets a
-    barrier (in every thread) and issues step i + stages - 1 into that stage. The mmas still
-    running are waited for after the loop."""
+def _pipelined_loop_ahead(kb: KernelBuild, steps: tuple, stages: int, keys: Operand, values: Operand,
+                          inner_axis: str, step_size: int, fixed: dict[str, SSAValue], scalars, inits, head, body,
+                          last_block):
+    """Flash attention's loop with block i + 1's scores (Q @ K) computed before block i's P @ V, so
+    that on a GPU with asynchronous mmas (wgmma) P @ V runs while the next softmax does.
+
+    K and V have pipelines of their own, `stages` each (2+): a key stage is free once its scores are
+    waited for, an iteration before the value stage of the same block, so two stages of each hide a
+    copy behind an iteration in the shared memory the plain loop's two stages of (K, V) take. Copy
+    groups, in issue order: the prologue's K f, V f, K f+1, ..., V f+S-2, K f+S-1 (f = first); then
+    iteration i, after the barrier that publishes K i+1 and V i and tells every thread that K i and
+    V i-1 were read, V i+S-1 (into V i-1's stage) and K i+S (into K i's).
+
+    `head(first, K first, *inits)` computes the first block's probabilities and returns the loop's
+    state; iteration i (first <= i < last, last = max(first, end - 1)) calls `body(i, K i+1, V i,
+    *state)`, `V i` a callable that reads the value tile (after the scores are issued: on TMA, the
+    wait for its stage follows them); `last_block(V last, *state)` adds the last block's P @ V and
+    returns the loop's results. The mmas still running are waited for after it."""
     first, end = (kb.b.index(x) if isinstance(x, int) else x for x in steps)
 
     def offsets(step):
         return {**fixed, inner_axis: kb.b(arith.MuliOp(step, kb.b.index(step_size)))}
-    pipe = _Pipeline(kb, stages, operands, offsets, scalars)
-    pipe.prologue(first)
-    kb.b(t.AsyncWaitOp(stages - 2))
+
+    def plus(step, n):
+        return kb.b(arith.AddiOp(step, kb.b.index(n)))
+    k_pipe, v_pipe = (_Pipeline(kb, stages, [o], offsets, scalars) for o in (keys, values))
+    for j in range(stages - 1):
+        k_pipe.issue(plus(first, j))
+        v_pipe.issue(plus(first, j))
+    k_pipe.issue(plus(first, stages - 1))
+    kb.b(t.AsyncWaitOp(2 * stages - 2))   # (K first: the groups after it may be in flight)
     kb.b(t.BarrierOp())
-    state = head(first, kb.b(t.LoadSharedOp(pipe.smem[0], pipe.stage(first))), *inits)
+    state = head(first, k_pipe.tiles(first)[0], *inits)
+    last = kb.b(arith.MaxSIOp(first, plus(end, -1)))
 
     def loop_body(iv, *carried):
-        nxt = kb.b(arith.AddiOp(iv, kb.b.index(1)))
-        kb.b(t.AsyncWaitOp(stages - 3))
+        kb.b(t.AsyncWaitOp(2 * stages - 4))   # (K i+1, and V i before it)
         kb.b(t.BarrierOp())
-        k_next = kb.b(t.LoadSharedOp(pipe.smem[0], pipe.stage(nxt)))
-        v_tile = kb.b(t.LoadSharedOp(pipe.smem[1], pipe.stage(iv)))
-
-        def refill():
-            kb.b(t.MmaWaitOp(1))
-            kb.b(t.BarrierOp())
-            pipe.issue(kb.b(arith.AddiOp(iv, kb.b.index(stages - 1))))
-        return body(iv, k_next, v_tile, refill, *carried)
-    results = _for(kb.b, first, end, 1, state, loop_body)
+        v_pipe.issue(plus(iv, stages - 1))
+        k_pipe.issue(plus(iv, stages))
+        return body(iv, k_pipe.tiles(plus(iv, 1))[0], lambda: v_pipe.tiles(iv)[0], *carried)
+    state = _for(kb.b, first, last, 1, state, loop_body)
+    kb.b(t.AsyncWaitOp(2 * stages - 3))   # (V last: K last+1.., V last+1.. may be in flight)
+    kb.b(t.BarrierOp())
+    results = last_block(v_pipe.tiles(last)[0], *state)
     kb.b(t.MmaWaitOp(0))
     return results
 
@@ -1988,24 +1998,26 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
     steps = _key_blocks(kb, bounds, m0, tile, n_keys, kept)
     fixed = {"d": zero, "e": zero}
-    if split is None and p.get("qk_ahead") and p["num_stages"] >= 3 and kb.stage_operands:
-        key_limit = _key_limit(kb, steps[1], tile["n"], n_keys)
+    if split is None and p.get("qk_ahead") and p["num_stages"] >= 2 and kb.stage_operands:
+        key_limit = _key_limit(kb, steps[1], tile["n"], n_keys)   # (an empty range's one block: masked whole)
 
-        def head(iv, k_tile, acc, m_i, l_i):
+        def head(iv, k_tile, acc, m_i, l_i):   # (block `first`, past the range's end where it is empty)
             m_new, l_new, alpha, probs = absorb(*masked(iv, scores(k_tile), key_limit), m_i, l_i)
             return [acc, m_new, l_new, alpha, stored(probs)]
 
-        def ahead(iv, k_next, v_tile, refill, acc, m_i, l_i, alpha, probs):
+        def ahead(iv, k_next, v_tile, acc, m_i, l_i, alpha, probs):
             s_next = scores(k_next)          # block iv + 1's scores, issued before block iv's P @ V
-            refill()
-            acc = accumulate(acc, alpha, probs, v_tile)
+            acc = accumulate(acc, alpha, probs, v_tile())
             kb.b(t.MmaWaitOp(1))             # block iv + 1's scores have landed; P @ V may still run ...
-            m_new, l_new, alpha, probs = absorb(*masked(kb.b(arith.AddiOp(iv, kb.b.index(1))), s_next, key_limit),
-                                                m_i, l_i)
+            m_new, l_new, alpha, probs = absorb(*masked(kb.b(arith.AddiOp(iv, kb.b.index(1))), s_next,
+                                                        n_keys if tail else None), m_i, l_i)
             kb.b(t.MmaWaitOp(0))             # ... through this softmax, not past it: the next P replaces
             return [acc, m_new, l_new, alpha, stored(probs)]   # the registers P @ V reads
-        acc, m_i, l_i, _, _ = _pipelined_loop_ahead(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed,
-                                                    scalars, inits, head, ahead)
+
+        def last(v_tile, acc, m_i, l_i, alpha, probs):
+            return [accumulate(acc, alpha, probs, v_tile), m_i, l_i]
+        acc, m_i, l_i = _pipelined_loop_ahead(kb, steps, p["num_stages"], k, v, "n", tile["n"], fixed, scalars,
+                                              inits, head, ahead, last)
     else:
         def compute(iv, tiles, acc, m_i, l_i):
             k_tile, v_tile = tiles

@@ -1863,6 +1863,9 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
         features["value_bytes"] = g.tensor_type(matmuls[1].rhs).dtype.itemsize
+        rows = [g.dim_value(d, planner.bindings) for d in g.tensor_type(matmuls[0].res).shape[:-1]]
+        features["query_rows"] = hint(rows[s.attention_rows_of(*matmuls, planner.bindings)])
+        features["reads_indices"] = int(_reads_indices(block, planner.bindings))
     if group.kind == "flash_chain":
         features.update(_chain_tiles(block, planner.bindings))
     return features

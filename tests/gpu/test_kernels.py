@@ -357,13 +357,18 @@ def test_native_attention_uses_wgmma_and_tma(torch_cuda, hopper, fn, s, d, dtype
     check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), dtype, torch)
 
 
-@pytest.mark.parametrize("fn,s,d", [(attention, 1000, 64), (causal, 4097, 128), (causal, 129, 64)])
-def test_native_attention_scores_one_block_ahead(torch_cuda, hopper, fn, s, d):
-    """The three-stage schedule that issues block i + 1's Q @ K^T before block i's P @ V (qk_ahead,
-    in the autotuner's space): several key blocks, a partial last one, and causal blocks skipped."""
+@pytest.mark.parametrize("space", [dict(num_stages=[2]), dict(num_stages=[3]), dict(num_stages=[2], block_n=[64]),
+                                   dict(num_stages=[2], warp_specialize=[1], block_n=[128])],
+                         ids=["2-stages", "3-stages", "64-keys", "warp-specialized"])
+@pytest.mark.parametrize("fn,s,d", [(attention, 1000, 64), (causal, 4097, 128), (causal, 129, 64), (attention, 33, 128),
+                                    (attention, 64, 128)])
+def test_native_attention_scores_one_block_ahead(torch_cuda, hopper, fn, s, d, space):
+    """The schedule that issues block i + 1's Q @ K^T before block i's P @ V (qk_ahead), keys and
+    values in pipelines of their own: one key block (the loop never runs), several with a partial
+    last one, causal blocks skipped."""
     torch = torch_cuda
     (q, k, v), (out,) = run(fn, dict(B=2, H=3, S=s, D=d), "fp16", torch, path="native", expect="wgmma",
-                            space=dict(num_stages=[3], qk_ahead=[1]))
+                            space=dict(qk_ahead=[1], **space))
     check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), "fp16", torch)
 
 
@@ -413,8 +418,9 @@ def sliding_window(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"],
     return tsr.matmul(tsr.softmax(tsr.where(keep, s, -math.inf), dim=-1), v)
 
 
-@pytest.mark.parametrize("space", [{}, {"warp_specialize": [1]}, {"qk_ahead": [1], "num_stages": [3]}],
-                         ids=["default", "warp_specialize", "qk_ahead"])
+@pytest.mark.parametrize("space", [{}, {"warp_specialize": [1]}, {"qk_ahead": [1]},
+                                   {"qk_ahead": [1], "warp_specialize": [1], "block_n": [128]}],
+                         ids=["default", "warp_specialize", "qk_ahead", "qk_ahead-warp_specialize"])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("s", [1000, 4097])
 def test_sliding_window_attention(torch_cuda, s, path, space):

@@ -62,18 +62,28 @@ def test_scale_folds_into_one_fma_and_exp2_per_element(fn):
     assert not [op for op in ops if isinstance(op, tile.CmpiOp)]   # 1024 keys: every block is full
 
 
-def test_native_loop_computes_the_next_scores_before_this_blocks_p_at_v():
-    """Block i + 1's Q @ K^T is issued first; the wait for one mma group retires it while P @ V runs
-    through the softmax; P @ V is waited for before the next P is written; the block past the last
-    one is masked whole (the branch's other side takes the scores as they are)."""
-    ops = loop_ops(scaled_attention, 1024, path="native", num_stages=[3], qk_ahead=[1])
+@pytest.mark.parametrize("stages", [2, 3])
+def test_native_loop_computes_the_next_scores_before_this_blocks_p_at_v(stages):
+    """Block i + 1's Q @ K^T is issued first, then block i's P @ V; the wait for one mma group
+    retires the scores while P @ V runs through the softmax; P @ V is waited for before the next P
+    is written. Keys and values have pipelines of their own: the value tile is read (on TMA, waited
+    for) after the scores are issued. Every block the loop reads is a real one: only a partial
+    last block is masked."""
+    ops = loop_ops(scaled_attention, 1024, path="native", num_stages=[stages], qk_ahead=[1])
+    k_read, v_read = [op for op in ops if isinstance(op, tile.LoadSharedOp)]
+    assert k_read.src is not v_read.src and k_read.src.type.get_shape()[0] == stages   # a pipeline each
+
     def step(op):
         if isinstance(op, tile.MmaWaitOp):
             return ("wait", op.pending.value.data)
-        return ("mma", "scores" if isinstance(op.a.owner, tile.LoadSharedOp) else "P @ V")
-    order = [step(op) for op in ops if isinstance(op, (tile.MmaOp, tile.MmaWaitOp))]
-    assert order == [("mma", "scores"), ("wait", 1), ("mma", "P @ V"), ("wait", 1), ("wait", 0)]
-    unmasked, masked = masking_branch(ops)
+        if isinstance(op, tile.LoadSharedOp):
+            return ("read", "K" if op is k_read else "V")
+        return ("mma", "scores" if op.b is k_read.results[0] else "P @ V")
+    order = [step(op) for op in ops if isinstance(op, (tile.MmaOp, tile.MmaWaitOp, tile.LoadSharedOp))]
+    assert order == [("read", "K"), ("mma", "scores"), ("read", "V"), ("mma", "P @ V"), ("wait", 1), ("wait", 0)]
+    assert not [op for op in ops if isinstance(op, scf.IfOp)]
+    unmasked, masked = masking_branch(loop_ops(scaled_attention, 1000, path="native", num_stages=[stages],
+                                               qk_ahead=[1]))
     assert len(unmasked) == 1 and [op for op in masked if isinstance(op, tile.SelectOp)]
 
 

@@ -62,6 +62,9 @@ CASES = {
     "attn-ahead": Case(flash_attention, ATTN, {"qk_ahead": [1], "num_stages": [3]}),
     "causal-ahead-ampere": Case(causal_attention, ATTN, {"qk_ahead": [1], "num_stages": [3]}, "ampere"),
     "causal-ahead-ws": Case(causal_attention, ATTN, {"qk_ahead": [1], "num_stages": [3], "warp_specialize": [1]}),
+    # the Hopper default at D = 128: keys and values two stages each, 128 keys a block, a producer warpgroup
+    "causal-ahead-ws-d128": Case(causal_attention, dict(B=1, H=1, S=640, D=128),
+                                 {"qk_ahead": [1], "num_stages": [2], "warp_specialize": [1], "block_n": [128]}),
     "attn-1stage": Case(flash_attention, ATTN, {"num_stages": [1]}),
     "attn-1stage-ampere": Case(flash_attention, ATTN, {"num_stages": [1]}, "ampere"),
 }
@@ -199,15 +202,24 @@ def _steps_per_block(name: str, c: Compiled) -> set[int]:
     return {math.ceil(dims["S"] / p["block_n"])}
 
 
-def _unread_stages(name: str, c: Compiled) -> set[int]:
-    """Stages of the main pipeline holding a fill no step waits for, in some block. A pipeline of S
-    stages reading n steps issues steps up to n + S - 2 (S - 1 ahead of the last); with scores
-    ahead, the loop also waits for step n (its last iteration's next key block, masked out)."""
+def _unread_stages(name: str, c: Compiled, pipe: int) -> set[int]:
+    """Stages of the main loop's `pipe`-th pipeline holding a fill no step waits for, in some block.
+    A pipeline of S stages reading n steps issues steps up to n + S - 2 (S - 1 ahead of the last).
+    With scores ahead, keys and values are pipelines of their own (0 and 1): the keys are issued as
+    far, the values one step less (up to n + S - 3)."""
     stages = c.params["num_stages"]
     if stages == 1:
         return set()   # copy, wait, compute: nothing is issued ahead
-    ahead = int(bool(c.params.get("qk_ahead")))
-    return {step % stages for n in _steps_per_block(name, c) for step in range(n + ahead, n + stages - 1)}
+    ahead = (0, -1)[pipe] if c.params.get("qk_ahead") else 0
+    return {step % stages for n in _steps_per_block(name, c) for step in range(n, n + stages - 1 + ahead)}
+
+
+def _loop_pipes(c: Compiled) -> list:
+    """The "full" mbarrier groups of the main loop's pipelines (those its TMA copies complete, of
+    num_stages stages: not a resident tile's), in pipeline order."""
+    filled = {op.barriers for op in c.kernel.walk() if isinstance(op, tgt.TmaLoadOp)}
+    return [op.results[0] for op in c.kernel.walk() if isinstance(op, tgt.MBarrierAllocOp)
+            and op.results[0] in filled and op.results[0].type.count.data == c.params["num_stages"]]
 
 
 def _drain_verdict(name: str, c: Compiled, op, mutation: str) -> bool | str:
@@ -215,7 +227,8 @@ def _drain_verdict(name: str, c: Compiled, op, mutation: str) -> bool | str:
     in flight at exit). A warp-specialized producer drains every stage it filled; deleting its wait
     for a fill the consumers read is harmless, but a flipped one waits for a phase that never comes."""
     stage = op.stage.owner.value.value.data
-    if op.barriers.type.count.data != c.params["num_stages"] or stage not in _unread_stages(name, c):
+    pipes = _loop_pipes(c)
+    if (op.barriers not in pipes or stage not in _unread_stages(name, c, pipes.index(op.barriers))):
         if c.specialized and mutation == "flip parity":
             return True
         return ("the drain of a stage whose last fill a step read: " +
@@ -245,19 +258,9 @@ def expected(name: str, c: Compiled, op, mutation: str) -> bool | str:
         return "nothing arrives on or waits for this mbarrier group (a free mbarrier of a stage never refilled)"
     if _is_drain(op):
         return _drain_verdict(name, c, op, mutation)
-    loop = _loop_of(op)
-    if kind == "wgmma_wait" and mutation in ("delete", "pending+1"):
-        if isinstance(op.prev_op, scf.ForOp) and _retired_at_loop_end(op.prev_op):
-            return "every iteration of the loop before it already ends with all wgmma groups retired"
-        first_wait = loop is not None and next(o for o in loop.body.block.ops if isinstance(o, tgt.WgmmaWaitOp)) is op
-        if first_wait and c.params.get("qk_ahead") and op.pending.value.data == 1 and _retired_at_loop_end(loop):
-            return ("scores ahead: the refill's wait is implied by the wait for all groups that ends the previous "
-                    "iteration (the next P overwrites the registers P @ V reads)")
-    if kind == "barrier" and c.params.get("qk_ahead") and loop is not None and mutation == "delete":
-        barriers = [o for o in loop.body.block.ops if isinstance(o, tgt.BarrierOp)]
-        if len(barriers) == 2 and barriers[1] is op:
-            return ("scores ahead: the stage refilled in iteration i was last read in iteration i - 1, before "
-                    "iteration i's first barrier")
+    if (kind == "wgmma_wait" and mutation in ("delete", "pending+1") and isinstance(op.prev_op, scf.ForOp)
+            and _retired_at_loop_end(op.prev_op)):
+        return "every iteration of the loop before it already ends with all wgmma groups retired"
     return True
 
 

@@ -567,6 +567,27 @@ def test_native_tiling_for_attention_whatever_the_sequence_length():
     assert (kernel.param_values["block_m"], kernel.param_values["num_warps"]) == (128, 8)
 
 
+@pytest.mark.parametrize("dims,dtype,ahead", [
+    (dict(B=8, H=16, S=4096, D=128), "bf16", True), (dict(B=2, H=4, S=1000, D=128), "fp16", True),
+    (dict(B=16, H=16, S=2048, D=64), "bf16", False),   # D = 64: 128 keys, two blocks an SM
+    (dict(B=8, H=32, S=1, D=128), "bf16", False),      # a decode step's few query rows (split over the keys)
+    (dict(B=8, H=16, S=4096, D=128), "fp32", False)])  # (no wgmma: the mma.sync schedule)
+def test_hopper_attention_at_d128_computes_scores_ahead_with_a_producer(dims, dtype, ahead):
+    """`schedule.SHAPE_DEFAULTS`: on sm_90a a 16-bit attention at D = 128 whose query rows fill a
+    block takes 128 keys a block, a producer warpgroup and the next block's scores ahead (keys and
+    values two stages each); other head dims, decode steps and other paths keep their schedules."""
+    import math
+
+    @tsr.function
+    def att(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) / math.sqrt(128), dim=-1), v)
+
+    c = att.compile(att.arg_specs_for(dims, dtype), arch="sm_90a")
+    p = next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values
+    picked = (p["block_n"], p.get("qk_ahead"), p.get("warp_specialize"), p["num_stages"])
+    assert (picked == (128, 1, 1, 2)) == ahead, picked
+
+
 # --- split-K ------------------------------------------------------------------------------------------------
 
 @tsr.function
