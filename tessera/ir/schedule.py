@@ -144,9 +144,13 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # -> 1.013x. 128 keys with the producer alone: 0.92 / 0.96x at 8x16x4096x128; qk_ahead on 64
     # keys (two blocks an SM, 48 bytes spilled): 0.79x. At D = 64 it lost (624 -> 709 us), and so
     # it did where the key ranges are read per row (varlen: GQA 8 x 2048 packed 675 -> 763 us,
-    # bench/varlen_attention.py --quick), which keep 64 keys and two blocks an SM
+    # bench/varlen_attention.py --quick), which keep 64 keys and two blocks an SM. Only over 4+
+    # waves of 128-row query blocks (one block an SM, as measured down to 1x16x8192x128: soft-capped
+    # causal 675 -> 598 us, plain 966 -> 911, bench/attention_small_grids.py); fewer (B=3 H=5
+    # S=1531, B=1 H=8 S=4096) keep the schedules measured there, two blocks an SM, 64-row blocks
+    # for a causal one (`fusion._schedule_few_heads`)
     ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2 and f.get("head_dim") == 128
-     and f.get("query_rows", 0) >= 128 and not f.get("reads_indices"),
+     and f.get("query_rows", 0) >= 128 and f.get("query_block_waves", 0) >= 4 and not f.get("reads_indices"),
      {"block_n": 128, "qk_ahead": 1, "warp_specialize": 1}),
     # ... but 128 keys with 8-bit operands (fp8), whose transposed V tile ([D, keys]) must be whole
     # 128-byte swizzled rows of keys for TMA and wgmma, and a producer warpgroup: with the matmuls

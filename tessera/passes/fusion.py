@@ -1863,12 +1863,21 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
         features["value_bytes"] = g.tensor_type(matmuls[1].rhs).dtype.itemsize
-        rows = [g.dim_value(d, planner.bindings) for d in g.tensor_type(matmuls[0].res).shape[:-1]]
-        features["query_rows"] = hint(rows[s.attention_rows_of(*matmuls, planner.bindings)])
+        features.update(_query_blocks(matmuls, planner))
         features["reads_indices"] = int(_reads_indices(block, planner.bindings))
     if group.kind == "flash_chain":
         features.update(_chain_tiles(block, planner.bindings))
     return features
+
+
+def _query_blocks(matmuls: list[g.MatmulOp], planner: _Planner) -> dict[str, int]:
+    """An attention's `query_rows` (the rows P @ V's template tiles, a dynamic dim's hint) and
+    `query_block_waves`: its blocks of 128 query rows, over every batch program, in whole waves
+    of one block an SM."""
+    *rows, _ = (hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(matmuls[0].res).shape)
+    queries = rows.pop(s.attention_rows_of(*matmuls, planner.bindings))
+    blocks = math.prod(rows) * -(-queries // 128)
+    return {"query_rows": queries, "query_block_waves": blocks // planner.sm_count}
 
 
 def _row_features(group: Group, planner: _Planner) -> dict[str, int]:

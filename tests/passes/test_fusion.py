@@ -568,14 +568,15 @@ def test_native_tiling_for_attention_whatever_the_sequence_length():
 
 
 @pytest.mark.parametrize("dims,dtype,ahead", [
-    (dict(B=8, H=16, S=4096, D=128), "bf16", True), (dict(B=2, H=4, S=1000, D=128), "fp16", True),
+    (dict(B=8, H=16, S=4096, D=128), "bf16", True), (dict(B=1, H=16, S=8192, D=128), "fp16", True),
+    (dict(B=2, H=4, S=1000, D=128), "fp16", False),   # 64 query blocks: not 4 waves of the SMs
     (dict(B=16, H=16, S=2048, D=64), "bf16", False),   # D = 64: 128 keys, two blocks an SM
     (dict(B=8, H=32, S=1, D=128), "bf16", False),      # a decode step's few query rows (split over the keys)
     (dict(B=8, H=16, S=4096, D=128), "fp32", False)])  # (no wgmma: the mma.sync schedule)
 def test_hopper_attention_at_d128_computes_scores_ahead_with_a_producer(dims, dtype, ahead):
-    """`schedule.SHAPE_DEFAULTS`: on sm_90a a 16-bit attention at D = 128 whose query rows fill a
-    block takes 128 keys a block, a producer warpgroup and the next block's scores ahead (keys and
-    values two stages each); other head dims, decode steps and other paths keep their schedules."""
+    """`schedule.SHAPE_DEFAULTS`: on sm_90a a 16-bit attention at D = 128 whose query blocks make 4+
+    waves takes 128 keys a block, a producer warpgroup and the next block's scores ahead (keys and
+    values two stages each); other head dims, decode steps, small grids and other paths keep theirs."""
     import math
 
     @tsr.function
