@@ -148,9 +148,11 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # waves of 128-row query blocks (one block an SM, as measured down to 1x16x8192x128: soft-capped
     # causal 675 -> 598 us, plain 966 -> 911, bench/attention_small_grids.py); fewer (B=3 H=5
     # S=1531, B=1 H=8 S=4096) keep the schedules measured there, two blocks an SM, 64-row blocks
-    # for a causal one (`fusion._schedule_few_heads`)
-    ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2 and f.get("head_dim") == 128
-     and f.get("query_rows", 0) >= 128 and f.get("query_block_waves", 0) >= 4 and not f.get("reads_indices"),
+    # for a causal one (`fusion._schedule_few_heads`). Grouped-query attention (`shared_keys`) and
+    # fp8 values were not measured with it and keep their schedules
+    ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2 and f.get("value_bytes") == 2
+     and f.get("head_dim") == 128 and f.get("query_rows", 0) >= 128 and f.get("query_block_waves", 0) >= 4
+     and not f.get("reads_indices") and not f.get("shared_keys"),
      {"block_n": 128, "qk_ahead": 1, "warp_specialize": 1}),
     # ... but 128 keys with 8-bit operands (fp8), whose transposed V tile ([D, keys]) must be whole
     # 128-byte swizzled rows of keys for TMA and wgmma, and a producer warpgroup: with the matmuls

@@ -1262,11 +1262,13 @@ TILE_REGISTERS_KNOWN = 64
 
 def _tile_registers(kind: str, params: dict[str, int], features: dict[str, int]) -> int:
     """A thread's share of a kernel's fp32 tiles: an attention's output block [BM, E] and one key
-    block's scores [BM, BN]; a chain's sinks' accumulators [BM, their columns] and its recomputed
-    score tiles [BM, BN] (`_chain_tiles`)."""
+    block's scores [BM, BN] (two with `qk_ahead`: the next block's beside this block's
+    probabilities; without counting them, two blocks an SM spilled 48-220 bytes and serialized the
+    wgmmas); a chain's sinks' accumulators [BM, their columns] and its recomputed score tiles
+    [BM, BN] (`_chain_tiles`)."""
     e = 1 << max(0, features.get("head_dim", 128) - 1).bit_length()
     columns = e if kind == "flash_attention" else features.get("sink_columns", e)
-    scores = 1 if kind == "flash_attention" else features.get("row_tiles", 1)
+    scores = 1 + bool(params.get("qk_ahead")) if kind == "flash_attention" else features.get("row_tiles", 1)
     return params["block_m"] * (columns + scores * params["block_n"]) // (32 * params["num_warps"])
 
 
@@ -1871,13 +1873,20 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
 
 
 def _query_blocks(matmuls: list[g.MatmulOp], planner: _Planner) -> dict[str, int]:
-    """An attention's `query_rows` (the rows P @ V's template tiles, a dynamic dim's hint) and
-    `query_block_waves`: its blocks of 128 query rows, over every batch program, in whole waves
-    of one block an SM."""
+    """An attention's `query_rows` (the rows P @ V's template tiles, a dynamic dim's hint),
+    `query_block_waves` (its blocks of 128 query rows, over every batch program, in whole waves of
+    one block an SM) and `shared_keys` (K or V broadcast along a batch dim of the scores, as
+    grouped-query attention shares each KV head among query heads)."""
     *rows, _ = (hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(matmuls[0].res).shape)
+    batch = rows[:-1]
     queries = rows.pop(s.attention_rows_of(*matmuls, planner.bindings))
     blocks = math.prod(rows) * -(-queries // 128)
-    return {"query_rows": queries, "query_block_waves": blocks // planner.sm_count}
+
+    def broadcast(v: SSAValue) -> bool:   # (batch dims right-aligned with the scores')
+        dims = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(v).shape[:-2]]
+        return any(n == 1 < m for n, m in zip(reversed(dims), reversed(batch)))
+    return {"query_rows": queries, "query_block_waves": blocks // planner.sm_count,
+            "shared_keys": int(any(broadcast(mm.rhs) for mm in matmuls))}
 
 
 def _row_features(group: Group, planner: _Planner) -> dict[str, int]:

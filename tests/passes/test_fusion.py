@@ -589,6 +589,26 @@ def test_hopper_attention_at_d128_computes_scores_ahead_with_a_producer(dims, dt
     assert (picked == (128, 1, 1, 2)) == ahead, picked
 
 
+def test_grouped_query_and_fp8_value_attention_keep_their_d128_schedules():
+    """Grouped-query attention (K and V shared by query heads) and an fp8 V are outside the D = 128
+    rule (not measured with it): GQA keeps 64 keys and no producer, the fp8 V its own rule's
+    producer without the scores ahead (which measured slower for fp8)."""
+    from tessera.bench import cases
+
+    def params(fn, dims, dtype):
+        c = fn.compile(fn.arg_specs_for(dims, dtype), arch="sm_90a")
+        return next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values
+    p = params(cases.gqa_causal_attention, dict(B=8, H=32, Hk=8, S=4096, D=128), "bf16")
+    assert (p["block_n"], p.get("qk_ahead"), p.get("warp_specialize")) == (64, 0, 0)
+
+    @tsr.function
+    def fp8_values(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"],
+                   v: Tensor["B", "H", "S", "D", tsr.fp8_e4m3]):
+        return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * 0.125, dim=-1).to(tsr.fp8_e4m3), v).to(tsr.bf16)
+    p = params(fp8_values, dict(B=8, H=16, S=4096, D=128), "bf16")
+    assert (p["block_n"], p.get("qk_ahead"), p.get("warp_specialize")) == (128, 0, 1)
+
+
 # --- split-K ------------------------------------------------------------------------------------------------
 
 @tsr.function
