@@ -234,7 +234,6 @@ class _Lowering:
             self.barrier(op, at)
         elif isinstance(op, tile.ReleaseStageOp):
             self.release(op, at)
-
         elif isinstance(op, tile.LoadSharedOp) and op.src in self.pipes:
             self.wait_for_stage(self.pipes[op.src], op.stage, at)
         elif isinstance(op, scf.ForOp):
