@@ -36,8 +36,7 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
         {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0, "warp_specialize": 0,
          "split_kv": 1, "heavy_first": 0},
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
-         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32],
-         "heavy_first": [0, 1]},
+         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32], "heavy_first": [0, 1]},
     ),
     "flash_chain": (
         {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "heavy_first": 0},

@@ -1667,9 +1667,7 @@ def _sum_partials(kb: KernelBuild, gemm: _Gemm, partials: SSAValue, splits: int)
 def _walks_tiles(params: dict, tiles: int, steps: int) -> bool:
     """Whether a `persistent` GEMM's blocks walk several tiles each: only with more tiles than
     blocks, two or more k steps a tile (with one, ptxas serializes the wgmmas of the loop) and no
-    warp specialization (a walk with a producer was never measured; since session 41 its stage
-    hand-over is right across tiles, `async_pipelines._Lowering.hand_over`, where the guard it
-    had then counted the steps of one tile)."""
+    warp specialization (a walk with a producer has not been measured)."""
     return (bool(params.get("persistent")) and tiles > params["programs"] and steps > 1
             and not (params.get("warp_specialize") and params["num_stages"] > 1))
 
