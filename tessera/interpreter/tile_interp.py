@@ -811,7 +811,7 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     tile.LoadIndexReduceOp: _load_index_reduce, tile.LoadGatherOp: _load_gather, tile.StoreOp: _store,
     tile.AllocSharedOp: _fresh, tile.AllocGlobalOp: _fresh, tile.ViewOp: _view, tile.CopyAsyncOp: _copy_async,
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,
-    tile.MmaWaitOp: _no_op, tile.ReleaseStageOp: _no_op,
+    tile.MmaWaitOp: _no_op, tile.ReleaseStageOp: _no_op, tile.MmaTurnOp: _no_op,
     tile.LoadSharedOp: _load_shared, tile.StoreSharedOp: _store_shared, tile.AtomicAddOp: _atomic_add,
     tile.MmaOp: _mma, tile.ReduceOp: _reduce, tile.ClusterGatherOp: _cluster_gather,
     tile.BroadcastOp: _broadcast, tile.ArangeOp: _arange, tile.LaunchOp: _launch,

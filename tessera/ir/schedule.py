@@ -34,9 +34,10 @@ from ..dims import hint
 KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "flash_attention": (
         {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0, "warp_specialize": 0,
-         "split_kv": 1, "heavy_first": 0},
+         "pingpong": 0, "split_kv": 1, "heavy_first": 0},
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
-         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32], "heavy_first": [0, 1]},
+         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "pingpong": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32],
+         "heavy_first": [0, 1]},
     ),
     "flash_chain": (
         {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "heavy_first": 0},
@@ -76,9 +77,11 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 #: 2+ stages) has flash attention compute the next key block's scores before this block's P @ V;
 #: `warp_specialize` (with 2+ stages) adds a producer warpgroup that alone issues the (TMA) copies, so
 #: the warps computing never wait for each other, only for data (ignored where copies are not TMA's);
+#: `pingpong` (with warp_specialize and two computing warpgroups, without qk_ahead) has those
+#: warpgroups take turns issuing their mmas (`tile.mma_turn`), so one's softmax runs under the other's;
 #: `persistent` launches one GEMM block per SM (the schedule's `programs`), each walking output
 #: tiles with one pipeline across them, so a tile's first copies land while the previous is stored.
-SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "persistent", "heavy_first"})
+SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "pingpong", "persistent", "heavy_first"})
 
 #: Params the fusion pass derives from the target rather than a template's defaults, which a space
 #: may still pin: `programs`, the blocks of a persistent GEMM (the SMs times the blocks one holds);
@@ -162,6 +165,17 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # 0.985; session 41)
     ("flash_attention", lambda f: f.get("wgmma") and f.get("value_bytes") == 1,
      {"block_n": 128, "warp_specialize": 1}),
+    # ... and at D = 128 over 4+ waves of query blocks, the two computing warpgroups take turns at
+    # their mmas (`pingpong`): without, they run in step, both softmaxes at once. H200 e4m3, V
+    # passed transposed, us (`.scratch` pins, bench/RESULTS.md session 42): 8x16x4096x128 1611 ->
+    # 1535, 32x12x2048x128 1250 -> 1208, 4x16x8192x128 3121 -> 2991. Not under a causal mask
+    # (`one_sided_mask`), whose shorter loops pay the turns' start: 938 -> 947, 836 -> 814, 1718 ->
+    # 1744; nor at 16-bit values, whose matmuls outlast the softmax (bf16 8x16x4096x128 without
+    # qk_ahead 2042 -> 2364). Grouped-query and per-row key ranges were not measured
+    ("flash_attention", lambda f: f.get("wgmma") and f.get("value_bytes") == 1 and f.get("element_bytes") == 1
+     and f.get("head_dim") == 128 and f.get("query_block_waves", 0) >= 4 and not f.get("one_sided_mask")
+     and not f.get("reads_indices") and not f.get("shared_keys"),
+     {"pingpong": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at
     # D = 128, and two blocks per SM asked of tileiras (`occupancy`, the entry's hint). H200 bf16,
     # bench/RESULTS.md session 14: 8x16x4096x128 219 TFLOP/s with 128 keys, 408 with 64; 16x16x2048x64

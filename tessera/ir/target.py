@@ -1353,10 +1353,40 @@ class SetMaxNRegOp(_AsyncOp):
             raise VerifyException("setmaxnreg: only at the start of a warp_specialize region")
 
 
+#: the named barriers warpgroups taking turns meet at: warpgroup w waits at TURN_BARRIER + w (1 is
+#: the computing warps' own barrier, `BarrierOp`)
+TURN_BARRIER = 2
+
+
+@irdl_op_definition
+class WarpgroupTurnOp(_AsyncOp):
+    """`tessera_target.warpgroup_turn take` / `give` [`warpgroup = w`]: the computing warpgroups of a
+    warp-specialized kernel issue their wgmmas in turns (`tile.mma_turn`). Warpgroup w takes its
+    turn at named barrier TURN_BARRIER + w (bar.sync, the block's computing threads counted) and
+    gives it at the next warpgroup's (bar.arrive); with `warpgroup`, only that warpgroup gives."""
+
+    name = "tessera_target.warpgroup_turn"
+    action = prop_def(StringAttr)
+    warpgroup = opt_prop_def(IntegerAttr[I64])
+
+    assembly_format = "$action (`warpgroup` `=` $warpgroup^)? attr-dict"
+
+    def __init__(self, action: str, warpgroup: int | None = None):
+        props = {"action": StringAttr(action)}
+        if warpgroup is not None:
+            props["warpgroup"] = IntegerAttr(warpgroup, i64)
+        super().__init__(properties=props)
+
+    def verify_(self) -> None:
+        _check_choice(self, "action", self.action.data, ("take", "give"))
+        if self.warpgroup is not None and self.action.data != "give":
+            raise VerifyException("warpgroup_turn: only a give names its warpgroup")
+
+
 ASYNC_OPS = [TensorMapOp, MBarrierAllocOp, MBarrierInitOp, MBarrierArriveExpectTxOp, MBarrierArriveOp,
              MBarrierTryWaitOp, TmaLoadOp, WgmmaDescriptorOp, CpAsyncCommitOp, CpAsyncWaitOp, WgmmaFenceOp, WgmmaCommitOp,
              WgmmaWaitOp, FenceOp, BarrierOp, ClusterBarrierOp, WarpSpecializeOp, SetMaxNRegOp, BulkWaitOp,
-             StageRowsOp, BulkReduceOp]
+             StageRowsOp, BulkReduceOp, WarpgroupTurnOp]
 ASYNC_TYPES = [MBarriersType, TensorMapType, WgmmaDescriptorType]
 
 

@@ -44,6 +44,7 @@ from xdsl.dialects.builtin import (
     FloatAttr,
     FunctionType,
     i1,
+    I64,
     i32,
     i64,
     IndexType,
@@ -790,6 +791,37 @@ class MmaWaitOp(_WaitOp):
     name = "tile.mma_wait"
 
 
+#: what a `tile.mma_turn` does: wait for this warpgroup's turn, or pass it on
+MMA_TURN_ACTIONS = ("take", "give")
+
+
+@irdl_op_definition
+class MmaTurnOp(IRDLOperation):
+    """`tile.mma_turn take` / `give` [`warpgroup = w`]: the warpgroups computing a block take
+    turns issuing their mmas (FlashAttention-3's ping-pong), so that one's softmax runs while the
+    other's mmas do rather than all of them contending for the matrix unit at once. `take` waits
+    for this warpgroup's turn, `give` passes it to the next warpgroup; with `warpgroup = w` only
+    warpgroup w gives (the first turn, before any take, and the last one, which the next
+    warpgroup does not take). Each give must meet its take. An order of issue only, no value
+    depends on it: where mmas do not run asynchronously, or no producer warps leave the computing
+    warpgroups free of block barriers, it goes (`tessera.lowering.async_pipelines`)."""
+
+    name = "tile.mma_turn"
+    action = prop_def(StringAttr)
+    warpgroup = opt_prop_def(IntegerAttr[I64])
+    assembly_format = "$action (`warpgroup` `=` $warpgroup^)? attr-dict"
+
+    def __init__(self, action: str, warpgroup: int | None = None):
+        props = {"action": StringAttr(action)}
+        if warpgroup is not None:
+            props["warpgroup"] = _i64(warpgroup)
+        super().__init__(properties=props)
+
+    def verify_(self) -> None:
+        _require(self.action.data in MMA_TURN_ACTIONS, self, f"action must be one of {MMA_TURN_ACTIONS}")
+        _require(self.warpgroup is None or self.action.data == "give", self, "only a give names its warpgroup")
+
+
 @irdl_op_definition
 class BarrierOp(IRDLOperation):
     """Block-wide barrier (makes finished shared-memory writes visible to all threads)."""
@@ -1376,7 +1408,7 @@ ArithOnTiles = Dialect(
 Tile = Dialect(
     "tile",
     [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, LoadGatherOp, StoreOp,
-     AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, BarrierOp,
+     AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, MmaTurnOp, BarrierOp,
      ReleaseStageOp, LoadSharedOp, StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, ClusterGatherOp, BroadcastOp,
      ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
     [],

@@ -234,6 +234,8 @@ class _Lowering:
             self.barrier(op, at)
         elif isinstance(op, tile.ReleaseStageOp):
             self.release(op, at)
+        elif isinstance(op, tile.MmaTurnOp):
+            self.turn(op, at)
         elif isinstance(op, tile.LoadSharedOp) and op.src in self.pipes:
             self.wait_for_stage(self.pipes[op.src], op.stage, at)
         elif isinstance(op, scf.ForOp):
@@ -395,6 +397,14 @@ class _Lowering:
         key = ("free_phase", pipe.index)
         at(target.MBarrierTryWaitOp(pipe.free, stage, at.bit_of(self.state[key], stage)))
         self.state[key] = at(arith.XOrIOp(self.state[key], at.stage_bit(stage)))
+
+    # -- warpgroups taking turns --
+    def turn(self, op: tile.MmaTurnOp, at: _Insert) -> None:
+        """The computing warpgroups of a warp-specialized kernel take turns at their mmas; the
+        producer issues none, and without one the block barriers keep every warp in step anyway."""
+        if self.role == _CONSUMER:
+            at(target.WarpgroupTurnOp(op.action.data, None if op.warpgroup is None else op.warpgroup.value.data))
+        _erase(op)
 
     # -- loops --
     def loop(self, op: scf.ForOp) -> None:

@@ -1990,9 +1990,10 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
         to (fp8's two formats mix: e5m2 probabilities against e4m3 values), else in V's."""
         return to_storage(kb.b, probs, p_dtype if p_dtype.bits <= v_dtype.bits else v_dtype, in_range=True)
 
-    def accumulate(acc, alpha, probs, v_tile):
+    def accumulate(acc, alpha, probs, v_tile, before_mma=lambda: None):
         with kb.b.origin(m2):
             acc = kb.b(arith.MulfOp(acc, _broadcast_rows(kb.b, alpha, [tile["m"], tile["e"]])))
+            before_mma()
             return kb.b(t.MmaOp(probs, v_tile, acc, transpose_b=operand_layout(v, ("n", "e"))))
 
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
@@ -2019,18 +2020,40 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
         acc, m_i, l_i = _pipelined_loop_ahead(kb, steps, p["num_stages"], k, v, "n", tile["n"], fixed, scalars,
                                               inits, head, ahead, last)
     else:
+        turns = _takes_turns(kb)
+
         def compute(iv, tiles, acc, m_i, l_i):
             k_tile, v_tile = tiles
-            m_new, l_new, alpha, probs = absorb(*masked(iv, scores(k_tile), n_keys if tail else None), m_i, l_i)
-            return [accumulate(acc, alpha, stored(probs), v_tile), m_new, l_new]
+            s = scores(k_tile)
+            if turns:   # this block's P @ V and the next block's scores were this warpgroup's turn
+                kb.b(t.MmaTurnOp("give"))
+                kb.b(t.MmaWaitOp(0))
+            m_new, l_new, alpha, probs = absorb(*masked(iv, s, n_keys if tail else None), m_i, l_i)
+            take = (lambda: kb.b(t.MmaTurnOp("take"))) if turns else (lambda: None)
+            return [accumulate(acc, alpha, stored(probs), v_tile, before_mma=take), m_new, l_new]
         past_end = None
         if split is not None:   # a run of the key blocks; copies the pipeline issues past it read padding
             blocks = kb.cdiv(n_keys, tile["n"])
             past_end = blocks * tile["n"] if isinstance(blocks, int) else kb.mul(blocks, tile["n"])
             steps = _split_run(kb, steps, *split)
+        if turns:   # warpgroup 0 takes the first turn, warpgroup 1 the next
+            kb.b(t.MmaTurnOp("give", 1))
+            kb.b(t.MmaTurnOp("take"))
         acc, m_i, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed, scalars, inits,
                                         compute, past_end=past_end)
+        if turns:   # (warpgroup 1's last turn, which warpgroup 0 does not take back)
+            kb.b(t.MmaTurnOp("give", 0))
     return _AttentionRows(acc, m_i, l_i, scales[0] if scales else 1.0, m0, scalars, p_map)
+
+
+def _takes_turns(kb: KernelBuild) -> bool:
+    """Whether the two computing warpgroups of a warp-specialized attention block take turns at their
+    mmas (FlashAttention-3's ping-pong, `pingpong`): each issues its P @ V and its next block's
+    scores in one turn, then passes it, so that its softmax runs under the other's mmas. Without
+    turns they run in step, both softmaxes contending for the exponential unit while the matrix
+    unit idles: with fp8's matmuls twice as fast, that bounds the loop."""
+    p = kb.params
+    return bool(p.get("pingpong") and p.get("warp_specialize") and p["num_warps"] == 8 and kb.stage_operands)
 
 
 #: the combining kernel of a split-KV attention: each program one output row's head-dim columns (up

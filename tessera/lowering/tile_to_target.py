@@ -501,6 +501,15 @@ class DropReleaseStage(RewritePattern):
         rewriter.erase(op)
 
 
+class DropMmaTurn(RewritePattern):
+    """tile.mma_turn goes where `lower_tma_pipelines` did not lower it (no TMA pipelines, so no
+    producer warps: the block's barriers keep its warps in step)."""
+
+    @op_type_rewrite_pattern
+    def match_and_rewrite(self, op: tile.MmaTurnOp, rewriter: PatternRewriter) -> None:
+        rewriter.erase(op)
+
+
 class LowerBarrier(RewritePattern):
     """tile.barrier -> tessera_target.barrier (every thread of the block)."""
 
@@ -531,7 +540,7 @@ def patterns(platform: Platform, tensor_cores: bool = True) -> Iterable[RewriteP
         LowerReturn(), *([LowerMma(platform)] if tensor_cores else []),
         LowerAllocShared(platform), LowerCopyAsync(platform),
         LowerAsyncCommit(platform), LowerAsyncWait(platform), LowerMmaWait(platform), LowerBarrier(),
-        DropReleaseStage(),
+        DropReleaseStage(), DropMmaTurn(),
         FenceSharedStores(platform),
         *debug_to_target.patterns(),
     )

@@ -1867,6 +1867,7 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
         features["value_bytes"] = g.tensor_type(matmuls[1].rhs).dtype.itemsize
         features.update(_query_blocks(matmuls, planner))
         features["reads_indices"] = int(_reads_indices(block, planner.bindings))
+        features["one_sided_mask"] = int(_attention_work(group, planner) is not None)
     if group.kind == "flash_chain":
         features.update(_chain_tiles(block, planner.bindings))
     return features

@@ -133,6 +133,25 @@ def test_warp_specialized_attention_moves_the_producers_registers_to_the_consume
     assert "0 bytes spill stores" in log and "serialized" not in log
 
 
+def test_warpgroups_taking_turns_meet_at_named_barriers():
+    """`pingpong`: warpgroup w takes its turn at named barrier 2 + w with 256 threads (its own and
+    the giver's) and gives it at the other's with bar.arrive; warpgroup 1 gives the first turn and
+    warpgroup 0 the last, each predicated on its warpgroup. Barrier 1 stays the computing warps' own;
+    the producer takes no turns."""
+    pp = tsr.function(attention.fn, space=dict(block_n=[128], warp_specialize=[1], num_warps=[8], split_kv=[1],
+                                               pingpong=[1]))
+    compiled = pp.compile(pp.arg_specs_for(dict(B=1, H=2, S=1000, D=128), "fp16"), arch="sm_90a")
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    producer, consumers = kernel.ptx.split("\n$L_consumers_")
+    assert "bar.sync %" not in producer and "bar.arrive" not in producer
+    first, last = re.findall(r"@%p\d+ bar\.arrive (\d+), 256;", consumers)
+    assert (first, last) == ("2", "3")
+    assert len(re.findall(r"bar\.sync %r\d+, 256;", consumers)) == 2     # before the loop and before P @ V
+    assert len(re.findall(r"^\s*bar\.arrive %r\d+, 256;", consumers, re.M)) == 1   # once the scores are issued
+    log = assemble(kernel.ptx, "sm_90a").log
+    assert "0 bytes spill stores" in log and "serialized" not in log
+
+
 def test_register_split_needs_setmaxnreg_and_a_producer_warpgroup():
     sm90a, sm90 = platforms.get("sm_90a"), platforms.get("sm_90")
     assert register_split(sm90a, 384, 128) == RegisterSplit(launch=168, producer=40, consumer=232)

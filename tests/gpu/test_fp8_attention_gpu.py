@@ -44,10 +44,10 @@ def reference(torch, q, k, v, scales, causal):
     return torch.softmax(s, -1) @ v * sv
 
 
-def run(torch, fn, args, path):
+def run(torch, fn, args, path, space=None):
     names = list(fn.signature.parameters)
     _, specs = fn.arg_specs(list(zip(names, args)))
-    compiled = fn.compile(specs, arch=_arch(), path=path)
+    compiled = fn.compile(specs, arch=_arch(), path=path, **({"space": space} if space else {}))
     program = compiled.gpu_program(0)
     outs = [torch.full(o.shape, float("nan"), device="cuda", dtype=torch.bfloat16) for o in program.outputs]
     program(*args, out=outs)
@@ -80,6 +80,28 @@ def test_fp8_attention_matches_float64(torch_cuda, fn, b, h, s, n, d, path):
     if path == "native" and _arch() == "sm_90a" and d == 128 and n % 16 == 0 and s >= 128:
         # (TMA takes 16-byte rows of V^T; a few queries split the keys, on mma.sync)
         assert 'tensor_core "wgmma"' in compiled.ir("target")
+
+
+#: the warp-specialized schedule with the computing warpgroups taking turns at their mmas (the
+#: default only over 4+ waves of query blocks): one key block, a partial last one, causal blocks
+#: skipped and masked, queries fewer and more than keys
+PINGPONG = {"pingpong": [1], "warp_specialize": [1], "num_warps": [8], "block_m": [128], "block_n": [128],
+            "qk_ahead": [0], "split_kv": [1]}
+
+
+@pytest.mark.parametrize("fn", [causal_fp8_attention, fp8_attention_vt], ids=lambda f: f.name)
+@pytest.mark.parametrize("b,h,s,n,d", [(1, 1, 1, 1, 128), (2, 3, 33, 33, 128), (1, 2, 128, 128, 128),
+                                       (2, 2, 129, 256, 128), (1, 2, 1000, 1024, 128), (1, 2, 2048, 2048, 128),
+                                       (1, 2, 4097, 4097, 128), (1, 2, 1000, 1000, 64)])
+def test_fp8_attention_warpgroups_taking_turns(torch_cuda, hopper, fn, b, h, s, n, d):
+    torch = torch_cuda
+    q, k, v, scales = inputs(torch, b, h, s, n, d)
+    value = v.transpose(-1, -2).contiguous() if fn is fp8_attention_vt else v
+    compiled, out = run(torch, fn, [q, k, value, *scales], "native", space=PINGPONG)
+    causal = fn is causal_fp8_attention
+    check(torch, out, reference(torch, q, k, v, scales, causal), causal)
+    if d == 128 and n % 16 == 0:   # (the native path: TMA takes V^T's rows 16-byte aligned)
+        assert "warpgroup_turn" in compiled.ir("target")
 
 
 def test_plain_call_with_torch_tensors(torch_cuda):

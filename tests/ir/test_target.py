@@ -56,6 +56,8 @@ EVERY_OP = f"""builtin.module {{
       tessera_target.tma_load %m[%s, %s], %buf[%s] + 0, %b[%s] : !tessera_target.tensor_map<f16, [256, 128], box = [64, 64], swizzle = 128>, memref<2x64x64xf16, 3 : i64>, !tessera_target.mbarriers<2>
     }} {{
       tessera_target.setmaxnreg "inc" regs = 232
+      tessera_target.warpgroup_turn "give" warpgroup = 1
+      tessera_target.warpgroup_turn "take"
       tessera_target.mbarrier_try_wait %b[%s] parity %parity : !tessera_target.mbarriers<2>
       %t = tessera_target.wgmma_descriptor %buf[%s] leading = 8192 stride = 1024 swizzle = 128 per_warpgroup = 0 : memref<2x64x64xf16, 3 : i64> -> {DESC}
       tessera_target.wgmma_fence

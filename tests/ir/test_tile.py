@@ -54,11 +54,14 @@ tessera.profile = ["every_op", "mainloop"]} {
       %tbt = tile.load %b[%on, %ko] {tile_dims = array<i64: 1, 0>} : memref<45x100xf16> -> tensor<16x32xf16>
       %p = tile.mma %ta, %tb, %acc_1 {transpose_b} : tensor<32x16xf16>, tensor<32x16xf16>, tensor<32x32xf32>
       %q = tile.mma %ta, %tbt, %p : tensor<32x16xf16>, tensor<16x32xf16>, tensor<32x32xf32>
+      tile.mma_turn "give"
       tile.mma_wait {pending = 1 : i64}
+      tile.mma_turn "take"
       tile.release_stage %sa[%k] : memref<2x32x16xf16, 3 : i64>
       scf.yield %q : tensor<32x32xf32>
     }
     tile.mma_wait {pending = 0 : i64}
+    tile.mma_turn "give" warpgroup = 0
     tile.profile_end %stamps {label = "mainloop", slot = 1 : i64} : memref<1x2x3x2x4xi32>
     %rmax = tile.reduce %acc {kind = "max", axis = 1 : i64} : tensor<32x32xf32> -> tensor<32xf32>
     %bmax = tile.broadcast %rmax {dims = array<i64: 0>} : tensor<32xf32> -> tensor<32x32xf32>

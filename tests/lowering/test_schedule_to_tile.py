@@ -87,6 +87,44 @@ def test_native_loop_computes_the_next_scores_before_this_blocks_p_at_v(stages):
     assert len(unmasked) == 1 and [op for op in masked if isinstance(op, tile.SelectOp)]
 
 
+def test_pingpong_warpgroups_take_turns_at_p_at_v_and_the_next_scores():
+    """`pingpong`: warpgroup 1 gives warpgroup 0 the first turn and each takes its own before the
+    loop; an iteration gives the turn once its scores are issued (before waiting for them) and takes
+    it back after the softmax and the accumulator's rescale, right before P @ V; warpgroup 0 gives
+    warpgroup 1 its last turn after the loop. Every give meets a take."""
+    compiled = scaled_attention.compile(scaled_attention.arg_specs_for(dict(B=1, H=2, S=1024, D=64), "fp16"),
+                                        arch="sm_90a", path="native",
+                                        space={"split_kv": [1], "warp_specialize": [1], "num_warps": [8],
+                                               "pingpong": [1]})
+    kernel = next(op for op in compiled.modules["tile"].walk() if isinstance(op, tile.KernelOp))
+    (loop,) = [op for op in kernel.walk() if isinstance(op, scf.ForOp)]
+
+    def turn(op):
+        return (op.action.data, None if op.warpgroup is None else op.warpgroup.value.data)
+    outside = [op for op in kernel.walk() if isinstance(op, tile.MmaTurnOp) and op.parent_op() is not loop]
+    before = [turn(op) for op in outside if kernel.body.block.get_operation_index(op)
+              < kernel.body.block.get_operation_index(loop)]
+    after = [turn(op) for op in outside if turn(op) not in before]
+    assert before == [("give", 1), ("take", None)] and after == [("give", 0)]
+
+    def step(op):
+        if isinstance(op, tile.MmaTurnOp):
+            return turn(op)
+        if isinstance(op, tile.MmaWaitOp):
+            return ("wait", op.pending.value.data)
+        if isinstance(op, arith.MulfOp):
+            return ("rescale",)
+        return ("mma",)
+    order = [step(op) for op in loop.body.block.ops if isinstance(op, (tile.MmaOp, tile.MmaWaitOp, tile.MmaTurnOp))
+             or (isinstance(op, arith.MulfOp) and tuple(op.result.type.get_shape()) == (128, 64))]
+    assert order == [("mma",), ("give", None), ("wait", 0), ("rescale",), ("take", None), ("mma",)]
+
+
+def test_without_pingpong_no_turns_are_taken():
+    ops = loop_ops(scaled_attention, 1024, path="native", warp_specialize=[1], num_warps=[8])
+    assert not [op for op in ops if isinstance(op, tile.MmaTurnOp)]
+
+
 def masking_branch(ops):
     """The scf.if that masks only the key blocks that need it: (then ops, else ops)."""
     (branch,) = [op for op in ops if isinstance(op, scf.IfOp)]

@@ -609,6 +609,31 @@ def test_grouped_query_and_fp8_value_attention_keep_their_d128_schedules():
     assert (p["block_n"], p.get("qk_ahead"), p.get("warp_specialize")) == (128, 0, 1)
 
 
+@pytest.mark.parametrize("dims,causal,turns", [
+    (dict(B=8, H=16, S=4096, D=128), False, True), (dict(B=4, H=16, S=8192, D=128), False, True),
+    (dict(B=8, H=16, S=4096, D=128), True, False),    # causal: its shorter loops pay the turns' start
+    (dict(B=2, H=4, S=1000, D=128), False, False),    # 64 query blocks: not 4 waves of the SMs
+    (dict(B=16, H=16, S=2048, D=64), False, False)])  # D = 64 (64-byte rows: no wgmma)
+def test_fp8_attention_warpgroups_take_turns_at_d128(dims, causal, turns):
+    """`schedule.SHAPE_DEFAULTS`: an fp8 attention at D = 128 over 4+ waves of query blocks, without
+    a causal mask, has its two computing warpgroups take turns at their mmas (`pingpong`)."""
+    import math
+    E4M3 = tsr.fp8_e4m3
+
+    @tsr.function
+    def att(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "S", "D", E4M3],
+            vt: Tensor["B", "H", "D", "S", E4M3]):
+        s = tsr.matmul(q, k.transpose(-2, -1)) * (1 / math.sqrt(q.shape[-1]))
+        if causal:
+            rows = tsr.arange(q.shape[-2])
+            s = tsr.where(rows[:, None] >= rows[None, :], s, -math.inf)
+        return tsr.matmul(tsr.softmax(s, dim=-1).to(E4M3), vt.transpose(-2, -1)).to(tsr.bf16)
+
+    c = att.compile(att.arg_specs_for(dims), arch="sm_90a")
+    p = next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values
+    assert bool(p.get("pingpong")) == turns and (not turns or (p["warp_specialize"], p["num_warps"]) == (1, 8))
+
+
 # --- split-K ------------------------------------------------------------------------------------------------
 
 @tsr.function

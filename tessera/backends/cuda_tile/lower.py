@@ -436,6 +436,7 @@ RULES: dict[type, Callable] = {
     t.ReduceOp: _KernelLowering.reduce,
     t.MmaOp: _KernelLowering.mma,
     t.MmaWaitOp: _nothing,
+    t.MmaTurnOp: _nothing,
     arith.ConstantOp: _KernelLowering.constant,
     scf.ForOp: _KernelLowering.for_,
     scf.IfOp: _KernelLowering.if_,

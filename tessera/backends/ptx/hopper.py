@@ -259,6 +259,35 @@ def _warp_specialize(e: KernelEmitter, op: tgt.WarpSpecializeOp) -> None:
     e.role = None
 
 
+def _warpgroup_turn(e: KernelEmitter, op: tgt.WarpgroupTurnOp) -> None:
+    """Warpgroup w of the computing warps takes its turn at named barrier TURN_BARRIER + w (bar.sync
+    of 256 threads: its own 128 meet the 128 of the warpgroup whose give arrived there) and gives
+    it at the next warpgroup's (bar.arrive, which does not wait)."""
+    consumers = e.threads - e.producer_threads
+    groups = consumers // 128
+    if groups < 2 or consumers % 128:
+        raise UnsupportedByBackend(f"PTX backend: warpgroups take turns among 2+ whole warpgroups, not {consumers} threads")
+    meeting = 2 * 128   # (the taker and the giver, however many warpgroups take turns)
+    _, _, warp = e.tid()
+    group = e.new(S32)
+    e.emit(f"shr.u32 {group}, {warp}, 2;")
+    if op.warpgroup is not None:
+        w = op.warpgroup.value.data
+        mine = e.new(PRED)
+        e.emit(f"setp.eq.u32 {mine}, {group}, {w};")
+        e.emit(f"@{mine} bar.arrive {tgt.TURN_BARRIER + (w + 1) % groups}, {meeting};")
+        return
+    barrier = e.new(S32)
+    if op.action.data == "take":
+        e.emit(f"add.s32 {barrier}, {group}, {tgt.TURN_BARRIER};")
+        e.emit(f"bar.sync {barrier}, {meeting};")
+        return
+    e.emit(f"add.s32 {barrier}, {group}, 1;")
+    e.emit(f"rem.u32 {barrier}, {barrier}, {groups};")
+    e.emit(f"add.s32 {barrier}, {barrier}, {tgt.TURN_BARRIER};")
+    e.emit(f"bar.arrive {barrier}, {meeting};")
+
+
 def _setmaxnreg(e: KernelEmitter, op: tgt.SetMaxNRegOp) -> None:
     e.emit(f"setmaxnreg.{op.action.data}.sync.aligned.u32 {op.regs.value.data};")
 
@@ -417,6 +446,7 @@ HANDLERS = {
     tgt.WgmmaWaitOp: _wgmma_wait,
     tgt.WarpSpecializeOp: _warp_specialize,
     tgt.SetMaxNRegOp: _setmaxnreg,
+    tgt.WarpgroupTurnOp: _warpgroup_turn,
 }
 
 #: the layout of the shared tile buffers bulk copies (TMA) fill
