@@ -1835,6 +1835,18 @@ def _rows_split_lines(v: SSAValue, group: Group, planner: _Planner) -> bool:
     return strides[-2] * g.tensor_type(v).dtype.itemsize % TMA_ROW_BYTES != 0
 
 
+def _query_rows_whole_lines(head_dim, element_bytes: int) -> bool:
+    """Whether an attention's Q and K tiles are rows of whole 128-byte lines, as the Hopper path's
+    copies and wgmma take them (`tile_to_target.native_blockers`): fp8 at D = 64 has 64-byte rows
+    and runs on mma.sync, where the wgmma schedule (128 x 128 blocks on 4 warps: 255 registers, 692
+    bytes spilled) took 1456 us at 16x16x2048x64 against 1194 with mma.sync's own (H200,
+    bench/RESULTS.md session 42). Asked only of 8-bit operands: 16-bit ones at D = 32 were not
+    measured."""
+    if not isinstance(head_dim, int):
+        return True
+    return s.mma_k_extent(s.pow2_at_least(head_dim), element_bytes) * element_bytes % TMA_ROW_BYTES == 0
+
+
 def _wgmma_reads(mm: g.MatmulOp) -> bool:
     """Whether wgmma reads this matmul's operands as they are stored: 16-bit ones in any layout,
     8-bit ones only K-contiguous (A as [M, K], B the transpose of an [N, K] tensor: `a @ b.T`), as
@@ -1864,6 +1876,8 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
         features["rhs_rows_split"] = int(_rows_split_lines(matmuls[0].rhs, group, planner))
     if group.kind == "flash_attention":
         features["head_dim"] = g.dim_value(lhs.shape[-1], planner.bindings)
+        if features["element_bytes"] == 1 and not _query_rows_whole_lines(features["head_dim"], 1):
+            features["wgmma"] = 0
         features["value_bytes"] = g.tensor_type(matmuls[1].rhs).dtype.itemsize
         features.update(_query_blocks(matmuls, planner))
         features["reads_indices"] = int(_reads_indices(block, planner.bindings))

@@ -634,6 +634,29 @@ def test_fp8_attention_warpgroups_take_turns_at_d128(dims, causal, turns):
     assert bool(p.get("pingpong")) == turns and (not turns or (p["warp_specialize"], p["num_warps"]) == (1, 8))
 
 
+def test_fp8_attention_with_rows_narrower_than_a_line_takes_the_mma_sync_schedule():
+    """fp8 Q and K at D = 64 are 64-byte rows, which the Hopper path does not copy (whole 128-byte
+    swizzled rows): the kernel runs on mma.sync, so fusion gives it mma.sync's schedule (64 keys on 4
+    warps), not the wgmma one (128 keys, which spilled); D = 128 keeps wgmma's."""
+    E4M3 = tsr.fp8_e4m3
+
+    @tsr.function
+    def att(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "S", "D", E4M3],
+            vt: Tensor["B", "H", "D", "S", E4M3]):
+        s = tsr.matmul(q, k.transpose(-2, -1)) * 0.125
+        return tsr.matmul(tsr.softmax(s, dim=-1).to(E4M3), vt.transpose(-2, -1)).to(tsr.bf16)
+
+    def params(d):
+        c = att.compile(att.arg_specs_for(dict(B=16, H=16, S=2048, D=d)), arch="sm_90a")
+        return next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values, c
+    p, c = params(64)
+    assert (p["block_n"], p["num_warps"], p.get("warp_specialize")) == (64, 4, 0)
+    assert 'tensor_core "wgmma"' not in c.ir("target")
+    p, c = params(128)
+    assert (p["block_n"], p["num_warps"], p.get("warp_specialize")) == (128, 8, 1)
+    assert 'tensor_core "wgmma"' in c.ir("target")
+
+
 # --- split-K ------------------------------------------------------------------------------------------------
 
 @tsr.function
