@@ -173,7 +173,8 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # 1744; nor at 16-bit values, whose matmuls outlast the softmax (bf16 8x16x4096x128 without
     # qk_ahead 2042 -> 2364). Grouped-query and per-row key ranges were not measured
     ("flash_attention", lambda f: f.get("wgmma") and f.get("value_bytes") == 1 and f.get("element_bytes") == 1
-     and f.get("head_dim") == 128 and f.get("query_block_waves", 0) >= 4 and not f.get("one_sided_mask")
+     and f.get("head_dim") == 128 and f.get("query_rows", 0) >= 128 and f.get("query_block_waves", 0) >= 4
+     and not f.get("one_sided_mask")
      and not f.get("reads_indices") and not f.get("shared_keys"),
      {"pingpong": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at

@@ -2052,8 +2052,9 @@ def _takes_turns(kb: KernelBuild) -> bool:
     scores in one turn, then passes it, so that its softmax runs under the other's mmas. Without
     turns they run in step, both softmaxes contending for the exponential unit while the matrix
     unit idles: with fp8's matmuls twice as fast, that bounds the loop."""
-    p = kb.params
-    return bool(p.get("pingpong") and p.get("warp_specialize") and p["num_warps"] == 8 and kb.stage_operands)
+    p = kb.params   # (the kernel's own warps: a query tile of 64 rows keeps 4, one warpgroup)
+    warps = kb.kernel.properties["num_warps"].value.data
+    return bool(p.get("pingpong") and p.get("warp_specialize") and warps == 8 and kb.stage_operands)
 
 
 #: the combining kernel of a split-KV attention: each program one output row's head-dim columns (up

@@ -147,7 +147,10 @@ def test_warpgroups_taking_turns_meet_at_named_barriers():
     first, last = re.findall(r"@%p\d+ bar\.arrive (\d+), 256;", consumers)
     assert (first, last) == ("2", "3")
     assert len(re.findall(r"bar\.sync %r\d+, 256;", consumers)) == 2     # before the loop and before P @ V
-    assert len(re.findall(r"^\s*bar\.arrive %r\d+, 256;", consumers, re.M)) == 1   # once the scores are issued
+    # once the scores are issued, at the other warpgroup's barrier: 2 + (w + 1) % 2
+    (give,) = re.findall(r"add\.s32 (%r\d+), %r\d+, 1;\s*rem\.u32 \1, \1, 2;\s*add\.s32 \1, \1, 2;\s*"
+                         r"bar\.arrive \1, 256;", consumers)
+    assert len(re.findall(r"^\s*bar\.arrive %r\d+, 256;", consumers, re.M)) == 1
     log = assemble(kernel.ptx, "sm_90a").log
     assert "0 bytes spill stores" in log and "serialized" not in log
 

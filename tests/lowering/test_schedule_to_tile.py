@@ -120,9 +120,12 @@ def test_pingpong_warpgroups_take_turns_at_p_at_v_and_the_next_scores():
     assert order == [("mma",), ("give", None), ("wait", 0), ("rescale",), ("take", None), ("mma",)]
 
 
-def test_without_pingpong_no_turns_are_taken():
-    ops = loop_ops(scaled_attention, 1024, path="native", warp_specialize=[1], num_warps=[8])
-    assert not [op for op in ops if isinstance(op, tile.MmaTurnOp)]
+def test_without_pingpong_or_two_warpgroups_no_turns_are_taken():
+    """No turns without the switch, nor where a 64-row query tile leaves one computing warpgroup."""
+    for space in (dict(warp_specialize=[1], num_warps=[8]), dict(warp_specialize=[1], num_warps=[8], pingpong=[1],
+                                                                 block_m=[64])):
+        ops = loop_ops(scaled_attention, 1024, path="native", **space)
+        assert not [op for op in ops if isinstance(op, tile.MmaTurnOp)]
 
 
 def masking_branch(ops):

@@ -136,7 +136,7 @@ def test_the_probabilities_take_the_dtype_they_are_cast_to():
     q, k, v = (rng.standard_normal(shape).astype(E4M3) for shape in ((1, 2, 64, 64), (1, 2, 80, 64), (1, 2, 80, 64)))
     _, arg_specs = e5m2_probabilities.arg_specs(list(zip("qkv", (q, k, v))))
     compiled = e5m2_probabilities.compile(arg_specs, arch="sm_90a")
-    assert "tessera.in_range} : tensor<64x128xf32> to tensor<64x128xf8E5M2>" in compiled.ir("tile")
+    assert re.search(r"tessera\.in_range} : tensor<64x(\d+)xf32> to tensor<64x\1xf8E5M2>", compiled.ir("tile"))
     out = compiled.run(q, k, v)[0].astype(np.float64)
     s = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) / 8
     p = np.exp(s - s.max(-1, keepdims=True))

@@ -613,6 +613,7 @@ def test_grouped_query_and_fp8_value_attention_keep_their_d128_schedules():
     (dict(B=8, H=16, S=4096, D=128), False, True), (dict(B=4, H=16, S=8192, D=128), False, True),
     (dict(B=8, H=16, S=4096, D=128), True, False),    # causal: its shorter loops pay the turns' start
     (dict(B=2, H=4, S=1000, D=128), False, False),    # 64 query blocks: not 4 waves of the SMs
+    (dict(B=64, H=64, S=64, D=128), False, False),    # a 64-row query tile: one computing warpgroup
     (dict(B=16, H=16, S=2048, D=64), False, False)])  # D = 64 (64-byte rows: no wgmma)
 def test_fp8_attention_warpgroups_take_turns_at_d128(dims, causal, turns):
     """`schedule.SHAPE_DEFAULTS`: an fp8 attention at D = 128 over 4+ waves of query blocks, without
