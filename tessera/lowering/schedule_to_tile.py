@@ -2025,7 +2025,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
         def compute(iv, tiles, acc, m_i, l_i):
             k_tile, v_tile = tiles
             s = scores(k_tile)
-            if turns:   # this block's P @ V and the next block's scores were this warpgroup's turn
+            if turns:   # the previous block's P @ V and these scores were this warpgroup's turn
                 kb.b(t.MmaTurnOp("give"))
                 kb.b(t.MmaWaitOp(0))
             m_new, l_new, alpha, probs = absorb(*masked(iv, s, n_keys if tail else None), m_i, l_i)
