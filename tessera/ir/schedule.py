@@ -162,18 +162,19 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # 8x16x4096x128 with V passed transposed: 1.763 ms -> 1.606 (causal 1.263 -> 1.182 with V's
     # copy); qk_ahead and 3 stages were slower (1.74-1.86 ms; bench/RESULTS.md session 25), and so
     # was qk_ahead with keys and values two stages each (V^T 1.620 -> 1.820 ms, causal 0.942 ->
-    # 0.985; session 41)
+    # 0.985; session 41). At D = 64 (Q and K in TMA's 64-byte swizzle) two computing warpgroups too,
+    # each a 64-row wgmma slice of the 128 query rows
     ("flash_attention", lambda f: f.get("wgmma") and f.get("value_bytes") == 1,
-     {"block_n": 128, "warp_specialize": 1}),
-    # ... and at D = 128 over 4+ waves of query blocks, the two computing warpgroups take turns at
-    # their mmas (`pingpong`): without, they run in step, both softmaxes at once. H200 e4m3, V
-    # passed transposed, us (`.scratch` pins, bench/RESULTS.md session 42): 8x16x4096x128 1611 ->
-    # 1535, 32x12x2048x128 1250 -> 1208, 4x16x8192x128 3121 -> 2991. Not under a causal mask
-    # (`one_sided_mask`), whose shorter loops pay the turns' start: 938 -> 947, 836 -> 814, 1718 ->
-    # 1744; nor at 16-bit values, whose matmuls outlast the softmax (bf16 8x16x4096x128 without
+     {"block_m": 128, "block_n": 128, "num_warps": 8, "warp_specialize": 1}),
+    # ... and over 4+ waves of query blocks, the two computing warpgroups take turns at their mmas
+    # (`pingpong`): without, they run in step, both softmaxes at once. H200 e4m3, V passed
+    # transposed, us (`.scratch` pins, bench/RESULTS.md session 42): 8x16x4096x128 1611 -> 1535,
+    # 32x12x2048x128 1250 -> 1208, 4x16x8192x128 3121 -> 2991, 16x16x2048x64 714 -> 674. Not under
+    # a causal mask (`one_sided_mask`), whose shorter loops pay the turns' start: 938 -> 947, 836 ->
+    # 814, 1718 -> 1744 (at D = 64 483 -> 473, one run); nor at 16-bit values, whose matmuls outlast the softmax (bf16 8x16x4096x128 without
     # qk_ahead 2042 -> 2364). Grouped-query and per-row key ranges were not measured
     ("flash_attention", lambda f: f.get("wgmma") and f.get("value_bytes") == 1 and f.get("element_bytes") == 1
-     and f.get("head_dim") == 128 and f.get("query_rows", 0) >= 128 and f.get("query_block_waves", 0) >= 4
+     and f.get("head_dim") in (64, 128) and f.get("query_rows", 0) >= 128 and f.get("query_block_waves", 0) >= 4
      and not f.get("one_sided_mask")
      and not f.get("reads_indices") and not f.get("shared_keys"),
      {"pingpong": 1}),

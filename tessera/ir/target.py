@@ -494,8 +494,9 @@ class TensorCoreOp(IRDLOperation):
 
 POOLS = ("shared", "global", "register", "tmem")
 #: shared tile buffer layouts: TMA's [rows, 64] boxes in its 128-byte swizzle (what wgmma descriptors
-#: read), or rows of 16-byte chunks XOR-swizzled by row (threads' cp.async writes, ldmatrix reads)
-SWIZZLES = ("tma_128b", "xor_16b")
+#: read), its [rows, 64] boxes of 8-bit elements in its 64-byte swizzle (`tensor_maps.box_row_bytes`),
+#: or rows of 16-byte chunks XOR-swizzled by row (threads' cp.async writes, ldmatrix reads)
+SWIZZLES = ("tma_128b", "tma_64b", "xor_16b")
 # Memory space of each memref endpoint a memcpy kind names (builtin memref
 # memory space attribute; global has none).
 MEMORY_SPACES: dict[str, int | None] = {"global": None, "shared": 3}
@@ -1021,8 +1022,8 @@ class TmaLoadOp(_AsyncOp):
                 raise VerifyException("tma_load: a multicast copy stacks its boxes along a map's second-innermost dim")
 
 
-#: the 128-byte swizzle, the only one Tessera's TMA buffers use (`allocate swizzle = "tma_128b"`)
-WGMMA_SWIZZLES = (128,)
+#: the swizzles of Tessera's TMA buffers (`allocate swizzle = "tma_128b"` / `"tma_64b"`)
+WGMMA_SWIZZLES = (128, 64)
 
 
 @irdl_op_definition

@@ -49,7 +49,7 @@ from xdsl.ir import Block, Operation, Region, SSAValue
 
 from ..ir import target, tile
 from ..platforms import Platform
-from ..runtime.tensor_maps import TMA_ROW_BYTES
+from ..runtime.tensor_maps import box_row_bytes
 from .assign_layouts import is_tile
 
 
@@ -167,12 +167,18 @@ def multicast(op: tile.CopyAsyncOp, cluster: int) -> int:
     return cluster
 
 
+def _row_bytes(op: tile.CopyAsyncOp) -> int:
+    """Bytes of one box row of the stage `op` fills (`tensor_maps.box_row_bytes`)."""
+    element_bytes = op.dst.type.get_element_type().bitwidth // 8
+    return box_row_bytes(op.dst.type.get_shape()[2], element_bytes)
+
+
 def _box(op: tile.CopyAsyncOp, cluster: int) -> tuple[int, ...]:
     """A TMA box of a copy's tile: its rows along the row dim (a block's share of them, where the
-    cluster copies the tile together), one 128-byte span along the contiguous dim, 1 along every
-    other dim."""
+    cluster copies the tile together), one swizzle span (`_row_bytes`) along the contiguous dim, 1
+    along every other dim."""
     rank, row_dim = op.src.type.get_num_dims(), tile.int_values(op.tile_dims)[0]
-    box_cols = TMA_ROW_BYTES // (op.dst.type.get_element_type().bitwidth // 8)
+    box_cols = _row_bytes(op) // (op.dst.type.get_element_type().bitwidth // 8)
     rows = op.rows[1] // multicast(op, cluster)
     return tuple(rows if d == row_dim else box_cols if d == rank - 1 else 1 for d in range(rank))
 
@@ -267,13 +273,13 @@ class _Lowering:
         copies = multicast(op, self.cluster)
         tmap = self.maps[(src, box)]
         rows, cols = dst.type.get_shape()[1:]
-        first_row = op.rows[0]   # (a copy of part of the stage: its rows of each 128-byte column span)
-        box_cols = box[-1]
+        first_row = op.rows[0]   # (a copy of part of the stage: its rows of each box-wide column span)
+        box_cols, row_bytes = box[-1], _row_bytes(op)
         offsets = list(op.offsets)
         for j in range(cols // box_cols):
             inner = offsets[-1] if j == 0 else at(arith.AddiOp(offsets[-1], at.index(j * box_cols)))
             self.pending.append(target.TmaLoadOp(tmap, [*offsets[:-1], inner], dst, op.stage,
-                                                 (j * rows + first_row) * TMA_ROW_BYTES, pipe.full, copies))
+                                                 (j * rows + first_row) * row_bytes, pipe.full, copies))
         _erase(op)
 
     def commit(self, op: tile.AsyncCommitOp, at: _Insert) -> None:
@@ -562,7 +568,7 @@ def _tensor_maps(kernel: tile.KernelOp, at: _Insert, cluster: int) -> dict[tuple
                 t: MemRefType = src.type
                 strides = tile.element_strides(t) if tile.is_strided(t) else None   # (None: row-major's)
                 maps[(src, box)] = at(target.TensorMapOp(src, target.TensorMapType.of(
-                    t.get_element_type(), t.get_shape(), box, strides=strides)))
+                    t.get_element_type(), t.get_shape(), box, swizzle=_row_bytes(op), strides=strides)))
     return maps
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from xdsl.dialects.builtin import IntegerAttr, i64
+from xdsl.dialects.builtin import IntegerAttr, MemRefType, i64
 from xdsl.ir import Operation, SSAValue
 
 from .. import platforms
@@ -30,6 +30,7 @@ from ..ir import target
 from ..ir import tile
 from ..ir.layouts import Blocked, Layout, Mma
 from ..platforms import Platform
+from ..runtime.tensor_maps import NARROW_ROW_BYTES, box_row_bytes
 from . import TargetLoweringError
 
 
@@ -38,6 +39,18 @@ from . import TargetLoweringError
 #: what wgmma's descriptors read); threads write 16-byte chunks XOR-swizzled by row, which ldmatrix
 #: reads without bank conflicts.
 SHARED_LAYOUT = {"tma": (1024, "tma_128b"), "cp.async": (128, "xor_16b"), "ld.global": (16, "xor_16b")}
+
+
+def shared_layout(mechanism: str, t: MemRefType) -> tuple[int, str]:
+    """(alignment, swizzle) of a shared tile buffer of type `t` ([stages, rows, cols]) that
+    `mechanism`'s copies fill: SHARED_LAYOUT's, TMA's 64-byte swizzle for a tile of narrow box rows
+    (`tensor_maps.box_row_bytes`)."""
+    align, swizzle = SHARED_LAYOUT[mechanism]
+    if swizzle == "tma_128b" and t.get_num_dims() == 3:
+        element_bytes = max(1, t.get_element_type().bitwidth // 8)
+        if box_row_bytes(t.get_shape()[2], element_bytes) == NARROW_ROW_BYTES:
+            swizzle = "tma_64b"
+    return align, swizzle
 
 #: Stores are staged through shared memory in kernels whose copies use this mechanism (the native
 #: path's), where the buffers leave the blocks per SM as they were: a persistent GEMM's one block

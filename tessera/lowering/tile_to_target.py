@@ -40,12 +40,12 @@ from tessera import dtypes, platforms
 from tessera.ir import provenance, target, tile
 from tessera.platforms import Platform
 from tessera.runtime import tensor_maps
-from tessera.runtime.tensor_maps import TMA_ROW_BYTES
+from tessera.runtime.tensor_maps import NARROW_ROW_BYTES, box_row_bytes, whole_box_rows
 
 from . import TargetLoweringError, debug_to_target
 
 from .assign_layouts import annotate_layouts
-from .shared_memory import SHARED_LAYOUT, allocate_shared
+from .shared_memory import allocate_shared, shared_layout
 from .async_pipelines import RegisterSplit, lower_tma_pipelines
 
 
@@ -137,9 +137,12 @@ def native_blockers(kernel: tile.KernelOp, platform: Platform) -> list[str]:
         return [f"{platform.arch} lacks {', '.join(sorted(NATIVE - platform.features))}"]
     warps = kernel.num_warps.value.data
     reasons = []
+    chained = any(isinstance(op, tile.MmaOp) and not isinstance(op.a.owner, tile.LoadSharedOp) for op in kernel.walk())
     for op in kernel.walk():
         if isinstance(op, tile.CopyAsyncOp):
             reasons += _copy_blockers(op)
+            if not chained and _narrow_rows(op):
+                reasons.append("an 8-bit GEMM tile of 64-byte rows (measured slower on the Hopper path)")
         elif isinstance(op, tile.MmaOp):
             reasons += _mma_blockers(op, warps)
         elif isinstance(op, tile.LoadSharedOp) and op.into_registers:
@@ -147,6 +150,15 @@ def native_blockers(kernel: tile.KernelOp, platform: Platform) -> list[str]:
             # bf16 elements, where the threads' own 16-byte copies land where they read them)
             reasons.append("a staged tile read into registers (a row walk's rows), which the threads copy")
     return reasons
+
+
+def _narrow_rows(op: tile.CopyAsyncOp) -> bool:
+    """Whether a copy fills 64-byte box rows (`tensor_maps.box_row_bytes`). Only attention takes them
+    (fp8 Q and K at D = 64: its mmas feed one another, P @ V's A in registers): an fp8 GEMM whose K is
+    one 64-element step gains no pipelining and ran slower on the Hopper path than on mma.sync (H200
+    4096x4096x64 36.8 -> 41.8 us, 8192x8192x64 142.4 -> 147.5; bench/RESULTS.md session 42)."""
+    cols, element_bytes = op.tile_shape[1], max(1, op.dst.type.get_element_type().bitwidth // 8)
+    return box_row_bytes(cols, element_bytes) == NARROW_ROW_BYTES
 
 
 def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
@@ -160,7 +172,8 @@ def _copy_blockers(op: tile.CopyAsyncOp) -> list[str]:
         (tuple(op.tile_dims.get_values())[1] == src.get_num_dims() - 1,
          "a copy whose tile rows do not run along the tensor's contiguous dim"),
         (stride_problem is None, f"{stride_problem}"),
-        (cols * bits // 8 % TMA_ROW_BYTES == 0, f"a tile {cols} elements wide (not whole 128-byte rows)"),
+        (whole_box_rows(cols, max(1, bits // 8)),
+         f"a tile {cols} elements wide (not whole 128-byte rows, nor one 64-byte row of 8-bit elements)"),
         (rows <= 256, f"a tile of {rows} rows (a TMA box has at most 256)"),
         (op.rows[0] % 8 == 0, f"a copy into stage row {op.rows[0]} (the 128-byte swizzle repeats every 8 rows)"),
     ]
@@ -374,20 +387,22 @@ class LowerMma(RewritePattern):
 
 
 def _wgmma_descriptor(load: tile.LoadSharedOp, is_a: bool, k_major: bool) -> target.WgmmaDescriptorOp:
-    """The descriptor of a TMA-filled stage (`SHARED_LAYOUT["tma"]`: boxes of 128-byte rows in the
-    128-byte swizzle, which repeats every 8 rows, so 8-row groups are 1024 bytes apart: the stride
-    byte offset). An operand stored K-major has one box along K per 64 elements, which the wgmma
-    steps through itself (leading offset unused: 16); stored M/N-major, its 64-column blocks are a
-    box apart (leading offset: one box's bytes). A's rows are split over the warpgroups, 64 each:
-    64 rows further stored K-major, one box (its 64 columns of M) further stored M-major (the
-    transposed A of a weight gradient, X^T @ dY, which TMA cannot transpose on the way in)."""
+    """The descriptor of a TMA-filled stage (`shared_layout`: boxes of 128-byte rows in the 128-byte
+    swizzle, or of 64-byte rows in the 64-byte one, `tensor_maps.box_row_bytes`; either repeats every
+    8 rows, so 8-row groups are 8 box rows apart: the stride byte offset). An operand stored
+    K-major has one box along K per box row of elements, which the wgmma steps through itself
+    (leading offset unused: 16); stored M/N-major, its box-wide column blocks are a box apart
+    (leading offset: one box's bytes). A's rows are split over the warpgroups, 64 each: 64 rows
+    further stored K-major, one box (its columns of M) further stored M-major (the transposed A of
+    a weight gradient, X^T @ dY, which TMA cannot transpose on the way in)."""
     major = "k" if k_major else "mn"
-    rows = load.src.type.get_shape()[1]
-    box = rows * TMA_ROW_BYTES
+    t: MemRefType = load.src.type
+    rows, cols = t.get_shape()[1:]
+    row_bytes = box_row_bytes(cols, max(1, t.get_element_type().bitwidth // 8))
+    box = rows * row_bytes
     leading = 16 if major == "k" else box
-    per_warpgroup = (64 * TMA_ROW_BYTES if major == "k" else box) if is_a else 0
-    return target.WgmmaDescriptorOp(load.src, load.stage, major, leading, 8 * TMA_ROW_BYTES, TMA_ROW_BYTES,
-                                    per_warpgroup)
+    per_warpgroup = (64 * row_bytes if major == "k" else box) if is_a else 0
+    return target.WgmmaDescriptorOp(load.src, load.stage, major, leading, 8 * row_bytes, row_bytes, per_warpgroup)
 
 
 def _waited_for_later(op: tile.MmaOp) -> bool:
@@ -406,14 +421,14 @@ def _waited_for_later(op: tile.MmaOp) -> bool:
 @dataclass
 class LowerAllocShared(RewritePattern):
     """tile.alloc_shared -> tessera_target.allocate pool = "shared" with the alignment and swizzle of
-    the platform's copy mechanism (`SHARED_LAYOUT`); `allocate_shared` then places it."""
+    the platform's copy mechanism (`shared_layout`); `allocate_shared` then places it."""
 
     platform: Platform
 
     @op_type_rewrite_pattern
     def match_and_rewrite(self, op: tile.AllocSharedOp, rewriter: PatternRewriter) -> None:
         t: MemRefType = op.result.type
-        align, swizzle = SHARED_LAYOUT[platforms.copy_mechanism(self.platform)]
+        align, swizzle = shared_layout(platforms.copy_mechanism(self.platform), t)
         rewriter.replace(op, target.AllocateOp(t, "shared", target.memref_bytes(t), align, swizzle))
 
 

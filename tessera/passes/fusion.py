@@ -47,7 +47,7 @@ from ..ir import schedule as s
 from ..ir import index_maps, tile
 from ..ir.masks import ColumnBounds, attention_mask, chain_bounds, column_bounds
 from ..runtime import interop, tensor_maps
-from ..runtime.tensor_maps import TMA_ROW_BYTES
+from ..runtime.tensor_maps import TMA_ROW_BYTES, whole_box_rows
 from ..backends import BACKENDS, Backend, check_backend_option
 from ..dims import DynamicDim, hint, is_dynamic, least, unbounded
 from . import backend_choice, byte_operands, query_groups, recompute
@@ -1836,15 +1836,15 @@ def _rows_split_lines(v: SSAValue, group: Group, planner: _Planner) -> bool:
 
 
 def _query_rows_whole_lines(head_dim, element_bytes: int) -> bool:
-    """Whether an attention's Q and K tiles are rows of whole 128-byte lines, as the Hopper path's
-    copies and wgmma take them (`tile_to_target.native_blockers`): fp8 at D = 64 has 64-byte rows
-    and runs on mma.sync, where the wgmma schedule (128 x 128 blocks on 4 warps: 255 registers, 692
-    bytes spilled) took 1456 us at 16x16x2048x64 against 1194 with mma.sync's own (H200,
-    bench/RESULTS.md session 42). Asked only of 8-bit operands: 16-bit ones at D = 32 were not
-    measured."""
+    """Whether an attention's Q and K tiles are whole TMA box rows, as the Hopper path's copies and
+    wgmma take them (`tile_to_target.native_blockers`, `tensor_maps.whole_box_rows`): fp8 at D = 32
+    is not, and runs on mma.sync, where the wgmma schedule spills (at D = 64 before its 64-byte
+    swizzle: 255 registers, 692 bytes; 1456 us at 16x16x2048x64 against 1194 with mma.sync's own,
+    H200, bench/RESULTS.md session 42). Asked only of 8-bit operands: 16-bit ones at D = 32 were
+    not measured."""
     if not isinstance(head_dim, int):
         return True
-    return s.mma_k_extent(s.pow2_at_least(head_dim), element_bytes) * element_bytes % TMA_ROW_BYTES == 0
+    return whole_box_rows(s.mma_k_extent(s.pow2_at_least(head_dim), element_bytes), element_bytes)
 
 
 def _wgmma_reads(mm: g.MatmulOp) -> bool:

@@ -12,6 +12,21 @@ from dataclasses import dataclass
 #: bytes of one TMA box row: one 128-byte swizzle span (the lowering's copies and wgmma
 #: descriptors, and fusion's choice of tiles that take them)
 TMA_ROW_BYTES = 128
+#: the one narrower box row: an 8-bit tile exactly this wide (fp8 Q and K at a head dim of 64) lands
+#: in TMA's 64-byte swizzle, which wgmma's descriptors read as well
+NARROW_ROW_BYTES = 64
+
+
+def box_row_bytes(cols: int, element_bytes: int) -> int:
+    """Bytes of one TMA box row, the swizzle span, of a tile `cols` elements wide: NARROW_ROW_BYTES
+    for an 8-bit tile that wide, else TMA_ROW_BYTES. (16-bit tiles of 32 columns would take it too;
+    not measured, they stay off the Hopper path.)"""
+    return NARROW_ROW_BYTES if element_bytes == 1 and cols == NARROW_ROW_BYTES else TMA_ROW_BYTES
+
+
+def whole_box_rows(cols: int, element_bytes: int) -> bool:
+    """Whether a tile `cols` elements wide is whole TMA box rows (`box_row_bytes`)."""
+    return cols * element_bytes % box_row_bytes(cols, element_bytes) == 0
 
 #: a dim of `TensorMapSpec.shape` the kernel takes at run time (`tessera.dims`; a buffer has one),
 #: whose size each call's map is encoded with (`TensorMapSpec.bound`)
@@ -23,8 +38,8 @@ class TensorMapSpec:
     """A TMA tensor map a kernel takes by value (a 128-byte `.param`, after its pointer params):
     the tile box it copies out of kernel argument `arg`, a tensor of `shape` with elements of
     tessera dtype `dtype`, row-major or laid out with element `strides` (innermost 1). Boxes
-    are 128 bytes wide along the innermost dim and land in shared memory with the 128-byte
-    swizzle; out-of-bounds elements read as zero."""
+    are `swizzle` bytes wide along the innermost dim (`box_row_bytes`: 128, or 64 for a 64-wide
+    8-bit tile) and land in shared memory in that swizzle; out-of-bounds elements read as zero."""
 
     arg: int
     dtype: str

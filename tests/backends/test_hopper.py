@@ -133,6 +133,45 @@ def test_warp_specialized_attention_moves_the_producers_registers_to_the_consume
     assert "0 bytes spill stores" in log and "serialized" not in log
 
 
+def test_fp8_attention_at_d64_reads_q_and_k_in_the_64_byte_swizzle():
+    """fp8 Q and K at D = 64 are one 64-byte box row each: their buffers, tensor maps and wgmma
+    descriptors take TMA's 64-byte swizzle (descriptor mode 2, 8-row groups 512 bytes apart, a
+    warpgroup's 64 rows 4096 bytes on), and the second k32 step starts 32 bytes into the row; V^T
+    (128 keys a row) keeps the 128-byte one. ptxas assembles it without spilling."""
+    from fp8_attention import fp8_attention_vt
+    att = tsr.function(fp8_attention_vt.fn, space={"split_kv": [1]})
+    compiled = att.compile(att.arg_specs_for(dict(B=2, H=2, S=1024, N=1024, D=64)), arch="sm_90a")
+    ir = compiled.ir("target")
+    assert ir.count('swizzle = "tma_64b"') == 2 and ir.count('swizzle = "tma_128b"') == 1
+    maps = [line.split("box = ")[1] for line in ir.splitlines() if "tessera_target.tensor_map %" in line]
+    assert sorted(maps) == ["[1, 1, 128, 64], swizzle = 64>", "[1, 1, 128, 64], swizzle = 64>",
+                            "[1, 1, 64, 128], swizzle = 128>"]
+    assert "leading = 16 stride = 512 swizzle = 64 per_warpgroup = 4096" in ir
+    (kernel,) = emit_module(compiled.modules["target"]).values()
+    assert _descriptor_fields(kernel.ptx) == {(2, 512 // 16, 1), (1, 1024 // 16, 1)}   # (16-byte units)
+    scores = [line for line in kernel.ptx.splitlines() if "wgmma.mma_async" in line and "m64n128k32" in line]
+    assert len(scores) == 2   # (two k32 steps over the 64-byte rows)
+    assert re.search(r"add\.s64 %rd\d+, %rd\d+, 2;", kernel.ptx)   # (+32 bytes: the second step)
+    log = assemble(kernel.ptx, "sm_90a").log
+    assert "0 bytes spill stores" in log and "serialized" not in log
+
+
+def test_an_fp8_gemm_over_64_byte_rows_stays_on_mma_sync():
+    """Only attention takes 64-byte box rows: an fp8 GEMM whose K is one 64-element step measured
+    slower on the Hopper path, and `native_blockers` says so."""
+    from tessera.lowering.tile_to_target import native_blockers
+    E4M3 = tsr.fp8_e4m3
+
+    @tsr.function
+    def scaled(a: Tensor["M", "K", E4M3], b: Tensor["N", "K", E4M3]):
+        return tsr.matmul(a, b.transpose(-2, -1)).to(tsr.bf16)
+    compiled = scaled.compile(scaled.arg_specs_for(dict(M=1024, N=1024, K=64)), arch="sm_90a")
+    (kernel,) = [op for op in compiled.modules["tile"].walk() if op.name == "tile.kernel"]
+    assert "an 8-bit GEMM tile of 64-byte rows (measured slower on the Hopper path)" in \
+        native_blockers(kernel, platforms.get("sm_90a"))
+    assert "wgmma" not in compiled.ir("target") and "tma_64b" not in compiled.ir("target")
+
+
 def test_warpgroups_taking_turns_meet_at_named_barriers():
     """`pingpong`: warpgroup w takes its turn at named barrier 2 + w with 256 threads (its own and
     the giver's) and gives it at the other's with bar.arrive; warpgroup 1 gives the first turn and

@@ -9,7 +9,8 @@ from test_kernels import PATHS, _arch
 
 #: (1000, 768, 512), (256, 4096, 4096) and (1008, 3008, 512) take 128 x 192 tiles on sm_90a (fusion.NARROW_TILE)
 SHAPES = [(1000, 768, 512), (37, 130, 96), (1, 17, 64), (4097, 256, 128), (64, 64, 100), (256, 4096, 4096),
-          (64, 48, 16), (33, 40, 8), (1008, 3008, 512)]
+          (64, 48, 16), (33, 40, 8), (1008, 3008, 512),
+          (256, 384, 64), (1000, 512, 64)]   # (K = 64: 64-byte rows, on mma.sync)
 FP8 = {"fp8_e4m3": "float8_e4m3fn", "fp8_e5m2": "float8_e5m2"}
 #: relative error (of the norm) against float64 on the fp8 values: the result's rounding
 TOL = {"bf16": 1e-2, "fp16": 2e-3}

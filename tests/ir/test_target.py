@@ -182,7 +182,7 @@ def test_wgmma_descriptor_verifier():
                                    "wgmma_descriptor<f16, [64, 32], major = mn>")
     assert "does not describe a stage of memref<2x64x64xf16, 3 : i64>" in verify_error(wrong_stage)
     assert "leading = 8200 is not a multiple of 16" in verify_error(EVERY_OP.replace("leading = 8192", "leading = 8200"))
-    assert "swizzle = 64 is not one of 128" in verify_error(EVERY_OP.replace("swizzle = 128 per", "swizzle = 64 per"))
+    assert "swizzle = 32 is not one of 128, 64" in verify_error(EVERY_OP.replace("swizzle = 128 per", "swizzle = 32 per"))
     with pytest.raises(VerifyException, match="major must be one of k, mn"):
         target.parse_target_module(EVERY_OP.replace("major = mn", "major = m"))
 

@@ -90,7 +90,7 @@ def test_sm90a_uses_wgmma_and_tma():
 
 
 @pytest.mark.parametrize("gemm, why", [
-    ({"k": 32}, "a tile 32 elements wide (not whole 128-byte rows)"),
+    ({"k": 32}, "a tile 32 elements wide (not whole 128-byte rows, nor one 64-byte row of 8-bit elements)"),
     ({"k": 64, "padding": float("-inf")}, "a copy padded with a value other than 0"),
     ({"k": 64, "num_warps": 8}, "an mma of 64 rows on 8 warps (wgmma: 64 rows per warpgroup)"),
     ({"k": 64, "element": f32}, "a copy of 32-bit elements"),

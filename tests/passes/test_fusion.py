@@ -17,6 +17,7 @@ from tessera.lowering import TargetLoweringError
 from tessera.passes.fusion import fuse
 
 import norm_backward_cases
+from fp8_attention import causal_fp8_attention, fp8_attention_vt
 import row_chain_cases
 from seed_kernels import alibi_attention, causal_attention, flash_attention
 
@@ -614,48 +615,34 @@ def test_grouped_query_and_fp8_value_attention_keep_their_d128_schedules():
     (dict(B=8, H=16, S=4096, D=128), True, False),    # causal: its shorter loops pay the turns' start
     (dict(B=2, H=4, S=1000, D=128), False, False),    # 64 query blocks: not 4 waves of the SMs
     (dict(B=64, H=64, S=64, D=128), False, False),    # a 64-row query tile: one computing warpgroup
-    (dict(B=16, H=16, S=2048, D=64), False, False)])  # D = 64 (64-byte rows: no wgmma)
-def test_fp8_attention_warpgroups_take_turns_at_d128(dims, causal, turns):
-    """`schedule.SHAPE_DEFAULTS`: an fp8 attention at D = 128 over 4+ waves of query blocks, without
-    a causal mask, has its two computing warpgroups take turns at their mmas (`pingpong`)."""
-    import math
-    E4M3 = tsr.fp8_e4m3
-
-    @tsr.function
-    def att(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "S", "D", E4M3],
-            vt: Tensor["B", "H", "D", "S", E4M3]):
-        s = tsr.matmul(q, k.transpose(-2, -1)) * (1 / math.sqrt(q.shape[-1]))
-        if causal:
-            rows = tsr.arange(q.shape[-2])
-            s = tsr.where(rows[:, None] >= rows[None, :], s, -math.inf)
-        return tsr.matmul(tsr.softmax(s, dim=-1).to(E4M3), vt.transpose(-2, -1)).to(tsr.bf16)
-
-    c = att.compile(att.arg_specs_for(dims), arch="sm_90a")
+    (dict(B=16, H=16, S=2048, D=64), False, True),    # D = 64: Q and K in TMA's 64-byte swizzle
+    (dict(B=16, H=16, S=2048, D=32), False, False)])  # D = 32: 32-byte rows, on mma.sync
+def test_fp8_attention_warpgroups_take_turns(dims, causal, turns):
+    """`schedule.SHAPE_DEFAULTS`: an fp8 attention at D = 64 or 128 over 4+ waves of 128-row query
+    blocks, without a causal mask, has its two computing warpgroups take turns at their mmas
+    (`pingpong`)."""
+    fn = causal_fp8_attention if causal else fp8_attention_vt
+    c = fn.compile(fn.arg_specs_for({**dims, "N": dims["S"]}), arch="sm_90a")
     p = next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values
     assert bool(p.get("pingpong")) == turns and (not turns or (p["warp_specialize"], p["num_warps"]) == (1, 8))
 
 
-def test_fp8_attention_with_rows_narrower_than_a_line_takes_the_mma_sync_schedule():
-    """fp8 Q and K at D = 64 are 64-byte rows, which the Hopper path does not copy (whole 128-byte
-    swizzled rows): the kernel runs on mma.sync, so fusion gives it mma.sync's schedule (64 keys on 4
-    warps), not the wgmma one (128 keys, which spilled); D = 128 keeps wgmma's."""
-    E4M3 = tsr.fp8_e4m3
-
-    @tsr.function
-    def att(q: Tensor["B", "H", "S", "D", E4M3], k: Tensor["B", "H", "S", "D", E4M3],
-            vt: Tensor["B", "H", "D", "S", E4M3]):
-        s = tsr.matmul(q, k.transpose(-2, -1)) * 0.125
-        return tsr.matmul(tsr.softmax(s, dim=-1).to(E4M3), vt.transpose(-2, -1)).to(tsr.bf16)
-
+def test_fp8_attention_with_rows_narrower_than_a_box_takes_the_mma_sync_schedule():
+    """fp8 Q and K at D = 32 are 32-byte rows, which the Hopper path does not copy (whole 128-byte
+    swizzled rows, or one 64-byte row of 8-bit elements): the kernel runs on mma.sync, so fusion
+    gives it mma.sync's schedule (64 keys on 4 warps), not the wgmma one (which spilled); D = 64
+    (TMA's 64-byte swizzle) and D = 128 take wgmma's, two computing warpgroups and a producer."""
     def params(d):
-        c = att.compile(att.arg_specs_for(dict(B=16, H=16, S=2048, D=d)), arch="sm_90a")
+        c = fp8_attention_vt.compile(fp8_attention_vt.arg_specs_for(dict(B=16, H=16, S=2048, N=2048, D=d)),
+                                     arch="sm_90a")
         return next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values, c
-    p, c = params(64)
+    p, c = params(32)
     assert (p["block_n"], p["num_warps"], p.get("warp_specialize")) == (64, 4, 0)
     assert 'tensor_core "wgmma"' not in c.ir("target")
-    p, c = params(128)
-    assert (p["block_n"], p["num_warps"], p.get("warp_specialize")) == (128, 8, 1)
-    assert 'tensor_core "wgmma"' in c.ir("target")
+    for d in (64, 128):
+        p, c = params(d)
+        assert (p["block_n"], p["num_warps"], p.get("warp_specialize")) == (128, 8, 1)
+        assert 'tensor_core "wgmma"' in c.ir("target")
 
 
 # --- split-K ------------------------------------------------------------------------------------------------

@@ -7,7 +7,8 @@ Tile IR pipeline is the same one the Ampere path runs, only its ops mean more:
   elements (one 128-byte row) wide, each [rows, 64] box in TMA's 128-byte swizzle
   (16-byte chunk c of row r at chunk c ^ (r % 8)), boxes one after another, each
   stage 1024-byte aligned. That is the canonical layout wgmma reads through a
-  matrix descriptor, so no thread ever touches the tile.
+  matrix descriptor, so no thread ever touches the tile. An 8-bit tile 64 elements
+  wide is one [rows, 64] box in TMA's 64-byte swizzle instead (`NarrowTmaBuffer`).
 * `tensor_map` is a 128-byte by-value `.param` after the pointer params, which
   the runtime encodes for the kernel argument (`TensorMapSpec`); `tma_load` issues
   one `cp.async.bulk.tensor` of one box from it. Every box of a tile is copied,
@@ -37,7 +38,7 @@ from ... import dtypes
 from ...ir import target as tgt
 from ...ir import tile as t
 from ...ir.layouts import Mma
-from ...runtime.tensor_maps import TMA_ROW_BYTES
+from ...runtime.tensor_maps import NARROW_ROW_BYTES, TMA_ROW_BYTES
 from ...runtime import tensor_maps
 from . import tensor_core
 from .core import KernelEmitter, TensorMapSpec
@@ -48,16 +49,18 @@ from .types import B8, F32, PRED, S32, U64, UnsupportedByBackend
 ROW_BYTES = TMA_ROW_BYTES
 SWIZZLE_ATOM = 8 * ROW_BYTES
 #: a wgmma descriptor's swizzle field (bits 62-63) per swizzle width in bytes
-_SWIZZLE_MODE = {128: 1}
+_SWIZZLE_MODE = {128: 1, 64: 2}
 
 
 @dataclass(frozen=True)
 class TmaBuffer(TileBuffer):
     """A tile buffer filled by TMA boxes 128 bytes wide (see the module docstring)."""
 
+    row_bytes = ROW_BYTES   # (a box row, the swizzle's span)
+
     @property
     def box_cols(self) -> int:
-        return ROW_BYTES // self.elem
+        return self.row_bytes // self.elem
 
     @property
     def boxes(self) -> int:
@@ -65,17 +68,18 @@ class TmaBuffer(TileBuffer):
 
     @property
     def box_bytes(self) -> int:
-        return self.rows * ROW_BYTES
+        return self.rows * self.row_bytes
 
     @property
     def stage_bytes(self) -> int:
-        return -(-self.boxes * self.box_bytes // SWIZZLE_ATOM) * SWIZZLE_ATOM
+        atom = 8 * self.row_bytes
+        return -(-self.boxes * self.box_bytes // atom) * atom
 
     def chunk_slots(self, e: KernelEmitter, stage: str, row: str, col: str) -> list[str]:
         """As `SharedBuffer.chunk_slots`: within a box, chunk j of row r sits at chunk j ^ (r % 8)."""
-        if self.cols % self.box_cols:
+        if self.cols % self.box_cols or self.row_bytes != ROW_BYTES:
             raise UnsupportedByBackend(f"PTX backend: a store into a TMA-laid-out buffer of {self.cols} columns, not "
-                                       f"whole {self.box_cols}-column boxes")
+                                       f"whole {self.box_cols}-column boxes of {ROW_BYTES} bytes")
         f, first = e.new(S32), e.new(S32)
         e.emit(f"and.b32 {f}, {row}, 7;")
         e.emit(f"mad.lo.s32 {first}, {row}, {ROW_BYTES}, {stage};")
@@ -90,7 +94,16 @@ class TmaBuffer(TileBuffer):
     def start(self, row: int, col: int) -> int:
         """Byte offset in a stage of the 16-byte chunk holding element (row, col), before swizzling:
         where a descriptor of a sub-tile starting there points (row a multiple of 8)."""
-        return (col // self.box_cols) * self.box_bytes + row * ROW_BYTES + (col % self.box_cols) * self.elem
+        return (col // self.box_cols) * self.box_bytes + row * self.row_bytes + (col % self.box_cols) * self.elem
+
+
+@dataclass(frozen=True)
+class NarrowTmaBuffer(TmaBuffer):
+    """A tile buffer of 8-bit elements filled by TMA boxes 64 bytes wide, in TMA's 64-byte swizzle
+    (`tensor_maps.box_row_bytes`: fp8 Q and K at a head dim of 64), which wgmma reads through its
+    descriptors; no thread stores into it."""
+
+    row_bytes = NARROW_ROW_BYTES
 
 
 def leader(e: KernelEmitter) -> str:
@@ -450,4 +463,4 @@ HANDLERS = {
 }
 
 #: the layout of the shared tile buffers bulk copies (TMA) fill
-BUFFERS = {"tma_128b": TmaBuffer}
+BUFFERS = {"tma_128b": TmaBuffer, "tma_64b": NarrowTmaBuffer}
