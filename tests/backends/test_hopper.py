@@ -149,9 +149,11 @@ def test_fp8_attention_at_d64_reads_q_and_k_in_the_64_byte_swizzle():
     assert "leading = 16 stride = 512 swizzle = 64 per_warpgroup = 4096" in ir
     (kernel,) = emit_module(compiled.modules["target"]).values()
     assert _descriptor_fields(kernel.ptx) == {(2, 512 // 16, 1), (1, 1024 // 16, 1)}   # (16-byte units)
-    scores = [line for line in kernel.ptx.splitlines() if "wgmma.mma_async" in line and "m64n128k32" in line]
-    assert len(scores) == 2   # (two k32 steps over the 64-byte rows)
-    assert re.search(r"add\.s64 %rd\d+, %rd\d+, 2;", kernel.ptx)   # (+32 bytes: the second step)
+    scores = [re.findall(r"%rd\d+", line)[-2:] for line in kernel.ptx.splitlines()
+              if "wgmma.mma_async" in line and "m64n128k32" in line]
+    assert len(scores) == 2   # (two k32 steps over the 64-byte rows of Q and K)
+    for first, second in zip(*scores):   # the second step's descriptors: +32 bytes (2 in 16-byte units)
+        assert re.search(rf"add\.s64 {second}, {first}, 2;", kernel.ptx)
     log = assemble(kernel.ptx, "sm_90a").log
     assert "0 bytes spill stores" in log and "serialized" not in log
 

@@ -25,6 +25,8 @@ CASES = [  # B, H, S, N, D
     (2, 3, 1, 4096, 128),
     (2, 2, 1024, 1024, 64),   # D = 64: Q and K in TMA's 64-byte swizzle
     (1, 3, 300, 2048, 64),
+    (2, 2, 1024, 1024, 48),   # (a 64-wide tile over 48 columns: TMA fills the rest with zeros)
+    (2, 2, 64, 64, 64),       # (V^T's 64 keys a row in the 64-byte swizzle too)
 ]
 
 
