@@ -168,7 +168,7 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
      {"block_m": 128, "block_n": 128, "num_warps": 8, "warp_specialize": 1}),
     # ... and over 4+ waves of query blocks, the two computing warpgroups take turns at their mmas
     # (`pingpong`): without, they run in step, both softmaxes at once. H200 e4m3, V passed
-    # transposed, us (`.scratch` pins, bench/RESULTS.md session 42): 8x16x4096x128 1611 -> 1535,
+    # transposed, us (bench/fp8_attention_schedules.py, RESULTS session 42): 8x16x4096x128 1611 -> 1535,
     # 32x12x2048x128 1250 -> 1208, 4x16x8192x128 3121 -> 2991, 16x16x2048x64 714 -> 674. Not under
     # a causal mask (`one_sided_mask`), whose shorter loops pay the turns' start: 938 -> 947, 836 ->
     # 814, 1718 -> 1744 (at D = 64 483 -> 473, one run); nor at 16-bit values, whose matmuls outlast the softmax (bf16 8x16x4096x128 without
@@ -348,6 +348,12 @@ def mma_k_extent(extent: int, element_bytes: int) -> int:
     """A tile's extent along a matmul's K, at least one tensor-core instruction's K step: 32 bytes
     of its operands' rows (16 elements of 16 bits, 32 of 8 bits)."""
     return max(32 // element_bytes, extent)
+
+
+def head_dim_tile(head_dim: int, element_bytes: int) -> int:
+    """An attention tile's extent along the head dim (Q @ K^T's K): the dim rounded up to a power
+    of two, at least one instruction's K step."""
+    return mma_k_extent(pow2_at_least(head_dim), element_bytes)
 
 
 #: a wgmma GEMM's block_n values that are not powers of two (`KernelOp._wgmma_columns`)

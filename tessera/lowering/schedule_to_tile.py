@@ -1780,7 +1780,7 @@ class _AttentionShape:
         p_bytes, q_bytes = (g.tensor_type(mm.lhs).dtype.itemsize for mm in (m2, m1))   # (the keys: P @ V's K)
         tile = {"m": s.fit_block(p["block_m"], sizes["m"]),
                 "n": s.mma_k_extent(s.fit_block(p["block_n"], sizes["n"]), p_bytes),
-                "d": s.mma_k_extent(pow2_at_least(sizes["d"]), q_bytes), "e": pow2_at_least(sizes["e"])}
+                "d": s.head_dim_tile(sizes["d"], q_bytes), "e": pow2_at_least(sizes["e"])}
         return cls(axes, sizes, tile, epilogue_map(kb, kb.result, m2, axes), dims)
 
     @property

@@ -1844,7 +1844,7 @@ def _query_rows_whole_lines(head_dim, element_bytes: int) -> bool:
     not measured."""
     if not isinstance(head_dim, int):
         return True
-    return whole_box_rows(s.mma_k_extent(s.pow2_at_least(head_dim), element_bytes), element_bytes)
+    return whole_box_rows(s.head_dim_tile(head_dim, element_bytes), element_bytes)
 
 
 def _wgmma_reads(mm: g.MatmulOp) -> bool:
