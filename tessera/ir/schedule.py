@@ -34,10 +34,10 @@ from ..dims import hint
 KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "flash_attention": (
         {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0, "warp_specialize": 0,
-         "pingpong": 0, "split_kv": 1, "heavy_first": 0},
+         "pingpong": 0, "persistent": 0, "split_kv": 1, "heavy_first": 0},
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
-         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "pingpong": [0, 1], "split_kv": [1, 2, 4, 8, 16, 32],
-         "heavy_first": [0, 1]},
+         "qk_ahead": [0, 1], "warp_specialize": [0, 1], "pingpong": [0, 1], "persistent": [0, 1],
+         "split_kv": [1, 2, 4, 8, 16, 32], "heavy_first": [0, 1]},
     ),
     "flash_chain": (
         {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "heavy_first": 0},
@@ -100,6 +100,15 @@ BACKEND_PARAM = "backend"
 #: the rows (keys) of a flash_chain kernel's block when it sums an across sink (dQ): see SHAPE_DEFAULTS
 ACROSS_ROWS = 128
 
+def _scores_ahead(f: dict) -> bool:
+    """Whether an attention takes the Hopper D = 128 schedule computing each block's scores ahead
+    (16-bit Q, K and V on wgmma, query rows filling 4+ waves of 128-row blocks, no key range read per
+    row, no KV head shared by query heads): see SHAPE_DEFAULTS."""
+    return bool(f.get("wgmma") and f.get("element_bytes") == 2 and f.get("value_bytes") == 2
+                and f.get("head_dim") == 128 and f.get("query_rows", 0) >= 128 and f.get("query_block_waves", 0) >= 4
+                and not f.get("reads_indices") and not f.get("shared_keys"))
+
+
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
 SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
@@ -152,10 +161,14 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # S=1531, B=1 H=8 S=4096) keep the schedules measured there, two blocks an SM, 64-row blocks
     # for a causal one (`fusion._schedule_few_heads`). Grouped-query attention (`shared_keys`) and
     # fp8 values were not measured with it and keep their schedules
-    ("flash_attention", lambda f: f.get("wgmma") and f.get("element_bytes") == 2 and f.get("value_bytes") == 2
-     and f.get("head_dim") == 128 and f.get("query_rows", 0) >= 128 and f.get("query_block_waves", 0) >= 4
-     and not f.get("reads_indices") and not f.get("shared_keys"),
-     {"block_n": 128, "qk_ahead": 1, "warp_specialize": 1}),
+    ("flash_attention", lambda f: _scores_ahead(f), {"block_n": 128, "qk_ahead": 1, "warp_specialize": 1}),
+    # ... and where every query block sees every key block (no mask bounds them), one block an SM
+    # walking the query tiles (`persistent`: `schedule_to_tile._TileWalk`), each tile's first copies
+    # landing during the previous tile. H200 bf16, against cuDNN (`python3 bench/attention_schedules.py`,
+    # bench/RESULTS.md session 43), before -> after: 2x16x8192x128 0.990 -> 1.040x, 8x16x4096x128
+    # 0.983 -> 1.037x, 32x16x2048x128 0.964 -> 1.037x, 128x16x1024x128 0.932 -> 1.040x,
+    # 32x12x2048x128 0.958 -> 1.038x
+    ("flash_attention", lambda f: _scores_ahead(f) and not f.get("bounded_keys"), {"persistent": 1}),
     # ... but 128 keys with 8-bit operands (fp8), whose transposed V tile ([D, keys]) must be whole
     # 128-byte swizzled rows of keys for TMA and wgmma, and a producer warpgroup: with the matmuls
     # twice as fast, the softmax bounds the loop, and the consumers issuing no copies pays. H200,
@@ -472,7 +485,8 @@ def shared_bytes(kind: str, params: dict[str, int], features: dict[str, int]) ->
         return tile(p["block_m"], p["block_k"], p["num_stages"]) + tile(p["block_k"], p["block_n"], p["num_stages"])
     if kind == "flash_attention":
         d = 1 << (features.get("head_dim", 128) - 1).bit_length()   # tiles span the head dim's power of two
-        return tile(p["block_m"], d) + 2 * tile(p["block_n"], d, p["num_stages"])
+        # (a persistent one copies the next tile's Q into a second stage)
+        return tile(p["block_m"], d, 1 + bool(p.get("persistent"))) + 2 * tile(p["block_n"], d, p["num_stages"])
     if kind == "flash_chain":   # resident row tiles, the streamed ones in every stage, then per across
         # sum its operand's staged tile and its fp32 block's buffer (rows padded 16 bytes)
         d = 1 << (features.get("head_dim", 128) - 1).bit_length()

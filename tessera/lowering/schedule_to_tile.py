@@ -1306,6 +1306,9 @@ class _Pipeline:
     offsets: Callable[[SSAValue], dict[str, SSAValue]]
     scalars: dict
     mma_async: bool = False
+    #: where a step's copies read other batch indices than `scalars` (a walk over attention tiles:
+    #: the next tile's first blocks are copied during this one's last): those of step `step`
+    scalars_of: Callable[[SSAValue], dict] | None = None
 
     def __post_init__(self):
         self.direct = not self.kb.stage_operands
@@ -1329,8 +1332,9 @@ class _Pipeline:
     def issue(self, step: SSAValue) -> None:
         stage = self.stage(step)
         offsets = self.offsets(step)
+        scalars = self.scalars if self.scalars_of is None else self.scalars_of(step)
         for o, buf in zip(self.operands, self.smem):
-            _copy(self.kb, o, buf, stage, offsets, self.scalars)
+            _copy(self.kb, o, buf, stage, offsets, scalars)
         self.kb.b(t.AsyncCommitOp())
 
     def tiles(self, step: SSAValue) -> list[SSAValue]:
@@ -1831,7 +1835,15 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
         splits, _ = s.split_k_splits(cdiv(hint(shape.sizes["n"]), shape.tile["n"]), kb.params["split_kv"])
         if splits > 1:
             return _split_kv_attention(kb, shape, splits)
-    rows = _attention_rows(kb, shape)
+    if _walks_attention_tiles(kb, shape):
+        return _TileWalk.of(kb, shape).run()
+    _store_rows(kb, shape, _attention_rows(kb, shape))
+    return shape.grid(kb)
+
+
+def _store_rows(kb: KernelBuild, shape: _AttentionShape, rows: _AttentionRows) -> None:
+    """A query block's output (the rows' sums divided out) and, where the kernel has them as
+    outputs, its rows' log-sum-exps."""
     tile = shape.tile
     inv_l = kb.b(arith.DivfOp(kb.b.full(1.0, [tile["m"]]), rows.l_i))   # one division per row, not per element
     out = kb.b(arith.MulfOp(rows.acc, _broadcast_rows(kb.b, inv_l, [tile["m"], tile["e"]])))
@@ -1841,7 +1853,6 @@ def lower_flash_attention(kb: KernelBuild) -> tuple[int, int, int]:
     _store_logsumexp(kb, lambda: _logsumexp_of_stats(kb, rows.m_i, rows.l_i, rows.scale),
                      lambda: _max_apart(kb, rows.m_i, rows.l_i, rows.scale),
                      rows.score_map, TileCtx({"m": (rows.m0, tile["m"])}, rows.scalars))
-    return shape.grid(kb)
 
 
 def _max_apart(kb: KernelBuild, m: SSAValue, l: SSAValue, scale: float) -> tuple[SSAValue, SSAValue]:
@@ -1906,34 +1917,45 @@ def _ordered_program(kb: KernelBuild, blocks: int, programs: int, bounds: Column
     return block, b(arith.RemSIOp(launched, b.index(programs)))
 
 
+def _attention_operands(kb: KernelBuild, att: _AttentionShape) -> tuple[Operand, Operand, Operand, Map]:
+    """Q, K and V as operands of the kernel's tiles, and the axes P's dims walk."""
+    m1, m2 = kb.op(g.MatmulOp)
+    p_map, v_map = matmul_operand_maps(m2, att.axes, "n", kb.bindings)
+    q_map, k_map = matmul_operand_maps(m1, p_map, "d", kb.bindings)
+    q = operand(kb, m1.lhs, q_map, ("m", "d"), att.tile)
+    k = operand(kb, m1.rhs, k_map, ("d", "n"), att.tile)
+    v = operand(kb, m2.rhs, v_map, ("n", "e"), att.tile)
+    q.order = ("m", "d")
+    return q, k, v, p_map
+
+
 def _attention_rows(kb: KernelBuild, att: _AttentionShape,
-                    split: tuple[SSAValue, int] | None = None) -> _AttentionRows:
+                    split: tuple[SSAValue, int] | None = None, walk: _TileWalk | None = None) -> _AttentionRows:
     """The loop of a flash-attention kernel over the key blocks its query block sees (grid axis 0:
     query blocks, axis 1: batch); with `split` = (index, splits), over the index-th of `splits`
-    equal runs of them (grid axis 2), copies past the run reading padding."""
+    equal runs of them (grid axis 2), copies past the run reading padding; in a `walk`, over the
+    key blocks of the walk's current tile, with the walk's Q stage and pipelines."""
     m1, m2 = kb.op(g.MatmulOp)
     (sm,) = kb.op(g.SoftmaxOp)
-    axes, tile, p = att.axes, att.tile, kb.params
+    tile, p = att.tile, kb.params
     kb.limit_warps(tile["m"] // 16)
-    p_map, v_map = matmul_operand_maps(m2, axes, "n", kb.bindings)
+    q, k, v, p_map = _attention_operands(kb, att)
     terms = attention_mask(sm.input, p_map, "m", "n", kb.bindings)
     bounds = terms.bounds if terms is not None else ColumnBounds(None, None)
     # (heavy_first counts the query blocks and batch programs: fusion asks it only of a static grid)
-    heavy_first = split is None and p.get("heavy_first", 0) and not att.grid_dims_dynamic
-    query_block, batch_index = _ordered_program(kb, *(att.grid(kb)[:2] if heavy_first else (0, 0)), bounds,
-                                                heavy_first=heavy_first)
+    heavy_first = split is None and walk is None and p.get("heavy_first", 0) and not att.grid_dims_dynamic
+    if walk is not None:
+        query_block, batch_index = walk.query_block, walk.batch_index
+    else:
+        query_block, batch_index = _ordered_program(kb, *(att.grid(kb)[:2] if heavy_first else (0, 0)), bounds,
+                                                    heavy_first=heavy_first)
     scalars = kb.batch_indices(batch_index, att.batch)
     m0, zero = kb.mul(query_block, tile["m"]), kb.b.index(0)
-
-    q_map, k_map = matmul_operand_maps(m1, p_map, "d", kb.bindings)
-    q = operand(kb, m1.lhs, q_map, ("m", "d"), tile)
-    k = operand(kb, m1.rhs, k_map, ("d", "n"), tile)
-    v = operand(kb, m2.rhs, v_map, ("n", "e"), tile)
-    q.order = ("m", "d")
     # (asked before any copy: where the key count's multiple is relied on, a self-attention's
     # query copies along the same dim are whole too, `dims.whole_if_relied_on`)
     tail = not whole_blocks(tile["n"], att.sizes["n"])   # the last key block is (may be) partial
-    (q_tile,) = _resident_tiles(kb, [(q, {"m": m0, "d": zero})], scalars, zero)
+    (q_tile,) = [walk.query_tile()] if walk is not None else \
+        _resident_tiles(kb, [(q, {"m": m0, "d": zero})], scalars, zero)
     block = [tile["m"], tile["n"]]
 
     where = sm.input.owner if terms is not None and (bounds != ColumnBounds(None, None) or terms.limits) \
@@ -2017,8 +2039,9 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
 
         def last(v_tile, acc, m_i, l_i, alpha, probs):
             return [accumulate(acc, alpha, probs, v_tile), m_i, l_i]
-        acc, m_i, l_i = _pipelined_loop_ahead(kb, steps, p["num_stages"], k, v, "n", tile["n"], fixed, scalars,
-                                              inits, head, ahead, last)
+        loop_ahead = _pipelined_loop_ahead if walk is None else walk.loop_ahead
+        acc, m_i, l_i = loop_ahead(kb, steps, p["num_stages"], k, v, "n", tile["n"], fixed, scalars,
+                                   inits, head, ahead, last)
     else:
         turns = _takes_turns(kb)
 
@@ -2055,6 +2078,186 @@ def _takes_turns(kb: KernelBuild) -> bool:
     p = kb.params   # (the kernel's own warps: a query tile of 64 rows keeps 4, one warpgroup)
     warps = kb.kernel.properties["num_warps"].value.data
     return bool(p.get("pingpong") and p.get("warp_specialize") and warps == 8 and kb.stage_operands)
+
+
+def _walks_attention_tiles(kb: KernelBuild, att: _AttentionShape) -> bool:
+    """Whether a `persistent` attention's blocks walk several query tiles each (`_TileWalk`): where
+    the kernel computes its scores ahead from staged operands (the loop a walk continues across
+    tiles), every tile sees every key block (no mask bounding a block's keys, no key range read at
+    run time, no paged operand: the pipelines count steps across tiles), every dim is static, and
+    there are more tiles than blocks (the schedule's `programs`)."""
+    p = kb.params
+    if not (p.get("persistent") and p.get("qk_ahead") and p["num_stages"] >= 2 and kb.stage_operands
+            and "programs" in p):
+        return False
+    if any(is_dynamic(size) for size in att.sizes.values()):
+        return False
+    *operands, p_map = _attention_operands(kb, att)
+    (sm,) = kb.op(g.SoftmaxOp)
+    terms = attention_mask(sm.input, p_map, "m", "n", kb.bindings)
+    if terms is not None and (terms.bounds != ColumnBounds(None, None) or terms.limits):
+        return False
+    return (all(o.pages is None for o in operands) and _TileWalk.tiles_of(att) > p["programs"]
+            and att.key_blocks >= p["num_stages"])
+
+
+@dataclass
+class _TileWalk:
+    """A persistent attention kernel's walk: `programs` blocks, each taking the query tiles pid,
+    pid + programs, ... (a tile: one query block of one batch program, query blocks fastest, so
+    the blocks running at once share their heads' keys in L2). K and V keep their pipelines
+    across tiles, counting steps over the walk (step u * blocks + j: key block j of the block's
+    u-th tile), so the last iterations of one tile copy the first key blocks of the next, and the
+    stages its last P @ V leaves free take the next tile's next blocks (what a one-tile block's
+    prologue copies) and the Q of the tile after it (Q has two stages). Each tile's first copies
+    then land during the previous tile, where a block of one tile waits for them after its
+    launch.
+
+    `run` builds the walk; `_attention_rows` builds each tile from its `query_block` and
+    `batch_index`, reading its Q through `query_tile` and looping over its key blocks with
+    `loop_ahead` (`_pipelined_loop_ahead`'s loop on the walk's pipelines)."""
+
+    kb: KernelBuild
+    att: _AttentionShape
+    q: Operand
+    q_smem: SSAValue
+    pid: SSAValue
+    keys: _Pipeline | None = None
+    values: _Pipeline | None = None
+    query_block: SSAValue | None = None    # the tile being built: its query block and batch program,
+    batch_index: SSAValue | None = None
+    walked: SSAValue | None = None         # ... the tiles the block walked before it
+    base: SSAValue | None = None           # ... the walk's step of its first key block
+    batches: tuple[dict, dict] = ({}, {})  # ... the batch indices of it and of the next tile
+
+    @staticmethod
+    def tiles_of(att: _AttentionShape) -> int:
+        return cdiv(att.sizes["m"], att.tile["m"]) * math.prod(size for _, size in att.batch)
+
+    @classmethod
+    def of(cls, kb: KernelBuild, att: _AttentionShape) -> _TileWalk:
+        q, k, v, _ = _attention_operands(kb, att)
+        walk = cls(kb, att, q, kb.b(t.AllocSharedOp([2, *q.shape], g.tensor_type(q.value).element)), kb.pid(0))
+        walk.keys, walk.values = (_Pipeline(kb, kb.params["num_stages"], [o], walk.offsets, {},
+                                            scalars_of=walk.scalars_of) for o in (k, v))
+        return walk
+
+    @property
+    def query_blocks(self) -> int:
+        return cdiv(self.att.sizes["m"], self.att.tile["m"])
+
+    def tile_at(self, walked: SSAValue) -> tuple[SSAValue, SSAValue]:
+        """(query block, batch program) of the block's `walked`-th tile; past its last, the last
+        tile of all (a copy for it is never read: the backend drains it)."""
+        b = self.kb.b
+        index = b(arith.AddiOp(self.pid, self.kb.mul(walked, self.kb.params["programs"])))
+        index = b(arith.MinSIOp(index, b.index(self.tiles_of(self.att) - 1)))
+        return b(arith.RemSIOp(index, b.index(self.query_blocks))), b(arith.DivSIOp(index, b.index(self.query_blocks)))
+
+    def _past(self, step: SSAValue) -> tuple[SSAValue, SSAValue]:
+        """(whether walk step `step` is the next tile's, the step's key block in its tile): a step
+        the current tile copies is its own or, ahead, the next tile's (its key blocks outnumber
+        the stages). No division: the single thread issuing the copies of a warp-specialized
+        block computes their coordinates between its waits (H200, 8x16x4096x128, dividing by
+        the key blocks and the query blocks for every copy took the walk from 1.92 to 2.04 ms)."""
+        b, blocks = self.kb.b, self.att.key_blocks
+        block = b(arith.SubiOp(step, self.base))
+        past = b(t.CmpiOp(block, b.index(blocks), "sge"))
+        return past, b(t.SelectOp(past, b(arith.SubiOp(block, b.index(blocks))), block))
+
+    def offsets(self, step: SSAValue) -> dict[str, SSAValue]:
+        """Where walk step `step`'s key and value tiles start (its key block's keys)."""
+        b = self.kb.b
+        return {"n": self.kb.mul(self._past(step)[1], self.att.tile["n"]), "d": b.index(0), "e": b.index(0)}
+
+    def scalars_of(self, step: SSAValue) -> dict[str, SSAValue]:
+        """The batch indices of walk step `step`'s tile."""
+        past = self._past(step)[0]
+        this, following = self.batches
+        return {a: self.kb.b(t.SelectOp(past, following[a], this[a])) for a in this}
+
+    def start_tile(self, walked: SSAValue) -> None:
+        """Makes the block's `walked`-th tile the current one."""
+        b = self.kb.b
+        self.walked = walked
+        self.base = self.kb.mul(walked, self.att.key_blocks)
+        self.query_block, self.batch_index = self.tile_at(walked)
+        following = self.tile_at(b(arith.AddiOp(walked, b.index(1))))[1]
+        self.batches = tuple(self.kb.batch_indices(x, self.att.batch) for x in (self.batch_index, following))
+
+    def copy_query(self, walked: SSAValue, stage: SSAValue) -> None:
+        """The Q tile of the block's `walked`-th tile into `stage`."""
+        query_block, batch_index = self.tile_at(walked)
+        offsets = {"m": self.kb.mul(query_block, self.att.tile["m"]), "d": self.kb.b.index(0)}
+        _copy(self.kb, self.q, self.q_smem, stage, offsets, self.kb.batch_indices(batch_index, self.att.batch))
+        self.kb.b(t.AsyncCommitOp())
+
+    def query_tile(self) -> SSAValue:
+        """The current tile's Q, once it and the tile's first key block have landed (the one wait
+        before the tile's first scores). Groups in flight after that key block's: K and V of the
+        S - 2 steps after it, and the previous tile's last three (the next tile's Q, V and K of
+        the S - 1th step after it)."""
+        b = self.kb.b
+        b(t.AsyncWaitOp(2 * self.kb.params["num_stages"] - 1))
+        b(t.BarrierOp())
+        return b(t.LoadSharedOp(self.q_smem, b(arith.RemSIOp(self.walked, b.index(2)))))
+
+    def run(self) -> tuple[int, int, int]:
+        kb, b = self.kb, self.kb.b
+        stages, programs = kb.params["num_stages"], kb.params["programs"]
+        # what the tiles before the first would have copied ahead: its Q, K 0..S-1 and V 0..S-2,
+        # and the second tile's Q
+        self.start_tile(b.index(0))
+        self.copy_query(b.index(0), b.index(0))
+        for j in range(stages - 1):
+            self.keys.issue(b.index(j))
+        for j in range(stages - 1):
+            self.values.issue(b.index(j))
+        self.keys.issue(b.index(stages - 1))
+        self.copy_query(b.index(1), b.index(1))
+
+        def one_tile(walked: SSAValue) -> list:
+            self.start_tile(walked)
+            _store_rows(kb, self.att, _attention_rows(kb, self.att, walk=self))
+            return []
+        count = b(arith.DivSIOp(b(arith.SubiOp(b.index(self.tiles_of(self.att) + programs - 1), self.pid)),
+                                b.index(programs)))
+        _for(b, 0, count, 1, [], one_tile)
+        return programs, 1, 1
+
+    def loop_ahead(self, kb: KernelBuild, steps: tuple, stages: int, keys: Operand, values: Operand,
+                   inner_axis: str, step_size: int, fixed: dict, scalars: dict, inits, head, body, last_block):
+        """`_pipelined_loop_ahead` over the current tile's key blocks (`steps`: all of them) on the
+        walk's pipelines, whose copies of the tile's first blocks were issued before (`query_tile`
+        waited for them); its copies past the tile's last block are the next tile's first, and once
+        the loop is done with the stages, the last P @ V's value stage aside, the next tile's next
+        ones (the V and K steps S - 2 and S - 1 of it, which the prologue copies in one tile) and
+        into this tile's Q stage the Q of the tile after the next."""
+        b = kb.b
+        last = self.att.key_blocks - 1
+
+        def step(j: int | SSAValue) -> SSAValue:
+            return b(arith.AddiOp(self.base, b.index(j) if isinstance(j, int) else j))
+        state = head(b.index(0), self.keys.tiles(step(0))[0], *inits)
+
+        def loop_body(iv, *carried):
+            b(t.AsyncWaitOp(2 * stages - 4))   # (K i+1, and V i before it)
+            b(t.BarrierOp())
+            at = step(iv)
+            self.values.issue(b(arith.AddiOp(at, b.index(stages - 1))))
+            self.keys.issue(b(arith.AddiOp(at, b.index(stages))))
+            return body(iv, self.keys.tiles(b(arith.AddiOp(at, b.index(1))))[0], lambda: self.values.tiles(at)[0],
+                        *carried)
+        state = _for(b, 0, last, 1, state, loop_body)
+        b(t.AsyncWaitOp(2 * stages - 3))   # (V last: the next tile's K and V may be in flight)
+        b(t.BarrierOp())
+        self.copy_query(b(arith.AddiOp(self.walked, b.index(2))), b(arith.RemSIOp(self.walked, b.index(2))))
+        following = step(self.att.key_blocks)
+        self.values.issue(b(arith.AddiOp(following, b.index(stages - 2))))
+        self.keys.issue(b(arith.AddiOp(following, b.index(stages - 1))))
+        results = last_block(self.values.tiles(step(last))[0], *state)
+        b(t.MmaWaitOp(0))
+        return results
 
 
 #: the combining kernel of a split-KV attention: each program one output row's head-dim columns (up

@@ -1580,17 +1580,24 @@ def _schedule_few_heads(group: Group, block: Block, planner: _Planner, params: d
 def _attention_work(group: Group, planner: _Planner) -> tuple[int, int] | None:
     """(batch programs, query rows) of an attention whose mask bounds one side of each query
     block's keys, as the template tiles it; None for one without such a mask."""
-    m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
-    (sm,) = (op for op in group.ops if isinstance(op, g.SoftmaxOp))
+    _, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     out = [hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(m2.res).shape]   # (a choice of speed)
-    rows = s.attention_rows_of(m1, m2, planner.bindings)   # as the template tiles P @ V, whatever it stores
-    if rows != len(out) - 2:   # the query heads as rows (a decode step): no per-position bounds
-        return None
-    axes = (*(f"b{i}" for i in range(rows)), "m", "e")
-    p_map, _ = index_maps.matmul_operand_maps(m2, axes, "n", planner.bindings)
-    if _one_sided(column_bounds(sm.input, p_map, "m", "n", planner.bindings)):
+    if _one_sided(_key_bounds(group, planner)):
         return math.prod(out[:-2]), out[-2]
     return None
+
+
+def _key_bounds(group: Group, planner: _Planner) -> ColumnBounds:
+    """The bounds an attention's mask puts on each query block's keys, as the template tiles it
+    (none where its rows are not query positions: the query heads of a decode step)."""
+    m1, m2 = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
+    (sm,) = (op for op in group.ops if isinstance(op, g.SoftmaxOp))
+    rows = s.attention_rows_of(m1, m2, planner.bindings)   # as the template tiles P @ V, whatever it stores
+    if rows != g.tensor_type(m2.res).rank - 2:
+        return ColumnBounds(None, None)
+    axes = (*(f"b{i}" for i in range(rows)), "m", "e")
+    p_map, _ = index_maps.matmul_operand_maps(m2, axes, "n", planner.bindings)
+    return column_bounds(sm.input, p_map, "m", "n", planner.bindings)
 
 
 def _chain_work(block: Block, planner: _Planner) -> tuple[int, int] | None:
@@ -1881,7 +1888,9 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
         features["value_bytes"] = g.tensor_type(matmuls[1].rhs).dtype.itemsize
         features.update(_query_blocks(matmuls, planner))
         features["reads_indices"] = int(_reads_indices(block, planner.bindings))
-        features["one_sided_mask"] = int(_attention_work(group, planner) is not None)
+        bounds = _key_bounds(group, planner)
+        features["one_sided_mask"] = int(_one_sided(bounds))
+        features["bounded_keys"] = int(bounds != ColumnBounds(None, None))
     if group.kind == "flash_chain":
         features.update(_chain_tiles(block, planner.bindings))
     return features

@@ -5,6 +5,7 @@ writes fails the test. Shapes are chosen to hit tails (S = 1, 17, 1000, 4097;
 M, N, K not multiples of any tile).
 """
 import math
+import re
 
 import pytest
 
@@ -381,6 +382,33 @@ def test_warp_specialized_attention(torch_cuda, hopper, fn, s, d):
     (q, k, v), (out,) = run(fn, dict(B=2, H=3, S=s, D=d), "fp16", torch, path="native", expect="wgmma",
                             space=dict(warp_specialize=[1]))
     check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), "fp16", torch)
+
+
+@pytest.mark.parametrize("b,h,s,d,dtype,programs", [
+    (8, 16, 1024, 128, "bf16", None),   # the default: 132 programs walking 1024 tiles
+    (1, 2, 4097, 128, "fp16", 7),       # a partial last key block, 66 tiles over 7 blocks
+    (3, 5, 1531, 128, "bf16", 11),      # a partial last query block in each head
+    (1, 1, 1000, 128, "fp16", 3),       # 8 tiles: blocks walking 2 and 3
+    (2, 3, 300, 64, "bf16", 2),         # D = 64, three key blocks a tile
+    (1, 1, 256, 128, "fp16", 1),        # one block walks both tiles, two key blocks each
+])
+@pytest.mark.parametrize("path", PATHS)
+def test_persistent_attention_walks_query_tiles(torch_cuda, hopper, b, h, s, d, dtype, programs, path):
+    """`persistent` (the Hopper D = 128 default without a mask): fewer blocks than query tiles, each
+    walking its tiles with the key and value pipelines running across them and two stages of Q. A
+    step counted wrongly across tiles shows as another tile's keys, or on TMA as a hang."""
+    torch = torch_cuda
+    space = {"persistent": [1], "qk_ahead": [1], "warp_specialize": [1], "block_n": [128], "num_stages": [2],
+             **({"programs": [programs]} if programs else {})}
+    if path == "ampere":
+        space = {**space, "warp_specialize": [0]}
+    compiled = attention.compile(attention.arg_specs_for(dict(B=b, H=h, S=s, D=d), dtype), arch=_arch(), path=path,
+                                 space=space)
+    walk = re.search(r"grid = array<i64: (\d+), 1, 1>", compiled.ir("tile"))   # blocks walking tiles
+    assert walk and int(walk.group(1)) == (programs or int(walk.group(1))) < b * h * math.ceil(s / 128)
+    (q, k, v), (out,) = run(attention, dict(B=b, H=h, S=s, D=d), dtype, torch, path=path, space=space,
+                            expect="wgmma" if path == "native" else "mma.sync")
+    check(out, sdpa(torch, q, k, v), dtype, torch)
 
 
 def test_alibi_softcap_attention(torch_cuda):

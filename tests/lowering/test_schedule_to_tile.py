@@ -748,3 +748,81 @@ def test_rows_split_across_a_cluster_match_float64(cluster, blocks, block_n):
     for g, want in zip(got, (softmax, lse, norm)):
         rows = [i for i in range(m) if i not in (1, 3)] if want is norm else range(m)   # (inf - inf: NaN either way)
         np.testing.assert_allclose(g[list(rows)], want[list(rows)], rtol=2e-5, atol=2e-6, equal_nan=True)
+
+
+# --- persistent attention: blocks walking query tiles -----------------------------------------------
+
+WALK = dict(split_kv=[1], qk_ahead=[1], warp_specialize=[1], persistent=[1], num_stages=[2])
+
+
+def attention_reference(q, k, v, scale, bias=None):
+    s = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) * scale
+    s = s + (0 if bias is None else bias)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    return (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
+
+
+def test_a_persistent_attention_walks_query_tiles_on_pipelines_running_across_them():
+    """`persistent`: `programs` blocks (the grid), each looping over its query tiles around the
+    key loop; Q in two stages (the next tiles' copied ahead), keys and values in the pipelines
+    the scores ahead take. A causal mask (the tiles' key loops differ) or no more tiles than
+    blocks keeps one tile a block, the switch ignored."""
+    def compiled(fn, s, programs, **pins):
+        fn = tsr.function(fn.fn, space={**WALK, "programs": [programs], **pins})
+        return fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=s, D=64), "fp16"), arch="sm_90a", path="native")
+    def kernel_of(c):
+        return next(op for op in c.modules["tile"].walk() if isinstance(op, tile.KernelOp))
+
+    def q_stages(kernel):
+        (stages,) = {op.dst.type.get_shape()[0] for op in kernel.walk()
+                     if isinstance(op, tile.CopyAsyncOp) and op.src is kernel.body.block.args[0]}
+        return stages
+    walk = compiled(scaled_attention, 1024, 5)   # 16 tiles of 128 queries
+    kernel = kernel_of(walk)
+    assert "grid = array<i64: 5, 1, 1>" in walk.ir("tile") and q_stages(kernel) == 2
+    loops = [op for op in kernel.body.block.ops if isinstance(op, scf.ForOp)]
+    assert len(loops) == 1 and [op for op in loops[0].body.walk() if isinstance(op, scf.ForOp)]
+    for fn, s, programs in ((causal_attention, 1024, 5), (scaled_attention, 1024, 16)):
+        one = compiled(fn, s, programs)
+        assert f"grid = array<i64: {programs}, 1, 1>" not in one.ir("tile") and q_stages(kernel_of(one)) == 1
+
+
+@pytest.mark.parametrize("b,h,s,d,programs,stages", [
+    (2, 3, 300, 64, 2, 2),     # a partial last key block; 2 blocks walking 3 tiles each
+    (1, 2, 1000, 128, 3, 3),   # three stages: tiles of 8 key blocks
+    (3, 1, 256, 64, 4, 2),     # key blocks as many as the stages: the next tile's first ones copied at once
+    (1, 5, 129, 64, 7, 2),     # 7 blocks over 10 tiles: some walk one, some two
+    (2, 2, 640, 32, 1, 2),     # one block walks every tile
+])
+@pytest.mark.parametrize("fn", ["plain", "alibi"])
+def test_a_persistent_attention_matches_float64(b, h, s, d, programs, stages, fn):
+    """Every tile of every block against float64, on the interpreter (which reads a stage whose copy
+    was not waited for as NaN): the walk's copies land in the stage each tile reads, the next tile's
+    first key blocks copied by this tile's last iterations, with their own batch indices."""
+    from attention_cases import FUNCTIONS
+    rng = np.random.default_rng(s + programs)
+    f = tsr.function(FUNCTIONS[fn].fn, space={**WALK, "programs": [programs], "num_stages": [stages],
+                                              "block_n": [64], "block_m": [64], "num_warps": [4]})
+    specs = f.arg_specs_for(dict(B=b, H=h, S=s, M=s, N=s, D=d), "fp32")
+    compiled = f.compile(specs, arch="sm_90a", backend="ptx")
+    assert f"grid = array<i64: {programs}, 1, 1>" in compiled.ir("tile")
+    q, k, v = (rng.standard_normal(spec.shape).astype(np.float32) for spec in specs)
+    i = np.arange(s)
+    bias = -0.0625 * np.abs(i[:, None] - i[None, :]) if fn == "alibi" else None
+    np.testing.assert_allclose(compiled.run(q, k, v)[0], attention_reference(q, k, v, 1 / math.sqrt(d), bias),
+                               rtol=2e-5, atol=2e-5)
+
+
+def test_a_persistent_attention_saves_each_tiles_logsumexp_for_the_backward():
+    """The forward a vjp runs (its output and rows' log-sum-exp, which the backward reads) walking
+    its query tiles: the gradients against float64."""
+    from attention_cases import FUNCTIONS, reference_grads
+    rng = np.random.default_rng(5)
+    f = tsr.function(FUNCTIONS["plain"].fn, space={**WALK, "programs": [3], "block_n": [64], "block_m": [64],
+                                                   "num_warps": [4], "backend": "ptx"})
+    q, k, v, g = (rng.standard_normal((2, 3, 300, 64)).astype(np.float32) for _ in range(4))
+    forward = f.compile(f.arg_specs_for(dict(B=2, H=3, M=300, N=300, D=64), "fp32"), arch="sm_90a")
+    assert "grid = array<i64: 3, 1, 1>" in forward.ir("tile")
+    _, f_vjp = tsr.vjp(f, q, k, v)
+    for grad, ref in zip(f_vjp(g), reference_grads("plain", q, k, v, g)):
+        np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())

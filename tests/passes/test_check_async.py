@@ -65,6 +65,14 @@ CASES = {
     # the Hopper default at D = 128: keys and values two stages each, 128 keys a block, a producer warpgroup
     "causal-ahead-ws-d128": Case(causal_attention, dict(B=1, H=1, S=640, D=128),
                                  {"qk_ahead": [1], "num_stages": [2], "warp_specialize": [1], "block_n": [128]}),
+    # persistent: 3 blocks walking 5 (10) query tiles, the pipelines' steps counting across them
+    "attn-ahead-walk": Case(flash_attention, ATTN, {"qk_ahead": [1], "num_stages": [3], "persistent": [1],
+                                                    "programs": [3]}),
+    "attn-ahead-walk-ampere": Case(flash_attention, ATTN, {"qk_ahead": [1], "num_stages": [3], "persistent": [1],
+                                                           "programs": [3]}, "ampere"),
+    "attn-ahead-ws-d128-walk": Case(flash_attention, dict(B=2, H=1, S=640, D=128),
+                                    {"qk_ahead": [1], "num_stages": [2], "warp_specialize": [1], "block_n": [128],
+                                     "persistent": [1], "programs": [3]}),
     "attn-1stage": Case(flash_attention, ATTN, {"num_stages": [1]}),
     "attn-1stage-ampere": Case(flash_attention, ATTN, {"num_stages": [1]}, "ampere"),
 }
@@ -186,10 +194,21 @@ def _is_drain(op) -> bool:
             and _loop_of(op) is None and isinstance(op.stage.owner, arith.ConstantOp))
 
 
+def _walked_tiles(name: str, c: Compiled) -> list[int] | None:
+    """The query tiles each block of a persistent attention walks (block b: tiles b, b + blocks, ...),
+    or None where each block takes one."""
+    dims, p = CASES[name].dims, c.params
+    if CASES[name].fn is gemm or not p.get("persistent"):
+        return None
+    tiles = math.ceil(dims["S"] / p["block_m"]) * dims["B"] * dims["H"]
+    blocks = math.prod(c.kernel.config.grid_dims)
+    return [math.ceil((tiles - b) / blocks) for b in range(blocks)] if blocks < tiles else None
+
+
 def _steps_per_block(name: str, c: Compiled) -> set[int]:
     """The pipeline steps a block reads (its main loop's trip count), over every block of the grid.
     A GEMM with fewer blocks than output tiles is persistent: block b takes tiles b, b + blocks, ...,
-    and its steps count on across them."""
+    and its steps count on across them; so do an attention's walking query tiles."""
     dims, p = CASES[name].dims, c.params
     if CASES[name].fn is gemm:
         k_steps = math.ceil(dims["K"] / p["block_k"])
@@ -199,27 +218,36 @@ def _steps_per_block(name: str, c: Compiled) -> set[int]:
     if CASES[name].fn is causal_attention:   # query block q sees the key blocks up to its diagonal
         return {math.ceil(min(dims["S"], (q + 1) * p["block_m"]) / p["block_n"])
                 for q in range(math.ceil(dims["S"] / p["block_m"]))}
-    return {math.ceil(dims["S"] / p["block_n"])}
+    walked = _walked_tiles(name, c) or [1]
+    return {n * math.ceil(dims["S"] / p["block_n"]) for n in walked}
 
 
-def _unread_stages(name: str, c: Compiled, pipe: int) -> set[int]:
-    """Stages of the main loop's `pipe`-th pipeline holding a fill no step waits for, in some block.
+def _unread_stages(name: str, c: Compiled, pipe: str) -> set[int]:
+    """Stages of the main loop's pipeline `pipe` holding a fill no step waits for, in some block.
     A pipeline of S stages reading n steps issues steps up to n + S - 2 (S - 1 ahead of the last).
-    With scores ahead, keys and values are pipelines of their own (0 and 1): the keys are issued as
-    far, the values one step less (up to n + S - 3)."""
+    With scores ahead, keys and values are pipelines of their own: the keys are issued as far, the
+    values one step less (up to n + S - 3). A walk copies the Q of the tile after its last, and
+    its last tile, done with the stages, the next tile's next key and value blocks."""
     stages = c.params["num_stages"]
+    if pipe == "q":
+        return {n % 2 for n in _walked_tiles(name, c)}
     if stages == 1:
         return set()   # copy, wait, compute: nothing is issued ahead
-    ahead = (0, -1)[pipe] if c.params.get("qk_ahead") else 0
+    ahead = (-1 if pipe == "v" and c.params.get("qk_ahead") else 0) + (_walked_tiles(name, c) is not None)
     return {step % stages for n in _steps_per_block(name, c) for step in range(n, n + stages - 1 + ahead)}
 
 
-def _loop_pipes(c: Compiled) -> list:
+def _loop_pipes(name: str, c: Compiled) -> dict:
     """The "full" mbarrier groups of the main loop's pipelines (those its TMA copies complete, of
-    num_stages stages: not a resident tile's), in pipeline order."""
+    num_stages stages: not a resident tile's), by the operands they stage: "k" and "v" with scores
+    ahead, else "kv" ("a" and "b" for a GEMM); a walk's two stages of Q ("q") come first."""
     filled = {op.barriers for op in c.kernel.walk() if isinstance(op, tgt.TmaLoadOp)}
-    return [op.results[0] for op in c.kernel.walk() if isinstance(op, tgt.MBarrierAllocOp)
-            and op.results[0] in filled and op.results[0].type.count.data == c.params["num_stages"]]
+    groups = [op.results[0] for op in c.kernel.walk()
+              if isinstance(op, tgt.MBarrierAllocOp) and op.results[0] in filled]
+    walked = _walked_tiles(name, c) is not None
+    pipes = [g for i, g in enumerate(groups) if g.type.count.data == c.params["num_stages"] or (walked and i == 0)]
+    names = ["q"] * walked + (["k", "v"] if c.params.get("qk_ahead") else ["kv"])
+    return dict(zip(pipes, names)) if CASES[name].fn is not gemm else dict(zip(pipes, ["ab"]))
 
 
 def _drain_verdict(name: str, c: Compiled, op, mutation: str) -> bool | str:
@@ -227,8 +255,8 @@ def _drain_verdict(name: str, c: Compiled, op, mutation: str) -> bool | str:
     in flight at exit). A warp-specialized producer drains every stage it filled; deleting its wait
     for a fill the consumers read is harmless, but a flipped one waits for a phase that never comes."""
     stage = op.stage.owner.value.value.data
-    pipes = _loop_pipes(c)
-    if (op.barriers not in pipes or stage not in _unread_stages(name, c, pipes.index(op.barriers))):
+    pipes = _loop_pipes(name, c)
+    if (op.barriers not in pipes or stage not in _unread_stages(name, c, pipes[op.barriers])):
         if c.specialized and mutation == "flip parity":
             return True
         return ("the drain of a stage whose last fill a step read: " +
@@ -249,11 +277,34 @@ def _retired_at_loop_end(loop) -> bool:
     return bool(waits) and ops[waits[-1]].pending.value.data == 0 and (not mmas or mmas[-1] < waits[-1])
 
 
+def _walk_exception(name: str, c: Compiled, op, mutation: str) -> str | None:
+    """Why a mutant of a walking attention is harmless, if it is: on cp.async, its first group (the
+    first tile's Q) is waited for with the next (the first key block, read with it);
+    warp-specialized, the producer's waits before a tile's last P @ V for the value and key stages
+    follow its wait for the Q stage, on which the consumers arrive at the same point."""
+    if _walked_tiles(name, c) is None:
+        return None
+    ops = list(c.kernel.walk())
+    walks = [o for o in ops if isinstance(o, scf.ForOp) and any(isinstance(i, scf.ForOp) for i in o.body.walk())]
+    if c.specialized and _short(op) == "mbarrier_try_wait" and isinstance(op.parent_op(), scf.IfOp):
+        starts = [o for w in walks for i in w.body.block.ops if isinstance(i, scf.IfOp)
+                  for o in i.true_region.block.ops if _short(o) == "mbarrier_try_wait"]
+        if op in starts[1:]:
+            return "the producer waited for the Q stage the consumers free at the same point"
+    if CASES[name].path != "ampere" or mutation != "delete":
+        return None
+    if op is next(o for o in ops if _short(o) == "cp_async_commit"):
+        return "the first tile's Q is waited for with the first key block"
+    return None
+
+
 def expected(name: str, c: Compiled, op, mutation: str) -> bool | str:
     """True where the mutant is a real hazard, else the reason it is harmless."""
     kind = _short(op)
     if mutation == "pending-1":
         return "waiting for one more group only waits longer"
+    if (why := _walk_exception(name, c, op, mutation)) is not None:
+        return why
     if kind == "mbarrier_init" and _unused_group(op):
         return "nothing arrives on or waits for this mbarrier group (a free mbarrier of a stage never refilled)"
     if _is_drain(op):

@@ -590,6 +590,29 @@ def test_hopper_attention_at_d128_computes_scores_ahead_with_a_producer(dims, dt
     assert (picked == (128, 1, 1, 2)) == ahead, picked
 
 
+@pytest.mark.parametrize("dims,causal,walks", [
+    (dict(B=8, H=16, S=4096, D=128), False, True), (dict(B=128, H=16, S=1024, D=128), False, True),
+    (dict(B=8, H=16, S=4096, D=128), True, False),    # causal: each query block's key loop its own length
+    (dict(B=16, H=16, S=2048, D=64), False, False)])  # D = 64: not the scores-ahead schedule
+def test_hopper_attention_at_d128_without_a_mask_walks_its_query_tiles(dims, causal, walks):
+    """`schedule.SHAPE_DEFAULTS`: the scores-ahead schedule, where no mask bounds a query block's
+    keys, is persistent, one block an SM walking the query tiles (`programs`: the SMs)."""
+    import math
+
+    @tsr.function
+    def att(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        s = tsr.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+        if causal:
+            i = tsr.arange(q.shape[-2])
+            s = tsr.where(i[:, None] >= i[None, :], s, -math.inf)
+        return tsr.matmul(tsr.softmax(s, dim=-1), v)
+
+    c = att.compile(att.arg_specs_for(dims, "bf16"), arch="sm_90a", sm_count=132)
+    p = next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values
+    assert (p.get("persistent"), p.get("programs")) == ((1, 132) if walks else (0, None))
+    assert ("grid = array<i64: 132, 1, 1>" in c.ir("tile")) == walks
+
+
 def test_grouped_query_and_fp8_value_attention_keep_their_d128_schedules():
     """Grouped-query attention (K and V shared by query heads) and an fp8 V are outside the D = 128
     rule (not measured with it): GQA keeps 64 keys and no producer, the fp8 V its own rule's
