@@ -399,7 +399,7 @@ def test_persistent_attention_walks_query_tiles(torch_cuda, hopper, b, h, s, d, 
     step counted wrongly across tiles shows as another tile's keys, or on TMA as a hang."""
     torch = torch_cuda
     space = {"persistent": [1], "qk_ahead": [1], "warp_specialize": [1], "block_n": [128], "num_stages": [2],
-             **({"programs": [programs]} if programs else {})}
+             "split_kv": [1], **({"programs": [programs]} if programs else {})}
     if path == "ampere":
         space = {**space, "warp_specialize": [0]}
     compiled = attention.compile(attention.arg_specs_for(dict(B=b, H=h, S=s, D=d), dtype), arch=_arch(), path=path,
