@@ -109,6 +109,16 @@ def _scores_ahead(f: dict) -> bool:
                 and not f.get("reads_indices") and not f.get("shared_keys"))
 
 
+def _fp8_turns(f: dict) -> bool:
+    """Whether an fp8 attention's two computing warpgroups take turns at their mmas (8-bit Q, K and
+    V on wgmma at D = 64 or 128, query rows filling 4+ waves of 128-row blocks, no causal mask, no
+    key range read per row, no KV head shared by query heads): see SHAPE_DEFAULTS."""
+    return bool(f.get("wgmma") and f.get("value_bytes") == 1 and f.get("element_bytes") == 1
+                and f.get("head_dim") in (64, 128) and f.get("query_rows", 0) >= 128
+                and f.get("query_block_waves", 0) >= 4 and not f.get("one_sided_mask")
+                and not f.get("reads_indices") and not f.get("shared_keys"))
+
+
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
 #: in order. Measured with bench/sweep.py on an H100 (bench/RESULTS.md); the autotuner searches `space`.
 SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
@@ -186,11 +196,11 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # a causal mask (`one_sided_mask`), whose shorter loops pay the turns' start: 938 -> 947, 836 ->
     # 814, 1718 -> 1744 (at D = 64 483 -> 473, one run); nor at 16-bit values, whose matmuls outlast the softmax (bf16 8x16x4096x128 without
     # qk_ahead 2042 -> 2364). Grouped-query and per-row key ranges were not measured
-    ("flash_attention", lambda f: f.get("wgmma") and f.get("value_bytes") == 1 and f.get("element_bytes") == 1
-     and f.get("head_dim") in (64, 128) and f.get("query_rows", 0) >= 128 and f.get("query_block_waves", 0) >= 4
-     and not f.get("one_sided_mask")
-     and not f.get("reads_indices") and not f.get("shared_keys"),
-     {"pingpong": 1}),
+    # (A walk of the query tiles, `persistent`, measured on top: H200 e4m3, V passed transposed,
+    # bench/fp8_attention_schedules.py, RESULTS session 43: 16x16x2048x64 667.5 -> 635.5 us, but
+    # 8x16x4096x128 1543 -> 1572, 32x12x2048x128 1216 -> 1223; not a default until the walk with
+    # turns has run tests/gpu/test_fp8_attention_gpu.py's walking cases)
+    ("flash_attention", lambda f: _fp8_turns(f), {"pingpong": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at
     # D = 128, and two blocks per SM asked of tileiras (`occupancy`, the entry's hint). H200 bf16,
     # bench/RESULTS.md session 14: 8x16x4096x128 219 TFLOP/s with 128 keys, 408 with 64; 16x16x2048x64

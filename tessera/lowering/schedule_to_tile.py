@@ -2062,8 +2062,9 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
         if turns:   # warpgroup 0 takes the first turn, warpgroup 1 the next
             kb.b(t.MmaTurnOp("give", 1))
             kb.b(t.MmaTurnOp("take"))
-        acc, m_i, l_i = _pipelined_loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed, scalars, inits,
-                                        compute, past_end=past_end)
+        loop = _pipelined_loop if walk is None else walk.loop
+        acc, m_i, l_i = loop(kb, steps, p["num_stages"], [k, v], "n", tile["n"], fixed, scalars, inits, compute,
+                             past_end=past_end)
         if turns:   # (warpgroup 1's last turn, which warpgroup 0 does not take back)
             kb.b(t.MmaTurnOp("give", 0))
     return _AttentionRows(acc, m_i, l_i, scales[0] if scales else 1.0, m0, scalars, p_map)
@@ -2082,13 +2083,12 @@ def _takes_turns(kb: KernelBuild) -> bool:
 
 def _walks_attention_tiles(kb: KernelBuild, att: _AttentionShape) -> bool:
     """Whether a `persistent` attention's blocks walk several query tiles each (`_TileWalk`): where
-    the kernel computes its scores ahead from staged operands (the loop a walk continues across
+    the kernel's loop is pipelined over staged operands (2+ stages, which a walk continues across
     tiles), every tile sees every key block (no mask bounding a block's keys, no key range read at
     run time, no paged operand: the pipelines count steps across tiles), every dim is static, and
     there are more tiles than blocks (the schedule's `programs`)."""
     p = kb.params
-    if not (p.get("persistent") and p.get("qk_ahead") and p["num_stages"] >= 2 and kb.stage_operands
-            and "programs" in p):
+    if not (p.get("persistent") and p["num_stages"] >= 2 and kb.stage_operands and "programs" in p):
         return False
     if any(is_dynamic(size) for size in att.sizes.values()):
         return False
@@ -2107,15 +2107,17 @@ class _TileWalk:
     pid + programs, ... (a tile: one query block of one batch program, query blocks fastest, so
     the blocks running at once share their heads' keys in L2). K and V keep their pipelines
     across tiles, counting steps over the walk (step u * blocks + j: key block j of the block's
-    u-th tile), so the last iterations of one tile copy the first key blocks of the next, and the
-    stages its last P @ V leaves free take the next tile's next blocks (what a one-tile block's
-    prologue copies) and the Q of the tile after it (Q has two stages). Each tile's first copies
-    then land during the previous tile, where a block of one tile waits for them after its
-    launch.
+    u-th tile), so the last iterations of one tile copy the first key blocks of the next; once a
+    tile's loop is done with Q, its stage takes the Q of the tile after the next (Q has two
+    stages). Each tile's first copies then land during the previous tile, where a block of one
+    tile waits for them after its launch. With the scores ahead (`qk_ahead`), the stages the last
+    P @ V leaves free also take the next tile's next blocks (what a one-tile block's prologue
+    copies).
 
     `run` builds the walk; `_attention_rows` builds each tile from its `query_block` and
-    `batch_index`, reading its Q through `query_tile` and looping over its key blocks with
-    `loop_ahead` (`_pipelined_loop_ahead`'s loop on the walk's pipelines)."""
+    `batch_index`, reading its Q through `query_tile` and looping over its key blocks with `loop`
+    or `loop_ahead` (`_pipelined_loop`'s and `_pipelined_loop_ahead`'s loops on the walk's
+    pipelines: K and V apart with the scores ahead, else together in `keys`)."""
 
     kb: KernelBuild
     att: _AttentionShape
@@ -2138,8 +2140,13 @@ class _TileWalk:
     def of(cls, kb: KernelBuild, att: _AttentionShape) -> _TileWalk:
         q, k, v, _ = _attention_operands(kb, att)
         walk = cls(kb, att, q, kb.b(t.AllocSharedOp([2, *q.shape], g.tensor_type(q.value).element)), kb.pid(0))
-        walk.keys, walk.values = (_Pipeline(kb, kb.params["num_stages"], [o], walk.offsets, {},
-                                            scalars_of=walk.scalars_of) for o in (k, v))
+
+        def pipeline(operands: list[Operand]) -> _Pipeline:
+            return _Pipeline(kb, kb.params["num_stages"], operands, walk.offsets, {}, scalars_of=walk.scalars_of)
+        if kb.params.get("qk_ahead"):
+            walk.keys, walk.values = pipeline([k]), pipeline([v])
+        else:
+            walk.keys = pipeline([k, v])
         return walk
 
     @property
@@ -2193,27 +2200,35 @@ class _TileWalk:
         self.kb.b(t.AsyncCommitOp())
 
     def query_tile(self) -> SSAValue:
-        """The current tile's Q, once it and the tile's first key block have landed (the one wait
-        before the tile's first scores). Groups in flight after that key block's: K and V of the
-        S - 2 steps after it, and the previous tile's last three (the next tile's Q, V and K of
-        the S - 1th step after it)."""
-        b = self.kb.b
-        b(t.AsyncWaitOp(2 * self.kb.params["num_stages"] - 1))
+        """The current tile's Q, once it has landed; with the scores ahead, the tile's first key
+        block too (the one wait before the tile's first scores). Groups in flight after that key
+        block's: K and V of the S - 2 steps after it, and the previous tile's last three (the next
+        tile's Q, V and K of the S - 1th step after it). Without, after this Q's: at least the S -
+        1 steps the tile before issued ahead, and the next tile's Q."""
+        b, stages = self.kb.b, self.kb.params["num_stages"]
+        b(t.AsyncWaitOp(2 * stages - 1 if self.values is not None else stages))
         b(t.BarrierOp())
         return b(t.LoadSharedOp(self.q_smem, b(arith.RemSIOp(self.walked, b.index(2)))))
+
+    def copy_query_after_next(self) -> None:
+        """Once every thread is done with the current tile's Q (the barrier), the Q of the tile
+        after the next into its stage."""
+        b = self.kb.b
+        self.copy_query(b(arith.AddiOp(self.walked, b.index(2))), b(arith.RemSIOp(self.walked, b.index(2))))
 
     def run(self) -> tuple[int, int, int]:
         kb, b = self.kb, self.kb.b
         stages, programs = kb.params["num_stages"], kb.params["programs"]
-        # what the tiles before the first would have copied ahead: its Q, K 0..S-1 and V 0..S-2,
-        # and the second tile's Q
+        # what the tiles before the first would have copied ahead: its Q, its first key blocks (K
+        # 0..S-1 and V 0..S-2 with the scores ahead, else K and V 0..S-2), and the second tile's Q
         self.start_tile(b.index(0))
         self.copy_query(b.index(0), b.index(0))
         for j in range(stages - 1):
             self.keys.issue(b.index(j))
-        for j in range(stages - 1):
-            self.values.issue(b.index(j))
-        self.keys.issue(b.index(stages - 1))
+        if self.values is not None:
+            for j in range(stages - 1):
+                self.values.issue(b.index(j))
+            self.keys.issue(b.index(stages - 1))
         self.copy_query(b.index(1), b.index(1))
 
         def one_tile(walked: SSAValue) -> list:
@@ -2224,6 +2239,17 @@ class _TileWalk:
                                 b.index(programs)))
         _for(b, 0, count, 1, [], one_tile)
         return programs, 1, 1
+
+    def loop(self, kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
+             step_size: int, fixed: dict, scalars: dict, inits, compute, past_end=None):
+        """`_pipelined_loop` over the current tile's key blocks (`steps`: all of them) on the walk's
+        pipeline, whose copies of the tile's first blocks the previous tile issued; its copies past
+        the tile's last block are the next tile's first. Then the Q of the tile after the next."""
+        b = kb.b
+        results = self.keys.loop(b.index(0), b.index(self.att.key_blocks), inits, compute, base=self.base)
+        b(t.BarrierOp())
+        self.copy_query_after_next()
+        return results
 
     def loop_ahead(self, kb: KernelBuild, steps: tuple, stages: int, keys: Operand, values: Operand,
                    inner_axis: str, step_size: int, fixed: dict, scalars: dict, inits, head, body, last_block):
@@ -2251,7 +2277,7 @@ class _TileWalk:
         state = _for(b, 0, last, 1, state, loop_body)
         b(t.AsyncWaitOp(2 * stages - 3))   # (V last: the next tile's K and V may be in flight)
         b(t.BarrierOp())
-        self.copy_query(b(arith.AddiOp(self.walked, b.index(2))), b(arith.RemSIOp(self.walked, b.index(2))))
+        self.copy_query_after_next()
         following = step(self.att.key_blocks)
         self.values.issue(b(arith.AddiOp(following, b.index(stages - 2))))
         self.keys.issue(b(arith.AddiOp(following, b.index(stages - 1))))

@@ -1215,7 +1215,8 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         if features.get("element_bytes") == 2:
             params.update(_small_gemm_tile(group, planner, params, features))
         params.update(_narrow_tile(group, planner, params, features))
-    if params.get("persistent"):   # as many blocks as the SMs' shared memory holds, or as the space says
+    if params.get("persistent") and group.kind != "flash_attention":
+        # as many blocks as the SMs' shared memory holds, or as the space says
         shared = s.shared_bytes(group.kind, params, features)
         per_sm = max(1, platforms.blocks_per_sm_by_shared(planner.platform, shared)) if planner.platform else 1
         params["programs"] = (space_override or {}).get("programs", [planner.sm_count * per_sm])[0]
@@ -1242,12 +1243,21 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
             and "occupancy" not in pinned and (group.kind == "flash_attention" or _chain_work(block, planner)):
         params.pop("occupancy", None)
         params.update(_occupancy(group.kind, planner, params, features))
+    if group.kind == "flash_attention" and params.get("persistent"):
+        params["programs"] = pinned.get("programs", [_attention_programs(planner, params)])[0]
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders") or _walks_ahead(group, planner, params):
         # a row kernel carrying column reductions walks its rows, as does one loading its rows ahead
         params["programs"] = pinned.get("programs", [_row_walk_programs(group, planner, params)])[0]
     return block, inputs, params, space, choice
+
+
+def _attention_programs(planner: _Planner, params: dict[str, int]) -> int:
+    """The blocks of a persistent attention: one an SM where warp-specialized (its register split
+    is one block's), else the blocks an SM holds as `_occupancy` asked (one where it asked none)."""
+    per_sm = 1 if params.get("warp_specialize") else params.get("occupancy", 1)
+    return planner.sm_count * per_sm
 
 
 #: registers a thread holds, over its share of a kernel's fp32 tiles (`_tile_registers`), as ptxas

@@ -111,6 +111,20 @@ def test_fp8_attention_warpgroups_taking_turns(torch_cuda, hopper, fn, b, h, s, 
     assert ("warpgroup_turn" in compiled.ir("target")) == (n % 16 == 0 and s > 64)
 
 
+@pytest.mark.parametrize("b,h,s,n,d,programs", [(1, 2, 1000, 1024, 64, 3), (2, 3, 300, 304, 64, 2),
+                                                (1, 2, 4097, 4096, 128, 7), (2, 2, 256, 256, 64, 1)])
+def test_fp8_attention_walking_query_tiles_with_turns(torch_cuda, hopper, b, h, s, n, d, programs):
+    """`persistent` with the warpgroups taking turns: fewer blocks than query tiles, each walking its
+    tiles (the turns begun and ended in each), every tile against float64."""
+    torch = torch_cuda
+    q, k, v, scales = inputs(torch, b, h, s, n, d)
+    space = {**PINGPONG, "persistent": [1], "programs": [programs]}
+    compiled, out = run(torch, fp8_attention_vt, [q, k, v.transpose(-1, -2).contiguous(), *scales], "native",
+                        space=space)
+    assert f"grid = array<i64: {programs}, 1, 1>" in compiled.ir("tile") and "warpgroup_turn" in compiled.ir("target")
+    check(torch, out, reference(torch, q, k, v, scales, False), False)
+
+
 def test_plain_call_with_torch_tensors(torch_cuda):
     """`fp8_attention(q, k, v, sq, sk, sv)` on CUDA tensors, as a user writes it: bf16 out."""
     torch = torch_cuda

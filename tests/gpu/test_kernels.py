@@ -393,12 +393,13 @@ def test_warp_specialized_attention(torch_cuda, hopper, fn, s, d):
     (1, 1, 256, 128, "fp16", 1),        # one block walks both tiles, two key blocks each
 ])
 @pytest.mark.parametrize("path", PATHS)
-def test_persistent_attention_walks_query_tiles(torch_cuda, hopper, b, h, s, d, dtype, programs, path):
+@pytest.mark.parametrize("ahead", [1, 0], ids=["scores-ahead", "plain-loop"])
+def test_persistent_attention_walks_query_tiles(torch_cuda, hopper, b, h, s, d, dtype, programs, path, ahead):
     """`persistent` (the Hopper D = 128 default without a mask): fewer blocks than query tiles, each
     walking its tiles with the key and value pipelines running across them and two stages of Q. A
     step counted wrongly across tiles shows as another tile's keys, or on TMA as a hang."""
     torch = torch_cuda
-    space = {"persistent": [1], "qk_ahead": [1], "warp_specialize": [1], "block_n": [128], "num_stages": [2],
+    space = {"persistent": [1], "qk_ahead": [ahead], "warp_specialize": [1], "block_n": [128], "num_stages": [2],
              "split_kv": [1], **({"programs": [programs]} if programs else {})}
     if path == "ampere":
         space = {**space, "warp_specialize": [0]}

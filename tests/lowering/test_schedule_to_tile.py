@@ -795,14 +795,17 @@ def test_a_persistent_attention_walks_query_tiles_on_pipelines_running_across_th
     (2, 2, 640, 32, 1, 2),     # one block walks every tile
 ])
 @pytest.mark.parametrize("fn", ["plain", "alibi"])
-def test_a_persistent_attention_matches_float64(b, h, s, d, programs, stages, fn):
+@pytest.mark.parametrize("ahead", [1, 0], ids=["scores-ahead", "plain-loop"])
+def test_a_persistent_attention_matches_float64(b, h, s, d, programs, stages, fn, ahead):
     """Every tile of every block against float64, on the interpreter (which reads a stage whose copy
     was not waited for as NaN): the walk's copies land in the stage each tile reads, the next tile's
-    first key blocks copied by this tile's last iterations, with their own batch indices."""
+    first key blocks copied by this tile's last iterations, with their own batch indices; with the
+    scores ahead (K and V pipelines apart) and without (one pipeline)."""
     from attention_cases import FUNCTIONS
     rng = np.random.default_rng(s + programs)
     f = tsr.function(FUNCTIONS[fn].fn, space={**WALK, "programs": [programs], "num_stages": [stages],
-                                              "block_n": [64], "block_m": [64], "num_warps": [4]})
+                                              "block_n": [64], "block_m": [64], "num_warps": [4],
+                                              "qk_ahead": [ahead]})
     specs = f.arg_specs_for(dict(B=b, H=h, S=s, M=s, N=s, D=d), "fp32")
     compiled = f.compile(specs, arch="sm_90a", backend="ptx")
     assert f"grid = array<i64: {programs}, 1, 1>" in compiled.ir("tile")

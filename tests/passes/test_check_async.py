@@ -70,6 +70,14 @@ CASES = {
                                                     "programs": [3]}),
     "attn-ahead-walk-ampere": Case(flash_attention, ATTN, {"qk_ahead": [1], "num_stages": [3], "persistent": [1],
                                                            "programs": [3]}, "ampere"),
+    "attn-walk": Case(flash_attention, ATTN, {"num_stages": [3], "persistent": [1], "programs": [3]}),
+    "attn-walk-ampere": Case(flash_attention, ATTN, {"num_stages": [3], "persistent": [1], "programs": [3]},
+                             "ampere"),
+    "attn-ws-walk": Case(flash_attention, dict(B=2, H=1, S=640, D=128),
+                         {"num_stages": [2], "warp_specialize": [1], "persistent": [1], "programs": [3]}),
+    "attn-ws-walk-turns": Case(flash_attention, dict(B=2, H=1, S=640, D=128),
+                               {"num_stages": [2], "warp_specialize": [1], "persistent": [1], "programs": [3],
+                                "pingpong": [1], "num_warps": [8], "block_m": [128]}),
     "attn-ahead-ws-d128-walk": Case(flash_attention, dict(B=2, H=1, S=640, D=128),
                                     {"qk_ahead": [1], "num_stages": [2], "warp_specialize": [1], "block_n": [128],
                                      "persistent": [1], "programs": [3]}),
@@ -227,13 +235,16 @@ def _unread_stages(name: str, c: Compiled, pipe: str) -> set[int]:
     A pipeline of S stages reading n steps issues steps up to n + S - 2 (S - 1 ahead of the last).
     With scores ahead, keys and values are pipelines of their own: the keys are issued as far, the
     values one step less (up to n + S - 3). A walk copies the Q of the tile after its last, and
-    its last tile, done with the stages, the next tile's next key and value blocks."""
+    with the scores ahead its last tile, done with the stages, the next tile's next key and
+    value blocks (one step more of each)."""
     stages = c.params["num_stages"]
     if pipe == "q":
         return {n % 2 for n in _walked_tiles(name, c)}
     if stages == 1:
         return set()   # copy, wait, compute: nothing is issued ahead
-    ahead = (-1 if pipe == "v" and c.params.get("qk_ahead") else 0) + (_walked_tiles(name, c) is not None)
+    ahead = (-1 if pipe == "v" else 1 if _walked_tiles(name, c) is not None else 0) if c.params.get("qk_ahead") else 0
+    if pipe == "v" and _walked_tiles(name, c) is not None:
+        ahead = 0
     return {step % stages for n in _steps_per_block(name, c) for step in range(n, n + stages - 1 + ahead)}
 
 
@@ -278,10 +289,13 @@ def _retired_at_loop_end(loop) -> bool:
 
 
 def _walk_exception(name: str, c: Compiled, op, mutation: str) -> str | None:
-    """Why a mutant of a walking attention is harmless, if it is: on cp.async, its first group (the
-    first tile's Q) is waited for with the next (the first key block, read with it);
-    warp-specialized, the producer's waits before a tile's last P @ V for the value and key stages
-    follow its wait for the Q stage, on which the consumers arrive at the same point."""
+    """Why a mutant of a walking attention is harmless, if it is: on cp.async with the scores
+    ahead, its first group (the first tile's Q) is waited for with the next (the first key block,
+    read with it); without, each tile's Q is read into registers once (mma.sync), so the barrier
+    before a tile's copy of the Q after the next guards nothing and that copy's group, waited for
+    two tiles later, may join the next; warp-specialized, the producer's waits before a tile's last
+    P @ V for the value and key stages follow its wait for the Q stage, on which the consumers
+    arrive at the same point."""
     if _walked_tiles(name, c) is None:
         return None
     ops = list(c.kernel.walk())
@@ -293,8 +307,16 @@ def _walk_exception(name: str, c: Compiled, op, mutation: str) -> str | None:
             return "the producer waited for the Q stage the consumers free at the same point"
     if CASES[name].path != "ampere" or mutation != "delete":
         return None
-    if op is next(o for o in ops if _short(o) == "cp_async_commit"):
-        return "the first tile's Q is waited for with the first key block"
+    if c.params.get("qk_ahead"):
+        if op is next(o for o in ops if _short(o) == "cp_async_commit"):
+            return "the first tile's Q is waited for with the first key block"
+        return None
+    body = list(walks[0].body.block.ops)
+    after = body[max(i for i, o in enumerate(body) if isinstance(o, scf.ForOp)):]
+    if op is next(o for o in after if _short(o) == "barrier"):
+        return "a tile's Q is read into registers once: nothing reads its stage after the loop"
+    if op is next(o for o in after if _short(o) == "cp_async_commit"):
+        return "the Q after the next is waited for two tiles later, with the groups after it"
     return None
 
 
