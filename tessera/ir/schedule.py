@@ -80,7 +80,8 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
 #: `pingpong` (with warp_specialize and two computing warpgroups, without qk_ahead) has those
 #: warpgroups take turns issuing their mmas (`tile.mma_turn`), so one's softmax runs under the other's;
 #: `persistent` launches one GEMM block per SM (the schedule's `programs`), each walking output
-#: tiles with one pipeline across them, so a tile's first copies land while the previous is stored.
+#: tiles with one pipeline across them, so a tile's first copies land while the previous is stored;
+#: an attention's blocks so walk its query tiles (`schedule_to_tile._TileWalk`).
 SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "pingpong", "persistent", "heavy_first"})
 
 #: Params the fusion pass derives from the target rather than a template's defaults, which a space
