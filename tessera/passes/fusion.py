@@ -1243,6 +1243,9 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
             and "occupancy" not in pinned and (group.kind == "flash_attention" or _chain_work(block, planner)):
         params.pop("occupancy", None)
         params.update(_occupancy(group.kind, planner, params, features))
+    if group.kind == "flash_attention" and params.get("persistent") and planner.max_shared is not None \
+            and s.shared_bytes(group.kind, params, features) > planner.max_shared:
+        params["persistent"] = 0   # (a walk's second Q stage does not fit beside the pinned tiles: one tile a block)
     if group.kind == "flash_attention" and params.get("persistent"):
         params["programs"] = pinned.get("programs", [_attention_programs(planner, params)])[0]
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:

@@ -789,10 +789,10 @@ def test_a_persistent_attention_walks_query_tiles_on_pipelines_running_across_th
 
 @pytest.mark.parametrize("b,h,s,d,programs,stages", [
     (2, 3, 300, 64, 2, 2),     # a partial last key block; 2 blocks walking 3 tiles each
-    (1, 2, 1000, 128, 3, 3),   # three stages: tiles of 8 key blocks
+    (1, 2, 1000, 128, 3, 2),   # D = 128: tiles of 16 key blocks
     (3, 1, 256, 64, 4, 2),     # key blocks as many as the stages: the next tile's first ones copied at once
     (1, 5, 129, 64, 7, 2),     # 7 blocks over 10 tiles: some walk one, some two
-    (2, 2, 640, 32, 1, 2),     # one block walks every tile
+    (2, 2, 640, 32, 1, 3),     # one block walks every tile; three stages
 ])
 @pytest.mark.parametrize("fn", ["plain", "alibi"])
 @pytest.mark.parametrize("ahead", [1, 0], ids=["scores-ahead", "plain-loop"])
@@ -829,3 +829,14 @@ def test_a_persistent_attention_saves_each_tiles_logsumexp_for_the_backward():
     _, f_vjp = tsr.vjp(f, q, k, v)
     for grad, ref in zip(f_vjp(g), reference_grads("plain", q, k, v, g)):
         np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
+
+
+@pytest.mark.parametrize("arch,path,stages", [("sm_90a", "native", 3), ("sm_80", "ampere", 2)])
+def test_a_walk_whose_second_q_stage_does_not_fit_keeps_one_tile_a_block(arch, path, stages):
+    """Pinned tiles that fill shared memory without a walk's second Q stage (128 x 128 at D = 128:
+    224 KiB in three stages on sm_90a, 160 KiB in two on sm_80) still compile, one tile a block."""
+    from attention_cases import FUNCTIONS
+    f = tsr.function(FUNCTIONS["plain"].fn, space={**WALK, "num_stages": [stages], "programs": [5], "block_n": [128],
+                                                   "block_m": [128], "num_warps": [8], "backend": "ptx"})
+    compiled = f.compile(f.arg_specs_for(dict(B=2, H=4, M=1000, N=1000, D=128), "bf16"), arch=arch, path=path)
+    assert compiled.modules["target"] and "grid = array<i64: 5, 1, 1>" not in compiled.ir("tile")
