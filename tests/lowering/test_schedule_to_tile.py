@@ -840,3 +840,25 @@ def test_a_walk_whose_second_q_stage_does_not_fit_keeps_one_tile_a_block(arch, p
                                                    "block_m": [128], "num_warps": [8], "backend": "ptx"})
     compiled = f.compile(f.arg_specs_for(dict(B=2, H=4, M=1000, N=1000, D=128), "bf16"), arch=arch, path=path)
     assert compiled.modules["target"] and "grid = array<i64: 5, 1, 1>" not in compiled.ir("tile")
+
+
+@pytest.mark.parametrize("b,h,s,n,d,programs", [(1, 2, 300, 304, 64, 2), (2, 1, 260, 256, 128, 3)])
+def test_an_fp8_attention_walking_its_query_tiles_with_turns_matches_float64(b, h, s, n, d, programs):
+    """fp8 attention (V passed transposed) with the warpgroups taking turns, walking its query
+    tiles (the turns begun and ended in each tile), on the interpreter against float64 of the
+    e4m3 values (tests/gpu/test_fp8_attention_gpu.py runs the same on the GPU)."""
+    import ml_dtypes
+    from fp8_attention import fp8_attention_vt
+    rng = np.random.default_rng(s + n)
+    f = tsr.function(fp8_attention_vt.fn, space={"pingpong": [1], "warp_specialize": [1], "num_warps": [8],
+                                                 "block_m": [128], "block_n": [128], "qk_ahead": [0], "split_kv": [1],
+                                                 "persistent": [1], "programs": [programs]})
+    compiled = f.compile(f.arg_specs_for(dict(B=b, H=h, S=s, N=n, D=d)), arch="sm_90a")
+    assert f"grid = array<i64: {programs}, 1, 1>" in compiled.ir("tile") and "warpgroup_turn" in compiled.ir("target")
+    q, k, v = (rng.standard_normal(shape).astype(ml_dtypes.float8_e4m3fn) for shape in ((b, h, s, d), (b, h, n, d),
+                                                                                         (b, h, n, d)))
+    scales = [np.array([x], np.float32) for x in (0.5, 1.5, 0.75)]
+    out = compiled.run(q, k, np.ascontiguousarray(np.swapaxes(v, -1, -2)), *scales)[0].astype(np.float64)
+    qs, ks, vs = (x.astype(np.float64) for x in (q, k, v))
+    ref = attention_reference(qs, ks, vs, 0.5 * 1.5 / math.sqrt(d)) * 0.75
+    assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 5e-2
