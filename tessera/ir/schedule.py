@@ -101,6 +101,7 @@ BACKEND_PARAM = "backend"
 #: the rows (keys) of a flash_chain kernel's block when it sums an across sink (dQ): see SHAPE_DEFAULTS
 ACROSS_ROWS = 128
 
+
 def _scores_ahead(f: dict) -> bool:
     """Whether an attention takes the Hopper D = 128 schedule computing each block's scores ahead
     (16-bit Q, K and V on wgmma, query rows filling 4+ waves of 128-row blocks, no key range read per

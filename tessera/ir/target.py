@@ -79,6 +79,7 @@ from xdsl.utils.exceptions import VerifyException
 from .. import dtypes, platforms
 from ..runtime.interop import c_strides
 from ..platforms import Platform
+from .tile import MMA_TURN_ACTIONS
 
 # ---------------------------------------------------------------------------
 # Attributes
@@ -1379,7 +1380,7 @@ class WarpgroupTurnOp(_AsyncOp):
         super().__init__(properties=props)
 
     def verify_(self) -> None:
-        _check_choice(self, "action", self.action.data, ("take", "give"))
+        _check_choice(self, "action", self.action.data, MMA_TURN_ACTIONS)
         if self.warpgroup is not None and self.action.data != "give":
             raise VerifyException("warpgroup_turn: only a give names its warpgroup")
 

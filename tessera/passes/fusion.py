@@ -1243,11 +1243,8 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
             and "occupancy" not in pinned and (group.kind == "flash_attention" or _chain_work(block, planner)):
         params.pop("occupancy", None)
         params.update(_occupancy(group.kind, planner, params, features))
-    if group.kind == "flash_attention" and params.get("persistent") and planner.max_shared is not None \
-            and s.shared_bytes(group.kind, params, features) > planner.max_shared:
-        params["persistent"] = 0   # (a walk's second Q stage does not fit beside the pinned tiles: one tile a block)
     if group.kind == "flash_attention" and params.get("persistent"):
-        params["programs"] = pinned.get("programs", [_attention_programs(planner, params)])[0]
+        params.update(_attention_walk(planner, params, features, pinned))
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders") or _walks_ahead(group, planner, params):
@@ -1256,11 +1253,15 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     return block, inputs, params, space, choice
 
 
-def _attention_programs(planner: _Planner, params: dict[str, int]) -> int:
-    """The blocks of a persistent attention: one an SM where warp-specialized (its register split
-    is one block's), else the blocks an SM holds as `_occupancy` asked (one where it asked none)."""
+def _attention_walk(planner: _Planner, params: dict[str, int], features: dict[str, int], pinned: dict) -> dict:
+    """A persistent attention's `programs`: one block an SM where warp-specialized (its register
+    split is one block's), else the blocks an SM holds as `_occupancy` asked (one where it asked
+    none); or no walk (`persistent` 0) where the walk's second Q stage does not fit in shared
+    memory beside the (pinned) tiles."""
+    if planner.max_shared is not None and s.shared_bytes("flash_attention", params, features) > planner.max_shared:
+        return {"persistent": 0}
     per_sm = 1 if params.get("warp_specialize") else params.get("occupancy", 1)
-    return planner.sm_count * per_sm
+    return {"programs": pinned.get("programs", [planner.sm_count * per_sm])[0]}
 
 
 #: registers a thread holds, over its share of a kernel's fp32 tiles (`_tile_registers`), as ptxas
