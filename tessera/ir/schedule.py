@@ -198,11 +198,14 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # a causal mask (`one_sided_mask`), whose shorter loops pay the turns' start: 938 -> 947, 836 ->
     # 814, 1718 -> 1744 (at D = 64 483 -> 473, one run); nor at 16-bit values, whose matmuls outlast the softmax (bf16 8x16x4096x128 without
     # qk_ahead 2042 -> 2364). Grouped-query and per-row key ranges were not measured
-    # (A walk of the query tiles, `persistent`, measured on top: H200 e4m3, V passed transposed,
-    # bench/fp8_attention_schedules.py, RESULTS session 43: 16x16x2048x64 667.5 -> 635.5 us, but
-    # 8x16x4096x128 1543 -> 1572, 32x12x2048x128 1216 -> 1223; not a default until the walk with
-    # turns has run tests/gpu/test_fp8_attention_gpu.py's walking cases)
     ("flash_attention", lambda f: _fp8_turns(f), {"pingpong": 1}),
+    # ... and at D = 64, where every query block sees every key block, one block an SM walking the
+    # query tiles (`persistent`). H200 e4m3, V passed transposed (bench/fp8_attention_schedules.py,
+    # RESULTS sessions 43-44): 16x16x2048x64 673.6 -> 641.7 us, 32x16x2048x64 1324.0 -> 1254.2,
+    # 8x16x4096x64 1252.9 -> 1227.0; at D = 128 it lost (8x16x4096x128 1543 -> 1572, 32x12x2048x128
+    # 1216 -> 1223)
+    ("flash_attention", lambda f: _fp8_turns(f) and f.get("head_dim") == 64 and not f.get("bounded_keys"),
+     {"persistent": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at
     # D = 128, and two blocks per SM asked of tileiras (`occupancy`, the entry's hint). H200 bf16,
     # bench/RESULTS.md session 14: 8x16x4096x128 219 TFLOP/s with 128 keys, 408 with 64; 16x16x2048x64

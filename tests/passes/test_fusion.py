@@ -643,11 +643,13 @@ def test_grouped_query_and_fp8_value_attention_keep_their_d128_schedules():
 def test_fp8_attention_warpgroups_take_turns(dims, causal, turns):
     """`schedule.SHAPE_DEFAULTS`: an fp8 attention at D = 64 or 128 over 4+ waves of 128-row query
     blocks, without a causal mask, has its two computing warpgroups take turns at their mmas
-    (`pingpong`)."""
+    (`pingpong`); at D = 64 it also walks the query tiles, one block an SM (`persistent`)."""
     fn = causal_fp8_attention if causal else fp8_attention_vt
-    c = fn.compile(fn.arg_specs_for({**dims, "N": dims["S"]}), arch="sm_90a")
+    c = fn.compile(fn.arg_specs_for({**dims, "N": dims["S"]}), arch="sm_90a", sm_count=132)
     p = next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values
     assert bool(p.get("pingpong")) == turns and (not turns or (p["warp_specialize"], p["num_warps"]) == (1, 8))
+    walks = turns and dims["D"] == 64
+    assert (p.get("persistent"), p.get("programs")) == ((1, 132) if walks else (0, None))
 
 
 def test_fp8_attention_with_rows_narrower_than_a_box_takes_the_mma_sync_schedule():
