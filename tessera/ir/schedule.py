@@ -174,13 +174,16 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # for a causal one (`fusion._schedule_few_heads`). Grouped-query attention (`shared_keys`) and
     # fp8 values were not measured with it and keep their schedules
     ("flash_attention", lambda f: _scores_ahead(f), {"block_n": 128, "qk_ahead": 1, "warp_specialize": 1}),
-    # ... and where every query block sees every key block (no mask bounds them), one block an SM
-    # walking the query tiles (`persistent`: `schedule_to_tile._TileWalk`), each tile's first copies
-    # landing during the previous tile. H200 bf16, against cuDNN (`python3 bench/attention_schedules.py`,
-    # bench/RESULTS.md session 43), before -> after: 2x16x8192x128 0.990 -> 1.040x, 8x16x4096x128
-    # 0.983 -> 1.037x, 32x16x2048x128 0.964 -> 1.037x, 128x16x1024x128 0.932 -> 1.040x,
-    # 32x12x2048x128 0.958 -> 1.038x
-    ("flash_attention", lambda f: _scores_ahead(f) and not f.get("bounded_keys"), {"persistent": 1}),
+    # ... and where every query block's keys start at the first (no mask bounds them below), one
+    # block an SM walking the query tiles (`persistent`: `schedule_to_tile._TileWalk`), each tile's
+    # first copies landing during the previous tile; under a causal mask, heaviest first. H200 bf16,
+    # against cuDNN (`python3 bench/attention_schedules.py`), before -> after: bench/RESULTS.md
+    # session 43, 2x16x8192x128 0.990 -> 1.040x, 8x16x4096x128 0.983 -> 1.037x, 32x16x2048x128
+    # 0.964 -> 1.037x, 128x16x1024x128 0.932 -> 1.040x, 32x12x2048x128 0.958 -> 1.038x; session
+    # 44, causal: 8x16x4096x128 1.010 -> 1.050x, 32x12x2048x128 0.974 -> 1.047x, 4x16x8192x128
+    # 1.012 -> 1.031x (fp16 after: 1.040x, 1.045x, 1.024x); soft-capped causal 8x16x4096x128
+    # 1.196 -> 1.157 ms (`bench/attention_backward_ab.py --forward`)
+    ("flash_attention", lambda f: _scores_ahead(f) and not f.get("keys_bounded_below"), {"persistent": 1}),
     # ... but 128 keys with 8-bit operands (fp8), whose transposed V tile ([D, keys]) must be whole
     # 128-byte swizzled rows of keys for TMA and wgmma, and a producer warpgroup: with the matmuls
     # twice as fast, the softmax bounds the loop, and the consumers issuing no copies pays. H200,
@@ -204,7 +207,7 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # RESULTS sessions 43-44): 16x16x2048x64 673.6 -> 641.7 us, 32x16x2048x64 1324.0 -> 1254.2,
     # 8x16x4096x64 1252.9 -> 1227.0; at D = 128 it lost (8x16x4096x128 1543 -> 1572, 32x12x2048x128
     # 1216 -> 1223)
-    ("flash_attention", lambda f: _fp8_turns(f) and f.get("head_dim") == 64 and not f.get("bounded_keys"),
+    ("flash_attention", lambda f: _fp8_turns(f) and f.get("head_dim") == 64 and not f.get("keys_bounded_below"),
      {"persistent": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at
     # D = 128, and two blocks per SM asked of tileiras (`occupancy`, the entry's hint). H200 bf16,

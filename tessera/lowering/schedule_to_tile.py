@@ -2019,7 +2019,7 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
             return kb.b(t.MmaOp(probs, v_tile, acc, transpose_b=operand_layout(v, ("n", "e"))))
 
     inits = [kb.b.full(0.0, [tile["m"], tile["e"]]), kb.b.full(-math.inf, [tile["m"]]), kb.b.full(0.0, [tile["m"]])]
-    steps = _key_blocks(kb, bounds, m0, tile, n_keys, kept)
+    steps = walk.steps if walk is not None else _key_blocks(kb, bounds, m0, tile, n_keys, kept)
     fixed = {"d": zero, "e": zero}
     if split is None and p.get("qk_ahead") and p["num_stages"] >= 2 and kb.stage_operands:
         key_limit = _key_limit(kb, steps[1], tile["n"], n_keys)   # (an empty range's one block: masked whole)
@@ -2084,21 +2084,35 @@ def _takes_turns(kb: KernelBuild) -> bool:
 def _walks_attention_tiles(kb: KernelBuild, att: _AttentionShape) -> bool:
     """Whether a `persistent` attention's blocks walk several query tiles each (`_TileWalk`): where
     the kernel's loop is pipelined over staged operands (2+ stages, which a walk continues across
-    tiles), every tile sees every key block (no mask bounding a block's keys, no key range read at
-    run time, no paged operand: the pipelines count steps across tiles), every dim is static, and
-    there are more tiles than blocks (the schedule's `programs`)."""
+    tiles), the tiles' key blocks are counted from the query block alone (no key range read at run
+    time, no paged operand: the pipelines count steps across tiles), every query block sees a
+    first key block (a causal mask's upper bound at most; without a mask, key blocks at least as
+    many as the stages, so the copies run at most one tile ahead), every dim is static, and there
+    are more tiles than blocks (the schedule's `programs`)."""
     p = kb.params
     if not (p.get("persistent") and p["num_stages"] >= 2 and kb.stage_operands and "programs" in p):
         return False
     if any(is_dynamic(size) for size in att.sizes.values()):
         return False
     *operands, p_map = _attention_operands(kb, att)
-    (sm,) = kb.op(g.SoftmaxOp)
-    terms = attention_mask(sm.input, p_map, "m", "n", kb.bindings)
-    if terms is not None and (terms.bounds != ColumnBounds(None, None) or terms.limits):
+    bounds = _walk_bounds(kb, p_map)
+    if bounds is None or (bounds.upper is not None and att.tile["m"] + bounds.upper < 1):
         return False
     return (all(o.pages is None for o in operands) and _TileWalk.tiles_of(att) > p["programs"]
-            and att.key_blocks >= p["num_stages"])
+            and (bounds.upper is not None or att.key_blocks >= p["num_stages"]))
+
+
+def _walk_bounds(kb: KernelBuild, p_map: Map) -> ColumnBounds | None:
+    """The bounds of an attention's mask on a query block's keys where a walk can count each tile's
+    key blocks from its query block: none, or an upper bound alone (causal); None otherwise (a
+    lower bound, whose tiles would start past key block 0, or limits read at run time)."""
+    (sm,) = kb.op(g.SoftmaxOp)
+    terms = attention_mask(sm.input, p_map, "m", "n", kb.bindings)
+    if terms is None:
+        return ColumnBounds(None, None)
+    if terms.limits or terms.bounds.lower is not None:
+        return None
+    return terms.bounds
 
 
 @dataclass
@@ -2106,21 +2120,32 @@ class _TileWalk:
     """A persistent attention kernel's walk: `programs` blocks, each taking the query tiles pid,
     pid + programs, ... (a tile: one query block of one batch program, query blocks fastest, so
     the blocks running at once share their heads' keys in L2). K and V keep their pipelines
-    across tiles, counting steps over the walk (step u * blocks + j: key block j of the block's
-    u-th tile), so the last iterations of one tile copy the first key blocks of the next; once a
-    tile's loop is done with Q, its stage takes the Q of the tile after the next (Q has two
-    stages). Each tile's first copies then land during the previous tile, where a block of one
-    tile waits for them after its launch. With the scores ahead (`qk_ahead`), the stages the last
-    P @ V leaves free also take the next tile's next blocks (what a one-tile block's prologue
-    copies).
+    across tiles, counting steps over the walk (step base + j: key block j of the tile whose
+    first step is `base`), so the last iterations of one tile copy the first key blocks of the
+    next; once a tile's loop is done with Q, its stage takes the Q of the tile after the next (Q
+    has two stages). Each tile's first copies then land during the previous tile, where a block
+    of one tile waits for them after its launch. With the scores ahead (`qk_ahead`), the stages
+    the last P @ V leaves free also take the next tile's next blocks (what a one-tile block's
+    prologue copies).
 
-    `run` builds the walk; `_attention_rows` builds each tile from its `query_block` and
-    `batch_index`, reading its Q through `query_tile` and looping over its key blocks with `loop`
-    or `loop_ahead` (`_pipelined_loop`'s and `_pipelined_loop_ahead`'s loops on the walk's
-    pipelines: K and V apart with the scores ahead, else together in `keys`)."""
+    Under a causal mask (`bounds` with an upper bound) a tile's key blocks grow with its query
+    block: each tile counts its own (`_key_blocks`, as a block of one tile does), the tile's first
+    step is carried through the walk, and a copy running ahead past the next tile's blocks (a tile
+    of one block, fewer than the copies run ahead) reaches the tile after it, as far as `reach`
+    tiles. The tiles are taken heaviest first within each head (query blocks counting down, so the
+    blocks running at once still share their heads' keys), and in odd rounds of `programs` tiles
+    the blocks take them in reverse order: a block that took a round's heavier tile takes the next
+    round's lighter one, where in the same order the first blocks would take the heaviest tile of
+    every round (a static walk has no other balance; a block of one tile keeps the hardware's).
+
+    `run` builds the walk; `_attention_rows` builds each tile from its `query_block`,
+    `batch_index` and `steps`, reading its Q through `query_tile` and looping over its key blocks
+    with `loop` or `loop_ahead` (`_pipelined_loop`'s and `_pipelined_loop_ahead`'s loops on the
+    walk's pipelines: K and V apart with the scores ahead, else together in `keys`)."""
 
     kb: KernelBuild
     att: _AttentionShape
+    bounds: ColumnBounds
     q: Operand
     q_smem: SSAValue
     pid: SSAValue
@@ -2130,7 +2155,11 @@ class _TileWalk:
     batch_index: SSAValue | None = None
     walked: SSAValue | None = None         # ... the tiles the block walked before it
     base: SSAValue | None = None           # ... the walk's step of its first key block
-    batches: tuple[dict, dict] = ({}, {})  # ... the batch indices of it and of the next tile
+    steps: tuple = (0, 0)                  # ... [first, end) of its key blocks
+    batch: dict = field(default_factory=dict)    # ... its batch indices
+    #: (steps from `base` to the tile's first, its batch indices) of each tile after the current one
+    #: that the current one's copies reach
+    ahead: list[tuple[int | SSAValue, dict]] = field(default_factory=list)
 
     @staticmethod
     def tiles_of(att: _AttentionShape) -> int:
@@ -2138,8 +2167,9 @@ class _TileWalk:
 
     @classmethod
     def of(cls, kb: KernelBuild, att: _AttentionShape) -> _TileWalk:
-        q, k, v, _ = _attention_operands(kb, att)
-        walk = cls(kb, att, q, kb.b(t.AllocSharedOp([2, *q.shape], g.tensor_type(q.value).element)), kb.pid(0))
+        q, k, v, p_map = _attention_operands(kb, att)
+        walk = cls(kb, att, _walk_bounds(kb, p_map), q,
+                   kb.b(t.AllocSharedOp([2, *q.shape], g.tensor_type(q.value).element)), kb.pid(0))
 
         def pipeline(operands: list[Operand]) -> _Pipeline:
             return _Pipeline(kb, kb.params["num_stages"], operands, walk.offsets, {}, scalars_of=walk.scalars_of)
@@ -2153,44 +2183,107 @@ class _TileWalk:
     def query_blocks(self) -> int:
         return cdiv(self.att.sizes["m"], self.att.tile["m"])
 
+    @property
+    def bounded(self) -> bool:
+        """Whether the tiles' key blocks differ (a causal mask's upper bound)."""
+        return self.bounds.upper is not None
+
+    @property
+    def reach(self) -> int:
+        """Tiles past the current one that its copies may reach: the next one without a mask (its
+        key blocks outnumber the stages); under one, a tile per step the copies run ahead of the
+        current one's last (each tile has a block): S with the scores ahead (K S steps ahead of the
+        scores), else S - 1."""
+        if not self.bounded:
+            return 1
+        stages = self.kb.params["num_stages"]
+        return stages if self.values is not None else stages - 1
+
+    def lane(self, walked: SSAValue) -> SSAValue:
+        """The block's place in its `walked`-th round of tiles: pid, and programs - 1 - pid in odd
+        rounds of a bounded walk."""
+        if not self.bounded:
+            return self.pid
+        b, programs = self.kb.b, self.kb.params["programs"]
+        odd = b(t.CmpiOp(b(arith.RemSIOp(walked, b.index(2))), b.index(1), "eq"))
+        return b(t.SelectOp(odd, b(arith.SubiOp(b.index(programs - 1), self.pid)), self.pid))
+
     def tile_at(self, walked: SSAValue) -> tuple[SSAValue, SSAValue]:
         """(query block, batch program) of the block's `walked`-th tile; past its last, the last
         tile of all (a copy for it is never read: the backend drains it)."""
         b = self.kb.b
-        index = b(arith.AddiOp(self.pid, self.kb.mul(walked, self.kb.params["programs"])))
+        index = b(arith.AddiOp(self.lane(walked), self.kb.mul(walked, self.kb.params["programs"])))
         index = b(arith.MinSIOp(index, b.index(self.tiles_of(self.att) - 1)))
-        return b(arith.RemSIOp(index, b.index(self.query_blocks))), b(arith.DivSIOp(index, b.index(self.query_blocks)))
+        query_block = b(arith.RemSIOp(index, b.index(self.query_blocks)))
+        if self.bounded:   # heaviest first: the last query block sees the most keys
+            query_block = b(arith.SubiOp(b.index(self.query_blocks - 1), query_block))
+        return query_block, b(arith.DivSIOp(index, b.index(self.query_blocks)))
 
-    def _past(self, step: SSAValue) -> tuple[SSAValue, SSAValue]:
-        """(whether walk step `step` is the next tile's, the step's key block in its tile): a step
-        the current tile copies is its own or, ahead, the next tile's (its key blocks outnumber
-        the stages). No division: the single thread issuing the copies of a warp-specialized
-        block computes their coordinates between its waits (H200, 8x16x4096x128 bf16: 2.04 ms
-        dividing by the key blocks and the query blocks for every copy, 1.80 without)."""
-        b, blocks = self.kb.b, self.att.key_blocks
+    def tiles_walked(self) -> SSAValue:
+        """How many tiles the block walks: one a round, and one of the last, partial round where
+        its lane there is below the round's tiles."""
+        b, programs, tiles = self.kb.b, self.kb.params["programs"], self.tiles_of(self.att)
+        if not self.bounded:
+            return b(arith.DivSIOp(b(arith.SubiOp(b.index(tiles + programs - 1), self.pid)), b.index(programs)))
+        rounds, rest = divmod(tiles, programs)
+        in_last = b(t.CmpiOp(self.lane(b.index(rounds)), b.index(rest), "slt"))
+        return b(t.SelectOp(in_last, b.index(rounds + 1), b.index(rounds)))
+
+    def key_steps(self, query_block: SSAValue) -> tuple:
+        """[first, end) of the key blocks a tile of `query_block` loops over."""
+        att = self.att
+        if not self.bounded:
+            return 0, att.key_blocks
+        return _key_blocks(self.kb, self.bounds, self.kb.mul(query_block, att.tile["m"]), att.tile,
+                           att.extent(self.kb, "n"))
+
+    def _place(self, step: SSAValue, what):
+        """`what(past, tile_start, batch, placed)` folded over the tiles after the current one
+        that step `step` may be in, from `placed` = (the step's key block, batch indices) in the
+        current tile: `past` says whether the step is in that tile or later. No division: the
+        single thread issuing the copies of a warp-specialized block computes their coordinates
+        between its waits (H200, 8x16x4096x128 bf16: 2.04 ms dividing by the key blocks and the
+        query blocks for every copy, 1.80 without)."""
+        b = self.kb.b
         block = b(arith.SubiOp(step, self.base))
-        past = b(t.CmpiOp(block, b.index(blocks), "sge"))
-        return past, b(t.SelectOp(past, b(arith.SubiOp(block, b.index(blocks))), block))
+        placed = (block, self.batch)
+        for start, batch in self.ahead:
+            start = b.index(start) if isinstance(start, int) else start
+            placed = what(b(t.CmpiOp(block, start, "sge")), start, batch, placed, block)
+        return placed
 
     def offsets(self, step: SSAValue) -> dict[str, SSAValue]:
         """Where walk step `step`'s key and value tiles start (its key block's keys)."""
         b = self.kb.b
-        return {"n": self.kb.mul(self._past(step)[1], self.att.tile["n"]), "d": b.index(0), "e": b.index(0)}
+
+        def block_of(past, start, batch, placed, block):
+            return b(t.SelectOp(past, b(arith.SubiOp(block, start)), placed[0])), None
+        block, _ = self._place(step, block_of)
+        return {"n": self.kb.mul(block, self.att.tile["n"]), "d": b.index(0), "e": b.index(0)}
 
     def scalars_of(self, step: SSAValue) -> dict[str, SSAValue]:
         """The batch indices of walk step `step`'s tile."""
-        past = self._past(step)[0]
-        this, following = self.batches
-        return {a: self.kb.b(t.SelectOp(past, following[a], this[a])) for a in this}
+        b = self.kb.b
 
-    def start_tile(self, walked: SSAValue) -> None:
-        """Makes the block's `walked`-th tile the current one."""
+        def batch_of(past, start, batch, placed, block):
+            return None, {a: b(t.SelectOp(past, batch[a], placed[1][a])) for a in batch}
+        return self._place(step, batch_of)[1]
+
+    def start_tile(self, walked: SSAValue, base: SSAValue | None = None) -> None:
+        """Makes the block's `walked`-th tile the current one (its first step `base`, under a mask;
+        without, walked times the key blocks)."""
         b = self.kb.b
         self.walked = walked
-        self.base = self.kb.mul(walked, self.att.key_blocks)
+        self.base = self.kb.mul(walked, self.att.key_blocks) if base is None else base
         self.query_block, self.batch_index = self.tile_at(walked)
-        following = self.tile_at(b(arith.AddiOp(walked, b.index(1))))[1]
-        self.batches = tuple(self.kb.batch_indices(x, self.att.batch) for x in (self.batch_index, following))
+        self.steps = self.key_steps(self.query_block)
+        self.batch = self.kb.batch_indices(self.batch_index, self.att.batch)
+        start, self.ahead = self.steps[1], []
+        for j in range(1, self.reach + 1):
+            query_block, batch_index = self.tile_at(b(arith.AddiOp(walked, b.index(j))))
+            self.ahead.append((start, self.kb.batch_indices(batch_index, self.att.batch)))
+            if j < self.reach:
+                start = b(arith.AddiOp(start, self.key_steps(query_block)[1]))
 
     def copy_query(self, walked: SSAValue, stage: SSAValue) -> None:
         """The Q tile of the block's `walked`-th tile into `stage`."""
@@ -2204,8 +2297,10 @@ class _TileWalk:
         block too (the one wait before the tile's first scores). Groups in flight after that key
         block's: K and V of the S - 2 steps after it, and the previous tile's last three (the next
         tile's Q, V and K of the S - 1th step after it). Without, after this Q's: at least the S -
-        1 steps the tile before issued ahead, and the next tile's Q."""
-        b, stages = self.kb.b, self.kb.params["num_stages"]
+        1 steps the tile before issued ahead, and the next tile's Q. Where the tile before may have
+        had one key block (`bounded`), as if S were 2: it issued as few as its last three (two)."""
+        b = self.kb.b
+        stages = 2 if self.bounded else self.kb.params["num_stages"]
         b(t.AsyncWaitOp(2 * stages - 1 if self.values is not None else stages))
         b(t.BarrierOp())
         return b(t.LoadSharedOp(self.q_smem, b(arith.RemSIOp(self.walked, b.index(2)))))
@@ -2221,7 +2316,7 @@ class _TileWalk:
         stages, programs = kb.params["num_stages"], kb.params["programs"]
         # what the tiles before the first would have copied ahead: its Q, its first key blocks (K
         # 0..S-1 and V 0..S-2 with the scores ahead, else K and V 0..S-2), and the second tile's Q
-        self.start_tile(b.index(0))
+        self.start_tile(b.index(0), b.index(0) if self.bounded else None)
         self.copy_query(b.index(0), b.index(0))
         for j in range(stages - 1):
             self.keys.issue(b.index(j))
@@ -2231,36 +2326,37 @@ class _TileWalk:
             self.keys.issue(b.index(stages - 1))
         self.copy_query(b.index(1), b.index(1))
 
-        def one_tile(walked: SSAValue) -> list:
-            self.start_tile(walked)
+        def one_tile(walked: SSAValue, *base: SSAValue) -> list:
+            self.start_tile(walked, *base)
             _store_rows(kb, self.att, _attention_rows(kb, self.att, walk=self))
-            return []
-        count = b(arith.DivSIOp(b(arith.SubiOp(b.index(self.tiles_of(self.att) + programs - 1), self.pid)),
-                                b.index(programs)))
-        _for(b, 0, count, 1, [], one_tile)
+            return [b(arith.AddiOp(self.base, self.steps[1]))] if base else []   # (the next tile's first step)
+        _for(b, 0, self.tiles_walked(), 1, [b.index(0)] if self.bounded else [], one_tile)
         return programs, 1, 1
 
     def loop(self, kb: KernelBuild, steps: tuple, stages: int, operands: list[Operand], inner_axis: str,
              step_size: int, fixed: dict, scalars: dict, inits, compute, past_end=None):
-        """`_pipelined_loop` over the current tile's key blocks (`steps`: all of them) on the walk's
-        pipeline, whose copies of the tile's first blocks the previous tile issued; its copies past
-        the tile's last block are the next tile's first. Then the Q of the tile after the next."""
+        """`_pipelined_loop` over the current tile's key blocks (`steps`: its `steps`, from 0) on the
+        walk's pipeline, whose copies of the tile's first blocks the previous tile issued; its copies
+        past the tile's last block are the next tiles' first. Then the Q of the tile after the next."""
         b = kb.b
-        results = self.keys.loop(b.index(0), b.index(self.att.key_blocks), inits, compute, base=self.base)
+        end = steps[1]
+        results = self.keys.loop(b.index(0), b.index(end) if isinstance(end, int) else end, inits, compute,
+                                 base=self.base)
         b(t.BarrierOp())
         self.copy_query_after_next()
         return results
 
     def loop_ahead(self, kb: KernelBuild, steps: tuple, stages: int, keys: Operand, values: Operand,
                    inner_axis: str, step_size: int, fixed: dict, scalars: dict, inits, head, body, last_block):
-        """`_pipelined_loop_ahead` over the current tile's key blocks (`steps`: all of them) on the
-        walk's pipelines, whose copies of the tile's first blocks were issued before (`query_tile`
-        waited for them); its copies past the tile's last block are the next tile's first, and once
+        """`_pipelined_loop_ahead` over the current tile's key blocks (`steps`: its `steps`, from 0)
+        on the walk's pipelines, whose copies of the tile's first blocks were issued before
+        (`query_tile` waited for them); its copies past the tile's last block are the next tiles' first, and once
         the loop is done with the stages, the last P @ V's value stage aside, the next tile's next
         ones (the V and K steps S - 2 and S - 1 of it, which the prologue copies in one tile) and
         into this tile's Q stage the Q of the tile after the next."""
         b = kb.b
-        last = self.att.key_blocks - 1
+        end = steps[1]
+        last = end - 1 if isinstance(end, int) else b(arith.SubiOp(end, b.index(1)))
 
         def step(j: int | SSAValue) -> SSAValue:
             return b(arith.AddiOp(self.base, b.index(j) if isinstance(j, int) else j))
@@ -2278,7 +2374,7 @@ class _TileWalk:
         b(t.AsyncWaitOp(2 * stages - 3))   # (V last: the next tile's K and V may be in flight)
         b(t.BarrierOp())
         self.copy_query_after_next()
-        following = step(self.att.key_blocks)
+        following = step(end)
         self.values.issue(b(arith.AddiOp(following, b.index(stages - 2))))
         self.keys.issue(b(arith.AddiOp(following, b.index(stages - 1))))
         results = last_block(self.values.tiles(step(last))[0], *state)

@@ -394,22 +394,25 @@ def test_warp_specialized_attention(torch_cuda, hopper, fn, s, d):
 ])
 @pytest.mark.parametrize("path", PATHS)
 @pytest.mark.parametrize("ahead", [1, 0], ids=["scores-ahead", "plain-loop"])
-def test_persistent_attention_walks_query_tiles(torch_cuda, hopper, b, h, s, d, dtype, programs, path, ahead):
-    """`persistent` (the Hopper D = 128 default without a mask): fewer blocks than query tiles, each
-    walking its tiles with the key and value pipelines running across them and two stages of Q. A
-    step counted wrongly across tiles shows as another tile's keys, or on TMA as a hang."""
+@pytest.mark.parametrize("fn", [attention, causal], ids=["plain", "causal"])
+def test_persistent_attention_walks_query_tiles(torch_cuda, hopper, b, h, s, d, dtype, programs, path, ahead, fn):
+    """`persistent` (the Hopper D = 128 default): fewer blocks than query tiles, each walking its
+    tiles with the key and value pipelines running across them and two stages of Q; under a causal
+    mask each tile with its own count of key blocks (one for a first query block: the copies run
+    ahead into the tile after the next), heaviest first. A step counted wrongly across tiles shows
+    as another tile's keys, or on TMA as a hang."""
     torch = torch_cuda
     space = {"persistent": [1], "qk_ahead": [ahead], "warp_specialize": [1], "block_n": [128], "num_stages": [2],
              "split_kv": [1], **({"programs": [programs]} if programs else {})}
     if path == "ampere":
         space = {**space, "warp_specialize": [0]}
-    compiled = attention.compile(attention.arg_specs_for(dict(B=b, H=h, S=s, D=d), dtype), arch=_arch(), path=path,
-                                 space=space)
+    dims = dict(B=b, H=h, S=s, D=d)
+    compiled = fn.compile(fn.arg_specs_for(dims, dtype), arch=_arch(), path=path, space=space)
     walk = re.search(r"grid = array<i64: (\d+), 1, 1>", compiled.ir("tile"))   # blocks walking tiles
     assert walk and int(walk.group(1)) == (programs or int(walk.group(1))) < b * h * math.ceil(s / 128)
-    (q, k, v), (out,) = run(attention, dict(B=b, H=h, S=s, D=d), dtype, torch, path=path, space=space,
+    (q, k, v), (out,) = run(fn, dims, dtype, torch, path=path, space=space,
                             expect="wgmma" if path == "native" else "mma.sync")
-    check(out, sdpa(torch, q, k, v), dtype, torch)
+    check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), dtype, torch)
 
 
 def test_alibi_softcap_attention(torch_cuda):

@@ -755,9 +755,12 @@ def test_rows_split_across_a_cluster_match_float64(cluster, blocks, block_n):
 WALK = dict(split_kv=[1], qk_ahead=[1], warp_specialize=[1], persistent=[1], num_stages=[2])
 
 
-def attention_reference(q, k, v, scale, bias=None):
+def attention_reference(q, k, v, scale, bias=None, upper=None):
+    """float64 softmax(q k^T * scale + bias) v, keys past row + `upper` masked (causal: 0)."""
     s = q.astype(np.float64) @ np.swapaxes(k.astype(np.float64), -1, -2) * scale
     s = s + (0 if bias is None else bias)
+    if upper is not None:
+        s = np.where(np.arange(s.shape[-1])[None, :] <= np.arange(s.shape[-2])[:, None] + upper, s, -np.inf)
     p = np.exp(s - s.max(-1, keepdims=True))
     return (p / p.sum(-1, keepdims=True)) @ v.astype(np.float64)
 
@@ -765,8 +768,8 @@ def attention_reference(q, k, v, scale, bias=None):
 def test_a_persistent_attention_walks_query_tiles_on_pipelines_running_across_them():
     """`persistent`: `programs` blocks (the grid), each looping over its query tiles around the
     key loop; Q in two stages (the next tiles' copied ahead), keys and values in the pipelines
-    the scores ahead take. A causal mask (the tiles' key loops differ) or no more tiles than
-    blocks keeps one tile a block, the switch ignored."""
+    the scores ahead take. A mask bounding the keys below (a window: tiles not starting at key
+    block 0) or no more tiles than blocks keeps one tile a block, the switch ignored."""
     def compiled(fn, s, programs, **pins):
         fn = tsr.function(fn.fn, space={**WALK, "programs": [programs], **pins})
         return fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=s, D=64), "fp16"), arch="sm_90a", path="native")
@@ -782,7 +785,7 @@ def test_a_persistent_attention_walks_query_tiles_on_pipelines_running_across_th
     assert "grid = array<i64: 5, 1, 1>" in walk.ir("tile") and q_stages(kernel) == 2
     loops = [op for op in kernel.body.block.ops if isinstance(op, scf.ForOp)]
     assert len(loops) == 1 and [op for op in loops[0].body.walk() if isinstance(op, scf.ForOp)]
-    for fn, s, programs in ((causal_attention, 1024, 5), (scaled_attention, 1024, 16)):
+    for fn, s, programs in ((window_attention, 1024, 5), (scaled_attention, 1024, 16)):
         one = compiled(fn, s, programs)
         assert f"grid = array<i64: {programs}, 1, 1>" not in one.ir("tile") and q_stages(kernel_of(one)) == 1
 
@@ -794,13 +797,15 @@ def test_a_persistent_attention_walks_query_tiles_on_pipelines_running_across_th
     (1, 5, 129, 64, 7, 2),     # 7 blocks over 10 tiles: some walk one, some two
     (2, 2, 640, 32, 1, 3),     # one block walks every tile; three stages
 ])
-@pytest.mark.parametrize("fn", ["plain", "alibi"])
+@pytest.mark.parametrize("fn", ["plain", "alibi", "causal"])
 @pytest.mark.parametrize("ahead", [1, 0], ids=["scores-ahead", "plain-loop"])
 def test_a_persistent_attention_matches_float64(b, h, s, d, programs, stages, fn, ahead):
     """Every tile of every block against float64, on the interpreter (which reads a stage whose copy
     was not waited for as NaN): the walk's copies land in the stage each tile reads, the next tile's
     first key blocks copied by this tile's last iterations, with their own batch indices; with the
-    scores ahead (K and V pipelines apart) and without (one pipeline)."""
+    scores ahead (K and V pipelines apart) and without (one pipeline). Causal: each tile its own
+    count of key blocks (a first query block's one: copies running ahead into the tile after the
+    next), heaviest first, the blocks' order reversed in odd rounds."""
     from attention_cases import FUNCTIONS
     rng = np.random.default_rng(s + programs)
     f = tsr.function(FUNCTIONS[fn].fn, space={**WALK, "programs": [programs], "num_stages": [stages],
@@ -812,22 +817,61 @@ def test_a_persistent_attention_matches_float64(b, h, s, d, programs, stages, fn
     q, k, v = (rng.standard_normal(spec.shape).astype(np.float32) for spec in specs)
     i = np.arange(s)
     bias = -0.0625 * np.abs(i[:, None] - i[None, :]) if fn == "alibi" else None
-    np.testing.assert_allclose(compiled.run(q, k, v)[0], attention_reference(q, k, v, 1 / math.sqrt(d), bias),
-                               rtol=2e-5, atol=2e-5)
+    want = attention_reference(q, k, v, 1 / math.sqrt(d), bias, upper=0 if fn == "causal" else None)
+    np.testing.assert_allclose(compiled.run(q, k, v)[0], want, rtol=2e-5, atol=2e-5)
 
 
-def test_a_persistent_attention_saves_each_tiles_logsumexp_for_the_backward():
+@tsr.function
+def causal_from_the_end(q: Tensor["B", "H", "M", "D"], k: Tensor["B", "H", "N", "D"], v: Tensor["B", "H", "N", "D"]):
+    """Causal with the queries the last M of N positions (a prefill after a cached prefix)."""
+    s = tsr.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    i, j = tsr.arange(q.shape[-2]), tsr.arange(k.shape[-2])
+    return tsr.matmul(tsr.softmax(tsr.where(i[:, None] + (k.shape[-2] - q.shape[-2]) >= j[None, :], s, -math.inf),
+                                  dim=-1), v)
+
+
+@tsr.function
+def window_attention(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
+    i = tsr.arange(q.shape[-2])
+    keep = (i[:, None] >= i[None, :]) & (i[None, :] >= i[:, None] - 200)
+    return tsr.matmul(tsr.softmax(tsr.where(keep, s, -math.inf), dim=-1), v)
+
+
+@pytest.mark.parametrize("m,n,programs,stages,ahead", [
+    (200, 333, 3, 2, 1),   # 3 key blocks more than query blocks: the first tile sees 4
+    (130, 700, 2, 3, 1),   # three stages, the scores ahead
+    (257, 300, 4, 3, 0),   # three stages, one pipeline
+])
+def test_a_persistent_causal_attention_with_more_keys_than_queries_matches_float64(m, n, programs, stages, ahead):
+    """A causal walk whose mask's upper bound is N - M (the queries the last of the keys): every
+    tile against float64 on the interpreter, batch 1 and 3."""
+    f = tsr.function(causal_from_the_end.fn, space={**WALK, "programs": [programs], "num_stages": [stages],
+                                                    "block_n": [64], "block_m": [64], "num_warps": [4],
+                                                    "qk_ahead": [ahead]})
+    for b in (1, 3):
+        rng = np.random.default_rng(m + n + b)
+        specs = f.arg_specs_for(dict(B=b, H=2, M=m, N=n, D=64), "fp32")
+        compiled = f.compile(specs, arch="sm_90a", backend="ptx")
+        assert f"grid = array<i64: {programs}, 1, 1>" in compiled.ir("tile")
+        q, k, v = (rng.standard_normal(spec.shape).astype(np.float32) for spec in specs)
+        np.testing.assert_allclose(compiled.run(q, k, v)[0], attention_reference(q, k, v, 1 / 8, upper=n - m),
+                                   rtol=2e-5, atol=2e-5)
+
+
+@pytest.mark.parametrize("kind", ["plain", "causal"])
+def test_a_persistent_attention_saves_each_tiles_logsumexp_for_the_backward(kind):
     """The forward a vjp runs (its output and rows' log-sum-exp, which the backward reads) walking
     its query tiles: the gradients against float64."""
     from attention_cases import FUNCTIONS, reference_grads
     rng = np.random.default_rng(5)
-    f = tsr.function(FUNCTIONS["plain"].fn, space={**WALK, "programs": [3], "block_n": [64], "block_m": [64],
-                                                   "num_warps": [4], "backend": "ptx"})
+    f = tsr.function(FUNCTIONS[kind].fn, space={**WALK, "programs": [3], "block_n": [64], "block_m": [64],
+                                                "num_warps": [4], "backend": "ptx"})
     q, k, v, g = (rng.standard_normal((2, 3, 300, 64)).astype(np.float32) for _ in range(4))
-    forward = f.compile(f.arg_specs_for(dict(B=2, H=3, M=300, N=300, D=64), "fp32"), arch="sm_90a")
+    forward = f.compile(f.arg_specs_for(dict(B=2, H=3, M=300, N=300, S=300, D=64), "fp32"), arch="sm_90a")
     assert "grid = array<i64: 3, 1, 1>" in forward.ir("tile")
     _, f_vjp = tsr.vjp(f, q, k, v)
-    for grad, ref in zip(f_vjp(g), reference_grads("plain", q, k, v, g)):
+    for grad, ref in zip(f_vjp(g), reference_grads(kind, q, k, v, g)):
         np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
 
 

@@ -81,6 +81,13 @@ CASES = {
     "attn-ahead-ws-d128-walk": Case(flash_attention, dict(B=2, H=1, S=640, D=128),
                                     {"qk_ahead": [1], "num_stages": [2], "warp_specialize": [1], "block_n": [128],
                                      "persistent": [1], "programs": [3]}),
+    # ... and causal: each tile its own count of key blocks, heaviest first, odd rounds reversed
+    "causal-walk": Case(causal_attention, ATTN, {"num_stages": [3], "persistent": [1], "programs": [3]}),
+    "causal-ahead-walk-ampere": Case(causal_attention, ATTN, {"qk_ahead": [1], "num_stages": [2], "persistent": [1],
+                                                              "programs": [3]}, "ampere"),
+    "causal-ahead-ws-d128-walk": Case(causal_attention, dict(B=2, H=1, S=640, D=128),
+                                      {"qk_ahead": [1], "num_stages": [2], "warp_specialize": [1], "block_n": [128],
+                                       "persistent": [1], "programs": [3]}),
     "attn-1stage": Case(flash_attention, ATTN, {"num_stages": [1]}),
     "attn-1stage-ampere": Case(flash_attention, ATTN, {"num_stages": [1]}, "ampere"),
 }
@@ -202,15 +209,35 @@ def _is_drain(op) -> bool:
             and _loop_of(op) is None and isinstance(op.stage.owner, arith.ConstantOp))
 
 
-def _walked_tiles(name: str, c: Compiled) -> list[int] | None:
-    """The query tiles each block of a persistent attention walks (block b: tiles b, b + blocks, ...),
-    or None where each block takes one."""
+def _walk(name: str, c: Compiled) -> list[list[int]] | None:
+    """The key blocks of each query tile each block of a persistent attention walks, or None where
+    each block takes one. Block b takes tile b + u * blocks in round u; a causal walk takes them in
+    reverse in odd rounds (blocks - 1 - b), each head's last query block (the most keys) first."""
     dims, p = CASES[name].dims, c.params
     if CASES[name].fn is gemm or not p.get("persistent"):
         return None
-    tiles = math.ceil(dims["S"] / p["block_m"]) * dims["B"] * dims["H"]
+    query_blocks = math.ceil(dims["S"] / p["block_m"])
+    tiles = query_blocks * dims["B"] * dims["H"]
     blocks = math.prod(c.kernel.config.grid_dims)
-    return [math.ceil((tiles - b) / blocks) for b in range(blocks)] if blocks < tiles else None
+    if blocks >= tiles:
+        return None
+    causal = CASES[name].fn is causal_attention
+
+    def key_blocks(index: int) -> int:
+        if not causal:
+            return math.ceil(dims["S"] / p["block_n"])
+        q = query_blocks - 1 - index % query_blocks
+        return math.ceil(min(dims["S"], (q + 1) * p["block_m"]) / p["block_n"])
+    lanes = [[b if u % 2 == 0 or not causal else blocks - 1 - b for u in range(math.ceil(tiles / blocks))]
+             for b in range(blocks)]
+    return [[key_blocks(u * blocks + lane) for u, lane in enumerate(walk) if u * blocks + lane < tiles]
+            for walk in lanes]
+
+
+def _walked_tiles(name: str, c: Compiled) -> list[int] | None:
+    """The query tiles each block of a persistent attention walks, or None where each block takes one."""
+    walk = _walk(name, c)
+    return None if walk is None else [len(tiles) for tiles in walk]
 
 
 def _steps_per_block(name: str, c: Compiled) -> set[int]:
@@ -223,11 +250,12 @@ def _steps_per_block(name: str, c: Compiled) -> set[int]:
         tiles = math.ceil(dims["M"] / p["block_m"]) * math.ceil(dims["N"] / p["block_n"])
         blocks = math.prod(c.kernel.config.grid_dims)
         return {math.ceil((tiles - b) / blocks) * k_steps for b in range(blocks)}
+    if (walk := _walk(name, c)) is not None:
+        return {sum(tiles) for tiles in walk}
     if CASES[name].fn is causal_attention:   # query block q sees the key blocks up to its diagonal
         return {math.ceil(min(dims["S"], (q + 1) * p["block_m"]) / p["block_n"])
                 for q in range(math.ceil(dims["S"] / p["block_m"]))}
-    walked = _walked_tiles(name, c) or [1]
-    return {n * math.ceil(dims["S"] / p["block_n"]) for n in walked}
+    return {math.ceil(dims["S"] / p["block_n"])}
 
 
 def _unread_stages(name: str, c: Compiled, pipe: str) -> set[int]:

@@ -592,11 +592,12 @@ def test_hopper_attention_at_d128_computes_scores_ahead_with_a_producer(dims, dt
 
 @pytest.mark.parametrize("dims,causal,walks", [
     (dict(B=8, H=16, S=4096, D=128), False, True), (dict(B=128, H=16, S=1024, D=128), False, True),
-    (dict(B=8, H=16, S=4096, D=128), True, False),    # causal: each query block's key loop its own length
+    (dict(B=8, H=16, S=4096, D=128), "causal", True),  # each query block's key loop its own length
+    (dict(B=8, H=16, S=4096, D=128), "window", False),  # keys bounded below: tiles not from key block 0
     (dict(B=16, H=16, S=2048, D=64), False, False)])  # D = 64: not the scores-ahead schedule
-def test_hopper_attention_at_d128_without_a_mask_walks_its_query_tiles(dims, causal, walks):
+def test_hopper_attention_at_d128_walks_its_query_tiles(dims, causal, walks):
     """`schedule.SHAPE_DEFAULTS`: the scores-ahead schedule, where no mask bounds a query block's
-    keys, is persistent, one block an SM walking the query tiles (`programs`: the SMs)."""
+    keys below, is persistent, one block an SM walking the query tiles (`programs`: the SMs)."""
     import math
 
     @tsr.function
@@ -604,7 +605,10 @@ def test_hopper_attention_at_d128_without_a_mask_walks_its_query_tiles(dims, cau
         s = tsr.matmul(q, k.transpose(-2, -1)) / math.sqrt(q.shape[-1])
         if causal:
             i = tsr.arange(q.shape[-2])
-            s = tsr.where(i[:, None] >= i[None, :], s, -math.inf)
+            keep = i[:, None] >= i[None, :]
+            if causal == "window":
+                keep = keep & (i[None, :] >= i[:, None] - 1024)
+            s = tsr.where(keep, s, -math.inf)
         return tsr.matmul(tsr.softmax(s, dim=-1), v)
 
     c = att.compile(att.arg_specs_for(dims, "bf16"), arch="sm_90a", sm_count=132)
