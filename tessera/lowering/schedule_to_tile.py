@@ -2133,10 +2133,13 @@ class _TileWalk:
     step is carried through the walk, and a copy running ahead past the next tile's blocks (a tile
     of one block, fewer than the copies run ahead) reaches the tile after it, as far as `reach`
     tiles. The tiles are taken heaviest first within each head (query blocks counting down, so the
-    blocks running at once still share their heads' keys), and in odd rounds of `programs` tiles
-    the blocks take them in reverse order: a block that took a round's heavier tile takes the next
-    round's lighter one, where in the same order the first blocks would take the heaviest tile of
-    every round (a static walk has no other balance; a block of one tile keeps the hardware's).
+    blocks running at once still share their heads' keys), or, where fusion asked `heavy_first`
+    (few heads: several blocks of each run at once, sharing its keys), every head's heaviest
+    first, as `_ordered_program` orders a grid; and in odd rounds of `programs` tiles the blocks
+    take them in reverse order: a block that took a round's heavier tile takes the next round's
+    lighter one, where in the same order the first blocks would take the heaviest tile of every
+    round (a static walk has no other balance; a block of one tile keeps the hardware's). H200
+    bf16 causal 1x16x8192x128, within each head: 623 us, against 504 with a block a tile.
 
     `run` builds the walk; `_attention_rows` builds each tile from its `query_block`,
     `batch_index` and `steps`, reading its Q through `query_tile` and looping over its key blocks
@@ -2211,13 +2214,17 @@ class _TileWalk:
     def tile_at(self, walked: SSAValue) -> tuple[SSAValue, SSAValue]:
         """(query block, batch program) of the block's `walked`-th tile; past its last, the last
         tile of all (a copy for it is never read: the backend drains it)."""
-        b = self.kb.b
+        b, blocks = self.kb.b, self.query_blocks
         index = b(arith.AddiOp(self.lane(walked), self.kb.mul(walked, self.kb.params["programs"])))
         index = b(arith.MinSIOp(index, b.index(self.tiles_of(self.att) - 1)))
-        query_block = b(arith.RemSIOp(index, b.index(self.query_blocks)))
+        if self.bounded and self.kb.params.get("heavy_first"):   # every head's heaviest, then their next
+            heads = self.tiles_of(self.att) // blocks
+            query_block = b(arith.DivSIOp(index, b.index(heads)))
+            return b(arith.SubiOp(b.index(blocks - 1), query_block)), b(arith.RemSIOp(index, b.index(heads)))
+        query_block = b(arith.RemSIOp(index, b.index(blocks)))
         if self.bounded:   # heaviest first: the last query block sees the most keys
-            query_block = b(arith.SubiOp(b.index(self.query_blocks - 1), query_block))
-        return query_block, b(arith.DivSIOp(index, b.index(self.query_blocks)))
+            query_block = b(arith.SubiOp(b.index(blocks - 1), query_block))
+        return query_block, b(arith.DivSIOp(index, b.index(blocks)))
 
     def tiles_walked(self) -> SSAValue:
         """How many tiles the block walks: one a round, and one of the last, partial round where

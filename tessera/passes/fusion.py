@@ -1244,7 +1244,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params.pop("occupancy", None)
         params.update(_occupancy(group.kind, planner, params, features))
     if group.kind == "flash_attention" and params.get("persistent"):
-        params.update(_attention_walk(planner, params, features, pinned))
+        params.update(_attention_walk(group, planner, params, features, pinned))
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders") or _walks_ahead(group, planner, params):
@@ -1253,15 +1253,27 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     return block, inputs, params, space, choice
 
 
-def _attention_walk(planner: _Planner, params: dict[str, int], features: dict[str, int], pinned: dict) -> dict:
+#: a causal attention's walk takes every head's heaviest query tiles first (`heavy_first`) where
+#: this many blocks of each head run at once (they share its keys in L2), else each head's in turn.
+#: H200 bf16 causal D = 128, every head's first -> each head's in turn (bench/attention_schedules.py,
+#: bench/RESULTS.md session 44): 1x16x8192 492 -> 619 us (16 heads: a walk in turn balances badly),
+#: 2x16x8192 1026 -> 974, 4x8x4096 267 -> 256 (32 heads: their keys crowd L2)
+HEAVY_FIRST_WALK_BLOCKS_PER_PROGRAM = 8
+
+
+def _attention_walk(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int],
+                    pinned: dict) -> dict:
     """A persistent attention's `programs`: one block an SM where warp-specialized (its register
     split is one block's), else the blocks an SM holds as `_occupancy` asked (one where it asked
-    none); or no walk (`persistent` 0) where the walk's second Q stage does not fit in shared
-    memory beside the (pinned) tiles."""
+    none), and under a causal mask the order of its tiles (`heavy_first`); or no walk (`persistent`
+    0) where the walk's second Q stage does not fit in shared memory beside the (pinned) tiles."""
     if planner.max_shared is not None and s.shared_bytes("flash_attention", params, features) > planner.max_shared:
         return {"persistent": 0}
     per_sm = 1 if params.get("warp_specialize") else params.get("occupancy", 1)
-    return {"programs": pinned.get("programs", [planner.sm_count * per_sm])[0]}
+    walk = {"programs": pinned.get("programs", [planner.sm_count * per_sm])[0]}
+    if (work := _attention_work(group, planner)) is not None and "heavy_first" not in pinned:
+        walk["heavy_first"] = int(planner.sm_count >= HEAVY_FIRST_WALK_BLOCKS_PER_PROGRAM * work[0])
+    return walk
 
 
 #: registers a thread holds, over its share of a kernel's fp32 tiles (`_tile_registers`), as ptxas

@@ -797,7 +797,7 @@ def test_a_persistent_attention_walks_query_tiles_on_pipelines_running_across_th
     (1, 5, 129, 64, 7, 2),     # 7 blocks over 10 tiles: some walk one, some two
     (2, 2, 640, 32, 1, 3),     # one block walks every tile; three stages
 ])
-@pytest.mark.parametrize("fn", ["plain", "alibi", "causal"])
+@pytest.mark.parametrize("fn", ["plain", "alibi", "causal", "causal-heads-first"])
 @pytest.mark.parametrize("ahead", [1, 0], ids=["scores-ahead", "plain-loop"])
 def test_a_persistent_attention_matches_float64(b, h, s, d, programs, stages, fn, ahead):
     """Every tile of every block against float64, on the interpreter (which reads a stage whose copy
@@ -805,12 +805,15 @@ def test_a_persistent_attention_matches_float64(b, h, s, d, programs, stages, fn
     first key blocks copied by this tile's last iterations, with their own batch indices; with the
     scores ahead (K and V pipelines apart) and without (one pipeline). Causal: each tile its own
     count of key blocks (a first query block's one: copies running ahead into the tile after the
-    next), heaviest first, the blocks' order reversed in odd rounds."""
+    next), heaviest first (each head's, or with `heavy_first` every head's), the blocks' order
+    reversed in odd rounds."""
     from attention_cases import FUNCTIONS
     rng = np.random.default_rng(s + programs)
+    heads_first = fn == "causal-heads-first"
+    fn = "causal" if heads_first else fn
     f = tsr.function(FUNCTIONS[fn].fn, space={**WALK, "programs": [programs], "num_stages": [stages],
                                               "block_n": [64], "block_m": [64], "num_warps": [4],
-                                              "qk_ahead": [ahead]})
+                                              "qk_ahead": [ahead], "heavy_first": [int(heads_first)]})
     specs = f.arg_specs_for(dict(B=b, H=h, S=s, M=s, N=s, D=d), "fp32")
     compiled = f.compile(specs, arch="sm_90a", backend="ptx")
     assert f"grid = array<i64: {programs}, 1, 1>" in compiled.ir("tile")

@@ -212,7 +212,8 @@ def _is_drain(op) -> bool:
 def _walk(name: str, c: Compiled) -> list[list[int]] | None:
     """The key blocks of each query tile each block of a persistent attention walks, or None where
     each block takes one. Block b takes tile b + u * blocks in round u; a causal walk takes them in
-    reverse in odd rounds (blocks - 1 - b), each head's last query block (the most keys) first."""
+    reverse in odd rounds (blocks - 1 - b), each head's last query block (the most keys) first, or
+    with `heavy_first` every head's last query block first."""
     dims, p = CASES[name].dims, c.params
     if CASES[name].fn is gemm or not p.get("persistent"):
         return None
@@ -226,7 +227,8 @@ def _walk(name: str, c: Compiled) -> list[list[int]] | None:
     def key_blocks(index: int) -> int:
         if not causal:
             return math.ceil(dims["S"] / p["block_n"])
-        q = query_blocks - 1 - index % query_blocks
+        heads = dims["B"] * dims["H"]
+        q = query_blocks - 1 - (index // heads if p.get("heavy_first") else index % query_blocks)
         return math.ceil(min(dims["S"], (q + 1) * p["block_m"]) / p["block_n"])
     lanes = [[b if u % 2 == 0 or not causal else blocks - 1 - b for u in range(math.ceil(tiles / blocks))]
              for b in range(blocks)]

@@ -617,6 +617,18 @@ def test_hopper_attention_at_d128_walks_its_query_tiles(dims, causal, walks):
     assert ("grid = array<i64: 132, 1, 1>" in c.ir("tile")) == walks
 
 
+@pytest.mark.parametrize("b,h,s,heads_first", [(1, 16, 8192, 1), (2, 8, 8192, 1), (2, 16, 8192, 0), (4, 8, 4096, 0)])
+def test_a_causal_walk_takes_every_heads_heaviest_tiles_first_over_few_heads(b, h, s, heads_first):
+    """`fusion.HEAVY_FIRST_WALK_BLOCKS_PER_PROGRAM`: a causal attention walking its query tiles
+    takes every head's heaviest first (`heavy_first`) where 8 blocks of each head run at once on
+    132 SMs (16 heads or fewer), else each head's in turn."""
+    from attention_cases import FUNCTIONS
+    f = FUNCTIONS["causal"]
+    c = f.compile(f.arg_specs_for(dict(B=b, H=h, S=s, D=128), "bf16"), arch="sm_90a", sm_count=132)
+    p = next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values
+    assert (p["persistent"], p["heavy_first"]) == (1, heads_first)
+
+
 def test_grouped_query_and_fp8_value_attention_keep_their_d128_schedules():
     """Grouped-query attention (K and V shared by query heads) and an fp8 V are outside the D = 128
     rule (not measured with it): GQA keeps 64 keys and no producer, the fp8 V its own rule's
