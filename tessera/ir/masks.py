@@ -6,7 +6,7 @@ c = 0) or `col >= row + c` (a window's lower edge), every key block outside
 those bounds contributes exp(-inf) = 0 and need not be loaded at all. This
 module reads such conditions from the graph ops of the mask, whatever the
 user wrote them as (`i[:, None] >= i[None, :]`, `j[None, :] <= i[:, None] + 2`,
-with reshapes, transposes or casts in between).
+`i[:, None] - j[None, :] < 1024`, with reshapes, transposes or casts in between).
 """
 from __future__ import annotations
 
@@ -163,12 +163,14 @@ def mask_terms(cond: SSAValue, cond_map: Map, row_axis: str, col_axis: str, bind
     if not (isinstance(op, g.ElementwiseOp) and op.kind in _RELATION):
         return None
     left, right = (_linear(v, vm, bindings, col_axis) for v, vm in zip(op.inputs, operand_maps(op, cond_map, bindings)))
-    if left is None or right is None:
-        return None
-    if left.axis == col_axis and not left.terms and left.modulo is None and right.axis != col_axis:
+    if left is not None and right is not None and left.axis == col_axis and not left.terms \
+            and left.modulo is None and right.axis != col_axis:
         relation, other, shift = _RELATION[op.kind][0], right, left.const
-    elif right.axis == col_axis and not right.terms and right.modulo is None and left.axis != col_axis:
+    elif left is not None and right is not None and right.axis == col_axis and not right.terms \
+            and right.modulo is None and left.axis != col_axis:
         relation, other, shift = _RELATION[op.kind][1], left, right.const
+    elif (solved := _solved_for_column(op, cond_map, row_axis, col_axis, bindings)) is not None:
+        (relation, other), shift = solved, 0
     else:
         return None
     c = other.const - shift            # col REL other - shift
@@ -183,6 +185,55 @@ def mask_terms(cond: SSAValue, cond_map: Map, row_axis: str, col_axis: str, bind
     const = c + (relation in ("le", "gt"))   # col < const + ... (col >= const + ... where lower)
     return MaskTerms(ColumnBounds(None, None),
                      (ColumnLimit(const, other.terms, rows, other.modulo, lower=relation in ("ge", "gt")),))
+
+
+def _signed_parts(v: SSAValue, m: Map, bindings, col_axis: str, sign: int) -> list[tuple[int, _Linear]] | None:
+    """`v` as a sum of signed `_Linear`s: its tree of adds and subtracts flattened (through reshapes,
+    transposes and int32 casts), so that both indices may appear (`i - j`); None where a leaf is
+    not a `_Linear`."""
+    op = v.owner
+    if isinstance(op, (g.ReshapeOp, g.TransposeOp)) or (
+            isinstance(op, g.CastOp) and g.tensor_type(v).dtype == g.tensor_type(op.input).dtype == dtypes.int32):
+        (inner,) = operand_maps(op, m, bindings)
+        return _signed_parts(op.operands[0], inner, bindings, col_axis, sign)
+    if isinstance(op, g.ElementwiseOp) and op.kind in ("add", "sub"):
+        a, b = (_signed_parts(x, xm, bindings, col_axis, sign if i == 0 or op.kind == "add" else -sign)
+                for i, (x, xm) in enumerate(zip(op.inputs, operand_maps(op, m, bindings))))
+        return None if a is None or b is None else a + b
+    leaf = _linear(v, m, bindings, col_axis)
+    return None if leaf is None else [(sign, leaf)]
+
+
+def _solved_for_column(op: g.ElementwiseOp, cond_map: Map, row_axis: str, col_axis: str,
+                       bindings) -> tuple[str, _Linear] | None:
+    """A comparison with the column and row indices anywhere in sums and differences on either side
+    (`i - j < w`: a window written as a distance), solved for the column: (relation, other) with
+    `col relation other`, `other` the row index (coefficient 1) or none plus constants and values
+    read at run time; None where the column's coefficient is not +-1, the row's would not be 0 or
+    1 (`col <= 5 - row`), another axis appears, or an index is reduced modulo."""
+    sides = [_signed_parts(x, xm, bindings, col_axis, sign)
+             for x, xm, sign in zip(op.inputs, operand_maps(op, cond_map, bindings), (1, -1))]
+    if None in sides:
+        return None
+    coefficients: dict[str, int] = {}
+    const, terms = 0, []               # left - right = sum of coefficient * index + const + terms
+    for sign, part in sides[0] + sides[1]:
+        if part.modulo is not None:
+            return None
+        if part.axis is not None:
+            coefficients[part.axis] = coefficients.get(part.axis, 0) + sign
+        const += sign * part.const
+        terms += [t if sign > 0 else t.negated() for t in part.terms]
+    col, row = coefficients.pop(col_axis, 0), coefficients.pop(row_axis, 0)
+    if col not in (1, -1) or any(coefficients.values()):
+        return None
+    if col == 1:                       # col + rest REL 0: col REL -rest
+        relation, row, const, terms = op.kind, -row, -const, [t.negated() for t in terms]
+    else:                              # -col + rest REL 0: col (the relation flipped) rest
+        relation = _RELATION[op.kind][1]
+    if row not in (0, 1):
+        return None
+    return relation, _Linear(row_axis if row else None, const, tuple(terms))
 
 
 def attention_mask(softmax_input: SSAValue, m: Map, row_axis: str, col_axis: str, bindings) -> MaskTerms | None:

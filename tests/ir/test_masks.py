@@ -30,6 +30,12 @@ def bounds_of(mask, fill=-math.inf):
     (lambda i: i[None, :] <= i[:, None] + 3, ColumnBounds(None, 3)),        # causal shifted by 3
     (lambda i: i[None, :] >= i[:, None] - 100, ColumnBounds(-100, None)),   # a window's lower edge
     (lambda i: (i[None, :] - 2) > i[:, None], ColumnBounds(3, None)),
+    # distances: both indices on one side, solved for the column
+    (lambda i: i[:, None] - i[None, :] < 100, ColumnBounds(-99, None)),     # a window as a distance
+    (lambda i: i[:, None] - i[None, :] >= 0, ColumnBounds(None, 0)),        # causal as a distance
+    (lambda i: i[None, :] - i[:, None] <= 3, ColumnBounds(None, 3)),
+    (lambda i: 5 > i[None, :] - i[:, None] + 2, ColumnBounds(None, 2)),     # col < row + 3
+    (lambda i: i[:, None] - 7 <= i[None, :] - 4, ColumnBounds(-3, None)),   # indices on both sides
 ])
 def test_bounds(mask, expected):
     assert bounds_of(mask) == expected
@@ -39,6 +45,10 @@ def test_bounds(mask, expected):
     (lambda i: i[:, None] >= i[None, :], 0.0),                 # a finite fill still contributes
     (lambda i: i[:, None] * 2 >= i[None, :], -math.inf),       # not of the form row + c
     (lambda i: i[:, None] >= i[:, None], -math.inf),           # no column index
+    (lambda i: i[:, None] + i[None, :] <= 5, -math.inf),       # col <= 5 - row: the anti-diagonal
+    (lambda i: i[None, :] - i[None, :] <= 5, -math.inf),       # the column's coefficient 0
+    (lambda i: 2 * i[None, :] - i[:, None] <= 5, -math.inf),   # ... or 2
+    (lambda i: i[:, None] - i[None, :] < 100, 0.0),            # a finite fill
 ])
 def test_no_bounds(mask, fill):
     assert bounds_of(mask, fill) == ColumnBounds(None, None)
@@ -67,6 +77,32 @@ def test_causal_kernel_loops_over_visible_blocks_only():
 ])
 def test_conjunctions_intersect(mask, expected):
     assert bounds_of(mask) == expected
+
+
+def test_a_window_written_as_distances_skips_blocks_on_both_sides():
+    """`0 <= i - j < w` bounds the key loop on both sides as `j <= i` and `j > i - w` do: the same
+    bounds, and the kernel against float64 on the interpreter."""
+    def window(distance: bool):
+        @tsr.function
+        def f(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+            s = tsr.matmul(q, k.transpose(-2, -1)) * 0.125
+            i = tsr.arange(q.shape[-2])
+            keep = ((i[:, None] - i[None, :] >= 0) & (i[:, None] - i[None, :] < 50)) if distance else \
+                ((i[None, :] <= i[:, None]) & (i[None, :] > i[:, None] - 50))
+            return tsr.matmul(tsr.softmax(tsr.where(keep, s, -math.inf), dim=-1), v)
+        return f
+    specs = window(True).arg_specs_for(dict(B=1, H=2, S=300, D=64), "fp32")
+    for distance in (True, False):
+        (sm,) = [op for op in window(distance).trace(specs).walk() if isinstance(op, g.SoftmaxOp)]
+        assert column_bounds(sm.input, ("b0", "b1", "m", "n"), "m", "n", {"S": 300}) == ColumnBounds(-49, 0)
+    compiled = window(True).compile(specs, space={"block_m": [32], "block_n": [16]})
+    rng = np.random.default_rng(4)
+    q, k, v = (rng.standard_normal(s.shape).astype(np.float32) for s in specs)
+    i = np.arange(300)
+    keep = (i[:, None] - i[None, :] >= 0) & (i[:, None] - i[None, :] < 50)
+    x = np.where(keep, q.astype(np.float64) @ np.swapaxes(k, -1, -2) * 0.125, -np.inf)
+    p = np.exp(x - x.max(-1, keepdims=True))
+    np.testing.assert_allclose(compiled.run(q, k, v)[0], p / p.sum(-1, keepdims=True) @ v, rtol=1e-5, atol=1e-5)
 
 
 def test_a_conjunct_of_another_kind_leaves_no_bounds():
