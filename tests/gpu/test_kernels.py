@@ -415,6 +415,27 @@ def test_persistent_attention_walks_query_tiles(torch_cuda, hopper, b, h, s, d, 
     check(out, sdpa(torch, q, k, v, causal_mask=fn is causal), dtype, torch)
 
 
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("ahead", [1, 0], ids=["scores-ahead", "plain-loop"])
+@pytest.mark.parametrize("heads_first", [1, 0])
+def test_causal_walk_in_three_stages(torch_cuda, hopper, path, ahead, heads_first):
+    """A causal walk with three stages of keys and values (pinned; the default has two): copies
+    running two steps past a tile's last block, across runs of one-block tiles (64-row query and key
+    blocks: each head's first query block sees one; every head's first taken last by 2 blocks walking
+    6 heads, so each walks three of them in a row). A step counted wrongly shows as another tile's
+    keys, or on TMA as a hang."""
+    torch = torch_cuda
+    space = {"persistent": [1], "qk_ahead": [ahead], "warp_specialize": [int(path == "native")], "num_stages": [3],
+             "block_m": [64], "block_n": [64], "num_warps": [4], "programs": [2], "split_kv": [1],
+             "heavy_first": [heads_first]}
+    dims = dict(B=2, H=3, S=300, D=64)
+    compiled = causal.compile(causal.arg_specs_for(dims, "bf16"), arch=_arch(), path=path, space=space)
+    assert "grid = array<i64: 2, 1, 1>" in compiled.ir("tile")
+    (q, k, v), (out,) = run(causal, dims, "bf16", torch, path=path, space=space,
+                            expect="wgmma" if path == "native" else "mma.sync")
+    check(out, sdpa(torch, q, k, v, causal_mask=True), "bf16", torch)
+
+
 def test_alibi_softcap_attention(torch_cuda):
     torch = torch_cuda
     dims = dict(B=2, H=4, S=333, D=64)
