@@ -2244,37 +2244,35 @@ class _TileWalk:
         return _key_blocks(self.kb, self.bounds, self.kb.mul(query_block, att.tile["m"]), att.tile,
                            att.extent(self.kb, "n"))
 
-    def _place(self, step: SSAValue, what):
-        """`what(past, tile_start, batch, placed)` folded over the tiles after the current one
-        that step `step` may be in, from `placed` = (the step's key block, batch indices) in the
-        current tile: `past` says whether the step is in that tile or later. No division: the
-        single thread issuing the copies of a warp-specialized block computes their coordinates
-        between its waits (H200, 8x16x4096x128 bf16: 2.04 ms dividing by the key blocks and the
-        query blocks for every copy, 1.80 without)."""
+    def _past(self, step: SSAValue) -> tuple[SSAValue, list[tuple[SSAValue, SSAValue, dict]]]:
+        """(walk step `step`'s place from the current tile's first step, and for each tile after the
+        current one that it may be in: (whether it is in that tile or a later one, that tile's first
+        step from the current's, its batch indices)). No division: the single thread issuing the
+        copies of a warp-specialized block computes their coordinates between its waits (H200,
+        8x16x4096x128 bf16: 2.04 ms dividing by the key blocks and the query blocks for every copy,
+        1.80 without)."""
         b = self.kb.b
-        block = b(arith.SubiOp(step, self.base))
-        placed = (block, self.batch)
+        block, past = b(arith.SubiOp(step, self.base)), []
         for start, batch in self.ahead:
             start = b.index(start) if isinstance(start, int) else start
-            placed = what(b(t.CmpiOp(block, start, "sge")), start, batch, placed, block)
-        return placed
+            past.append((b(t.CmpiOp(block, start, "sge")), start, batch))
+        return block, past
 
     def offsets(self, step: SSAValue) -> dict[str, SSAValue]:
         """Where walk step `step`'s key and value tiles start (its key block's keys)."""
         b = self.kb.b
-
-        def block_of(past, start, batch, placed, block):
-            return b(t.SelectOp(past, b(arith.SubiOp(block, start)), placed[0])), None
-        block, _ = self._place(step, block_of)
-        return {"n": self.kb.mul(block, self.att.tile["n"]), "d": b.index(0), "e": b.index(0)}
+        block, past = self._past(step)
+        key_block = block
+        for later, start, _ in past:
+            key_block = b(t.SelectOp(later, b(arith.SubiOp(block, start)), key_block))
+        return {"n": self.kb.mul(key_block, self.att.tile["n"]), "d": b.index(0), "e": b.index(0)}
 
     def scalars_of(self, step: SSAValue) -> dict[str, SSAValue]:
         """The batch indices of walk step `step`'s tile."""
-        b = self.kb.b
-
-        def batch_of(past, start, batch, placed, block):
-            return None, {a: b(t.SelectOp(past, batch[a], placed[1][a])) for a in batch}
-        return self._place(step, batch_of)[1]
+        b, scalars = self.kb.b, self.batch
+        for later, _, batch in self._past(step)[1]:
+            scalars = {a: b(t.SelectOp(later, batch[a], scalars[a])) for a in batch}
+        return scalars
 
     def start_tile(self, walked: SSAValue, base: SSAValue | None = None) -> None:
         """Makes the block's `walked`-th tile the current one (its first step `base`, under a mask;
@@ -2357,10 +2355,10 @@ class _TileWalk:
                    inner_axis: str, step_size: int, fixed: dict, scalars: dict, inits, head, body, last_block):
         """`_pipelined_loop_ahead` over the current tile's key blocks (`steps`: its `steps`, from 0)
         on the walk's pipelines, whose copies of the tile's first blocks were issued before
-        (`query_tile` waited for them); its copies past the tile's last block are the next tiles' first, and once
-        the loop is done with the stages, the last P @ V's value stage aside, the next tile's next
-        ones (the V and K steps S - 2 and S - 1 of it, which the prologue copies in one tile) and
-        into this tile's Q stage the Q of the tile after the next."""
+        (`query_tile` waited for them); its copies past the tile's last block are the next tiles'
+        first, and once the loop is done with the stages, the last P @ V's value stage aside, the
+        next tile's next ones (the V and K steps S - 2 and S - 1 of it, which the prologue copies in
+        one tile) and into this tile's Q stage the Q of the tile after the next."""
         b = kb.b
         end = steps[1]
         last = end - 1 if isinstance(end, int) else b(arith.SubiOp(end, b.index(1)))
