@@ -182,7 +182,8 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # 0.964 -> 1.037x, 128x16x1024x128 0.932 -> 1.040x, 32x12x2048x128 0.958 -> 1.038x; session
     # 44, causal: 8x16x4096x128 1.010 -> 1.050x, 32x12x2048x128 0.974 -> 1.047x, 4x16x8192x128
     # 1.012 -> 1.031x (fp16 after: 1.040x, 1.045x, 1.024x); soft-capped causal 8x16x4096x128
-    # 1.196 -> 1.157 ms (`bench/attention_backward_ab.py --forward`)
+    # 1.196 -> 1.157 ms (`bench/attention_backward_ab.py --forward`). A causal walk is dropped where
+    # its static split loses to the grid's (`fusion._causal_walk_pays`: 3x16x4096 414.9 vs 419.4 us)
     ("flash_attention", lambda f: _scores_ahead(f) and not f.get("keys_bounded_below"), {"persistent": 1}),
     # ... but 128 keys with 8-bit operands (fp8), whose transposed V tile ([D, keys]) must be whole
     # 128-byte swizzled rows of keys for TMA and wgmma, and a producer warpgroup: with the matmuls

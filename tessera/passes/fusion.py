@@ -31,6 +31,7 @@ host level, where it is a view of a contiguous buffer.
 """
 from __future__ import annotations
 
+import heapq
 import math
 from dataclasses import dataclass, field
 
@@ -1260,20 +1261,74 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
 #: 2x16x8192 1026 -> 974, 4x8x4096 267 -> 256 (32 heads: their keys crowd L2)
 HEAVY_FIRST_WALK_BLOCKS_PER_PROGRAM = 8
 
+#: a causal attention's time in a model, for whether its walk pays (`_causal_walk_pays`), us: a key
+#: block, and a query tile's fixed part in a grid of a tile a block and in a walk (H200, D = 128,
+#: 128 x 128 tiles: session 43's fit, 1.77 and 3.0; for the walk, cuDNN's fixed part, 1.8)
+KEY_BLOCK_US, GRID_TILE_US, WALK_TILE_US = 1.77, 3.0, 1.8
+#: ... the walk kept where the model makes it at most this much slower than the grid (its error on
+#: the shapes measured)
+WALK_MODEL_SLACK = 0.02
+
 
 def _attention_walk(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int],
                     pinned: dict) -> dict:
     """A persistent attention's `programs`: one block an SM where warp-specialized (its register
     split is one block's), else the blocks an SM holds as `_occupancy` asked (one where it asked
     none), and under a causal mask the order of its tiles (`heavy_first`); or no walk (`persistent`
-    0) where the walk's second Q stage does not fit in shared memory beside the (pinned) tiles."""
+    0) where the walk's second Q stage does not fit in shared memory beside the (pinned) tiles, or,
+    unpinned, where a causal walk does not pay (`_causal_walk_pays`)."""
     if planner.max_shared is not None and s.shared_bytes("flash_attention", params, features) > planner.max_shared:
         return {"persistent": 0}
     per_sm = 1 if params.get("warp_specialize") else params.get("occupancy", 1)
     walk = {"programs": pinned.get("programs", [planner.sm_count * per_sm])[0]}
     if (work := _attention_work(group, planner)) is not None and "heavy_first" not in pinned:
         walk["heavy_first"] = int(planner.sm_count >= HEAVY_FIRST_WALK_BLOCKS_PER_PROGRAM * work[0])
+    bounds = _key_bounds(group, planner)
+    if bounds.upper is not None and bounds.lower is None and "persistent" not in pinned and not _causal_walk_pays(
+            _key_blocks_per_query_block(group, planner, params, bounds), work[0], walk["programs"],
+            planner.sm_count * per_sm, bool(walk.get("heavy_first", params.get("heavy_first"))),
+            bool(params.get("heavy_first"))):
+        return {"persistent": 0}
     return walk
+
+
+def _key_blocks_per_query_block(group: Group, planner: _Planner, params: dict[str, int],
+                                bounds: ColumnBounds) -> list[int]:
+    """The key blocks each query block of an attention under a causal mask (`bounds`' upper) loops
+    over, as `schedule_to_tile._key_blocks` counts them (dims' hints: a choice of speed)."""
+    m1, _ = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
+    rows, keys = (hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(m1.res).shape[-2:])
+    bm, bn = s.fit_block(params["block_m"], rows), params["block_n"]
+    return [max(0, min(-(-(q * bm + bm + bounds.upper) // bn), -(-keys // bn))) for q in range(-(-rows // bm))]
+
+
+def _causal_walk_pays(key_blocks: list[int], heads: int, programs: int, slots: int, walk_heads_first: bool,
+                      grid_heads_first: bool) -> bool:
+    """Whether a causal attention's walk (`persistent`) beats a grid of a tile a block in a model of
+    both, each tile a fixed part and its key blocks (`KEY_BLOCK_US`): the grid's tiles taken by its
+    `slots` as they free, in launch order (each head's query blocks in turn, or, `heavy_first`,
+    every head's heaviest first), the walk's split over its `programs` blocks in its static order
+    (`schedule_to_tile._TileWalk`). A static walk balances badly where its rounds fall out of step
+    with the heads' query blocks. H200 bf16 causal D = 128, walk / grid, model and measured
+    (bench/attention_schedules.py, bench/RESULTS.md session 44): 8x16x4096 0.956 / 0.962, 32x12x2048
+    0.936 / 0.930, 4x16x8192 0.973 / 0.981, 16x16x2048 0.929 / 0.930, 2x16x8192 1.008 / 0.937;
+    3x16x4096 1.038 / 1.011, 2x12x4096 1.216 / 1.058, 1x24x8192 1.251 / 1.084."""
+    blocks = len(key_blocks)
+
+    def cost(fixed: float, query_block: int) -> float:
+        return fixed + KEY_BLOCK_US * key_blocks[query_block]
+
+    def heaviest_first(index: int, heads_first: bool) -> int:
+        return blocks - 1 - (index // heads if heads_first else index % blocks)
+    lanes = [0.0] * programs
+    for index in range(blocks * heads):
+        round_, lane = divmod(index, programs)
+        lanes[lane if round_ % 2 == 0 else programs - 1 - lane] += cost(WALK_TILE_US, heaviest_first(index, walk_heads_first))
+    free = [0.0] * slots
+    for index in range(blocks * heads):
+        query_block = heaviest_first(index, True) if grid_heads_first else index % blocks
+        heapq.heappush(free, heapq.heappop(free) + cost(GRID_TILE_US, query_block))
+    return max(lanes) <= (1 + WALK_MODEL_SLACK) * max(free)
 
 
 #: registers a thread holds, over its share of a kernel's fp32 tiles (`_tile_registers`), as ptxas

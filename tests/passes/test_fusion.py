@@ -629,6 +629,31 @@ def test_a_causal_walk_takes_every_heads_heaviest_tiles_first_over_few_heads(b, 
     assert (p["persistent"], p["heavy_first"]) == (1, heads_first)
 
 
+@pytest.mark.parametrize("b,h,s,walks", [
+    (8, 16, 4096, True), (32, 12, 2048, True), (2, 16, 8192, True),   # measured faster walking (RESULTS 44)
+    (3, 16, 4096, False), (2, 12, 4096, False), (1, 24, 8192, False)])   # ... and slower
+def test_a_causal_attention_walks_where_the_model_says_it_pays(b, h, s, walks):
+    """`fusion._causal_walk_pays`: the causal walk is kept where a model of its static split against
+    the hardware's dynamic one of a grid says it pays, at the shapes measured both ways."""
+    from attention_cases import FUNCTIONS
+    f = FUNCTIONS["causal"]
+    c = f.compile(f.arg_specs_for(dict(B=b, H=h, S=s, D=128), "bf16"), arch="sm_90a", sm_count=132)
+    p = next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values
+    assert bool(p["persistent"]) == walks and (f"grid = array<i64: 132, 1, 1>" in c.ir("tile")) == walks
+
+
+def test_the_walk_model_balances_equal_tiles_and_not_a_round_of_one_heavy_tile():
+    """`fusion._causal_walk_pays` on made-up tiles: equal ones split evenly, so the walk's smaller
+    fixed part pays; 3 heads of 7 causal query blocks over 4 blocks do not: round 1 (reversed)
+    ends on the second head's heaviest tile, so block 0 takes a heaviest tile in both rounds (the
+    grid's free slots take the tiles as they come)."""
+    from tessera.passes.fusion import _causal_walk_pays
+    assert _causal_walk_pays([4] * 8, heads=33, programs=132, slots=132, walk_heads_first=False,
+                             grid_heads_first=False)
+    assert not _causal_walk_pays(list(range(1, 8)), heads=3, programs=4, slots=4, walk_heads_first=False,
+                                 grid_heads_first=False)
+
+
 def test_grouped_query_and_fp8_value_attention_keep_their_d128_schedules():
     """Grouped-query attention (K and V shared by query heads) and an fp8 V are outside the D = 128
     rule (not measured with it): GQA keeps 64 keys and no producer, the fp8 V its own rule's
