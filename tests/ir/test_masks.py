@@ -79,6 +79,24 @@ def test_conjunctions_intersect(mask, expected):
     assert bounds_of(mask) == expected
 
 
+@pytest.mark.parametrize("mask,expected", [
+    (lambda i: i[:, None] - i[None, :] < 100, ColumnBounds(None, 99)),      # queries < keys + 100
+    (lambda i: i[:, None] - i[None, :] >= 0, ColumnBounds(0, None)),        # causal: queries >= keys
+    (lambda i: i[:, None] >= i[None, :], ColumnBounds(0, None)),
+])
+def test_bounds_with_the_keys_as_rows(mask, expected):
+    """The dK/dV kernel's view of a mask (its rows the keys, its columns the queries): a distance
+    solved for the queries as a comparison is."""
+    @tsr.function
+    def f(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        s = tsr.matmul(q, k.transpose(-2, -1))
+        i = tsr.arange(q.shape[-2])
+        return tsr.matmul(tsr.softmax(tsr.where(mask(i), s, -math.inf), dim=-1), v)
+    (sm,) = [op for op in f.trace(f.arg_specs_for(dict(B=1, H=1, S=8, D=16), "fp32")).walk()
+             if isinstance(op, g.SoftmaxOp)]
+    assert column_bounds(sm.input, ("b0", "b1", "m", "n"), "n", "m", {"S": 8}) == expected
+
+
 def test_a_window_written_as_distances_skips_blocks_on_both_sides():
     """`0 <= i - j < w` bounds the key loop on both sides as `j <= i` and `j > i - w` do: the same
     bounds, and the kernel against float64 on the interpreter."""
@@ -182,3 +200,26 @@ def test_a_two_sided_window_skips_blocks_on_both_sides():
     xs = [rng.standard_normal(s.shape).astype(np.float16) for s in specs]
     out, ref = compiled.run(*xs)[0].astype(np.float64), compiled.reference(*xs)[0]
     assert np.linalg.norm(out - ref) / np.linalg.norm(ref) < 1e-2
+
+
+def test_a_window_written_as_distances_differentiates_as_float64():
+    """The backward of `0 <= i - j < w` (its dQ and dK/dV kernels bounded as the forward's key loop,
+    `chain_bounds`) against float64 gradients derived by hand, on the interpreter."""
+    def window(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"]):
+        s = tsr.matmul(q, k.transpose(-2, -1)) * 0.25
+        i = tsr.arange(q.shape[-2])
+        keep = (i[:, None] - i[None, :] >= 0) & (i[:, None] - i[None, :] < 40)
+        return tsr.matmul(tsr.softmax(tsr.where(keep, s, -math.inf), dim=-1), v)
+    f = tsr.function(window, space={"backend": "ptx", "block_m": [32], "block_n": [32]})
+    rng = np.random.default_rng(6)
+    q, k, v, d_out = (rng.standard_normal((1, 2, 150, 16)).astype(np.float32) for _ in range(4))
+    _, f_vjp = tsr.vjp(f, q, k, v)
+    x = q.astype(np.float64) @ np.swapaxes(k, -1, -2) * 0.25
+    i = np.arange(150)
+    p = np.exp(np.where((i[:, None] - i[None, :] >= 0) & (i[:, None] - i[None, :] < 40), x, -np.inf)
+               - x.max(-1, keepdims=True))
+    p /= p.sum(-1, keepdims=True)
+    dp = d_out @ np.swapaxes(v.astype(np.float64), -1, -2)
+    dx = p * (dp - (dp * p).sum(-1, keepdims=True)) * 0.25
+    for grad, ref in zip(f_vjp(d_out), (dx @ k, np.swapaxes(dx, -1, -2) @ q, np.swapaxes(p, -1, -2) @ d_out)):
+        np.testing.assert_allclose(grad, ref, rtol=1e-5, atol=1e-5 * np.abs(ref).max())
