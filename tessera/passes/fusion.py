@@ -1312,7 +1312,8 @@ def _causal_walk_pays(key_blocks: list[int], heads: int, programs: int, slots: i
     with the heads' query blocks. H200 bf16 causal D = 128, walk / grid, model and measured
     (bench/attention_schedules.py, bench/RESULTS.md session 44): 8x16x4096 0.956 / 0.962, 32x12x2048
     0.936 / 0.930, 4x16x8192 0.973 / 0.981, 16x16x2048 0.929 / 0.930, 2x16x8192 1.008 / 0.937;
-    3x16x4096 1.038 / 1.011, 2x12x4096 1.216 / 1.058, 1x24x8192 1.251 / 1.084."""
+    3x16x4096 1.038 / 1.011, 2x12x4096 1.216 / 1.058, 1x24x8192 1.251 / 1.084. The walk's order
+    here is `_TileWalk.tile_at`'s, with its lanes (`_TileWalk.lane`)."""
     blocks = len(key_blocks)
 
     def cost(fixed: float, query_block: int) -> float:
@@ -1323,7 +1324,8 @@ def _causal_walk_pays(key_blocks: list[int], heads: int, programs: int, slots: i
     lanes = [0.0] * programs
     for index in range(blocks * heads):
         round_, lane = divmod(index, programs)
-        lanes[lane if round_ % 2 == 0 else programs - 1 - lane] += cost(WALK_TILE_US, heaviest_first(index, walk_heads_first))
+        lane = lane if round_ % 2 == 0 else programs - 1 - lane
+        lanes[lane] += cost(WALK_TILE_US, heaviest_first(index, walk_heads_first))
     free = [0.0] * slots
     for index in range(blocks * heads):
         query_block = heaviest_first(index, True) if grid_heads_first else index % blocks
