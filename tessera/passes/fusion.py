@@ -1973,7 +1973,6 @@ def _features(group: Group, planner: _Planner, block: Block) -> dict[str, int]:
         features["reads_indices"] = int(_reads_indices(block, planner.bindings))
         bounds = _key_bounds(group, planner)
         features["one_sided_mask"] = int(_one_sided(bounds))
-        features["keys_bounded_above"] = int(bounds.upper is not None)   # (causal)
         features["keys_bounded_below"] = int(bounds.lower is not None)   # (a sliding window's start)
     if group.kind == "flash_chain":
         features.update(_chain_tiles(block, planner.bindings))
