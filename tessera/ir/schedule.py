@@ -40,9 +40,9 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
          "split_kv": [1, 2, 4, 8, 16, 32], "heavy_first": [0, 1]},
     ),
     "flash_chain": (
-        {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "heavy_first": 0},
+        {"block_m": 64, "block_n": 64, "num_warps": 4, "num_stages": 2, "heavy_first": 0, "warp_specialize": 0},
         {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
-         "heavy_first": [0, 1]},
+         "heavy_first": [0, 1], "warp_specialize": [0, 1]},
     ),
     "gemm": (
         {"block_m": 128, "block_n": 128, "block_k": 64, "num_warps": 8, "num_stages": 3, "group_m": 8,
@@ -91,8 +91,10 @@ SWITCHES = frozenset({"mma_async", "qk_ahead", "warp_specialize", "pingpong", "p
 #: `split_kv`, the same for an attention with too few query blocks (a decode step): its key blocks
 #: split across blocks, whose outputs and log-sum-exps a second kernel combines (flash-decoding);
 #: `split_rows`, the same for a column reduction with too few column blocks (a weight gradient's
-#: sum over 16384 rows of 8192 columns has 32 of 256 columns): its reduced rows.
-DERIVED = frozenset({"programs", "split_k", "split_kv", "split_rows"})
+#: sum over 16384 rows of 8192 columns has 32 of 256 columns): its reduced rows; `heavy_group`, the
+#: batch programs of a flash_chain kernel whose row blocks `heavy_first` interleaves, heaviest first,
+#: a group of them at a time (absent: all of them at once).
+DERIVED = frozenset({"programs", "split_k", "split_kv", "split_rows", "heavy_group"})
 
 #: A space's one entry that is not a tiling param: the backend of every kernel (`tessera.backends`;
 #: "auto": each kernel's by `tessera.passes.backend_choice`), so a tuner can time the backends
@@ -307,6 +309,12 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # block an SM either way: the sum's shared buffer). H200 bf16 plain 8x16x4096x128: 64 keys on
     # 4 warps 10.6 ms, 128 on 8 6.14 (two kernels: 6.75); bench/RESULTS.md session 33
     ("flash_chain", lambda f: f.get("staged_tiles", 0) > 0, {"block_m": ACROSS_ROWS, "num_warps": 8}),
+    # ... with a producer warpgroup issuing its copies (`warp_specialize`) where no mask bounds its
+    # columns: the computing warps release a stage without meeting. H200 bf16 8x16x4096x128, vjp ms
+    # (bench/attention_backward_ab.py, bench/RESULTS.md session 45): plain 5.954 -> 5.812 and
+    # 5.999 -> 5.859; causal (not taken) 3.465 -> 3.507 and 3.497 -> 3.552
+    ("flash_chain", lambda f: f.get("staged_tiles", 0) > 0 and f.get("wgmma") and not f.get("bounded_columns"),
+     {"warp_specialize": 1}),
     # A column sum's tile (KINDS): 32 x 256 on 4 warps. bf16, CUDA-graph, of the copy bandwidth, 32 x 128
     # -> 32 x 256: H200 16384x8192 0.82 -> 0.95, 65536x1024 0.73 -> 0.86, 4096x32768 0.91 -> 0.97,
     # 8192x4096 0.64 -> 0.75; H100 0.92 -> 0.98, 0.84 -> 0.91, 0.95 -> 0.99, 0.76 -> 0.82 (64 x 128

@@ -32,7 +32,7 @@ from xdsl.dialects.builtin import (
     i1,
     i32,
 )
-from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, OpResult, Operation, Region, SSAValue
 
 from .. import dtypes
 from ..backends import BACKENDS
@@ -1899,22 +1899,33 @@ def _store_logsumexp(kb: KernelBuild, lse: Callable[[], SSAValue], apart: Callab
 
 
 def _ordered_program(kb: KernelBuild, blocks: int, programs: int, bounds: ColumnBounds,
-                     heavy_first: bool) -> tuple[SSAValue, SSAValue]:
+                     heavy_first: bool, group: int = 0) -> tuple[SSAValue, SSAValue]:
     """(row block, batch program) of this block: grid axes 0 and 1; with `heavy_first` and a mask
     that bounds one side of each row block's columns (`bounds`), the blocks in launch order (axis 0
     fastest) take every batch program's row blocks with the most columns first: under a causal
     mask (an upper bound) a query block's work grows with its index, under its transpose (a lower
     bound: the dK/dV kernel's key blocks) it shrinks, and a grid of a few waves otherwise ends on
-    a tail of long blocks started last."""
+    a tail of long blocks started last. With `group` (0 < group < programs), so a group of that
+    many programs at a time, the groups in order (the last may be smaller): a group's blocks start
+    together and share its programs' operands in L2, as each program's do in the plain order, and
+    the grid's last blocks are light ones (`fusion._heavy_group`)."""
     upper, lower = bounds.upper is not None, bounds.lower is not None
     if not heavy_first or upper == lower:
         return kb.pid(0), kb.pid(1)
     b = kb.b
     launched = b(arith.AddiOp(b(arith.MuliOp(kb.pid(1), b.index(blocks))), kb.pid(0)))
-    block = b(arith.DivSIOp(launched, b.index(programs)))
+    if 0 < group < programs:
+        first = b(arith.MuliOp(b(arith.DivSIOp(launched, b.index(group * blocks))), b.index(group)))
+        size = b(arith.MinSIOp(b.index(group), b(arith.SubiOp(b.index(programs), first))))
+        within = b(arith.RemSIOp(launched, b.index(group * blocks)))
+        block = b(arith.DivSIOp(within, size))
+        program = b(arith.AddiOp(first, b(arith.RemSIOp(within, size))))
+    else:
+        block = b(arith.DivSIOp(launched, b.index(programs)))
+        program = b(arith.RemSIOp(launched, b.index(programs)))
     if upper:
         block = b(arith.SubiOp(b.index(blocks - 1), block))
-    return block, b(arith.RemSIOp(launched, b.index(programs)))
+    return block, program
 
 
 def _attention_operands(kb: KernelBuild, att: _AttentionShape) -> tuple[Operand, Operand, Operand, Map]:
@@ -2708,6 +2719,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     fp32 sum of the output, atomically (`_across_sums`)."""
     sinks = index_maps.chain_sinks(kb.group_block, kb.bindings)
     scores = _chain_scores(kb, sinks)
+    score_mms = list(scores)
     dims = _chain_dims(kb, sinks)
     sizes = {a: kb.size(d) for a, d in dims.items()}
     p, zero = kb.params, kb.b.index(0)
@@ -2721,7 +2733,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     # (heavy_first counts the row blocks and batch programs: fusion asks it only of a static grid)
     heavy_first = p.get("heavy_first", 0) and all(isinstance(n, int) for n in grid)
     row_block, batch_index = _ordered_program(kb, *(grid[:2] if heavy_first else (0, 0)), bounds,
-                                              heavy_first=heavy_first)
+                                              heavy_first=heavy_first, group=p.get("heavy_group", 0))
     scalars = kb.batch_indices(batch_index, batch)
     m0 = kb.mul(row_block, tile["m"])
     n_cols = kb.extent(dims["n"], sizes["n"])   # (a dynamic count's read at run time)
@@ -2755,19 +2767,32 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     masks = _chain_masks(kb, sinks)
     contexts: list[TileCtx] = []
     kinds = [sink.op.kind.data if isinstance(sink.op, g.ReduceOp) else None for sink in sinks]
+    kept_index = {id(sink): i for i, sink in enumerate(sk for sk in sinks if not sk.across)}
     # what each sink accumulates in: f32, an int reduction's i32 (`accumulator`)
     elems = [accumulator(sink.computed) if kind else f32 for sink, kind in zip(sinks, kinds)]
     elem_of = {id(sink): elem for sink, elem in zip(sinks, elems)}
 
+    # the matmul sinks' other operands, in `uses` after the score matmuls' (in the sinks' order)
+    use_of = {id(sink): len(scores) + i for i, sink in
+              enumerate(sk for sk in sinks if isinstance(sk.op, g.MatmulOp) and not sk.across)}
+    needs = {id(sink): _scores_read(sink.computed, scores) for sink in sinks}
+    order = _chain_issue_order(sinks, needs)
+    kind_of = {id(sink): kind for sink, kind in zip(sinks, kinds)}
+    # the score matmuls issued in the order the sinks first read them
+    score_order = sorted(range(len(scores)), key=lambda i: next(
+        (n for n, sink in enumerate(order) if score_mms[i] in needs[id(sink)]), len(order)))
+
     def compute(iv, tiles, *accs):
         n0 = kb.mul(block_of(iv) if block_of else iv, tile["n"])
-        for i, (mm, a_tile) in enumerate(zip(scores, rows)):
+        groups = _MmaGroups(kb.b)
+        issued = {}
+        for i in score_order:
+            mm, a_tile = score_mms[i], rows[i]
             b_use, want = uses[i]
             with kb.b.origin(mm):
-                kb.em.overrides[mm.res] = kb.b(t.MmaOp(a_tile, tiles[slot[i]], kb.b.full(0.0, block),
-                                                       transpose_b=operand_layout(b_use, want)))
-        kb.b(t.MmaWaitOp(0))   # one wait for all the score tiles: their (wgmma) mmas run together
-        out, other = [], len(scores)
+                issued[mm] = groups.issue(t.MmaOp(a_tile, tiles[slot[i]], kb.b.full(0.0, block),
+                                                  transpose_b=operand_layout(b_use, want)))
+                kb.em.overrides[mm.res] = issued[mm]
         ctx = TileCtx({"m": (m0, tile["m"]), "n": (n0, tile["n"])}, scalars)
         contexts.append(ctx)   # (alive while the kernel is built: tiles are memoized by its identity)
 
@@ -2796,31 +2821,36 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
             inside = tests[0]
             for test in tests[1:]:
                 inside = kb.b(arith.AndIOp(inside, test))
-            masked = _if(kb.b, inside, lambda: branch(True), lambda: branch(False))
-        carried = iter(accs)
-        for i, (sink, kind) in enumerate(zip(sinks, kinds)):
-            x = masked[i] if masked else computed(sink, ctx)
+            groups.wait_for(list(issued.values()))   # (both branches compute every sink)
+            masked = dict(zip(map(id, sinks), _if(kb.b, inside, lambda: branch(True), lambda: branch(False))))
+        out, staged = {}, 0
+        for sink in order:
+            kind = kind_of[id(sink)]
+            groups.wait_for([issued[mm] for mm in needs[id(sink)]])
+            x = masked[id(sink)] if masked else computed(sink, ctx)
             if tail and not masked:   # a select in every block: without masks, a branch to the last
                 # block's select (yielding the tiles) was slower (H200 bf16 plain 3x5x1531x128: 0.201 -> 0.213 ms)
                 x = cut(x, kind)
             with kb.b.origin(sink.op):
                 if sink.across:
                     sums.stage(sink, x)
+                    staged += 1
+                    if staged == len(across):   # every across operand in shared memory: their mmas
+                        sums.multiply(groups.issue)
                     continue
-                acc = next(carried)
+                acc = accs[kept_index[id(sink)]]
                 if kind:
-                    out.append(combine(kb.b, kind, acc, kb.b(t.ReduceOp(x, TILE_REDUCE[kind], 1))))
+                    out[id(sink)] = combine(kb.b, kind, acc, kb.b(t.ReduceOp(x, TILE_REDUCE[kind], 1)))
                     continue
-                b_use, want = uses[other]
+                b_use, want = uses[use_of[id(sink)]]
                 x = to_storage(kb.b, x, g.tensor_type(b_use.value).dtype)
-                out.append(kb.b(t.MmaOp(x, tiles[slot[other]], acc, transpose_b=operand_layout(b_use, want))))
-                other += 1
+                out[id(sink)] = groups.issue(t.MmaOp(x, tiles[slot[use_of[id(sink)]]], acc,
+                                                     transpose_b=operand_layout(b_use, want)))
         if sums:
-            sums.multiply()
-        kb.b(t.MmaWaitOp(0))   # and one for the sinks' (dK's and dV's run together), before the stage is refilled
-        if sums:
+            groups.wait_for(sums.products)   # the sinks' mmas issued after them still run ...
             sums.add(n0)
-        return out
+        kb.b(t.MmaWaitOp(0))   # ... until here, before the stage is refilled
+        return [out[id(sink)] for sink in sinks if not sink.across]
 
     accs0 = [neutral(kb.b, kind, elem, [tile["m"]]) if kind else kb.b.full(0.0, [tile["m"], tile["e"]])
              for sink, kind, elem in zip(sinks, kinds, elems) if not sink.across]
@@ -2837,6 +2867,50 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     if sums:
         sums.finish(kb)
     return grid
+
+
+def _scores_read(value: SSAValue, scores: dict) -> frozenset:
+    """The score matmuls (`scores`' keys) a chain sink's computed operand is computed from."""
+    results = {mm.res: mm for mm in scores}
+    found, seen, todo = set(), set(), [value]
+    while todo:
+        v = todo.pop()
+        if v in seen:
+            continue
+        seen.add(v)
+        if v in results:
+            found.add(results[v])
+        elif isinstance(v, OpResult):
+            todo.extend(v.op.operands)
+    return frozenset(found)
+
+
+def _chain_issue_order(sinks: list, needs: dict) -> list:
+    """The order a chain step computes its sinks in: those reading fewer score tiles first, so that
+    on asynchronous tensor cores (wgmma) a sink's mma runs while the next sink's operand is computed
+    from the score tiles still landing (dV = P^T dO issued once S^T is in, before dP^T; FlashAttention-3's
+    order), and among sinks reading as many, across sums first, whose products need a barrier before
+    them and their result stored after them, so that the sinks' mmas issued after it run through
+    that store (dK's through dQ's)."""
+    return sorted(sinks, key=lambda sink: (len(needs[id(sink)]), not sink.across))
+
+
+class _MmaGroups:
+    """The mmas a step issued, in order (each one a wgmma group), and how many are retired: a wait
+    for some of them leaves those issued after them running."""
+
+    def __init__(self, b: Builder):
+        self.b, self.issued, self.retired = b, [], 0
+
+    def issue(self, mma: Operation) -> SSAValue:
+        self.issued.append(self.b(mma))
+        return self.issued[-1]
+
+    def wait_for(self, results: Sequence[SSAValue]) -> None:
+        last = max((i + 1 for i, r in enumerate(self.issued) if any(r is x for x in results)), default=0)
+        if last > self.retired:
+            self.b(t.MmaWaitOp(len(self.issued) - last))
+            self.retired = last
 
 
 def _staggered(kb: KernelBuild, m0: SSAValue, tile: dict[str, int], steps: tuple) -> Callable[[SSAValue], SSAValue]:
@@ -2905,7 +2979,8 @@ class _AcrossSums:
         self.buffers = [kb.add_scratch(ty, dim or None) for ty, dim in zip(types, named)]
         for ty, dim, axes, dims in zip(types, named, self.maps, self.dims):
             zeroing = _start(kb.sk, kb.bindings, kb.in_types, f"{kb.sk.sym_name.data}_zero", ty, out_dim=dim)
-            ctx, grid = _output_tile(zeroing, axes, dims, ACROSS_TILE["m"], ACROSS_TILE["n"])
+            row = pow2_at_least(tile["e"] + ACROSS_PAD)   # (whole rows, padding included)
+            ctx, grid = _output_tile(zeroing, axes, dims, max(1, ACROSS_ZERO_ELEMENTS // row), row)
             zeroing.limit_warps(max(1, math.prod(ctx.shape) // 256))
             zeroing.em.store(zeroing.b.full(0.0, ctx.shape), zeroing.out, axes, ctx, dtypes.fp32)
             kb.before.append((_finish(zeroing), grid))
@@ -2923,7 +2998,8 @@ class _AcrossSums:
         x = to_storage(b, x, g.tensor_type(sink.computed).dtype)
         self.kb.b(t.StoreSharedOp(x, self.staged[i], self.zero))
 
-    def multiply(self) -> None:
+    def multiply(self, issue: Callable[[Operation], SSAValue]) -> None:
+        """Issues the products (through `issue`) once every warp's rows are staged."""
         b, tile = self.kb.b, self.tile
         b(t.BarrierOp())   # every warp's rows of dS^T are in shared memory
         self.products = []
@@ -2934,7 +3010,7 @@ class _AcrossSums:
                     product = t.MmaOp(other, operand, b.full(0.0, [tile["e"], tile["n"]]), transpose_a=True)
                 else:                 # dS K
                     product = t.MmaOp(operand, other, b.full(0.0, [tile["n"], tile["e"]]), transpose_a=True)
-                self.products.append(b(product))
+                self.products.append(issue(product))
 
     def add(self, n0: SSAValue) -> None:
         blocks = [("n", (n0, self.tile["n"])), ("e", (self.zero, self.tile["e"]))]
@@ -2964,8 +3040,12 @@ class _AcrossSums:
             kb.after.append((_finish(after), grid))
 
 
-#: the tile of an across sum's zeroing kernel and of the kernel applying its epilogue (fp32 [rows, D])
+#: the tile of the kernel applying an across sum's epilogue (fp32 [rows, D])
 ACROSS_TILE = {"m": 32, "n": 128}
+#: the elements of the zeroing kernel's tile, whose rows are whole rows of the buffer (a head dim
+#: of 128 and its padding: 132 of 256 columns, 16 rows) where 128 columns took two tiles a row,
+#: the second 4 columns wide
+ACROSS_ZERO_ELEMENTS = 4096
 
 #: an across sum's buffer holds rows of the block's columns (a power of two from the head dim up:
 #: K's zero padding past the head dim adds zeros there) and this many more, 16 bytes: a tile of

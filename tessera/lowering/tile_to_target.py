@@ -26,7 +26,7 @@ from dataclasses import dataclass
 
 from xdsl.dialects import scf
 from xdsl.dialects.builtin import IntegerAttr, MemRefType, ModuleOp, TensorType, UnitAttr
-from xdsl.ir import Attribute
+from xdsl.ir import Attribute, Operation
 from xdsl.rewriter import InsertPoint, Rewriter
 from xdsl.pattern_rewriter import (
     GreedyRewritePatternApplier,
@@ -561,28 +561,57 @@ def patterns(platform: Platform, tensor_cores: bool = True) -> Iterable[RewriteP
     )
 
 
-def lower_bulk_reductions(kernel, layouts: dict) -> None:
+def _barrier_before(op: Operation) -> target.BarrierOp | None:
+    """The barrier of all computing threads nearest before `op` in its block with neither a bulk
+    reduction nor an op holding regions between them (a wait placed before it is then published
+    to every thread by the time they reach `op`), or None."""
+    prev = op.prev_op
+    while prev is not None:
+        if isinstance(prev, target.BarrierOp):
+            return prev
+        if isinstance(prev, (target.BulkReduceOp, tile.AtomicAddOp)) or prev.regions:
+            return None
+        prev = prev.prev_op
+    return None
+
+
+def lower_bulk_reductions(kernel, layouts: dict, consumer_threads: int | None = None) -> None:
     """Each tile.atomic_add the allocation pass staged (`shared_memory.bulk_reduction_pitch`) as
     the ops that add it in bulk: once the block's previous bulk reduction has read the buffer
     (`bulk_wait read`, published by a barrier), the threads write the tile into it (`stage_rows`)
     and fence their stores for the async proxy; after a barrier thread 0 adds it with one
-    `bulk_reduce`. Before the kernel returns it waits for its bulk groups: they read shared
-    memory until they complete. The async checker sees each step."""
+    `bulk_reduce`. Where a barrier of the computing warps precedes the add in its block with no
+    bulk reduction or nested region between (an across sum's, after its operand's stores), the
+    wait goes before that barrier instead of before a barrier of its own: one block-wide meeting
+    less per step, and the previous reduction has long read the buffer by then. In a
+    warp-specialized kernel (its computing warps' `consumer_threads`) the barriers are theirs
+    alone, as the pipelines' (`async_pipelines`). Before the kernel (or the computing warps'
+    region) ends it waits for its bulk groups: they read shared memory until they complete. The
+    async checker sees each step."""
     staged = [op for op in kernel.walk() if isinstance(op, tile.AtomicAddOp) and target.STAGING in op.attributes]
+
+    def barrier() -> target.BarrierOp:
+        return target.BarrierOp(1, consumer_threads) if consumer_threads else target.BarrierOp()
     for op in staged:
         rank = op.dst.type.get_num_dims()
         tile_dims = list(tile.int_values(op.tile_dims))
         rows_dim = tile_dims.index(rank - 2)
         scratch, staging = op.attributes[target.SCRATCH], op.attributes[target.STAGING]
-        ops = [target.BulkWaitOp(0, read=True), target.BarrierOp(),
+        published = _barrier_before(op)
+        if published is not None:   # the previous reduction's read is waited for before a barrier there
+            Rewriter.insert_op(target.BulkWaitOp(0, read=True), InsertPoint.before(published))
+        ops = [*([] if published is not None else [target.BulkWaitOp(0, read=True), barrier()]),
                target.StageRowsOp(op.value, rows_dim, scratch, staging), target.FenceOp("async_shared"),
-               target.BarrierOp(),
+               barrier(),
                target.BulkReduceOp(op.dst, list(op.offsets), sorted(tile_dims), layouts[op.value].shape[rows_dim],
                                    scratch, staging)]
         Rewriter.replace_op(op, ops)
-    if staged:
-        for ret in [op for op in kernel.walk() if isinstance(op, target.ReturnOp)]:
-            Rewriter.insert_op(target.BulkWaitOp(0), InsertPoint.before(ret))
+    if staged:   # (a warp-specialized kernel's computing warps wait at the end of their region)
+        regions = [op.consumer.block for op in kernel.walk() if isinstance(op, target.WarpSpecializeOp)]
+        ends = [InsertPoint.at_end(block) for block in regions] or \
+            [InsertPoint.before(op) for op in kernel.walk() if isinstance(op, target.ReturnOp)]
+        for end in ends:
+            Rewriter.insert_op(target.BulkWaitOp(0), end)
 
 
 def _rewrite(patterns_: Iterable[RewritePattern], region) -> None:
@@ -630,7 +659,7 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
             _cluster_barriers(kernel.body.block, name, kp)
         shared = allocate_shared(kernel, kp, layouts, warps)
         if layouts is not None:
-            lower_bulk_reductions(kernel, layouts)
+            lower_bulk_reductions(kernel, layouts, warps * 32 if producers else None)
         configs[name] = target.KernelConfigAttr.of(grids[name][0], (threads, 1, 1), shared, regs)
     _rewrite([LowerKernel(configs, chosen, splits, _dependent_launches(lowered)), LowerLaunch(configs)], lowered.body)
     for kernel in lowered.ops:

@@ -1246,6 +1246,11 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
         params.update(_occupancy(group.kind, planner, params, features))
     if group.kind == "flash_attention" and params.get("persistent"):
         params.update(_attention_walk(group, planner, params, features, pinned))
+    if group.kind == "flash_chain" and planner.platform and not params.get("heavy_first") \
+            and not {"heavy_first", "heavy_group"} & set(pinned) and _chain_work(block, planner) \
+            and _static_grid(group, planner):
+        per_sm = 1 if params.get("warp_specialize") else params.get("occupancy", 1)
+        params.update(_heavy_group(block, planner, params, planner.sm_count * per_sm))
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders") or _walks_ahead(group, planner, params):
@@ -1298,8 +1303,20 @@ def _key_blocks_per_query_block(group: Group, planner: _Planner, params: dict[st
     over, as `schedule_to_tile._key_blocks` counts them (dims' hints: a choice of speed)."""
     m1, _ = sorted((op for op in group.ops if isinstance(op, g.MatmulOp)), key=planner.order.__getitem__)
     rows, keys = (hint(g.dim_value(d, planner.bindings)) for d in g.tensor_type(m1.res).shape[-2:])
-    bm, bn = s.fit_block(params["block_m"], rows), params["block_n"]
-    return [max(0, min(-(-(q * bm + bm + bounds.upper) // bn), -(-keys // bn))) for q in range(-(-rows // bm))]
+    return _column_blocks(rows, keys, s.fit_block(params["block_m"], rows), params["block_n"], bounds)
+
+
+def _column_blocks(rows: int, columns: int, bm: int, bn: int, bounds: ColumnBounds) -> list[int]:
+    """The column blocks each row block of `bm` rows loops over, `bn` columns a block, under a
+    mask's `bounds`, as `schedule_to_tile._key_blocks` counts them."""
+    out = []
+    for m0 in range(0, rows, bm):
+        end = -(-columns // bn)
+        if bounds.upper is not None:   # columns <= m0 + bm - 1 + upper
+            end = min(end, -(-max(0, m0 + bm + bounds.upper) // bn))
+        first = max(0, m0 + bounds.lower) // bn if bounds.lower is not None else 0
+        out.append(max(0, end - first))
+    return out
 
 
 def _causal_walk_pays(key_blocks: list[int], heads: int, programs: int, slots: int, walk_heads_first: bool,
@@ -1647,10 +1664,7 @@ def _schedule_few_heads(group: Group, block: Block, planner: _Planner, params: d
     programs, rows = work
     if planner.sm_count < HEAVY_FIRST_BLOCKS_PER_PROGRAM * programs:
         return
-    # (heavy_first orders the blocks it counts: not asked of a grid growing with a dynamic dim)
-    static_grid = not any(is_dynamic(g.dim_value(d, planner.bindings)) for v in group.outputs
-                          for d in g.tensor_type(v).shape)
-    if "heavy_first" not in pinned and static_grid:
+    if "heavy_first" not in pinned and _static_grid(group, planner):
         params["heavy_first"] = 1
     if group.kind != "flash_attention":
         return
@@ -1658,6 +1672,58 @@ def _schedule_few_heads(group: Group, block: Block, planner: _Planner, params: d
     if "block_m" not in pinned and features.get("wgmma") and params["block_m"] > 64 \
             and query_blocks * programs <= 2 * planner.sm_count:
         params["block_m"] = 64
+
+
+#: a flash_chain block's fixed part (its resident tiles' copies, its outputs' stores) in a model of
+#: its grid (`_heavy_group`), in steps of its column loop
+CHAIN_BLOCK_STEPS = 2
+#: ... the groups of programs the model tries, and how much faster than the plain order (each
+#: program's row blocks in turn) it must make the grid for heavy_first to take one
+HEAVY_GROUPS = (2, 4, 8, 16)
+HEAVY_GROUP_GAIN = 0.01
+
+
+def _heavy_group(block: Block, planner: _Planner, params: dict[str, int], slots: int) -> dict[str, int]:
+    """{"heavy_first": 1, "heavy_group": G} for a flash_chain kernel whose mask bounds one side of
+    each row block's columns (the causal backward's), over more batch programs than few-heads
+    ordering takes (`_schedule_few_heads`), where the model of `_grouped_order_pays` gives a group;
+    {} where none pays."""
+    sinks = index_maps.chain_sinks(block, planner.bindings)
+    bounds = chain_bounds(block, sinks, planner.bindings)
+    sizes = index_maps.chain_axis_sizes(sinks, lambda d: hint(g.dim_value(d, planner.bindings)))
+    programs = math.prod(n for a, n in sizes.items() if a not in ("m", "n", "e"))
+    bm, bn = (s.fit_block(params[k], sizes[a]) for k, a in (("block_m", "m"), ("block_n", "n")))
+    steps = _column_blocks(sizes["m"], sizes["n"], bm, bn, bounds)
+    group = _grouped_order_pays(steps, programs, slots, heaviest_last=bounds.upper is not None)
+    return {} if group is None else {"heavy_first": 1, "heavy_group": group}
+
+
+def _grouped_order_pays(steps: list[int], programs: int, slots: int, heaviest_last: bool) -> int | None:
+    """The programs G (of HEAVY_GROUPS) a group whose row blocks go heaviest first, group after
+    group (`schedule_to_tile._ordered_program`), where that ends a grid of `programs` x `steps`
+    (each row block's column blocks; `heaviest_last` where they grow along the rows) sooner than
+    each program's row blocks in turn by HEAVY_GROUP_GAIN: the smallest G within 0.1% of the best
+    (a group's blocks share its programs' operands in L2 as one program's do); None where none
+    pays. The model: each block `CHAIN_BLOCK_STEPS` plus its column blocks, taken by `slots` in
+    launch order. In turn, the last program's heavy blocks start in the last wave."""
+    heaviest = steps[::-1] if heaviest_last else steps
+
+    def makespan(costs) -> float:
+        free = [0] * slots
+        for cost in costs:
+            heapq.heapreplace(free, free[0] + CHAIN_BLOCK_STEPS + cost)
+        return max(free)
+
+    def grouped(size: int):
+        for first in range(0, programs, size):
+            for cost in heaviest:
+                yield from [cost] * min(size, programs - first)
+    plain = makespan(cost for _ in range(programs) for cost in steps)
+    times = {size: makespan(grouped(size)) for size in HEAVY_GROUPS if size < programs}
+    best = min(times.values(), default=plain)
+    if best > (1 - HEAVY_GROUP_GAIN) * plain:
+        return None
+    return min(size for size, t in times.items() if t <= 1.001 * best)
 
 
 def _attention_work(group: Group, planner: _Planner) -> tuple[int, int] | None:
@@ -1681,6 +1747,13 @@ def _key_bounds(group: Group, planner: _Planner) -> ColumnBounds:
     axes = (*(f"b{i}" for i in range(rows)), "m", "e")
     p_map, _ = index_maps.matmul_operand_maps(m2, axes, "n", planner.bindings)
     return column_bounds(sm.input, p_map, "m", "n", planner.bindings)
+
+
+def _static_grid(group: Group, planner: _Planner) -> bool:
+    """Whether no output dim is taken at run time: heavy_first orders the blocks it counts, so it
+    is not asked of a grid growing with a dynamic dim."""
+    return not any(is_dynamic(g.dim_value(d, planner.bindings)) for v in group.outputs
+                   for d in g.tensor_type(v).shape)
 
 
 def _chain_work(block: Block, planner: _Planner) -> tuple[int, int] | None:
@@ -2046,7 +2119,8 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
     reduced sequence length that a sink's own inner dim is (taking that shrank dV/dQ/dK's key
     blocks to 32 rows); `sink_columns`, the matmul sinks' accumulator columns together; and
     `staged_tiles`, the [block_m, block_n] tiles the across sinks store (dS^T for dQ: their other
-    operand, K, is already a resident row tile, and their sums leave the kernel every step)."""
+    operand, K, is already a resident row tile, and their sums leave the kernel every step); and
+    `bounded_columns`, whether a mask bounds each row block's columns (causal, a window)."""
     def size(d) -> int:
         return g.dim_value(d, bindings)
     sinks = index_maps.chain_sinks(block, bindings)
@@ -2062,8 +2136,10 @@ def _chain_tiles(block: Block, bindings) -> dict[str, int]:
         widths.append(size(g.tensor_type(sink.op.res).shape[-1 if computed_lhs else -2]))
     columns = sum(size(g.tensor_type(sink.op.res).shape[-1 if sink.computed is sink.op.lhs else -2])
                   for sink in carried)
+    bounds = chain_bounds(block, sinks, bindings)
     return {"head_dim": max(widths), "row_tiles": len(scores), "streamed_tiles": len(streamed),
-            "sink_columns": columns, "staged_tiles": sum(sink.across for sink in sinks)}
+            "sink_columns": columns, "staged_tiles": sum(sink.across for sink in sinks),
+            "bounded_columns": int(bounds.upper is not None or bounds.lower is not None)}
 
 
 def _graph_passes(module: ModuleOp, backend: str) -> ModuleOp:

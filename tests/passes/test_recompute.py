@@ -437,9 +437,11 @@ def test_the_async_checker_sees_dq_read_before_the_stores_of_dst_are_shared(shor
     module = backward(FUNCTIONS["causal"], (2, 3, 200, 128), 200, dtypes.bf16, **ONE_SM).modules["target"]
     assert check_async(module) == []
     fence = next(op for op in module.walk() if isinstance(op, tgt.FenceOp) and op.kind.data == "async_shared")
-    assert isinstance(fence.next_op, tgt.BarrierOp)
-    fence.next_op.detach()
-    assert [h.kind for h in check_async(module)] and all(h.kind == "read-before-wait" for h in check_async(module))
+    barrier = fence.next_op   # (after the previous dQ add's read is waited for: `_barrier_before`)
+    barrier = barrier.next_op if isinstance(barrier, tgt.BulkWaitOp) else barrier
+    assert isinstance(barrier, tgt.BarrierOp)
+    barrier.detach()   # (it publishes dS^T and the previous add's read of the staging buffer alike)
+    assert {h.kind for h in check_async(module)} == {"read-before-wait", "refill-race"}
 
 
 def test_the_async_checker_sees_dst_stored_for_wgmma_without_the_proxy_fence(short_loops):
@@ -450,7 +452,7 @@ def test_the_async_checker_sees_dst_stored_for_wgmma_without_the_proxy_fence(sho
 
     module = backward(FUNCTIONS["causal"], (2, 3, 200, 128), 200, dtypes.bf16, **ONE_SM).modules["target"]
     fence = next(op for op in module.walk() if isinstance(op, tgt.FenceOp) and op.kind.data == "async_shared")
-    assert isinstance(fence.next_op, tgt.BarrierOp)
+    assert isinstance(fence.next_op.next_op, tgt.BarrierOp)   # (after the previous add's read is waited for)
     fence.detach()
     hazards = check_async(module)
     assert hazards and {h.kind for h in hazards} == {"proxy-fence"}
@@ -476,14 +478,15 @@ def _without_before_the_reduce(module, steps_back: int):
     op.detach()
 
 
-@pytest.mark.parametrize("mutate,kind", [
-    (lambda m: _without_bulk_wait(m, read=True), "refill-race"),          # the buffer refilled while read
-    (_without_barrier_after_the_read_wait, "refill-race"),                # thread 0's wait not published
-    (lambda m: _without_before_the_reduce(m, 2), "proxy-fence"),          # the stores not fenced
-    (lambda m: _without_before_the_reduce(m, 1), "read-before-wait"),     # no barrier after the stores
-    (lambda m: _without_bulk_wait(m, read=False), "in-flight-at-exit"),   # the last reduction's read
+@pytest.mark.parametrize("mutate,kinds", [
+    (lambda m: _without_bulk_wait(m, read=True), {"refill-race"}),         # the buffer refilled while read
+    # thread 0's wait not published (by the barrier that publishes dS^T too: `_barrier_before`)
+    (_without_barrier_after_the_read_wait, {"refill-race", "read-before-wait"}),
+    (lambda m: _without_before_the_reduce(m, 2), {"proxy-fence"}),         # the stores not fenced
+    (lambda m: _without_before_the_reduce(m, 1), {"read-before-wait"}),    # no barrier after the stores
+    (lambda m: _without_bulk_wait(m, read=False), {"in-flight-at-exit"}),  # the last reduction's read
 ])
-def test_the_async_checker_follows_the_bulk_reduction_of_dq(mutate, kind, short_loops):
+def test_the_async_checker_follows_the_bulk_reduction_of_dq(mutate, kinds, short_loops):
     """The bulk reduction is Target IR ops (`tile_to_target.lower_bulk_reductions`): the checker
     runs them, and each missing synchronization among them is a hazard of its kind."""
     from tessera.passes.check_async import check_async
@@ -491,7 +494,7 @@ def test_the_async_checker_follows_the_bulk_reduction_of_dq(mutate, kind, short_
     module = backward(FUNCTIONS["causal"], (2, 3, 200, 128), 200, dtypes.bf16, **ONE_SM).modules["target"]
     assert check_async(module) == []
     mutate(module)
-    assert {h.kind for h in check_async(module)} == {kind}
+    assert {h.kind for h in check_async(module)} == kinds
 
 
 @pytest.mark.parametrize("why,space", [
@@ -769,3 +772,123 @@ def test_a_query_row_mask_viewed_inside_the_function_averages_v():
         np.testing.assert_allclose(out, want_out, atol=2e-5, rtol=1e-4)
         for got, want in zip(f_vjp(g)[:3], wants):
             np.testing.assert_allclose(got, want, atol=1e-4 * np.abs(want).max(), rtol=1e-3)
+
+
+@pytest.mark.parametrize("kind,d,merged", [("causal", 128, True), ("softcap_causal", 128, True), ("causal", 64, False)])
+def test_a_causal_backward_ordering_its_programs_in_groups_matches_float64(kind, d, merged, short_loops, monkeypatch):
+    """Row blocks heaviest first a group of programs at a time (`heavy_group`), the last group
+    partial (3 programs in groups of 2), in the merged dK/dV/dQ kernel and in the two kernels of
+    dK/dV and dQ: every gradient against float64 on the interpreter."""
+    from tessera.passes import fusion
+    monkeypatch.setattr(fusion, "HEAVY_GROUPS", (2,))
+    monkeypatch.setattr(fusion, "HEAVY_GROUP_GAIN", -1.0)   # (one SM: every order takes as long)
+    rng = np.random.default_rng(23)
+    q_shape = (1, 3, 200, d)
+    q, k, v, d_out = (rng.standard_normal(q_shape).astype(np.float16) for _ in range(4))
+    c = backward(FUNCTIONS[kind], q_shape, 200, **ONE_SM)
+    chains = [k for k in kernels(c) if k.kind.data == "flash_chain"]
+    assert (len(chains) == 1) is merged
+    assert all(dict(k.param_values).get("heavy_group") == 2 and k.param_values["heavy_first"] for k in chains)
+    for name, got, want in zip("qkv", c.run(q, k, v, d_out), reference_grads(kind, q, k, v, d_out)):
+        assert not np.isnan(got).any()
+        err = np.abs(got.astype(np.float64) - want).max() / np.abs(want).max()
+        assert err < 1e-2, f"d{name}: {err}"
+
+
+def _reads(value, target) -> bool:
+    """Whether `value` is computed from `target` (through ops' operands, in one block)."""
+    todo, seen = [value], set()
+    while todo:
+        v = todo.pop()
+        if v is target:
+            return True
+        if id(v) not in seen and hasattr(v, "op"):
+            seen.add(id(v))
+            todo.extend(v.op.operands)
+    return False
+
+
+def test_a_backward_step_waits_for_each_mma_only_where_its_result_is_read(short_loops):
+    """On asynchronous tensor cores (wgmma) the merged dK/dV/dQ step waits for S^T alone (dP^T's
+    mma still runs), issues dV = P^T dO before dP^T is waited for, and waits for dQ's product with
+    dK's mma still running through its add: FlashAttention-3's order (`_chain_issue_order`)."""
+    c = backward(FUNCTIONS["plain"], (1, 2, 300, 128), 300, dtypes.bf16, **ONE_SM)
+    name = _chain_kernel(c).sym_name.data
+    kernel = next(k for k in c.modules["tile"].ops if isinstance(k, t.KernelOp) and k.sym_name.data == name)
+    loop = next(op for op in kernel.walk() if op.name == "scf.for")
+    body = list(loop.body.block.ops)
+    steps = [(op.name, op.pending.value.data) if isinstance(op, t.MmaWaitOp) else op.name for op in body
+             if isinstance(op, (t.MmaOp, t.MmaWaitOp, t.BarrierOp, t.StoreSharedOp, t.AtomicAddOp))]
+    assert steps == ["tile.barrier", "tile.mma", "tile.mma", ("tile.mma_wait", 1), "tile.mma", ("tile.mma_wait", 1),
+                     "tile.store_shared", "tile.barrier", "tile.mma", "tile.mma", ("tile.mma_wait", 1),
+                     "tile.atomic_add", ("tile.mma_wait", 0)]
+    scores_t, dp_t, dv, dq, dk = (op for op in body if isinstance(op, t.MmaOp))
+    assert _reads(dv.operands[0], scores_t.results[0]) and not _reads(dv.operands[0], dp_t.results[0])
+    assert _reads(dk.operands[0], dp_t.results[0])
+
+
+@pytest.mark.parametrize("kind,shape,expected", [
+    # 128 programs of 32 key blocks each: groups of 4 end the grid on light blocks (384 of 16: 8)
+    ("causal", (8, 16, 4096, 128), {"heavy_first": 1, "heavy_group": 4, "warp_specialize": 0}),
+    ("causal", (32, 12, 2048, 128), {"heavy_first": 1, "heavy_group": 8, "warp_specialize": 0}),
+    ("causal", (2, 16, 8192, 128), {"heavy_first": 1, "warp_specialize": 0}),   # few heads: all at once
+    ("plain", (8, 16, 4096, 128), {"heavy_first": 0, "warp_specialize": 1}),    # equal blocks; a producer
+    ("alibi", (8, 16, 4096, 128), {"heavy_first": 0, "warp_specialize": 1}),
+])
+def test_the_merged_backward_orders_its_blocks_and_takes_a_producer_where_measured(kind, shape, expected):
+    """On an H200's 132 SMs: a causal backward's key blocks heaviest first a group of heads at a
+    time (`fusion._heavy_group`), an unmasked one's copies issued by a producer warpgroup
+    (bench/RESULTS.md session 45)."""
+    c = backward(FUNCTIONS[kind], shape, shape[2], dtypes.bf16, arch="sm_90a", sm_count=132)
+    p = _chain_kernel(c).param_values
+    assert {k: p.get(k) for k in expected} == expected and ("heavy_group" in p) == ("heavy_group" in expected)
+
+
+def test_the_two_causal_chain_kernels_at_a_head_dim_of_64_take_groups_too():
+    c = backward(FUNCTIONS["causal"], (16, 16, 2048, 64), 2048, dtypes.bf16, arch="sm_90a", sm_count=132)
+    chains = [k.param_values for k in kernels(c) if k.kind.data == "flash_chain"]
+    assert len(chains) == 2 and all(p["heavy_first"] and p["heavy_group"] == 16 for p in chains)
+
+
+@pytest.mark.parametrize("steps,programs,slots,heaviest_last,expected", [
+    ([64 - 2 * r for r in range(32)], 128, 132, False, 4),    # causal 8x16x4096: the last program's heavy
+    ([2 * r + 2 for r in range(32)], 128, 132, True, 4),      # blocks start last in turn (rows growing too)
+    ([64] * 32, 128, 132, False, None),                       # equal blocks: every order ends together
+    ([64 - 2 * r for r in range(32)], 4, 132, False, None),   # one wave
+])
+def test_the_heavy_group_model(steps, programs, slots, heaviest_last, expected):
+    from tessera.passes import fusion
+    assert fusion._grouped_order_pays(steps, programs, slots, heaviest_last) == expected
+
+
+@pytest.mark.parametrize("kind", ["plain", "causal"])   # (with and without a producer warpgroup)
+def test_a_dq_add_waits_for_the_previous_one_before_the_barrier_publishing_ds(kind, short_loops):
+    """A step's bulk reduction of dQ's block reads its staging buffer after the step; the next
+    step's writes into it wait for that read (`bulk_wait read`) before the barrier that publishes
+    dS^T to every warp (`tile_to_target._barrier_before`), not at a barrier of their own: one
+    meeting of the block a step, before the stores and the add."""
+    from tessera.ir import target as tgt
+    c = backward(FUNCTIONS[kind], (1, 2, 300, 128), 300, dtypes.bf16, **ONE_SM)
+    name = _chain_kernel(c).sym_name.data
+    kernel = next(k for k in c.modules["target"].ops if isinstance(k, tgt.KernelOp) and k.sym_name.data == name)
+    loop = next(op for op in kernel.walk() if op.name == "scf.for" and any(
+        isinstance(inner, tgt.BulkReduceOp) for inner in op.body.block.ops))
+    steps = [op.name.split(".")[-1] for op in loop.body.block.ops if isinstance(
+        op, (tgt.BarrierOp, tgt.BulkWaitOp, tgt.StageRowsOp, tgt.BulkReduceOp, tgt.TensorCoreOp))]
+    assert steps[steps.index("bulk_wait"):] == ["bulk_wait", "barrier", "tensor_core", "tensor_core", "stage_rows",
+                                                 "barrier", "bulk_reduce"]
+
+
+@pytest.mark.skipif(find_tool("ptxas") is None, reason="ptxas not installed")
+def test_a_warp_specialized_backward_adds_dq_among_its_computing_warps(short_loops):
+    """The unmasked merged kernel takes a producer warpgroup: its computing warps stage dQ's block
+    and meet at their own barrier (1, 256 threads), never the block's (whose producer warps have
+    exited), and wait for their bulk reductions before their region ends; ptxas assembles it."""
+    c = backward(FUNCTIONS["plain"], (1, 2, 300, 128), 300, dtypes.bf16, **ONE_SM)
+    chain = _chain_kernel(c)
+    assert chain.param_values["warp_specialize"] == 1
+    ptx = emit_module(c.modules["target"])[chain.sym_name.data].ptx
+    consumers = ptx[ptx.index("setmaxnreg.inc"):]
+    assert "bar.sync 1, 256;" in consumers and "bar.sync 0;" not in consumers
+    assert consumers.index("cp.async.bulk.wait_group 0;") > consumers.rindex("cp.reduce.async.bulk")
+    assemble(ptx, "sm_90a")

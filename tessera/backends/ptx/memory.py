@@ -278,8 +278,6 @@ def _scratch_address(e: KernelEmitter, op) -> str:
 def _stage_rows(e: KernelEmitter, op: tgt.StageRowsOp) -> None:
     """Every thread's fragments into the scratch buffer (a pair of adjacent columns at a time where
     the tile's columns are the buffer's), each row padded with zeros to the staging's columns."""
-    if e.producer_threads:
-        raise UnsupportedByBackend("PTX backend: a bulk-reduced tile.atomic_add in a warp-specialized kernel")
     pitch, width = op.attributes[tgt.STAGING].pitch.data, op.attributes[tgt.STAGING].cols.data
     layout = e.layouts[op.value]
     k_r = op.rows_dim.value.data
