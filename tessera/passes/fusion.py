@@ -1708,6 +1708,9 @@ def _grouped_order_pays(steps: list[int], programs: int, slots: int, heaviest_la
     launch order. In turn, the last program's heavy blocks start in the last wave. H200 bf16
     causal 8x16x4096x128 vjp (groups of 4): 3.481 -> 3.424 ms (bench/RESULTS.md session 45)."""
     heaviest = steps[::-1] if heaviest_last else steps
+    longest, total = CHAIN_BLOCK_STEPS + max(steps, default=0), programs * sum(CHAIN_BLOCK_STEPS + n for n in steps)
+    if longest < HEAVY_GROUP_GAIN * total / slots:   # (any order ends within a block of total / slots:
+        return None                                  # a long sequence's grid, whose model would take long)
 
     def makespan(costs) -> float:
         free = [0] * slots

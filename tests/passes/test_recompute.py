@@ -892,3 +892,12 @@ def test_a_warp_specialized_backward_adds_dq_among_its_computing_warps(short_loo
     assert "bar.sync 1, 256;" in consumers and "bar.sync 0;" not in consumers
     assert consumers.index("cp.async.bulk.wait_group 0;") > consumers.rindex("cp.reduce.async.bulk")
     assemble(ptx, "sm_90a")
+
+
+def test_the_heavy_group_model_skips_grids_whose_longest_block_is_a_small_share():
+    """Any launch order ends within one block of the work over the slots, so a grid whose longest
+    block is under HEAVY_GROUP_GAIN of that keeps the plain order without the model's run (65536
+    queries: 512 key blocks of 128 programs)."""
+    from tessera.passes import fusion
+    steps = [1024 - 2 * r for r in range(512)]
+    assert fusion._grouped_order_pays(steps, 128, 132, False) is None
