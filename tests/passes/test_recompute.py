@@ -894,10 +894,15 @@ def test_a_warp_specialized_backward_adds_dq_among_its_computing_warps(short_loo
     assemble(ptx, "sm_90a")
 
 
-def test_the_heavy_group_model_skips_grids_whose_longest_block_is_a_small_share():
+def test_the_heavy_group_model_skips_grids_whose_longest_block_is_a_small_share(monkeypatch):
     """Any launch order ends within one block of the work over the slots, so a grid whose longest
     block is under HEAVY_GROUP_GAIN of that keeps the plain order without the model's run (65536
     queries: 512 key blocks of 128 programs)."""
     from tessera.passes import fusion
-    steps = [1024 - 2 * r for r in range(512)]
-    assert fusion._grouped_order_pays(steps, 128, 132, False) is None
+
+    def no_simulation(*args):
+        raise AssertionError("the model ran")
+    monkeypatch.setattr(fusion.heapq, "heapreplace", no_simulation)
+    assert fusion._grouped_order_pays([1024 - 2 * r for r in range(512)], 128, 132, False) is None
+    with pytest.raises(AssertionError, match="the model ran"):   # (8x16x4096x128's grid: it runs)
+        fusion._grouped_order_pays([64 - 2 * r for r in range(32)], 128, 132, False)
