@@ -585,13 +585,22 @@ def lower_bulk_reductions(kernel, layouts: dict, consumer_threads: int | None = 
     wait goes before that barrier instead of before a barrier of its own: one block-wide meeting
     less per step, and the previous reduction has long read the buffer by then. In a
     warp-specialized kernel (its computing warps' `consumer_threads`) the barriers are theirs
-    alone, as the pipelines' (`async_pipelines`). Before the kernel (or the computing warps'
-    region) ends it waits for its bulk groups: they read shared memory until they complete. The
-    async checker sees each step."""
-    staged = [op for op in kernel.walk() if isinstance(op, tile.AtomicAddOp) and target.STAGING in op.attributes]
+    alone, as the pipelines' (`async_pipelines`), and an add the allocation left to `red`s is
+    followed by one: a step's products read its staged operand tile until each warp waits for
+    them before its add, and the next step rewrites the tile (without a producer, the barrier
+    guarding the next refill orders them). Before the kernel (or the computing warps' region)
+    ends it waits for its bulk groups: they read shared memory until they complete. The async
+    checker sees each step."""
+    adds = [op for op in kernel.walk() if isinstance(op, tile.AtomicAddOp)]
+    staged = [op for op in adds if target.STAGING in op.attributes]
 
     def barrier() -> target.BarrierOp:
         return target.BarrierOp(1, consumer_threads) if consumer_threads else target.BarrierOp()
+    for op in adds if consumer_threads else ():   # an add left to `red`s (its staging did not fit)
+        if op not in staged:   # follows the wait for the products reading its operand's staged tile,
+            # which the next step rewrites: without the refill barrier a producer turns into
+            # mbarriers, the computing warps meet here first
+            Rewriter.insert_op(barrier(), InsertPoint.after(op))
     for op in staged:
         rank = op.dst.type.get_num_dims()
         tile_dims = list(tile.int_values(op.tile_dims))

@@ -1725,7 +1725,7 @@ def _grouped_order_pays(steps: list[int], programs: int, slots: int, heaviest_la
     plain = makespan(cost for _ in range(programs) for cost in steps)
     times = {size: makespan(grouped(size)) for size in HEAVY_GROUPS if size < programs}
     best = min(times.values(), default=plain)
-    if best > (1 - HEAVY_GROUP_GAIN) * plain:
+    if not times or best > (1 - HEAVY_GROUP_GAIN) * plain:
         return None
     return min(size for size, t in times.items() if t <= 1.001 * best)
 

@@ -906,3 +906,20 @@ def test_the_heavy_group_model_skips_grids_whose_longest_block_is_a_small_share(
     assert fusion._grouped_order_pays([1024 - 2 * r for r in range(512)], 128, 132, False) is None
     with pytest.raises(AssertionError, match="the model ran"):   # (8x16x4096x128's grid: it runs)
         fusion._grouped_order_pays([64 - 2 * r for r in range(32)], 128, 132, False)
+
+
+def test_a_warp_specialized_backward_whose_dq_adds_stay_reds_meets_after_them(short_loops):
+    """128 queries a step at D = 128: dQ's staging does not fit beside the stages, so its adds stay
+    `red`s; with a producer warpgroup no refill barrier orders a step's products (reading dS^T's
+    staged tile) before the next step's store into it, so the computing warps meet after their
+    adds (the async checker, which every compile here runs, flags the store otherwise)."""
+    from tessera.ir import target as tgt
+    fn = tsr.function(FUNCTIONS["plain"].fn, space={"block_n": [128]})
+    c = backward(fn, (1, 2, 300, 128), 300, dtypes.bf16, **ONE_SM)
+    chain = _chain_kernel(c)
+    assert chain.param_values["warp_specialize"] == 1
+    kernel = next(k for k in c.modules["target"].ops if isinstance(k, tgt.KernelOp)
+                  and k.sym_name.data == chain.sym_name.data)
+    (add,) = [op for op in kernel.walk() if isinstance(op, t.AtomicAddOp)]
+    assert isinstance(add.next_op, tgt.BarrierOp) and add.next_op.threads.value.data == 256
+    assert "cp.reduce.async.bulk" not in emit_module(c.modules["target"])[chain.sym_name.data].ptx
