@@ -1355,8 +1355,10 @@ class SetMaxNRegOp(_AsyncOp):
             raise VerifyException("setmaxnreg: only at the start of a warp_specialize region")
 
 
-#: the named barriers warpgroups taking turns meet at: warpgroup w waits at TURN_BARRIER + w (1 is
-#: the computing warps' own barrier, `BarrierOp`)
+#: the named barrier a warp-specialized kernel's computing warps meet at without its producer
+#: (`BarrierOp(CONSUMER_BARRIER, threads)`)
+CONSUMER_BARRIER = 1
+#: the named barriers warpgroups taking turns meet at: warpgroup w waits at TURN_BARRIER + w
 TURN_BARRIER = 2
 
 

@@ -359,7 +359,7 @@ class _Lowering:
         if _guards_refill(op):
             self.guarded, self.handed = True, set()
         elif self.role == _CONSUMER:
-            at(target.BarrierOp(1, self.consumer_threads))
+            at(target.BarrierOp(target.CONSUMER_BARRIER, self.consumer_threads))
         _erase(op)
 
     def hand_over(self, pipe: _Pipe, stage: SSAValue, at: _Insert) -> None:

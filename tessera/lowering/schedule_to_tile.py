@@ -32,7 +32,7 @@ from xdsl.dialects.builtin import (
     i1,
     i32,
 )
-from xdsl.ir import Attribute, Block, OpResult, Operation, Region, SSAValue
+from xdsl.ir import Attribute, Block, Operation, Region, SSAValue
 
 from .. import dtypes
 from ..backends import BACKENDS
@@ -2775,7 +2775,7 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     # the matmul sinks' other operands, in `uses` after the score matmuls' (in the sinks' order)
     use_of = {id(sink): len(scores) + i for i, sink in
               enumerate(sk for sk in sinks if isinstance(sk.op, g.MatmulOp) and not sk.across)}
-    needs = {id(sink): _scores_read(sink.computed, scores) for sink in sinks}
+    needs = {id(sink): frozenset(sink.tiling.scores) for sink in sinks}   # the score tiles each reads
     order = _chain_issue_order(sinks, needs)
     kind_of = {id(sink): kind for sink, kind in zip(sinks, kinds)}
     # the score matmuls issued in the order the sinks first read them
@@ -2867,22 +2867,6 @@ def lower_flash_chain(kb: KernelBuild) -> tuple[int, int, int]:
     if sums:
         sums.finish(kb)
     return grid
-
-
-def _scores_read(value: SSAValue, scores: dict) -> frozenset:
-    """The score matmuls (`scores`' keys) a chain sink's computed operand is computed from."""
-    results = {mm.res: mm for mm in scores}
-    found, seen, todo = set(), set(), [value]
-    while todo:
-        v = todo.pop()
-        if v in seen:
-            continue
-        seen.add(v)
-        if v in results:
-            found.add(results[v])
-        elif isinstance(v, OpResult):
-            todo.extend(v.op.operands)
-    return frozenset(found)
 
 
 def _chain_issue_order(sinks: list, needs: dict) -> list:

@@ -595,12 +595,14 @@ def lower_bulk_reductions(kernel, layouts: dict, consumer_threads: int | None = 
     staged = [op for op in adds if target.STAGING in op.attributes]
 
     def barrier() -> target.BarrierOp:
-        return target.BarrierOp(1, consumer_threads) if consumer_threads else target.BarrierOp()
-    for op in adds if consumer_threads else ():   # an add left to `red`s (its staging did not fit)
-        if op not in staged:   # follows the wait for the products reading its operand's staged tile,
-            # which the next step rewrites: without the refill barrier a producer turns into
-            # mbarriers, the computing warps meet here first
-            Rewriter.insert_op(barrier(), InsertPoint.after(op))
+        return target.BarrierOp(target.CONSUMER_BARRIER, consumer_threads) if consumer_threads \
+            else target.BarrierOp()
+    if consumer_threads:   # an add left to `red`s (its staging did not fit) follows the wait for the
+        # products reading its operand's staged tile, which the next step rewrites: with no refill
+        # barrier (a producer's mbarriers instead), the computing warps meet after it
+        for op in adds:
+            if target.STAGING not in op.attributes:
+                Rewriter.insert_op(barrier(), InsertPoint.after(op))
     for op in staged:
         rank = op.dst.type.get_num_dims()
         tile_dims = list(tile.int_values(op.tile_dims))

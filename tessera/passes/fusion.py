@@ -1249,8 +1249,7 @@ def _kernel_body(group: Group, planner: _Planner, space_override) -> tuple:
     if group.kind == "flash_chain" and planner.platform and not params.get("heavy_first") \
             and not {"heavy_first", "heavy_group"} & set(pinned) and _chain_work(block, planner) \
             and _static_grid(group, planner):
-        per_sm = 1 if params.get("warp_specialize") else params.get("occupancy", 1)
-        params.update(_heavy_group(block, planner, params, planner.sm_count * per_sm))
+        params.update(_heavy_group(block, planner, params, planner.sm_count * _blocks_per_sm(params)))
     if group.kind == "column_reduction" and planner.platform and "split_rows" not in pinned:
         params["split_rows"] = _split_rows(group, planner, params)
     if features.get("column_riders") or _walks_ahead(group, planner, params):
@@ -1275,16 +1274,21 @@ KEY_BLOCK_US, GRID_TILE_US, WALK_TILE_US = 1.77, 3.0, 1.8
 WALK_MODEL_SLACK = 0.02
 
 
+def _blocks_per_sm(params: dict[str, int]) -> int:
+    """The blocks of an attention or chain kernel an SM holds: one where warp-specialized (its
+    register split is one block's), else what `_occupancy` asked (one where it asked none)."""
+    return 1 if params.get("warp_specialize") else params.get("occupancy", 1)
+
+
 def _attention_walk(group: Group, planner: _Planner, params: dict[str, int], features: dict[str, int],
                     pinned: dict) -> dict:
-    """A persistent attention's `programs`: one block an SM where warp-specialized (its register
-    split is one block's), else the blocks an SM holds as `_occupancy` asked (one where it asked
-    none), and under a causal mask the order of its tiles (`heavy_first`); or no walk (`persistent`
-    0) where the walk's second Q stage does not fit in shared memory beside the (pinned) tiles, or,
-    unpinned, where a causal walk does not pay (`_causal_walk_pays`)."""
+    """A persistent attention's `programs`: the SMs times `_blocks_per_sm`, and under a causal
+    mask the order of its tiles (`heavy_first`); or no walk (`persistent` 0) where the walk's
+    second Q stage does not fit in shared memory beside the (pinned) tiles, or, unpinned, where a
+    causal walk does not pay (`_causal_walk_pays`)."""
     if planner.max_shared is not None and s.shared_bytes("flash_attention", params, features) > planner.max_shared:
         return {"persistent": 0}
-    per_sm = 1 if params.get("warp_specialize") else params.get("occupancy", 1)
+    per_sm = _blocks_per_sm(params)
     walk = {"programs": pinned.get("programs", [planner.sm_count * per_sm])[0]}
     if (work := _attention_work(group, planner)) is not None and "heavy_first" not in pinned:
         walk["heavy_first"] = int(planner.sm_count >= HEAVY_FIRST_WALK_BLOCKS_PER_PROGRAM * work[0])
