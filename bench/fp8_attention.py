@@ -29,7 +29,7 @@ sys.path[:0] = [str(ROOT), str(ROOT / "examples")]
 from flash_attention import causal_flash_attention, flash_attention  # noqa: E402
 from fp8_attention import causal_fp8_attention, fp8_attention, fp8_attention_vt  # noqa: E402
 
-SHAPES = [(8, 16, 4096, 128), (32, 12, 2048, 128), (4, 16, 8192, 128)]
+SHAPES = [(8, 16, 4096, 128), (32, 12, 2048, 128), (4, 16, 8192, 128), (16, 16, 2048, 64)]
 
 
 def graph_ms(fn) -> float:

@@ -35,7 +35,7 @@ KINDS: dict[str, tuple[dict[str, int], dict[str, list[int]]]] = {
     "flash_attention": (
         {"block_m": 128, "block_n": 64, "num_warps": 4, "num_stages": 2, "qk_ahead": 0, "warp_specialize": 0,
          "pingpong": 0, "persistent": 0, "split_kv": 1, "heavy_first": 0},
-        {"block_m": [64, 128], "block_n": [32, 64, 128], "num_warps": [4, 8], "num_stages": [1, 2, 3],
+        {"block_m": [64, 128], "block_n": [32, 64, 128, 256], "num_warps": [4, 8], "num_stages": [1, 2, 3],
          "qk_ahead": [0, 1], "warp_specialize": [0, 1], "pingpong": [0, 1], "persistent": [0, 1],
          "split_kv": [1, 2, 4, 8, 16, 32], "heavy_first": [0, 1]},
     ),
@@ -113,14 +113,19 @@ def _scores_ahead(f: dict) -> bool:
                 and not f.get("reads_indices") and not f.get("shared_keys"))
 
 
-def _fp8_turns(f: dict) -> bool:
-    """Whether an fp8 attention's two computing warpgroups take turns at their mmas (8-bit Q, K and
-    V on wgmma at D = 64 or 128, query rows filling 4+ waves of 128-row blocks, no causal mask, no
-    key range read per row, no KV head shared by query heads): see SHAPE_DEFAULTS."""
+def _fp8_wide(f: dict) -> bool:
+    """Whether an fp8 attention takes 256 keys a block and walks its query tiles (8-bit Q, K and V
+    on wgmma at D = 64 or 128, query rows filling 4+ waves of 128-row blocks, no key range read per
+    row, no KV head shared by query heads): see SHAPE_DEFAULTS."""
     return bool(f.get("wgmma") and f.get("value_bytes") == 1 and f.get("element_bytes") == 1
                 and f.get("head_dim") in (64, 128) and f.get("query_rows", 0) >= 128
-                and f.get("query_block_waves", 0) >= 4 and not f.get("one_sided_mask")
-                and not f.get("reads_indices") and not f.get("shared_keys"))
+                and f.get("query_block_waves", 0) >= 4 and not f.get("reads_indices") and not f.get("shared_keys"))
+
+
+def _fp8_turns(f: dict) -> bool:
+    """Whether an fp8 attention's two computing warpgroups take turns at their mmas (`_fp8_wide`'s
+    kernels without a causal mask): see SHAPE_DEFAULTS."""
+    return _fp8_wide(f) and not f.get("one_sided_mask")
 
 
 #: Defaults that depend on the problem, as (kind, condition on the problem's features, overrides), applied
@@ -212,6 +217,13 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # 1216 -> 1223)
     ("flash_attention", lambda f: _fp8_turns(f) and f.get("head_dim") == 64 and not f.get("keys_bounded_below"),
      {"persistent": 1}),
+    # ... and 256 keys a block, walking the query tiles at D = 128 too: a block's softmax (its row
+    # maxima and sums across a quad, the output's rescale, the stage's barriers) comes half as often
+    # a key. H200 e4m3, 128 keys -> 256 walking, us (bench/fp8_attention_schedules.py, RESULTS
+    # session 46): V^T 8x16x4096x128 1558 -> 1402, 32x12x2048x128 1229 -> 1084, 16x16x2048x64
+    # 632 -> 567; causal (its walk where it pays, `fusion._causal_walk_pays`) 954 -> 924, 850 ->
+    # 858, 476 -> 435. 256 keys without the walk: 1418, 1124, 563; causal 976, 924, 496
+    ("flash_attention", lambda f: _fp8_wide(f) and not f.get("keys_bounded_below"), {"block_n": 256, "persistent": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at
     # D = 128, and two blocks per SM asked of tileiras (`occupancy`, the entry's hint). H200 bf16,
     # bench/RESULTS.md session 14: 8x16x4096x128 219 TFLOP/s with 128 keys, 408 with 64; 16x16x2048x64

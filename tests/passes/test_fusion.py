@@ -674,30 +674,32 @@ def test_grouped_query_and_fp8_value_attention_keep_their_d128_schedules():
     assert (p["block_n"], p.get("qk_ahead"), p.get("warp_specialize")) == (128, 0, 1)
 
 
-@pytest.mark.parametrize("dims,causal,turns", [
-    (dict(B=8, H=16, S=4096, D=128), False, True), (dict(B=4, H=16, S=8192, D=128), False, True),
-    (dict(B=8, H=16, S=4096, D=128), True, False),    # causal: its shorter loops pay the turns' start
-    (dict(B=2, H=4, S=1000, D=128), False, False),    # 64 query blocks: not 4 waves of the SMs
-    (dict(B=64, H=64, S=64, D=128), False, False),    # a 64-row query tile: one computing warpgroup
-    (dict(B=16, H=16, S=2048, D=64), False, True),    # D = 64: Q and K in TMA's 64-byte swizzle
-    (dict(B=16, H=16, S=2048, D=32), False, False)])  # D = 32: 32-byte rows, on mma.sync
-def test_fp8_attention_warpgroups_take_turns(dims, causal, turns):
+@pytest.mark.parametrize("dims,causal,turns,wide", [
+    (dict(B=8, H=16, S=4096, D=128), False, True, True), (dict(B=4, H=16, S=8192, D=128), False, True, True),
+    (dict(B=8, H=16, S=4096, D=128), True, False, True),    # causal: its shorter loops pay the turns' start
+    (dict(B=2, H=4, S=1000, D=128), False, False, False),   # 64 query blocks: not 4 waves of the SMs
+    (dict(B=64, H=64, S=64, D=128), False, False, False),   # a 64-row query tile: one computing warpgroup
+    (dict(B=16, H=16, S=2048, D=64), False, True, True),    # D = 64: Q and K in TMA's 64-byte swizzle
+    (dict(B=16, H=16, S=2048, D=32), False, False, False)])  # D = 32: 32-byte rows, on mma.sync
+def test_fp8_attention_warpgroups_take_turns(dims, causal, turns, wide):
     """`schedule.SHAPE_DEFAULTS`: an fp8 attention at D = 64 or 128 over 4+ waves of 128-row query
-    blocks, without a causal mask, has its two computing warpgroups take turns at their mmas
-    (`pingpong`); at D = 64 it also walks the query tiles, one block an SM (`persistent`)."""
+    blocks takes 256 keys a block and walks the query tiles, one block an SM (`persistent`; under a
+    causal mask where the walk pays, as at 8x16x4096); without a causal mask its two computing
+    warpgroups take turns at their mmas (`pingpong`)."""
     fn = causal_fp8_attention if causal else fp8_attention_vt
     c = fn.compile(fn.arg_specs_for({**dims, "N": dims["S"]}), arch="sm_90a", sm_count=132)
     p = next(k for k in schedule_kernels(c) if k.kind.data == "flash_attention").param_values
     assert bool(p.get("pingpong")) == turns and (not turns or (p["warp_specialize"], p["num_warps"]) == (1, 8))
-    walks = turns and dims["D"] == 64
-    assert (p.get("persistent"), p.get("programs")) == ((1, 132) if walks else (0, None))
+    assert (p["block_n"] == 256) == wide
+    assert (p.get("persistent"), p.get("programs")) == ((1, 132) if wide else (0, None))
 
 
 def test_fp8_attention_with_rows_narrower_than_a_box_takes_the_mma_sync_schedule():
     """fp8 Q and K at D = 32 are 32-byte rows, which the Hopper path does not copy (whole 128-byte
     swizzled rows, or one 64-byte row of 8-bit elements): the kernel runs on mma.sync, so fusion
     gives it mma.sync's schedule (64 keys on 4 warps), not the wgmma one (which spilled); D = 64
-    (TMA's 64-byte swizzle) and D = 128 take wgmma's, two computing warpgroups and a producer."""
+    (TMA's 64-byte swizzle) and D = 128 take wgmma's, two computing warpgroups and a producer over
+    256 keys a block."""
     def params(d):
         c = fp8_attention_vt.compile(fp8_attention_vt.arg_specs_for(dict(B=16, H=16, S=2048, N=2048, D=d)),
                                      arch="sm_90a")
@@ -707,7 +709,7 @@ def test_fp8_attention_with_rows_narrower_than_a_box_takes_the_mma_sync_schedule
     assert 'tensor_core "wgmma"' not in c.ir("target")
     for d in (64, 128):
         p, c = params(d)
-        assert (p["block_n"], p["num_warps"], p.get("warp_specialize")) == (128, 8, 1)
+        assert (p["block_n"], p["num_warps"], p.get("warp_specialize")) == (256, 8, 1)
         assert 'tensor_core "wgmma"' in c.ir("target")
 
 
