@@ -125,6 +125,45 @@ def test_fp8_attention_walking_query_tiles_with_turns(torch_cuda, hopper, b, h, 
     check(torch, out, reference(torch, q, k, v, scales, False), False)
 
 
+#: fp8's default over 4+ waves of query blocks (`schedule._fp8_wide`): 256 keys a block, walking
+#: the query tiles, the computing warpgroups taking turns without a causal mask
+WIDE = {"warp_specialize": [1], "num_warps": [8], "block_m": [128], "block_n": [256], "qk_ahead": [0],
+        "split_kv": [1], "persistent": [1]}
+
+
+@pytest.mark.parametrize("fn", [causal_fp8_attention, fp8_attention_vt], ids=lambda f: f.name)
+@pytest.mark.parametrize("b,h,s,n,d,programs", [(1, 1, 1, 16, 128, 1), (1, 1, 300, 272, 128, 2),
+                                                (1, 2, 1000, 1024, 128, 3), (2, 2, 513, 4096, 64, 5),
+                                                (1, 2, 4097, 4096, 128, 7), (2, 2, 256, 256, 128, 1),
+                                                (1, 2, 1031, 1040, 64, 4)])
+def test_fp8_attention_on_256_key_blocks_walking(torch_cuda, hopper, fn, b, h, s, n, d, programs):
+    """256 keys a block, fewer blocks than query tiles walking them: one key block, a partial last
+    one (16 of 256 keys), causal blocks skipped and masked, queries fewer and more than keys, every
+    tile against float64."""
+    torch = torch_cuda
+    q, k, v, scales = inputs(torch, b, h, s, n, d)
+    causal = fn is causal_fp8_attention
+    value = v if causal else v.transpose(-1, -2).contiguous()
+    space = {**WIDE, "pingpong": [int(not causal)], "programs": [programs]}
+    compiled, out = run(torch, fn, [q, k, value, *scales], "native", space=space)
+    assert "block_n = 256" in compiled.ir("schedule")
+    check(torch, out, reference(torch, q, k, v, scales, causal), causal)
+
+
+@pytest.mark.parametrize("fn,b,h,s,n,d", [(fp8_attention_vt, 4, 16, 1031, 1040, 128),
+                                          (causal_fp8_attention, 4, 16, 1031, 1031, 64)],
+                         ids=["vt", "causal"])
+def test_fp8_attention_default_over_four_waves(torch_cuda, hopper, fn, b, h, s, n, d):
+    """The derived schedule where 128-row query blocks fill 4+ waves: 256-key blocks, walking."""
+    torch = torch_cuda
+    q, k, v, scales = inputs(torch, b, h, s, n, d)
+    causal = fn is causal_fp8_attention
+    value = v if causal else v.transpose(-1, -2).contiguous()
+    compiled, out = run(torch, fn, [q, k, value, *scales], "native")
+    assert "block_n = 256" in compiled.ir("schedule") and "persistent = 1" in compiled.ir("schedule")
+    check(torch, out, reference(torch, q, k, v, scales, causal), causal)
+
+
 def test_plain_call_with_torch_tensors(torch_cuda):
     """`fp8_attention(q, k, v, sq, sk, sv)` on CUDA tensors, as a user writes it: bf16 out."""
     torch = torch_cuda
