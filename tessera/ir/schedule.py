@@ -210,19 +210,15 @@ SHAPE_DEFAULTS: list[tuple[str, Callable[[dict], bool], dict[str, int]]] = [
     # 814, 1718 -> 1744 (at D = 64 483 -> 473, one run); nor at 16-bit values, whose matmuls outlast the softmax (bf16 8x16x4096x128 without
     # qk_ahead 2042 -> 2364). Grouped-query and per-row key ranges were not measured
     ("flash_attention", lambda f: _fp8_turns(f), {"pingpong": 1}),
-    # ... and at D = 64, where every query block sees every key block, one block an SM walking the
-    # query tiles (`persistent`). H200 e4m3, V passed transposed (bench/fp8_attention_schedules.py,
-    # RESULTS sessions 43-44): 16x16x2048x64 673.6 -> 641.7 us, 32x16x2048x64 1324.0 -> 1254.2,
-    # 8x16x4096x64 1252.9 -> 1227.0; at D = 128 it lost (8x16x4096x128 1543 -> 1572, 32x12x2048x128
-    # 1216 -> 1223)
-    ("flash_attention", lambda f: _fp8_turns(f) and f.get("head_dim") == 64 and not f.get("keys_bounded_below"),
-     {"persistent": 1}),
-    # ... and 256 keys a block, walking the query tiles at D = 128 too: a block's softmax (its row
-    # maxima and sums across a quad, the output's rescale, the stage's barriers) comes half as often
-    # a key. H200 e4m3, 128 keys -> 256 walking, us (bench/fp8_attention_schedules.py, RESULTS
-    # session 46): V^T 8x16x4096x128 1558 -> 1402, 32x12x2048x128 1229 -> 1084, 16x16x2048x64
-    # 632 -> 567; causal (its walk where it pays, `fusion._causal_walk_pays`) 954 -> 924, 850 ->
-    # 858, 476 -> 435. 256 keys without the walk: 1418, 1124, 563; causal 976, 924, 496
+    # ... and 256 keys a block, one block an SM walking the query tiles (`persistent`; under a causal
+    # mask where the walk pays, `fusion._causal_walk_pays`): a block's softmax (its row maxima and
+    # sums across a quad, the output's rescale, the stage's barriers) comes half as often a key.
+    # H200 e4m3, ms (bench/fp8_attention.py, RESULTS session 46; V copied transposed in the call):
+    # 8x16x4096x128 1.558 -> 1.410, 32x12x2048x128 1.249 -> 1.168, 4x16x8192x128 3.001 -> 2.766;
+    # causal 0.929 -> 0.825, 0.796 -> 0.752, 1.709 -> 1.483. Pins, us (bench/fp8_attention_schedules.py,
+    # V^T, 128 keys -> 256 -> 256 walking): 8x16x4096x128 1558 -> 1418 -> 1402, 32x12x2048x128 1229 ->
+    # 1124 -> 1084, 16x16x2048x64 (which walked on 128 keys already: sessions 43-44, 673.6 -> 641.7)
+    # 632 -> 563 -> 567. Without turns (256 keys) 1491; 3 stages 1434; no producer 1562
     ("flash_attention", lambda f: _fp8_wide(f) and not f.get("keys_bounded_below"), {"block_n": 256, "persistent": 1}),
     # CUDA Tile IR (tileiras stages, pipelines and picks the instructions): 64 keys per block at
     # D = 128, and two blocks per SM asked of tileiras (`occupancy`, the entry's hint). H200 bf16,
