@@ -137,9 +137,10 @@ WIDE = {"warp_specialize": [1], "num_warps": [8], "block_m": [128], "block_n": [
                                                 (1, 2, 4097, 4096, 128, 7), (2, 2, 256, 256, 128, 1),
                                                 (1, 2, 1031, 1040, 64, 4)])
 def test_fp8_attention_on_256_key_blocks_walking(torch_cuda, hopper, fn, b, h, s, n, d, programs):
-    """256 keys a block, fewer blocks than query tiles walking them: one key block, a partial last
-    one (16 of 256 keys), causal blocks skipped and masked, queries fewer and more than keys, every
-    tile against float64."""
+    """256 keys a block, fewer blocks than query tiles walking them: a partial last key block (16 of
+    256 keys), causal blocks skipped and masked, queries fewer and more than keys, every tile against
+    float64. Two cases keep the grid (`schedule_to_tile._walks_attention_tiles`): one query tile
+    (1 x 1 x 1), and one key block without a mask (fewer than the two stages the walk runs ahead)."""
     torch = torch_cuda
     q, k, v, scales = inputs(torch, b, h, s, n, d)
     causal = fn is causal_fp8_attention
@@ -147,6 +148,9 @@ def test_fp8_attention_on_256_key_blocks_walking(torch_cuda, hopper, fn, b, h, s
     space = {**WIDE, "pingpong": [int(not causal)], "programs": [programs]}
     compiled, out = run(torch, fn, [q, k, value, *scales], "native", space=space)
     assert "block_n = 256" in compiled.ir("schedule")
+    walks = b * h * -(-s // 128) > programs and (causal or -(-n // 256) >= 2)
+    grid = f"{programs}, 1, 1" if walks else f"{-(-s // 128)}, {b * h}, 1"
+    assert f"grid = array<i64: {grid}>" in compiled.ir("tile")
     check(torch, out, reference(torch, q, k, v, scales, causal), causal)
 
 
