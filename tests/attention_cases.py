@@ -1,7 +1,7 @@
 """Attention functions with score modifications written as plain math, and their gradients in
 float64 (NumPy, derived by hand) and through torch autograd: the cases of the attention backward's
 tests on the CPU (tests/passes/test_recompute.py) and the GPU (tests/gpu/test_attention_backward_gpu.py)
-and of bench/attention_backward.py."""
+and of bench/attention_backward.py; and forward-only ones scaled at run time (`temperature`)."""
 import math
 
 import numpy as np
@@ -43,6 +43,22 @@ def softcap_causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"],
     s = 20.0 * tsr.tanh(_scores(q, k) * (1.0 / 20.0))
     i, j = _ij(s)
     return tsr.matmul(tsr.softmax(tsr.where(i >= j, s, -math.inf), dim=-1), v)
+
+
+@tsr.function
+def temperature(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
+                t: Tensor[1, tsr.fp32]):
+    """The scores scaled by a temperature read at run time (as fp8's dequantizing scales are):
+    a scale of either sign, folded into the exponent (`schedule_to_tile._SignedScale`)."""
+    return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * (t * 0.125), dim=-1).to(v.dtype), v)
+
+
+@tsr.function
+def causal_temperature(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
+                       t: Tensor[1, tsr.fp32]):
+    s = tsr.matmul(q, k.transpose(-2, -1)) * (t * 0.125)
+    i, j = _ij(s)
+    return tsr.matmul(tsr.softmax(tsr.where(i >= j, s, -math.inf), dim=-1).to(v.dtype), v)
 
 
 def reference_grads(kind, q, k, v, d_out):

@@ -692,6 +692,10 @@ def _dim(c: Compiler, op: tile.DimOp) -> Step:
     return _apply(lambda buf: np.int64(buf.shape[axis]), c.ins(op), c.out(op))
 
 
+def _extract(c: Compiler, op: tile.ExtractOp) -> Step:
+    return _apply(lambda x: x[()], c.ins(op), c.out(op))
+
+
 def _view(c: Compiler, op: tile.ViewOp) -> Step:
     shape = tuple(-1 if n == tile.DYNAMIC else n for n in op.result.type.get_shape())
     return _apply(lambda buf: buf.reshape(shape), c.ins(op), c.out(op))
@@ -807,7 +811,7 @@ BUILDERS: dict[type[Operation], Callable[[Compiler, Operation], Step | None]] = 
     arith.ConstantOp: _constant, arith.CmpfOp: _cmpf, arith.CmpiOp: _cmpi, arith.SelectOp: _select,
     tile.CmpfOp: _cmpf, tile.CmpiOp: _cmpi, tile.SelectOp: _select,
     scf.ForOp: _for, scf.IfOp: _if,
-    tile.ProgramIdOp: _program_id, tile.DimOp: _dim, tile.LoadOp: _load, tile.LoadIndexOp: _load_index,
+    tile.ProgramIdOp: _program_id, tile.DimOp: _dim, tile.ExtractOp: _extract, tile.LoadOp: _load, tile.LoadIndexOp: _load_index,
     tile.LoadIndexReduceOp: _load_index_reduce, tile.LoadGatherOp: _load_gather, tile.StoreOp: _store,
     tile.AllocSharedOp: _fresh, tile.AllocGlobalOp: _fresh, tile.ViewOp: _view, tile.CopyAsyncOp: _copy_async,
     tile.AsyncCommitOp: _async_commit, tile.AsyncWaitOp: _async_wait, tile.BarrierOp: _no_op,

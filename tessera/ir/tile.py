@@ -1066,6 +1066,26 @@ class BroadcastOp(IRDLOperation):
 
 
 @irdl_op_definition
+class ExtractOp(IRDLOperation):
+    """The element of a rank-0 tile as a scalar (MLIR's `tensor.extract` of no index): a value
+    uniform over the program, such as a scale read from a one-element tensor, where an op needs
+    a scalar (an `scf.if`'s condition)."""
+
+    name = "tile.extract"
+    x = operand_def(TensorType)
+    result = result_def(AnyAttr())
+    traits = traits_def(Pure())
+    assembly_format = "$x attr-dict `:` type($x) `->` type($result)"
+
+    def __init__(self, x: Value):
+        super().__init__(operands=[x], result_types=[_element_type(SSAValue.get(x).type)])
+
+    def verify_(self) -> None:
+        _require(self.x.type.get_num_dims() == 0, self, f"input must be a rank-0 tile, got {self.x.type}")
+        _require_same_element(self, "input", self.x.type, "result", self.result.type)
+
+
+@irdl_op_definition
 class ArangeOp(IRDLOperation):
     """`start + [0, 1, ..., N-1]` as a `tensor<Nxi32>`."""
 
@@ -1410,7 +1430,7 @@ Tile = Dialect(
     [KernelOp, ReturnOp, ProgramIdOp, DimOp, LoadOp, LoadIndexOp, LoadIndexReduceOp, LoadGatherOp, StoreOp,
      AllocGlobalOp, ViewOp, AllocSharedOp, CopyAsyncOp, AsyncCommitOp, AsyncWaitOp, MmaWaitOp, MmaTurnOp, BarrierOp,
      ReleaseStageOp, LoadSharedOp, StoreSharedOp, AtomicAddOp, MmaOp, ReduceOp, ClusterGatherOp, BroadcastOp,
-     ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
+     ExtractOp, ArangeOp, LaunchOp, AssertOp, ProfileBeginOp, ProfileEndOp],
     [],
 )
 

@@ -27,6 +27,7 @@ from xdsl.dialects.builtin import (
     ModuleOp,
     StridedLayoutAttr,
     StringAttr,
+    TensorType,
     UnitAttr,
     f32,
     i1,
@@ -1030,6 +1031,7 @@ def _safe_max(kb: KernelBuild, m: SSAValue, bm: int) -> SSAValue:
 
 LOG2E = 1.4426950408889634
 FLT_MAX = 3.4028234663852886e38
+FLT_MIN = 1.1754943508222875e-38     # the smallest normal float32
 LN2 = 0.6931471805599453
 
 
@@ -1046,6 +1048,8 @@ def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale
     the rounded product of a huge max with the factor is off by up to 2^103, so a row all of the
     fill got 2^(-8e30) = 0 and 0 / 0, where torch's is uniform (a row all -inf stays 0 / 0, NaN,
     as torch's)."""
+    if isinstance(scale, _SignedScale):
+        return _signed_softmax_step(kb, scores, m_i, shape, scale)
     bm = shape[0]
     factor = scale * LOG2E
     m_new = kb.b(arith.MaximumfOp(m_i, kb.b(t.ReduceOp(scores, "max", 1))))
@@ -1060,6 +1064,91 @@ def _softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale
     alpha = scaled_exp2(m_i, safe, [bm])
     shift = kb.b(arith.MulfOp(safe, kb.b.full(-factor, [bm])))
     p = kb.b(mathd.Exp2Op(kb.b(mathd.FmaOp(scores, kb.b.full(factor, shape), _broadcast_rows(kb.b, shift, shape)))))
+    return m_new, alpha, p
+
+
+@dataclass(frozen=True)
+class _SignedScale:
+    """A scale c of an attention's scores uniform over the program but read at run time (fp8's
+    dequantizing scales, a temperature passed as a tensor): softmax(c * x) with c of either sign.
+    The loop keeps the row max of sign(c) * x, so that |c| folds into the exponent's fma as a
+    constant scale does (`_softmax_step`) instead of costing a multiply a score (fp8 attention
+    8x16x4096x128 on an H200: 1.410 -> 1.357 ms, bench/RESULTS.md session 47).
+
+    `flips` (i1): c < 0. `factor`: |c| log2 e, at least the smallest normal float (a zero scale
+    then gives the uniform softmax it means, not 0 * inf). `signed`: the factor with c's sign.
+    `fill`: what a mask puts in x, -inf or, where c < 0, +inf. All scalars, computed once a block."""
+
+    flips: SSAValue
+    factor: SSAValue
+    signed: SSAValue
+    fill: SSAValue
+
+
+def _folds_runtime_scale(kb: KernelBuild, split) -> bool:
+    """Whether an attention kernel folds a scale read at run time (`_SignedScale`): where its rows
+    keep no log-sum-exp (outputs and split-KV's partials take a constant scale) and no mask can
+    fill the scores with a finite value, whose product with an unknown factor may overflow
+    (`_may_hold_huge_scores`, any negative constant)."""
+    return split is None and len(kb.outs) < 2 and not _may_hold_huge_scores(kb, 0.0)
+
+
+def _uniform_scale(kb: KernelBuild, x: SSAValue) -> tuple[SSAValue, _SignedScale] | None:
+    """(s, c) where the score tile `x` is s * c with c uniform over the program but not a constant
+    (`_is_uniform`), else None."""
+    op = x.owner
+    if not isinstance(op, arith.MulfOp):
+        return None
+    for value, other in ((op.lhs, op.rhs), (op.rhs, op.lhs)):
+        if _is_uniform(other):
+            return value, _signed_scale(kb.b, _uniform_scalar(kb.b, other))
+    return None
+
+
+def _is_uniform(x: SSAValue) -> bool:
+    """Whether tile `x` is uniform over the program: a broadcast of a rank-0 f32 tile (a
+    one-element tensor the program reads) or of an f32 scalar (a constant), or a product or
+    quotient of such."""
+    op = x.owner
+    if isinstance(op, t.BroadcastOp):
+        ty = op.x.type
+        return ty == f32 or (isinstance(ty, TensorType) and ty.get_num_dims() == 0 and ty.get_element_type() == f32)
+    return isinstance(op, (arith.MulfOp, arith.DivfOp)) and _is_uniform(op.lhs) and _is_uniform(op.rhs)
+
+
+def _uniform_scalar(b: Builder, x: SSAValue) -> SSAValue:
+    """The f32 scalar a uniform tile `x` (`_is_uniform`) holds everywhere, the same ops on scalars."""
+    op = x.owner
+    if isinstance(op, t.BroadcastOp):
+        return b(t.ExtractOp(op.x)) if isinstance(op.x.type, TensorType) else op.x
+    return b(type(op)(_uniform_scalar(b, op.lhs), _uniform_scalar(b, op.rhs)))
+
+
+def _signed_scale(b: Builder, c: SSAValue) -> _SignedScale:
+    negative = b(t.CmpfOp(c, b.f32(0.0), "olt"))
+    factor = b(arith.MaximumfOp(b(arith.MulfOp(b(mathd.AbsFOp(c)), b.f32(LOG2E))), b.f32(FLT_MIN)))
+    return _SignedScale(negative, factor, b(t.SelectOp(negative, b(arith.NegfOp(factor)), factor)),
+                        b(t.SelectOp(negative, b.f32(math.inf), b.f32(-math.inf))))
+
+
+def _signed_softmax_step(kb: KernelBuild, scores: SSAValue, m_i: SSAValue, shape, scale: _SignedScale):
+    """`_softmax_step` of softmax(c * scores) for a scale read at run time (`_SignedScale`): the
+    row max of sign(c) * scores (-min where c < 0: the branch is uniform, each side one reduction),
+    and p = 2^(scores * c log2 e - max * |c| log2 e), one fma an element. A max whose product with
+    the factor overflows takes the largest float's place (the block's p are then 0)."""
+    b, bm = kb.b, shape[0]
+
+    def extreme(kind: str) -> list[SSAValue]:
+        r = b(t.ReduceOp(scores, kind, 1))
+        return [b(arith.NegfOp(r)) if kind == "min" else r]
+    (top,) = _if(b, scale.flips, lambda: extreme("min"), lambda: extreme("max"))
+    m_new = b(arith.MaximumfOp(m_i, top))
+    safe = _safe_max(kb, m_new, bm)
+    factor = b.splat(scale.factor, [bm])
+    alpha = b(mathd.Exp2Op(b(arith.MulfOp(b(arith.SubfOp(m_i, safe)), factor))))
+    shift = b(arith.MinimumfOp(b(arith.MulfOp(safe, b.splat(b(arith.NegfOp(scale.factor)), [bm]))),
+                               b.full(FLT_MAX, [bm])))
+    p = b(mathd.Exp2Op(b(mathd.FmaOp(scores, b.splat(scale.signed, shape), _broadcast_rows(b, shift, shape)))))
     return m_new, alpha, p
 
 
@@ -1823,7 +1912,7 @@ class _AttentionRows:
     acc: SSAValue
     m_i: SSAValue
     l_i: SSAValue
-    scale: float
+    scale: float | _SignedScale    # (a `_SignedScale` only where nothing reads it: `_folds_runtime_scale`)
     m0: SSAValue
     scalars: dict[str, SSAValue]
     score_map: Map      # the axes the scores' dims walk (..., m, n)
@@ -1974,7 +2063,8 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
     n_keys = att.extent(kb, "n")
     kept = _kept_columns(kb, terms.limits, m0, tile, scalars, {"n": n_keys, "m": att.extent(kb, "m")}) \
         if where is not None and terms.limits else None
-    scales: list[float] = []             # the constant the scores are scaled by (one per block, all equal)
+    scales: list = []                    # what the scores are scaled by (one per block, all equal)
+    runtime_scale = _folds_runtime_scale(kb, split)
 
     def scores(k_tile):
         with kb.b.origin(m1):
@@ -1991,6 +2081,8 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
             value, value_map = where.inputs[1], operand_maps(where, p_map, kb.bindings)[1]
         scaled = kb.em.value(value, value_map, ctx)
         x, scale = _positive_scale(scaled)
+        if x is scaled and runtime_scale:
+            x, scale = _uniform_scale(kb, scaled) or (x, scale)
         scales.append(scale)
         _erase_unused(scaled, keep=x)
         kb.em.forget_erased()
@@ -2005,7 +2097,8 @@ def _attention_rows(kb: KernelBuild, att: _AttentionShape,
             if key_limit is not None:
                 keep.append(_col_mask(kb, n0, tile["n"], key_limit, block))
             keep_all = keep[0] if len(keep) == 1 else kb.b(arith.AndIOp(keep[0], keep[1]))
-            return [select(kb.b, keep_all, x, kb.b.full(-math.inf, block))]
+            fill = kb.b.splat(scale.fill, block) if isinstance(scale, _SignedScale) else kb.b.full(-math.inf, block)
+            return [select(kb.b, keep_all, x, fill)]
         inside = _block_unmasked(kb, n0, m0, tile, bounds if where is not None else None, key_limit, kept)
         (x,) = _if(kb.b, inside, lambda: [x], mask)
         return x, scale

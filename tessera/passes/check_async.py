@@ -50,6 +50,7 @@ Ampere path leaves its copies past the last step in flight, and the SM retires t
 from __future__ import annotations
 
 import argparse
+import functools
 import io
 import sys
 from collections.abc import Iterator
@@ -419,7 +420,10 @@ class _Run:
                             f"{agent.own['wgmma']} retired)")
 
     def _if(self, agent: _Agent, op: Operation):
-        region = op.true_region if self.scalar(op.cond, op) else op.false_region
+        if not isinstance(self.env.get(op.cond), int) and _computes_in_registers(op):
+            region = op.true_region   # (a branch on a value read at run time, each side as the other to the checker)
+        else:
+            region = op.true_region if self.scalar(op.cond, op) else op.false_region
         if region.blocks:
             block = region.block
             yield from self._exec(agent, block, skip_terminator=True)
@@ -808,6 +812,17 @@ def _compile(op: Operation):
         step = _STEPS[op.name]
         return (lambda run, agent: step(run, agent, op)), None
     return (_scalar_step(op) if op.name in _SCALAR_OPS else None) or _register_step(op), None
+
+
+@functools.cache
+def _computes_in_registers(branch: Operation) -> bool:
+    """Whether every op of an `scf.if`'s regions only reads and writes registers (`_register_step`,
+    scalar arith): a branch on a value read at run time, such as an attention's scale's sign
+    choosing the row min or max (`schedule_to_tile._SignedScale`), where the checker takes either
+    side for both: they wait for, copy and release nothing."""
+    return all(inner.name == "scf.yield" or (inner.name not in _FLOWS and inner.name not in _STEPS
+                                             and inner.name != "tile.load_shared")
+               for region in branch.regions for inner in region.walk())
 
 
 def _register_step(op: Operation):

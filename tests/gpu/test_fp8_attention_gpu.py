@@ -168,6 +168,28 @@ def test_fp8_attention_default_over_four_waves(torch_cuda, hopper, fn, b, h, s, 
     check(torch, out, reference(torch, q, k, v, scales, causal), causal)
 
 
+@pytest.mark.parametrize("q_scale", [-0.5, 0.0], ids=["negative", "zero"])
+@pytest.mark.parametrize("fn", [causal_fp8_attention, fp8_attention_vt], ids=lambda f: f.name)
+@pytest.mark.parametrize("b,h,s,n,d,split", [(1, 2, 1000, 1024, 128, 1), (2, 2, 257, 1000, 64, 1),
+                                             (2, 2, 257, 1000, 64, None), (4, 16, 1031, 1040, 128, None)])
+def test_fp8_attention_with_a_negative_or_zero_scale(torch_cuda, hopper, fn, b, h, s, n, d, split, q_scale):
+    """The scales, read at run time, fold into the exponent's fma with their product's sign
+    choosing the row max (the min where negative) and a mask's fill (`_SignedScale`): a negative
+    scale, and zero (a uniform softmax over the keys kept), against float64. Split-KV's runs (the
+    derived schedule of the small grid) keep the multiply; the last shape takes fp8's derived
+    schedule (256-key blocks, walking)."""
+    torch = torch_cuda
+    q, k, v, scales = inputs(torch, b, h, s, n, d)
+    scales[0] = torch.tensor([q_scale], device="cuda")
+    causal = fn is causal_fp8_attention
+    value = v if causal else v.transpose(-1, -2).contiguous()
+    compiled, out = run(torch, fn, [q, k, value, *scales], "native", space={"split_kv": [split]} if split else None)
+    tile_ir = compiled.ir("tile")
+    assert ("tile.extract" in tile_ir) == ("_partials" not in tile_ir) and ("_partials" in tile_ir) == (split is None
+                                                                                                       and s < 1000)
+    check(torch, out, reference(torch, q, k, v, scales, causal), causal)
+
+
 def test_plain_call_with_torch_tensors(torch_cuda):
     """`fp8_attention(q, k, v, sq, sk, sv)` on CUDA tensors, as a user writes it: bf16 out."""
     torch = torch_cuda

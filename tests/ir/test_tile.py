@@ -34,6 +34,8 @@ tessera.profile = ["every_op", "mainloop"]} {
     %c1 = arith.constant 1 : index
     %c2 = arith.constant 2 : index
     %c32 = arith.constant 32 : index
+    %first = tile.load %c[%c0, %c0] {tile_dims = array<i64>} : memref<77x45xf32> -> tensor<f32>
+    %scale = tile.extract %first : tensor<f32> -> f32
     %om = arith.muli %pm, %c32 : index
     %row = tile.load_index %stamps[%c0, %c0, %c1, %c0, %c2] : memref<1x2x3x2x4xi32>
     %least = tile.load_index_reduce %stamps[%c0, %c0, %c1, %c0, %c0] {kind = "min", axis = 4 : i64, count = 4 : i64} : memref<1x2x3x2x4xi32>
@@ -332,6 +334,9 @@ VERIFIER_CASES = {
     "alloc_shared space": (lambda: tile.AllocSharedOp.create(result_types=[MemRefType(f16, [2, 64, 32])]),
                            "result memref<2x64x32xf16> must be in shared memory space 3"),
     "program_id axis": (lambda: tile.ProgramIdOp(3), "axis must be 0, 1 or 2, got 3"),
+    "extract rank": (lambda: tile.ExtractOp(*values(t(8))), "input must be a rank-0 tile, got tensor<8xf16>"),
+    "extract element": (lambda: tile.ExtractOp.create(operands=list(values(t(el=f32))), result_types=[f16]),
+                        "input element type f32 differs from result element type f16"),
     "arange type": (lambda: tile.ArangeOp.create(operands=list(values(IndexType())), result_types=[t(8, el=f32)]),
                     "result must be a 1-D i32 tile, got tensor<8xf32>"),
     "select mask": (select_mask_shape, "condition type tensor<4xi1> must be i1 or tensor<8xi1>"),

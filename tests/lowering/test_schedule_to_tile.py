@@ -11,6 +11,7 @@ import tessera as tsr
 from tessera import Tensor
 from tessera.ir import tile
 
+from attention_cases import causal_temperature, temperature
 from seed_kernels import causal_attention
 
 
@@ -49,7 +50,7 @@ def loop_ops(fn, s, path="ampere", **space):
 
 
 def full_tiles(ops, kind):
-    return [op for op in ops if isinstance(op, kind) and len(op.results[0].type.get_shape()) == 2]
+    return [op for op in ops if isinstance(op, kind) and len(getattr(op.results[0].type, "shape", ())) == 2]
 
 
 @pytest.mark.parametrize("fn", [scaled_attention, divided_attention], ids=["times", "divided"])
@@ -60,6 +61,38 @@ def test_scale_folds_into_one_fma_and_exp2_per_element(fn):
     # the score tile is not multiplied element by element (only the accumulator's rescale is)
     assert len(full_tiles(ops, arith.MulfOp)) == 1 and not full_tiles(ops, arith.DivfOp)
     assert not [op for op in ops if isinstance(op, tile.CmpiOp)]   # 1024 keys: every block is full
+
+
+@pytest.mark.parametrize("path", ["ampere", "native"])
+def test_a_scale_read_at_run_time_folds_into_the_fma_its_sign_choosing_the_row_max(path):
+    """softmax(t * s) with t a tensor: no multiply of the score tile; the loop keeps the max of
+    sign(t) * s, a uniform branch on t < 0 between the row min (negated) and the row max."""
+    ops = loop_ops(temperature, 1024, path=path)
+    assert len(full_tiles(ops, mathd.FmaOp)) == 1 and len(full_tiles(ops, arith.MulfOp)) == 1
+    (branch,) = [op for op in ops if isinstance(op, scf.IfOp)
+                 and any(isinstance(r, tile.ReduceOp) for r in op.true_region.walk())]
+    assert isinstance(branch.cond.owner, tile.CmpfOp) and isinstance(branch.cond.owner.lhs.owner, arith.MulfOp)
+    kinds = [[r.kind.data for r in region.walk() if isinstance(r, tile.ReduceOp)]
+             for region in (branch.true_region, branch.false_region)]
+    assert kinds == [["min"], ["max"]]
+
+
+@pytest.mark.parametrize("temperature", [0.7, -0.7, 0.0, -0.0, 40.0])
+@pytest.mark.parametrize("fn,upper", [(temperature, None), (causal_temperature, 0)],
+                         ids=["plain", "causal"])
+def test_an_attention_scaled_at_run_time_matches_float64_for_either_sign(fn, upper, temperature):
+    """Either sign of the scale (a negative one flips which score is the max, and a mask's fill
+    with it), zero (a uniform softmax over the keys kept) and a large one, with a partial last
+    key block, on the interpreter against float64."""
+    rng = np.random.default_rng(7)
+    q, k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float32) for _ in range(3))
+    t = np.array([temperature], np.float32)
+    compiled = fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=100, D=64), "fp32"), arch="sm_90a",
+                          space={"split_kv": [1], "block_n": [64]})
+    assert "tile.extract" in compiled.ir("tile")
+    out = compiled.run(q, k, v, t)[0]
+    ref = attention_reference(q, k, v, temperature * 0.125, upper=upper)
+    np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
 
 
 @pytest.mark.parametrize("stages", [2, 3])

@@ -27,6 +27,7 @@ from tessera.ir import print_ir
 from tessera.ir import target as tgt
 from tessera.passes.check_async import KINDS, check_async, check_kernel
 
+from attention_cases import causal_temperature, temperature
 from seed_kernels import causal_attention, flash_attention
 
 
@@ -88,6 +89,11 @@ CASES = {
     "causal-ahead-ws-d128-walk": Case(causal_attention, dict(B=2, H=1, S=640, D=128),
                                       {"qk_ahead": [1], "num_stages": [2], "warp_specialize": [1], "block_n": [128],
                                        "persistent": [1], "programs": [3]}),
+    # a scale read at run time: a uniform branch on its sign inside the loop (the row min or max)
+    "temperature-ws-walk-turns": Case(temperature, dict(B=2, H=1, S=640, D=128),
+                                      {"num_stages": [2], "warp_specialize": [1], "persistent": [1], "programs": [3],
+                                       "pingpong": [1], "num_warps": [8], "block_m": [128]}),
+    "causal-temperature-ampere": Case(causal_temperature, ATTN, {"num_stages": [3]}, "ampere"),
     "attn-1stage": Case(flash_attention, ATTN, {"num_stages": [1]}),
     "attn-1stage-ampere": Case(flash_attention, ATTN, {"num_stages": [1]}, "ampere"),
 }

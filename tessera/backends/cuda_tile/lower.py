@@ -426,6 +426,11 @@ def _nothing(lowering: _KernelLowering, op: Operation) -> None:
     return None
 
 
+def _same(lowering: _KernelLowering, op: Operation) -> ct.Value:
+    """An op whose value is its operand's here (a rank-0 tile is CUDA Tile IR's scalar)."""
+    return lowering.v(op.operands[0])
+
+
 #: Tile IR op class -> how it lowers (a method of _KernelLowering, or a small rule)
 RULES: dict[type, Callable] = {
     t.LoadOp: _KernelLowering.load,
@@ -437,6 +442,7 @@ RULES: dict[type, Callable] = {
     t.MmaOp: _KernelLowering.mma,
     t.MmaWaitOp: _nothing,
     t.MmaTurnOp: _nothing,
+    t.ExtractOp: _same,
     arith.ConstantOp: _KernelLowering.constant,
     scf.ForOp: _KernelLowering.for_,
     scf.IfOp: _KernelLowering.if_,

@@ -426,6 +426,10 @@ def _dim(e: KernelEmitter, op: t.DimOp):
     e.env[op.result] = e.extent(op.source, op.axis.value.data)
 
 
+def _extract(e: KernelEmitter, op: t.ExtractOp):
+    e.env[op.result] = e.env[op.x]   # (a rank-0 tile is held as its scalar already)
+
+
 def _program_id(e: KernelEmitter, op: t.ProgramIdOp):
     r = e.new(S32)
     e.emit(f"mov.u32 {r}, %ctaid.{'xyz'[op.axis.value.data]};")
@@ -552,6 +556,7 @@ HANDLERS: dict[type, Callable] = {
     tgt.ReturnOp: _return,
     tgt.BarrierOp: _barrier,
     t.ProgramIdOp: _program_id,
+    t.ExtractOp: _extract,
     t.DimOp: _dim,
     t.ArangeOp: _arange,
     t.BroadcastOp: _broadcast,
