@@ -47,7 +47,7 @@ def softcap_causal(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"],
 
 @tsr.function
 def temperature(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
-                t: Tensor[1, tsr.fp32]):
+                t: Tensor[1]):
     """The scores scaled by a temperature read at run time (as fp8's dequantizing scales are):
     a scale of either sign, folded into the exponent (`schedule_to_tile._SignedScale`)."""
     return tsr.matmul(tsr.softmax(tsr.matmul(q, k.transpose(-2, -1)) * (t * 0.125), dim=-1).to(v.dtype), v)
@@ -55,7 +55,7 @@ def temperature(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v:
 
 @tsr.function
 def causal_temperature(q: Tensor["B", "H", "S", "D"], k: Tensor["B", "H", "S", "D"], v: Tensor["B", "H", "S", "D"],
-                       t: Tensor[1, tsr.fp32]):
+                       t: Tensor[1]):
     s = tsr.matmul(q, k.transpose(-2, -1)) * (t * 0.125)
     i, j = _ij(s)
     return tsr.matmul(tsr.softmax(tsr.where(i >= j, s, -math.inf), dim=-1).to(v.dtype), v)

@@ -127,6 +127,8 @@ def cases() -> list[Case]:
             Case("softcap_causal", attention_cases.FUNCTIONS["softcap_causal"], _qkv(1, 2, 333, 333, 64), dtype),
             Case("alibi", attention_cases.FUNCTIONS["alibi"], _qkv(1, 2, 257, 257, 64), dtype),
             Case("decode", attention_cases.FUNCTIONS["plain"], _qkv(1, 2, 1, 4097, 128), dtype),
+            Case("temperature", attention_cases.temperature, _qkv(1, 2, 257, 257, 64, t=(1,)), dtype),
+            Case("causal_temperature", attention_cases.causal_temperature, _qkv(2, 2, 300, 300, 64, t=(1,)), dtype),
             Case("column_sum", column_sum, {"x": (4097, 300)}, dtype),
             Case("rms_norm_backward", _norm_vjp(rms_norm), {"x": (300, 1000), "w": (1000,), _cotangent(): (300, 1000)},
                  dtype),
