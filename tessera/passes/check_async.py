@@ -50,7 +50,6 @@ Ampere path leaves its copies past the last step in flight, and the SM retires t
 from __future__ import annotations
 
 import argparse
-import functools
 import io
 import sys
 from collections.abc import Iterator
@@ -814,7 +813,6 @@ def _compile(op: Operation):
     return (_scalar_step(op) if op.name in _SCALAR_OPS else None) or _register_step(op), None
 
 
-@functools.cache
 def _computes_in_registers(branch: Operation) -> bool:
     """Whether every op of an `scf.if`'s regions only reads and writes registers (`_register_step`,
     scalar arith): a branch on a value read at run time, such as an attention's scale's sign
