@@ -95,6 +95,22 @@ def test_an_attention_scaled_at_run_time_matches_float64_for_either_sign(fn, upp
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
 
 
+@pytest.mark.parametrize("fn,upper", [(temperature, None), (causal_temperature, 0)], ids=["plain", "causal"])
+def test_a_scale_read_at_run_time_in_the_scores_ahead_loop(fn, upper):
+    """The same with block i + 1's scores computed ahead of block i's P @ V (the Hopper D = 128
+    loop, warp-specialized): a negative and a positive scale against float64."""
+    rng = np.random.default_rng(3)
+    f = tsr.function(fn.fn, space={"qk_ahead": [1], "num_stages": [2], "warp_specialize": [1], "block_n": [128],
+                                   "block_m": [64], "split_kv": [1]})
+    compiled = f.compile(f.arg_specs_for(dict(B=1, H=2, S=300, D=128), "fp32"), arch="sm_90a")
+    assert "tile.extract" in compiled.ir("tile") and "qk_ahead = 1" in compiled.ir("schedule")
+    for temperature_value in (0.9, -0.9):
+        q, k, v = (rng.standard_normal((1, 2, 300, 128)).astype(np.float32) for _ in range(3))
+        out = compiled.run(q, k, v, np.array([temperature_value], np.float32))[0]
+        ref = attention_reference(q, k, v, temperature_value * 0.125, upper=upper)
+        np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
+
+
 @pytest.mark.parametrize("stages", [2, 3])
 def test_native_loop_computes_the_next_scores_before_this_blocks_p_at_v(stages):
     """Block i + 1's Q @ K^T is issued first, then block i's P @ V; the wait for one mma group
