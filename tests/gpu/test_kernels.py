@@ -12,6 +12,8 @@ import pytest
 import tessera as tsr
 from tessera import Tensor
 
+import attention_cases
+
 TOL = {"fp32": 2e-5, "fp16": 1e-2, "bf16": 3e-2}
 
 
@@ -444,6 +446,29 @@ def test_alibi_softcap_attention(torch_cuda):
     s = (q.float() @ k.float().transpose(-2, -1)) / 8.0 + slopes.float()[:, None, None] * (i[None, :] - i[:, None])
     s = 20.0 * torch.tanh(s / 20.0)
     check(out, torch.softmax(s, dim=-1).half().float() @ v.float(), "fp16", torch)
+
+
+@pytest.mark.parametrize("temperature", [0.7, -0.7], ids=["positive", "negative"])
+@pytest.mark.parametrize("causal_mask", [False, True], ids=["plain", "causal"])
+@pytest.mark.parametrize("path", PATHS)
+@pytest.mark.parametrize("b,h,s,d", [(2, 4, 1000, 128), (4, 16, 1031, 64), (4, 16, 1031, 128)])
+def test_attention_scaled_by_a_tensor(torch_cuda, b, h, s, d, causal_mask, temperature, path):
+    """softmax(t * scores) with t a one-element tensor read at run time, folded into the exponent
+    with its sign choosing the row max or min (`schedule_to_tile._SignedScale`), in the loops
+    these shapes derive in bf16 (split-KV over the small grid, which keeps the multiply; D = 64,
+    two blocks an SM; the scores-ahead walk at D = 128) and on mma.sync, against float64."""
+    torch = torch_cuda
+    fn = attention_cases.causal_temperature if causal_mask else attention_cases.temperature
+
+    def make(spec, gen):
+        if spec.name == "t":
+            return torch.tensor([temperature], device="cuda", dtype=torch.bfloat16)
+        return torch.randn(spec.shape, generator=gen, device="cuda").to(torch.bfloat16)
+    (q, k, v, t), (out,) = run(fn, dict(B=b, H=h, S=s, D=d), "bf16", torch, make=make, path=path)
+    scores = q.double() @ k.double().transpose(-2, -1) * (float(t) * 0.125)
+    if causal_mask:
+        scores = scores.masked_fill(torch.ones(s, s, dtype=torch.bool, device="cuda").triu(1), -math.inf)
+    check(out, torch.softmax(scores, dim=-1) @ v.double(), "bf16", torch)
 
 
 @tsr.function
