@@ -77,21 +77,21 @@ def test_a_scale_read_at_run_time_folds_into_the_fma_its_sign_choosing_the_row_m
     assert kinds == [["min"], ["max"]]
 
 
-@pytest.mark.parametrize("temperature", [0.7, -0.7, 0.0, -0.0, 40.0])
+@pytest.mark.parametrize("scale", [0.7, -0.7, 0.0, -0.0, 40.0])
 @pytest.mark.parametrize("fn,upper", [(temperature, None), (causal_temperature, 0)],
                          ids=["plain", "causal"])
-def test_an_attention_scaled_at_run_time_matches_float64_for_either_sign(fn, upper, temperature):
+def test_an_attention_scaled_at_run_time_matches_float64_for_either_sign(fn, upper, scale):
     """Either sign of the scale (a negative one flips which score is the max, and a mask's fill
     with it), zero (a uniform softmax over the keys kept) and a large one, with a partial last
     key block, on the interpreter against float64."""
     rng = np.random.default_rng(7)
     q, k, v = (rng.standard_normal((1, 2, 100, 64)).astype(np.float32) for _ in range(3))
-    t = np.array([temperature], np.float32)
+    t = np.array([scale], np.float32)
     compiled = fn.compile(fn.arg_specs_for(dict(B=1, H=2, S=100, D=64), "fp32"), arch="sm_90a",
                           space={"split_kv": [1], "block_n": [64]})
     assert "tile.extract" in compiled.ir("tile")
     out = compiled.run(q, k, v, t)[0]
-    ref = attention_reference(q, k, v, temperature * 0.125, upper=upper)
+    ref = attention_reference(q, k, v, scale * 0.125, upper=upper)
     np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
 
 
@@ -104,10 +104,10 @@ def test_a_scale_read_at_run_time_in_the_scores_ahead_loop(fn, upper):
                                    "block_m": [64], "split_kv": [1]})
     compiled = f.compile(f.arg_specs_for(dict(B=1, H=2, S=300, D=128), "fp32"), arch="sm_90a")
     assert "tile.extract" in compiled.ir("tile") and "qk_ahead = 1" in compiled.ir("schedule")
-    for temperature_value in (0.9, -0.9):
+    for scale in (0.9, -0.9):
         q, k, v = (rng.standard_normal((1, 2, 300, 128)).astype(np.float32) for _ in range(3))
-        out = compiled.run(q, k, v, np.array([temperature_value], np.float32))[0]
-        ref = attention_reference(q, k, v, temperature_value * 0.125, upper=upper)
+        out = compiled.run(q, k, v, np.array([scale], np.float32))[0]
+        ref = attention_reference(q, k, v, scale * 0.125, upper=upper)
         np.testing.assert_allclose(out, ref, rtol=2e-5, atol=2e-5 * np.abs(ref).max())
 
 
