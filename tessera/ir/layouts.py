@@ -16,7 +16,8 @@ what makes broadcasts and row statistics free.
   are split `wr` x `wc`; the pattern repeats to cover the tile.
 * `Mma` (rank 2): the accumulator fragments of `mma.sync.m16n8k16`, warps split
   `wm` x `wn`: register (mi, ni, c) holds row `16 mi + 8 (c // 2) + lane / 4`
-  and column `8 ni + 2 (lane % 4) + c % 2` of its warp's sub-tile.
+  and column `8 ni + 2 (lane % 4) + c % 2` of its warp's sub-tile; with `byte_a`, the columns
+  of each 16 in the order an 8-bit A fragment reads them (see `Mma.byte_a`).
 * `Slice` (rank 1): one dim of a rank-2 parent (a row statistic after a
   reduction, a column vector such as a LayerNorm weight or a mask index).
 """
@@ -85,9 +86,22 @@ class Blocked:
 
 @dataclass(frozen=True)
 class Mma:
+    """Accumulator fragments (see the module docstring).
+
+    `byte_a`: the tile's columns are keys loaded permuted (`lowering.byte_fragments`): register
+    (mi, ni, c) holds column `16 (ni // 2) + 4 (lane % 4) + 2 (ni % 2) + c % 2`, so that each
+    lane's four columns of two neighbouring 8-column chunks are the four consecutive k of an
+    8-bit (k 32) A fragment, and the tile narrowed to 8 bits is its own A operand, with no
+    exchange between lanes."""
+
     shape: tuple[int, int]
     wm: int
     wn: int
+    byte_a: bool = False
+
+    def __post_init__(self):
+        if self.byte_a and self.warp_tile[1] % 16:
+            raise ValueError(f"an Mma layout in 8-bit A order permutes each 16 columns; a warp holds {self.warp_tile[1]}")
 
     @staticmethod
     def fits(shape: tuple[int, int], wm: int, wn: int) -> bool:
@@ -106,14 +120,16 @@ class Mma:
     @cached_property
     def offsets(self) -> list[tuple[int, int]]:
         mi_n, ni_n = self.fragments
-        return [(mi * 16 + 8 * (c // 2), ni * 8 + c % 2) for mi in range(mi_n) for ni in range(ni_n) for c in range(4)]
+        col = (lambda ni, c: 16 * (ni // 2) + 2 * (ni % 2) + c % 2) if self.byte_a else (lambda ni, c: 8 * ni + c % 2)
+        return [(mi * 16 + 8 * (c // 2), col(ni, c)) for mi in range(mi_n) for ni in range(ni_n) for c in range(4)]
 
     def register(self, mi: int, ni: int, c: int) -> int:
         return (mi * self.fragments[1] + ni) * 4 + c
 
     @property
     def base_keys(self) -> tuple[tuple, tuple]:
-        return (("mma_row", self.wn, self.warp_tile[0]), ("mma_col", self.wn, self.warp_tile[1]))
+        return (("mma_row", self.wn, self.warp_tile[0]),
+                ("mma_col_byte_a" if self.byte_a else "mma_col", self.wn, self.warp_tile[1]))
 
     def lane_masks(self, axis: int) -> list[int]:
         assert axis == 1

@@ -49,6 +49,7 @@ from xdsl.irdl import (
     irdl_op_definition,
     operand_def,
     opt_prop_def,
+    ParsePropInAttrDict,
     prop_def,
     region_def,
     result_def,
@@ -730,6 +731,18 @@ class TensorMapType(ParametrizedAttribute, TypeAttribute):
         strides = () if strides is None or tuple(strides) == c_strides(shape) else strides
         return TensorMapType(element_type, _int_array(shape), _int_array(strides), _int_array(box), IntAttr(swizzle))
 
+    @staticmethod
+    def byte_a_rows(element_type: Attribute, shape: Sequence[int], strides: Sequence[int], rows: int, cols: int,
+                    swizzle: int) -> TensorMapType:
+        """A map of a tensor whose dims before the last are one run of rows (`rows_are_one_run`), read
+        as rows in groups of 16, that copies boxes of `rows` rows (a multiple of 16) x `cols` with each
+        16 permuted: box row 16h + 8g + 2t + e is tensor row 16h + 4t + 2g + e of the box's first
+        (five dims [rows / 16, g, t, e, cols], the box's rows laid out in its dims' order). Keys read
+        so make attention's scores a tile in `layouts.Mma.byte_a` order (`lowering.byte_fragments`)."""
+        s = strides[-2]
+        return TensorMapType.of(element_type, (math.prod(shape[:-1]) // 16, 2, 4, 2, shape[-1]),
+                                (rows // 16, 2, 4, 2, cols), swizzle, strides=(16 * s, 2 * s, 4 * s, s, 1))
+
     @property
     def shape_dims(self) -> tuple[int, ...]:
         return tuple(d.data for d in self.shape.data)
@@ -839,6 +852,15 @@ def _require(op: Operation, feature: str) -> None:
         raise VerifyException(f"{op.name} needs {feature}, which {p.arch} does not have")
 
 
+def rows_are_one_run(t: MemRefType) -> bool:
+    """Whether a static memref's dims before its last are one run of evenly spaced rows (each dim's
+    stride the next one's extent times its stride; the last dim contiguous)."""
+    shape, strides = t.get_shape(), t.get_strides()
+    if builtin.DYNAMIC_INDEX in shape or None in strides or len(shape) < 2 or strides[-1] != 1:
+        return False
+    return all(strides[i] == shape[i + 1] * strides[i + 1] for i in range(len(shape) - 2))
+
+
 @irdl_op_definition
 class TensorMapOp(_AsyncOp):
     """`%m = tessera_target.tensor_map %arg : memref<..> -> !tessera_target.tensor_map<..>`: the
@@ -848,17 +870,28 @@ class TensorMapOp(_AsyncOp):
     name = "tessera_target.tensor_map"
     tensor = operand_def(MemRefType)
     result = result_def(TensorMapType)
+    byte_a_rows = opt_prop_def(UnitAttr)     # the map reads the tensor's rows permuted: `TensorMapType.byte_a_rows`
+    irdl_options = (ParsePropInAttrDict(),)
 
     assembly_format = "$tensor attr-dict `:` type($tensor) `->` type($result)"
 
-    def __init__(self, tensor: SSAValue, map_type: TensorMapType):
-        super().__init__(operands=[tensor], result_types=[map_type])
+    def __init__(self, tensor: SSAValue, map_type: TensorMapType, byte_a_rows: bool = False):
+        super().__init__(operands=[tensor], result_types=[map_type],
+                         properties={"byte_a_rows": UnitAttr()} if byte_a_rows else {})
 
     def verify_(self) -> None:
         _require(self, "tma")
         t, m = self.tensor.type, self.result.type
         if not isinstance(self.tensor, BlockArgument) or not isinstance(self.tensor.owner.parent_op(), KernelOp):
             raise VerifyException("tensor_map: the tensor must be an argument of the kernel")
+        if self.byte_a_rows is not None:
+            if not rows_are_one_run(t):
+                raise VerifyException(f"tensor_map: byte_a_rows reads {t} as one run of rows, which it is not")
+            view = TensorMapType.byte_a_rows(t.element_type, t.get_shape(), t.get_strides(), 16, 1, 0)
+            if (m.shape_dims, m.element_strides, m.element_type) != (view.shape_dims, view.element_strides,
+                                                                    t.element_type):
+                raise VerifyException(f"tensor_map: {m} is not {t} read with its rows in groups of 16")
+            return
         if builtin.DYNAMIC_INDEX in t.get_shape():   # (row-major, its outer strides taken at run time)
             same_strides = not isinstance(t.layout, builtin.StridedLayoutAttr) and not m.strides.data
         else:
@@ -1456,11 +1489,14 @@ class BlockedLayoutAttr(ParametrizedAttribute):
 @irdl_attr_definition
 class MmaLayoutAttr(ParametrizedAttribute):
     """`#tessera_target.mma<[128, 256], warps = [8, 1]>`: the accumulator fragments of m16n8k16 matrix
-    instructions (mma.sync's, and wgmma's per warp), warps split [rows, cols] over the tile."""
+    instructions (mma.sync's, and wgmma's per warp), warps split [rows, cols] over the tile;
+    `#tessera_target.mma<[128, 256], warps = [8, 1], byte_a>`: its columns in 8-bit A-fragment order
+    (`layouts.Mma.byte_a`: scores over keys loaded permuted, `lowering.byte_fragments`)."""
 
     name = "tessera_target.mma"
     shape: ArrayAttr
     warps: ArrayAttr
+    byte_a: IntAttr
 
     @classmethod
     def parse_parameters(cls, parser) -> list[Attribute]:
@@ -1470,12 +1506,16 @@ class MmaLayoutAttr(ParametrizedAttribute):
         parser.parse_keyword("warps")
         parser.parse_punctuation("=")
         warps = _int_array(_parse_int_list(parser))
+        byte_a = parser.parse_optional_punctuation(",") is not None
+        if byte_a:
+            parser.parse_keyword("byte_a")
         parser.parse_punctuation(">")
-        return [shape, warps]
+        return [shape, warps, IntAttr(int(byte_a))]
 
     def print_parameters(self, printer) -> None:
         printer.print_string(f"<{_pair([x.data for x in self.shape.data])}, "
-                             f"warps = {_pair([x.data for x in self.warps.data])}>")
+                             f"warps = {_pair([x.data for x in self.warps.data])}"
+                             f"{', byte_a' if self.byte_a.data else ''}>")
 
 
 @irdl_attr_definition
@@ -1509,7 +1549,7 @@ def layout_attr(layout) -> Attribute:
         return BlockedLayoutAttr(_int_array(layout.shape), IntAttr(layout.vec), _int_array((layout.tr, layout.tc)),
                                  _int_array((layout.wr, layout.wc)))
     if isinstance(layout, ly.Mma):
-        return MmaLayoutAttr(_int_array(layout.shape), _int_array((layout.wm, layout.wn)))
+        return MmaLayoutAttr(_int_array(layout.shape), _int_array((layout.wm, layout.wn)), IntAttr(int(layout.byte_a)))
     return SliceLayoutAttr(IntAttr(layout.keep), layout_attr(layout.parent))
 
 
@@ -1521,7 +1561,7 @@ def layout_of(attr: Attribute):
         (tr, tc), (wr, wc) = ints(attr.lanes), ints(attr.warps)
         return ly.Blocked(ints(attr.shape), attr.vec.data, tc, tr, wc, wr)
     if isinstance(attr, MmaLayoutAttr):
-        return ly.Mma(ints(attr.shape), *ints(attr.warps))
+        return ly.Mma(ints(attr.shape), *ints(attr.warps), byte_a=bool(attr.byte_a.data))
     if isinstance(attr, SliceLayoutAttr):
         return ly.Slice(layout_of(attr.parent), attr.keep.data)
     raise ValueError(f"{attr} is not a register layout")

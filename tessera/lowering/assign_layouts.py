@@ -18,6 +18,7 @@ from ..errors import TesseraError
 from ..ir import target as tgt
 from ..ir import tile as t
 from ..ir.layouts import Blocked, Layout, Mma, Slice
+from .byte_fragments import byte_a_shapes
 
 
 class UnsupportedLayout(TesseraError):
@@ -71,7 +72,8 @@ def _mma_warps(kernel, num_warps: int, shapes2) -> tuple[int, int]:
 def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
     """Every register tile's layout (see the module docstring).
 
-    Kernels with tensor-core ops put every rank-2 tile in accumulator (`Mma`) layout;
+    Kernels with tensor-core ops put every rank-2 tile in accumulator (`Mma`) layout, in 8-bit
+    A order where a product computes it over permuted keys (`byte_fragments.byte_a_shapes`);
     others use one `Blocked` layout. Rank-1 tiles become `Slice`s of the layout their
     reductions and broadcasts touch, spread through elementwise ops and loops.
     """
@@ -82,7 +84,8 @@ def assign_layouts(kernel, num_warps: int) -> dict[SSAValue, Layout]:
         raise UnsupportedLayout("tiles of rank above 2 are not supported yet")
     if any(isinstance(op, tgt.TensorCoreOp) for op in kernel.walk()):
         wm, wn = _mma_warps(kernel, num_warps, shapes2)
-        rank2 = {shape: Mma(shape, wm, wn) for shape in shapes2}
+        permuted = byte_a_shapes(kernel)
+        rank2 = {shape: Mma(shape, wm, wn, byte_a=shape in permuted) for shape in shapes2}
     elif len(shapes2) == 1:
         rank2 = {next(iter(shapes2)): Blocked.choose(next(iter(shapes2)), num_warps, _vector_width(kernel))}
     elif not shapes2 and len(shapes1) == 1:

@@ -51,6 +51,7 @@ from ..ir import target, tile
 from ..platforms import Platform
 from ..runtime.tensor_maps import box_row_bytes
 from .assign_layouts import is_tile
+from .byte_fragments import BYTE_A_ROWS
 
 
 #: registers a producer warpgroup keeps after handing the rest to the computing warpgroups: its one
@@ -180,6 +181,8 @@ def _box(op: tile.CopyAsyncOp, cluster: int) -> tuple[int, ...]:
     rank, row_dim = op.src.type.get_num_dims(), tile.int_values(op.tile_dims)[0]
     box_cols = _row_bytes(op) // (op.dst.type.get_element_type().bitwidth // 8)
     rows = op.rows[1] // multicast(op, cluster)
+    if BYTE_A_ROWS in op.attributes:   # (keys permuted in each 16: `TensorMapType.byte_a_rows`)
+        return (rows // 16, 2, 4, 2, box_cols)
     return tuple(rows if d == row_dim else box_cols if d == rank - 1 else 1 for d in range(rank))
 
 
@@ -275,7 +278,7 @@ class _Lowering:
         rows, cols = dst.type.get_shape()[1:]
         first_row = op.rows[0]   # (a copy of part of the stage: its rows of each box-wide column span)
         box_cols, row_bytes = box[-1], _row_bytes(op)
-        offsets = list(op.offsets)
+        offsets = _byte_a_coords(op, at) if BYTE_A_ROWS in op.attributes else list(op.offsets)
         for j in range(cols // box_cols):
             inner = offsets[-1] if j == 0 else at(arith.AddiOp(offsets[-1], at.index(j * box_cols)))
             self.pending.append(target.TmaLoadOp(tmap, [*offsets[:-1], inner], dst, op.stage,
@@ -566,10 +569,29 @@ def _tensor_maps(kernel: tile.KernelOp, at: _Insert, cluster: int) -> dict[tuple
             box = _box(op, cluster)
             if (src, box) not in maps:
                 t: MemRefType = src.type
+                if BYTE_A_ROWS in op.attributes:
+                    maps[(src, box)] = at(target.TensorMapOp(src, target.TensorMapType.byte_a_rows(
+                        t.get_element_type(), t.get_shape(), t.get_strides(), box[0] * 16, box[-1],
+                        swizzle=_row_bytes(op)), byte_a_rows=True))
+                    continue
                 strides = tile.element_strides(t) if tile.is_strided(t) else None   # (None: row-major's)
                 maps[(src, box)] = at(target.TensorMapOp(src, target.TensorMapType.of(
                     t.get_element_type(), t.get_shape(), box, swizzle=_row_bytes(op), strides=strides)))
     return maps
+
+
+def _byte_a_coords(op: tile.CopyAsyncOp, at: _Insert) -> list[SSAValue]:
+    """The coordinates of a permuted key copy's box (`TensorMapType.byte_a_rows`), outermost
+    first: the 16-row group of its first row in the tensor's one run of rows, 0 along the three
+    dims within a group, then the copy's column offset. Its rows' offsets are 16-aligned
+    (`byte_fragments`), and so is every outer dim's run of rows."""
+    shape, offsets = op.src.type.get_shape(), list(op.offsets)
+    group = at(arith.ShRUIOp(offsets[-2], at.index(4)))
+    rows = 1
+    for d in range(len(shape) - 3, -1, -1):
+        rows *= shape[d + 1]
+        group = at(arith.AddiOp(group, at(arith.MuliOp(offsets[d], at.index(rows // 16)))))
+    return [group, *(at.index(0) for _ in range(3)), offsets[-1]]
 
 
 _KEEP_IN_PRODUCER = (scf.ForOp, scf.IfOp, scf.YieldOp)

@@ -47,6 +47,7 @@ from . import TargetLoweringError, debug_to_target
 from .assign_layouts import annotate_layouts
 from .shared_memory import allocate_shared, shared_layout
 from .async_pipelines import RegisterSplit, lower_tma_pipelines
+from .byte_fragments import mark_permuted_key_copies
 
 
 # Register estimate: per-thread registers for indices, addresses and loop
@@ -657,6 +658,7 @@ def lower_tile_to_target(module: ModuleOp, platform: Platform | str, *, tensor_c
         threads = _threads(kernel, kp)
         regs = estimate_regs(kernel, threads, kp, producers)
         if platforms.copy_mechanism(kp) == "tma":
+            mark_permuted_key_copies(kernel, kp)
             splits[name] = lower_tma_pipelines(kernel, kp, producers)
         _rewrite(patterns(kp, tensor_cores), kernel.body)
         warps = threads // 32 - producers

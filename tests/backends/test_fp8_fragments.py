@@ -78,10 +78,15 @@ def simulate(program: list[str], lanes: list[dict]) -> None:
                 pytest.fail(f"the fragments use an instruction this simulation does not model: {line}")
 
 
+@pytest.mark.parametrize("byte_a", [False, True], ids=["accumulator order", "byte_a order"])
 @pytest.mark.parametrize("wide", [False, True], ids=["bytes", "f32 pairs"])
 @pytest.mark.parametrize("cols", [32, 64, 128])
-def test_fragments_hold_the_ptx_a_layout(cols, wide):
-    layout = Mma((16, cols), 1, 1)
+def test_fragments_hold_the_ptx_a_layout(cols, wide, byte_a):
+    """Either order of the columns (`Mma.byte_a`: keys loaded permuted, whose layout's offsets and
+    lane base 4t say where each column is), its fragments hold the A layout; byte_a's with no
+    exchange between lanes."""
+    layout = Mma((16, cols), 1, 1, byte_a=byte_a)
+    lane_step = 4 if byte_a else 2
     n = len(layout.offsets)
     regs, wide_regs = [f"%a{i}" for i in range(n)], [f"%w{i}" for i in range(n)]
     p = np.random.default_rng(cols).uniform(0, 1, (16, cols)).astype(np.float32)
@@ -90,8 +95,8 @@ def test_fragments_hold_the_ptx_a_layout(cols, wide):
     for index, lane in enumerate(lanes):
         g, t = divmod(index, 4)
         for i, (r, c) in enumerate(layout.offsets):    # the accumulator layout: rows g (+8), columns 2t, 2t+1
-            lane[regs[i]] = int(p8[r + g, c + 2 * t]) | 0xAB00
-            lane[wide_regs[i]] = float(p[r + g, c + 2 * t])
+            lane[regs[i]] = int(p8[r + g, c + lane_step * t]) | 0xAB00
+            lane[wide_regs[i]] = float(p[r + g, c + lane_step * t])
     e = Recorder()
     tile = tensor_core.RegisterTile(regs, layout, ptx_type(Float8E4M3FNType()), wide_regs if wide else None)
     fragments = tensor_core._byte_a_fragments(e, tile, cols // 32)
@@ -102,3 +107,21 @@ def test_fragments_hold_the_ptx_a_layout(cols, wide):
             for word, (row, col) in zip(fragments[kk][0], ((g, 0), (g + 8, 0), (g, 16), (g + 8, 16))):
                 want = [int(p8[row, 32 * kk + col + 4 * t + i]) for i in range(4)]
                 assert [(lane[word] >> (8 * i)) & 0xFF for i in range(4)] == want, (kk, index, word)
+    assert byte_a == (not any("shfl" in line for line in e.code))
+
+
+@pytest.mark.parametrize("cols", [16, 48, 256])
+def test_byte_a_order_is_a_permutation_within_each_16_columns(cols):
+    """`Mma.byte_a`: over a warp's lanes, its registers hold every column once, each 16 columns
+    within their own 16, in the order `TensorMapType.byte_a_rows` loads keys (box row 16h + 8g + 2t + e
+    holds key 16h + 4t + 2g + e, and the accumulator's plain order holds box row 8 ni + 2t + c % 2)."""
+    plain, permuted = Mma((16, cols), 1, 1), Mma((16, cols), 1, 1, byte_a=True)
+    for t in range(4):
+        for (_, c), (_, k) in zip(plain.offsets, permuted.offsets):
+            row = c + 2 * t                                  # the box row the register holds
+            h, g, tt, e = row // 16, row % 16 // 8, row % 8 // 2, row % 2
+            assert k + 4 * t == 16 * h + 4 * tt + 2 * g + e
+    keys = sorted({k + 4 * t for t in range(4) for _, k in permuted.offsets})
+    assert keys == list(range(cols))
+    with pytest.raises(ValueError, match="permutes each 16 columns"):
+        Mma((16, 24), 1, 1, byte_a=True)

@@ -137,15 +137,16 @@ def test_fp8_attention_at_d64_reads_q_and_k_in_the_64_byte_swizzle():
     """fp8 Q and K at D = 64 are one 64-byte box row each: their buffers, tensor maps and wgmma
     descriptors take TMA's 64-byte swizzle (descriptor mode 2, 8-row groups 512 bytes apart, a
     warpgroup's 64 rows 4096 bytes on), and the second k32 step starts 32 bytes into the row; V^T
-    (128 keys a row) keeps the 128-byte one. ptxas assembles it without spilling."""
+    (128 keys a row) keeps the 128-byte one; K's map reads its keys permuted in each 16 (no turns
+    here: `lowering.byte_fragments`). ptxas assembles it without spilling."""
     from fp8_attention import fp8_attention_vt
     att = tsr.function(fp8_attention_vt.fn, space={"split_kv": [1]})
     compiled = att.compile(att.arg_specs_for(dict(B=2, H=2, S=1024, N=1024, D=64)), arch="sm_90a")
     ir = compiled.ir("target")
     assert ir.count('swizzle = "tma_64b"') == 2 and ir.count('swizzle = "tma_128b"') == 1
     maps = [line.split("box = ")[1] for line in ir.splitlines() if "tessera_target.tensor_map %" in line]
-    assert sorted(maps) == ["[1, 1, 128, 64], swizzle = 64>", "[1, 1, 128, 64], swizzle = 64>",
-                            "[1, 1, 64, 128], swizzle = 128>"]
+    assert sorted(maps) == ["[1, 1, 128, 64], swizzle = 64>", "[1, 1, 64, 128], swizzle = 128>",
+                            "[8, 2, 4, 2, 64], swizzle = 64>"]   # (K's keys permuted: `byte_fragments`)
     assert "leading = 16 stride = 512 swizzle = 64 per_warpgroup = 4096" in ir
     (kernel,) = emit_module(compiled.modules["target"]).values()
     assert _descriptor_fields(kernel.ptx) == {(2, 512 // 16, 1), (1, 1024 // 16, 1)}   # (16-byte units)

@@ -197,3 +197,29 @@ def test_plain_call_with_torch_tensors(torch_cuda):
     out = fp8_attention(q, k, v, *scales)
     assert out.dtype == torch.bfloat16
     check(torch, out, reference(torch, q, k, v, scales, False), False)
+
+
+#: a 64-row query tile: one computing warpgroup, which takes no turns
+ONE_WARPGROUP = {"warp_specialize": [1], "num_warps": [8], "block_m": [64], "block_n": [128], "split_kv": [1]}
+
+
+@pytest.mark.parametrize("fn,b,h,s,n,d,space", [
+    (causal_fp8_attention, 2, 3, 300, 272, 64, None),          # a 16-key tail, past it the next head's keys
+    (causal_fp8_attention, 1, 1, 200, 80, 64, ONE_WARPGROUP),   # 80 keys of a 128-key block, nothing past them
+    (causal_fp8_attention, 2, 2, 1031, 1040, 64, {"split_kv": [1]}),
+    (causal_fp8_attention, 4, 16, 1031, 1040, 128, None),      # 256-key blocks, walking (fp8's derived schedule)
+    (causal_fp8_attention, 1, 2, 4097, 4112, 128, WIDE),
+    (fp8_attention_vt, 2, 2, 513, 4112, 128, {**WIDE, "pingpong": [0]}),
+    (fp8_attention, 3, 5, 257, 1024, 64, {"pingpong": [0], "split_kv": [1]}),
+])
+def test_fp8_attention_over_permuted_keys(torch_cuda, hopper, fn, b, h, s, n, d, space):
+    """Keys loaded permuted in each 16 (`lowering.byte_fragments`, without warpgroup turns): the
+    scores' columns in 8-bit A order, the causal mask and the key tail computed from them, against
+    float64 (key tails inside a head, whose box reads on into the next head's keys, and at the end)."""
+    torch = torch_cuda
+    q, k, v, scales = inputs(torch, b, h, s, n, d)
+    value = v.transpose(-1, -2).contiguous() if fn is fp8_attention_vt else v
+    compiled, out = run(torch, fn, [q, k, value, *scales], "native", space=space)
+    assert "{byte_a_rows}" in compiled.ir("target") and "warpgroup_turn" not in compiled.ir("target")
+    causal = fn is causal_fp8_attention
+    check(torch, out, reference(torch, q, k, v, scales, causal), causal)

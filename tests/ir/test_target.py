@@ -126,6 +126,62 @@ def test_compiled_attention_reads_back(arch):
     assert target.print_module(module) == text
 
 
+def test_compiled_fp8_attention_over_permuted_keys_reads_back():
+    """A causal fp8 attention (no warpgroup turns) reads K through a map in 8-bit A order
+    (`byte_a_rows`) and holds its scores in `Mma.byte_a` layout; the text parses and prints back."""
+    from fp8_attention import causal_fp8_attention
+    compiled = causal_fp8_attention.compile(causal_fp8_attention.arg_specs_for(
+        dict(B=2, H=2, S=512, N=512, D=64), "fp8_e4m3"), arch="sm_90a")
+    text = compiled.ir("target")
+    assert "{byte_a_rows}" in text and ", byte_a>" in text
+    module = target.parse_target_module(text)
+    module.verify()
+    assert target.print_module(module) == text
+
+
+def _box_rows(m: target.TensorMapType, first_group: int) -> list[int]:
+    """The tensor rows one box of `m` at [first_group, 0, 0, 0, 0] lands in shared memory, in order
+    (a box fills shared memory innermost dim fastest), for a map whose rows are `strides[-2]` apart."""
+    import itertools
+    row_stride = m.element_strides[3]
+    rows = []
+    for index in itertools.product(*(range(b) for b in m.box_dims[:-1])):
+        coords = (first_group + index[0], *index[1:])
+        rows.append(sum(c * st for c, st in zip(coords, m.element_strides)) // row_stride)
+    return rows
+
+
+@pytest.mark.parametrize("shape,box_rows", [((256, 128), 64), ((2, 3, 48, 64), 32)])
+def test_a_map_reading_rows_in_byte_a_order(shape, box_rows):
+    """`TensorMapType.byte_a_rows`: box row 16h + 8g + 2t + e is tensor row 16h + 4t + 2g + e past the
+    box's first, the order `Mma.byte_a` holds keys in; its op verifies against the tensor it reads."""
+    from xdsl.dialects.builtin import Float8E4M3FNType
+    f8 = Float8E4M3FNType()
+    strides = [1]
+    for n in reversed(shape[1:]):
+        strides.insert(0, strides[0] * n)
+    m = target.TensorMapType.byte_a_rows(f8, shape, strides, box_rows, shape[-1], 128)
+    for group in (0, 3):
+        want = [16 * group + 16 * (p // 16) + 4 * (p % 8 // 2) + 2 * (p % 16 // 8) + p % 2 for p in range(box_rows)]
+        assert _box_rows(m, group) == want
+    assert m.box_bytes == box_rows * shape[-1]
+    memref = f"memref<{'x'.join(map(str, shape))}xf8E4M3FN>"
+    module = f"""builtin.module {{
+  tessera_target.kernel @k(%g: {memref}) config = {CONFIG} platform = {SM90A} {{
+    %m = tessera_target.tensor_map %g {{byte_a_rows}} : {memref} -> {m}
+    tessera_target.return
+  }}
+}}
+"""
+    parsed = target.parse_target_module(module)
+    parsed.verify()
+    assert target.print_module(parsed) == module
+    plain = target.TensorMapType.of(f8, shape, [1] * (len(shape) - 2) + [box_rows, shape[-1]], 128)
+    assert "is not " + memref + " read with its rows in groups of 16" in verify_error(module.replace(str(m), str(plain)))
+    gapped = f"memref<{'x'.join(map(str, shape))}xf8E4M3FN, strided<{[2 * x for x in strides[:-1]] + [2]}>>"
+    assert "as one run of rows, which it is not" in verify_error(module.replace(memref, gapped))
+
+
 def verify_error(text: str) -> str:
     module = target.parse_target_module(text)
     with pytest.raises(VerifyException) as e:

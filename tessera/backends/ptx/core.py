@@ -404,19 +404,22 @@ def _mma_row(e: KernelEmitter, wn: int, warp_rows: int) -> str:
     return r
 
 
-def _mma_col(e: KernelEmitter, wn: int, warp_cols: int) -> str:
+def _mma_col(e: KernelEmitter, wn: int, warp_cols: int, lane_step: int = 2) -> str:
+    """An accumulator's column base: `lane_step` (lane % 4) in the warp's columns; 4 for
+    `Mma.byte_a`'s, where each lane holds four consecutive keys of every 16."""
     _, lane, warp = e.tid()
     warp_n, _ = e.divmod(warp, wn)
     quad, _ = e.divmod(lane, 4)
-    r, q2 = e.new(S32), e.new(S32)
-    e.emit(f"shl.b32 {q2}, {quad}, 1;")
-    e.emit(f"mad.lo.s32 {r}, {warp_n}, {warp_cols}, {q2};")
+    r, q = e.new(S32), e.new(S32)
+    e.emit(f"shl.b32 {q}, {quad}, {lane_step.bit_length() - 1};")
+    e.emit(f"mad.lo.s32 {r}, {warp_n}, {warp_cols}, {q};")
     return r
 
 
 #: base key kind -> how to compute it from %tid
 BASES: dict[str, Callable] = {
     "blocked_row": _blocked_row, "blocked_col": _blocked_col, "mma_row": _mma_row, "mma_col": _mma_col,
+    "mma_col_byte_a": lambda e, wn, warp_cols: _mma_col(e, wn, warp_cols, lane_step=4),
 }
 
 

@@ -483,10 +483,10 @@ def _byte_a_fragments(e: KernelEmitter, a: RegisterTile, k_steps: int) -> list[l
     lanes 2(t % 2) and 2(t % 2) + 1 hold in chunk t // 2 (and t // 2 + 2). So each lane packs its
     bytes of chunks (0, 1) and (2, 3) of a row into a word each, and every lane takes both source
     lanes' words and keeps the half its chunk is in (`prmt`): 8 shuffles and 4 permutes per 32
-    columns of 16 rows. (FlashAttention-3 instead permutes V's keys to match the accumulator and
-    moves nothing.)"""
-    first, second, select = _byte_fragment_lanes(e)
+    columns of 16 rows. A tile in `Mma.byte_a` order (scores over keys loaded permuted:
+    `lowering.byte_fragments`) holds each lane's fragment already: its words go in as they are."""
     layout = a.layout
+    first, second, select = (None, None, None) if layout.byte_a else _byte_fragment_lanes(e)
     out = []
     for kk in range(k_steps):
         row = []
@@ -497,6 +497,9 @@ def _byte_a_fragments(e: KernelEmitter, a: RegisterTile, k_steps: int) -> list[l
                     index = [layout.register(mi, ni, c) for ni in (chunk, chunk + 1) for c in pair]
                     word = pack_bytes(e, [a.regs[i] for i in index]) if a.wide is None else \
                         _narrow_pairs(e, [a.wide[i] for i in index], a.ty)
+                    if layout.byte_a:   # (the lane's own columns are the fragment's k)
+                        frag.append(word)
+                        continue
                     lo, hi, r = e.new(S32), e.new(S32), e.new(S32)
                     e.emit(f"shfl.sync.idx.b32 {lo}, {word}, {first}, 31, -1;")
                     e.emit(f"shfl.sync.idx.b32 {hi}, {word}, {second}, 31, -1;")
