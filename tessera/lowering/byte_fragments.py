@@ -16,8 +16,10 @@ Measured (H200, fp8, bench/RESULTS.md session 48): without turns, 819 -> 789 us 
 8x16x4096x128. Where the computing warpgroups take turns at their products (`tile.mma_turn`) it
 lost, 1345 -> 1369 us at 8x16x4096x128 and 2610 -> 2780 at 4x16x8192x128: the stall samples moved
 to the turn's barrier, which ptxas placed about 380 instructions before the second product instead
-of 115, the softmax's tail after it (narrowing the probabilities before the barrier did not move
-it). So kernels with turns keep the exchanges.
+of 115, the softmax's tail after it. Making the barrier's id depend on the row sums (a dependency
+ptxas cannot drop) moved it back after the exponentials and the time back to the exchanges' (1332
+against 1333 us), no further: with turns the softmax hides behind the other warpgroup's products.
+So kernels with turns keep the exchanges.
 
 It applies where every piece holds: the kernel has no turns; the copies are TMA boxes of whole
 stages from a static tensor whose rows are one evenly strided run (`rows_are_one_run`: the boxes
