@@ -14,7 +14,7 @@ permutes V instead; V^T's keys are its contiguous dim, which a TMA box cannot pe
 
 Measured (H200, fp8, bench/RESULTS.md session 48): without turns, 819 -> 789 us causal at
 8x16x4096x128. Where the computing warpgroups take turns at their products (`tile.mma_turn`) it
-lost, 1345 -> 1369 us at 8x16x4096x128 and 2610 -> 2780 at 4x16x8192x128: the stall samples moved
+lost, 1360 -> 1391 us at 8x16x4096x128 and 2627 -> 2782 at 4x16x8192x128: the stall samples moved
 to the turn's barrier, which ptxas placed about 380 instructions before the second product instead
 of 115, the softmax's tail after it. Making the barrier's id depend on the row sums (a dependency
 ptxas cannot drop) moved it back after the exponentials and the time back to the exchanges' (1332
