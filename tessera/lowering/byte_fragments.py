@@ -46,12 +46,10 @@ _MEMORY_OPS = (tile.LoadOp, tile.LoadIndexOp, tile.LoadIndexReduceOp, tile.LoadG
                tile.AtomicAddOp, tile.StoreSharedOp, tile.ClusterGatherOp)
 
 
-def mark_permuted_key_copies(kernel: tile.KernelOp, platform: Platform) -> int:
-    """Marks (`BYTE_A_ROWS`) the copies whose keys load permuted; returns how many."""
-    copies = permuted_key_copies(kernel, platform)
-    for op in copies:
+def mark_permuted_key_copies(kernel: tile.KernelOp, platform: Platform) -> None:
+    """Marks (`BYTE_A_ROWS`) the copies whose keys load permuted."""
+    for op in permuted_key_copies(kernel, platform):
         op.attributes[BYTE_A_ROWS] = UnitAttr()
-    return len(copies)
 
 
 def permuted_key_copies(kernel: tile.KernelOp, platform: Platform) -> list[tile.CopyAsyncOp]:
