@@ -98,6 +98,11 @@ python3 bench/fp8_gemm.py || status=1
 # with each one's error against float64.
 section "FP8 attention"
 python3 bench/fp8_attention.py || status=1
+# ... and causal fp8 attention compiled for each shape alone (the script above compiles its later shapes
+# shape-generic), a process a shape.
+for shape in 8x16x4096x128 32x12x2048x128 4x16x8192x128 16x16x2048x64; do
+    python3 bench/fp8_attention_specialized.py "$shape" || status=1
+done
 
 # Transcendental epilogues (GEMM + gelu/silu) against torch, and soft-capped attention against FlexAttention.
 section "Activations"

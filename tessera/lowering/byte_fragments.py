@@ -12,8 +12,9 @@ layout, whose column offsets say which key each register holds, so masks, the ke
 anything else computed from a column index stay right, and V needs no change. (FlashAttention-3
 permutes V instead; V^T's keys are its contiguous dim, which a TMA box cannot permute.)
 
-Measured (H200, fp8, bench/RESULTS.md session 48): without turns, 819 -> 789 us causal at
-8x16x4096x128. Where the computing warpgroups take turns at their products (`tile.mma_turn`) it
+Measured (H200, fp8, bench/RESULTS.md session 48): without turns, causal at 8x16x4096x128
+0.801 -> 0.770 ms (bench/fp8_attention.py); compiled for their shape (bench/fp8_attention_specialized.py)
+32x12x2048x128 713 -> 681 us, 4x16x8192x128 1485 -> 1431, 16x16x2048x64 372 -> 364. Where the computing warpgroups take turns at their products (`tile.mma_turn`) it
 lost, 1360 -> 1391 us at 8x16x4096x128 and 2627 -> 2782 at 4x16x8192x128: the stall samples moved
 to the turn's barrier, which ptxas placed about 380 instructions before the second product instead
 of 115, the softmax's tail after it. Making the barrier's id depend on the row sums (a dependency
